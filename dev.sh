@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run Stalwart from a fresh clone.
+#   ./dev.sh demo [args]   create .venv, install, run `stalwart demo`
+#   ./dev.sh test [args]   create .venv, install with test extras, run the test suite
+#   ./dev.sh setup         only create/update .venv
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=${STALWART_VENV:-.venv}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.stalwart-installed"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    touch "$stamp"
+  fi
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  setup) setup ;;
+  demo) setup; exec "$VENV/bin/stalwart" demo "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -q -ra "$@" ;;
+  *) echo "usage: ./dev.sh {demo|test|setup} [args]" >&2; exit 2 ;;
+esac

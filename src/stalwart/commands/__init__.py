@@ -1,0 +1,1 @@
+"""Sub-commands of ``stalwart``: each module exposes ``register(app: typer.Typer)``."""

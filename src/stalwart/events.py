@@ -1,0 +1,283 @@
+"""The event vocabulary: everything that happens to a run, as frozen dataclasses.
+
+Every event has a wall-clock timestamp ``ts`` (seconds since the epoch) and optional context
+(run, node, attempt, rank). Events are serialised as ``kind`` + JSON payload by the ledger.
+
+Packages that own further events (health, checkpoint engine, ...) define them with the same
+``@event`` decorator in their own ``events`` module; the ledger decodes every registered kind and
+returns :class:`RawEvent` for kinds it does not know, so an old reader never fails on a new file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+# Modules that register more event kinds; imported lazily by ``decode`` so the core stays light.
+_EXTENSION_MODULES = ("stalwart.health.events", "stalwart.checkpoint.events")
+_extensions_loaded = False
+
+
+def event(cls: type[Event]) -> type[Event]:
+    """Register an event class under its ``kind`` (the class name by default)."""
+    kind = cls.__dict__.get("kind") or cls.__name__
+    if kind in _REGISTRY and _REGISTRY[kind] is not cls:
+        raise ValueError(f"event kind {kind!r} registered twice")
+    cls.kind = kind
+    _REGISTRY[kind] = cls
+    return cls
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of all events."""
+
+    kind: ClassVar[str] = "Event"
+    ts: float
+    run_id: str = ""
+    node: str = ""
+    attempt: int = -1
+    rank: int = -1
+
+    def to_payload(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RawEvent(Event):
+    """An event of a kind this reader does not know; its payload is kept verbatim."""
+
+    raw_kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+# --- job and attempts -----------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class JobStarted(Event):
+    script: str
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_restarts: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class JobEnded(Event):
+    verdict: str  # one line: cause and evidence
+    outcome: str  # succeeded | user_error | infra_exhausted | preempted | aborted | rendezvous_failed
+    exit_code: int
+    requeue_helps: bool
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class AttemptStarted(Event):
+    world_size: int
+    group_rank: int = 0
+    num_nodes: int = 1
+    master: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class AttemptEnded(Event):
+    reason: str
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class WorkersStarted(Event):
+    pids: tuple[int, ...]
+    global_ranks: tuple[int, ...]
+
+
+# --- training progress ----------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class StepCompleted(Event):
+    step: int
+    start: float
+    duration: float
+    sections: dict[str, float] = field(default_factory=dict)
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class TrainingResumed(Event):
+    step: int  # the first step this attempt will run
+    from_checkpoint: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class TrainingFinished(Event):
+    step: int
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointStaged(Event):
+    step: int
+    stall_s: float
+    bytes: int = 0
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointCommitted(Event):
+    step: int
+    path: str
+    stall_s: float  # time the training loop was blocked
+    persist_s: float = 0.0  # background time to durable storage
+    bytes: int = 0
+    tier: str = "disk"
+    emergency: bool = False
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointLoaded(Event):
+    step: int
+    path: str
+    duration_s: float
+    tier: str = "disk"
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRejected(Event):
+    """A checkpoint was skipped on load (torn, corrupt, incomplete): the fallback's reason."""
+
+    path: str
+    reason: str
+    step: int = -1
+
+
+# --- failures and decisions -----------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class FailureDetected(Event):
+    failure: str  # crash | hang | agent_lost | peer_lost | preempted | user_error
+    evidence: str
+    onset: float  # best estimate of when the fault happened
+    step: int = -1
+    exit_code: int | None = None
+    signal: str = ""
+    error_type: str = ""
+    error_message: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class StackCaptured(Event):
+    stack: str
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class DecisionTaken(Event):
+    action: str  # restart | stop | continue | exclude_node | drain | ...
+    reason: str
+    restarts_used: int = 0
+    restarts_allowed: int = 0
+    backoff_s: float = 0.0
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class WorkersStopped(Event):
+    reason: str
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class ChaosInjected(Event):
+    fault: str
+    step: int = -1
+    detail: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class TimeoutsCalibrated(Event):
+    hang_timeout_s: float
+    p99_step_s: float
+    samples: int
+    reason: str
+
+
+def _load_extensions() -> None:
+    global _extensions_loaded
+    if _extensions_loaded:
+        return
+    _extensions_loaded = True
+    for name in _EXTENSION_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def encode(ev: Event) -> tuple[str, str]:
+    """Return ``(kind, json payload)`` for storage."""
+    if isinstance(ev, RawEvent):
+        return ev.raw_kind, json.dumps(ev.payload, separators=(",", ":"))
+    return ev.kind, json.dumps(_jsonable(ev.to_payload()), separators=(",", ":"))
+
+
+def decode(kind: str, payload: str | dict[str, Any]) -> Event:
+    """Rebuild an event; unknown kinds and fields come back as :class:`RawEvent`."""
+    data = json.loads(payload) if isinstance(payload, str) else dict(payload)
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        _load_extensions()
+        cls = _REGISTRY.get(kind)
+    if cls is not None:
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        if set(data) <= set(names):
+            kwargs = {}
+            for key, value in data.items():
+                if isinstance(value, list) and "tuple" in str(names[key].type):
+                    value = tuple(value)
+                kwargs[key] = value
+            try:
+                return cls(**kwargs)
+            except TypeError:
+                pass
+    base = {k: data[k] for k in ("ts", "run_id", "node", "attempt", "rank") if k in data}
+    base.setdefault("ts", 0.0)
+    return RawEvent(raw_kind=kind, payload=data, **base)
+
+
+def registered_kinds() -> dict[str, type[Event]]:
+    _load_extensions()
+    return dict(_REGISTRY)
