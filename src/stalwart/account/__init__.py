@@ -1,0 +1,1 @@
+"""Accounting: goodput/ETTR, reliability (MTBF/MTTR), MFU and the incident cost stack, as pure functions."""
