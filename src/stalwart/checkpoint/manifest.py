@@ -67,34 +67,51 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_durable(path: Path, data: bytes) -> None:
+def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
-        os.fsync(fh.fileno())
+        if fsync:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if fsync:
+        fsync_dir(path.parent)
 
 
-def verify(directory: Path) -> tuple[Manifest | None, str]:
-    """Return ``(manifest, "")`` if every listed file is present and intact, else ``(None, reason)``."""
+def read_manifest(directory: Path) -> tuple[Manifest | None, str]:
     mpath = directory / MANIFEST
     if not mpath.exists():
         return None, "no manifest (save never committed)"
     try:
-        manifest = Manifest.from_json(mpath.read_text())
+        return Manifest.from_json(mpath.read_text()), ""
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"unreadable manifest: {exc}"
-    for name, entry in manifest.files.items():
+
+
+def verify_files(directory: Path, manifest: Manifest, names: list[str] | None = None, *,
+                 checksums: bool = True) -> str:
+    """Check the listed files (all by default); return "" if intact, else the first reason."""
+    for name in sorted(manifest.files) if names is None else names:
+        entry = manifest.files[name]
         f = directory / name
         if not f.exists():
-            return None, f"missing file {name}"
+            return f"missing file {name}"
         size = f.stat().st_size
         if size != entry.size:
-            return None, f"{name} has {size} bytes, manifest says {entry.size} (truncated or torn)"
-        crc = crc32_file(f)
-        if crc != entry.crc32:
-            return None, f"{name} checksum {crc:#010x} != {entry.crc32:#010x} (corrupted)"
-    return manifest, ""
+            return f"{name} has {size} bytes, manifest says {entry.size} (truncated or torn)"
+        if checksums:
+            crc = crc32_file(f)
+            if crc != entry.crc32:
+                return f"{name} checksum {crc:#010x} != {entry.crc32:#010x} (corrupted)"
+    return ""
+
+
+def verify(directory: Path) -> tuple[Manifest | None, str]:
+    """Return ``(manifest, "")`` if every listed file is present and intact, else ``(None, reason)``."""
+    manifest, reason = read_manifest(directory)
+    if manifest is None:
+        return None, reason
+    reason = verify_files(directory, manifest)
+    return (manifest, "") if not reason else (None, reason)

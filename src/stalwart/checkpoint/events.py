@@ -1,0 +1,45 @@
+"""Event kinds owned by the checkpoint engine (beyond the core ones in :mod:`stalwart.events`).
+
+The ledger decoder imports this module lazily, so these kinds decode like the core ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..events import Event, event
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointPersistFailed(Event):
+    """A background persist to one tier failed; older committed checkpoints are untouched."""
+
+    step: int
+    tier: str
+    reason: str
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class EmergencyCheckpoint(Event):
+    """An emergency persist on a signal or preemption notice, and whether it met its deadline."""
+
+    step: int
+    deadline_s: float
+    duration_s: float
+    committed: bool
+    tier: str = ""
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointIntervalAdvised(Event):
+    """The interval advisor's recommendation for one tier (Young/Daly)."""
+
+    tier: str
+    interval_steps: int
+    interval_s: float
+    reason: str
+    applied: bool = False

@@ -1,0 +1,145 @@
+"""Persist phase: write one staged snapshot to one tier, verify-ready, and commit it atomically.
+
+Runs on the engine's background thread. Every rank writes its own shards through
+torch.distributed.checkpoint and checksums what it wrote; rank 0 gathers the file list, writes the
+manifest last and commits. If any rank fails (a full disk, an I/O error), nothing is committed,
+the partial directory is removed and every older version stays as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from .collective import Collective
+from .manifest import MANIFEST, FileEntry, Manifest, crc32_file, read_manifest, verify_files
+from .staging import Snapshot
+from .store import FileStore, FsspecStore
+from .tiers import TierConfig
+
+WriterFactory = Callable[[Path, TierConfig], Any]
+
+
+class PersistError(Exception):
+    """A tier could not be written; the reason names the rank and the cause."""
+
+
+def default_writer(path: Path, tier: TierConfig) -> Any:
+    return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=tier.do_fsync, overwrite=True)
+
+
+def _fsynced_save(obj: Any, path: Path, fsync: bool) -> None:
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+
+
+class Persister:
+    def __init__(self, *, rank: int, world_size: int, comm: Collective,
+                 writer_factory: WriterFactory = default_writer,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.comm = comm
+        self.writer_factory = writer_factory
+        self.clock = clock
+
+    def _gather_errors(self, err: str) -> str:
+        errs = [f"rank {r}: {e}" for r, e in enumerate(self.comm.all_gather(err)) if e]
+        return errs[0] if errs else ""
+
+    def to_files(self, snap: Snapshot, tier: TierConfig, store: FileStore, *, emergency: bool) -> Path:
+        """Collective: write ``snap`` into ``store`` and commit it; raise PersistError on failure."""
+        err = ""
+        if self.rank == 0:
+            try:
+                store.begin(snap.step)
+            except OSError as exc:
+                err = f"cannot create {store.partial(snap.step)}: {exc}"
+        if err := self._gather_errors(err):
+            raise PersistError(err)
+        work = store.partial(snap.step)
+        entries: dict[str, FileEntry] = {}
+        try:
+            dcp.save(snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group)
+            mine = [f"rank-{self.rank}.pt"] if snap.rank_state is not None else []
+            if mine:
+                _fsynced_save(snap.rank_state, work / mine[0], tier.do_fsync)
+            prefix = f"__{self.rank}_"
+            mine += [n for n in os.listdir(work) if n.startswith(prefix)]
+            if self.rank == 0:
+                mine.append(".metadata")
+            for name in mine:
+                f = work / name
+                entries[name] = FileEntry(f.stat().st_size, crc32_file(f))
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
+            err = f"{type(exc).__name__}: {exc}"
+        gathered = self.comm.all_gather((err, entries))
+        errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
+        if errs:
+            if self.rank == 0:
+                store.discard(snap.step)
+            self.comm.barrier()
+            raise PersistError(errs[0])
+        outcome = ""
+        if self.rank == 0:
+            files: dict[str, FileEntry] = {}
+            for _, ent in gathered:
+                files.update(ent)
+            manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
+                                meta={"emergency": emergency, "bytes": snap.bytes})
+            try:
+                store.commit(snap.step, manifest)
+            except OSError as exc:
+                store.discard(snap.step)
+                outcome = f"rank 0: commit failed: {exc}"
+        outcome = self.comm.broadcast(outcome)
+        if outcome:
+            raise PersistError(outcome)
+        return store.final(snap.step)
+
+    def to_object(self, step: int, source: Path, store: FsspecStore) -> str:
+        """Rank 0 uploads a committed local version (data first, manifest last)."""
+        manifest, reason = read_manifest(source)
+        if manifest is None:
+            raise PersistError(f"source {source} is not committed: {reason}")
+        return store.upload(step, source, manifest)
+
+
+def retain_files(store: FileStore, keep: int) -> list[Path]:
+    """Delete versions older than the ``keep`` newest that pass a quick check (manifest + sizes).
+
+    A version is deleted only when ``keep`` newer good ones exist, so the newest good version is
+    never deleted, whatever state the newer ones are in."""
+    good = 0
+    deleted = []
+    for step, path in store.versions():
+        if good >= keep:
+            store.delete(step)
+            deleted.append(path)
+            continue
+        manifest, _ = read_manifest(path)
+        if manifest is not None and not verify_files(path, manifest, checksums=False):
+            good += 1
+    return deleted
+
+
+def retain_object(store: FsspecStore, keep: int) -> list[str]:
+    good = 0
+    deleted = []
+    for step, loc in store.versions():
+        if good >= keep:
+            store.delete(step)
+            deleted.append(loc)
+            continue
+        if store.fs.exists(f"{loc}/{MANIFEST}"):
+            good += 1
+    return deleted

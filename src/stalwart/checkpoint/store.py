@@ -1,0 +1,145 @@
+"""Where checkpoint versions live: a directory tree (memory, local, shared tiers) or an fsspec URL.
+
+File layout per version: ``step-<NNNNNNNNN>/`` holding the torch.distributed.checkpoint files
+(``__<r>_<i>.distcp``, ``.metadata``), each rank's own state (``rank-<r>.pt``) and
+``MANIFEST.json``. A file store writes into ``.step-<N>.partial/``, writes the manifest into it,
+then renames the directory (atomic) and fsyncs the parent, so a version is visible only complete.
+An object store has no atomic rename: files go first, the manifest last; a version without a
+manifest that verifies is never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .manifest import MANIFEST, Manifest, fsync_dir, write_durable
+
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+_PARTIAL = re.compile(r"^\.step-(\d{9})\.partial$")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+class FileStore:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+
+    def partial(self, step: int) -> Path:
+        return self.root / f".{step_name(step)}.partial"
+
+    def final(self, step: int) -> Path:
+        return self.root / step_name(step)
+
+    def begin(self, step: int) -> Path:
+        """Create an empty partial directory for ``step`` (rank 0 only)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        work = self.partial(step)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir()
+        return work
+
+    def commit(self, step: int, manifest: Manifest) -> Path:
+        """Write the manifest last, then make the version visible with one atomic rename."""
+        work = self.partial(step)
+        write_durable(work / MANIFEST, manifest.to_json().encode(), fsync=self.fsync)
+        final = self.final(step)
+        if final.exists():  # an older save of the same step: replaced only by a complete one
+            shutil.rmtree(final)
+        os.replace(work, final)
+        if self.fsync:
+            fsync_dir(self.root)
+        return final
+
+    def discard(self, step: int) -> None:
+        shutil.rmtree(self.partial(step), ignore_errors=True)
+
+    def sweep_partials(self) -> list[Path]:
+        """Remove partial directories left by a crash mid-persist (call before any save)."""
+        gone = []
+        for p in self.root.iterdir() if self.root.exists() else ():
+            if _PARTIAL.match(p.name):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p)
+        return gone
+
+    def versions(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.root.iterdir() if self.root.exists() else ():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return sorted(out, reverse=True)
+
+    def delete(self, step: int) -> None:
+        shutil.rmtree(self.final(step), ignore_errors=True)
+
+
+class FsspecStore:
+    """A version tree on any fsspec filesystem (object stores included)."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec.core
+
+        self.url = url
+        self.fs, base = fsspec.core.url_to_fs(url)
+        self.base = base.rstrip("/")
+
+    def _dir(self, step: int) -> str:
+        return f"{self.base}/{step_name(step)}"
+
+    def upload(self, step: int, src: Path, manifest: Manifest) -> str:
+        """Upload a committed local version: data files first, the manifest last."""
+        dest = self._dir(step)
+        if self.fs.exists(dest):
+            self.fs.rm(dest, recursive=True)
+        self.fs.makedirs(dest, exist_ok=True)
+        for name in sorted(manifest.files):
+            self.fs.put_file(str(src / name), f"{dest}/{name}")
+        self.fs.pipe_file(f"{dest}/{MANIFEST}", manifest.to_json().encode())
+        return dest
+
+    def versions(self) -> list[tuple[int, str]]:
+        if not self.fs.exists(self.base):
+            return []
+        out = []
+        for entry in self.fs.ls(self.base, detail=False):
+            name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+            m = _STEP_DIR.match(name)
+            if m:
+                out.append((int(m.group(1)), str(entry).rstrip("/")))
+        return sorted(out, reverse=True)
+
+    def read_manifest(self, step: int) -> Manifest:
+        return Manifest.from_json(self.fs.cat_file(f"{self._dir(step)}/{MANIFEST}").decode())
+
+    def fetch(self, step: int, dest: Path) -> Path:
+        """Download a version into ``dest`` (the manifest last) so it can be verified and loaded."""
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        src = self._dir(step)
+        try:
+            manifest_bytes = self.fs.cat_file(f"{src}/{MANIFEST}")
+        except FileNotFoundError:
+            return dest  # no manifest: verification rejects it
+        names: list[Any] = list(Manifest.from_json(manifest_bytes.decode()).files) \
+            if manifest_bytes else []
+        for name in names:
+            try:
+                self.fs.get_file(f"{src}/{name}", str(dest / name))
+            except FileNotFoundError:
+                continue  # verification reports the missing file
+        (dest / MANIFEST).write_bytes(manifest_bytes)
+        return dest
+
+    def delete(self, step: int) -> None:
+        if self.fs.exists(self._dir(step)):
+            self.fs.rm(self._dir(step), recursive=True)

@@ -1,0 +1,90 @@
+"""Checkpoint tiers: where a checkpoint is persisted, how often, and how many versions are kept.
+
+Tiers, fastest first: ``memory`` (a tmpfs such as /dev/shm: survives a worker crash, not a node
+reboot), ``local`` (node-local disk), ``shared`` (a shared filesystem every node mounts) and
+``object`` (any fsspec URL: s3://, gs://, memory://, file://). Each has its own interval in steps
+and its own retention.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..errors import ConfigError
+
+TierKind = Literal["memory", "local", "shared", "object"]
+SPEED_ORDER: dict[str, int] = {"memory": 0, "local": 1, "shared": 2, "object": 3}
+
+
+class TierConfig(BaseModel):
+    """One tier. ``every_steps``: persist to this tier when at least this many steps passed since
+    its last checkpoint. ``keep``: committed versions retained (the newest good one is never
+    deleted). ``fsync`` defaults to True except for memory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    kind: TierKind
+    location: str
+    every_steps: int = Field(default=1, ge=1)
+    keep: int = Field(default=2, ge=1)
+    fsync: bool | None = None
+
+    @field_validator("location")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("location is empty")
+        return v
+
+    @property
+    def durable(self) -> bool:
+        """Whether the tier survives the loss of the node's memory."""
+        return self.kind != "memory"
+
+    @property
+    def do_fsync(self) -> bool:
+        return self.kind != "memory" if self.fsync is None else self.fsync
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind != "object"
+
+
+def validate_tiers(tiers: list[TierConfig]) -> list[TierConfig]:
+    """Check names and locations, and return the tiers fastest first."""
+    if not tiers:
+        raise ConfigError("no checkpoint tier configured", "configure at least one tier (e.g. a local disk path)")
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate checkpoint tier names: {names}", "give every tier a unique name")
+    locs = [t.location for t in tiers]
+    if len(set(locs)) != len(locs):
+        raise ConfigError(f"two checkpoint tiers share a location: {locs}", "give every tier its own directory")
+    return sorted(tiers, key=lambda t: SPEED_ORDER[t.kind])
+
+
+def default_shm_root(job: str) -> Path:
+    return Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm")) / "stalwart" / job
+
+
+def default_tiers(*, local_dir: str | os.PathLike[str], job: str = "default", base_every_steps: int = 100,
+                  shared_dir: str | None = None, object_url: str | None = None,
+                  memory: bool = True) -> list[TierConfig]:
+    """Fast tiers frequent, slow tiers rare: memory every base interval, local disk every 5,
+    shared filesystem every 20, object store every 50."""
+    b = base_every_steps
+    tiers: list[TierConfig] = []
+    if memory:
+        tiers.append(TierConfig(name="memory", kind="memory", location=str(default_shm_root(job)),
+                                every_steps=b, keep=2))
+    tiers.append(TierConfig(name="local", kind="local", location=str(local_dir), every_steps=5 * b, keep=2))
+    if shared_dir:
+        tiers.append(TierConfig(name="shared", kind="shared", location=shared_dir, every_steps=20 * b, keep=3))
+    if object_url:
+        tiers.append(TierConfig(name="object", kind="object", location=object_url, every_steps=50 * b, keep=3))
+    return validate_tiers(tiers)
