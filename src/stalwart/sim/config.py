@@ -1,0 +1,161 @@
+"""Simulator configuration (pydantic, validated on construction) and the default failure mix.
+
+The default mix is the 54-day snapshot of Llama 3 405B pre-training on 16,384 H100 GPUs (Llama Team,
+"The Llama 3 Herd of Models", arXiv 2407.21783, Table 5): 419 unexpected interruptions, plus 47
+planned ones (automated maintenance). Counts are taken from the table; rates are counts divided by
+16,384 x 54 GPU-days. Detection latencies and whether a class costs a node are *our* assumptions
+(the paper gives none): hard GPU/host faults surface as a crash or XID within a minute, network
+faults and NCCL hangs as a collective timeout (10 min), silent data corruption only when someone
+notices a loss anomaly (1 h).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import ConfigError
+
+LLAMA3_GPUS = 16_384
+LLAMA3_DAYS = 54.0
+LLAMA3_PLANNED = 47
+
+# (component class, interruptions in the 54-day snapshot, costs a node?, detection latency s)
+LLAMA3_TABLE5: tuple[tuple[str, int, bool, float], ...] = (
+    ("faulty_gpu", 148, True, 60.0),
+    ("gpu_hbm3", 72, True, 60.0),
+    ("software_bug", 54, False, 30.0),
+    ("network_switch_cable", 35, True, 600.0),
+    ("host_maintenance", 32, True, 60.0),
+    ("gpu_sram", 19, True, 60.0),
+    ("gpu_system_processor", 17, True, 60.0),
+    ("nic", 7, True, 600.0),
+    ("nccl_watchdog_timeout", 7, False, 600.0),
+    ("silent_data_corruption", 6, True, 3600.0),
+    ("gpu_thermal_interface_sensor", 6, True, 60.0),
+    ("ssd", 3, True, 60.0),
+    ("power_supply", 3, True, 60.0),
+    ("server_chassis", 2, True, 60.0),
+    ("io_expansion_board", 2, True, 60.0),
+    ("dependency", 2, False, 60.0),
+    ("cpu", 2, True, 60.0),
+    ("system_memory", 2, True, 60.0),
+)
+
+
+class FailureClass(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    per_1000_gpu_days: float = Field(ge=0, description="failures per 1000 GPU-days of exposure")
+    node_loss: bool = True  # the node must be replaced (hot spare, shrink, or wait for repair)
+    detect_s: float = Field(60.0, ge=0)
+
+
+def llama3_failure_mix(scale: float = 1.0) -> list[FailureClass]:
+    """The Llama 3 Table 5 mix as rates per 1000 GPU-days (times ``scale``)."""
+    exposure = LLAMA3_GPUS * LLAMA3_DAYS / 1000.0
+    return [FailureClass(name=n, per_1000_gpu_days=scale * c / exposure, node_loss=nl, detect_s=d)
+            for n, c, nl, d in LLAMA3_TABLE5]
+
+
+def llama3_planned_per_1000_gpu_days() -> float:
+    return LLAMA3_PLANNED / (LLAMA3_GPUS * LLAMA3_DAYS / 1000.0)
+
+
+class CheckpointTier(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    interval_s: float = Field(gt=0, description="training (compute) seconds between checkpoints")
+    stall_s: float = Field(ge=0, description="seconds the training loop is blocked per checkpoint")
+    restore_s: float = Field(60.0, ge=0, description="seconds to load this tier on restart")
+    survives_node_loss: bool = True
+
+
+Strategy = Literal["in_process", "in_job", "requeue"]
+
+
+class SimConfig(BaseModel):
+    """One simulated run. Times in seconds unless the name says otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int = Field(LLAMA3_GPUS, gt=0)
+    gpus_per_node: int = Field(8, gt=0)
+    days: float = Field(LLAMA3_DAYS, gt=0)
+    trials: int = Field(1000, gt=0)
+    seed: int = 0
+    failures: list[FailureClass] = Field(default_factory=llama3_failure_mix)
+    planned_per_1000_gpu_days: float = Field(default_factory=llama3_planned_per_1000_gpu_days, ge=0)
+    decide_s: float = Field(5.0, ge=0, description="policy decision after detection")
+    tiers: list[CheckpointTier] = Field(default_factory=lambda: [
+        CheckpointTier(name="shared_fs", interval_s=1800.0, stall_s=30.0, restore_s=300.0)])
+    strategy: Strategy = "in_job"
+    in_process_restart_s: float = Field(60.0, ge=0)
+    job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
+    requeue_s: float = Field(1800.0, ge=0, description="back through the scheduler queue")
+    spare_nodes: int | None = Field(None, ge=0, description="hot spares; None: the wider pool always has a node")
+    repair_hours: float = Field(48.0, ge=0, description="a lost node returns to the pool after this")
+    elastic: bool = False  # continue on fewer nodes when no spare is left
+    min_nodes_fraction: float = Field(0.9, gt=0, le=1)
+    straggler_per_node_day: float = Field(0.0, ge=0)
+    straggler_slowdown: float = Field(0.0, ge=0, description="0.3 = steps 30% slower while it lasts")
+    straggler_mitigate_s: float = Field(1800.0, ge=0)
+    gpu_hour_price: float = Field(2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> SimConfig:
+        if self.gpus % self.gpus_per_node:
+            raise ConfigError(f"{self.gpus} GPUs is not a whole number of {self.gpus_per_node}-GPU nodes",
+                              "make --gpus a multiple of --gpus-per-node")
+        if not self.tiers:
+            raise ConfigError("at least one checkpoint tier is needed")
+        if not any(t.survives_node_loss for t in self.tiers):
+            raise ConfigError("no checkpoint tier survives the loss of a node",
+                              "add a tier with survives_node_loss: true (shared FS, object store, peer copy)")
+        base = min(t.interval_s for t in self.tiers)
+        for t in self.tiers:
+            k = t.interval_s / base
+            if abs(k - round(k)) > 1e-6:
+                raise ConfigError(f"tier {t.name} interval {t.interval_s:g}s is not a multiple of the "
+                                  f"fastest tier's {base:g}s", "make every tier interval a multiple of the fastest")
+        if max(t.interval_s for t in self.tiers) / base > 10_000:
+            raise ConfigError("tier intervals differ by more than 10,000x", "check the units (seconds)")
+        if self.days * 86400.0 < base:
+            raise ConfigError(f"the run ({self.days:g} days) is shorter than one checkpoint interval "
+                              f"({base:g} s)", "check the units: --days is days, intervals are seconds")
+        for f in self.failures:
+            if not math.isfinite(f.per_1000_gpu_days):
+                raise ConfigError(f"failure class {f.name} has a non-finite rate")
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * 86400.0
+
+    def failure_rate_per_s(self) -> float:
+        """Job failure rate (unplanned), per second of wall clock."""
+        return sum(f.per_1000_gpu_days for f in self.failures) / 1000.0 * self.gpus / 86400.0
+
+    def planned_rate_per_s(self) -> float:
+        return self.planned_per_1000_gpu_days / 1000.0 * self.gpus / 86400.0
+
+
+def make_config(**values: object) -> SimConfig:
+    """Build a :class:`SimConfig`, turning pydantic's errors into one-line ConfigErrors."""
+    from pydantic import ValidationError
+
+    try:
+        return SimConfig(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
+        raise ConfigError(f"invalid simulator setting {where}: {first.get('msg')} (got {first.get('input')!r})",
+                          "rates and times must be non-negative; GPUs, nodes, days and trials positive") from None
