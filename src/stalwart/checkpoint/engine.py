@@ -19,19 +19,28 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from ..events import CheckpointCommitted, CheckpointLoaded, CheckpointRejected, CheckpointStaged, Event
 from .collective import Collective
 from .events import CheckpointPersistFailed, EmergencyCheckpoint
 from .manifest import read_manifest, verify_files
-from .persist import Persister, PersistError, WriterFactory, default_writer, retain_files, retain_object
+from .persist import (
+    Persister,
+    PersistError,
+    WriterFactory,
+    default_writer,
+    describe,
+    retain_files,
+    retain_object,
+)
 from .staging import Snapshot, Stager
 from .store import FileStore, FsspecStore, step_name
 from .tiers import SPEED_ORDER, TierConfig, validate_tiers
@@ -146,13 +155,15 @@ class CheckpointEngine:
     def busy(self) -> bool:
         return self._inflight is not None and not self._inflight[0].done()
 
-    def stage(self, step: int, state: dict[str, Any], rank_state: Any = None) -> Snapshot:
+    def stage(self, step: int, state: dict[str, Any], rank_state: Any = None, *, _t0: float | None = None) -> Snapshot:
         """Copy the state into the host buffers (blocking: this is the stall) and keep it as latest."""
         if self.busy():
             raise CheckpointError("cannot stage while a persist still reads the staging buffers",
                                   "call wait() first or use save(), which skips or waits")
         self._latest = None  # the buffers are being overwritten: no consistent snapshot until done
         snap = self.stager.stage(step, state, rank_state)
+        if _t0 is not None:  # save(): the stall also covers the busy check before staging
+            snap = replace(snap, stall_s=self._clock() - _t0)
         self._latest = snap
         self.last_stall_s = snap.stall_s
         if self.rank == 0:
@@ -178,12 +189,11 @@ class CheckpointEngine:
                 return SaveTicket(step, self._clock() - t0, 0, (), None,
                                   skipped="previous persist still running; interval shorter than persist time")
             self.wait()
-        waited = self._clock() - t0
-        snap = self.stage(step, state, rank_state)
+        snap = self.stage(step, state, rank_state, _t0=t0)
         for t in due:
             self._last[t.name] = step
         fut = self.save_async(snap, [t.name for t in due])
-        return SaveTicket(step, waited + snap.stall_s, snap.bytes, tuple(t.name for t in due), fut)
+        return SaveTicket(step, snap.stall_s, snap.bytes, tuple(t.name for t in due), fut)
 
     def wait(self, timeout: float | None = None) -> PersistResult | None:
         if self._inflight is None:
@@ -323,8 +333,9 @@ class CheckpointEngine:
             assert manifest is not None
             try:
                 dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
-            except Exception as exc:
-                raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: {exc}",
+            except (Exception, CheckpointException) as exc:
+                raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
+                                      f"{describe(exc)}",
                                       "load with the same state layout (model/optimizer keys) it was saved with") from exc
             rank_file = f"rank-{self.rank}.pt"
             rank_state = torch.load(path / rank_file, weights_only=False) if rank_file in manifest.files else None

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from .collective import Collective
 from .manifest import MANIFEST, FileEntry, Manifest, crc32_file, read_manifest, verify_files
@@ -28,6 +29,13 @@ WriterFactory = Callable[[Path, TierConfig], Any]
 
 class PersistError(Exception):
     """A tier could not be written; the reason names the rank and the cause."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line per cause; DCP wraps each rank's exception in a CheckpointException."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"dcp rank {r}: {describe(e)}" for r, (e, _) in sorted(exc.failures.items()))
+    return f"{type(exc).__name__}: {exc}"
 
 
 def default_writer(path: Path, tier: TierConfig) -> Any:
@@ -80,8 +88,8 @@ class Persister:
             for name in mine:
                 f = work / name
                 entries[name] = FileEntry(f.stat().st_size, crc32_file(f))
-        except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
-            err = f"{type(exc).__name__}: {exc}"
+        except (Exception, CheckpointException) as exc:  # every failure must reach the other ranks
+            err = describe(exc)
         gathered = self.comm.all_gather((err, entries))
         errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
         if errs:
