@@ -105,14 +105,14 @@ class AutoInterval:
         self._sink = sink or (lambda ev: None)
         self._wall = wall or time.time
         self._step_time: float | None = None
-        self._last_update = -1
+        self._last_update: int | None = None
         self.advice: list[IntervalAdvice] = []
 
     def observe_step(self, step: int, duration_s: float) -> list[IntervalAdvice]:
         """Feed one step time; returns new advice when it was recomputed (else an empty list)."""
         self._step_time = duration_s if self._step_time is None else 0.9 * self._step_time + 0.1 * duration_s
         stall = getattr(self.engine, "last_stall_s", None)
-        if stall is None or step - self._last_update < self.every_steps:
+        if stall is None or (self._last_update is not None and step - self._last_update < self.every_steps):
             return []
         self._last_update = step
         tiers = [(t.name, t.kind) for t in self.engine.tiers]
