@@ -1,0 +1,124 @@
+"""``stalwart sim``: Monte Carlo of a training run on N GPUs (ETTR, interruptions, lost GPU-hours, cost)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..errors import ConfigError
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read simulator config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"simulator config {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"simulator config {path} must be a mapping of settings")
+    return data
+
+
+def build_values(file_values: dict[str, Any], *, gpus: int | None, gpus_per_node: int | None,
+                 days: float | None, trials: int | None, seed: int | None, interval: float | None,
+                 stall: float | None, restore: float | None, restart: float | None, strategy: str | None,
+                 spares: int | None, elastic: bool | None, rate_scale: float, price: float | None) -> dict[str, Any]:
+    """Flags override the file; the file overrides the defaults."""
+    from ..sim.config import llama3_failure_mix
+
+    if not rate_scale >= 0:
+        raise ConfigError(f"--rate-scale must be non-negative, got {rate_scale}")
+    v = dict(file_values)
+    for key, val in (("gpus", gpus), ("gpus_per_node", gpus_per_node), ("days", days), ("trials", trials),
+                     ("seed", seed), ("job_restart_s", restart), ("strategy", strategy),
+                     ("spare_nodes", spares), ("elastic", elastic), ("gpu_hour_price", price)):
+        if val is not None:
+            v[key] = val
+    if rate_scale != 1.0:
+        base = v.get("failures") or [f.model_dump() for f in llama3_failure_mix()]
+        v["failures"] = [{**dict(f), "per_1000_gpu_days": float(dict(f).get("per_1000_gpu_days", 0)) * rate_scale}
+                         for f in base]
+    if interval is not None or stall is not None or restore is not None:
+        tiers = v.get("tiers") or [{"name": "shared_fs", "interval_s": 1800.0, "stall_s": 30.0, "restore_s": 300.0}]
+        if len(tiers) != 1:
+            raise ConfigError("--interval/--stall/--restore set a single tier, but the config file has several",
+                              "edit the tiers in the config file instead")
+        t = dict(tiers[0])
+        for key, val in (("interval_s", interval), ("stall_s", stall), ("restore_s", restore)):
+            if val is not None:
+                t[key] = val
+        v["tiers"] = [t]
+    return v
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sim")
+    def sim_cmd(
+        gpus: int = typer.Option(None, help="GPUs in the job (default 16384, the Llama 3 run)."),
+        gpus_per_node: int = typer.Option(None, help="GPUs per node (default 8)."),
+        days: float = typer.Option(None, help="Wall-clock length of the run in days (default 54)."),
+        trials: int = typer.Option(None, help="Monte Carlo trials (default 1000)."),
+        seed: int = typer.Option(None, help="Random seed (default 0)."),
+        interval: float = typer.Option(None, help="Checkpoint interval, seconds of training (single tier)."),
+        stall: float = typer.Option(None, help="Seconds the loop is blocked per checkpoint (single tier)."),
+        restore: float = typer.Option(None, help="Seconds to load the checkpoint on restart (single tier)."),
+        restart: float = typer.Option(None, help="Seconds of an in-job restart (rendezvous, init, warm-up)."),
+        strategy: str = typer.Option(None, help="in_process | in_job | requeue."),
+        spares: int = typer.Option(None, help="Hot spare nodes (default: the pool always has one)."),
+        elastic: bool = typer.Option(None, "--elastic/--no-elastic", help="Shrink when no spare is left."),
+        rate_scale: float = typer.Option(1.0, help="Multiply every failure rate (1.0 = Llama 3 mix)."),
+        price: float = typer.Option(None, help="Cost of one GPU-hour (default 2.0)."),
+        config: Path = typer.Option(None, help="YAML file of simulator settings (see docs/simulator.md)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    ) -> None:
+        """Simulate a training run with failures: ETTR distribution, interruptions, lost GPU-hours, cost."""
+        from ..sim import simulate
+        from ..sim.config import make_config
+
+        values = build_values(load_config_file(config), gpus=gpus, gpus_per_node=gpus_per_node, days=days,
+                              trials=trials, seed=seed, interval=interval, stall=stall, restore=restore,
+                              restart=restart, strategy=strategy, spares=spares, elastic=elastic,
+                              rate_scale=rate_scale, price=price)
+        result = simulate(make_config(**values))
+        summary = result.summary()
+        if json_out:
+            print(json.dumps(summary, indent=2))
+            return
+        print_summary(summary)
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]
+    console.print(f"[bold]{s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['days']:g} days, {s['trials']:,} trials"
+                  f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}")
+    t = Table(title="outcome per trial")
+    for col in ("metric", "mean", "p5", "p50", "p95"):
+        t.add_column(col, justify="right" if col != "metric" else "left")
+    fmt = {"ettr": "{:.4f}", "interruptions": "{:,.1f}", "planned": "{:,.1f}",
+           "lost_gpu_hours": "{:,.0f}", "cost": "{:,.0f}"}
+    for key, f in fmt.items():
+        row = s[key]
+        t.add_row(key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))
+    console.print(t)
+    b = Table(title="where the wall-clock went (mean hours per trial)")
+    b.add_column("bucket")
+    b.add_column("hours", justify="right")
+    total = sum(s["buckets_hours_mean"].values()) or 1.0
+    b.add_column("share", justify="right")
+    for k, v in s["buckets_hours_mean"].items():
+        b.add_row(k, f"{v:,.1f}", f"{100 * v / total:.1f}%")
+    console.print(b)

@@ -1,0 +1,63 @@
+"""Fit the simulator to a real run: failure rate, detection, recovery and checkpoint stall from a ledger."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..account.reliability import failure_rates, interruptions_from_events, mttr
+from ..errors import LedgerError
+from ..events import CheckpointCommitted, CheckpointLoaded, Event
+from ..ledger import read_merged
+from .config import CheckpointTier, FailureClass, SimConfig, make_config
+
+NOT_INFRA = ("user", "planned")
+
+
+def config_from_events(events: Sequence[Event], base: SimConfig) -> tuple[SimConfig, list[str]]:
+    """``base`` with the rates and times measured in ``events``; notes say what was replaced."""
+    run = interruptions_from_events(events)
+    notes: list[str] = []
+    infra = [i for i in run.interruptions if i.component not in NOT_INFRA]
+    values = base.model_dump()
+    if run.exposure.gpu_hours <= 0:
+        raise LedgerError("the ledger has no attempt with a world size, so no exposure to measure rates over",
+                          "point at the run directory of a run that started workers")
+    if infra:
+        measured = failure_rates(len(infra), run.exposure).per_1000_gpu_days
+        total = sum(f.per_1000_gpu_days for f in base.failures)
+        factor = measured / total if total > 0 else 0.0
+        values["failures"] = [FailureClass(**{**f.model_dump(), "per_1000_gpu_days": f.per_1000_gpu_days * factor})
+                              .model_dump() for f in base.failures]
+        notes.append(f"failure rate {measured:.3g} per 1000 GPU-days from {len(infra)} interruptions in "
+                     f"{run.exposure.gpu_hours:,.1f} GPU-hours (class mix kept from the default table)")
+        m = mttr(infra)
+        if m.detect_s is not None:
+            values["failures"] = [{**f, "detect_s": m.detect_s} for f in values["failures"]]
+            notes.append(f"detection latency {m.detect_s:.1f} s (measured mean, all classes)")
+        if m.decide_s is not None:
+            values["decide_s"] = m.decide_s
+        if m.recover_s is not None:
+            values["job_restart_s"] = m.recover_s
+            notes.append(f"restart {m.recover_s:.1f} s (measured mean decision -> first step, restore included)")
+    else:
+        notes.append("no infrastructure failure in the ledger: keeping the default failure rates")
+    stalls = [e.stall_s for e in events if isinstance(e, CheckpointCommitted) and not e.emergency]
+    loads = [e.duration_s for e in events if isinstance(e, CheckpointLoaded)]
+    tiers = [CheckpointTier(**t) for t in values["tiers"]]
+    durable = min((t for t in tiers if t.survives_node_loss), key=lambda t: t.interval_s)
+    repl = {}
+    if stalls:
+        repl["stall_s"] = sum(stalls) / len(stalls)
+        notes.append(f"checkpoint stall {repl['stall_s']:.3f} s (mean of {len(stalls)} commits)")
+    if values["job_restart_s"] != base.job_restart_s or (infra and mttr(infra).recover_s is not None):
+        # the measured restart (decision -> first step) already includes the restore
+        repl["restore_s"] = 0.0
+    elif loads:
+        repl["restore_s"] = sum(loads) / len(loads)
+    values["tiers"] = [{**t.model_dump(), **(repl if t.name == durable.name else {})} for t in tiers]
+    return make_config(**values), notes
+
+
+def config_from_ledger(location: str | os.PathLike[str], base: SimConfig) -> tuple[SimConfig, list[str]]:
+    return config_from_events(read_merged(location), base)
