@@ -1,0 +1,123 @@
+"""Where drains and resumes go: a small protocol, a local (ledger-only) backend and Slurm.
+
+A Kubernetes backend (cordon + taint) would implement the same four methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import SchedulerError
+from .deadline import CallTimedOut, run_command
+from .lifecycle import SchedulerView
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    state: str
+    reason: str = ""
+
+
+class NodeBackend(Protocol):
+    name: str
+
+    def view(self, node: str) -> SchedulerView | None: ...
+
+    def drain(self, node: str, reason: str) -> str: ...
+
+    def resume(self, node: str) -> str: ...
+
+    def list_nodes(self) -> list[NodeStatus]: ...
+
+
+class LocalBackend:
+    """No scheduler: the ledger is the only record of a drain (the agent excludes quarantined nodes)."""
+
+    name = "local"
+
+    def view(self, node: str) -> SchedulerView | None:
+        return None
+
+    def drain(self, node: str, reason: str) -> str:
+        return "quarantined (ledger only)"
+
+    def resume(self, node: str) -> str:
+        return "admitted (ledger only)"
+
+    def list_nodes(self) -> list[NodeStatus]:
+        return []
+
+
+def _is_drained(state: str) -> bool:
+    s = state.lower()
+    return "drain" in s or s.startswith("down") or s.startswith("fail")
+
+
+class SlurmBackend:
+    """``scontrol update`` to drain/resume, ``sinfo`` to read back; every call under a timeout."""
+
+    name = "slurm"
+
+    def __init__(self, *, timeout_s: float = 10.0, scontrol: str = "scontrol", sinfo: str = "sinfo") -> None:
+        self.timeout_s = timeout_s
+        self.scontrol = scontrol
+        self.sinfo = sinfo
+
+    def _run(self, argv: list[str]) -> str:
+        try:
+            proc = run_command(argv, self.timeout_s)
+        except CallTimedOut as exc:
+            raise SchedulerError(f"{argv[0]} did not answer within {self.timeout_s:g} s",
+                                 "is slurmctld running and SLURM_CONF set?") from exc
+        except OSError as exc:
+            raise SchedulerError(f"cannot run {argv[0]}: {exc}", "install the Slurm client tools") from exc
+        if proc.returncode != 0:
+            raise SchedulerError(f"{' '.join(argv[:3])} failed (exit {proc.returncode}): "
+                                 f"{(proc.stderr or proc.stdout).strip()[:300]}",
+                                 "check the node name and that you may run scontrol update (root or SlurmUser)")
+        return proc.stdout
+
+    def list_nodes(self) -> list[NodeStatus]:
+        out = self._run([self.sinfo, "-h", "-N", "-o", "%N|%T|%E"])
+        seen: dict[str, NodeStatus] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3 and parts[0] not in seen:  # a node in two partitions is listed twice
+                reason = "" if parts[2].strip() == "none" else parts[2].strip()
+                seen[parts[0]] = NodeStatus(parts[0], parts[1].strip(), reason)
+        return list(seen.values())
+
+    def status(self, node: str) -> NodeStatus:
+        out = self._run([self.sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E"])
+        for line in out.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3 and parts[0] == node:
+                reason = "" if parts[2].strip() == "none" else parts[2].strip()
+                return NodeStatus(node, parts[1].strip(), reason)
+        raise SchedulerError(f"Slurm does not know node {node!r}", "check the name with 'sinfo -N'")
+
+    def view(self, node: str) -> SchedulerView:
+        st = self.status(node)
+        return SchedulerView(drained=_is_drained(st.state), reason=st.reason, state=st.state)
+
+    def drain(self, node: str, reason: str) -> str:
+        if not reason.strip():
+            raise SchedulerError("Slurm needs a reason to drain a node")
+        self._run([self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        return self.status(node).state
+
+    def resume(self, node: str) -> str:
+        self._run([self.scontrol, "update", f"NodeName={node}", "State=RESUME"])
+        return self.status(node).state
+
+
+def make_backend(name: str) -> NodeBackend:
+    from ..errors import ConfigError
+
+    if name == "local":
+        return LocalBackend()
+    if name == "slurm":
+        return SlurmBackend()
+    raise ConfigError(f"unknown backend {name!r}", "use 'local' or 'slurm'")

@@ -1,0 +1,121 @@
+"""The health gate: collect, check, decide. The agent calls :func:`run_gate` before the first start
+and before every restart; the CLI's ``stalwart health check`` is the same code path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ConfigError
+from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveExpectations, check_active, measure_active
+from .findings import Finding
+from .gpu_fixtures import load_gpu_fixture
+from .gpu_observation import GpuNodeObservation
+from .infiniband import collect_infiniband
+from .kernel_log import KernelLogObservation, collect_kernel_log, read_kernel_log_file
+from .mounts import collect_mounts
+from .nvml_collector import collect_nvml
+from .passive_checks import PassiveThresholds, check_gpus, check_infiniband, check_kernel_log, check_mounts
+from .rules import RuleTable, Verdict, load_rules
+
+KERNEL_LOG_FIXTURE = "kmsg.txt"
+
+
+class GateConfig(BaseModel):
+    """What the gate checks. ``fixture`` replaces every live source with recorded telemetry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixture: Path | None = None
+    expected_gpus: int | None = Field(default=None, ge=0)
+    mounts: tuple[str, ...] = ()
+    require_mountpoint: bool = True
+    ib_sys_root: Path = Path("/sys")
+    ib_rate_gbps: float | None = None
+    kernel_log: str = "dmesg"  # "dmesg", a file path, or "" to skip
+    nvml_timeout_s: float = Field(default=5.0, gt=0)
+    mount_timeout_s: float = Field(default=2.0, gt=0)
+    rules: Path | None = None
+    active: bool = False
+    disk_dir: Path | None = None
+    allreduce: bool = True
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    verdict: Verdict
+    findings: tuple[Finding, ...]
+    reason: str
+    duration_s: float
+    gpu: GpuNodeObservation | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _kernel_log(cfg: GateConfig) -> KernelLogObservation | None:
+    if cfg.fixture is not None:
+        p = cfg.fixture / KERNEL_LOG_FIXTURE
+        return read_kernel_log_file(p) if p.exists() else None
+    if not cfg.kernel_log:
+        return None
+    if cfg.kernel_log == "dmesg":
+        return collect_kernel_log(cfg.nvml_timeout_s)
+    return read_kernel_log_file(Path(cfg.kernel_log))
+
+
+def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Finding], GpuNodeObservation,
+                                                                       dict[str, float]]:
+    """Passive collection + checks (and the active suite when ``cfg.active``)."""
+    th = PassiveThresholds(expected_gpus=cfg.expected_gpus, ib_rate_gbps=cfg.ib_rate_gbps)
+    timings: dict[str, float] = {}
+    t0 = clock()
+    if cfg.fixture is not None:
+        if not cfg.fixture.is_dir():
+            raise ConfigError(f"fixture directory {cfg.fixture} does not exist",
+                              "pass a directory with nvml_snapshot.json or nvidia-smi-q.xml")
+        gpu = load_gpu_fixture(cfg.fixture)
+    else:
+        gpu = collect_nvml(timeout_s=cfg.nvml_timeout_s)
+    findings = check_gpus(gpu, th)
+    timings["gpu"] = clock() - t0
+    t0 = clock()
+    klog = _kernel_log(cfg)
+    if klog is not None:
+        if klog.available:
+            findings += check_kernel_log(klog, gpu.gpus)
+        else:
+            findings += [Finding("kernel_log", "telemetry.bad", "kernel_log", f.severity, f.message, f.evidence)
+                         for f in check_kernel_log(klog)]
+    timings["kernel_log"] = clock() - t0
+    t0 = clock()
+    ib_root = cfg.fixture / "sys" if cfg.fixture is not None else cfg.ib_sys_root
+    findings += check_infiniband(collect_infiniband(ib_root), th)
+    timings["infiniband"] = clock() - t0
+    t0 = clock()
+    findings += check_mounts(collect_mounts(cfg.mounts, cfg.mount_timeout_s), cfg.require_mountpoint)
+    timings["mounts"] = clock() - t0
+    if cfg.active:
+        t0 = clock()
+        m = measure_active(cfg.disk_dir, allreduce=cfg.allreduce)
+        exp: ActiveExpectations = H100_EXPECTATIONS if m.device_kind == "cuda" else CPU_EXPECTATIONS
+        findings += check_active(m, exp)
+        timings["active"] = clock() - t0
+        timings.update({f"active.{k}": v for k, v in m.seconds.items()})
+    return findings, gpu, timings
+
+
+def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None,
+             clock=time.perf_counter) -> GateResult:
+    """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts)."""
+    t0 = clock()
+    table = rules or load_rules(config.rules)
+    findings, gpu, timings = collect_findings(config, clock)
+    verdict = table.evaluate(findings)
+    passed = verdict.status != "fail"
+    dur = clock() - t0
+    reason = ("gate passed: " if passed else "gate failed: ") + verdict.reason
+    return GateResult(passed, verdict, tuple(findings), reason, dur, gpu, timings)

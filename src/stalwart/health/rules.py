@@ -1,0 +1,152 @@
+"""The rule table: findings -> one verdict with an action and a reason. Data lives in ``rules.yaml``."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from .findings import Finding, Severity
+
+STATUSES = ("pass", "warn", "fail")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    code: str
+    verdict: str
+    action: str
+    recoverable: bool
+    reason: str
+    severity: Severity | None = None
+    xid_in: str | None = None
+
+    def matches(self, f: Finding, xid_lists: dict[str, frozenset[int]]) -> bool:
+        if not fnmatch.fnmatchcase(f.code, self.code):
+            return False
+        if self.severity is not None and f.severity < self.severity:
+            return False
+        if self.xid_in is not None:
+            return f.evidence.get("xid") in xid_lists[self.xid_in]
+        return True
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the table decided for one finding."""
+
+    finding: Finding
+    rule: str
+    status: str
+    action: str
+    recoverable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # pass | warn | fail
+    action: str
+    recoverable: bool
+    reason: str
+    decisions: tuple[Decision, ...] = ()
+
+    @property
+    def failing(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if d.status == "fail")
+
+    def fault_key(self) -> str:
+        """A stable family name for the failing decisions (used to spot recurrences)."""
+        return ",".join(sorted({d.rule for d in self.failing}))
+
+
+class _Fmt(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    rules: tuple[Rule, ...]
+    xid_lists: dict[str, frozenset[int]]
+
+    def decide(self, f: Finding) -> Decision:
+        for r in self.rules:
+            if r.matches(f, self.xid_lists):
+                text = r.reason.format_map(_Fmt({**f.evidence, "subject": f.subject, "message": f.message}))
+                return Decision(f, r.name, r.verdict, r.action, r.recoverable, text)
+        return Decision(f, "(none)", "pass", "none", True, f.message)
+
+    def evaluate(self, findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
+        decisions = tuple(self.decide(f) for f in findings)
+        if not decisions:
+            return Verdict("pass", "none", True, "pass: no findings", ())
+        status = max((d.status for d in decisions), key=STATUSES.index)
+        top = [d for d in decisions if d.status == status]
+        # irrecoverable first: it decides the action
+        top.sort(key=lambda d: d.recoverable)
+        recoverable = all(d.recoverable for d in decisions if d.status == "fail")
+        first = top[0]
+        more = f" (+{len(top) - 1} more)" if len(top) > 1 else ""
+        if status == "pass":
+            reason = "pass: " + ("; ".join(d.reason for d in decisions if d.finding.severity >= Severity.INFO)
+                                 or "no faults")
+        else:
+            cls = "" if status != "fail" else (" [recoverable]" if recoverable else " [irrecoverable]")
+            reason = f"{status}: {first.reason}{more} -> {first.action}{cls}"
+        return Verdict(status, first.action if status != "pass" else "none", recoverable, reason, decisions)
+
+
+def _parse(data: Any, origin: str) -> RuleTable:
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise ConfigError(f"{origin}: a rule table needs a top-level 'rules' list",
+                          "see src/stalwart/health/rules.yaml for the format")
+    lists: dict[str, frozenset[int]] = {}
+    for name, values in (data.get("xid_lists") or {}).items():
+        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+            raise ConfigError(f"{origin}: xid list {name!r} must be a list of integers")
+        lists[str(name)] = frozenset(values)
+    rules = []
+    for i, raw in enumerate(data["rules"]):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{origin}: rule #{i + 1} is not a mapping")
+        missing = {"code", "verdict", "action"} - set(raw)
+        if missing:
+            raise ConfigError(f"{origin}: rule #{i + 1} lacks {', '.join(sorted(missing))}")
+        if raw["verdict"] not in STATUSES:
+            raise ConfigError(f"{origin}: rule #{i + 1} has verdict {raw['verdict']!r}",
+                              "use pass, warn or fail")
+        xid_in = raw.get("xid_in")
+        if xid_in is not None and xid_in not in lists:
+            raise ConfigError(f"{origin}: rule #{i + 1} refers to unknown xid list {xid_in!r}",
+                              f"define it under xid_lists (known: {', '.join(sorted(lists)) or 'none'})")
+        rules.append(Rule(
+            name=str(raw.get("name", f"rule{i + 1}")), code=str(raw["code"]), verdict=raw["verdict"],
+            action=str(raw["action"]), recoverable=bool(raw.get("recoverable", True)),
+            reason=str(raw.get("reason", "{subject}: {message}")),
+            severity=Severity.parse(raw["severity"]) if raw.get("severity") else None, xid_in=xid_in))
+    return RuleTable(tuple(rules), lists)
+
+
+def load_rules(path: str | Path | None = None) -> RuleTable:
+    """The shipped table, or a site's own YAML file."""
+    if path is None:
+        text = resources.files("stalwart.health").joinpath("rules.yaml").read_text()
+        origin = "rules.yaml (shipped)"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read rule table {path}: {exc.strerror}") from exc
+        origin = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin} is not valid YAML: {exc}") from exc
+    return _parse(data, origin)
