@@ -1,0 +1,86 @@
+"""Planner and ledger fitting: recommendations follow the closed forms and respond to the inputs."""
+
+import pytest
+
+from stalwart.account.ettr import daly_interval
+from stalwart.errors import LedgerError
+from stalwart.events import (
+    AttemptStarted,
+    CheckpointCommitted,
+    DecisionTaken,
+    FailureDetected,
+    JobEnded,
+    JobStarted,
+    StepCompleted,
+    TrainingResumed,
+)
+from stalwart.sim import CheckpointTier, SimConfig
+from stalwart.sim.measured import config_from_events
+from stalwart.sim.planner import closed_form_intervals, plan
+
+
+def test_single_tier_interval_is_daly_against_the_job_mtbf():
+    cfg = SimConfig(gpus=16384, days=10, trials=20)
+    (advice,) = closed_form_intervals(cfg)
+    lam = sum(f.per_1000_gpu_days for f in cfg.failures) * 16384 / 1000 / 86400
+    assert advice.closed_form_s == pytest.approx(daly_interval(30.0, 1 / lam))
+    assert 780 < advice.closed_form_s < 815  # 30 s stall, 3.09 h MTBF: ~ sqrt(2*30*11135) - 30 + O(1)
+
+
+def test_two_tiers_are_snapped_to_multiples():
+    cfg = SimConfig(gpus=16384, days=10, trials=20, tiers=[
+        CheckpointTier(name="mem", interval_s=60, stall_s=1, restore_s=5, survives_node_loss=False),
+        CheckpointTier(name="fs", interval_s=600, stall_s=30, restore_s=300)])
+    mem, fs = closed_form_intervals(cfg)
+    assert mem.recommended_s < fs.recommended_s
+    assert (fs.recommended_s / mem.recommended_s) == pytest.approx(round(fs.recommended_s / mem.recommended_s))
+
+
+def test_plan_end_to_end_small():
+    cfg = SimConfig(gpus=2048, days=7, trials=40, seed=1)
+    p = plan(cfg, scale_to=[8192], trials=40, spare_candidates=(0, 2, 8))
+    assert p.strategy.value == "in_process"  # 60 s restarts beat 300 s and 1800 s ones
+    assert [pt.gpus for pt in p.scale] == [2048, 8192]
+    assert p.scale[0].ettr_mean > p.scale[1].ettr_mean  # more GPUs, more failures
+    assert p.scale[1].job_mtbf_h == pytest.approx(p.scale[0].job_mtbf_h / 4)
+    assert p.spares.value in (0, 2, 8) and p.spares.reason
+    best = max(p.sweep, key=lambda r: r["ettr_sim"])
+    # the simulated optimum sits within a factor 2 of the recommended interval
+    assert 0.5 <= best["interval_s"] / p.tiers[0].recommended_s <= 2.0
+
+
+def _ledger_events(fail=True):
+    t = 2_000_000.0
+    evs = [JobStarted(ts=t, script="x"), AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
+           StepCompleted(ts=t + 10, step=0, start=t, duration=10),
+           CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=0.5),
+           CheckpointCommitted(ts=t + 40, step=2, path="p", stall_s=1.5)]
+    if fail:
+        evs += [FailureDetected(ts=t + 100, onset=t + 90, failure="crash", evidence="Xid 79", node="a"),
+                DecisionTaken(ts=t + 101, action="restart", reason="r"),
+                AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
+                TrainingResumed(ts=t + 130, step=2), StepCompleted(ts=t + 141, step=2, start=t + 131, duration=10)]
+    evs.append(JobEnded(ts=t + 3600, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False))
+    return evs
+
+
+def test_config_from_events_uses_measured_values():
+    cfg, notes = config_from_events(_ledger_events(), SimConfig(gpus=8, days=1, trials=10))
+    # one failure in 8 GPU-hours = 3 per GPU-day = 3000 per 1000 GPU-days
+    assert sum(f.per_1000_gpu_days for f in cfg.failures) == pytest.approx(3000.0)
+    assert all(f.detect_s == 10 for f in cfg.failures)
+    assert cfg.decide_s == 1 and cfg.job_restart_s == 40
+    assert cfg.tiers[0].stall_s == pytest.approx(1.0) and cfg.tiers[0].restore_s == 0
+    assert any("1 interruptions" in n for n in notes)
+
+
+def test_config_from_events_without_failures_keeps_rates():
+    base = SimConfig(gpus=8, days=1, trials=10)
+    cfg, notes = config_from_events(_ledger_events(fail=False), base)
+    assert cfg.failures == base.failures
+    assert any("no infrastructure failure" in n for n in notes)
+
+
+def test_empty_ledger_events_are_an_error():
+    with pytest.raises(LedgerError):
+        config_from_events([], SimConfig(gpus=8, days=1, trials=10))
