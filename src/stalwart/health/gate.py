@@ -15,7 +15,7 @@ from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveExpectations, che
 from .findings import Finding
 from .gpu_fixtures import load_gpu_fixture
 from .gpu_observation import GpuNodeObservation
-from .infiniband import collect_infiniband
+from .infiniband import IbObservation, collect_infiniband
 from .kernel_log import KernelLogObservation, collect_kernel_log, read_kernel_log_file
 from .mounts import collect_mounts
 from .nvml_collector import collect_nvml
@@ -53,6 +53,7 @@ class GateResult:
     reason: str
     duration_s: float
     gpu: GpuNodeObservation | None = None
+    ib: IbObservation | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -68,7 +69,7 @@ def _kernel_log(cfg: GateConfig) -> KernelLogObservation | None:
 
 
 def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Finding], GpuNodeObservation,
-                                                                       dict[str, float]]:
+                                                                       IbObservation, dict[str, float]]:
     """Passive collection + checks (and the active suite when ``cfg.active``)."""
     th = PassiveThresholds(expected_gpus=cfg.expected_gpus, ib_rate_gbps=cfg.ib_rate_gbps)
     timings: dict[str, float] = {}
@@ -93,7 +94,8 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
     timings["kernel_log"] = clock() - t0
     t0 = clock()
     ib_root = cfg.fixture / "sys" if cfg.fixture is not None else cfg.ib_sys_root
-    findings += check_infiniband(collect_infiniband(ib_root), th)
+    ib = collect_infiniband(ib_root)
+    findings += check_infiniband(ib, th)
     timings["infiniband"] = clock() - t0
     t0 = clock()
     findings += check_mounts(collect_mounts(cfg.mounts, cfg.mount_timeout_s), cfg.require_mountpoint)
@@ -105,7 +107,7 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
         findings += check_active(m, exp)
         timings["active"] = clock() - t0
         timings.update({f"active.{k}": v for k, v in m.seconds.items()})
-    return findings, gpu, timings
+    return findings, gpu, ib, timings
 
 
 def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None,
@@ -113,9 +115,9 @@ def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None,
     """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts)."""
     t0 = clock()
     table = rules or load_rules(config.rules)
-    findings, gpu, timings = collect_findings(config, clock)
+    findings, gpu, ib, timings = collect_findings(config, clock)
     verdict = table.evaluate(findings)
     passed = verdict.status != "fail"
     dur = clock() - t0
     reason = ("gate passed: " if passed else "gate failed: ") + verdict.reason
-    return GateResult(passed, verdict, tuple(findings), reason, dur, gpu, timings)
+    return GateResult(passed, verdict, tuple(findings), reason, dur, gpu, ib, timings)
