@@ -51,6 +51,9 @@ class _Reader:
             if name not in ("NotSupported", "FunctionNotFound", "InvalidArgument"):
                 self.errors.append(f"{what}: {name}")
             return None
+        except Exception as exc:  # a broken binding or odd return value: report it, never crash
+            self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+            return None
 
 
 def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -> GpuObservation:
@@ -98,9 +101,7 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
     pci = r.read(f"gpu{index}.pci", lambda: n.nvmlDeviceGetPciInfo(h))
     mem_temp = field(82)  # NVML_FI_DEV_MEMORY_TEMP
     recovery = field(230)  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    errs = tuple(r.errors[before:])
-    return GpuObservation(
-        index=index,
+    values = dict(
         name=s(r.read(f"gpu{index}.name", lambda: n.nvmlDeviceGetName(h)) or ""),
         uuid=s(r.read(f"gpu{index}.uuid", lambda: n.nvmlDeviceGetUUID(h)) or ""),
         bus_id=s(getattr(pci, "busId", "") or ""),
@@ -126,9 +127,10 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
         nvlinks=tuple(links),
         xid_events=xid_events,
         recovery_action=None if recovery is None else int(recovery),
-        lost=any(("GpuIsLost" in e) or ("Unknown" in e) for e in errs),
-        errors=errs,
     )
+    errs = tuple(r.errors[before:])  # after every read above
+    lost = any(e.endswith((": GpuIsLost", ": Unknown")) for e in errs)
+    return GpuObservation(index=index, lost=lost, errors=errs, **values)
 
 
 def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ...]]:

@@ -175,6 +175,8 @@ def check_gpus(obs: GpuNodeObservation, th: PassiveThresholds) -> list[Finding]:
         out.append(_f("nvml.timeout", "node", Severity.FAIL, f"NVML call {what} hung past its deadline",
                       call=what))
     if not obs.available:
+        if obs.problems:
+            return out  # unreadable telemetry is its own finding; it does not prove the GPUs are gone
         if th.expected_gpus:
             out.append(_f("gpu.count", "node", Severity.FAIL,
                           f"expected {th.expected_gpus} GPUs, none visible: {obs.unavailable_reason}",

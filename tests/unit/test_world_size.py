@@ -1,0 +1,66 @@
+"""World-size policy: largest valid size, hot spares, spares stepping in."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.errors import ConfigError
+from stalwart.launch.world_size import SizeRule, plan_world, replace_failed
+
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+def test_four_nodes_lose_one_continue_at_two_with_a_spare_then_spare_steps_in():
+    plan = plan_world(NODES, nproc_per_node=2, min_nodes=1, max_nodes=4)
+    assert plan.active == ("n1", "n2", "n3", "n4") and plan.world_size == 8 and plan.spares == ()
+    plan = replace_failed(plan, ["n3"], min_nodes=1, max_nodes=4)
+    assert plan.active == ("n1", "n2") and plan.spares == ("n4",) and plan.world_size == 4
+    assert "lost n3" in plan.reason and "hot spare" in plan.reason
+    plan = replace_failed(plan, ["n1"], min_nodes=1, max_nodes=4)
+    # the spare takes n1's slot: n2 keeps its position (and its ranks)
+    assert plan.active == ("n4", "n2") and plan.spares == () and plan.world_size == 4
+    assert "n4 replaces n1" in plan.reason
+
+
+def test_multiple_of_divisor():
+    rule = SizeRule("multiple", divisor=6)  # e.g. TP=2 x PP=3 with 2 procs per node -> 3-node steps
+    plan = plan_world([f"n{i}" for i in range(8)], nproc_per_node=2, min_nodes=3, max_nodes=8, rule=rule)
+    assert len(plan.active) == 6 and plan.world_size == 12 and len(plan.spares) == 2
+    assert "multiple of 6" in plan.reason
+
+
+def test_max_nodes_caps_and_leftovers_are_spares():
+    plan = plan_world(NODES + ["n5"], nproc_per_node=1, min_nodes=1, max_nodes=2)
+    assert plan.active == ("n1", "n2") and plan.spares == ("n3", "n4", "n5")
+
+
+def test_cannot_run_below_min_nodes():
+    plan = plan_world(["n1"], nproc_per_node=1, min_nodes=2, max_nodes=4)
+    assert not plan.runnable and plan.world_size == 0 and "cannot run" in plan.reason
+
+
+def test_returned_node_becomes_a_spare():
+    plan = plan_world(["n1", "n2"], 1, 1, 4)
+    plan = replace_failed(plan, [], 1, 4, returned=["n3"])
+    assert plan.active == ("n1", "n2") and plan.spares == ("n3",)
+
+
+def test_nonpower_of_two_nproc():
+    # 3 processes per node: 3*n is never a power of two except... never for n>=1 -> cannot run
+    assert not plan_world(NODES, 3, 1, 4).runnable
+    assert plan_world(NODES, 3, 1, 4, SizeRule("multiple", 3)).world_size == 12
+
+
+@pytest.mark.parametrize("kwargs", [dict(nproc_per_node=0, min_nodes=1, max_nodes=2),
+                                    dict(nproc_per_node=1, min_nodes=3, max_nodes=2),
+                                    dict(nproc_per_node=1, min_nodes=0, max_nodes=2)])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ConfigError):
+        plan_world(NODES, **kwargs)
+
+
+def test_bad_rule():
+    with pytest.raises(ConfigError):
+        SizeRule("prime")
+    with pytest.raises(ConfigError):
+        SizeRule("multiple", 0)
