@@ -293,7 +293,7 @@ def test_no_snapshot_means_no_emergency_commit(tiers):
     eng = _engine(tiers)
     res = eng.emergency_persist(1.0)
     eng.close()
-    assert not res.committed and "no consistent staged snapshot" in res.reason
+    assert not res.committed and "no consistent staged snapshot" in res.reason and res.step == -1
 
 
 def test_stage_while_persisting_is_refused(tiers):
@@ -317,3 +317,35 @@ def test_crash_leftovers_are_swept_and_never_listed(tiers, tmp_path):
     assert not torn.exists()
     assert [s for s, _, _ in eng2.candidates()] == [1, 1]
     eng2.close()
+
+
+def test_signal_during_staging_copies_the_newest_memory_version_to_disk(tmp_path):
+    from stalwart.checkpoint.staging import Stager
+
+    class Interrupted(Stager):
+        calls = 0
+
+        def stage(self, step, state, rank_state=None):
+            Interrupted.calls += 1
+            if Interrupted.calls == 3:  # the signal handler runs while the buffers are half-written
+                raise KeyboardInterrupt
+            return super().stage(step, state, rank_state)
+
+    tiers = [TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
+             TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100)]
+    eng = CheckpointEngine(tiers, stager=Interrupted(pin=False))
+    eng.save(1, _state(1)).future.result()
+    s4 = _state(4)
+    eng.save(4, s4).future.result()
+    with pytest.raises(KeyboardInterrupt):
+        eng.save(6, _state(6))
+    res = eng.emergency_persist(30.0)
+    assert res.committed and res.step == 4 and res.tier == "disk" and "while staging" in res.reason
+    manifest, _ = verify(tmp_path / "disk" / "step-000000004")
+    assert manifest.meta["emergency"] is True
+    import shutil
+    shutil.rmtree(tmp_path / "shm")
+    target = _zeros_like(s4)
+    got = eng.load_latest(target)
+    eng.close()
+    assert (got.step, got.tier) == (4, "disk") and _equal(target, s4)

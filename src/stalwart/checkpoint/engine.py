@@ -36,6 +36,7 @@ from .persist import (
     Persister,
     PersistError,
     WriterFactory,
+    copy_version,
     default_writer,
     describe,
     retain_files,
@@ -259,8 +260,7 @@ class CheckpointEngine:
         durable = [t for t in self.tiers if t.durable and t.is_file] or [t for t in self.tiers if t.durable]
         result: EmergencyResult
         if snap is None:
-            result = EmergencyResult(-1, False, "", 0.0, "no consistent staged snapshot (none taken, or "
-                                     "the signal arrived while staging)")
+            result = self._emergency_copy(durable, deadline_s, t0)
         elif not durable:
             result = EmergencyResult(snap.step, False, "", 0.0, "no durable tier configured")
         elif self._durable_step is not None and self._durable_step >= snap.step:
@@ -288,6 +288,44 @@ class CheckpointEngine:
                                            duration_s=result.duration_s, committed=result.committed,
                                            tier=result.tier, reason=result.reason))
         return result
+
+    def _emergency_copy(self, durable: list[TierConfig], deadline_s: float, t0: float) -> EmergencyResult:
+        """No consistent staged snapshot (the signal came while staging): copy the newest committed
+        memory-tier version to the fastest durable file tier instead."""
+        mem = [(step, p) for t in self.tiers if t.kind == "memory"
+               for step, p in self._stores[t.name].versions()]  # type: ignore[misc]
+        target = next((t for t in durable if t.is_file), None)
+        newest = max(mem, default=None)
+        if target is None or newest is None or (self._durable_step or -1) >= newest[0]:
+            why = ("no consistent staged snapshot (none taken, or the signal arrived while staging) and "
+                   + ("no newer version in a memory tier" if target else "no durable file tier"))
+            done = newest is not None and (self._durable_step or -1) >= newest[0]
+            return EmergencyResult(newest[0] if done else -1, done, "", self._clock() - t0,
+                                   f"step {newest[0]} was already durable" if done else why)
+        store = self._stores[target.name]
+
+        def work() -> PersistResult:
+            ok, reason, path = True, "", ""
+            if self.rank == 0:
+                try:
+                    path = str(copy_version(Path(newest[1]), store, emergency=True))  # type: ignore[arg-type]
+                except (PersistError, OSError) as exc:
+                    ok, reason = False, str(exc)
+            ok, reason = self.comm.broadcast((ok, reason))
+            if ok:
+                with self._lock:
+                    self._durable_step = max(self._durable_step or -1, newest[0])
+            return PersistResult(newest[0], (TierCommit(target.name, ok, path, self._clock() - t0, reason),), True)
+
+        try:
+            res = self._executor.submit(work).result(timeout=max(0.0, deadline_s - (self._clock() - t0)))
+        except FutureTimeout:
+            return EmergencyResult(newest[0], False, "", self._clock() - t0,
+                                   f"deadline {deadline_s:.1f}s exceeded copying the memory tier")
+        c = res.commits[0]
+        why = f"copied committed memory-tier step {newest[0]} to {target.name} (signal arrived while staging)"
+        return EmergencyResult(newest[0], c.ok, target.name if c.ok else "", self._clock() - t0,
+                               why if c.ok else f"copy failed: {c.reason}")
 
     # --- load --------------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ the partial directory is removed and every older version stays as it was.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,22 @@ class Persister:
         if manifest is None:
             raise PersistError(f"source {source} is not committed: {reason}")
         return store.upload(step, source, manifest)
+
+
+def copy_version(src: Path, store: FileStore, *, emergency: bool) -> Path:
+    """Copy a committed version (verified first) into another file store and commit it there."""
+    manifest, reason = read_manifest(src)
+    if manifest is None or (reason := verify_files(src, manifest)):
+        raise PersistError(f"source {src} does not verify: {reason}")
+    work = store.begin(manifest.step)
+    for name in sorted(manifest.files):
+        with open(src / name, "rb") as fin, open(work / name, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 16 << 20)
+            fout.flush()
+            if store.fsync:
+                os.fsync(fout.fileno())
+    meta = dict(manifest.meta, emergency=emergency, copied_from=str(src))
+    return store.commit(manifest.step, replace(manifest, meta=meta))
 
 
 def retain_files(store: FileStore, keep: int) -> list[Path]:
