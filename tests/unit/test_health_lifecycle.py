@@ -135,13 +135,18 @@ def test_controller_drains_resumes_and_writes_the_audit_trail(tmp_path):
     store, be, pol = HealthStore(tmp_path), FakeBackend(), LifecyclePolicy()
     a = apply_verdict("n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=10)
     assert a.transition.action == "drain" and be.state["n2"].reason.startswith("stalwart: ")
+    rec = store.record("n2")
+    assert rec.state == NodeState.QUARANTINED and rec.reason.startswith("fail: ") and rec.fault_key == "remap-pending"
+    # a second failing check keeps the node's reason (not "still quarantined: ...")
+    apply_verdict("n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=15)
+    assert store.record("n2").reason == rec.reason and be.calls == [("drain", "n2")]
     a = apply_verdict("n2", _verdict(None), level="active", backend=be, store=store, policy=pol, now=20)
     assert a.transition.action == "resume" and be.calls == [("drain", "n2"), ("resume", "n2")]
     a = apply_verdict("n2", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=30)
     assert store.record("n2").state == NodeState.HEALTHY
     evs = read_merged(list(tmp_path.glob("*.ledger")))
     kinds = [type(e).__name__ for e in evs]
-    assert kinds.count("HealthChecked") == 3
+    assert kinds.count("HealthChecked") == 4
     assert [e.to_state for e in evs if isinstance(e, NodeStateChanged)] == ["quarantined", "probation", "healthy"]
     (d,) = [e for e in evs if isinstance(e, NodeDrained)]
     assert d.node == "n2" and d.read_back == "drained"

@@ -26,7 +26,8 @@ class NodeStateChanged(Event):
     from_state: str
     to_state: str
     action: str  # none | drain | resume | alert
-    reason: str
+    reason: str  # why this transition happened
+    state_reason: str = ""  # why the node is in its (new) state
     fault_key: str = ""
     recoverable: bool = True
     needs_human: bool = False

@@ -51,7 +51,7 @@ def apply_verdict(node: str, verdict: Verdict, *, level: str, backend: NodeBacke
     if new != rec or tr.action != "none":
         out.append(NodeStateChanged(
             ts=now, node=node, from_state=rec.state.value, to_state=new.state.value, action=tr.action,
-            reason=tr.reason, fault_key=new.fault_key, recoverable=new.recoverable, needs_human=new.needs_human,
+            reason=tr.reason, state_reason=new.reason, fault_key=new.fault_key, recoverable=new.recoverable, needs_human=new.needs_human,
             strikes=new.strikes, readmitted_at=new.readmitted_at, readmitted_fault=new.readmitted_fault))
     store.append(node, out)
     return Applied(tr, read_back)

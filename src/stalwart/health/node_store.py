@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..errors import LedgerError
 from ..events import Event
 from ..ledger import SUFFIX, LedgerWriter, read_merged
 from .events import NodeDrained, NodeStateChanged
@@ -36,7 +38,7 @@ class HealthStore:
         for ev in self.events() if events is None else events:
             if isinstance(ev, NodeStateChanged):
                 out[ev.node] = NodeRecord(
-                    node=ev.node, state=NodeState(ev.to_state), since=ev.ts, reason=ev.reason,
+                    node=ev.node, state=NodeState(ev.to_state), since=ev.ts, reason=ev.state_reason or ev.reason,
                     strikes=ev.strikes, fault_key=ev.fault_key, recoverable=ev.recoverable,
                     needs_human=ev.needs_human, readmitted_at=ev.readmitted_at,
                     readmitted_fault=ev.readmitted_fault)
@@ -49,8 +51,19 @@ class HealthStore:
         return sum(1 for ev in (self.events() if events is None else events)
                    if isinstance(ev, NodeDrained) and now - window_s <= ev.ts <= now)
 
-    def append(self, node: str, evs: list[Event]) -> None:
+    def append(self, node: str, evs: list[Event], wait_s: float = 30.0) -> None:
+        """Append to this node's ledger; waits while an overlapping check of the same node holds it."""
         if not evs:
             return
-        with LedgerWriter(self.directory / f"node-{node}{SUFFIX}", writer=f"health:{node}") as w:
-            w.extend(evs)
+        path = self.directory / f"node-{node}{SUFFIX}"
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                writer = LedgerWriter(path, writer=f"health:{node}")
+                break
+            except LedgerError as exc:
+                if "already has a writer" not in exc.message or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with writer:
+            writer.extend(evs)
