@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _print_tables(result, node: str, applied) -> None:
 
     from ..health.gpu_observation import clock_reason_names
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 160)
     gpu = result.gpu
     sev_of: dict[str, str] = {}
     for d in result.verdict.decisions:
@@ -100,6 +101,8 @@ def register(app: typer.Typer) -> None:
                                              help="Re-admit on a passing passive check (default: needs --active)."),
     ) -> None:
         """Check this node; exit 0 pass/warn, 1 fail, 2 usage error (Slurm Prolog/Epilog compatible)."""
+        from pydantic import ValidationError
+
         from ..errors import ConfigError
         from ..health import GateConfig, run_gate
         from ..health.backends import make_backend
@@ -112,8 +115,11 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = GateConfig(fixture=fixture, expected_gpus=expected_gpus, mounts=tuple(mount), ib_rate_gbps=ib_rate,
                              kernel_log=kernel_log, rules=rules, active=active)
-        except ValueError as exc:
-            raise ConfigError(f"invalid health check option: {exc}") from exc
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]).replace("_", "-")
+            raise ConfigError(f"invalid health check option --{where}: {err['msg']}",
+                              "see 'stalwart health check --help'") from exc
         node = node or local_node_name()
         now = time.time()
         result = run_gate(cfg, now)

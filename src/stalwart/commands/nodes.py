@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -55,6 +56,6 @@ def register(app: typer.Typer) -> None:
             state = r["state"] + (" (needs human)" if r["needs_human"] else "")
             t.add_row(r["node"], r["scheduler_state"] or "-", r["drained_by"], r["scheduler_reason"] or "-", state,
                       since, r["reason"] or "-")
-        Console().print(t)
+        Console(width=None if sys.stdout.isatty() else 160).print(t)
         if not rows:
             print("no nodes known (no health records yet)" if backend == "local" else "Slurm reports no nodes")
