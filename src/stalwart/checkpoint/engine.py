@@ -90,6 +90,7 @@ class EngineLoad:
     duration_s: float
     world_size: int
     rejected: tuple[str, ...] = ()
+    local_path: str = ""  # where the verified files are on this machine (fetched for object tiers)
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,8 @@ class CheckpointEngine:
                 continue
             assert manifest is not None
             try:
-                dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
+                if target_state:
+                    dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
             except (Exception, CheckpointException) as exc:
                 raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
                                       f"{describe(exc)}",
@@ -380,7 +382,7 @@ class CheckpointEngine:
             dt = self._clock() - t0
             if self.rank == 0:
                 self._sink(CheckpointLoaded(ts=self._wall(), step=step, path=str(loc), duration_s=dt, tier=tier))
-            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected))
+            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path))
         return None
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,13 @@ class Stager:
             counter[0] += buf.numel() * buf.element_size()
             return buf
         if isinstance(value, dict):
-            return {k: self._copy(f"{key}/{k}", v, counter) for k, v in value.items()}
+            items = ((k, self._copy(f"{key}/{k}", v, counter)) for k, v in value.items())
+            if not isinstance(value, OrderedDict):
+                return dict(items)
+            out = OrderedDict(items)  # module state_dicts: keep the type and the version metadata
+            if hasattr(value, "_metadata"):
+                out._metadata = copy.deepcopy(value._metadata)  # type: ignore[attr-defined]
+            return out
         if isinstance(value, list):
             return [self._copy(f"{key}/{i}", v, counter) for i, v in enumerate(value)]
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
