@@ -119,63 +119,84 @@ class Floor:
         return timed(copy)
 
 
-def bench_torch_save(state: dict, d: Path, reps: int) -> tuple[float, float]:
-    d.mkdir(parents=True, exist_ok=True)
+class TorchSave:
+    """torch.save to local disk with fsync: blocking, so all of it is stall."""
 
-    def save():
-        with open(d / "state.pt", "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+    def __init__(self, state: dict, d: Path) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        self.state, self.path = state, d / "state.pt"
 
-    stall = statistics.median(timed(save) for _ in range(reps))
-    load = timed(lambda: torch.load(d / "state.pt", weights_only=False))
-    return stall, load
+    def __call__(self) -> float:
+        def save():
+            with open(self.path, "wb") as fh:
+                torch.save(self.state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+        return timed(save)
+
+    def load_s(self) -> float:
+        return timed(lambda: torch.load(self.path, weights_only=False))
 
 
-def bench_dcp_async(state: dict, d: Path, reps: int) -> tuple[float, float, float, str]:
-    """Stall = until the call returned and, with async staging, until staging completed (the
-    state may not be modified before); also the call-return time alone and the total."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+class DcpAsync:
+    """DCP async_save (THREAD) with the best options that run here; the first that works is kept.
 
-    cuda = torch.cuda.is_available()
-    variants = [(f"DefaultStager(pinned={cuda}, shm={not cuda}, async staging, non-blocking={cuda})",
-                 lambda: DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=not cuda,
-                                                      use_async_staging=True, use_non_blocking_copy=cuda)),
-                 False),
-                ("default stager, cache_staged_state_dict=True", lambda: None, True),
-                ("default stager", lambda: None, False)]
-    for label, make_stager, cache in variants:
-        stalls, totals, returns = [], [], []
-        try:
-            stager = make_stager()
-            for i in range(reps + 1):
-                path = d / f"dcp-{i}"
-                writer = dcp.FileSystemWriter(path, sync_files=True, cache_staged_state_dict=cache)
-                sync()
-                t0 = time.perf_counter()
-                resp = dcp.async_save(state, storage_writer=writer, async_stager=stager) if stager else \
-                    dcp.async_save(state, storage_writer=writer)
-                returned = time.perf_counter() - t0
-                if hasattr(resp, "staging_completion"):  # training may not touch the state before this
-                    resp.staging_completion.result()
-                    fut = resp.upload_completion
-                else:
-                    fut = resp
-                stall = time.perf_counter() - t0
-                fut.result()
-                total = time.perf_counter() - t0
-                if i > 0:  # the first call allocates its buffers
-                    stalls.append(stall)
-                    totals.append(total)
-                    returns.append(returned)
-                shutil.rmtree(path, ignore_errors=True)
-            if stager is not None:
-                stager.close()
-            return statistics.median(stalls), statistics.median(totals), statistics.median(returns), label
-        except Exception as exc:  # noqa: BLE001 - report and fall back to the next variant
-            print(f"  DCP async_save with {label} failed: {type(exc).__name__}: {exc}")
-    return float("nan"), float("nan"), float("nan"), "none worked"
+    Stall = until the call returned and, with async staging, until staging completed (the state
+    may not be modified before that); the call-return time and the total are kept as well."""
+
+    def __init__(self, state: dict, d: Path) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = torch.cuda.is_available()
+        self.state, self.dir, self.n = state, d, 0
+        self.returns: list[float] = []
+        self.totals: list[float] = []
+        self.stager = None
+        variants = [(f"DefaultStager(pinned={cuda}, shm={not cuda}, async staging, non-blocking={cuda})",
+                     lambda: DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=not cuda,
+                                                          use_async_staging=True, use_non_blocking_copy=cuda)),
+                     False),
+                    ("default stager, cache_staged_state_dict=True", lambda: None, True),
+                    ("default stager", lambda: None, False)]
+        self.label = "none worked"
+        for label, make, cache in variants:
+            try:
+                self.stager, self.cache = make(), cache
+                self._save()  # warm-up: allocates the stager's buffers
+                self.label = label
+                break
+            except Exception as exc:  # noqa: BLE001 - report and fall back to the next variant
+                print(f"  DCP async_save with {label} failed: {type(exc).__name__}: {exc}")
+        self.returns.clear()
+        self.totals.clear()
+
+    def _save(self) -> float:
+        self.n += 1
+        path = self.dir / f"dcp-{self.n}"
+        writer = dcp.FileSystemWriter(path, sync_files=True, cache_staged_state_dict=self.cache)
+        sync()
+        t0 = time.perf_counter()
+        resp = dcp.async_save(self.state, storage_writer=writer, async_stager=self.stager) if self.stager else \
+            dcp.async_save(self.state, storage_writer=writer)
+        returned = time.perf_counter() - t0
+        fut = resp
+        if hasattr(resp, "staging_completion"):
+            resp.staging_completion.result()
+            fut = resp.upload_completion
+        stall = time.perf_counter() - t0
+        fut.result()
+        self.totals.append(time.perf_counter() - t0)
+        self.returns.append(returned)
+        shutil.rmtree(path, ignore_errors=True)
+        return stall
+
+    def __call__(self) -> float:
+        return self._save() if self.label != "none worked" else float("nan")
+
+    def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
 
 
 def bench_engine(state: dict, tiers: list[TierConfig], reps: int, floor: Floor) -> dict:
@@ -253,17 +274,37 @@ def main() -> None:
                                  "local": raw_write_GBps(disk / "raw", size)}
         tiers = [TierConfig(name="memory", kind="memory", location=str(shm / "tier"), keep=1),
                  TierConfig(name="local", kind="local", location=str(disk / "tier"), keep=1)]
-        out["engine"] = bench_engine(state, tiers, args.reps, Floor(state))
-        out["floor_copy_s"] = out["engine"]["floor_s"]
-        out["torch_save_s"], out["torch_load_s"] = bench_torch_save(state, disk / "ts", args.reps)
-        out["dcp_async_stall_s"], out["dcp_async_total_s"], out["dcp_async_call_s"], out["dcp_async_variant"] = \
-            bench_dcp_async(state, disk / "dcp", args.reps)
+        floor = Floor(state)
+        out["engine"] = bench_engine(state, tiers, args.reps, floor)
+        # stall: one round = floor copy, engine save, torch.save, DCP async_save, so that every method
+        # sees the same load on this shared machine; medians over the rounds
+        eng = CheckpointEngine(tiers)
+        eng.save(0, state, force=True).future.result()  # allocates the staging buffers
+        tsave, dasync = TorchSave(state, disk / "ts"), DcpAsync(state, disk / "dcp")
+        rounds: dict[str, list[float]] = {"floor": [], "engine": [], "torch_save": [], "dcp_async": []}
+        for i in range(args.reps):
+            rounds["floor"].append(floor())
+            ticket = eng.save(i + 1, state, force=True)
+            rounds["engine"].append(ticket.stall_s)
+            ticket.future.result()
+            rounds["torch_save"].append(tsave())
+            rounds["dcp_async"].append(dasync())
+        eng.close()
+        dasync.close()
+        out["rounds"] = rounds
+        med = {k: statistics.median(v) for k, v in rounds.items()}
+        out["floor_copy_s"], out["engine_stall_s"] = med["floor"], med["engine"]
+        out["torch_save_s"], out["dcp_async_stall_s"] = med["torch_save"], med["dcp_async"]
+        out["torch_load_s"] = tsave.load_s()
+        out["dcp_async_call_s"] = statistics.median(dasync.returns) if dasync.returns else float("nan")
+        out["dcp_async_total_s"] = statistics.median(dasync.totals) if dasync.totals else float("nan")
+        out["dcp_async_variant"] = dasync.label
     finally:
         shutil.rmtree(disk, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
     e = out["engine"]
-    s = e["stall_s"]
-    print(f"stall per checkpoint (median of {args.reps}, after the first):")
+    s = out["engine_stall_s"]
+    print(f"stall per checkpoint (median of {args.reps} interleaved rounds, after a warm-up):")
     print(f"  floor: copy into preallocated {'pinned ' if device == 'cuda' else ''}host buffers  {out['floor_copy_s']:.4f} s")
     print(f"  stalwart engine                                        {s:.4f} s  = {s / out['floor_copy_s']:.2f}x floor")
     print(f"  torch.save (fsync'd, blocking)                         {out['torch_save_s']:.4f} s  "
