@@ -173,3 +173,10 @@ def test_ledger_decodes_health_events_lazily(tmp_path):
     ev = NodeDrained(ts=1.0, node="n", backend="slurm", reason="stalwart: x")
     kind, payload = encode(ev)
     assert decode(kind, payload) == ev
+
+
+def test_store_lists_quarantined_nodes_for_exclusion(tmp_path):
+    store, be, pol = HealthStore(tmp_path), FakeBackend(), LifecyclePolicy()
+    apply_verdict("a", _verdict("gpu.lost"), level="passive", backend=be, store=store, policy=pol, now=1)
+    apply_verdict("b", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=2)
+    assert store.excluded() == {"a"}

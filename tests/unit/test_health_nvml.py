@@ -23,7 +23,7 @@ def _err(code: int) -> pynvml.NVMLError:
 
 
 def fake_nvml(overrides: dict | None = None, *, init_error: int | None = None, hang: set[str] | None = None,
-              lost: bool = False) -> types.SimpleNamespace:
+              lost: bool = False, xids: tuple[int, ...] = ()) -> types.SimpleNamespace:
     """A stand-in module: values from the recorded snapshot, errors and hangs where asked."""
     d = json.loads(SNAP.read_text())["nvml"] | (overrides or {})
     gate = threading.Event()  # never set: a "hung" call blocks until the test process ends
@@ -60,13 +60,25 @@ def fake_nvml(overrides: dict | None = None, *, init_error: int | None = None, h
             out.append(v)
         return out
 
+    handle = object()
+    pending = list(xids)
+    registered: list[int] = []
+
+    def event_wait(_es, _ms):
+        if not pending or not registered:
+            raise _err(pynvml.NVML_ERROR_TIMEOUT)  # what real NVML raises when nothing arrived
+        return types.SimpleNamespace(device=handle, eventType=registered[0], eventData=pending.pop(0))
+
     return types.SimpleNamespace(
         NVMLError=pynvml.NVMLError,
+        nvmlEventTypeXidCriticalError=pynvml.nvmlEventTypeXidCriticalError,
+        nvmlEventSetCreate=lambda: "es", nvmlEventSetFree=lambda es: None, nvmlEventSetWait=event_wait,
+        nvmlDeviceRegisterEvents=lambda h, mask, es: registered.append(mask),
         nvmlInit=init, nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=val("driver", d["driver"]),
         nvmlSystemGetCudaDriverVersion=val("cuda", d["cuda_driver"]),
         nvmlDeviceGetCount=val("count", d["count"]),
-        nvmlDeviceGetHandleByIndex=val("handle", object()),
+        nvmlDeviceGetHandleByIndex=val("handle", handle),
         nvmlDeviceGetName=val("name", d["name"]), nvmlDeviceGetUUID=val("uuid", d["uuid"]),
         nvmlDeviceGetPciInfo=val("pci", types.SimpleNamespace(busId=d["pci"]["busId"])),
         nvmlDeviceGetTemperature=val("temp", d["temp_gpu"]),
@@ -157,3 +169,14 @@ def test_call_with_timeout_propagates_errors_and_values():
         call_with_timeout(lambda: 1 / 0, 1.0)
     with pytest.raises(CallTimedOut):
         call_with_timeout(threading.Event().wait, 0.05, "wait")
+
+
+def test_xid_events_from_nvml():
+    obs = collect_nvml(fake_nvml(xids=(48, 13)), timeout_s=1.0, xid_wait_ms=300)
+    assert obs.gpus[0].xid_events == (48, 13)
+    from stalwart.health.rules import load_rules
+
+    v = load_rules().evaluate(check_gpus(obs, PassiveThresholds()))
+    assert v.status == "fail" and v.action == "drain_reset_gpu" and "Xid 48" in v.reason
+    quiet = collect_nvml(fake_nvml(), timeout_s=1.0, xid_wait_ms=150)
+    assert quiet.gpus[0].xid_events == () and quiet.timed_out == ()

@@ -119,3 +119,20 @@ def test_active_checks_judge_measurements():
     lag = ActiveMeasurements("cuda", {"cuda:0": 720.0, "cuda:1": 600.0}, {}, None, 0, None, None)
     assert [(f.subject, f.code) for f in check_active(lag, H100_EXPECTATIONS) if f.severity.name == "FAIL"] == \
         [("cuda:1", "active.gemm.slowest")]
+
+
+def test_gate_compares_versions_with_peers():
+    import time
+
+    import torch
+
+    from stalwart.health import GateConfig, run_gate
+
+    fix = Path(__file__).parent.parent / "fixtures" / "gpu" / "h100"
+    same = [NodeVersions(f"p{i}", "580.159.04", "13.0", "", torch.__version__) for i in range(3)]
+    r = run_gate(GateConfig(fixture=fix), time.time(), node="me", peers=same)
+    assert r.passed
+    old = [NodeVersions(f"p{i}", "575.57.08", "13.0", "", torch.__version__) for i in range(3)]
+    r = run_gate(GateConfig(fixture=fix), time.time(), node="me", peers=old)
+    assert not r.passed and [f.code for f in r.findings] == ["versions.driver"]
+    assert "580.159.04 differs from 575.57.08" in r.verdict.reason

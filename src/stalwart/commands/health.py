@@ -87,6 +87,7 @@ def register(app: typer.Typer) -> None:
         mount: list[str] = typer.Option([], "--mount", help="A mount point that must answer stat (repeatable)."),
         ib_rate: float = typer.Option(None, "--ib-rate", help="Expected InfiniBand port rate, Gb/s."),
         kernel_log: str = typer.Option("dmesg", "--kernel-log", help="'dmesg', a log file, or '' to skip."),
+        xid_wait_ms: int = typer.Option(0, "--xid-wait-ms", help="Also listen for NVML XID events this long."),
         rules: Path = typer.Option(None, "--rules", help="A rule table (YAML) replacing the shipped one."),
         backend: str = typer.Option("none", "--backend", help="none (report only), local (ledger) or slurm "
                                                               "(drain/resume with scontrol)."),
@@ -114,7 +115,8 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"unknown backend {backend!r}", "use none, local or slurm")
         try:
             cfg = GateConfig(fixture=fixture, expected_gpus=expected_gpus, mounts=tuple(mount), ib_rate_gbps=ib_rate,
-                             kernel_log=kernel_log, rules=rules, active=active)
+                             kernel_log=kernel_log, rules=rules, active=active,
+                             xid_wait_ms=xid_wait_ms)
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(x) for x in err["loc"]).replace("_", "-")

@@ -5,6 +5,7 @@ and before every restart; the CLI's ``stalwart health check`` is the same code p
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .mounts import collect_mounts
 from .nvml_collector import collect_nvml
 from .passive_checks import PassiveThresholds, check_gpus, check_infiniband, check_kernel_log, check_mounts
 from .rules import RuleTable, Verdict, load_rules
+from .versions import NodeVersions, check_version_consistency, local_versions
 
 KERNEL_LOG_FIXTURE = "kmsg.txt"
 
@@ -38,6 +40,7 @@ class GateConfig(BaseModel):
     ib_rate_gbps: float | None = None
     kernel_log: str = "dmesg"  # "dmesg", a file path, or "" to skip
     nvml_timeout_s: float = Field(default=5.0, gt=0)
+    xid_wait_ms: int = Field(default=0, ge=0)  # listen for NVML XID events this long
     mount_timeout_s: float = Field(default=2.0, gt=0)
     rules: Path | None = None
     active: bool = False
@@ -80,7 +83,7 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
                               "pass a directory with nvml_snapshot.json or nvidia-smi-q.xml")
         gpu = load_gpu_fixture(cfg.fixture)
     else:
-        gpu = collect_nvml(timeout_s=cfg.nvml_timeout_s)
+        gpu = collect_nvml(timeout_s=cfg.nvml_timeout_s, xid_wait_ms=cfg.xid_wait_ms)
     findings = check_gpus(gpu, th)
     timings["gpu"] = clock() - t0
     t0 = clock()
@@ -110,12 +113,19 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
     return findings, gpu, ib, timings
 
 
-def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None,
-             clock=time.perf_counter) -> GateResult:
-    """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts)."""
+def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None, node: str = "",
+             peers: Sequence[NodeVersions] = (), clock=time.perf_counter) -> GateResult:
+    """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts).
+
+    ``peers``: the other nodes' :class:`NodeVersions` (e.g. exchanged through the rendezvous store);
+    when given, this node fails if its driver/CUDA/NCCL/torch differs from the majority.
+    """
     t0 = clock()
     table = rules or load_rules(config.rules)
     findings, gpu, ib, timings = collect_findings(config, clock)
+    if peers:
+        me = local_versions(node or "local", driver=gpu.driver, cuda=gpu.cuda)
+        findings += [f for f in check_version_consistency([*peers, me]) if f.subject == me.node]
     verdict = table.evaluate(findings)
     passed = verdict.status != "fail"
     dur = clock() - t0

@@ -44,6 +44,10 @@ class HealthStore:
                     readmitted_fault=ev.readmitted_fault)
         return out
 
+    def excluded(self) -> set[str]:
+        """Nodes the agent must not place work on: quarantined ones (irrecoverable or not)."""
+        return {n for n, r in self.records().items() if r.state == NodeState.QUARANTINED}
+
     def record(self, node: str) -> NodeRecord:
         return self.records().get(node, NodeRecord(node=node))
 
