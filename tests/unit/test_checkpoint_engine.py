@@ -349,3 +349,11 @@ def test_signal_during_staging_copies_the_newest_memory_version_to_disk(tmp_path
     got = eng.load_latest(target)
     eng.close()
     assert (got.step, got.tier) == (4, "disk") and _equal(target, s4)
+
+
+def test_a_target_that_does_not_fit_is_a_clear_error(tiers):
+    eng = _engine(tiers)
+    eng.save(1, _state()).future.result()
+    with pytest.raises(CheckpointError, match="does not fit the state to load"):
+        eng.load_latest({"model": {"other": torch.zeros(3)}})
+    eng.close()
