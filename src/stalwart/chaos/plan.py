@@ -1,0 +1,188 @@
+"""Fault plans: which fault to inject where, parsed from flags or YAML and validated up front.
+
+Flag syntax (``--chaos``, repeatable, or comma-separated)::
+
+    crash@rank=1,step=40          the worker SIGKILLs itself at the start of step 40
+    exit@rank=1,step=40           the worker exits with code 1 (no traceback)
+    raise@rank=0,step=30          the worker raises RuntimeError at step 30 (every attempt: a user bug)
+    hang@rank=2,step=60           the worker stops making progress at step 60
+    slow@rank=3,factor=1.5        rank 3 runs every step 1.5x slower (from=step, to=step optional)
+    kill-agent@node=1,step=50     the agent with node index 1 SIGKILLs itself (and so its workers)
+    corrupt-checkpoint@step=70    flip bytes in the newest committed checkpoint once step 70 is reached
+    truncate-checkpoint@step=70   truncate a file of the newest committed checkpoint
+
+Faults fire once per run (a marker file in the run directory records it), except ``raise``,
+which fires at every attempt because it models a deterministic bug.
+
+YAML: a list of mappings with ``fault:`` and the same keys, or ``{faults: [...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import FaultPlanError
+
+WORKER_FAULTS = ("crash", "exit", "raise", "hang", "slow")
+AGENT_FAULTS = ("kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
+KINDS = WORKER_FAULTS + AGENT_FAULTS
+_KEYS = {"rank", "step", "factor", "node", "from", "to", "id"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int | None = None
+    step: int | None = None
+    node: int | None = None
+    factor: float = 1.0
+    start: int = 0  # for slow: first slowed step
+    stop: int | None = None  # for slow: last slowed step (inclusive)
+    ident: str = ""
+
+    @property
+    def once(self) -> bool:
+        return self.kind != "raise" and self.kind != "slow"
+
+    def marker(self) -> str:
+        return self.ident or f"{self.kind}-r{self.rank}-s{self.step}-n{self.node}"
+
+    def describe(self) -> str:
+        where = []
+        if self.node is not None:
+            where.append(f"node {self.node}")
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.kind == "slow":
+            span = f"steps {self.start}-{self.stop}" if self.stop is not None else f"from step {self.start}"
+            return f"slow rank {self.rank} x{self.factor:g} ({span})"
+        return f"{self.kind} at " + ", ".join(where)
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    def for_rank(self, rank: int) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.kind in WORKER_FAULTS and f.rank == rank)
+
+    def agent_faults(self) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.kind in AGENT_FAULTS)
+
+    def to_json(self) -> str:
+        return json.dumps([asdict(f) for f in self.faults])
+
+    @staticmethod
+    def from_json(text: str) -> FaultPlan:
+        return FaultPlan(tuple(Fault(**d) for d in json.loads(text)))
+
+    def describe(self) -> list[str]:
+        return [f.describe() for f in self.faults]
+
+
+def _int(kind: str, key: str, value: Any) -> int:
+    try:
+        out = int(str(value))
+    except ValueError:
+        raise FaultPlanError(f"fault {kind!r}: {key}={value!r} is not an integer") from None
+    if out < 0:
+        raise FaultPlanError(f"fault {kind!r}: {key}={out} must be >= 0")
+    return out
+
+
+def make_fault(kind: str, params: dict[str, Any]) -> Fault:
+    kind = kind.strip().lower().replace("_", "-")
+    if kind not in KINDS:
+        raise FaultPlanError(f"unknown fault {kind!r}", f"use one of: {', '.join(KINDS)}")
+    unknown = set(params) - _KEYS
+    if unknown:
+        raise FaultPlanError(f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown))}",
+                             f"allowed: {', '.join(sorted(_KEYS))}")
+    rank = _int(kind, "rank", params["rank"]) if "rank" in params else None
+    step = _int(kind, "step", params["step"]) if "step" in params else None
+    node = _int(kind, "node", params["node"]) if "node" in params else None
+    factor = 1.0
+    if "factor" in params:
+        try:
+            factor = float(params["factor"])
+        except ValueError:
+            raise FaultPlanError(f"fault {kind!r}: factor={params['factor']!r} is not a number") from None
+    if kind in WORKER_FAULTS and rank is None:
+        raise FaultPlanError(f"fault {kind!r} needs rank=", f"e.g. {kind}@rank=1,step=40")
+    if kind in ("crash", "exit", "raise", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint") \
+            and step is None:
+        raise FaultPlanError(f"fault {kind!r} needs step=", f"e.g. {kind}@rank=1,step=40")
+    if kind == "kill-agent" and node is None:
+        raise FaultPlanError("fault 'kill-agent' needs node= (the agent's node index)", "e.g. kill-agent@node=1,step=50")
+    if kind == "slow":
+        if not 1.0 < factor <= 100.0:
+            raise FaultPlanError(f"fault 'slow': factor={factor:g} must be in (1, 100]", "e.g. slow@rank=3,factor=1.5")
+    start = _int(kind, "from", params["from"]) if "from" in params else 0
+    stop = _int(kind, "to", params["to"]) if "to" in params else None
+    if stop is not None and stop < start:
+        raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
+    return Fault(kind=kind, rank=rank, step=step, node=node, factor=factor, start=start, stop=stop,
+                 ident=str(params.get("id", "")))
+
+
+def parse_spec(spec: str) -> Fault:
+    """Parse one ``kind@key=value,key=value`` spec."""
+    spec = spec.strip()
+    if not spec:
+        raise FaultPlanError("empty fault spec", "e.g. crash@rank=1,step=40")
+    kind, _, rest = spec.partition("@")
+    params: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not value:
+            raise FaultPlanError(f"bad fault spec {spec!r}: {part!r} is not key=value", "e.g. crash@rank=1,step=40")
+        params[key.strip()] = value.strip()
+    return make_fault(kind, params)
+
+
+def split_specs(specs: list[str]) -> list[str]:
+    """Flags may hold several specs: ``crash@rank=1,step=4;hang@rank=0,step=9``."""
+    out: list[str] = []
+    for s in specs:
+        out.extend(p for p in s.split(";") if p.strip())
+    return out
+
+
+def load_plan_file(path: str | Path) -> FaultPlan:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise FaultPlanError(f"fault plan {p} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise FaultPlanError(f"fault plan {p} is not valid YAML: {exc}".splitlines()[0]) from None
+    if isinstance(data, dict) and "faults" in data:
+        data = data["faults"]
+    if not isinstance(data, list):
+        raise FaultPlanError(f"fault plan {p} must be a list of faults (or {{faults: [...]}})")
+    faults = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or "fault" not in item:
+            raise FaultPlanError(f"fault plan {p}: entry {i} needs a 'fault:' key", "e.g. - {fault: crash, rank: 1, step: 40}")
+        params = {k: v for k, v in item.items() if k != "fault"}
+        faults.append(make_fault(str(item["fault"]), params))
+    return FaultPlan(tuple(faults))
+
+
+def build_plan(specs: list[str] | None = None, plan_file: str | Path | None = None) -> FaultPlan:
+    faults: list[Fault] = []
+    if plan_file:
+        faults.extend(load_plan_file(plan_file).faults)
+    for s in split_specs(specs or []):
+        faults.append(parse_spec(s))
+    markers = [f.marker() for f in faults]
+    if len(set(markers)) != len(markers):
+        raise FaultPlanError("the fault plan lists the same fault twice", "give duplicates distinct id=")
+    return FaultPlan(tuple(faults))

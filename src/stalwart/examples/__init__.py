@@ -1,0 +1,1 @@
+"""Example training scripts used by the demo and the end-to-end tests."""

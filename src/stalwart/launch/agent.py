@@ -1,0 +1,433 @@
+"""The node agent behind ``stalwart run``: rendezvous, spawn, supervise, decide, restart.
+
+One agent per node. Agents meet through torch.distributed.elastic's c10d rendezvous (as torchrun
+does). Each rendezvous round gets a fresh master port for the workers' own TCPStore, so restarted
+workers never see stale keys from an earlier round (the shared-store hang of torch >= 2.5).
+
+Collect -> decide -> act: the monitor loop collects exit codes and worker messages, the pure
+policies in ``timeouts``, ``progress`` and ``restart_policy`` decide, and this module acts
+(stack capture, stop, restart, verdict) and writes every step of it to the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..chaos.once import claim
+from ..chaos.plan import FaultPlan, build_plan
+from ..events import (
+    AttemptEnded,
+    AttemptStarted,
+    ChaosInjected,
+    DecisionTaken,
+    Event,
+    FailureDetected,
+    JobEnded,
+    JobStarted,
+    StackCaptured,
+    StepCompleted,
+    TimeoutsCalibrated,
+    WorkersStarted,
+    WorkersStopped,
+)
+from ..exit_codes import EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, REQUEUE_HELPS
+from ..ledger import LedgerWriter
+from ..run_dir import RunDir
+from ..train import control
+from . import chaos_actions
+from .config import RunConfig
+from .failure import classify, read_error
+from .progress import ProgressTracker, detect_hang
+from .restart_policy import Failure, decide
+from .timeouts import hang_timeout
+from .workers import WorkerGroup, WorkerSpec, describe_exit, tail
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    status: str  # succeeded | failed | membership | preempted | interrupted
+    failure: Failure | None = None
+    detected_at: float = 0.0
+
+
+class Agent:
+    def __init__(self, cfg: RunConfig, *, notify: Callable[[Event], None] | None = None,
+                 progress: Callable[[int, int, int, float], None] | None = None, started: float | None = None):
+        self.cfg = cfg
+        self.run = RunDir(cfg.run_dir).create()
+        self.started = started or time.time()
+        self.plan: FaultPlan = build_plan(cfg.chaos, cfg.chaos_file or None)
+        self._notify = notify or (lambda ev: None)
+        self._progress = progress or (lambda step, total, attempt, rate: None)
+        self.ledger = LedgerWriter(self.run.ledger / f"agent-{cfg.node_name}-{os.getpid()}.ledger",
+                                   writer=f"agent {cfg.node_name}")
+        self.attempt = 0
+        self.history: list[Failure] = []
+        self._signal: int | None = None
+        self._group_rank = 0
+        self._rdzv = None
+
+    # --- ledger ------------------------------------------------------------------------------
+
+    def _ctx(self) -> dict:
+        return {"run_id": self.cfg.run_id, "node": self.cfg.node_name, "attempt": self.attempt}
+
+    def emit(self, ev: Event, *, show: bool = True) -> None:
+        self.ledger.append(ev)
+        if show:
+            self._notify(ev)
+
+    # --- main --------------------------------------------------------------------------------
+
+    def run_job(self) -> int:
+        cfg = self.cfg
+        self.emit(JobStarted(ts=self.started, script=cfg.script, args=tuple(cfg.script_args),
+                             nproc_per_node=cfg.nproc_per_node, min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
+                             max_restarts=cfg.max_restarts, config=cfg.model_dump(mode="json"), **self._ctx()))
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        try:
+            return self._loop()
+        except BaseException as exc:
+            # an agent bug or an unexpected stop still leaves a verdict in the ledger
+            self._end("agent_error", f"agent error: {type(exc).__name__}: {exc}", EXIT_INFRA)
+            raise
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if self._rdzv is not None:
+                try:
+                    self._rdzv.shutdown()
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            self.ledger.close()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signal = signum
+
+    def _end(self, outcome: str, verdict: str, code: int) -> int:
+        self.emit(JobEnded(ts=time.time(), verdict=verdict, outcome=outcome, exit_code=code,
+                           requeue_helps=REQUEUE_HELPS.get(code, False), **self._ctx()))
+        return code
+
+    def _loop(self) -> int:
+        while True:
+            try:
+                rdzv_info = self._rendezvous()
+            except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
+                return self._end("rendezvous_failed", f"rendezvous failed: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}", EXIT_INFRA)
+            if self._signal is not None:
+                return self._end("interrupted", f"stopped by {signal.Signals(self._signal).name} before start",
+                                 EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED)
+            outcome = self._run_attempt(*rdzv_info)
+            if outcome.status == "succeeded":
+                return self._end("succeeded", f"training finished after {self.attempt + 1} attempt(s), "
+                                 f"{len(self.history)} failure(s) recovered", EXIT_OK)
+            if outcome.status == "preempted":
+                return self._end("preempted", "preempted: emergency checkpoint saved; requeue to resume",
+                                 EXIT_PREEMPTED)
+            if outcome.status == "interrupted":
+                return self._end("aborted", "interrupted by the operator", EXIT_INTERRUPTED)
+            if outcome.status == "membership":
+                self.emit(DecisionTaken(ts=time.time(), action="restart", reason="restart: a node is waiting to "
+                                        "join; re-forming the group", **self._ctx()))
+                self.attempt += 1
+                continue
+            failure = outcome.failure
+            assert failure is not None
+            self.history.append(failure)
+            d = decide(self.history, self.cfg.budget)
+            self.emit(DecisionTaken(ts=time.time(), action=d.action, reason=d.reason,
+                                    restarts_used=d.infra_used, restarts_allowed=self.cfg.max_restarts,
+                                    backoff_s=d.backoff_s, **self._ctx()))
+            if d.action == "stop":
+                return self._end(d.outcome, d.reason, d.exit_code)
+            if d.backoff_s:
+                time.sleep(d.backoff_s)
+            self.attempt += 1
+
+    # --- rendezvous --------------------------------------------------------------------------
+
+    def _rendezvous(self) -> tuple[int, int, str, int]:
+        """Return (group_rank, num_nodes, master_addr, master_port) for this round."""
+        cfg = self.cfg
+        if cfg.max_nodes == 1 and not cfg.rdzv_endpoint:
+            return 0, 1, "127.0.0.1", _free_port()
+        if self._rdzv is None:
+            self._rdzv = self._make_handler()
+        info = self._rdzv.next_rendezvous()
+        store, group_rank, num_nodes = info.store, info.rank, info.world_size
+        if group_rank == 0:
+            addr = cfg.local_addr or _local_addr(cfg.rdzv_endpoint)
+            port = _free_port()
+            store.set("stalwart/master", f"{addr}:{port}")
+        master = store.get("stalwart/master").decode()
+        addr, _, port = master.rpartition(":")
+        return group_rank, num_nodes, addr, int(port)
+
+    def _make_handler(self):
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        cfg = self.cfg
+        conf = {"join_timeout": cfg.rdzv_timeout_s, "last_call_timeout": cfg.rdzv_last_call_s,
+                "close_timeout": 10, "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
+                "keep_alive_max_attempt": 3}
+        if cfg.rdzv_host is not None:
+            conf["is_host"] = cfg.rdzv_host
+        params = RendezvousParameters(backend="c10d", endpoint=cfg.rdzv_endpoint, run_id=cfg.rdzv_id,
+                                      min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
+                                      local_addr=cfg.local_addr or None, **conf)
+        return get_rendezvous_handler(params)
+
+    # --- one attempt -------------------------------------------------------------------------
+
+    def _worker_specs(self, group_rank: int, num_nodes: int, addr: str, port: int, receiver,
+                      ctl: Path) -> list[WorkerSpec]:
+        cfg = self.cfg
+        world = num_nodes * cfg.nproc_per_node
+        specs = []
+        for local in range(cfg.nproc_per_node):
+            rank = group_rank * cfg.nproc_per_node + local
+            env = dict(os.environ)
+            env.update({
+                "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(group_rank),
+                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+                "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+                "TORCHELASTIC_RESTART_COUNT": str(self.attempt), "TORCHELASTIC_RUN_ID": cfg.rdzv_id,
+                "STALWART_RUN_DIR": str(self.run.root), "STALWART_RUN_ID": cfg.run_id,
+                "STALWART_NODE": cfg.node_name, "STALWART_ATTEMPT": str(self.attempt),
+                "STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "STALWART_AGENT_PID": str(os.getpid()),
+                "STALWART_PG_TIMEOUT_S": repr(cfg.pg_timeout_s), "STALWART_CHAOS": self.plan.to_json(),
+                "PYTHONUNBUFFERED": "1",
+            })
+            env.setdefault("OMP_NUM_THREADS", "1")
+            log = None if cfg.tee else self.run.root / "logs" / f"{cfg.node_name}-a{self.attempt}-r{rank}.log"
+            specs.append(WorkerSpec(local, rank, env, log))
+        return specs
+
+    def _argv(self) -> list[str]:
+        cfg = self.cfg
+        head = [cfg.python, "-u", "-m", cfg.script] if cfg.module else [cfg.python, "-u", cfg.script]
+        return head + list(cfg.script_args)
+
+    def _run_attempt(self, group_rank: int, num_nodes: int, addr: str, port: int) -> AttemptOutcome:
+        from ..train.ipc import Receiver
+
+        cfg = self.cfg
+        self._group_rank = group_rank
+        world = num_nodes * cfg.nproc_per_node
+        self.emit(AttemptStarted(ts=time.time(), world_size=world, group_rank=group_rank, num_nodes=num_nodes,
+                                 master=f"{addr}:{port}", **self._ctx()))
+        ctl = self.run.root / "control" / f"{cfg.node_name}-{os.getpid()}-a{self.attempt}.bin"
+        control.create(ctl)
+        block = control.ControlBlock(ctl, writable=True)
+        receiver = Receiver()
+        specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl)
+        group = WorkerGroup(self._argv(), specs)
+        try:
+            pids = group.start()
+            for spec in specs:  # the workers hold their write ends now
+                os.close(int(spec.env["STALWART_IPC"]))
+            self.emit(WorkersStarted(ts=time.time(), pids=tuple(pids), global_ranks=tuple(s.global_rank for s in specs),
+                                     **self._ctx()), show=False)
+            outcome = self._supervise(group, receiver, block, specs)
+        finally:
+            receiver.close()
+            block.close()
+            group.close()
+        self.emit(AttemptEnded(ts=time.time(), reason=outcome.status, **self._ctx()), show=False)
+        return outcome
+
+    def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
+        cfg = self.cfg
+        ranks = [s.global_rank for s in specs]
+        now = time.time()
+        tracker = ProgressTracker(ranks=ranks, started=now)
+        calibrated_reported = False
+        last_membership_check = now
+        stop_requested_at: float | None = None
+        tick = cfg.monitor_interval_s
+        while True:
+            now = time.time()
+            batch = []
+            for msg in receiver.drain():
+                rec = tracker.observe(msg, now)
+                if rec is not None:
+                    batch.append(StepCompleted(ts=rec.start + rec.duration, rank=rec.rank, step=rec.step,
+                                               start=rec.start, duration=rec.duration, sections=rec.sections,
+                                               **self._ctx()))
+            if batch:
+                self.ledger.extend(batch)
+                top = max(batch, key=lambda e: e.step)
+                recent = list(tracker.step_times)[-20:]
+                rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
+                self._progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(ranks)))
+            self._agent_chaos(tracker)
+
+            # 1. exits
+            codes = group.poll()
+            failed = {r: c for r, c in codes.items() if c not in (None, 0)}
+            if failed and stop_requested_at is None:
+                return self._fail_crash(group, failed, tracker, specs)
+            if all(c is not None for c in codes.values()):
+                if stop_requested_at is not None or tracker.preempted_ranks:
+                    if all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
+                        return AttemptOutcome("preempted")
+                    return AttemptOutcome("preempted" if stop_requested_at else "failed")
+                return AttemptOutcome("succeeded")
+
+            # 2. signals to the agent: coordinated emergency checkpoint
+            if self._signal is not None and stop_requested_at is None:
+                if self._signal == signal.SIGINT:
+                    group.stop(cfg.stop_grace_s)
+                    return AttemptOutcome("interrupted")
+                stop_requested_at = now
+                if tracker.steps_seen():
+                    block.request_stop(tracker.max_step_in_progress() + 2)
+                else:
+                    group.signal(signal.SIGTERM)
+            if stop_requested_at is not None:
+                if now - stop_requested_at > cfg.emergency_deadline_s:
+                    group.stop(cfg.stop_grace_s)
+                    return AttemptOutcome("preempted")
+                time.sleep(tick)
+                continue
+
+            # 3. hangs
+            phase = "start-up" if not tracker.steps_seen() else (
+                "checkpoint" if any(p.in_checkpoint for p in tracker.progress.values()) else "training")
+            ht = hang_timeout(list(tracker.step_times), cfg.hang_policy)
+            timeout = ht.seconds if phase == "training" else max(ht.seconds, cfg.startup_timeout_s)
+            if ht.calibrated and not calibrated_reported:
+                calibrated_reported = True
+                self.emit(TimeoutsCalibrated(ts=now, hang_timeout_s=ht.seconds, p99_step_s=ht.p99_s,
+                                             samples=ht.samples, reason=ht.reason, **self._ctx()), show=False)
+            # fire within one tick of the deadline, never a full tick late
+            verdict = detect_hang(tracker, now + tick / 2, timeout, phase)
+            if verdict is not None:
+                return self._fail_hang(group, verdict, tracker, ht.reason)
+
+            # 4. membership: a node waiting to join (replacement or scale-up)
+            if self._rdzv is not None and now - last_membership_check > 1.0:
+                last_membership_check = now
+                try:
+                    waiting = self._rdzv.num_nodes_waiting()
+                except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+                    waiting = 0
+                if waiting > 0:
+                    group.stop(cfg.stop_grace_s)
+                    self.emit(WorkersStopped(ts=time.time(), reason=f"{waiting} node(s) waiting to join",
+                                             **self._ctx()))
+                    return AttemptOutcome("membership")
+            time.sleep(tick)
+
+    # --- failure handling ------------------------------------------------------------------
+
+    def _fail_crash(self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker,
+                    specs: list[WorkerSpec]) -> AttemptOutcome:
+        detected = time.time()
+        errors = {r: read_error(self.run.errors / f"{self.cfg.node_name}-a{self.attempt}-r{r}.json") for r in failed}
+        # root cause: a user exception first, then a signal death, then the earliest exit
+        def rank_key(r: int) -> tuple[int, float]:
+            kind = classify(failed[r], errors[r])
+            order = {"exception": 0, "crash": 1, "peer_lost": 2}[kind]
+            return order, group.exit_times.get(r, detected)
+
+        root = min(failed, key=rank_key)
+        code, err = failed[root], errors[root]
+        kind = classify(code, err)
+        progress = tracker.progress[root]
+        step = err.step if err is not None and err.step >= 0 else progress.step
+        onset = min(group.exit_times.get(root, detected), detected)
+        if err is not None:
+            onset = min(onset, err.ts) if err.ts > 0 else onset
+        onset = max(onset, progress.last_msg) if kind == "crash" else onset
+        evidence = describe_exit(code)
+        if err is not None:
+            evidence += f"; {err.signature}"
+        log = tail(next((s.log_path for s in specs if s.global_rank == root), None), 3)
+        group.stop(self.cfg.stop_grace_s)
+        self.emit(FailureDetected(ts=detected, failure=kind, evidence=evidence, onset=onset, step=step, rank=root,
+                                  exit_code=code, signal=describe_exit(code) if code < 0 else "",
+                                  error_type=err.type if err else "", error_message=err.message[:500] if err else "",
+                                  **self._ctx()))
+        if log and kind != "crash":
+            self.emit(StackCaptured(ts=time.time(), rank=root, stack=err.traceback if err else log,
+                                    reason="traceback of the failed rank", **self._ctx()), show=False)
+        self.emit(WorkersStopped(ts=time.time(), reason=f"rank {root} {evidence}", **self._ctx()), show=False)
+        failure = Failure(kind=kind, attempt=self.attempt, step=step, rank=root, evidence=evidence,
+                          signature=err.signature if err is not None else "", progressed=tracker.steps_seen())
+        return AttemptOutcome("failed", failure, detected)
+
+    def _fail_hang(self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str) -> AttemptOutcome:
+        detected = time.time()
+        self.emit(FailureDetected(ts=detected, failure="hang", evidence=f"{verdict.evidence}; {why}",
+                                  onset=verdict.onset, step=verdict.step, rank=verdict.culprit, **self._ctx()))
+        stacks = self._capture_stacks(group)
+        for rank, text in stacks.items():
+            reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
+            self.emit(StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
+                      show=rank == verdict.culprit)
+        group.stop(self.cfg.stop_grace_s)
+        self.emit(WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()), show=False)
+        failure = Failure(kind="hang", attempt=self.attempt, step=verdict.step, rank=verdict.culprit,
+                          evidence=verdict.evidence, progressed=tracker.steps_seen())
+        return AttemptOutcome("failed", failure, detected)
+
+    def _capture_stacks(self, group: WorkerGroup, wait_s: float = 0.5) -> dict[int, str]:
+        """faulthandler in each worker dumps every thread's Python stack on SIGUSR2."""
+        paths = {r: self.run.stacks / f"{self.cfg.node_name}-a{self.attempt}-r{r}.txt" for r in group.procs}
+        sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
+        group.signal(signal.SIGUSR2)
+        deadline = time.monotonic() + wait_s
+        out: dict[int, str] = {}
+        while time.monotonic() < deadline and len(out) < len(paths):
+            for r, p in paths.items():
+                if r not in out and p.exists() and p.stat().st_size > sizes[r]:
+                    time.sleep(0.05)  # let the dump finish
+                    with open(p) as fh:
+                        fh.seek(sizes[r])
+                        out[r] = fh.read()
+            time.sleep(0.02)
+        return out
+
+    # --- chaos on the agent side -------------------------------------------------------------
+
+    def _agent_chaos(self, tracker: ProgressTracker) -> None:
+        for fault in self.plan.agent_faults():
+            if fault.step is None or tracker.max_done_step + 1 < fault.step:
+                continue
+            if fault.kind == "kill-agent":
+                if fault.node != self._group_rank or not claim(self.run.chaos, fault):
+                    continue
+                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step,
+                                        detail=fault.describe(), **self._ctx()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self._group_rank == 0:
+                target = chaos_actions.newest_checkpoint(self.run.checkpoints)
+                if target is None or not claim(self.run.chaos, fault):
+                    continue
+                detail = chaos_actions.damage(target, fault.kind)
+                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step, detail=detail,
+                                        **self._ctx()))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local_addr(endpoint: str) -> str:
+    host = endpoint.rpartition(":")[0] or endpoint
+    if host in ("localhost", "") or host.startswith("127."):
+        return "127.0.0.1"
+    return socket.gethostname()

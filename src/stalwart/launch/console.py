@@ -1,0 +1,92 @@
+"""Live terminal output of a run: a progress line and each incident as it happens."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+
+from ..events import (
+    AttemptStarted,
+    ChaosInjected,
+    DecisionTaken,
+    Event,
+    FailureDetected,
+    JobEnded,
+    JobStarted,
+    StackCaptured,
+    TrainingResumed,
+)
+
+
+class RunConsole:
+    def __init__(self, *, quiet: bool = False, stream=None) -> None:
+        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+        self.quiet = quiet
+        self.tty = self.console.is_terminal
+        self._last_print = 0.0
+        self._last_pct = -1
+        self._line_open = False
+
+    def _clear_line(self) -> None:
+        if self._line_open:
+            self.console.file.write("\r\x1b[2K")
+            self._line_open = False
+
+    def say(self, text: str, *, always: bool = False) -> None:
+        if self.quiet and not always:
+            return
+        self._clear_line()
+        self.console.print(text)
+
+    def event(self, ev: Event) -> None:
+        t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
+        if isinstance(ev, JobStarted):
+            self.say(f"[bold]{t} job started[/]: {ev.script} {' '.join(ev.args)}  "
+                     f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
+                     f"max restarts {ev.max_restarts})")
+        elif isinstance(ev, AttemptStarted):
+            self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
+        elif isinstance(ev, TrainingResumed):
+            self.say(f"{t} [green]resumed[/] at step {ev.step}")
+        elif isinstance(ev, ChaosInjected):
+            self.say(f"{t} [magenta]chaos[/]: {ev.detail}")
+        elif isinstance(ev, FailureDetected):
+            lat = ev.ts - ev.onset
+            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {ev.evidence} "
+                     f"[dim](detected {lat:.2f}s after onset)[/]")
+        elif isinstance(ev, StackCaptured):
+            last = [ln for ln in ev.stack.strip().splitlines() if ln.strip().startswith("File")]
+            where = last[0].strip() if last else "(no Python frame)"
+            self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {where}")
+        elif isinstance(ev, DecisionTaken):
+            colour = "yellow" if ev.action == "restart" else "red"
+            self.say(f"{t} [{colour}]decision[/]: {ev.reason}")
+        elif isinstance(ev, JobEnded):
+            colour = "green" if ev.exit_code == 0 else "red"
+            self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {ev.verdict}", always=True)
+
+    def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
+        if self.quiet:
+            return
+        now = time.time()
+        if self.tty:
+            if now - self._last_print < 0.2:
+                return
+            self._last_print = now
+            frac = step / total if total else 0.0
+            bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+            self.console.file.write(f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  "
+                                    f"{rate:.1f} steps/s")
+            self.console.file.flush()
+            self._line_open = True
+        else:
+            pct = int(100 * step / total) if total else -1
+            if pct // 10 != self._last_pct // 10 or now - self._last_print > 10:
+                self._last_pct = pct
+                self._last_print = now
+                self.console.print(f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s")
+
+    def close(self) -> None:
+        self._clear_line()

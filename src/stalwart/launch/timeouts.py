@@ -1,0 +1,89 @@
+"""Hang timeouts derived from observed step times, and the timeout hierarchy check.
+
+The hang timeout is ``clamp(multiplier x p99(step time), floor, cap)``; before ``min_samples``
+steps have been seen the start-up timeout applies. The hierarchy
+
+    heartbeat interval < hang timeout cap < process-group timeout < rendezvous timeout
+
+is validated when the agent is configured, so a bad ordering is an error before the job starts
+(a process-group timeout shorter than the hang cap would turn every hang into a crash with a
+useless NCCL/gloo message; a rendezvous timeout shorter than the PG timeout would give up on
+re-forming while the workers are still timing out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HangTimeoutPolicy:
+    multiplier: float = 3.0
+    floor_s: float = 10.0
+    cap_s: float = 600.0
+    startup_s: float = 600.0
+    min_samples: int = 5
+
+
+@dataclass(frozen=True)
+class HangTimeout:
+    seconds: float
+    p99_s: float
+    samples: int
+    reason: str
+    calibrated: bool
+
+
+def p99(values: Sequence[float]) -> float:
+    """Nearest-rank 99th percentile."""
+    if not values:
+        raise ValueError("p99 of no values")
+    ordered = sorted(values)
+    k = max(0, math.ceil(0.99 * len(ordered)) - 1)
+    return ordered[k]
+
+
+def hang_timeout(step_times: Sequence[float], policy: HangTimeoutPolicy) -> HangTimeout:
+    """The silence after which a rank counts as hung, with the reason for the value."""
+    n = len(step_times)
+    if n < policy.min_samples:
+        return HangTimeout(policy.startup_s, 0.0, n, f"start-up timeout {policy.startup_s:g}s "
+                           f"({n} of {policy.min_samples} steps seen for calibration)", False)
+    q = p99(step_times)
+    raw = policy.multiplier * q
+    value = min(max(raw, policy.floor_s), policy.cap_s)
+    if value == raw:
+        why = f"{policy.multiplier:g} x p99 step time {q:.3f}s"
+    elif value == policy.floor_s:
+        why = f"floor {policy.floor_s:g}s (> {policy.multiplier:g} x p99 {q:.3f}s)"
+    else:
+        why = f"cap {policy.cap_s:g}s (< {policy.multiplier:g} x p99 {q:.3f}s)"
+    return HangTimeout(value, q, n, f"hang timeout {value:.3f}s = {why} over {n} steps", True)
+
+
+def validate_hierarchy(*, monitor_interval_s: float, policy: HangTimeoutPolicy, pg_timeout_s: float,
+                       rdzv_timeout_s: float, stop_grace_s: float) -> None:
+    """Raise ConfigError naming the first pair of timeouts that is out of order."""
+    if policy.floor_s <= 0 or policy.multiplier <= 0:
+        raise ConfigError("hang floor and multiplier must be positive")
+    if policy.floor_s > policy.cap_s:
+        raise ConfigError(f"hang floor {policy.floor_s:g}s is above the hang cap {policy.cap_s:g}s",
+                          "lower --hang-floor or raise --hang-cap")
+    checks = [
+        ("monitor interval", monitor_interval_s, "hang floor", policy.floor_s, "--monitor-interval", "--hang-floor"),
+        ("hang cap", policy.cap_s, "process-group timeout", pg_timeout_s, "--hang-cap", "--pg-timeout"),
+        ("start-up timeout", policy.startup_s, "process-group timeout", pg_timeout_s, "--startup-timeout",
+         "--pg-timeout"),
+        ("process-group timeout", pg_timeout_s, "rendezvous timeout", rdzv_timeout_s, "--pg-timeout",
+         "--rdzv-timeout"),
+    ]
+    for a_name, a, b_name, b, a_flag, b_flag in checks:
+        if not a < b:
+            raise ConfigError(f"timeout order violated: {a_name} ({a:g}s) must be shorter than {b_name} ({b:g}s)",
+                              f"lower {a_flag} or raise {b_flag}")
+    if stop_grace_s <= 0:
+        raise ConfigError("--stop-grace must be positive")

@@ -1,0 +1,320 @@
+"""The in-process SDK: a few lines in a training loop give timings, heartbeats, exact resume and
+emergency checkpoints.
+
+    session = Session()
+    session.init_process_group("gloo")
+    state = {"model": model, "optimizer": opt, "scheduler": sched, "data": sampler}
+    for step in session.loop(total_steps, state, checkpoint_every=50):
+        with session.section("data"): batch = ...
+        with session.section("forward"): loss = ...
+        with session.section("backward"): loss.backward()
+        with session.section("optimizer"): opt.step()
+    session.finish()
+
+``loop`` resumes from the newest good checkpoint (model, optimizer, LR schedule, any object with
+``state_dict``/``load_state_dict``, and every RNG), owns the step boundaries, checkpoints between
+steps (so checkpoint stall is never counted as step time), and stops with an emergency checkpoint
+when the agent asks (SIGTERM/SIGUSR1 on the agent, or a scheduler preemption notice).
+
+The hot path never blocks: per-step records go to the agent over a non-blocking datagram socket;
+the stop request is read from a memory-mapped control block.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ..chaos.once import claim
+from ..chaos.plan import Fault, FaultPlan
+from ..events import ChaosInjected, Event, TrainingFinished, TrainingResumed
+from ..exit_codes import EXIT_PREEMPTED
+from ..run_dir import RunDir
+from . import rng
+from .control import ControlBlock
+from .ipc import Sender
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _env_int(env: dict[str, str], *names: str, default: int) -> int:
+    for n in names:
+        if n in env and env[n] != "":
+            return int(env[n])
+    return default
+
+
+class Session:
+    """One training process's link to Stalwart. Works without an agent too (plain ``python``)."""
+
+    def __init__(self, env: dict[str, str] | None = None, *, checkpoint_dir: str | None = None,
+                 keep_checkpoints: int = 3) -> None:
+        env = dict(os.environ if env is None else env)
+        self.env = env
+        self.rank = _env_int(env, "RANK", default=0)
+        self.world_size = _env_int(env, "WORLD_SIZE", default=1)
+        self.local_rank = _env_int(env, "LOCAL_RANK", default=0)
+        self.attempt = _env_int(env, "STALWART_ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0)
+        self.node = env.get("STALWART_NODE", "local")
+        self.run_id = env.get("STALWART_RUN_ID", "")
+        root = env.get("STALWART_RUN_DIR")
+        self.run_dir = RunDir(Path(root)) if root else None
+        self.under_agent = "STALWART_IPC" in env
+        self._ipc = Sender(int(env["STALWART_IPC"])) if self.under_agent else None
+        self._control = ControlBlock(env["STALWART_CONTROL"]) if env.get("STALWART_CONTROL") else None
+        plan = FaultPlan.from_json(env["STALWART_CHAOS"]) if env.get("STALWART_CHAOS") else FaultPlan()
+        self._faults: tuple[Fault, ...] = plan.for_rank(self.rank)
+        self._ledger = None
+        self._ckpt_dir = checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints")
+        self._keep = keep_checkpoints
+        self._checkpointer = None
+        self._step: int | None = None
+        self._step_start = 0.0
+        self._sections: dict[str, float] = {}
+        self._section_order: list[str] = []
+        self._signal: int | None = None
+        self._completed = 0
+        self._last_saved = -1
+        self._stack_file = None
+        self._slow_pending = False
+        self._slow_extra = 0.0
+        self._base_step_s = 0.0
+        self.pg_timeout_s = float(env.get("STALWART_PG_TIMEOUT_S", "1800"))
+        self._install_process_hooks()
+
+    # --- process set-up --------------------------------------------------------------------
+
+    def _install_process_hooks(self) -> None:
+        if self.under_agent:
+            # die with the agent: a worker orphaned by a killed agent must not keep a stale group alive
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if str(os.getppid()) != self.env.get("STALWART_AGENT_PID", str(os.getppid())):
+                    os._exit(70)
+            except (OSError, AttributeError):
+                pass
+        if self.run_dir is not None:
+            self.run_dir.stacks.mkdir(parents=True, exist_ok=True)
+            path = self.run_dir.stacks / f"{self.node}-a{self.attempt}-r{self.rank}.txt"
+            self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
+            faulthandler.register(signal.SIGUSR2, file=self._stack_file, all_threads=True)
+            previous = sys.excepthook
+
+            def hook(etype, value, tb):  # record the exception for the agent's restart policy
+                self._write_error(etype, value, tb)
+                previous(etype, value, tb)
+
+            sys.excepthook = hook
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signal = signum
+        if self._ipc is not None:
+            self._ipc.send({"k": "sig", "r": self.rank, "sig": signum, "t": time.time()})
+        elif self._step is None and self._completed == 0:
+            raise SystemExit(EXIT_PREEMPTED)
+
+    def _write_error(self, etype: type, value: BaseException, tb: Any) -> None:
+        if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
+            return
+        self.run_dir.errors.mkdir(parents=True, exist_ok=True)
+        record = {"type": f"{etype.__module__}.{etype.__qualname__}", "message": str(value)[:2000],
+                  "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
+                  "step": self._step, "rank": self.rank, "ts": time.time()}
+        path = self.run_dir.errors / f"{self.node}-a{self.attempt}-r{self.rank}.json"
+        path.write_text(json.dumps(record))
+
+    def emit(self, ev: Event) -> None:
+        """Write an event to this worker's own ledger file (not on the hot path)."""
+        if self.run_dir is None:
+            return
+        if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
+            ev = dataclasses.replace(ev, **self._ctx())
+        if self._ledger is None:
+            from ..ledger import LedgerWriter
+
+            name = f"worker-{self.node}-a{self.attempt}-r{self.rank}-p{os.getpid()}.ledger"
+            self._ledger = LedgerWriter(self.run_dir.ledger / name, writer=f"rank {self.rank}")
+        self._ledger.append(ev)
+
+    def _ctx(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "rank": self.rank}
+
+    def init_process_group(self, backend: str = "gloo", **kwargs: Any) -> None:
+        """``torch.distributed.init_process_group`` with the agent's validated timeout."""
+        import torch.distributed as dist
+
+        if self.world_size <= 1 and "MASTER_ADDR" not in self.env:
+            return
+        kwargs.setdefault("timeout", timedelta(seconds=self.pg_timeout_s))
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **kwargs)
+
+    @property
+    def checkpointer(self):
+        if self._checkpointer is None:
+            from ..checkpoint.manager import CheckpointManager
+
+            self._checkpointer = CheckpointManager(self._ckpt_dir, rank=self.rank, world_size=self.world_size,
+                                                   keep=self._keep, sink=self.emit)
+        return self._checkpointer
+
+    # --- resume and save --------------------------------------------------------------------
+
+    @staticmethod
+    def _state_dicts(state: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, obj in state.items():
+            if hasattr(obj, "state_dict"):
+                obj = obj.state_dict()
+            out[key] = obj
+        return out
+
+    def resume(self, state: dict[str, Any]) -> int:
+        """Load the newest good checkpoint into ``state``; return the number of steps already done."""
+        found = self.checkpointer.load_latest()
+        if found is None:
+            self._completed = 0
+            return 0
+        for key, obj in state.items():
+            if key not in found.shared:
+                continue
+            if hasattr(obj, "load_state_dict"):
+                obj.load_state_dict(found.shared[key])
+            elif isinstance(obj, dict):
+                obj.clear()
+                obj.update(found.shared[key])
+        if found.rank_state is not None:
+            rng.restore(found.rank_state["rng"])
+        self._completed = found.step
+        self._last_saved = found.step
+        if self.rank == 0:
+            self.emit(TrainingResumed(ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()))
+        return found.step
+
+    def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
+        """Collective checkpoint of ``state`` after ``self.completed`` steps."""
+        self._send({"k": "sec", "n": "checkpoint", "s": self._completed})
+        self.checkpointer.save(self._completed, self._state_dicts(state) if self.rank == 0 else None,
+                               {"rng": rng.capture()}, emergency=emergency)
+        self._last_saved = self._completed
+        self._send({"k": "ckpt", "s": self._completed})
+
+    @property
+    def completed(self) -> int:
+        return self._completed
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def loop(self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0,
+             resume: bool = True) -> Iterator[int]:
+        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
+        start = self.resume(state) if resume else 0
+        self._send({"k": "start", "s": start, "n": total_steps})
+        for step in range(start, total_steps):
+            self._begin_step(step)
+            yield step
+            self._end_step(step)
+            if checkpoint_every and self._completed % checkpoint_every == 0:
+                self.save(state)
+            if self._stop_requested():
+                if self._last_saved != self._completed:
+                    self.save(state, emergency=True)
+                self.finish(preempted=True)
+                raise SystemExit(EXIT_PREEMPTED)
+        if checkpoint_every and self._last_saved != self._completed:
+            self.save(state)
+        self.emit(TrainingFinished(ts=time.time(), step=self._completed, **self._ctx())) if self.rank == 0 else None
+
+    def _stop_requested(self) -> bool:
+        if self._control is not None:
+            stop = self._control.stop_after()
+            return 0 <= stop <= self._completed
+        return self._signal is not None
+
+    def _begin_step(self, step: int) -> None:
+        self._step = step
+        self._sections = {}
+        self._step_start = time.time()
+        self._send({"k": "step", "s": step, "t": self._step_start})
+        if self._faults:
+            self._inject(step)
+
+    def _end_step(self, step: int) -> None:
+        end = time.time()
+        unslowed = end - self._step_start - self._slow_extra
+        self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
+        self._slow_extra = 0.0
+        self._send({"k": "done", "s": step, "t0": self._step_start, "d": end - self._step_start,
+                    "sec": self._sections})
+        self._completed = step + 1
+        self._step = None
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        t0 = time.time()
+        self._send({"k": "sec", "n": name, "s": self._step, "t": t0})
+        try:
+            yield
+        finally:
+            dt = time.time() - t0
+            self._sections[name] = self._sections.get(name, 0.0) + dt
+            if self._slow_pending:
+                self._slow(name)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._ipc is not None:
+            msg["r"] = self.rank
+            self._ipc.send(msg)
+
+    def finish(self, *, preempted: bool = False) -> None:
+        self._send({"k": "fin", "s": self._completed, "pre": preempted})
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    # --- chaos --------------------------------------------------------------------------------
+
+    def _inject(self, step: int) -> None:
+        self._slow_pending = any(f.kind == "slow" for f in self._faults)
+        chaos_dir = self.run_dir.chaos if self.run_dir else Path(".stalwart-chaos")
+        for fault in self._faults:
+            if fault.kind == "slow" or fault.step != step:
+                continue
+            if not claim(chaos_dir, fault):
+                continue
+            self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()))
+            if fault.kind == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.kind == "exit":
+                os._exit(1)
+            elif fault.kind == "raise":
+                raise RuntimeError(f"injected bug at step {step} (chaos: raise@rank={self.rank},step={step})")
+            elif fault.kind == "hang":
+                while True:
+                    time.sleep(3600)
+
+    def _slow(self, section: str) -> None:
+        """A slowed rank spends (factor - 1) x its own unslowed step time extra in the step's first section."""
+        self._slow_pending = False
+        step = self._step if self._step is not None else -1
+        for fault in self._faults:
+            if fault.kind == "slow" and step >= fault.start and (fault.stop is None or step <= fault.stop) \
+                    and self._base_step_s > 0:
+                extra = (fault.factor - 1.0) * self._base_step_s
+                time.sleep(extra)
+                self._sections[section] += extra
+                self._slow_extra += extra
