@@ -14,6 +14,7 @@ All ranks call ``save``, ``load_latest``, ``emergency_persist`` and the construc
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -102,11 +103,23 @@ class EmergencyResult:
     reason: str
 
 
+def _lower_thread_priority(nice: int) -> None:
+    """Run the persist thread at a lower CPU priority than the training loop (Linux: per thread)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError:
+        pass
+
+
 class CheckpointEngine:
     def __init__(self, tiers: Sequence[TierConfig], *, rank: int = 0, world_size: int = 1,
                  process_group: Any = None, sink: Sink | None = None, stager: Stager | None = None,
                  writer_factory: WriterFactory = default_writer, on_busy: Literal["skip", "wait"] = "skip",
-                 fetch_dir: str | None = None, clock: Callable[[], float] = time.perf_counter,
+                 fetch_dir: str | None = None, persist_nice: int = 10,
+                 clock: Callable[[], float] = time.perf_counter,
                  wall: Callable[[], float] = time.time) -> None:
         self.tiers = validate_tiers(list(tiers))
         self.rank = rank
@@ -127,7 +140,8 @@ class CheckpointEngine:
         self._fetch_dir = base / ".fetch"
         self._scratch = FileStore(base / ".object-staging", fsync=False)
         self._last: dict[str, int | None] = {t.name: None for t in self.tiers}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stalwart-ckpt")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stalwart-ckpt",
+                                            initializer=_lower_thread_priority, initargs=(persist_nice,))
         self._inflight: tuple[Future[PersistResult], int, tuple[str, ...]] | None = None
         self._latest: Snapshot | None = None
         self._lock = threading.Lock()
