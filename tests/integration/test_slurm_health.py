@@ -8,13 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
+from slurm_cluster import _free_ports, slurm_factory  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 GOOD = FIX / "h100"
 BAD = FIX / "h100_derived" / "xid48_kmsg"  # recoverable: drain, reset, re-validate
+
+
+def _free_port() -> int:
+    return _free_ports(1)[0]
 
 
 def check(cluster, node: str, fixture: Path, state: Path, *extra: str):
@@ -50,6 +54,13 @@ def test_drain_continue_resume_and_operator_drains_are_left_alone(slurm_factory,
     assert c.nodes()["node2"][1] == ""
     assert sorted(c.run("srun", "-N4", "bash", "-c", "echo $SLURMD_NODENAME").stdout.split()) == \
         ["node1", "node2", "node3", "node4"]
+
+    # cross-node all-reduce bus bandwidth: one process per Slurm node (all on this host here)
+    port = _free_port()
+    probe = c.run("srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "stalwart.health.allreduce_probe",
+                  "--master", f"127.0.0.1:{port}", timeout=180)
+    res = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert res["ranks"] == 2 and res["ok"] and res["busbw_gbps"] > 0 and res["verdict"] == "pass"
 
     # an operator's drain is never resumed, and never overwritten by a failing check
     c.run("scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=maintenance: PSU swap")

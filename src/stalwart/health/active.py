@@ -97,16 +97,22 @@ def measure_mem_bw(dev: str, mbytes: int | None = None, iters: int = 5) -> float
     return 2.0 * nbytes * iters / (time.perf_counter() - t0) / 1e9  # read + write
 
 
-def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: int, q) -> None:
+def allreduce_busbw(rank: int, world: int, init_method: str, backend: str, nbytes: int,
+                    iters: int) -> tuple[float, bool]:
+    """One rank of the all-reduce test: (bus bandwidth GB/s as nccl-tests defines it, result correct)."""
+    import datetime
+
     import torch
     import torch.distributed as dist
 
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=__import__("datetime").timedelta(seconds=30))
-        dev = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        dev = "cpu"
         if backend == "nccl":
-            torch.cuda.set_device(rank)
+            local = rank % max(1, torch.cuda.device_count())
+            torch.cuda.set_device(local)
+            dev = f"cuda:{local}"
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
         dist.all_reduce(x)
         _sync(dev)
@@ -117,9 +123,16 @@ def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: in
         _sync(dev)
         dt = (time.perf_counter() - t0) / iters
         ok = bool(torch.allclose(x[:8].cpu(), torch.full((8,), float(world) ** (iters + 1))))
+    finally:
         dist.destroy_process_group()
-        # bus bandwidth as nccl-tests defines it for all-reduce: size * 2 (n-1) / n / time
-        q.put((rank, nbytes * 2 * (world - 1) / world / dt / 1e9, ok, ""))
+    # all-reduce bus bandwidth: size * 2 (n-1) / n / time
+    return nbytes * 2 * (world - 1) / world / dt / 1e9, ok
+
+
+def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: int, q) -> None:
+    try:
+        bw, ok = allreduce_busbw(rank, world, f"tcp://127.0.0.1:{port}", backend, nbytes, iters)
+        q.put((rank, bw, ok, ""))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as a measurement error
         q.put((rank, 0.0, False, f"{type(exc).__name__}: {exc}"))
 
