@@ -109,3 +109,31 @@ exec {sys.executable} -m stalwart.cli health check --backend slurm --node "$SLUR
     print(f"HealthCheckProgram: drained after {waited:.1f} s, resumed after {back:.1f} s")
     log = (hc / "hc-node4.log").read_text()
     assert "node node4: quarantined -- drain: fail: Xid 48" in log and "resume: re-validation passed" in log
+
+
+def test_prolog_failure_drains_and_keeps_stalwarts_reason(slurm_factory, tmp_path):  # noqa: F811
+    """Prolog exit 1 -> Slurm drains the node ("Prolog error"); with --backend slurm our reason stays."""
+    script = tmp_path / "prolog.sh"
+    conf_file = tmp_path / "slurm_conf_path"
+    script.write_text(f"""#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export SLURM_CONF="$(cat {conf_file})"
+case "$SLURMD_NODENAME" in
+  node3) mode="";;
+  node4) mode="--backend slurm";;
+  *) exit 0;;
+esac
+exec {sys.executable} -m stalwart.cli health check $mode --node "$SLURMD_NODENAME" --fixture {BAD} \\
+  --kernel-log '' --state-dir {tmp_path}/state >> {tmp_path}/prolog-$SLURMD_NODENAME.log 2>&1
+""")
+    os.chmod(script, 0o755)
+    c = slurm_factory(f"Prolog={script}\nPrologFlags=Alloc")
+    conf_file.write_text(str(c.conf))
+    for node in ("node3", "node4"):
+        p = c.run("srun", "-N1", "-w", node, "--immediate=30", "true", check=False, timeout=120)
+        assert p.returncode != 0 and "Prolog failure" in p.stderr
+    c.wait_for(lambda n: "drain" in n["node3"][0] and "drain" in n["node4"][0], what="prolog drains")
+    nodes = c.nodes()
+    assert nodes["node3"][1] == "Prolog error"  # Slurm's own drain: not Stalwart's, never auto-resumed
+    assert nodes["node4"][1].startswith("stalwart: fail: Xid 48")
+    assert nodes["node1"][0] == "idle" and nodes["node2"][0] == "idle"
