@@ -268,8 +268,10 @@ class CheckpointEngine:
     # --- emergency ---------------------------------------------------------------------------
 
     def emergency_persist(self, deadline_s: float) -> EmergencyResult:
-        """Make the newest staged snapshot durable within ``deadline_s`` (call from a signal handler
-        path on every rank). Waits for an in-flight persist that already covers it."""
+        """Make the newest staged snapshot durable within ``deadline_s``. Waits for an in-flight
+        persist that already covers it. At world size 1 it may be called inside a signal handler;
+        with several ranks call it on every rank at a step boundary (the handler sets a flag), so
+        that no rank is mid-stage while another is not."""
         t0 = self._clock()
         snap = self._latest
         durable = [t for t in self.tiers if t.durable and t.is_file] or [t for t in self.tiers if t.durable]
