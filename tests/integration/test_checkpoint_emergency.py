@@ -94,5 +94,68 @@ def test_signal_makes_the_newest_staged_step_durable_within_the_deadline(tmp_pat
     assert rep == {"step": res["step"], "tier": "disk", "exact": True}
 
 
+def _train_ranks(root: Path) -> None:
+    """Two gloo ranks; the handler only sets a flag, and the ranks agree at the step boundary."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from stalwart.checkpoint.engine import CheckpointEngine
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    eng = CheckpointEngine(_tiers(root), rank=rank, world_size=2)
+    flag = {"stop": False}
+    signal.signal(signal.SIGTERM, lambda s, f: flag.__setitem__("stop", True))
+    step = 0
+    while True:
+        stop = torch.tensor([1 if flag["stop"] else 0])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # what the SDK does at each step boundary
+        if stop.item():
+            res = eng.emergency_persist(DEADLINE_S)
+            (root / f"emergency-{rank}.json").write_text(json.dumps({
+                "step": res.step, "committed": res.committed, "tier": res.tier, "duration_s": res.duration_s}))
+            eng.close()
+            dist.destroy_process_group()
+            return
+        step += 1
+        eng.save(step, state_for(step), {"rank": rank, "step": step})
+        if rank == 0:
+            (root / "progress").write_text(str(step))
+        time.sleep(0.01)
+
+
+def test_two_ranks_agree_at_the_step_boundary_and_commit_within_the_deadline(tmp_path):
+    import os
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(HERE), "ranks", str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")) for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
+        assert all(p.poll() is None for p in procs), [p.stderr.read()[-2000:] for p in procs]
+        assert time.monotonic() < deadline, "the ranks made no progress"
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)  # one rank is told; the other learns at the step boundary
+    for p in procs:
+        assert p.wait(timeout=DEADLINE_S + 60) == 0, p.stderr.read()[-3000:]
+    res = [json.loads((tmp_path / f"emergency-{r}.json").read_text()) for r in range(2)]
+    assert res[0]["step"] == res[1]["step"] >= 5
+    assert all(r["committed"] and r["tier"] == "disk" and r["duration_s"] <= DEADLINE_S for r in res), res
+    from stalwart.checkpoint.manifest import verify
+
+    manifest, _ = verify(tmp_path / "disk" / f"step-{res[0]['step']:09d}")
+    assert manifest.world_size == 2 and {"rank-0.pt", "rank-1.pt"} <= set(manifest.files)
+    shutil.rmtree(tmp_path / "shm")
+    subprocess.run([sys.executable, str(HERE), "resume", str(tmp_path)], check=True, timeout=120)
+    rep = json.loads((tmp_path / "resume.json").read_text())
+    assert rep == {"step": res[0]["step"], "tier": "disk", "exact": True}
+
+
 if __name__ == "__main__":
-    (_train if sys.argv[1] == "train" else _resume)(Path(sys.argv[2]))
+    {"train": _train, "resume": _resume, "ranks": _train_ranks}[sys.argv[1]](Path(sys.argv[2]))
