@@ -136,3 +136,32 @@ def test_gate_compares_versions_with_peers():
     r = run_gate(GateConfig(fixture=fix), time.time(), node="me", peers=old)
     assert not r.passed and [f.code for f in r.findings] == ["versions.driver"]
     assert "580.159.04 differs from 575.57.08" in r.verdict.reason
+
+
+def test_old_xids_are_history_and_handled_ones_do_not_block_readmission(tmp_path):
+    import time
+
+    from stalwart.health import GateConfig, run_gate
+
+    log = tmp_path / "kern.log"
+    log.write_text("[  100.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n"
+                   "[ 9000.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=2, Graphics Exception\n")
+    k = parse_kernel_log(log.read_text())
+    assert [x.t_boot for x in k.xids] == [100.0, 9000.5]
+    assert [f.evidence["xid"] for f in check_kernel_log(k, since_boot_s=5000.0)] == [13]
+    cfg = GateConfig(kernel_log=str(log), xid_window_s=7200)
+    now = 1_000_000.0
+    # uptime 9100 s: the Xid 48 at t=100 s is 9000 s old, outside the 2 h window
+    r = run_gate(cfg, now, uptime_s=9100.0)
+    assert r.passed and "gpu.xid" in {f.code for f in r.findings}  # only the (application) Xid 13
+    # uptime 3600 s: inside the window -> fail ...
+    log.write_text("[  100.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n")
+    assert not run_gate(cfg, now, uptime_s=3600.0).passed
+    # ... unless the node was quarantined for it (handled at t=now-3000, i.e. boot+600 s)
+    assert run_gate(cfg, now, uptime_s=3600.0, handled_before=now - 3000).passed
+    # a fresh Xid after the quarantine still fails
+    log.write_text("[ 3500.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n")
+    assert not run_gate(cfg, now, uptime_s=3600.0, handled_before=now - 3000).passed
+    # recorded fixtures have no boot clock: every line counts
+    assert run_gate(GateConfig(fixture=Path(__file__).parent.parent / "fixtures/gpu/h100_derived/xid48_kmsg"),
+                    time.time(), uptime_s=10**7).passed is False

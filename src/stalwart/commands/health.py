@@ -122,15 +122,23 @@ def register(app: typer.Typer) -> None:
             where = ".".join(str(x) for x in err["loc"]).replace("_", "-")
             raise ConfigError(f"invalid health check option --{where}: {err['msg']}",
                               "see 'stalwart health check --help'") from exc
+        from ..health.lifecycle import NodeState
+
         node = node or local_node_name()
         now = time.time()
-        result = run_gate(cfg, now)
+        store = HealthStore(state_dir or DEFAULT_STATE_DIR)
+        handled_before = None
+        if backend != "none":
+            rec = store.record(node)
+            if rec.state in (NodeState.QUARANTINED, NodeState.PROBATION):
+                handled_before = rec.since  # XIDs logged before the drain are what we drained for
+        result = run_gate(cfg, now, node=node, handled_before=handled_before)
         applied = None
         if backend != "none":
             policy = LifecyclePolicy(prefix=prefix, max_auto_drains=max_auto_drains, drain_window_s=drain_window,
                                      readmit_requires_active=not passive_readmit)
             applied = apply_verdict(node, result.verdict, level="active" if active else "passive",
-                                    backend=make_backend(backend), store=HealthStore(state_dir or DEFAULT_STATE_DIR),
+                                    backend=make_backend(backend), store=store,
                                     policy=policy, now=now, duration_s=result.duration_s)
         if json_out:
             data = {

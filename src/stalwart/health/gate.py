@@ -17,7 +17,7 @@ from .findings import Finding
 from .gpu_fixtures import load_gpu_fixture
 from .gpu_observation import GpuNodeObservation
 from .infiniband import IbObservation, collect_infiniband
-from .kernel_log import KernelLogObservation, collect_kernel_log, read_kernel_log_file
+from .kernel_log import KernelLogObservation, collect_kernel_log, read_kernel_log_file, read_uptime
 from .mounts import collect_mounts
 from .nvml_collector import collect_nvml
 from .passive_checks import PassiveThresholds, check_gpus, check_infiniband, check_kernel_log, check_mounts
@@ -39,6 +39,7 @@ class GateConfig(BaseModel):
     ib_sys_root: Path = Path("/sys")
     ib_rate_gbps: float | None = None
     kernel_log: str = "dmesg"  # "dmesg", a file path, or "" to skip
+    xid_window_s: float = Field(default=7200.0, gt=0)  # live kernel log: XIDs older than this are history
     nvml_timeout_s: float = Field(default=5.0, gt=0)
     xid_wait_ms: int = Field(default=0, ge=0)  # listen for NVML XID events this long
     mount_timeout_s: float = Field(default=2.0, gt=0)
@@ -71,8 +72,24 @@ def _kernel_log(cfg: GateConfig) -> KernelLogObservation | None:
     return read_kernel_log_file(Path(cfg.kernel_log))
 
 
-def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Finding], GpuNodeObservation,
-                                                                       IbObservation, dict[str, float]]:
+def xid_cutoff(cfg: GateConfig, now: float, handled_before: float | None,
+               uptime_s: float | None) -> float | None:
+    """Seconds since boot before which kernel-log XIDs are ignored (None: consider every line).
+
+    Live logs only (recorded fixtures carry no boot time): XIDs older than ``xid_window_s``, and
+    those from before ``handled_before`` (epoch; e.g. when the node was quarantined for them), are
+    history. Without this a GPU reset could never be followed by a pass until the next reboot.
+    """
+    if cfg.fixture is not None or uptime_s is None:
+        return None
+    cut = uptime_s - cfg.xid_window_s
+    if handled_before is not None:
+        cut = max(cut, uptime_s - (now - handled_before))
+    return cut
+
+
+def collect_findings(cfg: GateConfig, clock=time.perf_counter, xid_since_boot: float | None = None
+                     ) -> tuple[list[Finding], GpuNodeObservation, IbObservation, dict[str, float]]:
     """Passive collection + checks (and the active suite when ``cfg.active``)."""
     th = PassiveThresholds(expected_gpus=cfg.expected_gpus, ib_rate_gbps=cfg.ib_rate_gbps)
     timings: dict[str, float] = {}
@@ -90,7 +107,7 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
     klog = _kernel_log(cfg)
     if klog is not None:
         if klog.available:
-            findings += check_kernel_log(klog, gpu.gpus)
+            findings += check_kernel_log(klog, gpu.gpus, xid_since_boot)
         else:
             findings += [Finding("kernel_log", "telemetry.bad", "kernel_log", f.severity, f.message, f.evidence)
                          for f in check_kernel_log(klog)]
@@ -114,15 +131,21 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter) -> tuple[list[Fin
 
 
 def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None, node: str = "",
-             peers: Sequence[NodeVersions] = (), clock=time.perf_counter) -> GateResult:
+             peers: Sequence[NodeVersions] = (), handled_before: float | None = None,
+             uptime_s: float | None = -1.0, clock=time.perf_counter) -> GateResult:
     """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts).
 
     ``peers``: the other nodes' :class:`NodeVersions` (e.g. exchanged through the rendezvous store);
     when given, this node fails if its driver/CUDA/NCCL/torch differs from the majority.
+    ``handled_before``: epoch time before which kernel-log XIDs were already acted on (pass the
+    node record's ``since`` while it is quarantined or on probation). ``uptime_s``: -1 reads /proc/uptime.
     """
     t0 = clock()
     table = rules or load_rules(config.rules)
-    findings, gpu, ib, timings = collect_findings(config, clock)
+    if uptime_s is not None and uptime_s < 0:
+        uptime_s = read_uptime()
+    cutoff = xid_cutoff(config, now, handled_before, uptime_s)
+    findings, gpu, ib, timings = collect_findings(config, clock, cutoff)
     if peers:
         me = local_versions(node or "local", driver=gpu.driver, cuda=gpu.cuda)
         findings += [f for f in check_version_consistency([*peers, me]) if f.subject == me.node]

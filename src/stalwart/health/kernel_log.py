@@ -14,6 +14,7 @@ from .deadline import CallTimedOut, run_command
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "
                   r"(?P<xid>[^,]*),\s*(?P<text>.*)$")
+_STAMP = re.compile(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
 _OFF_BUS = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
                       r"(?:\.\d)?.*fallen off the bus")
 
@@ -33,6 +34,7 @@ class XidLine:
     xid: int
     text: str
     line: str
+    t_boot: float | None = None  # seconds since boot, from dmesg's "[  812.345678]" prefix
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,18 @@ class KernelLogObservation:
     xids: tuple[XidLine, ...] = ()
     lines_read: int = 0
     problems: tuple[str, ...] = ()  # XID-looking lines we could not parse, unreadable log
+
+
+def _stamp(line: str) -> float | None:
+    m = _STAMP.match(line)
+    return float(m.group(1)) if m else None
+
+
+def read_uptime(path: Path = Path("/proc/uptime")) -> float | None:
+    try:
+        return float(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def parse_kernel_log(text: str, source: str = "kernel log") -> KernelLogObservation:
@@ -62,11 +76,11 @@ def parse_kernel_log(text: str, source: str = "kernel log") -> KernelLogObservat
                 if bad <= 3:
                     problems.append(f"unparseable Xid line: {line[:160]!r}")
                 continue
-            xids.append(XidLine(normalise_bdf(m.group("bdf")), xid, m.group("text"), line))
+            xids.append(XidLine(normalise_bdf(m.group("bdf")), xid, m.group("text"), line, _stamp(line)))
             continue
         m = _OFF_BUS.search(line)
         if m:
-            xids.append(XidLine(normalise_bdf(m.group("bdf")), 79, "GPU has fallen off the bus", line))
+            xids.append(XidLine(normalise_bdf(m.group("bdf")), 79, "GPU has fallen off the bus", line, _stamp(line)))
             continue
         if "Xid" in line:
             bad += 1
@@ -91,7 +105,7 @@ def read_kernel_log_file(path: Path) -> KernelLogObservation:
 def collect_kernel_log(timeout_s: float = 5.0) -> KernelLogObservation:
     """``dmesg`` under a deadline. Not being allowed to read it is reported, not raised."""
     try:
-        proc = run_command(["dmesg", "--notime"], timeout_s)
+        proc = run_command(["dmesg"], timeout_s)  # keep the [seconds since boot] stamps
     except CallTimedOut:
         return KernelLogObservation(source="dmesg", available=False, problems=("dmesg timed out",))
     except OSError as exc:

@@ -195,7 +195,9 @@ def check_gpus(obs: GpuNodeObservation, th: PassiveThresholds) -> list[Finding]:
     return out
 
 
-def check_kernel_log(klog: KernelLogObservation, gpus: tuple[GpuObservation, ...] = ()) -> list[Finding]:
+def check_kernel_log(klog: KernelLogObservation, gpus: tuple[GpuObservation, ...] = (),
+                     since_boot_s: float | None = None) -> list[Finding]:
+    """XID findings; lines stamped before ``since_boot_s`` (seconds since boot) are already handled."""
     out: list[Finding] = []
     for p in klog.problems:
         out.append(_f("telemetry.bad", "kernel_log", Severity.WARN, f"kernel log: {p}", check="kernel_log",
@@ -203,6 +205,8 @@ def check_kernel_log(klog: KernelLogObservation, gpus: tuple[GpuObservation, ...
     by_bdf = {normalise_bdf(g.bus_id): f"gpu{g.index}" for g in gpus if g.bus_id}
     seen: dict[tuple[str, int], list[str]] = {}
     for x in klog.xids:
+        if since_boot_s is not None and x.t_boot is not None and x.t_boot < since_boot_s:
+            continue
         seen.setdefault((x.bdf, x.xid), []).append(x.text)
     for (bdf, xid), texts in seen.items():
         out.append(_f("gpu.xid", by_bdf.get(bdf, bdf), Severity.FAIL,
