@@ -180,3 +180,5 @@ def test_store_lists_quarantined_nodes_for_exclusion(tmp_path):
     apply_verdict("a", _verdict("gpu.lost"), level="passive", backend=be, store=store, policy=pol, now=1)
     apply_verdict("b", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=2)
     assert store.excluded() == {"a"}
+    # a routine pass of a healthy node is not written: the ledger grows with incidents only
+    assert not (tmp_path / "node-b.ledger").exists()

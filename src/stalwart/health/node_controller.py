@@ -53,5 +53,9 @@ def apply_verdict(node: str, verdict: Verdict, *, level: str, backend: NodeBacke
             ts=now, node=node, from_state=rec.state.value, to_state=new.state.value, action=tr.action,
             reason=tr.reason, state_reason=new.reason, fault_key=new.fault_key, recoverable=new.recoverable, needs_human=new.needs_human,
             strikes=new.strikes, readmitted_at=new.readmitted_at, readmitted_fault=new.readmitted_fault))
+    if verdict.status == "pass" and tr.action == "none" and new == rec:
+        # a routine pass changes nothing: not recorded, so the ledger grows with incidents, not with
+        # the check interval (HealthCheckProgram may run every few seconds on every node)
+        return Applied(tr, read_back)
     store.append(node, out)
     return Applied(tr, read_back)
