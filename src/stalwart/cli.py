@@ -17,6 +17,16 @@ import sys  # noqa: E402
 import click  # noqa: E402
 import typer  # noqa: E402
 
+try:  # typer >= 0.29 vendors its own copy of click: catch both
+    from typer._click import exceptions as _tclick
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _tclick = click.exceptions
+
+_USAGE = (click.UsageError, _tclick.UsageError)
+_EXIT = (click.exceptions.Exit, typer.Exit)
+_ABORT = (click.Abort, typer.Abort)
+_NO_ARGS = (click.exceptions.NoArgsIsHelpError, getattr(_tclick, "NoArgsIsHelpError", click.exceptions.NoArgsIsHelpError))
+
 from . import __version__  # noqa: E402
 from .errors import StalwartError  # noqa: E402
 
@@ -66,16 +76,16 @@ def main(argv: list[str] | None = None) -> None:
         result = app(args=argv, standalone_mode=False)
     except StalwartError as exc:
         _fail(str(exc), exc.exit_code)
-    except click.exceptions.NoArgsIsHelpError as exc:
+    except _NO_ARGS as exc:
         # typer prints the help itself in some versions; make sure something useful is shown
         print(exc.ctx.get_help() if exc.ctx else "stalwart --help")
         sys.exit(2)
-    except click.UsageError as exc:
+    except _USAGE as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
         _fail(f"{exc.format_message()}{hint}", 2)
-    except click.exceptions.Exit as exc:
+    except _EXIT as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except _ABORT:
         _fail("aborted", 130)
     except KeyboardInterrupt:
         _fail("interrupted", 130)

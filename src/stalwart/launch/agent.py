@@ -346,15 +346,18 @@ class Agent:
         kind = classify(code, err)
         progress = tracker.progress[root]
         step = err.step if err is not None and err.step >= 0 else progress.step
+        # onset: an exception stamps its own time; a signal death happened after the rank's last
+        # message and before the agent saw the exit (one tick later at most): take the message
         onset = min(group.exit_times.get(root, detected), detected)
-        if err is not None:
-            onset = min(onset, err.ts) if err.ts > 0 else onset
-        onset = max(onset, progress.last_msg) if kind == "crash" else onset
+        if err is not None and err.ts > 0:
+            onset = min(onset, err.ts)
+        elif progress.last_msg > tracker.started:
+            onset = min(onset, progress.last_msg)
         evidence = describe_exit(code)
         if err is not None:
             evidence += f"; {err.signature}"
         log = tail(next((s.log_path for s in specs if s.global_rank == root), None), 3)
-        group.stop(self.cfg.stop_grace_s)
+        group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         self.emit(FailureDetected(ts=detected, failure=kind, evidence=evidence, onset=onset, step=step, rank=root,
                                   exit_code=code, signal=describe_exit(code) if code < 0 else "",
                                   error_type=err.type if err else "", error_message=err.message[:500] if err else "",
@@ -376,7 +379,7 @@ class Agent:
             reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
             self.emit(StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
                       show=rank == verdict.culprit)
-        group.stop(self.cfg.stop_grace_s)
+        group.stop(0.0)
         self.emit(WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()), show=False)
         failure = Failure(kind="hang", attempt=self.attempt, step=verdict.step, rank=verdict.culprit,
                           evidence=verdict.evidence, progressed=tracker.steps_seen())

@@ -6,6 +6,7 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape as esc
 
 from ..events import (
     AttemptStarted,
@@ -35,6 +36,7 @@ class RunConsole:
             self._line_open = False
 
     def say(self, text: str, *, always: bool = False) -> None:
+        """Print rich markup; every piece of text from outside (errors, paths) must be escaped."""
         if self.quiet and not always:
             return
         self._clear_line()
@@ -43,7 +45,7 @@ class RunConsole:
     def event(self, ev: Event) -> None:
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
-            self.say(f"[bold]{t} job started[/]: {ev.script} {' '.join(ev.args)}  "
+            self.say(f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
                      f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
                      f"max restarts {ev.max_restarts})")
         elif isinstance(ev, AttemptStarted):
@@ -51,21 +53,21 @@ class RunConsole:
         elif isinstance(ev, TrainingResumed):
             self.say(f"{t} [green]resumed[/] at step {ev.step}")
         elif isinstance(ev, ChaosInjected):
-            self.say(f"{t} [magenta]chaos[/]: {ev.detail}")
+            self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
             lat = ev.ts - ev.onset
-            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {ev.evidence} "
+            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)} "
                      f"[dim](detected {lat:.2f}s after onset)[/]")
         elif isinstance(ev, StackCaptured):
             last = [ln for ln in ev.stack.strip().splitlines() if ln.strip().startswith("File")]
             where = last[0].strip() if last else "(no Python frame)"
-            self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {where}")
+            self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
-            self.say(f"{t} [{colour}]decision[/]: {ev.reason}")
+            self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
             colour = "green" if ev.exit_code == 0 else "red"
-            self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {ev.verdict}", always=True)
+            self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}", always=True)
 
     def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
         if self.quiet:

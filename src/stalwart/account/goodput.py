@@ -1,0 +1,212 @@
+"""Goodput and badput of one run: every second of wall time goes into exactly one bucket.
+
+The timeline is built from ledger events (pure function, no clocks):
+
+* **productive**: between the first and last step of an attempt, progress that survived;
+* **checkpoint_stall**: time the training loop was blocked by a save (not the background persist);
+* **checkpoint_restore**: loading a checkpoint at start or after a restart;
+* **lost_work**: work done after the last checkpoint of an attempt that then failed (re-done later);
+* **detection**: from the fault's onset to its detection;
+* **restart**: from detection (or an attempt's end) to the next attempt's first step, less restore;
+* **startup**: from job start to the first step, less restore;
+* **straggler_slowdown**: the part of a surviving step beyond ``slow_factor`` x the ideal step time;
+* **shutdown**: after the last step until the job ended;
+* **other**: anything not claimed above (in practice: none, or gaps of a few ms).
+
+Where intervals overlap, the bucket earlier in this list wins; sweeping over the boundaries
+assigns each elementary interval once, so the buckets add up to the wall time exactly.
+
+Ideal step time follows Google's ml-goodput-measurement definition (mean of the step times at or
+below median + 3 x MAD), computed over rank 0's steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import LedgerError
+from ..events import (
+    CheckpointCommitted,
+    CheckpointLoaded,
+    Event,
+    JobEnded,
+    JobStarted,
+    StepCompleted,
+)
+from .reliability import Interruption, interruptions_from_events
+
+BUCKETS = ("productive", "checkpoint_stall", "checkpoint_restore", "lost_work", "detection", "restart",
+           "startup", "straggler_slowdown", "shutdown", "other")
+_PRIORITY = {"checkpoint_stall": 9, "checkpoint_restore": 8, "detection": 7, "lost_work": 6,
+             "straggler_slowdown": 5, "productive": 4, "restart": 3, "startup": 2, "shutdown": 2, "other": 0}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The steps of one attempt of the agent that ran global rank 0."""
+
+    node: str
+    attempt: int
+    first_start: float
+    last_end: float
+    first_step: int
+    last_step: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class InterruptionCost:
+    onset: float
+    detected: float
+    failure: str
+    rank: int
+    step: int
+    node: str
+    component: str
+    detection_s: float
+    lost_work_s: float
+    lost_since: float  # when the surviving work ended (last checkpoint commit or attempt start)
+    recovery_s: float | None  # detection -> first productive step after restart
+    total_s: float | None
+
+
+@dataclass(frozen=True)
+class Goodput:
+    job_start: float
+    job_end: float
+    wall_s: float
+    buckets: dict[str, float]
+    ideal_step_s: float
+    steps_completed: int
+    interruptions: tuple[InterruptionCost, ...]
+    finished: bool
+    outcome: str = ""
+    verdict: str = ""
+    exit_code: int | None = None
+    segments: tuple[Segment, ...] = field(default_factory=tuple)
+
+    @property
+    def goodput(self) -> float:
+        return self.buckets["productive"] / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def badput_s(self) -> float:
+        return self.wall_s - self.buckets["productive"]
+
+
+def ideal_step_time(durations: Sequence[float]) -> float:
+    """Mean of the step times at or below median + 3 x MAD (robust to restart and checkpoint outliers)."""
+    if not durations:
+        return 0.0
+    med = statistics.median(durations)
+    mad = statistics.median(abs(d - med) for d in durations)
+    kept = [d for d in durations if d <= med + 3 * mad]
+    return sum(kept) / len(kept)
+
+
+def _segments(steps: list[StepCompleted]) -> list[Segment]:
+    by_key: dict[tuple[str, int], list[StepCompleted]] = {}
+    for s in steps:
+        by_key.setdefault((s.node, s.attempt), []).append(s)
+    out = []
+    for (node, attempt), group in by_key.items():
+        out.append(Segment(node, attempt, min(s.start for s in group), max(s.start + s.duration for s in group),
+                           min(s.step for s in group), max(s.step for s in group), len(group)))
+    return sorted(out, key=lambda seg: seg.first_start)
+
+
+def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> dict[str, float]:
+    """Assign every instant of [t0, t1] to the highest-priority interval covering it."""
+    points = {t0, t1}
+    clipped = []
+    for a, b, label in intervals:
+        a, b = max(a, t0), min(b, t1)
+        if b > a:
+            clipped.append((a, b, label))
+            points.update((a, b))
+    edges = sorted(points)
+    totals = dict.fromkeys(BUCKETS, 0.0)
+    # events: at each edge, which intervals start/stop; keep active counts per label
+    starts: dict[float, list[str]] = {}
+    stops: dict[float, list[str]] = {}
+    for a, b, label in clipped:
+        starts.setdefault(a, []).append(label)
+        stops.setdefault(b, []).append(label)
+    active = dict.fromkeys(BUCKETS, 0)
+    for left, right in zip(edges, edges[1:], strict=False):
+        for label in stops.get(left, ()):
+            active[label] -= 1
+        for label in starts.get(left, ()):
+            active[label] += 1
+        live = [lab for lab, n in active.items() if n > 0]
+        label = max(live, key=_PRIORITY.__getitem__) if live else "other"
+        totals[label] += right - left
+    return totals
+
+
+def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
+    """The goodput breakdown of the run whose events are given (all ledger files merged)."""
+    if not events:
+        raise LedgerError("the ledger holds no events", "point at the run directory of a run that started")
+    starts = [e for e in events if isinstance(e, JobStarted)]
+    ends = [e for e in events if isinstance(e, JobEnded)]
+    if not starts:
+        raise LedgerError("the ledger has no JobStarted event", "is this the run directory of 'stalwart run'?")
+    t0 = min(e.ts for e in starts)
+    t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
+    steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
+    segs = _segments(steps)
+    ideal = ideal_step_time([s.duration for s in steps])
+    commits = sorted((e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts)
+    loads = [e for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
+    reliability = interruptions_from_events(events)
+    intervals: list[tuple[float, float, str]] = []
+    for c in commits:
+        intervals.append((c.ts - c.stall_s, c.ts, "checkpoint_stall"))
+    for ld in loads:
+        intervals.append((ld.ts - ld.duration_s, ld.ts, "checkpoint_restore"))
+    for seg in segs:
+        intervals.append((seg.first_start, seg.last_end, "productive"))
+    for s in steps:
+        if ideal > 0 and s.duration > slow_factor * ideal:
+            intervals.append((s.start + ideal, s.start + s.duration, "straggler_slowdown"))
+    for a, b in zip(segs, segs[1:], strict=False):
+        intervals.append((a.last_end, b.first_start, "restart"))
+    if segs:
+        intervals.append((t0, segs[0].first_start, "startup"))
+        intervals.append((segs[-1].last_end, t1, "shutdown"))
+    else:
+        intervals.append((t0, t1, "startup"))
+    costs = []
+    for it in reliability.interruptions:
+        seg = next((s for s in reversed(segs) if s.first_start <= it.onset), None)
+        safe = seg.first_start if seg is not None else it.onset
+        for c in commits:
+            if seg is not None and seg.first_start <= c.ts <= it.onset:
+                safe = max(safe, c.ts)
+        intervals.append((safe, it.onset, "lost_work"))
+        intervals.append((it.onset, it.detected, "detection"))
+        nxt = next((s for s in segs if s.first_start > it.detected), None)
+        intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
+        costs.append(_cost(it, safe, nxt, events))
+    totals = _sweep(intervals, t0, t1)
+    last = max(ends, key=lambda e: e.ts) if ends else None
+    return Goodput(job_start=t0, job_end=t1, wall_s=t1 - t0, buckets=totals, ideal_step_s=ideal,
+                   steps_completed=max((s.step + 1 for s in steps), default=0), interruptions=tuple(costs),
+                   finished=last is not None, outcome=last.outcome if last else "running",
+                   verdict=last.verdict if last else "", exit_code=last.exit_code if last else None,
+                   segments=tuple(segs))
+
+
+def _cost(it: Interruption, safe: float, nxt: Segment | None, events: Sequence[Event]) -> InterruptionCost:
+    root = next((e for e in events if getattr(e, "onset", None) == it.onset and e.kind == "FailureDetected"), None)
+    recovery = (nxt.first_start - it.detected) if nxt is not None else None
+    detection = max(0.0, it.detected - it.onset)
+    lost = max(0.0, it.onset - safe)
+    return InterruptionCost(onset=it.onset, detected=it.detected, failure=it.failure,
+                            rank=root.rank if root is not None else -1, step=it.step, node=it.node,
+                            component=it.component, detection_s=detection, lost_work_s=lost, lost_since=safe,
+                            recovery_s=recovery,
+                            total_s=(lost + detection + recovery) if recovery is not None else None)

@@ -1,0 +1,1 @@
+"""Turning symptoms into incidents: stragglers, hang attribution, cross-layer rules."""
