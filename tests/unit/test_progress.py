@@ -1,0 +1,113 @@
+"""ProgressTracker (the agent's view of each rank) and detect_hang (pure, time injected)."""
+
+from __future__ import annotations
+
+from stalwart.launch.progress import ProgressTracker, detect_hang
+
+T0 = 1000.0
+
+
+def tracker(ranks=(0, 1)) -> ProgressTracker:
+    return ProgressTracker(ranks=list(ranks), started=T0)
+
+
+def test_observe_updates_rank_state_and_returns_step_records():
+    tr = tracker()
+    assert tr.observe({"k": "start", "r": 0, "s": 4, "n": 20}, T0 + 0.1) is None
+    assert tr.first_step == 4 and tr.total_steps == 20
+    tr.observe({"k": "step", "r": 0, "s": 4, "t": T0 + 0.2}, T0 + 0.2)
+    tr.observe({"k": "sec", "r": 0, "n": "forward", "s": 4}, T0 + 0.3)
+    p = tr.progress[0]
+    assert (p.step, p.section, p.last_msg) == (4, "forward", T0 + 0.3)
+    rec = tr.observe({"k": "done", "r": 0, "s": 4, "t0": T0 + 0.2, "d": 0.5, "sec": {"forward": 0.3}}, T0 + 0.7)
+    assert rec is not None and (rec.rank, rec.step, rec.start, rec.duration) == (0, 4, T0 + 0.2, 0.5)
+    assert rec.sections == {"forward": 0.3}
+    assert p.section is None and p.done_steps == 1 and list(tr.step_times) == [0.5]
+    assert tr.max_done_step == 4 and tr.steps_seen()
+    assert tr.max_step_in_progress() == 4
+    # rank 1 has said nothing: still at its start-up state
+    assert tr.progress[1].step == -1 and tr.progress[1].last_msg == T0
+
+
+def test_unknown_rank_is_ignored():
+    tr = tracker()
+    assert tr.observe({"k": "done", "r": 7, "s": 1, "t0": 0.0, "d": 1.0}, T0 + 1) is None
+    assert not tr.steps_seen() and len(tr.step_times) == 0
+
+
+def test_checkpoint_time_is_measured_from_section_to_commit():
+    tr = tracker()
+    tr.observe({"k": "sec", "r": 0, "n": "checkpoint", "s": 10}, T0 + 10.0)
+    assert tr.progress[0].in_checkpoint
+    tr.observe({"k": "ckpt", "r": 0, "s": 10}, T0 + 12.5)
+    assert list(tr.ckpt_times) == [2.5] and not tr.progress[0].in_checkpoint
+
+
+def test_fin_and_signals():
+    tr = tracker()
+    tr.observe({"k": "fin", "r": 1, "s": 9, "pre": True}, T0 + 1)
+    tr.observe({"k": "fin", "r": 0, "s": 9, "pre": False}, T0 + 1)
+    tr.observe({"k": "sig", "r": 0, "sig": 15}, T0 + 2)
+    assert tr.progress[1].finished and tr.preempted_ranks == {1} and tr.signals == [15]
+
+
+def test_no_hang_before_the_timeout():
+    tr = tracker()
+    tr.observe({"k": "step", "r": 0, "s": 3}, T0 + 5)
+    tr.observe({"k": "step", "r": 1, "s": 3}, T0 + 5)
+    assert detect_hang(tr, T0 + 14.99, 10.0, "training") is None
+    v = detect_hang(tr, T0 + 15.0, 10.0, "training")
+    assert v is not None and v.silence_s == 10.0
+
+
+def test_silent_rank_is_the_culprit_with_onset_at_its_last_message():
+    tr = tracker((0, 1, 2))
+    for r in (0, 1, 2):
+        tr.observe({"k": "step", "r": r, "s": 5}, T0 + 1)
+    tr.observe({"k": "sec", "r": 1, "n": "forward", "s": 5}, T0 + 2)  # rank 1 goes quiet here
+    tr.observe({"k": "sec", "r": 0, "n": "backward", "s": 5}, T0 + 2.5)
+    tr.observe({"k": "sec", "r": 2, "n": "backward", "s": 5}, T0 + 2.6)
+    v = detect_hang(tr, T0 + 13.0, 10.0, "training")
+    assert v is not None
+    assert v.culprit == 1 and v.onset == T0 + 2 and v.step == 5 and v.timeout_s == 10.0
+    assert v.silence_s == 11.0
+    assert "rank 1 silent 11.00s at step 5, section 'forward'" in v.evidence
+    assert "others at step 5 'backward'" in v.evidence and "training" in v.evidence
+
+
+def test_least_advanced_rank_is_blamed_even_if_it_spoke_last():
+    # rank 0 waits in the all-reduce of step 8 (silent longest); rank 1 is stuck in data loading
+    tr = tracker()
+    tr.observe({"k": "sec", "r": 0, "n": "backward", "s": 8}, T0 + 1)
+    tr.observe({"k": "step", "r": 1, "s": 8}, T0 + 1.5)
+    tr.observe({"k": "sec", "r": 1, "n": "data", "s": 8}, T0 + 2)
+    tr.progress[0].step = 8
+    v = detect_hang(tr, T0 + 11.5, 10.0, "training")
+    assert v is not None and v.culprit == 1 and v.onset == T0 + 2
+
+
+def test_rank_behind_by_a_step_is_the_culprit():
+    tr = tracker()
+    tr.observe({"k": "step", "r": 1, "s": 11}, T0)
+    tr.observe({"k": "done", "r": 1, "s": 11, "t0": T0, "d": 2.0}, T0 + 2)
+    tr.observe({"k": "step", "r": 0, "s": 12}, T0 + 3)
+    v = detect_hang(tr, T0 + 20, 10.0, "training")
+    assert v is not None and v.culprit == 1 and v.step == 11
+
+
+def test_finished_ranks_are_never_hung():
+    tr = tracker()
+    for r in (0, 1):
+        tr.observe({"k": "fin", "r": r, "s": 10}, T0 + 1)
+    assert detect_hang(tr, T0 + 1e6, 10.0, "training") is None
+    tr = tracker()
+    tr.observe({"k": "fin", "r": 0, "s": 10}, T0 + 1)
+    tr.observe({"k": "step", "r": 1, "s": 9}, T0 + 2)
+    v = detect_hang(tr, T0 + 30, 10.0, "training")
+    assert v is not None and v.culprit == 1
+
+
+def test_startup_silence_names_start_up():
+    tr = tracker()
+    v = detect_hang(tr, T0 + 301, 300.0, "start-up")
+    assert v is not None and "at start-up" in v.evidence and v.step == -1 and "start-up)" in v.evidence
