@@ -1,0 +1,128 @@
+"""Agent <-> worker channels: the memory-mapped control block and the non-blocking pipes."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import struct
+
+import pytest
+
+from stalwart.train import control
+from stalwart.train.ipc import Receiver, Sender
+
+
+def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
+    path = tmp_path / "ctl" / "a0.bin"
+    control.create(path)
+    reader = control.ControlBlock(path)
+    writer = control.ControlBlock(path, writable=True)
+    try:
+        assert reader.stop_after() == -1
+        writer.request_stop(42)
+        assert reader.stop_after() == 42
+        writer.request_stop(43)
+        assert reader.stop_after() == 43
+        # generation counts the writes
+        assert struct.unpack("<qq", path.read_bytes()) == (43, 2)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_messages_round_trip_through_the_pipe():
+    rx = Receiver()
+    w = rx.new_channel()
+    tx = Sender(w)
+    try:
+        assert fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK
+        msgs = [{"k": "step", "r": 0, "s": i, "t": 1.5 + i} for i in range(50)]
+        for m in msgs:
+            tx.send(m)
+        assert rx.drain() == msgs
+        assert rx.drain() == []
+        assert tx.dropped == 0
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_partial_lines_wait_and_garbage_is_dropped():
+    rx = Receiver()
+    w = rx.new_channel()
+    try:
+        os.write(w, b'{"k":"step","s":1}\n{"k":"do')
+        assert rx.drain() == [{"k": "step", "s": 1}]
+        os.write(w, b'ne","s":1}\nnot json\n{"k":"fin"}\n')
+        assert rx.drain() == [{"k": "done", "s": 1}, {"k": "fin"}]
+    finally:
+        os.close(w)
+        rx.close()
+
+
+def test_several_channels_are_drained():
+    rx = Receiver()
+    ws = [rx.new_channel() for _ in range(3)]
+    senders = [Sender(w) for w in ws]
+    try:
+        for r, s in enumerate(senders):
+            s.send({"k": "step", "r": r, "s": 0})
+        assert sorted(m["r"] for m in rx.drain()) == [0, 1, 2]
+    finally:
+        for s in senders:
+            s.close()
+        rx.close()
+
+
+@pytest.mark.timeout(10)
+def test_a_full_pipe_drops_messages_instead_of_blocking():
+    rx = Receiver()
+    w = rx.new_channel()
+    tx = Sender(w)
+    try:
+        msg = {"k": "done", "r": 0, "s": 0, "t0": 1.0, "d": 0.1, "sec": {"data": 0.01, "forward": 0.02}}
+        size = len(json.dumps(msg, separators=(",", ":"))) + 1
+        n = 2 * (1 << 20) // size  # far more than any pipe buffer holds
+        for i in range(n):
+            msg["s"] = i
+            tx.send(msg)  # would block forever here if the write end were blocking
+        assert tx.dropped > 0
+        got = []
+        while True:
+            batch = rx.drain()
+            if not batch:
+                break
+            got.extend(batch)
+        # everything that was not dropped arrived whole and in order
+        assert len(got) == n - tx.dropped
+        assert [m["s"] for m in got] == list(range(len(got)))
+        # once drained, sending works again
+        tx.send({"k": "fin", "r": 0})
+        assert rx.drain() == [{"k": "fin", "r": 0}]
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_oversized_message_loses_its_sections_not_its_step():
+    rx = Receiver()
+    tx = Sender(rx.new_channel())
+    try:
+        big = {"k": "done", "r": 0, "s": 7, "t0": 1.0, "d": 0.5, "sec": {f"s{i}": 0.001 for i in range(500)}}
+        tx.send(big)
+        assert rx.drain() == [{"k": "done", "r": 0, "s": 7, "t0": 1.0, "d": 0.5}]
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_a_gone_agent_is_counted_not_raised():
+    r, w = os.pipe()
+    os.close(r)
+    tx = Sender(w)
+    try:
+        tx.send({"k": "step", "s": 1})  # EPIPE: the agent died
+        assert tx.dropped == 1
+    finally:
+        tx.close()
