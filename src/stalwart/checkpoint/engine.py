@@ -194,7 +194,8 @@ class CheckpointEngine:
         self._inflight = (fut, snap.step, names)
         return fut
 
-    def save(self, step: int, state: dict[str, Any], rank_state: Any = None, *, force: bool = False) -> SaveTicket:
+    def save(self, step: int, state: dict[str, Any], rank_state: Any = None, *, force: bool = False,
+             emergency: bool = False) -> SaveTicket:
         """Stage now and persist in the background to every tier that is due (all if ``force``)."""
         due = list(self.tiers) if force else self.due_tiers(step)
         if not due:
@@ -208,7 +209,7 @@ class CheckpointEngine:
         snap = self.stage(step, state, rank_state, _t0=t0)
         for t in due:
             self._last[t.name] = step
-        fut = self.save_async(snap, [t.name for t in due])
+        fut = self.save_async(snap, [t.name for t in due], emergency=emergency)
         return SaveTicket(step, snap.stall_s, snap.bytes, tuple(t.name for t in due), fut)
 
     def wait(self, timeout: float | None = None) -> PersistResult | None:

@@ -52,7 +52,7 @@ class EngineCheckpointManager:
         payload: dict[str, Any] = {"rank": rank_state}
         if self.rank == 0:
             payload[_SHARED] = shared
-        ticket = self.engine.save(step, {}, payload, force=True)
+        ticket = self.engine.save(step, {}, payload, force=True, emergency=emergency)
         if emergency:
             res = self.engine.wait()
             if res is None or not res.committed:

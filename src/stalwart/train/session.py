@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -60,7 +61,7 @@ class Session:
     """One training process's link to Stalwart. Works without an agent too (plain ``python``)."""
 
     def __init__(self, env: dict[str, str] | None = None, *, checkpoint_dir: str | None = None,
-                 keep_checkpoints: int = 3) -> None:
+                 keep_checkpoints: int = 3, tiers: tuple = ()) -> None:
         env = dict(os.environ if env is None else env)
         self.env = env
         self.rank = _env_int(env, "RANK", default=0)
@@ -79,6 +80,8 @@ class Session:
         self._ledger = None
         self._ckpt_dir = checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints")
         self._keep = keep_checkpoints
+        self._tiers = tuple(tiers)  # extra checkpoint tiers (stalwart.checkpoint.tiers.TierConfig)
+        self._emit_lock = threading.Lock()
         self._checkpointer = None
         self._step: int | None = None
         self._step_start = 0.0
@@ -144,12 +147,13 @@ class Session:
             return
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
-        if self._ledger is None:
-            from ..ledger import LedgerWriter
+        with self._emit_lock:  # the checkpoint persist thread emits too
+            if self._ledger is None:
+                from ..ledger import LedgerWriter
 
-            name = f"worker-{self.node}-a{self.attempt}-r{self.rank}-p{os.getpid()}.ledger"
-            self._ledger = LedgerWriter(self.run_dir.ledger / name, writer=f"rank {self.rank}")
-        self._ledger.append(ev)
+                name = f"worker-{self.node}-a{self.attempt}-r{self.rank}-p{os.getpid()}.ledger"
+                self._ledger = LedgerWriter(self.run_dir.ledger / name, writer=f"rank {self.rank}")
+            self._ledger.append(ev)
 
     def _ctx(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "rank": self.rank}
@@ -165,11 +169,12 @@ class Session:
 
     @property
     def checkpointer(self):
+        """The checkpoint engine: saves stall only for staging; the persist runs in the background."""
         if self._checkpointer is None:
-            from ..checkpoint.manager import CheckpointManager
+            from ..checkpoint.front import EngineCheckpointManager
 
-            self._checkpointer = CheckpointManager(self._ckpt_dir, rank=self.rank, world_size=self.world_size,
-                                                   keep=self._keep, sink=self.emit)
+            self._checkpointer = EngineCheckpointManager(self._ckpt_dir, rank=self.rank, world_size=self.world_size,
+                                                         keep=self._keep, sink=self.emit, tiers=self._tiers)
         return self._checkpointer
 
     # --- resume and save --------------------------------------------------------------------
@@ -237,7 +242,10 @@ class Session:
                 raise SystemExit(EXIT_PREEMPTED)
         if checkpoint_every and self._last_saved != self._completed:
             self.save(state)
-        self.emit(TrainingFinished(ts=time.time(), step=self._completed, **self._ctx())) if self.rank == 0 else None
+        if self._checkpointer is not None:
+            self._checkpointer.wait()  # the final checkpoint is durable when the loop ends
+        if self.rank == 0:
+            self.emit(TrainingFinished(ts=time.time(), step=self._completed, **self._ctx()))
 
     def _stop_requested(self) -> bool:
         if self._control is not None:
@@ -258,7 +266,7 @@ class Session:
         unslowed = end - self._step_start - self._slow_extra
         self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
         self._slow_extra = 0.0
-        self._send({"k": "done", "s": step, "t0": self._step_start, "d": end - self._step_start,
+        self._send({"k": "done", "s": step, "t": end, "t0": self._step_start, "d": end - self._step_start,
                     "sec": self._sections})
         self._completed = step + 1
         self._step = None
@@ -278,9 +286,13 @@ class Session:
     def _send(self, msg: dict[str, Any]) -> None:
         if self._ipc is not None:
             msg["r"] = self.rank
+            msg.setdefault("t", time.time())
             self._ipc.send(msg)
 
     def finish(self, *, preempted: bool = False) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()  # waits for background persists
+            self._checkpointer = None
         self._send({"k": "fin", "s": self._completed, "pre": preempted})
         if self._ledger is not None:
             self._ledger.close()
