@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import typer
@@ -43,16 +45,24 @@ def register(app: typer.Typer) -> None:
         backoff: float = typer.Option(None, "--backoff", help="Base backoff between failed restarts, seconds."),
         chaos: list[str] = typer.Option(None, "--chaos", help="Fault to inject, e.g. crash@rank=1,step=40 (repeatable)."),
         chaos_file: str = typer.Option(None, "--chaos-file", help="YAML fault plan."),
+        health_gate: bool = typer.Option(None, "--health-gate/--no-health-gate",
+                                         help="Check this node before the first start and every restart (default on)."),
+        health_fixture: Path = typer.Option(None, "--health-fixture",
+                                            help="Recorded telemetry to check instead of the live node (testing)."),
+        health_active: bool = typer.Option(None, "--health-active/--no-health-active",
+                                           help="Run the active suite (GEMM, bandwidth, disk) before restarts."),
+        health_backend: str = typer.Option(None, "--health-backend", help="Where drains go: local or slurm."),
+        health_state_dir: Path = typer.Option(None, "--health-state-dir",
+                                              help="Node records shared across runs (default RUN_DIR/health)."),
+        valid_sizes: str = typer.Option(None, "--valid-sizes",
+                                        help="Valid world sizes: any, pow2 or multiple:N; extra nodes are hot spares."),
         config: str = typer.Option(None, "--config", help="YAML/TOML file of these settings."),
         tee: bool = typer.Option(None, "--tee/--no-tee", help="Show worker output instead of logging it to files."),
         quiet: bool = typer.Option(None, "--quiet", "-q", help="Print only the verdict."),
         report: bool = typer.Option(False, "--report/--no-report", help="Print the goodput report at the end."),
     ) -> int:
         """Launch and supervise training workers; restart through crashes and hangs."""
-        from .. import cli
         from ..launch import config as run_config
-        from ..launch.agent import Agent
-        from ..launch.console import RunConsole
 
         if not module and not Path(script).is_file():
             raise ConfigError(f"training script {script!r} not found", "give a path to a .py file, or use -m for a module")
@@ -67,20 +77,39 @@ def register(app: typer.Typer) -> None:
             "hang_multiplier": hang_multiplier, "startup_timeout_s": startup_timeout, "pg_timeout_s": pg_timeout,
             "monitor_interval_s": monitor_interval, "stop_grace_s": stop_grace,
             "emergency_deadline_s": emergency_deadline, "backoff_base_s": backoff, "chaos": chaos or None,
-            "chaos_file": chaos_file, "tee": tee, "quiet": quiet,
+            "chaos_file": chaos_file, "tee": tee, "quiet": quiet, "health_gate": health_gate,
+            "health_fixture": health_fixture, "health_active": health_active, "health_backend": health_backend,
+            "valid_sizes": valid_sizes, "health_state_dir": health_state_dir,
         }
         cfg = run_config.build(flags, config_file=config)
-        if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
-            raise ConfigError(f"python interpreter {cfg.python!r} not found")
-        console = RunConsole(quiet=cfg.quiet)
-        agent = Agent(cfg, notify=console.event, progress=console.progress, started=cli.PROCESS_START)
-        console.say(f"run dir: {cfg.run_dir}")
-        try:
-            code = agent.run_job()
-        finally:
-            console.close()
-        if report:
-            from ..account.report import print_report
+        execute(cfg, report=report)
 
-            print_report(cfg.run_dir)
-        return code
+
+
+def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
+    """Run the agent with live console output; optionally print the report; exit with the verdict's code."""
+    from .. import cli
+    from ..launch.agent import Agent
+    from ..launch.console import RunConsole
+
+    if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
+        raise ConfigError(f"python interpreter {cfg.python!r} not found")
+    console = RunConsole(quiet=cfg.quiet)
+    for line in intro or ():
+        console.say(line)
+    agent = Agent(cfg, notify=console.event, progress=console.progress, started=cli.PROCESS_START)
+    console.say(f"run dir: {cfg.run_dir}")
+    try:
+        code = agent.run_job()
+    finally:
+        console.close()
+    if report:
+        from ..account.report import print_report
+
+        print()
+        print_report(cfg.run_dir)
+    # The ledger is closed and the verdict printed: skip interpreter teardown (torch's
+    # finalizers take seconds on a loaded machine), so the job ends when its ledger says.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -47,6 +47,7 @@ from .progress import ProgressTracker, detect_hang
 from .restart_policy import Failure, decide
 from .timeouts import hang_timeout
 from .workers import WorkerGroup, WorkerSpec, describe_exit, tail
+from .world_size import plan_world
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class Agent:
         self._signal: int | None = None
         self._group_rank = 0
         self._rdzv = None
+        self._round_store = None
+        self._spares_waiting = False
 
     # --- ledger ------------------------------------------------------------------------------
 
@@ -115,17 +118,52 @@ class Agent:
                            requeue_helps=REQUEUE_HELPS.get(code, False), **self._ctx()))
         return code
 
+    def _gate(self) -> str:
+        """Health gate before a start; returns "" if this node may run, else the reason it may not."""
+        cfg = self.cfg
+        if not cfg.health_gate:
+            return ""
+        from .node_gate import check_node
+
+        res = check_node(node=cfg.node_name, now=time.time(), state_dir=cfg.health_state_dir,
+                         fixture=cfg.health_fixture, active=cfg.health_active and self.attempt > 0,
+                         backend=cfg.health_backend)
+        if res.passed:
+            return ""
+        self.emit(DecisionTaken(ts=time.time(), action="exclude_node", reason=f"exclude node {cfg.node_name}: "
+                                f"{res.reason} (node state {res.state})", **self._ctx()))
+        return res.reason
+
     def _loop(self) -> int:
         while True:
+            unhealthy = self._gate()
+            if unhealthy:
+                return self._end("node_unhealthy", f"node {self.cfg.node_name} excluded by the health gate: "
+                                 f"{unhealthy}; the other nodes continue without it", EXIT_INFRA)
             try:
-                rdzv_info = self._rendezvous()
+                group_rank, names, addr, port, store = self._rendezvous()
             except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
                 return self._end("rendezvous_failed", f"rendezvous failed: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}", EXIT_INFRA)
             if self._signal is not None:
                 return self._end("interrupted", f"stopped by {signal.Signals(self._signal).name} before start",
                                  EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED)
-            outcome = self._run_attempt(*rdzv_info)
+            plan = plan_world(names, self.cfg.nproc_per_node, 1, self.cfg.max_nodes, self.cfg.size_rule)
+            if not plan.runnable or len(plan.active) < self.cfg.min_nodes:
+                return self._end("rendezvous_failed", plan.reason, EXIT_INFRA)
+            if self.cfg.node_name in plan.spares:
+                outcome = self._stand_by(plan, store)
+                if outcome.status == "succeeded":
+                    return self._end("succeeded", "the job finished while this node stood by as a hot spare", EXIT_OK)
+                if outcome.status != "membership":
+                    return self._end("aborted", f"hot spare stopped: {outcome.status}", EXIT_INFRA)
+                self.attempt += 1
+                continue
+            if len(names) > 1 and self.cfg.node_name == plan.active[0] and (plan.spares or len(names) != len(plan.active)):
+                self.emit(DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx()))
+            self._spares_waiting = bool(plan.spares)
+            self._round_store = store
+            outcome = self._run_attempt(plan.active.index(self.cfg.node_name), len(plan.active), addr, port)
             if outcome.status == "succeeded":
                 return self._end("succeeded", f"training finished after {self.attempt + 1} attempt(s), "
                                  f"{len(self.history)} failure(s) recovered", EXIT_OK)
@@ -154,22 +192,42 @@ class Agent:
 
     # --- rendezvous --------------------------------------------------------------------------
 
-    def _rendezvous(self) -> tuple[int, int, str, int]:
-        """Return (group_rank, num_nodes, master_addr, master_port) for this round."""
+    def _rendezvous(self) -> tuple[int, list[str], str, int, object]:
+        """Return (group_rank, node names by group rank, master addr, master port, round store)."""
         cfg = self.cfg
         if cfg.max_nodes == 1 and not cfg.rdzv_endpoint:
-            return 0, 1, "127.0.0.1", _free_port()
+            return 0, [cfg.node_name], "127.0.0.1", _free_port(), None
         if self._rdzv is None:
             self._rdzv = self._make_handler()
         info = self._rdzv.next_rendezvous()
         store, group_rank, num_nodes = info.store, info.rank, info.world_size
+        store.set(f"stalwart/name/{group_rank}", cfg.node_name)
         if group_rank == 0:
             addr = cfg.local_addr or _local_addr(cfg.rdzv_endpoint)
             port = _free_port()
             store.set("stalwart/master", f"{addr}:{port}")
         master = store.get("stalwart/master").decode()
         addr, _, port = master.rpartition(":")
-        return group_rank, num_nodes, addr, int(port)
+        names = [store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes)]
+        if len(set(names)) != len(names):
+            raise RuntimeError(f"two agents use the same node name ({', '.join(names)}); give each --node-name")
+        self._group_rank = group_rank
+        return group_rank, names, addr, int(port), store
+
+    def _stand_by(self, plan, store) -> AttemptOutcome:
+        """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
+        self.emit(DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx()))
+        while True:
+            if self._signal is not None:
+                return AttemptOutcome("interrupted")
+            try:
+                if store.check(["stalwart/done"]):
+                    return AttemptOutcome("succeeded")
+                if self._rdzv.num_nodes_waiting() > 0:
+                    return AttemptOutcome("membership")
+            except Exception:  # noqa: BLE001 - the store went away with the job
+                return AttemptOutcome("store_lost")
+            time.sleep(0.5)
 
     def _make_handler(self):
         from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -282,6 +340,7 @@ class Agent:
                     if all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
                         return AttemptOutcome("preempted")
                     return AttemptOutcome("preempted" if stop_requested_at else "failed")
+                self._release_spares()
                 return AttemptOutcome("succeeded")
 
             # 2. signals to the agent: coordinated emergency checkpoint
@@ -310,10 +369,13 @@ class Agent:
                 calibrated_reported = True
                 self.emit(TimeoutsCalibrated(ts=now, hang_timeout_s=ht.seconds, p99_step_s=ht.p99_s,
                                              samples=ht.samples, reason=ht.reason, **self._ctx()), show=False)
-            # fire within one tick of the deadline, never a full tick late
-            verdict = detect_hang(tracker, now + tick / 2, timeout, phase)
+            # declare the hang up to one tick before the timeout, so that detection never lands
+            # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
+            verdict = detect_hang(tracker, now + tick, timeout, phase)
             if verdict is not None:
                 return self._fail_hang(group, verdict, tracker, ht.reason)
+            live = [p.last_msg for p in tracker.progress.values() if not p.finished]
+            hang_deadline = (min(live) + timeout - tick) if live else now + tick
 
             # 4. membership: a node waiting to join (replacement or scale-up)
             if self._rdzv is not None and now - last_membership_check > 1.0:
@@ -327,7 +389,17 @@ class Agent:
                     self.emit(WorkersStopped(ts=time.time(), reason=f"{waiting} node(s) waiting to join",
                                              **self._ctx()))
                     return AttemptOutcome("membership")
-            time.sleep(tick)
+            time.sleep(max(0.001, min(tick, hang_deadline - time.time())))
+
+    def _release_spares(self) -> None:
+        """Tell hot spares the job is done (they poll every 0.5 s; keep the store up that long)."""
+        if self._round_store is None or not self._spares_waiting or self._group_rank != 0:
+            return
+        try:
+            self._round_store.set("stalwart/done", "1")
+            time.sleep(1.5)
+        except Exception:  # noqa: BLE001 - best effort: spares also leave when the store goes away
+            pass
 
     # --- failure handling ------------------------------------------------------------------
 

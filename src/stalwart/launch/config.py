@@ -54,6 +54,12 @@ class RunConfig(BaseModel):
     backoff_max_s: float = Field(30.0, ge=0)
     chaos: list[str] = Field(default_factory=list)
     chaos_file: str = ""
+    health_gate: bool = True
+    health_fixture: Path | None = None
+    health_active: bool = False
+    health_backend: str = "local"
+    health_state_dir: Path | None = None
+    valid_sizes: str = "any"
     python: str = sys.executable
     tee: bool = False
     quiet: bool = False
@@ -69,6 +75,32 @@ class RunConfig(BaseModel):
         if a < 1 or b < a:
             raise ValueError(f"--nnodes {v!r} needs 1 <= MIN <= MAX")
         return f"{a}:{b}"
+
+    @field_validator("valid_sizes")
+    @classmethod
+    def _sizes(cls, v: str) -> str:
+        kind, _, n = v.partition(":")
+        if kind in ("any", "pow2") and not n:
+            return v
+        if kind == "multiple" and n.isdigit() and int(n) >= 1:
+            return v
+        raise ValueError(f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)")
+
+    @field_validator("health_backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in ("local", "slurm"):
+            raise ValueError(f"--health-backend {v!r} must be local or slurm")
+        return v
+
+    @property
+    def size_rule(self):
+        from .world_size import SizeRule
+
+        kind, _, n = self.valid_sizes.partition(":")
+        if kind == "pow2":
+            return SizeRule("power_of_two")
+        return SizeRule("multiple", int(n) if n else 1)
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -102,7 +134,8 @@ class RunConfig(BaseModel):
         run_dir = self.run_dir or Path("stalwart-runs") / run_id
         node = self.node_name or socket.gethostname()
         return self.model_copy(update={"run_id": run_id, "run_dir": run_dir.absolute(), "node_name": node,
-                                       "rdzv_id": self.rdzv_id or run_id})
+                                       "rdzv_id": self.rdzv_id or run_id,
+                                       "health_state_dir": self.health_state_dir or run_dir.absolute() / "health"})
 
 
 _FIELDS = set(RunConfig.model_fields)
