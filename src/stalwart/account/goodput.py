@@ -3,9 +3,11 @@
 The timeline is built from ledger events (pure function, no clocks):
 
 * **productive**: between the first and last step of an attempt, progress that survived;
-* **checkpoint_stall**: time the training loop was blocked by a save (not the background persist);
+* **checkpoint_stall**: time the training loop was blocked by a save (staging; not the background
+  persist, which overlaps training);
 * **checkpoint_restore**: loading a checkpoint at start or after a restart;
-* **lost_work**: work done after the last checkpoint of an attempt that then failed (re-done later);
+* **lost_work**: work done after the snapshot of the newest checkpoint committed before a fault
+  (re-done later);
 * **detection**: from the fault's onset to its detection;
 * **restart**: from detection (or an attempt's end) to the next attempt's first step, less restore;
 * **startup**: from job start to the first step, less restore;
@@ -30,10 +32,12 @@ from ..errors import LedgerError
 from ..events import (
     CheckpointCommitted,
     CheckpointLoaded,
+    CheckpointStaged,
     Event,
     JobEnded,
     JobStarted,
     StepCompleted,
+    TrainingResumed,
 )
 from .reliability import Interruption, interruptions_from_events
 
@@ -160,11 +164,20 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     segs = _segments(steps)
     ideal = ideal_step_time([s.duration for s in steps])
     commits = sorted((e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts)
+    staged = {(e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0}
     loads = [e for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
     reliability = interruptions_from_events(events)
     intervals: list[tuple[float, float, str]] = []
+    # the stall ends when staging ends; with a background persist the commit comes later
+    snapshot_at: dict[tuple[str, int, int], float] = {}
+    for key, st in staged.items():
+        intervals.append((st.ts - st.stall_s, st.ts, "checkpoint_stall"))
+        snapshot_at[key] = st.ts
     for c in commits:
-        intervals.append((c.ts - c.stall_s, c.ts, "checkpoint_stall"))
+        key = (c.node, c.attempt, c.step)
+        if key not in staged and c.stall_s > 0:  # a synchronous save: the commit ends the stall
+            intervals.append((c.ts - c.stall_s, c.ts, "checkpoint_stall"))
+        snapshot_at.setdefault(key, c.ts)
     for ld in loads:
         intervals.append((ld.ts - ld.duration_s, ld.ts, "checkpoint_restore"))
     for seg in segs:
@@ -179,13 +192,11 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         intervals.append((segs[-1].last_end, t1, "shutdown"))
     else:
         intervals.append((t0, t1, "startup"))
+    resumes = sorted((e for e in events if isinstance(e, TrainingResumed)), key=lambda e: e.ts)
     costs = []
     for it in reliability.interruptions:
         seg = next((s for s in reversed(segs) if s.first_start <= it.onset), None)
-        safe = seg.first_start if seg is not None else it.onset
-        for c in commits:
-            if seg is not None and seg.first_start <= c.ts <= it.onset:
-                safe = max(safe, c.ts)
+        safe = _surviving_until(seg, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
         intervals.append((it.onset, it.detected, "detection"))
         nxt = next((s for s in segs if s.first_start > it.detected), None)
@@ -198,6 +209,27 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
                    finished=last is not None, outcome=last.outcome if last else "running",
                    verdict=last.verdict if last else "", exit_code=last.exit_code if last else None,
                    segments=tuple(segs))
+
+
+def _surviving_until(seg: Segment | None, it: Interruption, resumes: list[TrainingResumed],
+                     commits: list[CheckpointCommitted], snapshot_at: dict[tuple[str, int, int], float]) -> float:
+    """When the work that survived the interruption ends: the snapshot the next attempt resumed from.
+
+    A save whose background persist was still running at the fault may or may not have committed
+    before the group was stopped, so the resume point is the ground truth. Without one (the job
+    ended), the newest checkpoint committed before detection counts.
+    """
+    if seg is None:
+        return it.onset
+    resumed = next((r for r in resumes if r.ts > it.detected), None)
+    if resumed is not None:
+        snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
+        return snap if snap is not None and snap <= it.onset else seg.first_start
+    safe = seg.first_start
+    for c in commits:
+        if seg.first_start <= c.ts <= it.detected:
+            safe = max(safe, min(snapshot_at[(c.node, c.attempt, c.step)], it.onset))
+    return safe
 
 
 def _cost(it: Interruption, safe: float, nxt: Segment | None, events: Sequence[Event]) -> InterruptionCost:

@@ -52,7 +52,12 @@ class ProgressTracker:
         p = self.progress.get(r)
         if p is None:
             return None
-        p.last_msg = now
+        # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
+        try:
+            sent = float(msg.get("t", now))
+        except (TypeError, ValueError):
+            sent = now
+        p.last_msg = min(max(sent, p.last_msg), now)
         kind = msg.get("k")
         if kind == "step":
             p.step = int(msg["s"])
