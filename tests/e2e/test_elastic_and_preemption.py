@@ -1,0 +1,86 @@
+"""Two agents with --nnodes 1:2 survive the SIGKILL of one; SIGTERM to an agent saves an emergency checkpoint."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stalwart.checkpoint.manifest import verify
+from stalwart.events import AttemptStarted, CheckpointCommitted, FailureDetected, JobEnded, TrainingResumed
+from stalwart.exit_codes import EXIT_PREEMPTED
+
+from .runner import EXAMPLE, events
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _agent(run_dir, node, port, steps, *extra):
+    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", "1:2", "--nproc-per-node", "2",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test", "--run-dir", str(run_dir),
+           "--node-name", node, "--hang-floor", "3", *extra, *EXAMPLE, "--steps", str(steps), "--checkpoint-every", "5"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_survivor_continues_after_an_agent_is_killed(tmp_path):
+    port, steps = _free_port(), 40
+    plan = ["--chaos", "kill-agent@node=1,step=15"]
+    a = _agent(tmp_path, "n0", port, steps, *plan)
+    time.sleep(1.0)  # n0 hosts the rendezvous store
+    b = _agent(tmp_path, "n1", port, steps, *plan)
+    out_b, _ = b.communicate(timeout=400)
+    out_a, _ = a.communicate(timeout=400)
+    assert b.returncode == -signal.SIGKILL, out_b
+    assert a.returncode == 0, out_a
+    starts = [e for e in events(tmp_path, AttemptStarted) if e.node == "n0"]
+    assert starts[0].world_size == 4 and starts[0].num_nodes == 2
+    assert starts[-1].world_size == 2 and starts[-1].num_nodes == 1, "continued at the smaller size"
+    lost = [f for f in events(tmp_path, FailureDetected) if f.node == "n0"]
+    assert lost and lost[0].failure == "peer_lost"
+    resumed = [e for e in events(tmp_path, TrainingResumed) if e.attempt == starts[-1].attempt]
+    assert resumed and 10 <= resumed[0].step <= 15, "resumed from the last checkpoint before the loss"
+    ends = [e for e in events(tmp_path, JobEnded) if e.node == "n0"]
+    assert ends and ends[-1].outcome == "succeeded"
+    final = [c for c in events(tmp_path, CheckpointCommitted) if c.step == steps]
+    assert final, "the survivor trained to the last step and committed it"
+    manifest, reason = verify(tmp_path / "checkpoints" / f"step-{steps:09d}")
+    assert manifest is not None, reason
+
+
+def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
+    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
+           "--emergency-deadline", "30", *EXAMPLE, "--steps", "400", "--checkpoint-every", "0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:  # wait for training to be under way
+        logs = list((tmp_path / "ledger").glob("agent-*.ledger")) if (tmp_path / "ledger").exists() else []
+        if logs and any(getattr(e, "step", -1) >= 5 for e in events(tmp_path) if e.kind == "StepCompleted"):
+            break
+        time.sleep(0.5)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    took = time.time() - t0
+    assert p.returncode == EXIT_PREEMPTED, out
+    assert took < 30, f"emergency checkpoint took {took:.1f}s, deadline 30s"
+    commits = [c for c in events(tmp_path, CheckpointCommitted) if c.emergency]
+    assert len(commits) == 1 and commits[0].step >= 5
+    end = events(tmp_path, JobEnded)[-1]
+    assert end.outcome == "preempted" and end.requeue_helps
+    # the requeued job resumes exactly there
+    again = subprocess.run([sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir",
+                            str(tmp_path), *EXAMPLE, "--steps", str(commits[0].step + 3), "--checkpoint-every", "0"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = events(tmp_path, TrainingResumed)
+    assert resumed[-1].step == commits[0].step
