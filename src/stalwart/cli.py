@@ -6,30 +6,9 @@ discovered here so packages never edit this file to add a command.
 
 from __future__ import annotations
 
-import time
+from .process_clock import process_start  # noqa: E402 - light, no dependencies
 
-
-def _process_start() -> float:
-    """When this process was started, so interpreter start-up counts as job time.
-
-    /proc/self/stat gives the start in clock ticks since boot and /proc/uptime the seconds since
-    boot (both 10 ms resolution), so their difference is this process's age.
-    """
-    try:
-        import os
-
-        with open("/proc/self/stat") as fh:
-            ticks = int(fh.read().rpartition(")")[2].split()[19])
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-        now = time.time()
-        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
-        return now - age if 0 <= age < 60 else now
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = _process_start()  # the job's wall clock starts with the process
+PROCESS_START = process_start()  # the job's wall clock starts with the process
 
 import importlib  # noqa: E402
 import pkgutil  # noqa: E402

@@ -44,8 +44,6 @@ def test_user_exceptions_are_exceptions(type_, message):
     assert classify(1, r) == "exception"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: comm patterns are matched as bare substrings, so user errors "
-                   "mentioning e.g. 'restore', 'datastore', 'sender' or 'peers' count as peer_lost (infra budget)")
 @pytest.mark.parametrize("type_, message", [
     ("builtins.AttributeError", "'Trainer' object has no attribute 'restore_from'"),
     ("builtins.FileNotFoundError", "[Errno 2] No such file or directory: '/data/datastore/shard-3.bin'"),

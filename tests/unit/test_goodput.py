@@ -120,8 +120,6 @@ def test_unfinished_run_ends_at_its_last_event():
     assert sum(g.buckets.values()) == pytest.approx(18.0, abs=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a failure before the new attempt's first step is charged to the "
-                   "previous attempt's segment, so its lost work reaches back to that attempt's last commit")
 def test_crash_during_restart_loses_no_work():
     ev = [e for e in crash_run() if not (isinstance(e, StepCompleted) and e.attempt == 1)
           and not isinstance(e, JobEnded)]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import LedgerError
 from ..events import (
+    AttemptStarted,
     CheckpointCommitted,
     CheckpointLoaded,
     CheckpointStaged,
@@ -194,9 +195,13 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         intervals.append((t0, t1, "startup"))
     resumes = sorted((e for e in events if isinstance(e, TrainingResumed)), key=lambda e: e.ts)
     costs = []
+    attempt_starts = sorted(e.ts for e in events if isinstance(e, AttemptStarted))
     for it in reliability.interruptions:
         seg = next((s for s in reversed(segs) if s.first_start <= it.onset), None)
-        safe = _surviving_until(seg, it, resumes, commits, snapshot_at)
+        began = max((t for t in attempt_starts if t <= it.onset), default=None)
+        if seg is not None and began is not None and began > seg.last_end:
+            seg = None  # the failing attempt never completed a step: it had no work to lose
+        safe = _surviving_until(seg, segs, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
         intervals.append((it.onset, it.detected, "detection"))
         nxt = next((s for s in segs if s.first_start > it.detected), None)
@@ -211,7 +216,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
                    segments=tuple(segs))
 
 
-def _surviving_until(seg: Segment | None, it: Interruption, resumes: list[TrainingResumed],
+def _surviving_until(seg: Segment | None, segs: list[Segment], it: Interruption, resumes: list[TrainingResumed],
                      commits: list[CheckpointCommitted], snapshot_at: dict[tuple[str, int, int], float]) -> float:
     """When the work that survived the interruption ends: the snapshot the next attempt resumed from.
 
@@ -221,7 +226,8 @@ def _surviving_until(seg: Segment | None, it: Interruption, resumes: list[Traini
     """
     if seg is None:
         return it.onset
-    resumed = next((r for r in resumes if r.ts > it.detected), None)
+    nxt = next((s for s in segs if s.first_start > it.detected), None)
+    resumed = next((r for r in resumes if r.ts > it.detected and (nxt is None or r.ts <= nxt.first_start)), None)
     if resumed is not None:
         snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
         return snap if snap is not None and snap <= it.onset else seg.first_start

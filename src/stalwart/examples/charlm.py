@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import sysconfig
+import time
 from pathlib import Path
 
 import torch
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             sched.step()
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
-            print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e}", flush=True)
+            print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} "
+                  f"t {time.time():.3f}", flush=True)
 
     if rank == 0 and args.out:
         torch.save(model.state_dict(), args.out)

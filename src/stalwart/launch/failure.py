@@ -7,10 +7,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# Exceptions whose text says "a peer or the network went away": the fault is elsewhere.
-_COMM_PATTERNS = re.compile(
-    r"(gloo|nccl|connection (reset|closed|refused)|broken pipe|socket|timed out|timeout|"
-    r"DistBackendError|DistNetworkError|ProcessGroup|peer|recv|send|rendezvous|store)", re.IGNORECASE)
+# Exceptions that say "a peer or the network went away": the fault is elsewhere. Whole words and
+# phrases only: a user's "restore_from" or "/data/datastore" must not read as a store failure.
+_COMM_TYPES = re.compile(r"\b(DistBackendError|DistNetworkError|DistStoreError|DistError)$")
+_COMM_TEXT = re.compile(
+    r"(\bgloo\b|\bnccl\b|\bc10d\b|connection (reset|closed|refused)|broken pipe|\btimed out\b|"
+    r"\bProcessGroup\w*|read error|transport/tcp|\brendezvous (closed|timed out|failed)\b)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class ErrorRecord:
 
     @property
     def is_comm_error(self) -> bool:
-        return bool(_COMM_PATTERNS.search(self.type) or _COMM_PATTERNS.search(self.message[:500]))
+        return bool(_COMM_TYPES.search(self.type) or _COMM_TEXT.search(self.message[:500]))
 
 
 def read_error(path: Path) -> ErrorRecord | None:

@@ -193,6 +193,8 @@ class Session:
         found = self.checkpointer.load_latest()
         if found is None:
             self._completed = 0
+            if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
+                self.emit(TrainingResumed(ts=time.time(), step=0, from_checkpoint="", **self._ctx()))
             return 0
         for key, obj in state.items():
             if key not in found.shared:
