@@ -87,22 +87,28 @@ def sdk_loop(session: Session, work: Work, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def reader_process(receiver: Receiver, interval: float = 0.05) -> None:
+def reader_process(receiver: Receiver, ctl: Path, interval: float = 0.05) -> None:
     """The agent's side in a separate process (the real topology): drain and parse until killed."""
     tracker = ProgressTracker(ranks=[0], started=time.time())
+    block = control.ControlBlock(ctl)
     while True:
         now = time.time()
         for msg in receiver.drain():
             tracker.observe(msg, now)
+        beat = block.read_beat(0)
+        if beat is not None:
+            tracker.observe_beat(0, *beat, now)
         time.sleep(interval)
 
 
 class Reader(threading.Thread):
     """Stands in for the agent: drains the pipe every ``interval`` s into a ProgressTracker."""
 
-    def __init__(self, receiver: Receiver, interval: float = 0.05) -> None:
+    def __init__(self, receiver: Receiver, ctl: Path, interval: float = 0.05) -> None:
         super().__init__(daemon=True)
         self.receiver = receiver
+        self.block = control.ControlBlock(ctl)
+        self.beats = 0
         self.interval = interval
         self.tracker = ProgressTracker(ranks=[0], started=time.time())
         self.stop = threading.Event()
@@ -114,6 +120,10 @@ class Reader(threading.Thread):
             for msg in self.receiver.drain():
                 self.tracker.observe(msg, now)
                 self.messages += 1
+            beat = self.block.read_beat(0)  # the heartbeat slot in shared memory, as the agent reads it
+            if beat is not None:
+                self.tracker.observe_beat(0, *beat, now)
+                self.beats += 1
             self.stop.wait(self.interval)
 
 
@@ -122,17 +132,19 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     steps = max(50, int(round(1000 / target_ms))) if target_ms > 0 else 5000  # ~1 s per loop per round
     receiver = Receiver()
     ctl = tmp / f"control-{target_ms:g}.bin"
-    control.create(ctl)
+    control.create(ctl, slots=1)  # one heartbeat slot, as the agent creates per local worker
     env = {"STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "RANK": "0", "WORLD_SIZE": "1"}
     agent_session = Session(env, checkpoint_dir=str(tmp / "ckpt"))
     plain_session = Session({"RANK": "0", "WORLD_SIZE": "1"}, checkpoint_dir=str(tmp / "ckpt"))
-    reader = Reader(receiver)
+    reader = Reader(receiver, ctl)
     reader.start()
     # a second channel read by another process, as the agent really is
     proc_receiver = Receiver()
-    env_proc = dict(env, STALWART_IPC=str(proc_receiver.new_channel()))
+    ctl_proc = tmp / f"control-proc-{target_ms:g}.bin"
+    control.create(ctl_proc, slots=1)
+    env_proc = dict(env, STALWART_IPC=str(proc_receiver.new_channel()), STALWART_CONTROL=str(ctl_proc))
     proc_session = Session(env_proc, checkpoint_dir=str(tmp / "ckpt"))
-    proc = multiprocessing.get_context("fork").Process(target=reader_process, args=(proc_receiver,), daemon=True)
+    proc = multiprocessing.get_context("fork").Process(target=reader_process, args=(proc_receiver, ctl_proc), daemon=True)
     proc.start()
     bare, agent, plain, agent_proc = [], [], [], []
     bare_loop(work, steps)  # warm-up

@@ -285,7 +285,7 @@ class Agent:
         self.emit(AttemptStarted(ts=time.time(), world_size=world, group_rank=group_rank, num_nodes=num_nodes,
                                  master=f"{addr}:{port}", **self._ctx()))
         ctl = self.run.root / "control" / f"{cfg.node_name}-{os.getpid()}-a{self.attempt}.bin"
-        control.create(ctl)
+        control.create(ctl, slots=cfg.nproc_per_node)
         block = control.ControlBlock(ctl, writable=True)
         receiver = Receiver()
         specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl)
@@ -322,6 +322,10 @@ class Agent:
                     batch.append(StepCompleted(ts=rec.start + rec.duration, rank=rec.rank, step=rec.step,
                                                start=rec.start, duration=rec.duration, sections=rec.sections,
                                                **self._ctx()))
+            for spec in specs:
+                beat = block.read_beat(spec.local_rank)
+                if beat is not None:
+                    tracker.observe_beat(spec.global_rank, beat[0], beat[1], beat[2], now)
             if batch:
                 self.ledger.extend(batch)
                 top = max(batch, key=lambda e: e.step)

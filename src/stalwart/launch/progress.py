@@ -19,6 +19,8 @@ class RankProgress:
     done_steps: int = 0  # steps completed in this attempt
     finished: bool = False
     in_checkpoint: bool = False
+    beat_t: float = 0.0  # time of the newest shared-memory heartbeat seen
+    ckpt_t0: float = 0.0
 
 
 @dataclass
@@ -68,10 +70,10 @@ class ProgressTracker:
             p.section = msg.get("n")
             if p.section == "checkpoint":
                 p.in_checkpoint = True
-                p._ckpt_t0 = now  # type: ignore[attr-defined]
+                p.ckpt_t0 = p.last_msg
         elif kind == "ckpt":
             if p.in_checkpoint:
-                self.ckpt_times.append(now - getattr(p, "_ckpt_t0", now))
+                self.ckpt_times.append(p.last_msg - p.ckpt_t0)
             p.in_checkpoint = False
             p.section = None
         elif kind == "done":
@@ -91,6 +93,22 @@ class ProgressTracker:
         elif kind == "sig":
             self.signals.append(int(msg.get("sig", 0)))
         return None
+
+    def observe_beat(self, rank: int, t: float, step: int, section: str, now: float) -> None:
+        """A heartbeat read from the worker's shared-memory slot (only new beats change anything)."""
+        p = self.progress.get(rank)
+        if p is None or t <= p.beat_t:
+            return
+        p.beat_t = t
+        p.last_msg = min(max(t, p.last_msg), now)
+        p.step = step
+        p.section = section or None
+        if section == "checkpoint":
+            if not p.in_checkpoint:
+                p.ckpt_t0 = t
+            p.in_checkpoint = True
+        else:
+            p.in_checkpoint = False
 
     def steps_seen(self) -> bool:
         return any(p.done_steps for p in self.progress.values())

@@ -33,7 +33,6 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,8 @@ class Session:
         self.run_dir = RunDir(Path(root)) if root else None
         self.under_agent = "STALWART_IPC" in env
         self._ipc = Sender(int(env["STALWART_IPC"])) if self.under_agent else None
-        self._control = ControlBlock(env["STALWART_CONTROL"]) if env.get("STALWART_CONTROL") else None
+        self._control = (ControlBlock(env["STALWART_CONTROL"], slot=self.local_rank)
+                         if env.get("STALWART_CONTROL") else None)
         plan = FaultPlan.from_json(env["STALWART_CHAOS"]) if env.get("STALWART_CHAOS") else FaultPlan()
         self._faults: tuple[Fault, ...] = plan.for_rank(self.rank)
         self._ledger = None
@@ -214,7 +214,7 @@ class Session:
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
         """Collective checkpoint of ``state`` after ``self.completed`` steps."""
-        self._send({"k": "sec", "n": "checkpoint", "s": self._completed})
+        self._beat(self._completed, "checkpoint", time.time())
         self.checkpointer.save(self._completed, self._state_dicts(state) if self.rank == 0 else None,
                                {"rng": rng.capture()}, emergency=emergency)
         self._last_saved = self._completed
@@ -259,7 +259,7 @@ class Session:
         self._step = step
         self._sections = {}
         self._step_start = time.time()
-        self._send({"k": "step", "s": step, "t": self._step_start})
+        self._beat(step, "", self._step_start)
         if self._faults:
             self._inject(step)
 
@@ -268,22 +268,28 @@ class Session:
         unslowed = end - self._step_start - self._slow_extra
         self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
         self._slow_extra = 0.0
-        self._send({"k": "done", "s": step, "t": end, "t0": self._step_start, "d": end - self._step_start,
-                    "sec": self._sections})
+        if self._ipc is not None:
+            self._ipc.send_done(self.rank, step, self._step_start, end - self._step_start, self._sections)
         self._completed = step + 1
         self._step = None
 
-    @contextmanager
-    def section(self, name: str) -> Iterator[None]:
-        t0 = time.time()
-        self._send({"k": "sec", "n": name, "s": self._step, "t": t0})
-        try:
-            yield
-        finally:
-            dt = time.time() - t0
-            self._sections[name] = self._sections.get(name, 0.0) + dt
-            if self._slow_pending:
-                self._slow(name)
+    def section(self, name: str) -> _Section:
+        """``with session.section("forward"): ...`` times a named part of the step."""
+        return _Section(self, name)
+
+    def _section_done(self, name: str, t0: float) -> None:
+        self._sections[name] = self._sections.get(name, 0.0) + (time.time() - t0)
+        if self._slow_pending:
+            self._slow(name)
+
+    def _beat(self, step: int, section: str, t: float) -> None:
+        """Heartbeat: a store into this worker's shared-memory slot (a pipe message without an agent block)."""
+        if self._control is not None and self._control.slot is not None:
+            self._control.beat(t, step, section)
+        elif section:
+            self._send({"k": "sec", "n": section, "s": step, "t": t})
+        else:
+            self._send({"k": "step", "s": step, "t": t})
 
     def _send(self, msg: dict[str, Any]) -> None:
         if self._ipc is not None:
@@ -332,3 +338,22 @@ class Session:
                 time.sleep(extra)
                 self._sections[section] += extra
                 self._slow_extra += extra
+
+
+class _Section:
+    """A section's context manager (a plain class: ``contextlib`` costs ~5 us per use)."""
+
+    __slots__ = ("_session", "_name", "_t0")
+
+    def __init__(self, session: Session, name: str) -> None:
+        self._session = session
+        self._name = name
+        self._t0 = 0.0
+
+    def __enter__(self) -> None:
+        s = self._session
+        self._t0 = time.time()
+        s._beat(s._step if s._step is not None else s._completed, self._name, self._t0)
+
+    def __exit__(self, *exc: object) -> None:
+        self._session._section_done(self._name, self._t0)
