@@ -218,6 +218,23 @@ class ChaosInjected(Event):
 
 @event
 @dataclass(frozen=True, kw_only=True)
+class StragglerDetected(Event):
+    """A rank spends markedly longer on its own work than the fleet (rank = the straggler)."""
+
+    score: float
+    step: int
+    evidence: str
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class StragglerCleared(Event):
+    score: float
+    step: int
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
 class TimeoutsCalibrated(Event):
     hang_timeout_s: float
     p99_step_s: float

@@ -113,3 +113,20 @@ def test_same_exception_twice_stops_with_user_error(tmp_path):
     assert end.verdict.startswith("user error at step 3: RuntimeError: injected bug at step 3")
     assert "user error at step 3" in run.out
     assert len(events(tmp_path, FailureDetected)) == 2
+
+
+def test_slowed_rank_is_reported_live_and_in_the_report(tmp_path):
+    from stalwart.events import StragglerDetected
+
+    from .runner import events
+
+    run = stalwart("run", "-q", "--nproc-per-node", "4", "--run-dir", str(tmp_path), "--chaos",
+                   "slow@rank=2,factor=2.5,from=5", *EXAMPLE, "--steps", "40", "--checkpoint-every", "0")
+    assert run.code == 0, run.out + run.err
+    found = events(tmp_path, StragglerDetected)
+    assert [e.rank for e in found] == [2], found
+    assert found[0].score > 1.5
+    rep = build_report(tmp_path)
+    spans = rep["stragglers"]["spans"]
+    assert {sp["rank"] for sp in spans} == {2}
+    assert rep["buckets_s"]["straggler_slowdown"] > 0

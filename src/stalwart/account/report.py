@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from ..diagnose.straggler import score_ranks
+from ..diagnose.straggler import score_ranks, slow_spans
 from ..events import StepCompleted
 from ..ledger import read_merged
 from .goodput import BUCKETS, compute
@@ -21,7 +21,9 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     rel = interruptions_from_events(events)
     rep_mttr = mttr(rel.interruptions)
     n = len(rel.interruptions)
-    stragglers = score_ranks(e for e in events if isinstance(e, StepCompleted))
+    steps = [e for e in events if isinstance(e, StepCompleted)]
+    stragglers = score_ranks(steps)
+    spans = slow_spans(steps)
     return {
         "run_dir": str(location),
         "outcome": gp.outcome,
@@ -40,7 +42,8 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "mttr_s": asdict(rep_mttr),
             "exposure": asdict(rel.exposure),
         },
-        "stragglers": {"reason": stragglers.reason, "ranks": [asdict(r) for r in stragglers.ranks]},
+        "stragglers": {"reason": stragglers.reason, "ranks": [asdict(r) for r in stragglers.ranks],
+                       "spans": [asdict(sp) for sp in spans]},
     }
 
 
@@ -84,7 +87,10 @@ def render(rep: dict[str, Any], console=None) -> None:
     con.print(f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
               f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
               f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}")
-    con.print(f"stragglers: {esc(rep['stragglers']['reason'])}")
+    con.print(f"stragglers over the whole run: {esc(rep['stragglers']['reason'])}")
+    for sp in rep["stragglers"]["spans"]:
+        con.print(f"  rank {sp['rank']} was a straggler in steps {sp['first_step']}-{sp['last_step']} "
+                  f"(up to {sp['score']:.2f}x the fleet median own-work time)")
 
 
 def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:

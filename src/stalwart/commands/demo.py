@@ -12,7 +12,7 @@ DEMO_FAULTS = [
     "crash@rank=1,step=35",
     "hang@rank=2,step=75",
     "crash@rank=3,step=110",
-    "corrupt-checkpoint@step=140",
+    "corrupt-checkpoint@step=146",
     "crash@rank=0,step=150",
 ]
 

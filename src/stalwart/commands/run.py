@@ -97,7 +97,8 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     console = RunConsole(quiet=cfg.quiet)
     for line in intro or ():
         console.say(line)
-    agent = Agent(cfg, notify=console.event, progress=console.progress, started=cli.PROCESS_START)
+    agent = Agent(cfg, notify=console.event, progress=console.progress, started=cli.PROCESS_START,
+                  note=console.note)
     console.say(f"run dir: {cfg.run_dir}")
     try:
         code = agent.run_job()

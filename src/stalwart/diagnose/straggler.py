@@ -57,3 +57,36 @@ def score_ranks(steps: Iterable[StepCompleted], threshold: float = 1.2, min_step
     else:
         reason = f"no rank above {threshold:g}x the fleet median own-work time {fleet * 1e3:.1f} ms"
     return StragglerReport(scores, fleet, reason)
+
+
+@dataclass(frozen=True)
+class SlowSpan:
+    rank: int
+    first_step: int
+    last_step: int
+    score: float  # the highest window score in the span
+
+
+def slow_spans(steps: Iterable[StepCompleted], window: int = 20, threshold: float = 1.2) -> tuple[SlowSpan, ...]:
+    """Stretches of steps in which a rank was a straggler, from consecutive windows of ``window`` steps.
+
+    A whole-run median hides a rank that was slow for a while; scoring each window does not."""
+    by_window: dict[int, list[StepCompleted]] = {}
+    for s in steps:
+        by_window.setdefault(s.step // window, []).append(s)
+    flagged: dict[int, list[tuple[int, float]]] = {}
+    for w in sorted(by_window):
+        rep = score_ranks(by_window[w], threshold, min_steps=max(3, window // 4))
+        for r in rep.stragglers:
+            flagged.setdefault(r.rank, []).append((w, r.score))
+    spans = []
+    for rank, wins in flagged.items():
+        start, prev, best = wins[0][0], wins[0][0], wins[0][1]
+        for w, score in wins[1:] + [(None, 0.0)]:
+            if w is not None and w == prev + 1:
+                prev, best = w, max(best, score)
+                continue
+            spans.append(SlowSpan(rank, start * window, (prev + 1) * window - 1, best))
+            if w is not None:
+                start, prev, best = w, w, score
+    return tuple(sorted(spans, key=lambda sp: (sp.first_step, sp.rank)))

@@ -15,12 +15,14 @@ import os
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
+from ..diagnose.straggler import score_ranks
 from ..events import (
     AttemptEnded,
     AttemptStarted,
@@ -32,6 +34,8 @@ from ..events import (
     JobStarted,
     StackCaptured,
     StepCompleted,
+    StragglerCleared,
+    StragglerDetected,
     TimeoutsCalibrated,
     WorkersStarted,
     WorkersStopped,
@@ -49,6 +53,9 @@ from .timeouts import hang_timeout
 from .workers import WorkerGroup, WorkerSpec, describe_exit, tail
 from .world_size import plan_world
 
+STRAGGLER_WINDOW = 20  # steps per rank scored together
+STRAGGLER_THRESHOLD = 1.2  # own-work time over the fleet median that marks a straggler
+
 
 @dataclass(frozen=True)
 class AttemptOutcome:
@@ -59,13 +66,15 @@ class AttemptOutcome:
 
 class Agent:
     def __init__(self, cfg: RunConfig, *, notify: Callable[[Event], None] | None = None,
-                 progress: Callable[[int, int, int, float], None] | None = None, started: float | None = None):
+                 progress: Callable[[int, int, int, float], None] | None = None, started: float | None = None,
+                 note: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.run = RunDir(cfg.run_dir).create()
         self.started = started or time.time()
         self.plan: FaultPlan = build_plan(cfg.chaos, cfg.chaos_file or None)
         self._notify = notify or (lambda ev: None)
         self._progress = progress or (lambda step, total, attempt, rate: None)
+        self._note = note or (lambda text: None)
         self.ledger = LedgerWriter(self.run.ledger / f"agent-{cfg.node_name}-{os.getpid()}.ledger",
                                    writer=f"agent {cfg.node_name}")
         self.attempt = 0
@@ -310,6 +319,9 @@ class Agent:
         now = time.time()
         tracker = ProgressTracker(ranks=ranks, started=now)
         calibrated_reported = False
+        recent: deque[StepCompleted] = deque(maxlen=STRAGGLER_WINDOW * len(ranks))
+        stragglers: dict[int, float] = {}
+        last_straggler_check = -1
         last_membership_check = now
         stop_requested_at: float | None = None
         tick = cfg.monitor_interval_s
@@ -317,6 +329,10 @@ class Agent:
             now = time.time()
             batch = []
             for msg in receiver.drain():
+                if msg.get("k") == "note":
+                    self._note(str(msg.get("text", "")))
+                elif msg.get("k") == "start" and msg.get("r") == 0 and int(msg.get("s", 0)) > 0:
+                    self._note(f"workers resumed at step {msg['s']} from the newest good checkpoint")
                 rec = tracker.observe(msg, now)
                 if rec is not None:
                     batch.append(StepCompleted(ts=rec.start + rec.duration, rank=rec.rank, step=rec.step,
@@ -329,6 +345,10 @@ class Agent:
             if batch:
                 self.ledger.extend(batch)
                 top = max(batch, key=lambda e: e.step)
+                recent.extend(batch)
+                if top.step // 10 != last_straggler_check // 10:
+                    last_straggler_check = top.step
+                    self._check_stragglers(recent, stragglers, top.step)
                 recent = list(tracker.step_times)[-20:]
                 rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
                 self._progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(ranks)))
@@ -394,6 +414,20 @@ class Agent:
                                              **self._ctx()))
                     return AttemptOutcome("membership")
             time.sleep(max(0.001, min(tick, hang_deadline - time.time())))
+
+    def _check_stragglers(self, recent, flagged: dict[int, float], step: int) -> None:
+        """Score the ranks over the last window of steps; record a straggler when one appears or clears."""
+        rep = score_ranks(recent, STRAGGLER_THRESHOLD, min_steps=STRAGGLER_WINDOW // 2)
+        now_slow = {r.rank: r.score for r in rep.stragglers}
+        for rank, score in now_slow.items():
+            if rank not in flagged:
+                self.emit(StragglerDetected(ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason,
+                                            **self._ctx()))
+        for rank in set(flagged) - set(now_slow):
+            score = next((r.score for r in rep.ranks if r.rank == rank), 1.0)
+            self.emit(StragglerCleared(ts=time.time(), rank=rank, score=score, step=step, **self._ctx()))
+        flagged.clear()
+        flagged.update(now_slow)
 
     def _release_spares(self) -> None:
         """Tell hot spares the job is done (they poll every 0.5 s; keep the store up that long)."""

@@ -17,6 +17,8 @@ from ..events import (
     JobEnded,
     JobStarted,
     StackCaptured,
+    StragglerCleared,
+    StragglerDetected,
     TrainingResumed,
 )
 
@@ -59,15 +61,21 @@ class RunConsole:
             self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)} "
                      f"[dim](detected {lat:.2f}s after onset)[/]")
         elif isinstance(ev, StackCaptured):
-            last = [ln for ln in ev.stack.strip().splitlines() if ln.strip().startswith("File")]
-            where = last[0].strip() if last else "(no Python frame)"
+            where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
+        elif isinstance(ev, StragglerDetected):
+            self.say(f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)}")
+        elif isinstance(ev, StragglerCleared):
+            self.say(f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}")
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
             colour = "green" if ev.exit_code == 0 else "red"
             self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}", always=True)
+
+    def note(self, text: str) -> None:
+        self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
 
     def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
         if self.quiet:
@@ -92,3 +100,12 @@ class RunConsole:
 
     def close(self) -> None:
         self._clear_line()
+
+
+def innermost_frame(stack: str) -> str:
+    """The innermost frame of the thread that was interrupted (faulthandler lists it as the
+    "Current thread"; the other threads, such as a checkpoint writer, come first)."""
+    lines = stack.strip().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), 0)
+    frames = [ln.strip() for ln in lines[start:] if ln.strip().startswith("File")]
+    return frames[0] if frames else "(no Python frame)"

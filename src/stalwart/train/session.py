@@ -39,7 +39,7 @@ from typing import Any
 
 from ..chaos.once import claim
 from ..chaos.plan import Fault, FaultPlan
-from ..events import ChaosInjected, Event, TrainingFinished, TrainingResumed
+from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED
 from ..run_dir import RunDir
 from . import rng
@@ -147,6 +147,8 @@ class Session:
             return
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
+        if isinstance(ev, CheckpointRejected):  # worth showing live: a fallback to an older checkpoint
+            self._send({"k": "note", "text": f"checkpoint {Path(ev.path).name} rejected: {ev.reason}"})
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
                 from ..ledger import LedgerWriter
