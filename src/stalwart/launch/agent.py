@@ -319,7 +319,7 @@ class Agent:
         now = time.time()
         tracker = ProgressTracker(ranks=ranks, started=now)
         calibrated_reported = False
-        recent: deque[StepCompleted] = deque(maxlen=STRAGGLER_WINDOW * len(ranks))
+        window_steps: deque[StepCompleted] = deque(maxlen=STRAGGLER_WINDOW * len(ranks))
         stragglers: dict[int, float] = {}
         last_straggler_check = -1
         last_membership_check = now
@@ -345,10 +345,10 @@ class Agent:
             if batch:
                 self.ledger.extend(batch)
                 top = max(batch, key=lambda e: e.step)
-                recent.extend(batch)
+                window_steps.extend(batch)
                 if top.step // 10 != last_straggler_check // 10:
                     last_straggler_check = top.step
-                    self._check_stragglers(recent, stragglers, top.step)
+                    self._check_stragglers(window_steps, stragglers, top.step)
                 recent = list(tracker.step_times)[-20:]
                 rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
                 self._progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(ranks)))
