@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ConfigError
 from .config import SimConfig
 
 BUCKETS = ("productive", "degraded", "ckpt_stall", "lost_work", "detect", "restart", "wait_nodes")
@@ -101,6 +102,9 @@ class SimResult:
         }
 
 
+MAX_EXPECTED_INTERRUPTIONS = 100_000  # per trial; a year at 100k GPUs of the Llama-3 mix is ~20k
+
+
 def simulate(cfg: SimConfig) -> SimResult:
     rng = np.random.default_rng(cfg.seed)
     n, horizon = cfg.trials, cfg.horizon_s
@@ -110,6 +114,12 @@ def simulate(cfg: SimConfig) -> SimResult:
     lam_fail = cfg.failure_rate_per_s()
     lam_plan = cfg.planned_rate_per_s()
     lam = lam_fail + lam_plan
+    expected = lam * horizon
+    if expected > MAX_EXPECTED_INTERRUPTIONS:
+        raise ConfigError(
+            f"{expected:,.0f} interruptions expected per trial ({lam * 3600:.3g} per hour for "
+            f"{horizon / 86400:g} days); the simulator steps through each one and would not finish",
+            "lower --gpus, --days or --rate-scale; rates measured on a chaos run are far above a real fleet's")
     # class index 0..C-1 are failures, C is "planned"
     weights = np.array([f.per_1000_gpu_days for f in classes] + [cfg.planned_per_1000_gpu_days], float)
     cdf = np.cumsum(weights / weights.sum()) if lam > 0 else np.array([1.0])
