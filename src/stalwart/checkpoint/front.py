@@ -1,7 +1,6 @@
-"""The :class:`~stalwart.checkpoint.manager.CheckpointManager` interface on top of the engine.
+"""The training SDK's checkpoint interface on top of the engine.
 
-Same constructor, ``save``/``load_latest``/``versions``/``latest_good`` and result types, so the
-training SDK can switch with one import. What changes: ``save`` returns after staging (its
+``save``/``load_latest``/``versions``/``latest_good``: ``save`` returns after staging (its
 ``stall_s`` is the stage time) and the files are committed in the background; ``wait()`` blocks
 until they are; ``save(..., emergency=True)`` blocks until durable. ``shared`` is taken from
 rank 0 and ``rank_state`` from each rank, both kept exactly (torch.save of the staged copies).
@@ -22,8 +21,8 @@ import torch
 from ..errors import CheckpointError
 from ..events import Event
 from .engine import CheckpointEngine, EmergencyResult
-from .manager import LoadResult, SaveResult
 from .manifest import Manifest, verify
+from .results import LoadResult, SaveResult
 from .store import FileStore, step_name
 from .tiers import TierConfig
 
