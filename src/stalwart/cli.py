@@ -14,18 +14,17 @@ import importlib  # noqa: E402
 import pkgutil  # noqa: E402
 import sys  # noqa: E402
 
-import click  # noqa: E402
 import typer  # noqa: E402
 
-try:  # typer >= 0.29 vendors its own copy of click: catch both
-    from typer._click import exceptions as _tclick
-except ImportError:  # pragma: no cover - older typer uses click itself
-    _tclick = click.exceptions
+try:  # typer >= 0.29 vendors click and does not install it
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover - older typer raises click's own exceptions
+    from click import exceptions as _cx
 
-_USAGE = (click.UsageError, _tclick.UsageError)
-_EXIT = (click.exceptions.Exit, typer.Exit)
-_ABORT = (click.Abort, typer.Abort)
-_NO_ARGS = (click.exceptions.NoArgsIsHelpError, getattr(_tclick, "NoArgsIsHelpError", click.exceptions.NoArgsIsHelpError))
+_USAGE = (_cx.UsageError,)
+_NO_ARGS = (_cx.NoArgsIsHelpError,)
+_EXIT = (typer.Exit,)
+_ABORT = (typer.Abort,)
 
 from . import __version__  # noqa: E402
 from .errors import StalwartError  # noqa: E402
