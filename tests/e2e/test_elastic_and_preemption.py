@@ -84,3 +84,22 @@ def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     resumed = events(tmp_path, TrainingResumed)
     assert resumed[-1].step == commits[0].step
+
+
+def test_sigterm_during_worker_startup_still_ends_promptly_with_a_checkpoint(tmp_path):
+    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
+           "--emergency-deadline", "60", *EXAMPLE, "--steps", "400", "--checkpoint-every", "0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the workers exist but have not trained yet
+        if (tmp_path / "ledger").exists() and events(tmp_path, AttemptStarted):
+            break
+        time.sleep(0.2)
+    assert not [e for e in events(tmp_path) if e.kind == "StepCompleted"], "signal must land before the first step"
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == EXIT_PREEMPTED, out
+    commits = [c for c in events(tmp_path, CheckpointCommitted) if c.emergency]
+    assert len(commits) == 1 and commits[0].step <= 2, "every rank stopped after the same first step and saved it"
+    steps = [e.step for e in events(tmp_path) if e.kind == "StepCompleted"]
+    assert max(steps) < 2

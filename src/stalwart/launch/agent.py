@@ -373,10 +373,9 @@ class Agent:
                     group.stop(cfg.stop_grace_s)
                     return AttemptOutcome("interrupted")
                 stop_requested_at = now
-                if tracker.steps_seen():
-                    block.request_stop(tracker.max_step_in_progress() + 2)
-                else:
-                    group.signal(signal.SIGTERM)
+                # every rank stops after the same step: two ahead of the most advanced one, or, before any
+                # step was seen, after its first step (workers only record signals; the agent coordinates)
+                block.request_stop(tracker.max_step_in_progress() + 2 if tracker.steps_seen() else 0)
             if stop_requested_at is not None:
                 if now - stop_requested_at > cfg.emergency_deadline_s:
                     group.stop(cfg.stop_grace_s)

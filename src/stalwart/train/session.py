@@ -86,7 +86,6 @@ class Session:
         self._step: int | None = None
         self._step_start = 0.0
         self._sections: dict[str, float] = {}
-        self._section_order: list[str] = []
         self._signal: int | None = None
         self._completed = 0
         self._last_saved = -1
