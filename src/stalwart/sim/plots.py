@@ -39,13 +39,7 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
         ax.set_xlabel("durable checkpoint interval (minutes of training)")
         ax.set_ylabel("ETTR")
         ax.set_title("ETTR against checkpoint interval")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        path = out / f"ettr_vs_interval.{fmt}"
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, out / f"ettr_vs_interval.{fmt}"))
     if p.scale:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         gs = [pt.gpus for pt in p.scale]
@@ -56,11 +50,15 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
         ax.set_xlabel("GPUs (interval re-optimised at each size)")
         ax.set_ylabel("ETTR")
         ax.set_title("ETTR against cluster size")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        path = out / f"ettr_vs_gpus.{fmt}"
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, out / f"ettr_vs_gpus.{fmt}"))
     return written
+
+
+def _finish(plt, fig, ax, path: Path) -> Path:
+    """Grid, legend, tight layout; write the chart and free the figure."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
