@@ -145,27 +145,27 @@ def retain_files(store: FileStore, keep: int) -> list[Path]:
 
     A version is deleted only when ``keep`` newer good ones exist, so the newest good version is
     never deleted, whatever state the newer ones are in."""
-    good = 0
-    deleted = []
-    for step, path in store.versions():
-        if good >= keep:
-            store.delete(step)
-            deleted.append(path)
-            continue
+
+    def good(path: Path) -> bool:
         manifest, _ = read_manifest(path)
-        if manifest is not None and not verify_files(path, manifest, checksums=False):
-            good += 1
-    return deleted
+        return manifest is not None and not verify_files(path, manifest, checksums=False)
+
+    return _retain(store, keep, good)
 
 
 def retain_object(store: FsspecStore, keep: int) -> list[str]:
+    """The same rule on an object store, where a committed version is one whose manifest exists."""
+    return _retain(store, keep, lambda loc: store.fs.exists(f"{loc}/{MANIFEST}"))
+
+
+def _retain(store, keep: int, is_good) -> list:
+    """Walk versions newest-first; once ``keep`` good ones are seen, delete everything older."""
     good = 0
     deleted = []
-    for step, loc in store.versions():
+    for step, where in store.versions():
         if good >= keep:
             store.delete(step)
-            deleted.append(loc)
-            continue
-        if store.fs.exists(f"{loc}/{MANIFEST}"):
+            deleted.append(where)
+        elif is_good(where):
             good += 1
     return deleted
