@@ -63,6 +63,10 @@ class RunConfig(BaseModel):
     python: str = sys.executable
     tee: bool = False
     quiet: bool = False
+    # observability (serve/): Prometheus exporter for this run (None = off) and notification targets
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"
+    notify: list[str] = Field(default_factory=list)
 
     @field_validator("nnodes")
     @classmethod
@@ -139,7 +143,7 @@ class RunConfig(BaseModel):
 
 
 _FIELDS = set(RunConfig.model_fields)
-_LISTS = {"script_args", "chaos"}
+_LISTS = {"script_args", "chaos", "notify"}
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""A background thread that follows one run's ledgers and keeps its latest snapshot.
+
+Readers (a Prometheus scrape, a dashboard request) only take the latest snapshot: they never read a
+ledger or compute anything, so a scrape costs the same however large the run is and never waits on
+the agent. The thread's own work per cycle is bounded: at most ``max_rows`` new rows per poll, and
+the accounting is recomputed at most once per ``interval_s`` (and never more often than twice the
+time the last computation took, so a huge ledger cannot keep a core busy).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .snapshot import ModelSpec, RunSnapshot, take
+from .tail import LedgerTail
+
+SERIES_MAX = 240  # goodput points kept for the live chart
+
+
+class RunWatcher:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        interval_s: float = 1.0,
+        max_rows: int = 50_000,
+        model: ModelSpec | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.tail = LedgerTail(run_dir, max_rows=max_rows)
+        self.interval_s = interval_s
+        self.model = model
+        self._clock = clock
+        self._snap = RunSnapshot(run_id="", now=clock(), events=0, started=False, finished=False)
+        self._series: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cost_s = 0.0
+        self.cycles = 0
+
+    # --- reading (any thread) ----------------------------------------------------------------
+
+    def snapshot(self) -> RunSnapshot:
+        with self._lock:
+            return self._snap
+
+    def series(self) -> list[tuple[float, float]]:
+        with self._lock:
+            return list(self._series)
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return self.tail.errors
+
+    # --- the work of one cycle ---------------------------------------------------------------
+
+    def refresh(self) -> RunSnapshot:
+        """Read what is new (bounded) and recompute the snapshot; called by the thread, or by tests."""
+        t0 = time.perf_counter()
+        result = self.tail.poll()
+        snap = self.snapshot()
+        if result.new_events or not snap.started or not snap.finished:
+            snap = take(self.tail.events(), self._clock(), model=self.model)
+            if result.errors and not snap.error:
+                snap = _with_error(snap, "; ".join(result.errors))
+        with self._lock:
+            self._snap = snap
+            if snap.started and snap.wall_s > 0 and (not self._series or self._series[-1][0] < snap.now):
+                self._series.append((snap.now, snap.goodput))
+                del self._series[:-SERIES_MAX]
+        self._cost_s = time.perf_counter() - t0
+        self.cycles += 1
+        return snap
+
+    # --- thread ------------------------------------------------------------------------------
+
+    def start(self) -> RunWatcher:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="stalwart-watcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one bad cycle
+                with self._lock:
+                    self._snap = _with_error(self._snap, f"cannot read the run: {exc}")
+            self._stop.wait(max(self.interval_s, 2 * self._cost_s))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+
+def _with_error(snap: RunSnapshot, error: str) -> RunSnapshot:
+    from dataclasses import replace
+
+    return replace(snap, error=error)

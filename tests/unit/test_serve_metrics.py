@@ -1,0 +1,104 @@
+"""Exporter: incremental ledger reading, snapshot = report's accounting, exposition names and values."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from stalwart.account.goodput import compute
+from stalwart.account.report import build
+from stalwart.events import StepCompleted
+from stalwart.ledger import LedgerWriter, read_merged
+from stalwart.serve.metrics import render
+from stalwart.serve.snapshot import take
+from stalwart.serve.synthetic import SyntheticRun, events, write
+from stalwart.serve.tail import LedgerTail
+from stalwart.serve.watcher import RunWatcher
+
+
+def _samples(text: bytes) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_tail_reads_only_new_rows_within_its_budget(tmp_path):
+    path = tmp_path / "ledger" / "agent-a.ledger"
+    evs = list(events(SyntheticRun(steps=20, crash_steps=())))
+    with LedgerWriter(path) as w:
+        w.extend(evs[:10])
+        tail = LedgerTail(tmp_path, max_rows=4)
+        got = [tail.poll() for _ in range(3)]
+        assert [g.new_events for g in got] == [4, 4, 2]
+        assert [g.caught_up for g in got] == [False, False, True]
+        w.extend(evs[10:])
+    while not tail.poll().caught_up:
+        pass
+    assert tail.count() == len(evs)
+    assert [e.ts for e in tail.events()] == [e.ts for e in read_merged(tmp_path)]
+
+
+def test_snapshot_equals_the_report(tmp_path):
+    write(tmp_path, SyntheticRun(crash_steps=(15, 40)))
+    rep = build(tmp_path)
+    snap = take(read_merged(tmp_path), now=0.0)
+    assert snap.goodput == rep["goodput"]
+    assert snap.buckets == rep["buckets_s"]
+    assert snap.interruptions_by_cause == {"crash": 2}
+    assert snap.restarts_by_cause == {"crash": 2}
+    assert snap.mtbf_job_hours == rep["reliability"]["mtbf_job_hours"]
+    strag = {r.rank: r.straggler_score for r in snap.ranks}
+    assert strag[1] > 1.2 > strag[0]
+
+
+def test_exposition_carries_the_accounting(tmp_path):
+    write(
+        tmp_path,
+        SyntheticRun(
+            crash_steps=(15,),
+            health_findings=(
+                {
+                    "check": "nvml",
+                    "code": "gpu.clock.hw_thermal",
+                    "subject": "gpu0",
+                    "severity": "warn",
+                    "message": "hot",
+                },
+            ),
+        ),
+    )
+    evs = read_merged(tmp_path)
+    gp = compute(evs)
+    snap = take(evs, now=evs[-1].ts + 100)
+    s = _samples(render(snap, now=evs[-1].ts + 100))
+    run = ("run", "synthetic")
+    assert s[("stalwart_goodput_ratio", (run,))] == gp.goodput
+    for bucket, secs in gp.buckets.items():
+        if bucket != "productive":
+            assert s[("stalwart_badput_seconds", (("bucket", bucket), run))] == secs
+    assert s[("stalwart_restarts_total", (("cause", "crash"), run))] == 1
+    assert s[("stalwart_detection_latency_seconds_count", (run,))] == 1
+    assert s[("stalwart_node_hw_slowdown", (("node", "node0"), run, ("subject", "gpu0")))] == 1
+    newest = max(e.ts for e in evs if e.kind == "CheckpointCommitted")
+    assert s[("stalwart_checkpoint_newest_age_seconds", (run,))] == evs[-1].ts + 100 - newest
+    steps_rank1 = sum(1 for e in evs if isinstance(e, StepCompleted) and e.rank == 1)
+    assert s[("stalwart_rank_steps_total", (("node", "node0"), ("rank", "1"), run))] == steps_rank1
+    assert s[("stalwart_job_running", (run,))] == 0
+
+
+def test_a_corrupt_ledger_is_reported_and_the_others_still_read(tmp_path):
+    write(tmp_path, SyntheticRun(steps=20, crash_steps=()))
+    bad = tmp_path / "ledger" / "rank-9.ledger"
+    con = sqlite3.connect(bad)
+    con.execute("CREATE TABLE other (x)")
+    con.commit()
+    con.close()
+    w = RunWatcher(tmp_path)
+    snap = w.refresh()
+    assert snap.started and snap.steps_completed == 20
+    assert "rank-9.ledger" in snap.error
+    s = _samples(render(snap, now=0.0))
+    assert s[("stalwart_ledger_error", (("run", "synthetic"),))] == 1
