@@ -31,6 +31,7 @@ from ..events import (
 )
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
+HEATMAP_STEPS = 60  # per-rank step durations kept for the dashboard's heat map
 # finding codes exported as hardware signals (joined with step time by the seam alert)
 HW_SLOWDOWN_CODES = (
     "gpu.clock.hw_slowdown",
@@ -62,7 +63,7 @@ class RankState:
     recent_step_s: float  # mean of the last RECENT_STEPS steps
     last_ts: float
     straggler_score: float | None
-    recent_steps: tuple[float, ...] = ()
+    recent_steps: tuple[tuple[int, float], ...] = ()  # (step, duration) of the last HEATMAP_STEPS
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class RunSnapshot:
     finished: bool
     outcome: str = "running"
     verdict: str = ""
+    job_start: float = 0.0
     wall_s: float = 0.0
     goodput: float = 0.0
     buckets: dict[str, float] = field(default_factory=dict)
@@ -127,6 +129,7 @@ def _ranks(steps: Sequence[StepCompleted]) -> tuple[RankState, ...]:
     out = []
     for rank, group in sorted(by_rank.items()):
         recent = [s.duration for s in group[-RECENT_STEPS:]]
+        kept = tuple((s.step, s.duration) for s in group[-HEATMAP_STEPS:])
         last = group[-1]
         out.append(
             RankState(
@@ -138,7 +141,7 @@ def _ranks(steps: Sequence[StepCompleted]) -> tuple[RankState, ...]:
                 recent_step_s=statistics.fmean(recent),
                 last_ts=last.ts,
                 straggler_score=scores.get(rank),
-                recent_steps=tuple(recent),
+                recent_steps=kept,
             )
         )
     return tuple(out)
@@ -262,6 +265,7 @@ def take(
         **base,
         outcome=gp.outcome,
         verdict=gp.verdict,
+        job_start=gp.job_start,
         wall_s=gp.wall_s,
         goodput=gp.goodput,
         buckets={b: gp.buckets[b] for b in BUCKETS},

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .snapshot import ModelSpec, RunSnapshot, take
+from .snapshot import ModelSpec, RunSnapshot, goodput_series, take
 from .tail import LedgerTail
 
 SERIES_MAX = 240  # goodput points kept for the live chart
+BACKFILL_POINTS = 30  # a run opened after it started: its past, recomputed at this many instants
+BACKFILL_MAX_EVENTS = 50_000  # ... only when that is cheap (each point is one goodput computation)
 
 
 class RunWatcher:
@@ -42,6 +44,7 @@ class RunWatcher:
         self._thread: threading.Thread | None = None
         self._cost_s = 0.0
         self.cycles = 0
+        self.loading = True
 
     # --- reading (any thread) ----------------------------------------------------------------
 
@@ -64,14 +67,23 @@ class RunWatcher:
         t0 = time.perf_counter()
         result = self.tail.poll()
         snap = self.snapshot()
+        self.loading = not result.caught_up
+        if self.loading and snap.started:
+            return snap  # catch up first (bounded reads); the accounting is recomputed once caught up
         if result.new_events or not snap.started or not snap.finished:
             snap = take(self.tail.events(), self._clock(), model=self.model)
             if result.errors and not snap.error:
                 snap = _with_error(snap, "; ".join(result.errors))
         with self._lock:
             self._snap = snap
-            if snap.started and snap.wall_s > 0 and (not self._series or self._series[-1][0] < snap.now):
-                self._series.append((snap.now, snap.goodput))
+            at = snap.job_start + snap.wall_s
+            if snap.started and snap.wall_s > 0 and not snap.error:
+                if not self._series and snap.events <= BACKFILL_MAX_EVENTS:
+                    self._series = list(
+                        goodput_series(self.tail.events(), snap.job_start, at, BACKFILL_POINTS)
+                    )
+                if not self._series or self._series[-1][0] < at:
+                    self._series.append((at, snap.goodput))
                 del self._series[:-SERIES_MAX]
         self._cost_s = time.perf_counter() - t0
         self.cycles += 1
@@ -92,7 +104,7 @@ class RunWatcher:
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one bad cycle
                 with self._lock:
                     self._snap = _with_error(self._snap, f"cannot read the run: {exc}")
-            self._stop.wait(max(self.interval_s, 2 * self._cost_s))
+            self._stop.wait(0.0 if self.loading else max(self.interval_s, 2 * self._cost_s))
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
