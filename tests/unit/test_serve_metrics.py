@@ -102,3 +102,16 @@ def test_a_corrupt_ledger_is_reported_and_the_others_still_read(tmp_path):
     assert "rank-9.ledger" in snap.error
     s = _samples(render(snap, now=0.0))
     assert s[("stalwart_ledger_error", (("run", "synthetic"),))] == 1
+
+
+def test_concurrent_polls_never_read_a_row_twice(tmp_path):
+    import threading
+
+    write(tmp_path, SyntheticRun(steps=200, crash_steps=()))
+    tail = LedgerTail(tmp_path, max_rows=7)
+    threads = [threading.Thread(target=lambda: [tail.poll() for _ in range(200)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tail.count() == len(read_merged(tmp_path))

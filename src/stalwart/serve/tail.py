@@ -45,6 +45,7 @@ class LedgerTail:
         self._events: list[Event] = []
         self._unsorted = False
         self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()
 
     @property
     def errors(self) -> tuple[str, ...]:
@@ -57,7 +58,14 @@ class LedgerTail:
         return sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []
 
     def poll(self) -> PollResult:
-        """Read up to ``max_rows`` new rows across the files; returns what was done."""
+        """Read up to ``max_rows`` new rows across the files; returns what was done.
+
+        Polls are serialised (a second caller waits for the first), so no row is read twice.
+        """
+        with self._poll_lock:
+            return self._poll()
+
+    def _poll(self) -> PollResult:
         budget = self.max_rows
         fresh: list[Event] = []
         files = self.files()
