@@ -193,7 +193,9 @@ class Dashboard:
                 {
                     "id": run_id,
                     "run_id": s.run_id,
-                    "outcome": s.outcome,
+                    "outcome": "loading"
+                    if w.loading
+                    else ("unreadable" if s.error and not s.started else s.outcome),
                     "goodput": s.goodput,
                     "steps_completed": s.steps_completed,
                     "interruptions": len(s.interruptions),

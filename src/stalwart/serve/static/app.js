@@ -33,6 +33,7 @@ function fmtS(x) {
 }
 function pct(x) { return (100 * x).toFixed(1) + "%"; }
 function when(ts) { return ts ? new Date(ts * 1000).toLocaleTimeString() : "-"; }
+function put(parent, ...kids) { parent.replaceChildren(...kids.filter(k => k !== null && k !== undefined)); }
 function pill(text, cls) { return el("span", { class: "pill " + (cls || text), text: String(text) }); }
 function bucketColor(b) { return getComputedStyle(document.documentElement).getPropertyValue("--b-" + b).trim() || "#ccc"; }
 
@@ -70,7 +71,7 @@ async function pageRuns(app) {
   const rows = data.runs.map(r => {
     const tr = el("tr", { class: "clickable", "data-run": r.id, onclick: () => { location.hash = "#/run/" + encodeURIComponent(r.id); } },
       td(el("a", { href: "#/run/" + encodeURIComponent(r.id), text: r.id })),
-      td(pill(r.loading ? "loading" : r.outcome, r.outcome)),
+      td(pill(r.outcome, r.outcome === "unreadable" ? "bad" : r.outcome)),
       td(pct(r.goodput), "num"), td(r.steps_completed, "num"), td(r.interruptions, "num"),
       td(fmtS(r.wall_s), "num"), td(r.events.toLocaleString(), "num"),
       td(r.error ? pill("ledger error", "bad") : ""));
@@ -78,7 +79,7 @@ async function pageRuns(app) {
   });
   const healthy = cluster.nodes.filter(n => n.state === "healthy").length;
   const drained = cluster.nodes.filter(n => n.drained).length;
-  app.replaceChildren(
+  put(app, 
     el("h1", { text: "Jobs" }),
     el("div", { class: "kpis" },
       kpi(data.runs.length, "jobs"), kpi(data.runs.filter(r => r.outcome === "running").length, "running"),
@@ -100,7 +101,7 @@ async function pageRun(app, id) {
   const outcome = r.loading ? "loading" : r.outcome;
   const restarts = Object.values(r.restarts_by_cause).reduce((a, b) => a + b, 0);
   const ck = r.checkpoints || {};
-  app.replaceChildren(
+  put(app, 
     el("h1", {}, document.createTextNode("Job " + (r.run_id || id) + " "), pill(outcome, r.outcome)),
     el("div", { class: "kpis" },
       kpi(r.started ? pct(r.goodput) : "-", "goodput", "goodput"),
@@ -126,7 +127,7 @@ async function pageRun(app, id) {
 
 async function pageNodes(app) {
   const c = await api("/api/cluster");
-  app.replaceChildren(el("h1", { text: "Nodes" }), el("div", { class: "card" }, nodesTable(c.nodes, true)));
+  put(app, el("h1", { text: "Nodes" }), el("div", { class: "card" }, nodesTable(c.nodes, true)));
   banner("");
 }
 
