@@ -115,3 +115,63 @@ def test_concurrent_polls_never_read_a_row_twice(tmp_path):
     for t in threads:
         t.join()
     assert tail.count() == len(read_merged(tmp_path))
+
+
+def test_the_endpoint_lingers_for_one_more_scrape_only_when_scraped(tmp_path):
+    import threading
+    import urllib.request
+
+    from stalwart.serve.metrics import MetricsServer
+
+    write(tmp_path, SyntheticRun(steps=10, crash_steps=()))
+    srv = MetricsServer(RunWatcher(tmp_path), port=0).start()
+    try:
+        assert srv.linger(max_s=5) is False  # nobody scrapes: no wait
+        for _ in range(2):
+            assert b"stalwart_goodput_ratio" in urllib.request.urlopen(srv.url, timeout=5).read()
+        late = threading.Timer(0.05, lambda: urllib.request.urlopen(srv.url, timeout=5).read())
+        late.start()
+        assert srv.linger(max_s=5) is True
+        late.join()
+    finally:
+        srv.stop()
+
+
+def test_alert_rules_and_grafana_only_use_series_the_exporter_exposes(tmp_path):
+    import re
+    from pathlib import Path
+
+    from stalwart.health.events import NodeDrained
+    from stalwart.serve.rules import rules_path
+
+    write(
+        tmp_path,
+        SyntheticRun(
+            crash_steps=(15,),
+            ended=False,
+            health_findings=(
+                {
+                    "check": "ib",
+                    "code": "ib.state",
+                    "subject": "mlx5_0/1",
+                    "severity": "fail",
+                    "message": "down",
+                },
+                {
+                    "check": "nvml",
+                    "code": "gpu.clock.hw_slowdown",
+                    "subject": "gpu0",
+                    "severity": "warn",
+                    "message": "hw",
+                },
+            ),
+        ),
+    )
+    evs = read_merged(tmp_path)
+    evs.append(NodeDrained(ts=evs[-1].ts + 1, node="node0", backend="local", reason="stalwart: bad ib"))
+    exposed = {s[0] for s in _samples(render(take(evs, now=evs[-1].ts), now=evs[-1].ts))}
+    docs = Path(__file__).parents[2] / "docs" / "grafana-stalwart.json"
+    for source in (rules_path().read_text(), docs.read_text()):
+        used = set(re.findall(r"stalwart_[a-z_]+", source)) - {"stalwart_"}
+        used = {u for u in used if not u.startswith(("stalwart_dashboard", "stalwart_metrics_file"))}
+        assert used and used <= exposed, sorted(used - exposed)

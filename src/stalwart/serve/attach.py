@@ -57,7 +57,8 @@ class Observability:
 
     def stop(self) -> None:
         if self.exporter is not None:
-            self.exporter.server.watcher.refresh()  # the final state (verdict) is served until the end
+            self.exporter.server.watcher.refresh()  # the final state (verdict) ...
+            self.exporter.server.linger()  # ... is scraped once more before the endpoint closes (bounded)
             self.exporter.stop()
         if self.notifier is not None:
             self.notifier.close(5.0)

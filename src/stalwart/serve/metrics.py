@@ -282,6 +282,9 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(watcher))
         registry = self.registry
+        server = self
+        self._scrapes: list[float] = []
+        self._scraped = threading.Condition()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
@@ -289,6 +292,7 @@ class MetricsServer:
                     self.send_error(404, "only /metrics is served here")
                     return
                 body = generate_latest(registry)
+                server.note_scrape()
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.send_header("Content-Length", str(len(body)))
@@ -328,6 +332,24 @@ class MetricsServer:
         )
         self._thread.start()
         return self
+
+    def note_scrape(self) -> None:
+        with self._scraped:
+            self._scrapes = [*self._scrapes[-1:], time.monotonic()]
+            self._scraped.notify_all()
+
+    def linger(self, max_s: float = 15.0) -> bool:
+        """Wait (bounded) for one more scrape, so the final state is collected before the endpoint closes.
+
+        Waits only when a scraper has been seen at least twice: up to 1.5 x its observed interval + 0.5 s,
+        capped at ``max_s``. Returns whether a scrape came.
+        """
+        with self._scraped:
+            if len(self._scrapes) < 2:
+                return False
+            interval = self._scrapes[-1] - self._scrapes[-2]
+            seen = self._scrapes[-1]
+            return self._scraped.wait_for(lambda: self._scrapes[-1] > seen, min(max_s, 1.5 * interval + 0.5))
 
     def stop(self) -> None:
         """Close the endpoint and stop the watcher thread (bounded waits)."""
