@@ -90,6 +90,14 @@ class RunConfig(BaseModel):
             return v
         raise ValueError(f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)")
 
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.removeprefix("generic:").startswith(("http://", "https://")):
+                raise ValueError(f"--notify {url!r} is not http(s): give http(s)://host/path or generic:http(s)://...")
+        return v
+
     @field_validator("health_backend")
     @classmethod
     def _backend(cls, v: str) -> str:

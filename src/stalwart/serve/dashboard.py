@@ -353,7 +353,8 @@ class Dashboard:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self._thread is not None:
+            self.httpd.shutdown()  # blocks until serve_forever returns: only call it when it runs
         self.httpd.server_close()
         for w in self._watchers.values():
             w.stop()

@@ -281,8 +281,10 @@ class MetricsServer:
         self.watcher = watcher
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(watcher))
-        registry = self.registry
         server = self
+        self._body: tuple[RunSnapshot, bytes] | None = None  # (snapshot, its exposition)
+        self._render = generate_latest
+        watcher.on_refresh.append(lambda snap: self.exposition())  # render in the watcher thread
         self._scrapes: list[float] = []
         self._scraped = threading.Condition()
 
@@ -291,7 +293,7 @@ class MetricsServer:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "only /metrics is served here")
                     return
-                body = generate_latest(registry)
+                body = server.exposition()
                 server.note_scrape()
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE_LATEST)
@@ -333,6 +335,17 @@ class MetricsServer:
         self._thread.start()
         return self
 
+    def exposition(self) -> bytes:
+        """The exposition of the latest snapshot, rendered once per snapshot (normally by the watcher
+        thread right after it computed the snapshot, so a scrape only sends bytes)."""
+        snap = self.watcher.snapshot()
+        cached = self._body
+        if cached is not None and cached[0] is snap:
+            return cached[1]
+        body = self._render(self.registry)
+        self._body = (snap, body)
+        return body
+
     def note_scrape(self) -> None:
         with self._scraped:
             self._scrapes = [*self._scrapes[-1:], time.monotonic()]
@@ -352,8 +365,9 @@ class MetricsServer:
             return self._scraped.wait_for(lambda: self._scrapes[-1] > seen, min(max_s, 1.5 * interval + 0.5))
 
     def stop(self) -> None:
-        """Close the endpoint and stop the watcher thread (bounded waits)."""
-        self.httpd.shutdown()
+        """Close the endpoint and stop the watcher thread (bounded waits; safe if never started)."""
+        if self._thread is not None:
+            self.httpd.shutdown()  # blocks until serve_forever returns: only call it when it runs
         self.httpd.server_close()
         self.watcher.stop()
         if self._thread is not None:

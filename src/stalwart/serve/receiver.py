@@ -109,6 +109,7 @@ class NotifyReceiver:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self._thread is not None:
+            self.httpd.shutdown()  # blocks until serve_forever returns: only call it when it runs
         self.httpd.server_close()
         self.poster.close(5.0)

@@ -45,6 +45,7 @@ class RunWatcher:
         self._cost_s = 0.0
         self.cycles = 0
         self.loading = True
+        self.on_refresh: list[Callable[[RunSnapshot], object]] = []  # called in the watcher thread
 
     # --- reading (any thread) ----------------------------------------------------------------
 
@@ -85,6 +86,8 @@ class RunWatcher:
                 if not self._series or self._series[-1][0] < at:
                     self._series.append((at, snap.goodput))
                 del self._series[:-SERIES_MAX]
+        for hook in self.on_refresh:
+            hook(snap)
         self._cost_s = time.perf_counter() - t0
         self.cycles += 1
         return snap
