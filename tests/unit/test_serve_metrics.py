@@ -175,3 +175,16 @@ def test_alert_rules_and_grafana_only_use_series_the_exporter_exposes(tmp_path):
         used = set(re.findall(r"stalwart_[a-z_]+", source)) - {"stalwart_"}
         used = {u for u in used if not u.startswith(("stalwart_dashboard", "stalwart_metrics_file"))}
         assert used and used <= exposed, sorted(used - exposed)
+
+
+def test_loading_ends_only_when_the_snapshot_covers_the_whole_ledger(tmp_path):
+    write(tmp_path, SyntheticRun(steps=100, crash_steps=(40,)))
+    total = len(read_merged(tmp_path))
+    w = RunWatcher(tmp_path, max_rows=100)
+    states = []
+    for _ in range(total // 100 + 3):
+        snap = w.refresh()
+        states.append((w.loading, snap.events))
+    assert states[0][0] is True and states[-1] == (False, total)
+    assert all(events < total for loading, events in states if loading)
+    assert w.snapshot().goodput == compute(read_merged(tmp_path)).goodput

@@ -68,8 +68,8 @@ class RunWatcher:
         t0 = time.perf_counter()
         result = self.tail.poll()
         snap = self.snapshot()
-        self.loading = not result.caught_up
-        if self.loading and snap.started:
+        if not result.caught_up and snap.started:
+            self.loading = True
             return snap  # catch up first (bounded reads); the accounting is recomputed once caught up
         if result.new_events or not snap.started or not snap.finished:
             snap = take(self.tail.events(), self._clock(), model=self.model)
@@ -78,7 +78,7 @@ class RunWatcher:
         with self._lock:
             self._snap = snap
             at = snap.job_start + snap.wall_s
-            if snap.started and snap.wall_s > 0 and not snap.error:
+            if snap.started and snap.wall_s > 0 and not snap.error and result.caught_up:
                 if not self._series and snap.events <= BACKFILL_MAX_EVENTS:
                     self._series = list(
                         goodput_series(self.tail.events(), snap.job_start, at, BACKFILL_POINTS)
@@ -86,6 +86,7 @@ class RunWatcher:
                 if not self._series or self._series[-1][0] < at:
                     self._series.append((at, snap.goodput))
                 del self._series[:-SERIES_MAX]
+        self.loading = not result.caught_up  # only now: the snapshot covers what was read
         for hook in self.on_refresh:
             hook(snap)
         self._cost_s = time.perf_counter() - t0
