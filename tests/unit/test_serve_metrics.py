@@ -188,3 +188,31 @@ def test_loading_ends_only_when_the_snapshot_covers_the_whole_ledger(tmp_path):
     assert states[0][0] is True and states[-1] == (False, total)
     assert all(events < total for loading, events in states if loading)
     assert w.snapshot().goodput == compute(read_merged(tmp_path)).goodput
+
+
+def test_tokens_per_second_and_mfu_use_the_account_functions(tmp_path):
+    import pytest
+
+    from stalwart.account.mfu import mfu_from_step
+    from stalwart.errors import ConfigError
+    from stalwart.serve.snapshot import parse_model_spec
+
+    spec = parse_model_spec(
+        "params=7e9,layers=32,heads=32,head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100"
+    )
+    write(tmp_path, SyntheticRun(steps=20, crash_steps=()))
+    evs = read_merged(tmp_path)
+    snap = take(evs, now=0.0, model=spec)
+    ideal = compute(evs).ideal_step_s
+    s = _samples(render(snap, now=0.0))
+    assert s[("stalwart_tokens_per_second", (("run", "synthetic"),))] == pytest.approx(4e6 / ideal)
+    expected = mfu_from_step(spec.dims, 4e6, ideal, 64, spec.peak_flops_per_gpu)
+    assert s[("stalwart_mfu_ratio", (("run", "synthetic"),))] == pytest.approx(expected)
+    for bad in (
+        "params=7e9",
+        "params=x,layers=1,heads=1,head_dim=1,seq_len=1,tokens_per_step=1,gpus=1,device=h100",
+        "bogus=1",
+        "params=1,layers=1,heads=1,head_dim=1,seq_len=1,tokens_per_step=1,gpus=1,device=z80",
+    ):
+        with pytest.raises(ConfigError):
+            parse_model_spec(bad)

@@ -24,6 +24,12 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(9400, "--port", help="Port for /metrics (0 = any free port)."),
         addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
         interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
+        model: str = typer.Option(
+            None,
+            "--model",
+            help="Model spec for tokens/s and MFU: params=7e9,layers=32,heads=32,head_dim=128,"
+            "seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
+        ),
         file_sd_dir: Path = typer.Option(
             None, "--file-sd-dir", help="Under Slurm, write a Prometheus file_sd target here."
         ),
@@ -39,7 +45,12 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if interval <= 0:
             raise ConfigError("--interval must be positive seconds")
-        exp = RunExporter(run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir).start()
+        from ..serve.snapshot import parse_model_spec
+
+        spec = parse_model_spec(model) if model else None
+        exp = RunExporter(
+            run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir, model=spec
+        ).start()
         print(f"serving {exp.url} for {run_dir}", flush=True)
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())

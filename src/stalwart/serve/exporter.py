@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .file_sd import slurm_labels, write_target
 from .metrics import MetricsServer
+from .snapshot import ModelSpec
 from .watcher import RunWatcher
 
 
@@ -24,8 +25,11 @@ class RunExporter:
         interval_s: float = 1.0,
         file_sd_dir: str | Path | None = None,
         env: Mapping[str, str] | None = None,
+        model: ModelSpec | None = None,
     ) -> None:
-        self.server = MetricsServer(RunWatcher(run_dir, interval_s=interval_s), addr=addr, port=port)
+        self.server = MetricsServer(
+            RunWatcher(run_dir, interval_s=interval_s, model=model), addr=addr, port=port
+        )
         self.sd_path: Path | None = None
         labels = slurm_labels(os.environ if env is None else env)
         if labels is not None and file_sd_dir:
