@@ -184,3 +184,24 @@ def test_bad_rule_file_is_one_clear_error(tmp_path):
     p.write_text("rules: []\n")
     with pytest.raises(ConfigError, match="rules"):
         load_cross_rules(p)
+
+
+@pytest.mark.parametrize(
+    "variant,rule,component",
+    [
+        ("xid74_kmsg", "nvlink", Component.NVLINK),
+        ("xid94_kmsg", "gpu-memory", Component.GPU_MEMORY),
+        ("xid48_kmsg", "gpu-memory", Component.GPU_MEMORY),
+    ],
+)
+def test_kernel_log_variants_name_their_component(variant, rule, component):
+    klog = read_kernel_log_file(DERIVED / variant / "kmsg.txt")
+    inc = diagnose_comm_failure(symptoms_on_every_rank(), from_kernel_log(klog, "n1", T0 - 99.1), now=T0)
+    assert inc.rule == f"cross_layer:{rule}" and inc.component is component
+    assert inc.blast_radius.nodes == ("n1",) and inc.blast_radius.ranks == (0, 1)
+
+
+def test_garbage_kernel_log_explains_nothing():
+    klog = read_kernel_log_file(DERIVED / "garbage_kmsg" / "kmsg.txt")
+    inc = diagnose_comm_failure(symptoms_on_every_rank(), from_kernel_log(klog, "n1", T0 - 1), now=T0)
+    assert inc.rule == "cross_layer:no-cause"
