@@ -15,15 +15,10 @@ from typing import Any
 from ..events import Event, FailureDetected, StragglerDetected
 from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
+from .root_cause import COMM_TEXT, COMM_TYPES
 
-# Exceptions and texts that say "a peer or the network went away" (the same test the agent's
-# failure classifier applies, kept here so diagnosis does not import launch/).
-_COMM_TYPES = re.compile(r"\b(DistBackendError|DistNetworkError|DistStoreError|DistError)$")
-_COMM_TEXT = re.compile(
-    r"(\bgloo\b|\bnccl\b|\bc10d\b|connection (reset|closed|refused)|broken pipe|\btimed out\b|"
-    r"\bProcessGroup\w*|read error|transport/tcp|\brendezvous (closed|timed out|failed)\b|watchdog)",
-    re.IGNORECASE,
-)
+# The comm test of the crash classifier, plus the PyTorch watchdog's words.
+_WATCHDOG = re.compile(r"\bwatchdog\b", re.IGNORECASE)
 _TIMEOUT_TEXT = re.compile(r"\b(timed? ?out|timeout|watchdog)\b", re.IGNORECASE)
 # NCCL's IB transport names the local HCA in completion errors: "... vendor_err=129 hca mlx5_3"
 _HCA_TEXT = re.compile(r"\bhca (?P<hca>[A-Za-z0-9_]+)\b")
@@ -45,7 +40,7 @@ class Signal:
 
 
 def is_comm_text(error_type: str, text: str) -> bool:
-    return bool(_COMM_TYPES.search(error_type) or _COMM_TEXT.search(text[:500]))
+    return bool(COMM_TYPES.search(error_type) or COMM_TEXT.search(text[:500]) or _WATCHDOG.search(text[:500]))
 
 
 def from_failure(ev: FailureDetected) -> Signal:
