@@ -154,3 +154,30 @@ def from_kernel_log(
             )
         )
     return tuple(out)
+
+
+def from_ps_states(text: str, node: str, ts: float, ranks_by_pid: Mapping[int, int]) -> tuple[Signal, ...]:
+    """``process.dstate`` for worker processes in uninterruptible sleep, from ``ps -o pid=,stat=,wchan=``
+    output (one process per line). A rank stuck in D state is blocked in the kernel, usually on I/O."""
+    out = []
+    for raw in text.splitlines():
+        parts = raw.split()
+        if len(parts) < 2 or not parts[0].isdigit():
+            continue
+        pid, stat = int(parts[0]), parts[1]
+        if pid not in ranks_by_pid or not stat.startswith("D"):
+            continue
+        wchan = parts[2] if len(parts) > 2 and parts[2] != "-" else "?"
+        rank = ranks_by_pid[pid]
+        out.append(
+            Signal(
+                ts=ts,
+                node=node,
+                code="process.dstate",
+                subject=f"rank{rank}",
+                text=f"pid {pid} (rank {rank}) in D state, waiting in {wchan}",
+                rank=rank,
+                evidence={"pid": pid, "stat": stat, "wchan": wchan},
+            )
+        )
+    return tuple(out)
