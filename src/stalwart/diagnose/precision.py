@@ -15,6 +15,7 @@ the chaos faults: each fault kind names the detectors that should catch it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -84,27 +85,41 @@ def _same_place(f: Firing, node: str, rank: int) -> bool:
     return bool(node) and f.node == node
 
 
-def _confirmed(f: Firing, evs: Sequence[Event], fires: Sequence[Firing], w: float) -> bool:
-    for e in evs:
-        if isinstance(e, ChaosInjected) and f.ts - w <= e.ts <= f.ts and _same_place(f, e.node, e.rank):
-            return True
-        if (
-            e.kind == "HealthChecked"
-            and getattr(e, "status", "") == "fail"
-            and not f.detector.startswith("health")
-            and abs(e.ts - f.ts) <= w
-            and e.node
-            and e.node == f.node
-        ):
-            return True
-    for e in evs:
-        if not (isinstance(e, DecisionTaken) and e.action in FIXING_ACTIONS and f.ts <= e.ts <= f.ts + w):
-            continue
-        if e.node and f.node and e.node != f.node:
+@dataclass(frozen=True)
+class _Index:
+    """The events confirmation looks at, pulled out once (a ledger is mostly StepCompleted)."""
+
+    chaos: tuple[ChaosInjected, ...]
+    health_fail: tuple[Event, ...]
+    fixes: tuple[DecisionTaken, ...]
+    step_ts: tuple[float, ...]  # sorted
+
+    @classmethod
+    def of(cls, evs: Sequence[Event]) -> _Index:
+        return cls(
+            tuple(e for e in evs if isinstance(e, ChaosInjected)),
+            tuple(e for e in evs if e.kind == "HealthChecked" and getattr(e, "status", "") == "fail"),
+            tuple(e for e in evs if isinstance(e, DecisionTaken) and e.action in FIXING_ACTIONS),
+            tuple(sorted(e.ts for e in evs if isinstance(e, StepCompleted))),
+        )
+
+    def stepped(self, after: float, until: float) -> bool:
+        i = bisect.bisect_right(self.step_ts, after)
+        return i < len(self.step_ts) and self.step_ts[i] <= until
+
+
+def _confirmed(f: Firing, ix: _Index, fires: Sequence[Firing], w: float) -> bool:
+    if any(f.ts - w <= e.ts <= f.ts and _same_place(f, e.node, e.rank) for e in ix.chaos):
+        return True
+    if not f.detector.startswith("health") and any(
+        abs(e.ts - f.ts) <= w and e.node and e.node == f.node for e in ix.health_fail
+    ):
+        return True
+    for e in ix.fixes:
+        if not f.ts <= e.ts <= f.ts + w or (e.node and f.node and e.node != f.node):
             continue
         again = any(g.detector == f.detector and e.ts < g.ts <= e.ts + w and g.node == f.node for g in fires)
-        progressed = any(isinstance(s, StepCompleted) and e.ts < s.ts <= e.ts + w for s in evs)
-        if not again and progressed:
+        if not again and ix.stepped(e.ts, e.ts + w):
             return True
     return False
 
@@ -114,12 +129,13 @@ def detector_stats(events: Iterable[Event], cfg: PrecisionConfig | None = None) 
     c = cfg or PrecisionConfig()
     evs = sorted(events, key=lambda e: e.ts)
     fires = firings(evs)
+    ix = _Index.of(evs)
     names = sorted({f.detector for f in fires} | {d for ds in c.expected.values() for d in ds})
-    faults = [e for e in evs if isinstance(e, ChaosInjected)]
+    faults = ix.chaos
     out = []
     for name in names:
         mine = [f for f in fires if f.detector == name]
-        confirmed = sum(1 for f in mine if _confirmed(f, evs, fires, c.window_s))
+        confirmed = sum(1 for f in mine if _confirmed(f, ix, fires, c.window_s))
         expected = [x for x in faults if name in c.expected.get(x.fault, ())]
         caught = sum(
             1
