@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .signals import Signal
 
-COMM_CODES = ("comm.timeout", "comm.error")
+COMM_CODES = ("comm.timeout", "comm.error", "process.hang")  # the symptoms a rule explains
 
 
 class Match(BaseModel):
@@ -106,7 +106,7 @@ def diagnose_comm_failure(
     *,
     gpus: int = 0,
 ) -> Incident | None:
-    """One incident for one communication failure (all ranks' ``comm.*`` signals of one interruption).
+    """One incident for one communication failure or hang (all ranks' symptom signals of one interruption).
 
     ``evidence``: signals from the job's nodes (findings, kernel log, process states), any time; only
     those inside the window count. ``gpus``: the job's size, for the cost of the time from the first
@@ -152,8 +152,9 @@ def diagnose_comm_failure(
             blast_radius=BlastRadius(nodes=(top.node,), ranks=ranks),
             cost_gpu_s=cost,
         )
+    what = "hang" if all(s.code == "process.hang" for s in comm) else "communication failure"
     return Incident(
-        cause=f"communication failure with no node-level cause in the window (first: {first.text[:120]})",
+        cause=f"{what} with no node-level cause in the window (first: {first.text[:120]})",
         fault_class=FaultClass.UNKNOWN,
         component=Component.COMMUNICATION,
         confidence=0.3,

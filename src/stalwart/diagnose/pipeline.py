@@ -4,8 +4,8 @@
 to the next ``DecisionTaken`` is one interruption: several ranks report the same fault), takes the
 health findings recorded in ``HealthChecked`` events plus any extra signals (kernel log, process
 states) as evidence, and returns one incident per interruption whose symptom is a communication
-failure. Failures that are not communication failures are already their own cause (a user
-exception, a crash with a signal) and are left to the agent's verdict.
+failure or a hang. Other failures are already their own cause (a user exception, a crash with a
+signal) and are left to the agent's verdict.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def evidence_signals(events: Iterable[Event]) -> tuple[Signal, ...]:
 def incidents_from_events(
     events: Sequence[Event], now: float, *, extra: Sequence[Signal] = (), rules: CrossRules | None = None
 ) -> tuple[Incident, ...]:
-    """One incident per interruption whose symptom is a communication failure (pure)."""
+    """One incident per interruption whose symptom is a communication failure or a hang (pure)."""
     evs = sorted(events, key=lambda e: e.ts)
     evidence = evidence_signals(evs) + tuple(extra)
     attempts = [e for e in evs if isinstance(e, AttemptStarted)]

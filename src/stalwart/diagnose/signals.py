@@ -45,11 +45,13 @@ def is_comm_text(error_type: str, text: str) -> bool:
 
 def from_failure(ev: FailureDetected) -> Signal:
     """A failure as a signal: ``comm.timeout``/``comm.error`` when it looks like the communication
-    layer (the symptom), else ``process.<failure>``."""
+    layer, ``process.hang`` for a hang (both are symptoms to explain), else ``process.<failure>``."""
     text = f"{ev.evidence} {ev.error_message}".strip()
     comm = ev.failure == "peer_lost" or is_comm_text(ev.error_type, text)
-    if comm:
-        code = "comm.timeout" if _TIMEOUT_TEXT.search(text) or ev.failure == "hang" else "comm.error"
+    if ev.failure == "hang":
+        code = "process.hang"  # silent past the hang timeout: a symptom too, the rank is the culprit
+    elif comm:
+        code = "comm.timeout" if _TIMEOUT_TEXT.search(text) else "comm.error"
     else:
         code = f"process.{ev.failure}"
     evidence: dict[str, Any] = {"failure": ev.failure}
