@@ -260,3 +260,20 @@ def test_faults_far_apart_in_time_are_not_a_shared_cause():
     faults = [NodeFault("n1", 0, "a"), NodeFault("n2", 2000, "b"), NodeFault("n3", 4000, "c")]
     d = blast_radius(faults, topo, now=4010, cfg=SeamConfig(max_drains=5))
     assert d.incidents == () and d.drain == ("n3",)
+
+
+def test_ib_incidents_on_three_nodes_of_one_switch_feed_the_blast_radius_policy():
+    from stalwart.diagnose.cross_layer import diagnose_comm_failure
+    from stalwart.diagnose.signals import Signal
+    from stalwart.health.findings import Finding, Severity
+
+    incs = []
+    for node, t in (("n1", 1000.0), ("n2", 1040.0), ("n3", 1090.0)):
+        down = Finding("infiniband", "ib.state", "mlx5_0/1", Severity.FAIL, "port state DOWN")
+        sym = [Signal(ts=t + 5, node=node, code="comm.error", text="NCCL remote error", rank=0)]
+        incs.append(diagnose_comm_failure(sym, from_findings([down], node, t), now=t + 10))
+    faults = NodeFault.from_incidents(incs)
+    assert [f.node for f in faults] == ["n1", "n2", "n3"] and faults[0].ts == 1000.0
+    d = blast_radius(faults, load_topology(TOPO), now=1100.0)
+    assert d.drain == () and len(d.incidents) == 1 and d.incidents[0].blast_radius.domain == "leaf_switch:sw1"
+    assert NodeFault.from_incidents(d.incidents) == ()  # a shared-cause incident is not a node fault

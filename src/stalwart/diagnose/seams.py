@@ -141,6 +141,15 @@ class NodeFault:
     ts: float
     what: str  # one line: the finding or failure
 
+    @classmethod
+    def from_incidents(cls, incidents: Iterable[Incident]) -> tuple[NodeFault, ...]:
+        """The node faults behind node-level incidents (one node in the blast radius, no shared domain)."""
+        return tuple(
+            cls(i.blast_radius.nodes[0], i.onset, i.cause)
+            for i in incidents
+            if len(i.blast_radius.nodes) == 1 and not i.blast_radius.domain
+        )
+
 
 @dataclass(frozen=True)
 class BlastDecision:
