@@ -11,6 +11,7 @@ from stalwart.diagnose.straggler_action import (
     confidence_from_windows,
     decide_straggler,
 )
+from stalwart.errors import ConfigError
 from stalwart.launch.world_size import SizeRule, plan_world
 
 NODES = [f"n{i}" for i in range(8)]
@@ -38,6 +39,7 @@ def test_a_costly_straggler_is_excluded_at_the_next_valid_size():
     assert d.reason.startswith("exclude n3 and quarantine it: continuing slow costs")
     assert "next valid size 32 of 64 processes" in d.reason
     assert d.incident.action == "exclude_quarantine" and d.incident.blast_radius.ranks == (27,)
+    assert d.incident.cost_gpu_s == pytest.approx(64 * 600 * (1 - 1 / 3.0))  # slow so far
 
 
 def test_a_mild_straggler_is_kept_because_a_shrink_costs_more():
@@ -87,6 +89,13 @@ def test_no_valid_world_without_the_node_keeps_going():
     )
     d = decide_straggler(StragglerCase("a", 0, 3.0, 1.0, 0.0), w, now=1.0)
     assert d.action == "keep" and d.next_plan is None and "cannot run" in d.reason
+
+
+def test_bad_case_is_refused():
+    with pytest.raises(ConfigError, match="slowdown > 0"):
+        StragglerCase("n3", 1, slowdown=0.0, confidence=0.9, since=0.0)
+    with pytest.raises(ConfigError):
+        StragglerCase("n3", 1, slowdown=1.5, confidence=1.5, since=0.0)
 
 
 def test_confidence_from_windows():

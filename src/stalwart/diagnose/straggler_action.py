@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import ConfigError
 from ..launch.world_size import SizeRule, WorldPlan, replace_failed
-from .incident import BlastRadius, Component, FaultClass, Incident
+from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
 
 
 class StragglerActionConfig(BaseModel):
@@ -38,6 +39,13 @@ class StragglerCase:
     slowdown: float  # job step time with the straggler / without it
     confidence: float  # 0..1, from the detector (e.g. k-of-n windows agreeing)
     since: float
+
+    def __post_init__(self) -> None:
+        if not (self.slowdown > 0 and 0.0 <= self.confidence <= 1.0):
+            raise ConfigError(
+                f"straggler case needs slowdown > 0 and confidence in 0..1, got "
+                f"{self.slowdown!r}, {self.confidence!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ def decide_straggler(
         rule="policy:straggler-action",
         evidence=(why, f"{work.remaining_steps} steps of {work.step_time_s:g} s left on {gpus} processes"),
         blast_radius=BlastRadius(nodes=(case.node,), ranks=(case.rank,)),
-        cost_gpu_s=max(0.0, case.slowdown - 1.0) / case.slowdown * gpus * max(0.0, now - case.since),
+        cost_gpu_s=slowdown_cost_gpu_s(gpus, case.slowdown, max(0.0, now - case.since)),
     )
     return StragglerDecision(action, why, cont, excl, nxt if nxt.runnable else None, incident)
 
