@@ -44,7 +44,7 @@ DRIVER = textwrap.dedent("""
     def start(rank, mode, world=1):
         r, w = os.pipe()
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), IPC_FD=str(w), STALWART_AGENT_PID=str(os.getpid()))
+                   MASTER_PORT=str(port), IPC_FD=str(w))
         log = os.path.join(tmp, f"{mode}-{rank}.log")
         pid = server.spawn(WarmStart((script, mode), False, env, tmp, log), fds=(w,))
         os.close(w)

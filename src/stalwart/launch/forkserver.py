@@ -214,7 +214,12 @@ def _threads() -> int:
         return 1
 
 
+_AGENT_PID = 0  # the server's parent: the agent that adopts its workers
+
+
 def _serve() -> None:
+    global _AGENT_PID
+    _AGENT_PID = os.getppid()
     fd, preload = int(sys.argv[1]), json.loads(sys.argv[2])
     sock = socket.socket(fileno=fd)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the agent
@@ -293,7 +298,7 @@ def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
     code = 1
     try:
         sock.close()
-        agent = int(req["env"].get("STALWART_AGENT_PID", "0") or 0)
+        agent = _AGENT_PID
         deadline = time.monotonic() + 5.0
         while agent and os.getppid() != agent and time.monotonic() < deadline:
             time.sleep(0.001)  # wait to be adopted by the agent (the subreaper)
