@@ -1,0 +1,174 @@
+"""Read DCP checkpoints without running code from them.
+
+torch.distributed.checkpoint reads its ``.metadata`` file with ``pickle.load`` and the non-tensor
+values of a state dict with ``torch.load(weights_only=False)``: a planted file runs arbitrary code
+on load. Here ``.metadata`` goes through an unpickler that resolves only the globals DCP metadata
+needs (found by saving a two-tensor state, a DDP model + Adam, a DTensor state and an FSDP2 model +
+AdamW with torch 2.13 and listing the globals every ``.metadata`` referenced), and non-tensor
+values go through ``torch.load(weights_only=True)``. Anything else is refused with an
+``UnsafeCheckpoint`` that names the global, before it is resolved, so nothing executes.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from ..errors import CheckpointError
+
+METADATA = ".metadata"
+MAX_METADATA_BYTES = 1 << 30
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_DCP_METADATA, "Metadata"),
+        (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "MetadataIndex"),
+        (_DCP_METADATA, "TensorStorageMetadata"),
+        (_DCP_METADATA, "BytesStorageMetadata"),
+        (_DCP_METADATA, "ChunkStorageMetadata"),
+        (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),  # looks a layout up by name in a fixed table
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+    }
+)
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint file asks for code to run (a global outside the allow-list) or is not a pickle."""
+
+
+def _is_dtype(module: str, name: str) -> bool:
+    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Resolves only :data:`ALLOWED_GLOBALS` and torch dtypes; refuses everything else by name."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ALLOWED_GLOBALS or _is_dtype(module, name):
+            return super().find_class(module, name)
+        raise UnsafeCheckpoint(
+            f"checkpoint metadata asks for the global {module}.{name}, which is not "
+            "DCP metadata (refused without running it)",
+            "the file was planted or damaged; the load falls back to an older version",
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeCheckpoint(
+            "checkpoint metadata uses pickle persistent ids (refused)", "the file was planted or damaged"
+        )
+
+
+def load_metadata(data: bytes) -> Metadata:
+    """Unpickle DCP ``.metadata`` bytes with the restricted unpickler; it must yield a Metadata."""
+    try:
+        obj = RestrictedUnpickler(io.BytesIO(data)).load()
+    except UnsafeCheckpoint:
+        raise
+    except Exception as exc:  # a truncated or garbled pickle raises almost anything
+        raise UnsafeCheckpoint(
+            f"checkpoint metadata does not unpickle: {type(exc).__name__}: {exc}",
+            "the file is damaged; the load falls back to an older version",
+        ) from None
+    if not isinstance(obj, Metadata):
+        raise UnsafeCheckpoint(
+            f"checkpoint metadata holds a {type(obj).__name__}, not DCP Metadata",
+            "the file was planted or damaged",
+        )
+    return obj
+
+
+def check_metadata_file(path: Path) -> str:
+    """ "" if ``path`` is DCP metadata that loads without running code, else the reason (one line)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_METADATA_BYTES + 1)
+    except OSError as exc:
+        return f"cannot read {path.name}: {exc.strerror or exc}"
+    if len(data) > MAX_METADATA_BYTES:
+        return f"{path.name} is larger than {MAX_METADATA_BYTES} bytes"
+    try:
+        load_metadata(data)
+    except UnsafeCheckpoint as exc:
+        return exc.message
+    return ""
+
+
+def check_metadata(directory: Path, names: list[str]) -> str:
+    """The metadata check for one rank's share of the files: only the rank holding ``.metadata``."""
+    return check_metadata_file(directory / METADATA) if METADATA in names else ""
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader with ``read_metadata`` through the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as fh:
+            data = fh.read(MAX_METADATA_BYTES + 1)
+        if len(data) > MAX_METADATA_BYTES:
+            raise UnsafeCheckpoint(
+                f"checkpoint metadata is larger than {MAX_METADATA_BYTES} bytes",
+                "the file was planted or damaged",
+            )
+        metadata = load_metadata(data)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but non-tensor values load with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+            raise UnsafeCheckpoint(
+                f"checkpoint value {read_item.dest_index.fqn} was refused by "
+                f"torch.load(weights_only=True): {first}",
+                "the file was planted or damaged",
+            ) from None
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def refused(exc: BaseException) -> str:
+    """The refusal behind a failed ``dcp.load`` (DCP wraps each rank's error), or "" if none."""
+    if isinstance(exc, UnsafeCheckpoint):
+        return exc.message
+    if isinstance(exc, pickle.UnpicklingError):  # torch.load(weights_only=True) on a tensor file
+        return f"a tensor file was refused by torch.load(weights_only=True): {str(exc).splitlines()[0][:200]}"
+    if isinstance(exc, CheckpointException):
+        for err, _ in exc.failures.values():
+            if why := refused(err):
+                return why
+    cause = exc.__cause__ or exc.__context__
+    return refused(cause) if cause is not None and cause is not exc else ""
+
+
+def safe_load_kwargs(path: Path) -> dict[str, Any]:
+    """What to pass to ``dcp.load`` so that nothing in ``path`` runs code."""
+    return {"storage_reader": SafeFileSystemReader(path), "planner": SafeLoadPlanner()}
