@@ -43,7 +43,7 @@ from .persist import (
     retain_files,
     retain_object,
 )
-from .safe_reader import check_metadata, refused, safe_load_kwargs
+from .safe_reader import SafeLoad, check_metadata
 from .staging import Snapshot, Stager
 from .store import FileStore, FsspecStore, step_name
 from .tiers import SPEED_ORDER, TierConfig, validate_tiers
@@ -388,11 +388,12 @@ class CheckpointEngine:
                                                   step=step))
                 continue
             assert manifest is not None
+            safe = SafeLoad(path)
             try:
                 if target_state:
-                    dcp.load(target_state, process_group=self.comm.group, **safe_load_kwargs(path))
+                    dcp.load(target_state, process_group=self.comm.group, **safe.kwargs)
             except (Exception, CheckpointException) as exc:
-                if why := refused(exc):  # every rank gets DCP's same exception, so all fall back together
+                if why := safe.refused(exc):  # every rank gets DCP's same exception, so all fall back together
                     rejected.append(f"{tier} {step_name(step)}: {why}")
                     if self.rank == 0:
                         self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {why}",

@@ -116,18 +116,26 @@ def check_metadata(directory: Path, names: list[str]) -> str:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with ``read_metadata`` through the restricted unpickler."""
+    """DCP's file reader with ``read_metadata`` through the restricted unpickler. DCP turns a
+    failed metadata read into an AssertionError holding only the text, so the refusal is also
+    kept in ``refusal``."""
+
+    refusal = ""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as fh:
             data = fh.read(MAX_METADATA_BYTES + 1)
-        if len(data) > MAX_METADATA_BYTES:
-            raise UnsafeCheckpoint(
-                f"checkpoint metadata is larger than {MAX_METADATA_BYTES} bytes",
-                "the file was planted or damaged",
-            )
-        metadata = load_metadata(data)
+        try:
+            if len(data) > MAX_METADATA_BYTES:
+                raise UnsafeCheckpoint(
+                    f"checkpoint metadata is larger than {MAX_METADATA_BYTES} bytes",
+                    "the file was planted or damaged",
+                )
+            metadata = load_metadata(data)
+        except UnsafeCheckpoint as exc:
+            self.refusal = self.refusal or exc.message
+            raise
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -169,6 +177,29 @@ def refused(exc: BaseException) -> str:
     return refused(cause) if cause is not None and cause is not exc else ""
 
 
+class SafeLoad:
+    """One ``dcp.load`` of ``path`` that runs nothing from it::
+
+    safe = SafeLoad(path)
+    try:
+        dcp.load(state, **safe.kwargs)
+    except (Exception, CheckpointException) as exc:
+        if why := safe.refused(exc): ...   # a planted or damaged file: fall back
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.reader = SafeFileSystemReader(path)
+        self.planner = SafeLoadPlanner()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return {"storage_reader": self.reader, "planner": self.planner}
+
+    def refused(self, exc: BaseException) -> str:
+        """Why the load was refused (here, or on another rank as DCP reports it), or ""."""
+        return self.reader.refusal or refused(exc)
+
+
 def safe_load_kwargs(path: Path) -> dict[str, Any]:
     """What to pass to ``dcp.load`` so that nothing in ``path`` runs code."""
-    return {"storage_reader": SafeFileSystemReader(path), "planner": SafeLoadPlanner()}
+    return SafeLoad(path).kwargs
