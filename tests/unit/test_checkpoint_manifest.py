@@ -216,3 +216,16 @@ def test_a_bad_key_is_one_clear_error(env, match):
     with pytest.raises(CheckpointError, match=match) as err:
         configured_key(env)
     assert err.value.hint
+
+
+def test_a_signed_version_copied_under_a_newer_step_is_a_replay(tmp_path):
+    d = _version(tmp_path, key=KEY)
+    replay = tmp_path / "step-000000009"
+    replay.mkdir()
+    for f in d.iterdir():
+        (replay / f.name).write_bytes(f.read_bytes())
+    assert verify(d, KEY)[1] == ""
+    assert verify(replay, KEY) == (
+        None,
+        "manifest is for step 7 but sits in step-000000009 (copied or renamed)",
+    )

@@ -20,6 +20,7 @@ import hmac
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -47,6 +48,7 @@ MAX_STEP = 10**9 - 1  # version directories are step-<9 digits>
 MAX_WORLD = 1 << 20
 MIN_KEY_BYTES = 16
 _CHUNK = 4 << 20
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
@@ -209,7 +211,9 @@ def parse_checked(data: bytes, key: bytes | None) -> tuple[Manifest | None, str]
 
 
 def read_manifest(directory: Path, key: bytes | None = None) -> tuple[Manifest | None, str]:
-    """Read and check ``directory``'s manifest (its MAC too when ``key`` is given)."""
+    """Read and check ``directory``'s manifest (its MAC too when ``key`` is given). In a version
+    directory (``step-<N>``) the manifest must be for step N: a signed version copied under a newer
+    name is a replay, not a newer checkpoint."""
     mpath = directory / MANIFEST
     try:
         if not mpath.is_file():
@@ -218,7 +222,11 @@ def read_manifest(directory: Path, key: bytes | None = None) -> tuple[Manifest |
             data = fh.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         return None, f"unreadable manifest: {exc.strerror or exc}"
-    return parse_checked(data, key)
+    manifest, reason = parse_checked(data, key)
+    named = _STEP_DIR.match(directory.name)
+    if manifest is not None and named and int(named.group(1)) != manifest.step:
+        return None, f"manifest is for step {manifest.step} but sits in {directory.name} (copied or renamed)"
+    return manifest, reason
 
 
 def verify_files(
