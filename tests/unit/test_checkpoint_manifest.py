@@ -229,3 +229,11 @@ def test_a_signed_version_copied_under_a_newer_step_is_a_replay(tmp_path):
         None,
         "manifest is for step 7 but sits in step-000000009 (copied or renamed)",
     )
+
+
+def test_verify_uses_the_configured_key_by_default(tmp_path, monkeypatch):
+    d = _version(tmp_path)  # unsigned
+    assert verify(d)[1] == ""
+    monkeypatch.setenv(KEY_ENV, KEY.decode())
+    assert "no MAC but a checkpoint key is configured" in verify(d)[1]
+    assert verify(d, None)[1] == ""

@@ -249,9 +249,10 @@ def verify_files(
     return ""
 
 
-def verify(directory: Path, key: bytes | None = None) -> tuple[Manifest | None, str]:
-    """Return ``(manifest, "")`` if every listed file is present and intact, else ``(None, reason)``."""
-    manifest, reason = read_manifest(directory, key)
+def verify(directory: Path, key: bytes | None | Literal["env"] = "env") -> tuple[Manifest | None, str]:
+    """Return ``(manifest, "")`` if every listed file is present and intact, else ``(None, reason)``.
+    The MAC is checked with ``key``, by default the key configured in the environment (if any)."""
+    manifest, reason = read_manifest(directory, configured_key() if key == "env" else key)
     if manifest is None:
         return None, reason
     reason = verify_files(directory, manifest)
