@@ -223,3 +223,58 @@ def test_default_memory_root_is_per_user_directly_in_the_tmpfs(monkeypatch, tmp_
     monkeypatch.setenv("STALWART_SHM_DIR", str(tmp_path))
     root = default_shm_root("job7")
     assert root.parent == tmp_path and root.name == f"stalwart-{os.geteuid()}-job7"
+
+
+# --- the key on every path: object tier, retention ----------------------------------------------
+
+KEY = "0123456789abcdef0123456789abcdef"
+
+
+def test_object_tier_with_a_key_refuses_a_forged_manifest_and_fetches_none_of_its_files(
+    tmp_path, monkeypatch
+):
+    import json
+
+    import fsspec
+
+    monkeypatch.setenv("STALWART_CHECKPOINT_KEY", KEY)
+    base = f"/stalwart-sec-{tmp_path.name}/c"
+    eng = CheckpointEngine(
+        [TierConfig(name="obj", kind="object", location=f"memory://{base}", keep=3)],
+        fetch_dir=str(tmp_path / "f"),
+    )
+    for step in (1, 2):
+        eng.save(step, {"w": torch.full((4,), float(step))}).future.result()
+    fs = fsspec.filesystem("memory")
+    mpath = f"{base}/step-000000002/MANIFEST.json"
+    doc = json.loads(fs.cat_file(mpath))
+    doc["meta"]["bytes"] = 1  # any change, even outside the file list
+    fs.pipe_file(mpath, json.dumps(doc).encode())
+    target = {"w": torch.zeros(4)}
+    got = eng.load_latest(target)
+    eng.close()
+    assert got.step == 1 and torch.equal(target["w"], torch.full((4,), 1.0))
+    assert "MAC does not match" in got.rejected[0]
+    fetched = tmp_path / "f" / ".fetch" / "obj" / "step-000000002"
+    assert sorted(p.name for p in fetched.iterdir()) == ["MANIFEST.json"]
+    fs.rm(f"/stalwart-sec-{tmp_path.name}", recursive=True)
+
+
+def test_with_a_key_planted_versions_do_not_push_real_ones_out_of_retention(tmp_path, monkeypatch):
+    import shutil
+
+    from stalwart.checkpoint.persist import retain_files
+
+    monkeypatch.setenv("STALWART_CHECKPOINT_KEY", KEY)
+    eng = CheckpointEngine([TierConfig(name="disk", kind="local", location=str(tmp_path / "d"), keep=2)])
+    for step in (1, 2):
+        eng.save(step, {"w": torch.ones(2)}).future.result()
+    eng.close()
+    store = FileStore(tmp_path / "d")
+    for step in (3, 4, 5):  # copies with the manifest re-signed by someone without the key
+        planted = store.final(step)
+        shutil.copytree(store.final(2), planted)
+        text = (planted / "MANIFEST.json").read_text().replace('"step": 2', f'"step": {step}')
+        (planted / "MANIFEST.json").write_text(text)
+    retain_files(store, keep=2)
+    assert [s for s, _ in store.versions()] == [5, 4, 3, 2, 1]  # nothing real was deleted
