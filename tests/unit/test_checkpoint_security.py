@@ -278,3 +278,26 @@ def test_with_a_key_planted_versions_do_not_push_real_ones_out_of_retention(tmp_
         (planted / "MANIFEST.json").write_text(text)
     retain_files(store, keep=2)
     assert [s for s, _ in store.versions()] == [5, 4, 3, 2, 1]  # nothing real was deleted
+
+
+@pytest.mark.parametrize(
+    "module,name",
+    [
+        ("torch", "load"),
+        ("torch", "_inductor"),
+        ("builtins", "eval"),
+        ("torch.distributed.checkpoint.filesystem", "FileSystemReader"),
+    ],
+)
+def test_globals_outside_the_allow_list_are_refused_by_name(module, name):
+    data = b"\x80\x04c" + f"{module}\n{name}\n".encode() + b"."  # protocol 4: GLOBAL then STOP
+    assert f"global {module}.{name}" in check_metadata_file_bytes(data)
+
+
+def test_dtypes_and_sizes_are_allowed():
+    import io
+
+    from stalwart.checkpoint.safe_reader import RestrictedUnpickler
+
+    data = pickle.dumps([torch.bfloat16, torch.bool, torch.Size([2, 3])])
+    assert RestrictedUnpickler(io.BytesIO(data)).load() == [torch.bfloat16, torch.bool, torch.Size([2, 3])]

@@ -53,8 +53,12 @@ class UnsafeCheckpoint(CheckpointError):
     """A checkpoint file asks for code to run (a global outside the allow-list) or is not a pickle."""
 
 
+# read from the module dict: getattr(torch, name) would run torch's lazy-import __getattr__
+_DTYPES = frozenset(n for n, v in vars(torch).items() if isinstance(v, torch.dtype))
+
+
 def _is_dtype(module: str, name: str) -> bool:
-    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+    return module == "torch" and name in _DTYPES
 
 
 class RestrictedUnpickler(pickle.Unpickler):
