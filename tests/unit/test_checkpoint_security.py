@@ -301,3 +301,15 @@ def test_dtypes_and_sizes_are_allowed():
 
     data = pickle.dumps([torch.bfloat16, torch.bool, torch.Size([2, 3])])
     assert RestrictedUnpickler(io.BytesIO(data)).load() == [torch.bfloat16, torch.bool, torch.Size([2, 3])]
+
+
+def test_a_run_directory_made_under_umask_002_gives_a_private_checkpoint_dir(tmp_path):
+    from stalwart.run_dir import RunDir
+
+    old = os.umask(0o002)
+    try:
+        rd = RunDir(tmp_path / "run").create()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(rd.checkpoints.stat().st_mode) == 0o700
+    FileStore(rd.checkpoints)  # accepted
