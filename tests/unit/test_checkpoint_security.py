@@ -173,9 +173,13 @@ def test_refused_ignores_ordinary_load_errors():
 # --- private tier directories ------------------------------------------------------------------
 
 
-def test_private_dir_creates_0700(tmp_path):
-    d = private_dir(tmp_path / "a" / "tier")
-    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+def test_private_dir_creates_it_and_missing_parents_0700_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        d = private_dir(tmp_path / "a" / "tier")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700 and stat.S_IMODE(d.parent.stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])

@@ -98,9 +98,12 @@ def check_private(path: Path, *, uid: int | None = None) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (parents too) with mode 0700 if missing, then :func:`check_private` it."""
+    """Create ``path`` and its missing parents with mode 0700 (whatever the umask), then
+    :func:`check_private` it."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for p in reversed(missing):
+            p.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create checkpoint directory {path}: {exc.strerror}",
                               "choose a checkpoint location you can write") from None
