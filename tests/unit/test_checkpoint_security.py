@@ -317,3 +317,15 @@ def test_a_run_directory_made_under_umask_002_gives_a_private_checkpoint_dir(tmp
         os.umask(old)
     assert stat.S_IMODE(rd.checkpoints.stat().st_mode) == 0o700
     FileStore(rd.checkpoints)  # accepted
+
+
+def test_a_crafted_pt_file_is_refused_in_one_line_and_a_plain_one_loads(tmp_path, marker):
+    from stalwart.checkpoint.safe_reader import load_torch_file
+
+    torch.save({"rng": torch.get_rng_state(), "pos": 17}, tmp_path / "rank-0.pt")
+    assert load_torch_file(tmp_path / "rank-0.pt")["pos"] == 17
+    torch.save({"rng": torch.get_rng_state(), "x": Evil(marker)}, tmp_path / "rank-1.pt")
+    with pytest.raises(UnsafeCheckpoint) as err:
+        load_torch_file(tmp_path / "rank-1.pt")
+    assert "rank-1.pt was refused" in err.value.message and "posix.system" in err.value.message
+    assert "\n" not in err.value.message

@@ -119,6 +119,23 @@ def check_metadata(directory: Path, names: list[str]) -> str:
     return check_metadata_file(directory / METADATA) if METADATA in names else ""
 
 
+def load_torch_file(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a ``.pt`` file from a checkpoint, with a refusal (a
+    global outside torch's weights-only allow-list) raised as one-line ``UnsafeCheckpoint`` so the
+    caller can reject the version and fall back instead of crashing."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = next(
+            (ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "global" in ln),
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        raise UnsafeCheckpoint(
+            f"{path.name} was refused by torch.load(weights_only=True): {first[:200]}",
+            "the file was planted or damaged; the load falls back to an older version",
+        ) from None
+
+
 class SafeFileSystemReader(FileSystemReader):
     """DCP's file reader with ``read_metadata`` through the restricted unpickler. DCP turns a
     failed metadata read into an AssertionError holding only the text, so the refusal is also
