@@ -329,3 +329,30 @@ def test_a_crafted_pt_file_is_refused_in_one_line_and_a_plain_one_loads(tmp_path
         load_torch_file(tmp_path / "rank-1.pt")
     assert "rank-1.pt was refused" in err.value.message and "posix.system" in err.value.message
     assert "\n" not in err.value.message
+
+
+def test_with_a_key_planted_object_versions_do_not_push_real_ones_out(tmp_path, monkeypatch):
+    import fsspec
+
+    from stalwart.checkpoint.persist import retain_object
+    from stalwart.checkpoint.store import FsspecStore
+
+    monkeypatch.setenv("STALWART_CHECKPOINT_KEY", KEY)
+    base = f"/stalwart-ret-{tmp_path.name}/c"
+    eng = CheckpointEngine(
+        [TierConfig(name="obj", kind="object", location=f"memory://{base}", keep=2)],
+        fetch_dir=str(tmp_path / "f"),
+    )
+    for step in (1, 2):
+        eng.save(step, {"w": torch.ones(2)}).future.result()
+    eng.close()
+    fs = fsspec.filesystem("memory")
+    for step in (3, 4):  # unsigned manifests: anyone with write access to the bucket can put these
+        manifest = fs.cat_file(f"{base}/step-000000002/MANIFEST.json").replace(
+            b'"step": 2', f'"step": {step}'.encode()
+        )
+        fs.pipe_file(f"{base}/step-00000000{step}/MANIFEST.json", manifest)
+    store = FsspecStore(f"memory://{base}")
+    retain_object(store, keep=2)
+    assert [s for s, _ in store.versions()] == [4, 3, 2, 1]
+    fs.rm(f"/stalwart-ret-{tmp_path.name}", recursive=True)

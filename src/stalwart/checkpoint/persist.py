@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from .collective import Collective
-from .manifest import MANIFEST, FileEntry, Manifest, read_manifest, sha256_file, verify_files
+from .manifest import MANIFEST, FileEntry, Manifest, parse_checked, read_manifest, sha256_file, verify_files
 from .staging import Snapshot
 from .store import FileStore, FsspecStore
 from .tiers import TierConfig
@@ -157,8 +157,17 @@ def retain_files(store: FileStore, keep: int) -> list[Path]:
 
 
 def retain_object(store: FsspecStore, keep: int) -> list[str]:
-    """The same rule on an object store, where a committed version is one whose manifest exists."""
-    return _retain(store, keep, lambda loc: store.fs.exists(f"{loc}/{MANIFEST}"))
+    """The same rule on an object store, where a committed version is one whose manifest exists and
+    parses (and, with a key, carries a valid MAC)."""
+
+    def good(loc: str) -> bool:
+        try:
+            data = store.fs.cat_file(f"{loc}/{MANIFEST}")
+        except FileNotFoundError:
+            return False
+        return parse_checked(data, store.key)[0] is not None
+
+    return _retain(store, keep, good)
 
 
 def _retain(store, keep: int, is_good) -> list:
