@@ -356,3 +356,22 @@ def test_with_a_key_planted_object_versions_do_not_push_real_ones_out(tmp_path, 
     retain_object(store, keep=2)
     assert [s for s, _ in store.versions()] == [4, 3, 2, 1]
     fs.rm(f"/stalwart-ret-{tmp_path.name}", recursive=True)
+
+
+class Point:  # an ordinary user object: only a full unpickle could read it back
+    def __init__(self, x):
+        self.x = x
+
+
+def test_a_state_value_that_would_be_refused_on_load_fails_the_save_not_the_resume(tmp_path):
+    from stalwart.checkpoint.manifest import verify
+
+    eng = CheckpointEngine([TierConfig(name="disk", kind="local", location=str(tmp_path / "d"), keep=5)])
+    eng.save(1, {"w": torch.ones(2), "epoch": 1, "sched": {"lr": [0.1, 0.01]}}).future.result()
+    res = eng.save(2, {"w": torch.ones(2), "epoch": 2, "sched": {"best": Point(1.5)}}).future.result()
+    eng.close()
+    assert res.committed == ()
+    assert "state value sched.best would not load back safely" in res.commits[0].reason
+    assert "Point" in res.commits[0].reason
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["step-000000001"]  # no partial left
+    assert verify(tmp_path / "d" / "step-000000001")[0] is not None

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..errors import CheckpointError
 from .collective import Collective
 from .manifest import MANIFEST, FileEntry, Manifest, parse_checked, read_manifest, sha256_file, verify_files
+from .safe_reader import METADATA, check_metadata_file, unsafe_values
 from .staging import Snapshot
 from .store import FileStore, FsspecStore
 from .tiers import TierConfig
@@ -79,9 +80,16 @@ class Persister:
         if err := self._gather_errors(err):
             raise PersistError(err)
         work = store.partial(snap.step)
+        # a value only a full unpickle could read back would be refused on load: fail the save instead
+        if err := self._gather_errors(unsafe_values(snap.state)):
+            if self.rank == 0:
+                store.discard(snap.step)
+            raise PersistError(f"{err}; keep tensors, numbers, strings, lists and dicts in the state")
         entries: dict[str, FileEntry] = {}
         try:
             dcp.save(snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group)
+            if self.rank == 0 and (why := check_metadata_file(work / METADATA)):
+                raise PersistError(f"the DCP metadata just written would be refused on load: {why}")
             mine = [f"rank-{self.rank}.pt"] if snap.rank_state is not None else []
             if mine:
                 _fsynced_save(snap.rank_state, work / mine[0], tier.do_fsync)

@@ -224,3 +224,47 @@ class SafeLoad:
 def safe_load_kwargs(path: Path) -> dict[str, Any]:
     """What to pass to ``dcp.load`` so that nothing in ``path`` runs code."""
     return SafeLoad(path).kwargs
+
+
+def _without_tensors(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return None
+    if isinstance(obj, dict):
+        return {k: _without_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_without_tensors(v) for v in obj]
+    return obj
+
+
+def _weights_only_refusal(obj: Any) -> str:
+    buf = io.BytesIO()
+    try:
+        torch.save(obj, buf)
+        buf.seek(0)
+        torch.load(buf, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = str(exc).strip().splitlines()
+        return next((ln.strip() for ln in lines if "GLOBAL" in ln), lines[0] if lines else "refused")[:200]
+    except Exception as exc:  # not picklable at all: DCP's save reports that itself
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return ""
+
+
+def unsafe_values(state: dict[str, Any]) -> str:
+    """ "" if every non-tensor value of ``state`` loads back with ``torch.load(weights_only=True)``
+    (as :class:`SafeLoadPlanner` will load it), else which value does not and why. Checked before a
+    save, so that a version that could only be loaded by running its pickles is never committed."""
+    if not _weights_only_refusal(_without_tensors(state)):
+        return ""
+
+    def first_bad(obj: Any, where: str) -> str:
+        if isinstance(obj, dict):
+            return next(
+                (b for k, v in obj.items() if (b := first_bad(v, f"{where}.{k}" if where else str(k)))), ""
+            )
+        if isinstance(obj, list | tuple) and any(isinstance(v, dict | list | tuple) for v in obj):
+            return next((b for i, v in enumerate(obj) if (b := first_bad(v, f"{where}[{i}]"))), "")
+        why = "" if isinstance(obj, torch.Tensor) else _weights_only_refusal(_without_tensors(obj))
+        return f"state value {where or '<root>'} would not load back safely ({why})" if why else ""
+
+    return first_bad(state, "") or "the state's non-tensor values would not load back with weights_only=True"
