@@ -375,3 +375,13 @@ def test_a_state_value_that_would_be_refused_on_load_fails_the_save_not_the_resu
     assert "Point" in res.commits[0].reason
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["step-000000001"]  # no partial left
     assert verify(tmp_path / "d" / "step-000000001")[0] is not None
+
+
+def test_a_step_the_manifest_cannot_hold_fails_that_save_with_a_reason(tmp_path):
+    eng = CheckpointEngine([TierConfig(name="disk", kind="local", location=str(tmp_path / "d"))])
+    res = eng.save(10**9, {"w": torch.ones(2)}).future.result()  # more than the 9 digits of step-<N>
+    eng.close()
+    assert (
+        res.committed == () and "commit failed" in res.commits[0].reason and "\n" not in res.commits[0].reason
+    )
+    assert list((tmp_path / "d").iterdir()) == []

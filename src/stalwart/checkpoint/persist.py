@@ -114,13 +114,13 @@ class Persister:
             files: dict[str, FileEntry] = {}
             for _, ent in gathered:
                 files.update(ent)
-            manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
-                                meta={"emergency": emergency, "bytes": snap.bytes})
-            try:
+            try:  # a step the manifest cannot hold (e.g. not a plain int) fails here, on rank 0 only
+                manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
+                                    meta={"emergency": emergency, "bytes": snap.bytes})
                 store.commit(snap.step, manifest)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 store.discard(snap.step)
-                outcome = f"rank 0: commit failed: {exc}"
+                outcome = "rank 0: commit failed: " + " ".join(str(exc).split())[:300]
         outcome = self.comm.broadcast(outcome)
         if outcome:
             raise PersistError(outcome)
