@@ -89,6 +89,8 @@ MALFORMED = {
     "size is a string": _with(files={"a.distcp": {"size": "3", "sha256": "ab" * 32}}),
     "size huge": _with(files={"a.distcp": {"size": 1 << 62, "sha256": "ab" * 32}}),
     "size negative": _with(files={"a.distcp": {"size": -1, "sha256": "ab" * 32}}),
+    "both digests": _with(files={"a.distcp": {"size": 3, "sha256": "ab" * 32, "crc32": 7}}),
+    "version 1 with a MAC": _with(version=1, mac="ab" * 32, files={"a.distcp": {"size": 3, "crc32": 7}}),
     "crc32 instead of sha256": _with(files={"a.distcp": {"size": 3, "crc32": 12345}}),
     "digest not hex": _with(files={"a.distcp": {"size": 3, "sha256": "zz" * 32}}),
     "digest short": _with(files={"a.distcp": {"size": 3, "sha256": "ab"}}),
@@ -237,3 +239,42 @@ def test_verify_uses_the_configured_key_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY.decode())
     assert "no MAC but a checkpoint key is configured" in verify(d)[1]
     assert verify(d, None)[1] == ""
+
+
+def _version_1(tmp_path, content=b"old tensor bytes" * 64):
+    """A version as the CRC32 writer before SHA-256 left it (dataclass ``asdict``, version 1)."""
+    import zlib
+
+    d = tmp_path / "step-000000005"
+    d.mkdir()
+    (d / "__0_0.distcp").write_bytes(content)
+    doc = {
+        "created": 1700000000.5,
+        "files": {"__0_0.distcp": {"crc32": zlib.crc32(content), "size": len(content)}},
+        "format": "stalwart-checkpoint",
+        "meta": {"bytes": 9, "emergency": False},
+        "step": 5,
+        "version": 1,
+        "world_size": 1,
+    }
+    (d / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return d
+
+
+def test_a_version_1_checkpoint_still_resumes_without_a_key(tmp_path):
+    d = _version_1(tmp_path)
+    manifest, reason = verify(d, None)
+    assert reason == "" and manifest.version == 1 and manifest.step == 5
+
+
+def test_a_corrupted_version_1_checkpoint_is_caught_by_its_crc32(tmp_path):
+    d = _version_1(tmp_path)
+    f = d / "__0_0.distcp"
+    raw = bytearray(f.read_bytes())
+    raw[3] ^= 0x08
+    f.write_bytes(bytes(raw))
+    assert "checksum (CRC32)" in verify(d, None)[1]
+
+
+def test_with_a_key_a_version_1_checkpoint_is_refused(tmp_path):
+    assert "no MAC but a checkpoint key is configured" in verify(_version_1(tmp_path), KEY)[1]

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -32,6 +33,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from ..errors import CheckpointError
@@ -54,10 +56,20 @@ Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
 class FileEntry(BaseModel):
+    """Size and digest of one file: SHA-256 (version 2, written now) or CRC32 (version 1, read only
+    so that checkpoints from before the upgrade still resume when no key is configured)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     size: int = Field(ge=0, le=MAX_FILE_BYTES)
-    sha256: Hex64
+    sha256: Hex64 | None = None
+    crc32: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+
+    @model_validator(mode="after")
+    def _one_digest(self) -> FileEntry:
+        if (self.sha256 is None) == (self.crc32 is None):
+            raise ValueError("a file entry needs exactly one of sha256 and crc32")
+        return self
 
 
 def _check_name(name: str) -> str:
@@ -78,8 +90,19 @@ class Manifest(BaseModel):
     created: float
     meta: dict[str, JsonValue] = Field(default_factory=dict, max_length=256)
     format: Literal["stalwart-checkpoint"] = FORMAT
-    version: Literal[2] = VERSION
+    version: Literal[1, 2] = VERSION
     mac: Hex64 | None = None
+
+    @model_validator(mode="after")
+    def _digests_match_version(self) -> Manifest:
+        legacy = self.version == 1
+        if any((e.crc32 is not None) != legacy for e in self.files.values()):
+            raise ValueError(
+                f"version {self.version} manifests carry {'crc32' if legacy else 'sha256'} digests only"
+            )
+        if legacy and self.mac is not None:
+            raise ValueError("version 1 manifests have no MAC")
+        return self
 
     @field_validator("files")
     @classmethod
@@ -98,7 +121,7 @@ class Manifest(BaseModel):
     def body(self) -> bytes:
         """The canonical bytes the MAC covers: every field except ``mac``, sorted, compact."""
         return json.dumps(
-            self.model_dump(mode="json", exclude={"mac"}),
+            self.model_dump(mode="json", exclude={"mac"}, exclude_none=True),
             sort_keys=True,
             separators=(",", ":"),
             allow_nan=False,
@@ -120,7 +143,9 @@ class Manifest(BaseModel):
         return ""
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True, allow_nan=False)
+        return json.dumps(
+            self.model_dump(mode="json", exclude_none=True), indent=1, sort_keys=True, allow_nan=False
+        )
 
     @staticmethod
     def from_json(data: str | bytes) -> Manifest:
@@ -171,6 +196,15 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def crc32_file(path: Path) -> int:
+    """The version 1 digest, for reading checkpoints written before SHA-256."""
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def fsync_dir(path: Path) -> None:
@@ -242,8 +276,10 @@ def verify_files(
             size = f.stat().st_size
             if size != entry.size:
                 return f"{name} has {size} bytes, manifest says {entry.size} (truncated or torn)"
-            if checksums and (digest := sha256_file(f)) != entry.sha256:
+            if checksums and entry.sha256 is not None and (digest := sha256_file(f)) != entry.sha256:
                 return f"{name} checksum (SHA-256) {digest[:16]}... != {entry.sha256[:16]}... (corrupted)"
+            if checksums and entry.crc32 is not None and (crc := crc32_file(f)) != entry.crc32:
+                return f"{name} checksum (CRC32) {crc:#010x} != {entry.crc32:#010x} (corrupted)"
         except OSError as exc:
             return f"cannot read {name}: {exc.strerror or exc}"
     return ""
