@@ -119,6 +119,12 @@ def check_metadata(directory: Path, names: list[str]) -> str:
     return check_metadata_file(directory / METADATA) if METADATA in names else ""
 
 
+def refusal_line(exc: BaseException) -> str:
+    """One line from torch's many-line weights-only refusal: the one naming the global, if any."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return next((ln for ln in lines if "GLOBAL" in ln), lines[0] if lines else type(exc).__name__)[:200]
+
+
 def load_torch_file(path: Path) -> Any:
     """``torch.load(weights_only=True)`` of a ``.pt`` file from a checkpoint, with a refusal (a
     global outside torch's weights-only allow-list) raised as one-line ``UnsafeCheckpoint`` so the
@@ -126,12 +132,8 @@ def load_torch_file(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = next(
-            (ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "global" in ln),
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-        )
         raise UnsafeCheckpoint(
-            f"{path.name} was refused by torch.load(weights_only=True): {first[:200]}",
+            f"{path.name} was refused by torch.load(weights_only=True): {refusal_line(exc)}",
             "the file was planted or damaged; the load falls back to an older version",
         ) from None
 
@@ -170,10 +172,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
-            first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
             raise UnsafeCheckpoint(
                 f"checkpoint value {read_item.dest_index.fqn} was refused by "
-                f"torch.load(weights_only=True): {first}",
+                f"torch.load(weights_only=True): {refusal_line(exc)}",
                 "the file was planted or damaged",
             ) from None
         if self.flatten_state_dict:
@@ -189,7 +190,7 @@ def refused(exc: BaseException) -> str:
     if isinstance(exc, UnsafeCheckpoint):
         return exc.message
     if isinstance(exc, pickle.UnpicklingError):  # torch.load(weights_only=True) on a tensor file
-        return f"a tensor file was refused by torch.load(weights_only=True): {str(exc).splitlines()[0][:200]}"
+        return f"a tensor file was refused by torch.load(weights_only=True): {refusal_line(exc)}"
     if isinstance(exc, CheckpointException):
         for err, _ in exc.failures.values():
             if why := refused(err):
@@ -243,8 +244,7 @@ def _weights_only_refusal(obj: Any) -> str:
         buf.seek(0)
         torch.load(buf, weights_only=True)
     except pickle.UnpicklingError as exc:
-        lines = str(exc).strip().splitlines()
-        return next((ln.strip() for ln in lines if "GLOBAL" in ln), lines[0] if lines else "refused")[:200]
+        return refusal_line(exc)
     except Exception as exc:  # not picklable at all: DCP's save reports that itself
         return f"{type(exc).__name__}: {exc}"[:200]
     return ""
