@@ -6,14 +6,13 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir import mode)
 
 from stalwart.account.report import build, notes, render
 from stalwart.diagnose.straggler import episodes
 from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
 from stalwart.launch.console import RunConsole
 from stalwart.ledger import LedgerWriter
-
-from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir import mode)
 
 
 def live_events() -> list:
