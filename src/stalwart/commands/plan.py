@@ -32,7 +32,6 @@ def register(app: typer.Typer) -> None:
         """Recommend checkpoint intervals, hot spares and a restart strategy; predict ETTR at scale."""
         from ..errors import ConfigError
         from ..sim.config import make_config
-        from ..sim.measured import config_from_ledger
         from ..sim.planner import plan
 
         if plot_format not in ("png", "svg"):
@@ -77,7 +76,7 @@ def _measured(ledger: Path, base):
     injected = sum(1 for e in events if isinstance(e, ChaosInjected))
     if injected and cfg.failures != base.failures:
         values = cfg.model_dump()
-        values["failures"] = [{**f.model_dump(), "detect_s": m.detect_s} for f, m in zip(base.failures, cfg.failures)]
+        values["failures"] = [{**f.model_dump(), "detect_s": m.detect_s} for f, m in zip(base.failures, cfg.failures, strict=True)]
         cfg = make_config(**values)
         notes = [n for n in notes if not n.startswith("failure rate")]
         notes.insert(0, f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
