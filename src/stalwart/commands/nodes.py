@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
 
         t = Table(title=f"nodes ({backend})")
         for col in ("node", "scheduler", "drained by", "scheduler reason", "stalwart state", "since", "reason"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")  # wrap long names and reasons, never cut them
         for r in rows:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])) if r["since"] else "-"
             state = r["state"] + (" (needs human)" if r["needs_human"] else "")
