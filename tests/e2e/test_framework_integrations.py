@@ -63,3 +63,62 @@ def test_crash_resumes_exactly_through_the_framework_checkpoint(framework, scrip
     got, want = json.loads(out.read_text()), json.loads(ref_out.read_text())
     assert got["global_step"] == want["global_step"] == STEPS
     assert got["weights"] == want["weights"]
+
+
+@pytest.mark.parametrize("framework,script", [("lightning", "lightning_train.py"), ("hf", "hf_train.py")])
+def test_sigterm_to_the_agent_saves_an_emergency_checkpoint_and_the_requeue_resumes_there(
+    framework, script, tmp_path
+):
+    pytest.importorskip("lightning" if framework == "lightning" else "transformers")
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run_dir, out = tmp_path / "run", tmp_path / "out.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "--no-report",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        str(SCRIPTS / script),
+        str(out),
+        "40",
+    ]
+    agent = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "STEP_SLEEP_S": "0.3"},
+    )
+    seen = []
+    for line in agent.stdout:  # the first progress line: training is under way on every rank
+        seen.append(line)
+        if line.strip().startswith("step "):
+            agent.send_signal(signal.SIGTERM)
+            break
+    rest, _ = agent.communicate(timeout=300)
+    assert agent.returncode == 76, "".join(seen) + rest
+
+    emergency = [e for e in events(run_dir, CheckpointCommitted) if e.emergency]
+    assert len(emergency) == 1 and 0 < emergency[0].step < 40
+    again = stalwart(
+        "run",
+        "--no-report",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        str(SCRIPTS / script),
+        str(out),
+        "40",
+    )
+    assert again.code == 0, again.out[-3000:] + again.err[-3000:]
+    assert events(run_dir, TrainingResumed)[-1].step == emergency[0].step
+    assert json.loads(out.read_text())["global_step"] == 40
