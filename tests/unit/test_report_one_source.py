@@ -9,7 +9,7 @@ from rich.console import Console
 from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir import mode)
 
 from stalwart.account.report import build, notes, render
-from stalwart.diagnose.straggler import episodes
+from stalwart.diagnose.straggler_episodes import episodes
 from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
 from stalwart.launch.console import RunConsole
 from stalwart.ledger import LedgerWriter

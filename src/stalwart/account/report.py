@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from ..diagnose.straggler import episodes
+from ..diagnose.straggler_episodes import episodes
 from ..events import CheckpointRejected, StepCompleted
 from ..ledger import read_merged
 from .goodput import BUCKETS, compute
