@@ -43,6 +43,7 @@ from .persist import (
     retain_files,
     retain_object,
 )
+from .safe_reader import SafeLoad, check_metadata
 from .staging import Snapshot, Stager
 from .store import FileStore, FsspecStore, step_name
 from .tiers import SPEED_ORDER, TierConfig, validate_tiers
@@ -375,10 +376,10 @@ class CheckpointEngine:
         rejected: list[str] = []
         for step, tier, loc in cands:
             path = self._local_path(step, tier, loc)
-            manifest, reason = read_manifest(path)
+            manifest, reason = read_manifest(path, self._stores[tier].key)
             if manifest is not None:
                 names = sorted(manifest.files)[self.rank::self.world_size]
-                reason = verify_files(path, manifest, names)
+                reason = verify_files(path, manifest, names) or check_metadata(path, names)
             reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
             if reasons:
                 rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
@@ -387,10 +388,17 @@ class CheckpointEngine:
                                                   step=step))
                 continue
             assert manifest is not None
+            safe = SafeLoad(path)
             try:
                 if target_state:
-                    dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
+                    dcp.load(target_state, process_group=self.comm.group, **safe.kwargs)
             except (Exception, CheckpointException) as exc:
+                if why := safe.refused(exc):  # every rank gets DCP's same exception, so all fall back together
+                    rejected.append(f"{tier} {step_name(step)}: {why}")
+                    if self.rank == 0:
+                        self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {why}",
+                                                      step=step))
+                    continue
                 raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
                                       f"{describe(exc)}",
                                       "load with the same state layout (model/optimizer keys) it was saved with") from exc

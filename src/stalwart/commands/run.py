@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Option(None, "--config", help="YAML/TOML file of these settings."),
         tee: bool = typer.Option(None, "--tee/--no-tee", help="Show worker output instead of logging it to files."),
         quiet: bool = typer.Option(None, "--quiet", "-q", help="Print only the verdict."),
-        report: bool = typer.Option(False, "--report/--no-report", help="Print the goodput report at the end."),
+        report: bool = typer.Option(True, "--report/--no-report", help="Print the goodput report at the end."),
         metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0 = any)."),
         metrics_addr: str = typer.Option(None, "--metrics-addr", help="Address for --metrics-port (default 127.0.0.1)."),
         notify: list[str] = typer.Option(None, "--notify",
