@@ -71,6 +71,9 @@ def test_every_page_renders_and_live_updates_arrive(browser, tmp_path):
     con.execute("CREATE TABLE stray (x)")
     con.commit()
     con.close()
+    os.utime(
+        tmp_path / "broken" / "ledger" / "agent-x.ledger", (1e9, 1e9)
+    )  # an old stray file, not one being created
     live = LedgerWriter(tmp_path / "live" / "ledger" / "agent-n0.ledger")
     ctx = {"run_id": "live", "node": "n0"}
     t0 = 1_800_000_000.0

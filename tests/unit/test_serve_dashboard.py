@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import urllib.error
 import urllib.request
@@ -30,6 +31,9 @@ def dash(root):
     con.execute("CREATE TABLE stray (x)")
     con.commit()
     con.close()
+    os.utime(
+        tmp_path / "broken" / "ledger" / "agent-x.ledger", (1e9, 1e9)
+    )  # an old stray file, not one being created
     d = Dashboard(tmp_path, token=TOKEN, interval_s=0.05).start()
     for run in ("good", "broken"):
         d.watcher(run).refresh()

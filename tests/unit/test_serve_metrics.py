@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,6 +97,7 @@ def test_a_corrupt_ledger_is_reported_and_the_others_still_read(tmp_path):
     con.execute("CREATE TABLE other (x)")
     con.commit()
     con.close()
+    os.utime(bad, (1e9, 1e9))  # an old stray file, not one being created
     w = RunWatcher(tmp_path)
     snap = w.refresh()
     assert snap.started and snap.steps_completed == 20
@@ -216,3 +218,15 @@ def test_tokens_per_second_and_mfu_use_the_account_functions(tmp_path):
     ):
         with pytest.raises(ConfigError):
             parse_model_spec(bad)
+
+
+def test_a_ledger_still_being_created_is_retried_not_blacklisted(tmp_path):
+    write(tmp_path, SyntheticRun(steps=10, crash_steps=()))
+    young = tmp_path / "ledger" / "rank-0.ledger"
+    young.touch()  # exists before its writer created the schema
+    tail = LedgerTail(tmp_path)
+    assert tail.poll().errors == ()
+    with LedgerWriter(young) as w:
+        w.extend(events(SyntheticRun(steps=3, crash_steps=(), node="n1")))
+    tail.poll()
+    assert any(e.node == "n1" for e in tail.events())

@@ -57,6 +57,7 @@ class Observability:
 
     def stop(self) -> None:
         if self.exporter is not None:
+            self.exporter.server.watcher.stop()  # no background cycle races the final one
             self.exporter.server.watcher.refresh()  # the final state (verdict) ...
             self.exporter.server.linger()  # ... is scraped once more before the endpoint closes (bounded)
             self.exporter.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,17 @@ class PollResult:
     files: int
     errors: tuple[str, ...]
     caught_up: bool  # False when the row budget ran out before every file was read to its end
+
+
+SETTLE_S = 5.0  # a ledger file younger than this that cannot be read yet is still being created
+
+
+def _settling(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return True
+    return st.st_size == 0 or time.time() - st.st_mtime < SETTLE_S
 
 
 def _ledger_dir(root: Path) -> Path:
@@ -71,16 +83,17 @@ class LedgerTail:
         files = self.files()
         caught_up = True
         for path in files:
-            if path in self._bad:
-                continue
             if budget <= 0:
                 caught_up = False
                 break
             try:
                 rows = self._read_since(path, budget)
             except LedgerError as exc:
-                self._bad[path] = str(exc)
+                # a file being created has no schema yet: not an error until it stays that way
+                if not _settling(path):
+                    self._bad[path] = str(exc)
                 continue
+            self._bad.pop(path, None)
             if len(rows) >= budget:
                 caught_up = False
             budget -= len(rows)
@@ -95,7 +108,7 @@ class LedgerTail:
 
     def _read_since(self, path: Path, limit: int) -> list[tuple[int, str, str]]:
         if path not in self._seq:
-            check_format(path)
+            check_format(path)  # retried on every poll until it passes (files appear before their schema)
             self._seq[path] = 0
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)

@@ -40,6 +40,7 @@ class RunWatcher:
         self._snap = RunSnapshot(run_id="", now=clock(), events=0, started=False, finished=False)
         self._series: list[tuple[float, float]] = []
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cost_s = 0.0
@@ -64,7 +65,14 @@ class RunWatcher:
     # --- the work of one cycle ---------------------------------------------------------------
 
     def refresh(self) -> RunSnapshot:
-        """Read what is new (bounded) and recompute the snapshot; called by the thread, or by tests."""
+        """Read what is new (bounded) and recompute the snapshot; called by the thread, or by tests.
+
+        Serialised: a snapshot computed from an older read never replaces a newer one.
+        """
+        with self._refresh_lock:
+            return self._refresh()
+
+    def _refresh(self) -> RunSnapshot:
         t0 = time.perf_counter()
         result = self.tail.poll()
         snap = self.snapshot()
