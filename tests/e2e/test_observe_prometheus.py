@@ -253,6 +253,10 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
     assert -0.01 <= lag <= SCRAPE_S + WATCH_S + 1.0
     assert abs(float(g["value"][1]) - rep["goodput"]) <= (SCRAPE_S + WATCH_S + 1.0) / rep["wall_s"]
 
+    # every ledger file was read (none skipped as unreadable) at every scrape
+    errs = _query(base, f'max_over_time(stalwart_ledger_error{{run="{RUN_ID}"}}[10m])')
+    assert [float(e["value"][1]) for e in errs] == [0.0]
+
     # the storm: Prometheus -> Alertmanager -> stalwart notify serve -> the Slack sink
     sink = stack["sink"]
     _wait(
