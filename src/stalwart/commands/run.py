@@ -60,6 +60,11 @@ def register(app: typer.Typer) -> None:
         tee: bool = typer.Option(None, "--tee/--no-tee", help="Show worker output instead of logging it to files."),
         quiet: bool = typer.Option(None, "--quiet", "-q", help="Print only the verdict."),
         report: bool = typer.Option(True, "--report/--no-report", help="Print the goodput report at the end."),
+        metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0 = any)."),
+        metrics_addr: str = typer.Option(None, "--metrics-addr", help="Address for --metrics-port (default 127.0.0.1)."),
+        notify: list[str] = typer.Option(None, "--notify",
+                                         help="Post interruptions and the verdict to this Slack-compatible URL "
+                                              "(generic:URL for plain JSON; repeatable)."),
     ) -> int:
         """Launch and supervise training workers; restart through crashes and hangs."""
         from ..launch import config as run_config
@@ -80,6 +85,7 @@ def register(app: typer.Typer) -> None:
             "chaos_file": chaos_file, "tee": tee, "quiet": quiet, "health_gate": health_gate,
             "health_fixture": health_fixture, "health_active": health_active, "health_backend": health_backend,
             "valid_sizes": valid_sizes, "health_state_dir": health_state_dir,
+            "metrics_port": metrics_port, "metrics_addr": metrics_addr, "notify": notify or None,
         }
         cfg = run_config.build(flags, config_file=config)
         execute(cfg, report=report)
@@ -97,12 +103,17 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     console = RunConsole(quiet=cfg.quiet)
     for line in intro or ():
         console.say(line)
-    agent = Agent(cfg, notify=console.event, progress=console.progress, started=cli.PROCESS_START,
+    from ..serve.attach import Observability  # exporter + notifier; no-ops without --metrics-port/--notify
+
+    observe = Observability.from_config(cfg, say=console.say)
+    agent = Agent(cfg, notify=observe.chain(console.event), progress=console.progress, started=cli.PROCESS_START,
                   note=console.note)
     console.say(f"run dir: {cfg.run_dir}")
+    observe.start()
     try:
         code = agent.run_job()
     finally:
+        observe.stop()
         console.close()
     if report:
         from ..account.report import print_report

@@ -66,6 +66,10 @@ class RunConfig(BaseModel):
     python: str = sys.executable
     tee: bool = False
     quiet: bool = False
+    # observability (serve/): Prometheus exporter for this run (None = off) and notification targets
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"
+    notify: list[str] = Field(default_factory=list)
 
     @field_validator("nnodes")
     @classmethod
@@ -88,6 +92,14 @@ class RunConfig(BaseModel):
         if kind == "multiple" and n.isdigit() and int(n) >= 1:
             return v
         raise ValueError(f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)")
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.removeprefix("generic:").startswith(("http://", "https://")):
+                raise ValueError(f"--notify {url!r} is not http(s): give http(s)://host/path or generic:http(s)://...")
+        return v
 
     @field_validator("health_backend")
     @classmethod
@@ -142,7 +154,7 @@ class RunConfig(BaseModel):
 
 
 _FIELDS = set(RunConfig.model_fields)
-_LISTS = {"script_args", "chaos"}
+_LISTS = {"script_args", "chaos", "notify"}
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

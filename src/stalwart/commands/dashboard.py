@@ -1,0 +1,52 @@
+"""``stalwart dashboard``: serve the web UI and JSON API over a run (or a directory of runs)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def dashboard(
+        location: Path = typer.Argument(..., help="A run directory, or a directory holding run directories."),
+        port: int = typer.Option(8470, "--port", help="Port to listen on (0 = any free port)."),
+        addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
+        token: str = typer.Option(
+            None,
+            "--token",
+            envvar="STALWART_DASHBOARD_TOKEN",
+            help="Token for requests that change state (default: a random one, printed).",
+        ),
+        interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
+    ) -> None:
+        """Web UI and JSON API over the ledgers; updates live while a run is going."""
+        from ..serve.dashboard import Dashboard
+
+        if not location.is_dir():
+            raise ConfigError(f"{location} is not a directory", "pass a run directory or a directory of runs")
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
+        if interval <= 0:
+            raise ConfigError("--interval must be positive seconds")
+        tok = token or secrets.token_urlsafe(24)
+        dash = Dashboard(location, token=tok, addr=addr, port=port, interval_s=interval).start()
+        print(f"dashboard: {dash.url}", flush=True)
+        if not token:
+            print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            dash.stop()
+        os._exit(0)

@@ -1,0 +1,70 @@
+"""``stalwart metrics``: serve a run's Prometheus metrics, print the shipped alert rules' path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+
+
+def register(app: typer.Typer) -> None:
+    metrics = typer.Typer(
+        help="Prometheus metrics of a run and the shipped alert rules.", no_args_is_help=True
+    )
+    app.add_typer(metrics, name="metrics")
+
+    @metrics.command("serve")
+    def serve(
+        run_dir: Path = typer.Argument(..., help="Run directory of 'stalwart run' (live or finished)."),
+        port: int = typer.Option(9400, "--port", help="Port for /metrics (0 = any free port)."),
+        addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
+        interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
+        model: str = typer.Option(
+            None,
+            "--model",
+            help="Model spec for tokens/s and MFU: params=7e9,layers=32,heads=32,head_dim=128,"
+            "seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
+        ),
+        file_sd_dir: Path = typer.Option(
+            None, "--file-sd-dir", help="Under Slurm, write a Prometheus file_sd target here."
+        ),
+    ) -> None:
+        """Serve /metrics for RUN_DIR until interrupted."""
+        from ..serve.exporter import RunExporter
+
+        if not run_dir.is_dir():
+            raise ConfigError(
+                f"run directory {run_dir} does not exist", "pass the --run-dir of 'stalwart run'"
+            )
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
+        if interval <= 0:
+            raise ConfigError("--interval must be positive seconds")
+        from ..serve.snapshot import parse_model_spec
+
+        spec = parse_model_spec(model) if model else None
+        exp = RunExporter(
+            run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir, model=spec
+        ).start()
+        print(f"serving {exp.url} for {run_dir}", flush=True)
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            exp.stop()
+        os._exit(0)
+
+    @metrics.command("rules")
+    def rules() -> None:
+        """Print the path of the shipped Prometheus alert rules (alerts.yml)."""
+        from ..serve.rules import rules_path
+
+        print(rules_path())

@@ -1,0 +1,4 @@
+"""Observability: Prometheus metrics, shipped alert rules, notifications and the web dashboard.
+
+Everything here reads ledgers and never writes them; servers bind to loopback by default.
+"""
