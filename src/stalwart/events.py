@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ _REGISTRY: dict[str, type[Event]] = {}
 # Modules that register more event kinds; imported lazily by ``decode`` so the core stays light.
 _EXTENSION_MODULES = ("stalwart.health.events", "stalwart.checkpoint.events")
 _extensions_loaded = False
+_extensions_lock = threading.RLock()  # RLock: an extension module may decode while it is imported
 
 
 def event(cls: type[Event]) -> type[Event]:
@@ -267,15 +269,20 @@ class IncidentRaised(Event):
 
 
 def _load_extensions() -> None:
+    """Import the packages that define further event kinds, once. A thread that decodes while
+    another is importing waits for it (a flag set before the imports let it see half a registry)."""
     global _extensions_loaded
     if _extensions_loaded:
         return
-    _extensions_loaded = True
-    for name in _EXTENSION_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    with _extensions_lock:
+        if _extensions_loaded:
+            return
+        for name in _EXTENSION_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+        _extensions_loaded = True
 
 
 def _jsonable(value: Any) -> Any:

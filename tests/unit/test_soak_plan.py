@@ -6,7 +6,16 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from stalwart.chaos.soak import BETWEEN, KINDS, REQUEUERS, PlannedFault, RunResult, SoakConfig, draw_plan, summarize
+from stalwart.chaos.soak import (
+    BETWEEN,
+    KINDS,
+    REQUEUERS,
+    PlannedFault,
+    RunResult,
+    SoakConfig,
+    draw_plan,
+    summarize,
+)
 
 
 def test_plans_are_valid_for_the_job():
