@@ -92,6 +92,7 @@ class EngineLoad:
     world_size: int
     rejected: tuple[str, ...] = ()
     local_path: str = ""  # where the verified files are on this machine (fetched for object tiers)
+    rank_state_from: int = -1  # the saved rank whose extras these are (differs after a world-size change)
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,14 @@ class CheckpointEngine:
                                                   step=step))
                 continue
             assert manifest is not None
+            rank_state, source, reason = self._read_rank_state(path, manifest)
+            reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
+            if reasons:  # refused extras (e.g. a pickled object): fall back like any other bad version
+                rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
+                if self.rank == 0:
+                    self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {reasons[0]}",
+                                                  step=step))
+                continue
             try:
                 if target_state:
                     dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
@@ -394,13 +403,26 @@ class CheckpointEngine:
                 raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
                                       f"{describe(exc)}",
                                       "load with the same state layout (model/optimizer keys) it was saved with") from exc
-            rank_file = f"rank-{self.rank}.pt"
-            rank_state = torch.load(path / rank_file, weights_only=False) if rank_file in manifest.files else None
             dt = self._clock() - t0
             if self.rank == 0:
                 self._sink(CheckpointLoaded(ts=self._wall(), step=step, path=str(loc), duration_s=dt, tier=tier))
-            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path))
+            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path),
+                              source)
         return None
+
+    def _read_rank_state(self, path: Path, manifest: Any) -> tuple[Any, int, str]:
+        """This rank's extras, or (world size changed, this rank is new) those of rank
+        ``rank % saved world size``. Tensors and plain data only: ``weights_only=True`` refuses
+        any pickled object, which rejects the whole version. Returns (state, source rank, reason)."""
+        source = self.rank % max(1, manifest.world_size)
+        name = f"rank-{source}.pt"
+        if name not in manifest.files:
+            return None, -1, ""
+        try:
+            return torch.load(path / name, weights_only=True, map_location="cpu"), source, ""
+        except Exception as exc:  # UnpicklingError names the refused global; keep its first line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return None, source, f"{name} holds more than tensors and plain data, refused: {first[:300]}"
 
     def close(self) -> None:
         try:
