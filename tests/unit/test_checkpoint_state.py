@@ -79,10 +79,12 @@ def save(eng, step, state):
 
 
 def load(eng, state):
-    live, targets = state_io.load_targets(state)
-    got = eng.load_latest(targets)
+    targets = state_io.load_targets(state)
+    got = eng.load_latest(targets.tensors)
     if got is not None:
-        state_io.apply(state, live, targets, got.rank_state or {}, own_rng=True)
+        state_io.apply(state, targets, got.rank_state or {}, own_rng=True)
+    else:
+        state_io.forget_init(targets.fresh)
     return got
 
 
@@ -192,4 +194,21 @@ def test_a_checkpoint_for_another_model_is_a_clear_error(tmp_path):
     other["scheduler"] = torch.optim.lr_scheduler.StepLR(other["optimizer"], 2)
     with pytest.raises(CheckpointError, match="does not fit"):
         load(eng, other)
+    eng.close()
+
+
+def test_a_fresh_start_and_an_early_save_leave_the_optimizer_untouched(tmp_path):
+    events = []
+    eng = engine(tmp_path, events)
+    st, plain = make(0), make(0)
+    assert load(eng, st) is None
+    assert not st["optimizer"].state  # get_optimizer_state_dict initialised it; the SDK undid that
+    state_io.capture(st)
+    assert not st["optimizer"].state
+    torch.manual_seed(3)
+    train(st, 2)
+    torch.manual_seed(3)
+    train(plain, 2)
+    assert same(st["optimizer"].state_dict(), plain["optimizer"].state_dict())
+    assert int(st["optimizer"].state_dict()["state"][0]["step"]) == 2
     eng.close()

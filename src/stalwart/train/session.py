@@ -190,15 +190,16 @@ class Session:
         Collective: models and optimizers load resharded to this world size (see train/state.py)."""
         from . import state as state_io
 
-        live, targets = state_io.load_targets(state)
-        found = self.checkpointer.load_latest(targets)
+        targets = state_io.load_targets(state)
+        found = self.checkpointer.load_latest(targets.tensors)
         if found is None:
+            state_io.forget_init(targets.fresh)
             self._completed = 0
             if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
                 self.emit(TrainingResumed(ts=time.time(), step=0, from_checkpoint="", **self._ctx()))
             return 0
         own = found.rank_state_from == self.rank and found.world_size == self.world_size
-        state_io.apply(state, live, targets, found.rank_state or {}, own_rng=own)
+        state_io.apply(state, targets, found.rank_state or {}, own_rng=own)
         self._completed = found.step
         self._last_saved = found.step
         if self.rank == 0:

@@ -103,23 +103,33 @@ def _owner(opt: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]) -> s
     )
 
 
-def _live_dicts(state: dict[str, Any]) -> dict[str, Any]:
-    """The models' and optimizers' state dicts (sharded, collective-safe: every rank calls this)."""
+def _live_dicts(state: dict[str, Any]) -> tuple[dict[str, Any], list[torch.optim.Optimizer]]:
+    """The models' and optimizers' state dicts (sharded; every rank calls this). Also returns the
+    optimizers that had no state yet: ``get_optimizer_state_dict`` initialises them with a zero-lr
+    step (which counts as a step in Adam's ``step``), so callers clear them again when nothing loads."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     modules = {k: v for k, v in state.items() if _is_module(v)}
     out: dict[str, Any] = {}
+    fresh = [v for v in state.values() if _is_optimizer(v) and not v.state]
     for key, obj in state.items():
         if _is_module(obj):
             out[key] = get_model_state_dict(obj)
         elif _is_optimizer(obj):
             out[key] = get_optimizer_state_dict(modules[_owner(obj, modules)], obj)
-    return out
+    return out, fresh
+
+
+def forget_init(fresh: list[torch.optim.Optimizer]) -> None:
+    """Undo the state initialisation of optimizers that had not stepped yet."""
+    for opt in fresh:
+        opt.state.clear()
 
 
 def capture(state: dict[str, Any]) -> Captured:
     """Collective over all ranks: this rank's sharded tensors and plain extras."""
-    live = _live_dicts(state)
+    live, fresh = _live_dicts(state)
+    forget_init(fresh)  # the captured dicts keep the tensors; the live optimizer stays as it was
     sharded: dict[str, torch.Tensor] = {}
     plain: list[tuple[list[Any], Any]] = []
     for path, leaf in _leaves(live):
@@ -137,10 +147,22 @@ def capture(state: dict[str, Any]) -> Captured:
     return Captured(sharded, extras)
 
 
-def load_targets(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Collective: the live models' and optimizers' state dicts and the flat tensor view DCP loads into."""
-    live = _live_dicts(state)
-    return live, {_key(p): leaf for p, leaf in _leaves(live) if isinstance(leaf, torch.Tensor)}
+@dataclass(frozen=True)
+class Targets:
+    """Where a checkpoint loads into: the live state dicts and their flat tensor view (DCP fills
+    the tensors in place), plus the optimizers that were initialised only to build the view."""
+
+    live: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    fresh: list[torch.optim.Optimizer]
+
+
+def load_targets(state: dict[str, Any]) -> Targets:
+    """Collective: the live models' and optimizers' state dicts at this world size."""
+    live, fresh = _live_dicts(state)
+    return Targets(
+        live, {_key(p): leaf for p, leaf in _leaves(live) if isinstance(leaf, torch.Tensor)}, fresh
+    )
 
 
 def _set(root: Any, path: list[Any], value: Any) -> None:
