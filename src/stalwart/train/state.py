@@ -177,16 +177,10 @@ def _set(root: Any, path: list[Any], value: Any) -> None:
     node[path[-1]] = value
 
 
-def apply(
-    state: dict[str, Any],
-    live: dict[str, Any],
-    loaded: dict[str, torch.Tensor],
-    extras: dict[str, Any],
-    *,
-    own_rng: bool,
-) -> None:
-    """Put a loaded checkpoint into the live objects: ``live``/``loaded`` from :func:`load_targets`
-    after DCP filled ``loaded`` in place, ``extras`` as read back from the rank file."""
+def apply(state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, own_rng: bool) -> None:
+    """Put a loaded checkpoint into the live objects: ``targets`` from :func:`load_targets` after
+    DCP filled its tensors in place, ``extras`` as read back from the rank file."""
+    live = targets.live
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     for path, value in extras.get("plain", []):
