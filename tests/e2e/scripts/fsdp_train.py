@@ -119,11 +119,23 @@ def main() -> None:
                 it = iter(loader)
                 ids, x, y = next(it)
         if log is not None:
-            log.write(json.dumps({"t": time.time(), "step": step, "rank": rank, "world": world,
-                                  "epoch": sampler.epoch, "ids": ids.tolist()}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "step": step,
+                        "rank": rank,
+                        "world": world,
+                        "epoch": sampler.epoch,
+                        "ids": ids.tolist(),
+                    }
+                )
+                + "\n"
+            )
             log.flush()
-        if step == args.exit_at:
-            os._exit(1)  # a crash in the middle of the step, on every rank
+        if step == args.exit_at:  # a crash in the middle of the step on every rank, once the last
+            session.checkpointer.wait()  # checkpoint is durable (so the test knows where it resumes)
+            os._exit(1)
         if step == args.sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice: stop after this step
         with session.section("forward"):

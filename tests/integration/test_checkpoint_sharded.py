@@ -1,0 +1,160 @@
+"""Sharded state through the SDK with real gloo processes running a user-style FSDP2/HSDP script
+(tests/e2e/scripts/fsdp_train.py): resharded resume, exactly-once data across a crash, a SIGTERM
+and requeue, and a shrink from 4 to 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchdata")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "fsdp_train.py"
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, *args: str, attempt: int = 0) -> list[tuple[int, str]]:
+    """Start ``world`` ranks of the script the way torchrun does (env://) and wait for them."""
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            STALWART_ATTEMPT=str(attempt),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        return [(p.wait(timeout=300), p.stdout.read()) for p in procs]  # type: ignore[union-attr]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def same(a, b, where="") -> None:
+    import torch
+
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys differ: {set(a) ^ set(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"{where} differs"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_hsdp_saved_at_4_ranks_resumes_at_2_with_the_same_model_and_optimizer(tmp_path):
+    import torch
+
+    ck = str(tmp_path / "ck")
+    saved, resumed = tmp_path / "saved.pt", tmp_path / "resumed.pt"
+    runs = launch(
+        4,
+        "--mesh",
+        "2x2",
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "4",
+        "--checkpoint-dir",
+        ck,
+        "--out",
+        str(saved),
+    )
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    runs = launch(
+        2, "--steps", "5", "--checkpoint-every", "0", "--checkpoint-dir", ck, "--dump-at-start", str(resumed)
+    )
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    a, b = torch.load(saved, weights_only=True), torch.load(resumed, weights_only=True)
+    assert len(a["optimizer"]["state"]) == 6 and int(a["optimizer"]["state"]["layers.0.weight"]["step"]) == 4
+    same(a, b)  # parameters and every Adam moment, exactly, before the first new step
+    fresh = {k: torch.zeros_like(v) for k, v in a["model"].items()}
+    assert any(not torch.equal(v, fresh[k]) for k, v in a["model"].items())
+    version = Path(ck) / "step-000000004"
+    assert sorted(p.name for p in version.glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(4)]
+    assert len(list(version.glob("*.distcp"))) == 4  # every rank wrote its own shards
+
+
+def consumed(log_dir: Path) -> tuple[list[int], list[int]]:
+    """The samples that made it into the model: per attempt (in order), drop what earlier attempts
+    consumed at or after the step this one resumed from, then add this attempt's records."""
+    by_attempt: dict[int, list[dict]] = {}
+    for f in log_dir.glob("a*-r*-p*.jsonl"):
+        by_attempt.setdefault(int(f.name[1:].split("-")[0]), []).extend(
+            json.loads(line) for line in f.read_text().splitlines()
+        )
+    kept: list[dict] = []
+    starts = []
+    for attempt in sorted(by_attempt):
+        recs = by_attempt[attempt]
+        start = min(r["step"] for r in recs)
+        starts.append(start)
+        kept = [r for r in kept if r["step"] < start] + recs
+    return [i for r in kept for i in r["ids"]], starts
+
+
+def test_every_sample_of_an_epoch_is_consumed_exactly_once_across_crash_requeue_and_shrink(tmp_path):
+    n, logs = 96, tmp_path / "ids"
+    common = [
+        "--samples",
+        str(n),
+        "--batch",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--log-dir",
+        str(logs),
+    ]
+    # attempt 0, 4 ranks (16 samples a step): every rank dies in the middle of step 3
+    runs = launch(4, *common, "--steps", "7", "--exit-at", "3", attempt=0)
+    assert all(code == 1 for code, _ in runs), runs[0][1][-3000:]
+    # attempt 1, 4 ranks: a preemption notice (SIGTERM) in step 4: emergency checkpoint after it
+    runs = launch(4, *common, "--steps", "7", "--sigterm-at", "4", attempt=1)
+    codes = {code for code, _ in runs}
+    assert len(codes) == 1 and codes != {0} and codes != {1}, runs[0][1][-3000:]
+    # attempt 2, requeued on 2 ranks (8 samples a step): the unseen rest of the epoch, split anew
+    runs = launch(2, *common, "--steps", "7", attempt=2)
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    ids, starts = consumed(logs)
+    assert starts == [0, 2, 5]  # resumed from the step-2 checkpoint, then from the emergency one
+    counts = Counter(ids)
+    assert sorted(counts) == list(range(n)) and set(counts.values()) == {1}, counts.most_common(3)
+    every = [json.loads(x) for f in logs.glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert {r["epoch"] for r in every} == {0} and {r["world"] for r in every} == {4, 2}
+    raw = Counter(i for r in every for i in r["ids"])
+    assert max(raw.values()) > 1  # the crash really did lose consumed samples that came again
