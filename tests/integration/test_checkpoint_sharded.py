@@ -158,3 +158,124 @@ def test_every_sample_of_an_epoch_is_consumed_exactly_once_across_crash_requeue_
     assert {r["epoch"] for r in every} == {0} and {r["world"] for r in every} == {4, 2}
     raw = Counter(i for r in every for i in r["ids"])
     assert max(raw.values()) > 1  # the crash really did lose consumed samples that came again
+
+
+def _flip_rank1_shard(v: Path) -> None:
+    f = v / "__1_0.distcp"
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    f.write_bytes(bytes(raw))
+
+
+def _truncate_rank1_shard(v: Path) -> None:
+    f = v / "__1_0.distcp"
+    os.truncate(f, f.stat().st_size // 2)
+
+
+def _drop_rank1_extras(v: Path) -> None:
+    (v / "rank-1.pt").unlink()
+
+
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (_flip_rank1_shard, "corrupted"),
+        (_truncate_rank1_shard, "truncated"),
+        (_drop_rank1_extras, "missing file"),
+    ],
+    ids=["bitflip", "truncated", "missing"],
+)
+def test_fsdp2_damaged_shard_of_one_rank_resumes_every_rank_from_the_previous_version(
+    tmp_path, damage, reason
+):
+    import torch
+
+    ck = str(tmp_path / "ck")
+    common = ["--checkpoint-every", "2", "--checkpoint-dir", ck]
+    runs = launch(2, *common, "--steps", "2", "--out", str(tmp_path / "at2.pt"))
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    runs = launch(2, *common, "--steps", "4", attempt=1)
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    damage(Path(ck) / "step-000000004")
+    from stalwart.checkpoint.manifest import verify
+
+    assert reason in verify(Path(ck) / "step-000000004")[1]
+    runs = launch(2, *common, "--steps", "5", "--dump-at-start", str(tmp_path / "resumed.pt"), attempt=2)
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    same(
+        torch.load(tmp_path / "at2.pt", weights_only=True),
+        torch.load(tmp_path / "resumed.pt", weights_only=True),
+    )
+    assert verify(Path(ck) / "step-000000002")[0] is not None  # nothing good was lost
+    for step in (4, 5):  # the run went on and wrote step 4 again, whole this time
+        assert verify(Path(ck) / f"step-{step:09d}")[0] is not None
+
+
+def test_fsdp2_kill_9_of_every_rank_never_resumes_from_a_torn_version(tmp_path):
+    """All ranks are killed while checkpointing every step (most of a step is persist), then resumed."""
+    import signal
+    import time
+
+    import torch
+
+    ck = tmp_path / "ck"
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SCRIPT),
+                    "--steps",
+                    "100000",
+                    "--checkpoint-every",
+                    "1",
+                    "--checkpoint-dir",
+                    str(ck),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    deadline = time.monotonic() + 180
+    while len(list(ck.glob("step-*"))) < 2 if ck.exists() else True:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait(timeout=30)
+    from stalwart.checkpoint.manifest import verify
+
+    good = sorted(int(p.name[5:]) for p in ck.glob("step-*") if verify(p)[0] is not None)
+    assert good
+    newest = max(good)
+    runs = launch(
+        2,
+        "--steps",
+        str(newest + 1),
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-dir",
+        str(ck),
+        "--dump-at-start",
+        str(tmp_path / "resumed.pt"),
+        attempt=1,
+    )
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    got = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert int(got["optimizer"]["state"]["layers.0.weight"]["step"]) == newest
+    assert not list(ck.glob(".step-*.partial"))  # torn leftovers swept
+    assert verify(ck / f"step-{newest + 1:09d}")[0] is not None
