@@ -96,7 +96,14 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
     sampler = ElasticDistributedSampler(args.samples, rank=rank, world_size=world, seed=args.seed)
-    loader = StatefulDataLoader(Synthetic(args.samples, args.seed), batch_size=args.batch, sampler=sampler)
+    # its own generator: creating an iterator draws a base seed from it, not from the global RNG
+    # (which drives dropout and is restored exactly on resume)
+    loader = StatefulDataLoader(
+        Synthetic(args.samples, args.seed),
+        batch_size=args.batch,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     state = {"model": model, "optimizer": opt, "scheduler": sched, "data": loader}
 
     log = None
