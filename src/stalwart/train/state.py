@@ -29,7 +29,7 @@ from ..errors import CheckpointError
 from . import rng
 
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device, torch.Size)
-Path = tuple[Any, ...]
+KeyPath = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Captured:
     extras: dict[str, Any]
 
 
-def _leaves(obj: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+def _leaves(obj: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _leaves(v, (*path, k))
@@ -56,7 +56,7 @@ def _leaves(obj: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
         yield path, obj
 
 
-def _key(path: Path) -> str:
+def _key(path: KeyPath) -> str:
     return "/".join(str(p) for p in path)
 
 
