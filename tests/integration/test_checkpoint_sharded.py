@@ -279,3 +279,40 @@ def test_fsdp2_kill_9_of_every_rank_never_resumes_from_a_torn_version(tmp_path):
     assert int(got["optimizer"]["state"]["layers.0.weight"]["step"]) == newest
     assert not list(ck.glob(".step-*.partial"))  # torn leftovers swept
     assert verify(ck / f"step-{newest + 1:09d}")[0] is not None
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    import shutil
+    import uuid
+
+    mnt = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_fsdp2_full_disk_fails_saves_keeps_committed_versions_and_resumes_from_the_newest(
+    tmp_path, small_tmpfs
+):
+    import torch
+
+    from stalwart.checkpoint.manifest import verify
+
+    common = ["--checkpoint-every", "2", "--checkpoint-dir", str(small_tmpfs)]
+    runs = launch(2, *common, "--steps", "12")
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]  # a failed save does not stop training
+    assert not list(small_tmpfs.glob(".step-*"))  # no partial version left behind
+    versions = sorted(small_tmpfs.glob("step-*"))
+    good = [int(p.name[5:]) for p in versions if verify(p)[0] is not None]
+    assert good and len(good) == len(versions) and max(good) < 12  # the disk filled before the end
+    runs = launch(2, *common, "--steps", "13", "--dump-at-start", str(tmp_path / "resumed.pt"), attempt=1)
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    got = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert int(got["optimizer"]["state"]["layers.0.weight"]["step"]) == max(good)
+    assert all(verify(small_tmpfs / f"step-{s:09d}")[0] is not None for s in good)
