@@ -10,13 +10,19 @@ VENV=${STALWART_VENV:-.venv}
 
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
+    echo "dev.sh: creating the virtual environment $VENV ..." >&2
     "$PY" -m venv "$VENV"
   fi
   local stamp="$VENV/.stalwart-installed"
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    local t0=$SECONDS
+    echo "dev.sh: [1/2] upgrading pip ..." >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    echo "dev.sh: [2/2] installing stalwart, torch and the test extras" \
+      "(about 1.5 GB; 1-3 minutes the first time, pip prints nothing meanwhile) ..." >&2
     "$VENV/bin/python" -m pip install -q -e ".[dev]"
     touch "$stamp"
+    echo "dev.sh: installed in $((SECONDS - t0)) s" >&2
   fi
 }
 

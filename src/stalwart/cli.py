@@ -35,6 +35,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: it wraps long flag names and help text to the terminal (rich's option
+    # table cut flags with "..." at 80 columns), and never wider than 100 columns.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]},
 )
 
 
@@ -65,6 +69,41 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _metavar(param) -> str:
+    """argparse/torchrun style: ``--nproc-per-node NPROC_PER_NODE``, ``SCRIPT [SCRIPT_ARGS]...``."""
+    return (param.name or "value").upper()
+
+
+def _tidy_help(cmd) -> None:
+    """One help style for every command, set here so commands keep their option lists short.
+
+    Typer prints value types as ``<int>``/``<list[str]>`` and required arguments as ``{script}``, and
+    click shortens a command's summary to 45 characters with "..."; this walks the command tree once
+    and gives each value an upper-case metavar, each argument a plain usage name, and each command its
+    whole first help paragraph as summary (click wraps it to the terminal instead of cutting it)."""
+    for param in getattr(cmd, "params", ()):
+        if getattr(param, "is_flag", False) or param.metavar is not None:
+            continue
+        param.metavar = _metavar(param)
+        if param.param_type_name == "argument":
+            piece = param.metavar if param.required else f"[{param.metavar}]"
+            piece += "..." if param.nargs != 1 else ""
+            # attributes of this one argument object, not a patch of the class
+            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
+            param.display_type_rich = lambda ctx: None  # the name says it; no "<list[str]>" after it
+    if getattr(cmd, "help", None) and not cmd.short_help:
+        cmd.short_help = cmd.help.strip().split("\n\n")[0].replace("\n", " ")
+    for sub in getattr(cmd, "commands", {}).values():
+        _tidy_help(sub)
+
+
+def command():
+    """The click command behind ``stalwart``, with the shared help style applied."""
+    cmd = typer.main.get_command(app)
+    _tidy_help(cmd)
+    return cmd
+
+
 def _fail(message: str, code: int) -> None:
     print(f"stalwart: error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -72,12 +111,12 @@ def _fail(message: str, code: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = command().main(args=argv, prog_name="stalwart", standalone_mode=False)
     except StalwartError as exc:
         _fail(str(exc), exc.exit_code)
     except _NO_ARGS as exc:
-        # typer prints the help itself in some versions; make sure something useful is shown
-        print(exc.ctx.get_help() if exc.ctx else "stalwart --help")
+        # printed here only (typer's rich path printed it as well: it appeared twice)
+        print(exc.ctx.get_help() if exc.ctx else "see 'stalwart --help'")
         sys.exit(2)
     except _USAGE as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""

@@ -38,5 +38,6 @@ class RunDir:
 
     def create(self) -> RunDir:
         for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks):
-            p.mkdir(parents=True, exist_ok=True)
+            # checkpoints are private: a group-writable one (umask 002) is refused when loading
+            p.mkdir(parents=True, exist_ok=True, mode=0o700 if p == self.checkpoints else 0o777)
         return self

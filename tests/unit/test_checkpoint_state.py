@@ -4,7 +4,6 @@ single process: exact round trip, fallback, retention, and no unpickling of obje
 from __future__ import annotations
 
 import copy
-import dataclasses
 import io
 import random
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from stalwart.checkpoint.engine import CheckpointEngine
-from stalwart.checkpoint.manifest import MANIFEST, FileEntry, Manifest, crc32_file
+from stalwart.checkpoint.manifest import MANIFEST, FileEntry, Manifest, sha256_file
 from stalwart.checkpoint.tiers import TierConfig
 from stalwart.errors import CheckpointError
 from stalwart.events import CheckpointCommitted, CheckpointRejected
@@ -143,12 +142,13 @@ def test_a_damaged_extras_file_falls_back_and_retention_keeps_the_newest_good(tm
 
 
 def _forge(version, name: str, payload) -> None:
-    """Replace a file and re-sign the manifest, as someone with write access could (no HMAC here)."""
+    """Replace a file and rewrite the manifest's digest for it, as someone with write access could
+    when no manifest key is configured (with a key the MAC would refuse the version first)."""
     (version / name).write_bytes(_buffer(payload).getvalue())
     m = Manifest.from_json((version / MANIFEST).read_text())
     files = dict(m.files)
-    files[name] = FileEntry((version / name).stat().st_size, crc32_file(version / name))
-    (version / MANIFEST).write_text(dataclasses.replace(m, files=files).to_json())
+    files[name] = FileEntry(size=(version / name).stat().st_size, sha256=sha256_file(version / name))
+    (version / MANIFEST).write_text(m.model_copy(update={"files": files}).to_json())
 
 
 def test_a_pickled_callable_in_the_extras_is_refused_and_the_previous_checkpoint_loads(tmp_path):

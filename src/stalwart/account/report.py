@@ -7,8 +7,8 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from ..diagnose.straggler import score_ranks, slow_spans
-from ..events import StepCompleted
+from ..diagnose.straggler_episodes import episodes
+from ..events import CheckpointRejected, StepCompleted
 from ..ledger import read_merged
 from .goodput import BUCKETS, compute
 from .reliability import interruptions_from_events, mtbf, mttr
@@ -22,8 +22,9 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     rep_mttr = mttr(rel.interruptions)
     n = len(rel.interruptions)
     steps = [e for e in events if isinstance(e, StepCompleted)]
-    stragglers = score_ranks(steps)
-    spans = slow_spans(steps)
+    # one source with the live console: the agent's StragglerDetected/StragglerCleared events
+    found = episodes(events)
+    rejected = [e for e in events if isinstance(e, CheckpointRejected)]
     return {
         "run_dir": str(location),
         "outcome": gp.outcome,
@@ -42,9 +43,29 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "mttr_s": asdict(rep_mttr),
             "exposure": asdict(rel.exposure),
         },
-        "stragglers": {"reason": stragglers.reason, "ranks": [asdict(r) for r in stragglers.ranks],
-                       "spans": [asdict(sp) for sp in spans]},
+        "stragglers": {
+            "source": "StragglerDetected/StragglerCleared events (what the live console showed)",
+            "spans": [asdict(ep) for ep in found],
+        },
+        "checkpoints_rejected": [
+            {"ts": e.ts, "path": e.path, "reason": e.reason, "step": e.step, "rank": e.rank, "attempt": e.attempt}
+            for e in rejected
+        ],
+        "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
     }
+
+
+def notes(buckets: dict[str, float], wall_s: float, ranks: int) -> list[str]:
+    """Plain-language notes that keep the goodput figure honest (pure)."""
+    out = []
+    if wall_s > 0:
+        spin = buckets.get("startup", 0.0) + buckets.get("restart", 0.0)
+        if spin / wall_s >= 0.3:
+            out.append(f"{100 * spin / wall_s:.0f}% of the wall time is start-up and restarts (starting Python, "
+                       "importing torch, forming the process group, once per attempt); it does not grow with "
+                       "the run's length, so on a short run on a few CPU cores it dominates goodput, and on a "
+                       "long run it is amortised")
+    return out
 
 
 def _fmt_s(x: float | None) -> str:
@@ -58,11 +79,15 @@ def render(rep: dict[str, Any], console=None) -> None:
     from rich.markup import escape as esc
     from rich.table import Table
 
-    con = console or Console()
+    con = console or Console(highlight=False)
+
+    def say(text: str) -> None:  # prose is never broken mid-phrase by rich; the terminal wraps it
+        con.print(text, soft_wrap=True)
+
     wall = rep["wall_s"]
-    con.print(f"[bold]Run report[/] {esc(rep['run_dir'])}")
-    con.print(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
-    con.print(f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
+    say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
+    say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
+    say(f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
               f"[bold]goodput {100 * rep['goodput']:.1f}%[/]")
     t = Table(title="Where the wall time went", show_lines=False)
     t.add_column("bucket")
@@ -84,13 +109,23 @@ def render(rep: dict[str, Any], console=None) -> None:
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
-    con.print(f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
+    say(f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
               f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
               f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}")
-    con.print(f"stragglers over the whole run: {esc(rep['stragglers']['reason'])}")
-    for sp in rep["stragglers"]["spans"]:
-        con.print(f"  rank {sp['rank']} was a straggler in steps {sp['first_step']}-{sp['last_step']} "
-                  f"(up to {sp['score']:.2f}x the fleet median own-work time)")
+    spans = rep["stragglers"]["spans"]
+    say(f"stragglers (as detected live): {len(spans) or 'none'}")
+    for sp in spans:
+        until = (f"cleared at step {sp['last_step']} ({sp['cleared_score']:.2f}x)" if sp["last_step"] is not None
+                 else "still slow at the end of the attempt")
+        say(f"  rank {sp['rank']} (attempt {sp['attempt']}): {sp['score']:.2f}x the fleet median own-work "
+            f"time from step {sp['first_step']}; {until}")
+    rejected = rep["checkpoints_rejected"]
+    say(f"checkpoints rejected on load: {len(rejected) or 'none'}")
+    for r in rejected:
+        step = f"step {r['step']}, " if r["step"] >= 0 else ""
+        say(f"  {esc(r['path'])} ({step}attempt {r['attempt']}): {esc(r['reason'])}")
+    for n in rep["notes"]:
+        say(f"note: {esc(n)}")
 
 
 def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:

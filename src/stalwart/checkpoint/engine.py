@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -43,6 +42,7 @@ from .persist import (
     retain_files,
     retain_object,
 )
+from .safe_reader import SafeLoad, UnsafeCheckpoint, check_metadata, load_torch_file, refusal_line
 from .staging import Snapshot, Stager
 from .store import FileStore, FsspecStore, step_name
 from .tiers import SPEED_ORDER, TierConfig, validate_tiers
@@ -376,10 +376,10 @@ class CheckpointEngine:
         rejected: list[str] = []
         for step, tier, loc in cands:
             path = self._local_path(step, tier, loc)
-            manifest, reason = read_manifest(path)
+            manifest, reason = read_manifest(path, self._stores[tier].key)
             if manifest is not None:
                 names = sorted(manifest.files)[self.rank::self.world_size]
-                reason = verify_files(path, manifest, names)
+                reason = verify_files(path, manifest, names) or check_metadata(path, names)
             reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
             if reasons:
                 rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
@@ -396,10 +396,17 @@ class CheckpointEngine:
                     self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {reasons[0]}",
                                                   step=step))
                 continue
+            safe = SafeLoad(path)
             try:
                 if target_state:
-                    dcp.load(target_state, checkpoint_id=str(path), process_group=self.comm.group)
+                    dcp.load(target_state, process_group=self.comm.group, **safe.kwargs)
             except (Exception, CheckpointException) as exc:
+                if why := safe.refused(exc):  # every rank gets DCP's same exception, so all fall back together
+                    rejected.append(f"{tier} {step_name(step)}: {why}")
+                    if self.rank == 0:
+                        self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {why}",
+                                                      step=step))
+                    continue
                 raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
                                       f"{describe(exc)}",
                                       "load with the same state layout (model/optimizer keys) it was saved with") from exc
@@ -419,10 +426,11 @@ class CheckpointEngine:
         if name not in manifest.files:
             return None, -1, ""
         try:
-            return torch.load(path / name, weights_only=True, map_location="cpu"), source, ""
-        except Exception as exc:  # UnpicklingError names the refused global; keep its first line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return None, source, f"{name} holds more than tensors and plain data, refused: {first[:300]}"
+            return load_torch_file(path / name), source, ""
+        except UnsafeCheckpoint as exc:
+            return None, source, f"{name} holds more than tensors and plain data: {exc.message}"
+        except Exception as exc:  # damaged past what the digest caught: reject, never crash the load
+            return None, source, f"{name} cannot be read: {refusal_line(exc)}"
 
     def close(self) -> None:
         try:

@@ -1,7 +1,7 @@
 """Persist phase: write one staged snapshot to one tier, verify-ready, and commit it atomically.
 
 Runs on the engine's background thread. Every rank writes its own shards through
-torch.distributed.checkpoint and checksums what it wrote; rank 0 gathers the file list, writes the
+torch.distributed.checkpoint and takes the SHA-256 of what it wrote; rank 0 gathers the file list, writes the
 manifest last and commits. If any rank fails (a full disk, an I/O error), nothing is committed,
 the partial directory is removed and every older version stays as it was.
 """
@@ -12,7 +12,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..errors import CheckpointError
 from .collective import Collective
-from .manifest import MANIFEST, FileEntry, Manifest, crc32_file, read_manifest, verify_files
+from .manifest import MANIFEST, FileEntry, Manifest, parse_checked, read_manifest, sha256_file, verify_files
+from .safe_reader import METADATA, check_metadata_file, unsafe_values
 from .staging import Snapshot
 from .store import FileStore, FsspecStore
 from .tiers import TierConfig
@@ -74,12 +75,21 @@ class Persister:
                 store.begin(snap.step)
             except OSError as exc:
                 err = f"cannot create {store.partial(snap.step)}: {exc}"
+            except CheckpointError as exc:  # an unsafe tier root: every rank must hear of it
+                err = str(exc)
         if err := self._gather_errors(err):
             raise PersistError(err)
         work = store.partial(snap.step)
+        # a value only a full unpickle could read back would be refused on load: fail the save instead
+        if err := self._gather_errors(unsafe_values(snap.state)):
+            if self.rank == 0:
+                store.discard(snap.step)
+            raise PersistError(f"{err}; keep tensors, numbers, strings, lists and dicts in the state")
         entries: dict[str, FileEntry] = {}
         try:
             dcp.save(snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group)
+            if self.rank == 0 and (why := check_metadata_file(work / METADATA)):
+                raise PersistError(f"the DCP metadata just written would be refused on load: {why}")
             mine = [f"rank-{self.rank}.pt"] if snap.rank_state is not None else []
             if mine:
                 _fsynced_save(snap.rank_state, work / mine[0], tier.do_fsync)
@@ -89,7 +99,7 @@ class Persister:
                 mine.append(".metadata")
             for name in mine:
                 f = work / name
-                entries[name] = FileEntry(f.stat().st_size, crc32_file(f))
+                entries[name] = FileEntry(size=f.stat().st_size, sha256=sha256_file(f))
         except (Exception, CheckpointException) as exc:  # every failure must reach the other ranks
             err = describe(exc)
         gathered = self.comm.all_gather((err, entries))
@@ -104,13 +114,13 @@ class Persister:
             files: dict[str, FileEntry] = {}
             for _, ent in gathered:
                 files.update(ent)
-            manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
-                                meta={"emergency": emergency, "bytes": snap.bytes})
-            try:
+            try:  # a step the manifest cannot hold (e.g. not a plain int) fails here, on rank 0 only
+                manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
+                                    meta={"emergency": emergency, "bytes": snap.bytes})
                 store.commit(snap.step, manifest)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 store.discard(snap.step)
-                outcome = f"rank 0: commit failed: {exc}"
+                outcome = "rank 0: commit failed: " + " ".join(str(exc).split())[:300]
         outcome = self.comm.broadcast(outcome)
         if outcome:
             raise PersistError(outcome)
@@ -118,7 +128,7 @@ class Persister:
 
     def to_object(self, step: int, source: Path, store: FsspecStore) -> str:
         """Rank 0 uploads a committed local version (data first, manifest last)."""
-        manifest, reason = read_manifest(source)
+        manifest, reason = read_manifest(source, store.key)
         if manifest is None:
             raise PersistError(f"source {source} is not committed: {reason}")
         return store.upload(step, source, manifest)
@@ -126,7 +136,7 @@ class Persister:
 
 def copy_version(src: Path, store: FileStore, *, emergency: bool) -> Path:
     """Copy a committed version (verified first) into another file store and commit it there."""
-    manifest, reason = read_manifest(src)
+    manifest, reason = read_manifest(src, store.key)
     if manifest is None or (reason := verify_files(src, manifest)):
         raise PersistError(f"source {src} does not verify: {reason}")
     work = store.begin(manifest.step)
@@ -137,25 +147,35 @@ def copy_version(src: Path, store: FileStore, *, emergency: bool) -> Path:
             if store.fsync:
                 os.fsync(fout.fileno())
     meta = dict(manifest.meta, emergency=emergency, copied_from=str(src))
-    return store.commit(manifest.step, replace(manifest, meta=meta))
+    return store.commit(manifest.step, manifest.model_copy(update={"meta": meta}))
 
 
 def retain_files(store: FileStore, keep: int) -> list[Path]:
     """Delete versions older than the ``keep`` newest that pass a quick check (manifest + sizes).
 
     A version is deleted only when ``keep`` newer good ones exist, so the newest good version is
-    never deleted, whatever state the newer ones are in."""
+    never deleted, whatever state the newer ones are in. With a key, a version counts as good only
+    with a valid MAC, so planted versions cannot push the real ones out."""
 
     def good(path: Path) -> bool:
-        manifest, _ = read_manifest(path)
+        manifest, _ = read_manifest(path, store.key)
         return manifest is not None and not verify_files(path, manifest, checksums=False)
 
     return _retain(store, keep, good)
 
 
 def retain_object(store: FsspecStore, keep: int) -> list[str]:
-    """The same rule on an object store, where a committed version is one whose manifest exists."""
-    return _retain(store, keep, lambda loc: store.fs.exists(f"{loc}/{MANIFEST}"))
+    """The same rule on an object store, where a committed version is one whose manifest exists and
+    parses (and, with a key, carries a valid MAC)."""
+
+    def good(loc: str) -> bool:
+        try:
+            data = store.fs.cat_file(f"{loc}/{MANIFEST}")
+        except FileNotFoundError:
+            return False
+        return parse_checked(data, store.key)[0] is not None
+
+    return _retain(store, keep, good)
 
 
 def _retain(store, keep: int, is_good) -> list:

@@ -6,6 +6,9 @@ File layout per version: ``step-<NNNNNNNNN>/`` holding the torch.distributed.che
 then renames the directory (atomic) and fsyncs the parent, so a version is visible only complete.
 An object store has no atomic rename: files go first, the manifest last; a version without a
 manifest that verifies is never loaded.
+
+A store signs the manifests it commits with the configured checkpoint key (see ``manifest``), and a
+file store's root is private: created 0700, refused when another user owns it or others can write it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .manifest import MANIFEST, Manifest, fsync_dir, write_durable
+from .manifest import MANIFEST, Manifest, configured_key, encode, fsync_dir, parse_checked, write_durable
+from .tiers import check_private, private_dir
 
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _PARTIAL = re.compile(r"^\.step-(\d{9})\.partial$")
@@ -27,9 +31,12 @@ def step_name(step: int) -> str:
 
 
 class FileStore:
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, key: bytes | None = None) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.key = key if key is not None else configured_key()
+        if self.root.exists():  # someone else's directory is refused before anything is read from it
+            check_private(self.root)
 
     def partial(self, step: int) -> Path:
         return self.root / f".{step_name(step)}.partial"
@@ -39,7 +46,7 @@ class FileStore:
 
     def begin(self, step: int) -> Path:
         """Create an empty partial directory for ``step`` (rank 0 only)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         work = self.partial(step)
         if work.exists():
             shutil.rmtree(work)
@@ -49,7 +56,7 @@ class FileStore:
     def commit(self, step: int, manifest: Manifest) -> Path:
         """Write the manifest last, then make the version visible with one atomic rename."""
         work = self.partial(step)
-        write_durable(work / MANIFEST, manifest.to_json().encode(), fsync=self.fsync)
+        write_durable(work / MANIFEST, encode(manifest, self.key), fsync=self.fsync)
         final = self.final(step)
         if final.exists():  # an older save of the same step: replaced only by a complete one
             shutil.rmtree(final)
@@ -85,10 +92,11 @@ class FileStore:
 class FsspecStore:
     """A version tree on any fsspec filesystem (object stores included)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, key: bytes | None = None) -> None:
         import fsspec.core
 
         self.url = url
+        self.key = key if key is not None else configured_key()
         self.fs, base = fsspec.core.url_to_fs(url)
         self.base = base.rstrip("/")
 
@@ -103,7 +111,7 @@ class FsspecStore:
         self.fs.makedirs(dest, exist_ok=True)
         for name in sorted(manifest.files):
             self.fs.put_file(str(src / name), f"{dest}/{name}")
-        self.fs.pipe_file(f"{dest}/{MANIFEST}", manifest.to_json().encode())
+        self.fs.pipe_file(f"{dest}/{MANIFEST}", encode(manifest, self.key))
         return dest
 
     def versions(self) -> list[tuple[int, str]]:
@@ -118,20 +126,26 @@ class FsspecStore:
         return sorted(out, reverse=True)
 
     def read_manifest(self, step: int) -> Manifest:
-        return Manifest.from_json(self.fs.cat_file(f"{self._dir(step)}/{MANIFEST}").decode())
+        manifest, reason = parse_checked(self.fs.cat_file(f"{self._dir(step)}/{MANIFEST}"), self.key)
+        if manifest is None:
+            raise ValueError(reason)
+        return manifest
 
     def fetch(self, step: int, dest: Path) -> Path:
-        """Download a version into ``dest`` (the manifest last) so it can be verified and loaded."""
+        """Download a version into ``dest`` (the manifest last) so it can be verified and loaded.
+        Only the files named by a manifest that parses (and, with a key, has a valid MAC) are
+        fetched; a bad manifest is copied alone and verification rejects it with the reason."""
         if dest.exists():
             shutil.rmtree(dest)
-        dest.mkdir(parents=True)
+        private_dir(dest.parent)
+        dest.mkdir(mode=0o700)
         src = self._dir(step)
         try:
             manifest_bytes = self.fs.cat_file(f"{src}/{MANIFEST}")
         except FileNotFoundError:
             return dest  # no manifest: verification rejects it
-        names: list[Any] = list(Manifest.from_json(manifest_bytes.decode()).files) \
-            if manifest_bytes else []
+        manifest, _ = parse_checked(manifest_bytes, self.key)
+        names: list[Any] = sorted(manifest.files) if manifest is not None else []
         for name in names:
             try:
                 self.fs.get_file(f"{src}/{name}", str(dest / name))

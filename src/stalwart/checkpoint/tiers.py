@@ -9,12 +9,13 @@ and its own retention.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 TierKind = Literal["memory", "local", "shared", "object"]
 SPEED_ORDER: dict[str, int] = {"memory": 0, "local": 1, "shared": 2, "object": 3}
@@ -69,7 +70,45 @@ def validate_tiers(tiers: list[TierConfig]) -> list[TierConfig]:
 
 
 def default_shm_root(job: str) -> Path:
-    return Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm")) / "stalwart" / job
+    """``/dev/shm/stalwart-<uid>-<job>``: directly in the sticky tmpfs, so the only directory another
+    user could plant is the tier root itself, which :func:`private_dir` refuses when not ours."""
+    return Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm")) / f"stalwart-{os.geteuid()}-{job}"
+
+
+def check_private(path: Path, *, uid: int | None = None) -> None:
+    """Refuse a tier directory that someone else could have written: not a directory, owned by
+    another user, or writable by group or others. Raises one CheckpointError saying what to do."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot inspect checkpoint directory {path}: {exc.strerror}",
+                              "choose a checkpoint location you can create and own") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"checkpoint location {path} is not a directory",
+                              "choose another checkpoint location")
+    if st.st_uid != uid:
+        raise CheckpointError(f"checkpoint directory {path} is owned by uid {st.st_uid}, not by this user "
+                              f"(uid {uid}); its files could have been planted",
+                              "choose another checkpoint location, or remove it or fix its ownership")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CheckpointError(f"checkpoint directory {path} is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o}); its files could have been planted",
+                              f"run `chmod go-w {path}` (0700 is best) or choose another checkpoint location")
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents with mode 0700 (whatever the umask), then
+    :func:`check_private` it."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        for p in reversed(missing):
+            p.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create checkpoint directory {path}: {exc.strerror}",
+                              "choose a checkpoint location you can write") from None
+    check_private(path)
+    return path
 
 
 def default_tiers(*, local_dir: str | os.PathLike[str], job: str = "default", base_every_steps: int = 100,

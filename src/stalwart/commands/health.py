@@ -132,7 +132,15 @@ def register(app: typer.Typer) -> None:
             rec = store.record(node)
             if rec.state in (NodeState.QUARANTINED, NodeState.PROBATION):
                 handled_before = rec.since  # XIDs logged before the drain are what we drained for
+        if active:  # the suite runs for seconds with nothing to show until it ends: say so first
+            import sys
+
+            print("stalwart: running the active suite (GEMM, memory bandwidth, all-reduce, disk write, one "
+                  "training step; 10-20 s on a CPU-only machine) ...", file=sys.stderr, flush=True)
         result = run_gate(cfg, now, node=node, handled_before=handled_before)
+        if active:
+            took = result.timings.get("active")
+            print("stalwart: active suite done" + (f" in {took:.1f} s" if took else ""), file=sys.stderr)
         applied = None
         if backend != "none":
             policy = LifecyclePolicy(prefix=prefix, max_auto_drains=max_auto_drains, drain_window_s=drain_window,

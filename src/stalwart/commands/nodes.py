@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -14,18 +13,26 @@ def register(app: typer.Typer) -> None:
     @app.command("nodes")
     def nodes_cmd(
         backend: str = typer.Option("local", "--backend", help="local (ledger only) or slurm (sinfo)."),
-        state_dir: Path = typer.Option(None, "--state-dir", help="Node records directory "
-                                                                 "(default stalwart-runs/health)."),
+        state_dir: Path = typer.Option(None, "--state-dir", help="Node records directory (default: "
+                                       "stalwart-runs/health and every stalwart-runs/<run>/health)."),
         prefix: str = typer.Option("stalwart:", "--prefix", help="Drain-reason prefix of Stalwart's drains."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List nodes with their states and reasons."""
+        from ..errors import SchedulerError
         from ..health.backends import make_backend
         from ..health.node_store import DEFAULT_STATE_DIR, HealthStore
 
-        store = HealthStore(state_dir or DEFAULT_STATE_DIR)
-        records = store.records()
-        sched = {s.node: s for s in make_backend(backend).list_nodes()}
+        records = _records(state_dir, DEFAULT_STATE_DIR, HealthStore)
+        try:
+            listed = make_backend(backend).list_nodes()
+        except SchedulerError as exc:
+            first = exc.message.splitlines()[0] if exc.message else "no answer"
+            hint = exc.hint if first.startswith("cannot run") else (
+                "is Slurm configured on this machine (slurmctld reachable, SLURM_CONF set)?")
+            raise SchedulerError(f"cannot list Slurm nodes: {first}",
+                                 f"{hint}; 'stalwart nodes' without --backend lists Stalwart's own records") from None
+        sched = {s.node: s for s in listed}
         rows = []
         for name in sorted(set(records) | set(sched)):
             rec, s = records.get(name), sched.get(name)
@@ -50,12 +57,28 @@ def register(app: typer.Typer) -> None:
 
         t = Table(title=f"nodes ({backend})")
         for col in ("node", "scheduler", "drained by", "scheduler reason", "stalwart state", "since", "reason"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")  # wrap long names and reasons, never cut them
         for r in rows:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])) if r["since"] else "-"
             state = r["state"] + (" (needs human)" if r["needs_human"] else "")
             t.add_row(r["node"], r["scheduler_state"] or "-", r["drained_by"], r["scheduler_reason"] or "-", state,
                       since, r["reason"] or "-")
-        Console(width=None if sys.stdout.isatty() else 160).print(t)
-        if not rows:
-            print("no nodes known (no health records yet)" if backend == "local" else "Slurm reports no nodes")
+        if rows:
+            Console().print(t)
+        else:
+            print("no nodes known: no health records yet (a run with the health gate writes them; "
+                  "see --state-dir)" if backend == "local" else "Slurm reports no nodes")
+
+
+def _records(state_dir, default_dir: Path, store_cls) -> dict:
+    """Node records from one directory, or by default from the shared one and every run's own
+    (``stalwart run`` keeps them in ``<run dir>/health``); the newest record of a node wins."""
+    dirs = [Path(state_dir)] if state_dir else [default_dir, *sorted(default_dir.parent.glob("*/health"))]
+    merged: dict = {}
+    for d in dict.fromkeys(dirs):
+        if not d.is_dir():
+            continue
+        for name, rec in store_cls(d).records().items():
+            if name not in merged or rec.since > merged[name].since:
+                merged[name] = rec
+    return merged

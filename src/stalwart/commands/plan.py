@@ -32,7 +32,6 @@ def register(app: typer.Typer) -> None:
         """Recommend checkpoint intervals, hot spares and a restart strategy; predict ETTR at scale."""
         from ..errors import ConfigError
         from ..sim.config import make_config
-        from ..sim.measured import config_from_ledger
         from ..sim.planner import plan
 
         if plot_format not in ("png", "svg"):
@@ -47,7 +46,7 @@ def register(app: typer.Typer) -> None:
         cfg = make_config(**values)
         notes: list[str] = []
         if ledger is not None:
-            cfg, notes = config_from_ledger(ledger, cfg)
+            cfg, notes = _measured(ledger, cfg)
         result = plan(cfg, scale_to=scale_to, trials=trials)
         written = []
         if plot is not None:
@@ -63,31 +62,64 @@ def register(app: typer.Typer) -> None:
         _print(data)
 
 
+def _measured(ledger: Path, base):
+    """The simulator fitted to a run. Failures that chaos injected are not a failure rate: a short chaos
+    run extrapolated per second predicts hundreds of millions of interruptions at scale. For such a run
+    keep the default rates and use only the measured times (detection, restart, checkpoint stall)."""
+    from ..events import ChaosInjected
+    from ..ledger import read_merged
+    from ..sim.config import make_config
+    from ..sim.measured import config_from_events
+
+    events = read_merged(ledger)
+    cfg, notes = config_from_events(events, base)
+    injected = sum(1 for e in events if isinstance(e, ChaosInjected))
+    if injected and cfg.failures != base.failures:
+        values = cfg.model_dump()
+        values["failures"] = [{**f.model_dump(), "detect_s": m.detect_s} for f, m in zip(base.failures, cfg.failures, strict=True)]
+        cfg = make_config(**values)
+        notes = [n for n in notes if not n.startswith("failure rate")]
+        notes.insert(0, f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
+                        "about a real fleet: default failure rates kept; measured times used")
+    return cfg, notes
+
+
 def _print(d: dict) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    c = Console()
-    t = Table(title="checkpoint interval per tier")
-    for col in ("tier", "current s", "Daly s", "recommended s", "why"):
-        t.add_column(col)
+    c = Console(highlight=False)
+
+    def say(text: str) -> None:  # prose: never cut by rich, the terminal wraps it
+        c.print(text, soft_wrap=True)
+
+    def table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+        # no vertical rules, each column as wide as its widest value: numbers are never cut at 80 columns
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+        for i, h in enumerate(headers):
+            width = max([len(r[i]) for r in rows] + [max(len(x) for x in h.split("\n"))])
+            t.add_column(h, justify="left" if i == 0 else "right", overflow="fold", min_width=width, no_wrap=True)
+        for r in rows:
+            t.add_row(*r)
+        return t
+
+    rows = [[a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}"]
+            for a in d["tiers"]]
+    c.print(table("checkpoint interval per tier", ["tier", "current s", "Daly s", "recommended s"], rows))
     for a in d["tiers"]:
-        t.add_row(a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}",
-                  a["reason"])
-    c.print(t)
-    c.print(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
-    c.print(f"[bold]restart strategy:[/bold] {d['strategy']['value']}  -  {d['strategy']['reason']}")
-    s = Table(title="predicted at scale (interval re-optimised, spares scaled with the fleet)")
-    for col in ("GPUs", "spares", "job MTBF h", "interval s", "ETTR mean", "ETTR p5", "interruptions",
-                "lost GPU-h", "cost"):
-        s.add_column(col, justify="right")
-    for p in d["scale"]:
-        s.add_row(f"{p['gpus']:,}", "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
-                  f"{p['job_mtbf_h']:.2f}", f"{p['interval_s']:,.0f}", f"{p['ettr_mean']:.3f}",
-                  f"{p['ettr_p5']:.3f}", f"{p['interruptions_mean']:,.0f}", f"{p['lost_gpu_hours_mean']:,.0f}",
-                  f"{p['cost_mean']:,.0f}")
-    c.print(s)
+        say(f"why: {a['reason']}")
+    say(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
+    say(f"[bold]restart strategy:[/bold] {d['strategy']['value']}  -  {d['strategy']['reason']}")
+    rows = [[f"{p['gpus']:,}", "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
+             f"{p['job_mtbf_h']:.2f}", f"{p['interval_s']:,.0f}", f"{p['ettr_mean']:.3f}", f"{p['ettr_p5']:.3f}",
+             f"{p['interruptions_mean']:,.0f}", f"{p['lost_gpu_hours_mean']:,.0f}", f"{p['cost_mean']:,.0f}"]
+            for p in d["scale"]]
+    c.print(table("predicted at scale", ["GPUs", "spares", "MTBF\nh", "ckpt\ns", "ETTR\nmean", "ETTR\np5",
+                                         "inter-\nrupts", "lost\nGPU-h", "cost"], rows))
+    say("(interval re-optimised and spares scaled with the fleet; MTBF h: the job's mean time between "
+        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours)")
     for n in d["notes"]:
-        c.print(f"note: {n}")
+        say(f"note: {n}")
     for p in d["plots"]:
-        c.print(f"wrote {p}")
+        say(f"wrote {p}")

@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Option(None, "--config", help="YAML/TOML file of these settings."),
         tee: bool = typer.Option(None, "--tee/--no-tee", help="Show worker output instead of logging it to files."),
         quiet: bool = typer.Option(None, "--quiet", "-q", help="Print only the verdict."),
-        report: bool = typer.Option(False, "--report/--no-report", help="Print the goodput report at the end."),
+        report: bool = typer.Option(True, "--report/--no-report", help="Print the goodput report at the end."),
     ) -> int:
         """Launch and supervise training workers; restart through crashes and hangs."""
         from ..launch import config as run_config

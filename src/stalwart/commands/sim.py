@@ -101,10 +101,10 @@ def print_summary(s: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(highlight=False)
     spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]
     console.print(f"[bold]{s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['days']:g} days, {s['trials']:,} trials"
-                  f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}")
+                  f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}", soft_wrap=True)
     t = Table(title="outcome per trial")
     for col in ("metric", "mean", "p5", "p50", "p95"):
         t.add_column(col, justify="right" if col != "metric" else "left")

@@ -64,7 +64,9 @@ class RunConsole:
             where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
         elif isinstance(ev, StragglerDetected):
-            self.say(f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)}")
+            # the score of this rank (the evidence text names the worst rank, which may be another one)
+            self.say(f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {ev.score:.2f}x the fleet "
+                     f"median own-work time")
         elif isinstance(ev, StragglerCleared):
             self.say(f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}")
         elif isinstance(ev, DecisionTaken):

@@ -1,0 +1,97 @@
+"""Hugging Face integration: a ``transformers.TrainerCallback`` (install the ``hf`` extra).
+
+    cb = StalwartCallback()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
+    trainer.train(resume_from_checkpoint=cb.resume_path(args.output_dir))   # None on a fresh start
+
+Under ``stalwart run`` the callback reports every optimizer step (sections ``forward_backward`` and
+``optimizer``: the Trainer exposes no boundary between forward and backward) as heartbeats and
+timings, beats on every evaluation batch so a long evaluation is not taken for a hang, lets chaos
+faults fire at step boundaries, books the Trainer's own checkpoints (``save_steps``) in the ledger,
+and on SIGTERM/SIGUSR1 to the agent makes every rank save a checkpoint after the same step and exit
+with code 76. Resume is the Trainer's: ``resume_from_checkpoint``; ``resume_path`` only skips a
+checkpoint directory that a crash left without its ``trainer_state.json`` (written last).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("stalwart.integrations.hf needs transformers: pip install 'stalwart[hf]'") from exc
+
+from ..exit_codes import EXIT_PREEMPTED
+from .link import EVALUATION, StepLink
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_COMPLETE_MARK = "trainer_state.json"  # the Trainer writes it after model, optimizer and RNG state
+
+
+def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest complete ``checkpoint-N`` directory under ``output_dir``, or None."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    found = []
+    for p in root.iterdir():
+        m = _CHECKPOINT.match(p.name)
+        if m and p.is_dir() and (p / _COMPLETE_MARK).is_file():
+            found.append((int(m.group(1)), p))
+    return str(max(found)[1]) if found else None
+
+
+class StalwartCallback(TrainerCallback):
+    def __init__(self, link: StepLink | None = None) -> None:
+        self.link = link or StepLink()
+        self.preempted = False
+        self._save_t0: float | None = None
+
+    @staticmethod
+    def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
+        return resume_path(output_dir)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.reclaim_signals()
+        ckpt = kwargs.get("resume_from_checkpoint") or ""
+        if not ckpt and state.global_step > 0:
+            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.link.started(state.global_step, int(state.max_steps or 0), from_checkpoint=str(ckpt))
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.begin_step(state.global_step)
+        self.link.section_begin("forward_backward")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.section_begin("optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.end_step(state.global_step - 1)
+        if not self.preempted and self.link.stop_requested():
+            self.preempted = True
+            control.should_training_stop = True
+            if self.link.session._last_saved != self.link.completed:
+                control.should_save = True
+        if control.should_save:
+            self._save_t0 = self.link.checkpoint_begin()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        t0 = self._save_t0 if self._save_t0 is not None else self.link.checkpoint_begin()
+        self._save_t0 = None
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.link.checkpoint_end(t0, path, emergency=self.preempted)
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.beat(EVALUATION)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.beat(EVALUATION)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.link.finish(preempted=self.preempted)
+        if self.preempted:
+            raise SystemExit(EXIT_PREEMPTED)

@@ -1,0 +1,74 @@
+"""The report shows what the live console showed: stragglers from the ledger's StragglerDetected and
+StragglerCleared events (every flagged rank, its own score), and every rejected checkpoint."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir import mode)
+
+from stalwart.account.report import build, notes, render
+from stalwart.diagnose.straggler_episodes import episodes
+from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
+from stalwart.launch.console import RunConsole
+from stalwart.ledger import LedgerWriter
+
+
+def live_events() -> list:
+    ctx = {"run_id": RUN, "node": "n0", "attempt": 0}
+    return [
+        StragglerDetected(ts=5.1, rank=3, score=2.31, step=4, evidence="rank 3 spends ... 2.31x", **ctx),
+        StragglerDetected(ts=5.1, rank=0, score=1.27, step=4, evidence="rank 3 spends ... 2.31x", **ctx),
+        StragglerCleared(ts=6.1, rank=0, score=1.02, step=6, **ctx),
+        CheckpointRejected(
+            ts=12.2,
+            run_id=RUN,
+            node="n0",
+            attempt=1,
+            rank=0,
+            path="/r/ckpt/step-5",
+            reason="checksum mismatch in shard 0",
+            step=5,
+        ),
+    ]
+
+
+def test_episodes_pair_detected_and_cleared_per_rank():
+    eps = episodes(live_events())
+    assert [(e.rank, e.first_step, e.last_step, e.score) for e in eps] == [
+        (0, 4, 6, 1.27),
+        (3, 4, None, 2.31),
+    ]
+
+
+def test_report_lists_what_the_console_printed(tmp_path):
+    evs = crash_run() + live_events()
+    w = LedgerWriter(tmp_path / "agent.ledger", writer="test")
+    for ev in sorted(evs, key=lambda e: e.ts):
+        w.append(ev)
+    w.close()
+    rep = build(tmp_path)
+    assert [(s["rank"], s["score"]) for s in rep["stragglers"]["spans"]] == [(0, 1.27), (3, 2.31)]
+    assert [r["reason"] for r in rep["checkpoints_rejected"]] == ["checksum mismatch in shard 0"]
+
+    out = io.StringIO()
+    render(rep, Console(file=out, width=80, highlight=False))
+    text = out.getvalue()
+    live = io.StringIO()
+    con = RunConsole(stream=live)
+    for ev in live_events()[:2]:
+        con.event(ev)
+    # the same ranks and the same scores, each rank with its own score
+    assert "rank 3 at step 4: 2.31x" in live.getvalue() and "rank 0 at step 4: 1.27x" in live.getvalue()
+    assert "rank 3 (attempt 0): 2.31x" in text and "rank 0 (attempt 0): 1.27x" in text
+    assert "cleared at step 6" in text and "still slow" in text
+    assert "no rank above" not in text
+    assert "checksum mismatch in shard 0" in text and "/r/ckpt/step-5" in text
+
+
+def test_note_says_when_start_up_dominates():
+    assert notes({"startup": 50.0, "restart": 20.0, "productive": 30.0}, 100.0, 4)[0].startswith(
+        "70% of the wall"
+    )
+    assert notes({"startup": 5.0, "restart": 5.0, "productive": 90.0}, 100.0, 4) == []
