@@ -136,7 +136,7 @@ class TorchSave:
         return timed(save)
 
     def load_s(self) -> float:
-        return timed(lambda: torch.load(self.path, weights_only=False))
+        return timed(lambda: torch.load(self.path, weights_only=True))
 
 
 class DcpAsync:

@@ -139,7 +139,7 @@ def test_reshard_4_to_2_to_4_gives_the_same_model_and_optimizer(tmp_path):
     _run_phase("a", 4, None, a, tmp_path / "a.pt")
     _run_phase("b", 2, a, b, tmp_path / "b.pt")
     _run_phase("c", 4, b, None, tmp_path / "c.pt")
-    ref, mid, end = (torch.load(tmp_path / f"{p}.pt", weights_only=False) for p in "abc")
+    ref, mid, end = (torch.load(tmp_path / f"{p}.pt", weights_only=True) for p in "abc")
     assert len(ref["at_save"]["optim"]["state"]) == 4  # two layers x (weight, bias), each with Adam moments
     _assert_same(ref["at_save"], mid["at_save"], "4->2")
     _assert_same(ref["at_save"], end["at_save"], "4->2->4")

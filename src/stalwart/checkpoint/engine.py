@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -43,7 +42,7 @@ from .persist import (
     retain_files,
     retain_object,
 )
-from .safe_reader import SafeLoad, check_metadata
+from .safe_reader import SafeLoad, UnsafeCheckpoint, check_metadata, load_torch_file, refusal_line
 from .staging import Snapshot, Stager
 from .store import FileStore, FsspecStore, step_name
 from .tiers import SPEED_ORDER, TierConfig, validate_tiers
@@ -93,6 +92,7 @@ class EngineLoad:
     world_size: int
     rejected: tuple[str, ...] = ()
     local_path: str = ""  # where the verified files are on this machine (fetched for object tiers)
+    rank_state_from: int = -1  # the saved rank whose extras these are (differs after a world-size change)
 
 
 @dataclass(frozen=True)
@@ -388,6 +388,14 @@ class CheckpointEngine:
                                                   step=step))
                 continue
             assert manifest is not None
+            rank_state, source, reason = self._read_rank_state(path, manifest)
+            reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
+            if reasons:  # refused extras (e.g. a pickled object): fall back like any other bad version
+                rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
+                if self.rank == 0:
+                    self._sink(CheckpointRejected(ts=self._wall(), path=str(loc), reason=f"{tier}: {reasons[0]}",
+                                                  step=step))
+                continue
             safe = SafeLoad(path)
             try:
                 if target_state:
@@ -402,13 +410,27 @@ class CheckpointEngine:
                 raise CheckpointError(f"checkpoint {path} verified but does not fit the state to load: "
                                       f"{describe(exc)}",
                                       "load with the same state layout (model/optimizer keys) it was saved with") from exc
-            rank_file = f"rank-{self.rank}.pt"
-            rank_state = torch.load(path / rank_file, weights_only=False) if rank_file in manifest.files else None
             dt = self._clock() - t0
             if self.rank == 0:
                 self._sink(CheckpointLoaded(ts=self._wall(), step=step, path=str(loc), duration_s=dt, tier=tier))
-            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path))
+            return EngineLoad(step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path),
+                              source)
         return None
+
+    def _read_rank_state(self, path: Path, manifest: Any) -> tuple[Any, int, str]:
+        """This rank's extras, or (world size changed, this rank is new) those of rank
+        ``rank % saved world size``. Tensors and plain data only: ``weights_only=True`` refuses
+        any pickled object, which rejects the whole version. Returns (state, source rank, reason)."""
+        source = self.rank % max(1, manifest.world_size)
+        name = f"rank-{source}.pt"
+        if name not in manifest.files:
+            return None, -1, ""
+        try:
+            return load_torch_file(path / name), source, ""
+        except UnsafeCheckpoint as exc:
+            return None, source, f"{name} holds more than tensors and plain data: {exc.message}"
+        except Exception as exc:  # damaged past what the digest caught: reject, never crash the load
+            return None, source, f"{name} cannot be read: {refusal_line(exc)}"
 
     def close(self) -> None:
         try:

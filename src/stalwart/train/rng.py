@@ -1,4 +1,9 @@
-"""Capture and restore every RNG a training process uses, for exact resume."""
+"""Capture and restore every RNG a training process uses, for exact resume.
+
+The captured state is plain data (ints, tuples, tensors), so a checkpoint stores it without
+pickling objects and reads it back with ``torch.load(weights_only=True)``: numpy's key array is
+kept as an int64 tensor and turned back into an array on restore.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +21,25 @@ except ImportError:  # pragma: no cover - numpy is a core dependency
 def capture() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if np is not None:
-        state["numpy"] = np.random.get_state()
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (
+            str(name),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     if np is not None and "numpy" in state:
-        np.random.set_state(state["numpy"])
+        name, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

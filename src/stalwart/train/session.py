@@ -42,7 +42,6 @@ from ..chaos.plan import Fault, FaultPlan
 from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED
 from ..run_dir import RunDir
-from . import rng
 from .control import ControlBlock
 from .ipc import Sender
 
@@ -170,43 +169,37 @@ class Session:
 
     @property
     def checkpointer(self):
-        """The checkpoint engine: saves stall only for staging; the persist runs in the background."""
+        """The checkpoint engine (every rank): saves stall only for staging; the persist runs in the
+        background; loads verify, fall back to older versions and reshard to this world size."""
         if self._checkpointer is None:
-            from ..checkpoint.front import EngineCheckpointManager
+            from ..checkpoint.engine import CheckpointEngine
+            from ..checkpoint.tiers import TierConfig
+            from ..errors import CheckpointError
 
-            self._checkpointer = EngineCheckpointManager(self._ckpt_dir, rank=self.rank, world_size=self.world_size,
-                                                         keep=self._keep, sink=self.emit, tiers=self._tiers)
+            if self._keep < 1:
+                raise CheckpointError(f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1")
+            local = TierConfig(name="local", kind="local", location=str(self._ckpt_dir), keep=self._keep)
+            self._checkpointer = CheckpointEngine([local, *self._tiers], rank=self.rank, world_size=self.world_size,
+                                                  sink=self.emit, on_busy="wait")
         return self._checkpointer
 
     # --- resume and save --------------------------------------------------------------------
 
-    @staticmethod
-    def _state_dicts(state: dict[str, Any]) -> dict[str, Any]:
-        out = {}
-        for key, obj in state.items():
-            if hasattr(obj, "state_dict"):
-                obj = obj.state_dict()
-            out[key] = obj
-        return out
-
     def resume(self, state: dict[str, Any]) -> int:
-        """Load the newest good checkpoint into ``state``; return the number of steps already done."""
-        found = self.checkpointer.load_latest()
+        """Load the newest good checkpoint into ``state``; return the number of steps already done.
+        Collective: models and optimizers load resharded to this world size (see train/state.py)."""
+        from . import state as state_io
+
+        targets = state_io.load_targets(state)
+        found = self.checkpointer.load_latest(targets.tensors)
         if found is None:
+            state_io.forget_init(targets.fresh)
             self._completed = 0
             if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
                 self.emit(TrainingResumed(ts=time.time(), step=0, from_checkpoint="", **self._ctx()))
             return 0
-        for key, obj in state.items():
-            if key not in found.shared:
-                continue
-            if hasattr(obj, "load_state_dict"):
-                obj.load_state_dict(found.shared[key])
-            elif isinstance(obj, dict):
-                obj.clear()
-                obj.update(found.shared[key])
-        if found.rank_state is not None:
-            rng.restore(found.rank_state["rng"])
+        own = found.rank_state_from == self.rank and found.world_size == self.world_size
+        state_io.apply(state, targets, found.rank_state or {}, own_rng=own)
         self._completed = found.step
         self._last_saved = found.step
         if self.rank == 0:
@@ -214,10 +207,19 @@ class Session:
         return found.step
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
-        """Collective checkpoint of ``state`` after ``self.completed`` steps."""
+        """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
+        tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them."""
+        from ..errors import CheckpointError
+        from . import state as state_io
+
         self._beat(self._completed, "checkpoint", time.time())
-        self.checkpointer.save(self._completed, self._state_dicts(state) if self.rank == 0 else None,
-                               {"rng": rng.capture()}, emergency=emergency)
+        cap = state_io.capture(state)
+        self.checkpointer.save(self._completed, cap.sharded, cap.extras, force=True, emergency=emergency)
+        if emergency:
+            res = self.checkpointer.wait()
+            if res is None or not res.committed:
+                raise CheckpointError(f"emergency checkpoint of step {self._completed} was not committed",
+                                      "see the CheckpointPersistFailed event for the cause")
         self._last_saved = self._completed
         self._send({"k": "ckpt", "s": self._completed})
 
