@@ -36,8 +36,17 @@ def test_garbled_and_unknown_lines_decode_to_none():
 
 
 def test_worker_env_round_trips_under_its_own_prefix():
-    wenv = WorkerEnv(run_dir="/runs/a", run_id="a", node="n1", attempt=2, ipc_fd=9, control="/runs/a/c.bin",
-                     agent_pid=123, pg_timeout_s=42.5, chaos='{"faults": []}')
+    wenv = WorkerEnv(
+        run_dir="/runs/a",
+        run_id="a",
+        node="n1",
+        attempt=2,
+        ipc_fd=9,
+        control="/runs/a/c.bin",
+        agent_pid=123,
+        pg_timeout_s=42.5,
+        chaos='{"faults": []}',
+    )
     env = wenv.to_env()
     assert all(k.startswith(protocol.PREFIX) for k in env)
     assert WorkerEnv.from_env(env) == wenv
@@ -45,10 +54,17 @@ def test_worker_env_round_trips_under_its_own_prefix():
 
 
 def test_a_run_started_inside_a_worker_inherits_none_of_its_parents_settings():
-    parent = {"STALWART_RUN_DIR": "/runs/parent", "STALWART_CHAOS": "crash@rank=0,step=3",
-              "STALWART_MAX_RESTARTS": "9", "STALWART_SHM_DIR": "/dev/shm/x", "PATH": "/bin"}
-    worker = {**WorkerEnv.strip(parent, set(CONFIG_SETTINGS)),
-              **WorkerEnv(run_dir="/runs/parent", run_id="p", node="n", attempt=0).to_env()}
+    parent = {
+        "STALWART_RUN_DIR": "/runs/parent",
+        "STALWART_CHAOS": "crash@rank=0,step=3",
+        "STALWART_MAX_RESTARTS": "9",
+        "STALWART_SHM_DIR": "/dev/shm/x",
+        "PATH": "/bin",
+    }
+    worker = {
+        **WorkerEnv.strip(parent, set(CONFIG_SETTINGS)),
+        **WorkerEnv(run_dir="/runs/parent", run_id="p", node="n", attempt=0).to_env(),
+    }
     assert from_env(worker) == {}  # the nested `stalwart run` configures itself from scratch
     assert worker["PATH"] == "/bin" and worker["STALWART_SHM_DIR"] == "/dev/shm/x"  # not settings: kept
 

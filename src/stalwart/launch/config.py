@@ -184,7 +184,9 @@ class RunConfig(BaseModel):
             raise ValueError("--run-path needs the script as an absolute path (as torchrun)")
         if self.max_nodes > 1 and not self.standalone and not self.use_c10d:
             if self.min_nodes != self.max_nodes:
-                raise ValueError("an elastic --nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (c10d rendezvous)")
+                raise ValueError(
+                    "an elastic --nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (c10d rendezvous)"
+                )
             if not self.master_addr:
                 raise ValueError(
                     "--nnodes with more than one node needs --master-addr/--master-port (static) "
