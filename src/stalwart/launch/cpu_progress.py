@@ -57,9 +57,7 @@ class CpuProgress:
         if self.cpu_ref < 0:
             self.cpu_ref, self.since = sample.cpu_s, now
             return
-        if sample.state not in ("T", "t") and sample.cpu_s - self.cpu_ref > floor_s + min_busy * (
-            now - self.since
-        ):
+        if sample.cpu_s - self.cpu_ref > floor_s + min_busy * (now - self.since):
             self.cpu_ref, self.since = sample.cpu_s, now
 
 
