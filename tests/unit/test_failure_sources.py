@@ -69,3 +69,9 @@ def test_torch_elastic_record_files_are_read(tmp_path: Path):
     assert read_elastic_error(tmp_path / "missing.json") is None
     (tmp_path / "junk.json").write_text("{")
     assert read_elastic_error(tmp_path / "junk.json") is None
+
+
+def test_tracebacks_prefixed_by_torch_or_tee_are_read():
+    prefixed = "\n".join(f"[rank1]: {line}" if line else line for line in LOG.splitlines())
+    err = error_from_log(prefixed)
+    assert err is not None and err.signature == "KeyError: 'learning_rate' at train.py:52"

@@ -37,6 +37,7 @@ class ErrorRecord:
         return bool(_COMM_TYPES.search(self.type) or _COMM_TEXT.search(self.message[:500]))
 
 
+_PREFIX = re.compile(r"^\[[\w.-]+\]:\s?")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
 _LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|\w*))(?::\s?(.*))?$")
 
@@ -80,7 +81,8 @@ def read_elastic_error(path: Path) -> ErrorRecord | None:
 
 def error_from_log(text: str) -> ErrorRecord | None:
     """The last Python traceback printed in a worker's log, if the log ends with one."""
-    lines = text.splitlines()
+    # torch prefixes a distributed worker's traceback lines with "[rankN]:"; torchrun's --tee with "[role0]:"
+    lines = [_PREFIX.sub("", line, count=1) for line in text.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
     if not starts:
         return None
