@@ -33,7 +33,9 @@ def test_observe_updates_rank_state_and_returns_step_records():
     observe(tr, {"k": "sec", "r": 0, "n": "forward", "s": 4}, T0 + 0.3)
     p = tr.progress[0]
     assert (p.step, p.section, p.last_msg) == (4, "forward", T0 + 0.3)
-    rec = observe(tr, {"k": "done", "r": 0, "s": 4, "t0": T0 + 0.2, "d": 0.5, "sec": {"forward": 0.3}}, T0 + 0.7)
+    rec = observe(
+        tr, {"k": "done", "r": 0, "s": 4, "t0": T0 + 0.2, "d": 0.5, "sec": {"forward": 0.3}}, T0 + 0.7
+    )
     assert rec is not None and (rec.rank, rec.step, rec.start, rec.duration) == (0, 4, T0 + 0.2, 0.5)
     assert rec.sections == {"forward": 0.3}
     assert p.section is None and p.done_steps == 1 and list(tr.step_times) == [0.5]
@@ -135,4 +137,20 @@ def test_workers_without_the_sdk_are_never_hung_by_silence():
     assert detect_hang(tr, T0 + 10_000, 300.0, "start-up") is None
     observe(tr, {"k": "hello", "r": 1, "t": T0 + 5}, T0 + 5)  # only rank 1 uses the SDK
     v = detect_hang(tr, T0 + 306, 300.0, "start-up")
+    assert v is not None and v.culprit == 1
+
+
+def test_a_long_phase_on_one_rank_is_not_a_hang_of_the_waiting_ranks():
+    tr = tracker()
+    for r in (0, 1):
+        observe(tr, {"k": "step", "r": r, "s": 9}, T0)
+    observe(tr, {"k": "phase", "r": 0, "n": "eval", "b": 120.0, "t": T0 + 1}, T0 + 1)
+    # rank 1 waits in the next collective, silent; the hang timeout (10 s) is long past
+    assert detect_hang(tr, T0 + 100, 10.0, "training") is None
+    v = detect_hang(tr, T0 + 121.5, 10.0, "training")  # the evaluation overran its budget
+    assert v is not None and v.culprit == 0 and "phase 'eval'" in v.evidence and v.onset == T0 + 1
+    observe(tr, {"k": "phase", "r": 0, "n": "", "b": 0.0, "t": T0 + 50}, T0 + 50)  # it ended in time
+    observe(tr, {"k": "step", "r": 0, "s": 10}, T0 + 50)
+    assert detect_hang(tr, T0 + 55, 10.0, "training") is None
+    v = detect_hang(tr, T0 + 61, 10.0, "training")  # back to heartbeats: rank 1 is now the silent one
     assert v is not None and v.culprit == 1

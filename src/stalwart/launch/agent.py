@@ -241,6 +241,13 @@ class Agent:
                     f"{len(self.history)} failure(s) recovered",
                     EXIT_OK,
                 )
+            if outcome.status == "stopped":
+                return self._end(
+                    "preempted",
+                    f"preempted by {signal.Signals(self._signal or signal.SIGTERM).name}: workers stopped (no SDK, "
+                    "no emergency checkpoint); requeue to resume from the script's own checkpoints",
+                    EXIT_PREEMPTED,
+                )
             if outcome.status == "preempted":
                 return self._end(
                     "preempted", "preempted: emergency checkpoint saved; requeue to resume", EXIT_PREEMPTED
@@ -550,6 +557,9 @@ class Agent:
                 if self._signal == signal.SIGINT:
                     group.stop(cfg.stop_grace_s)
                     return AttemptOutcome("interrupted")
+                if not tracker.sdk_ranks():  # nothing to coordinate: pass the stop on, as torchrun does
+                    group.stop(cfg.stop_grace_s)
+                    return AttemptOutcome("stopped")
                 stop_requested_at = now
                 # every rank stops after the same step: two ahead of the most advanced one, or, before any
                 # step was seen, after its first step (workers only record signals; the agent coordinates)

@@ -36,6 +36,7 @@ class RankProgress:
     sdk: bool = False  # the worker announced that it uses the SDK (its heartbeats count)
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
+    phase_t0: float = 0.0
 
 
 @dataclass
@@ -104,6 +105,10 @@ class ProgressTracker:
         elif isinstance(msg, PhaseChanged):
             p.phase = msg.name
             p.phase_budget_s = msg.budget_s if msg.name else 0.0
+            p.phase_t0 = msg.t
+            if not msg.name:  # the ranks that waited for this phase count their silence from its end
+                for q in self.progress.values():
+                    q.last_msg = max(q.last_msg, min(msg.t, now))
         elif isinstance(msg, Finished):
             p.finished = True
             if msg.preempted:
@@ -160,6 +165,19 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
     live = [p for p in tracker.progress.values() if not p.finished and p.sdk]
     if not live:
         return None
+    phased = [p for p in live if p.phase and p.phase_budget_s > 0]
+    if phased:
+        # the others wait for the ranks in a long phase: its budget, from its start, is the timeout
+        # for everyone, and only a rank that overruns its phase is to blame
+        over = [p for p in phased if now - p.phase_t0 >= p.phase_budget_s]
+        if not over:
+            return None
+        c = min(over, key=lambda p: p.phase_t0 + p.phase_budget_s)
+        evidence = (
+            f"rank {c.rank} in phase '{c.phase}' for {now - c.phase_t0:.2f}s, over its budget "
+            f"{c.phase_budget_s:.2f}s (the other ranks wait for it)"
+        )
+        return HangVerdict(c.rank, now - c.last_msg, c.phase_budget_s, c.phase_t0, c.step, evidence)
     silent = max(live, key=lambda p: now - p.last_msg)
     silence = now - silent.last_msg
     if silence < timeout_s:

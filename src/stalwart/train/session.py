@@ -49,6 +49,7 @@ from ..protocol import (
     LoopStarted,
     Message,
     Note,
+    PhaseChanged,
     SectionBegan,
     SignalSeen,
     StepBegan,
@@ -294,6 +295,14 @@ class Session:
         """``with session.section("forward"): ...`` times a named part of the step."""
         return _Section(self, name)
 
+    def phase(self, name: str, *, budget_s: float) -> _Phase:
+        """``with session.phase("eval", budget_s=600): ...`` marks a long phase outside the steps
+        (evaluation, a data-set rebuild): while it lasts the hang timeout is ``budget_s`` from its
+        start, for this rank and for the ranks that wait for it in a collective."""
+        if not name or budget_s <= 0:
+            raise ValueError("a phase needs a name and a positive budget_s")
+        return _Phase(self, name, float(budget_s))
+
     def _section_done(self, name: str, t0: float) -> None:
         self._sections[name] = self._sections.get(name, 0.0) + (time.time() - t0)
         if self._slow_pending:
@@ -353,6 +362,23 @@ class Session:
                 time.sleep(extra)
                 self._sections[section] += extra
                 self._slow_extra += extra
+
+
+class _Phase:
+    __slots__ = ("_session", "_name", "_budget")
+
+    def __init__(self, session: Session, name: str, budget_s: float) -> None:
+        self._session = session
+        self._name = name
+        self._budget = budget_s
+
+    def __enter__(self) -> None:
+        s = self._session
+        s._send(PhaseChanged(s.rank, self._name, self._budget, time.time()))
+
+    def __exit__(self, *exc: object) -> None:
+        s = self._session
+        s._send(PhaseChanged(s.rank, "", 0.0, time.time()))
 
 
 class _Section:
