@@ -52,5 +52,6 @@ def test_a_hang_during_evaluation_is_caught_at_the_phase_budget(tmp_path: Path):
     hang = events(tmp_path, FailureDetected)
     assert len(hang) == 1 and hang[0].failure == "hang" and hang[0].rank == 0
     assert "phase 'eval'" in hang[0].evidence
-    assert hang[0].ts - hang[0].onset >= 8.0 and "budget 8.00s" in hang[0].evidence  # not before the budget
+    # not before the budget (the agent declares up to one 50 ms monitor tick early, by design)
+    assert hang[0].ts - hang[0].onset >= 8.0 - 0.05 and "budget 8.00s" in hang[0].evidence
     assert events(tmp_path, JobEnded)[-1].outcome == "infra_exhausted"
