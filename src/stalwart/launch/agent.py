@@ -56,6 +56,9 @@ from .timeouts import hang_timeout
 from .workers import WorkerGroup, WorkerSpec, describe_exit, tail, tail_lines
 from .world_size import plan_world
 
+# workers that ran this long without announcing the SDK do not use it: a stop signal is passed on to
+# them at once (before that, they may still be importing, and the stop waits for the SDK's checkpoint)
+NO_SDK_AFTER_S = 30.0
 STRAGGLER_WINDOW = 20  # steps per rank scored together
 STRAGGLER_THRESHOLD = 1.2  # own-work time over the fleet median that marks a straggler
 
@@ -557,14 +560,15 @@ class Agent:
                 if self._signal == signal.SIGINT:
                     group.stop(cfg.stop_grace_s)
                     return AttemptOutcome("interrupted")
-                if not tracker.sdk_ranks():  # nothing to coordinate: pass the stop on, as torchrun does
-                    group.stop(cfg.stop_grace_s)
-                    return AttemptOutcome("stopped")
                 stop_requested_at = now
                 # every rank stops after the same step: two ahead of the most advanced one, or, before any
                 # step was seen, after its first step (workers only record signals; the agent coordinates)
                 block.request_stop(tracker.max_step_in_progress() + 2 if tracker.steps_seen() else 0)
             if stop_requested_at is not None:
+                if not tracker.sdk_ranks() and now - tracker.started >= NO_SDK_AFTER_S:
+                    # a script without the SDK: nothing to coordinate, pass the stop on as torchrun does
+                    group.stop(cfg.stop_grace_s)
+                    return AttemptOutcome("stopped")
                 if now - stop_requested_at > cfg.emergency_deadline_s:
                     group.stop(cfg.stop_grace_s)
                     return AttemptOutcome("preempted")
