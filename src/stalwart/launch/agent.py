@@ -767,7 +767,8 @@ class Agent:
                 **self._ctx(),
             )
         )
-        stacks = self._capture_stacks(group)
+        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
+        stacks = self._capture_stacks(group) if tracker.sdk_ranks() else {}
         for rank, text in stacks.items():
             reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
             self.emit(
