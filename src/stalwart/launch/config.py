@@ -139,7 +139,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"--numa-binding {v!r} must be node, socket, exclusive or core-complex")
         return v
 
-    @field_validator("redirects", "tee")
+    @field_validator("redirects", "tee", mode="before")
     @classmethod
     def _streams(cls, v: str, info) -> str:
         parse_streams(str(v), 1, flag="--" + info.field_name)  # raises ValueError with the flag's name
