@@ -61,11 +61,11 @@ class WorkerEnv:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerEnv | None:
         """The agent's variables, or None when this process was not started by ``stalwart run``."""
-        if f"{PREFIX}RUN_DIR" not in env:
+        if not any(k.startswith(PREFIX) for k in env):
             return None
         try:
             return cls(
-                run_dir=env[f"{PREFIX}RUN_DIR"],
+                run_dir=env.get(f"{PREFIX}RUN_DIR", ""),
                 run_id=env.get(f"{PREFIX}RUN_ID", ""),
                 node=env.get(f"{PREFIX}NODE", "local"),
                 attempt=int(env.get(f"{PREFIX}ATTEMPT", "0")),

@@ -43,6 +43,7 @@ from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished,
 from ..exit_codes import EXIT_PREEMPTED
 from ..protocol import (
     DEFAULT_PG_TIMEOUT_S,
+    PREFIX,
     CheckpointDone,
     Finished,
     Hello,
@@ -83,7 +84,7 @@ class Session:
         self.local_rank = _env_int(env, "LOCAL_RANK", default=0)
         wenv = WorkerEnv.from_env(env)
         self.worker_env = wenv
-        self.attempt = wenv.attempt if wenv else _env_int(env, "TORCHELASTIC_RESTART_COUNT", default=0)
+        self.attempt = _env_int(env, f"{PREFIX}ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0)
         self.node = wenv.node if wenv else "local"
         self.run_id = wenv.run_id if wenv else ""
         self.run_dir = RunDir(Path(wenv.run_dir)) if wenv and wenv.run_dir else None
