@@ -3,6 +3,8 @@ its own prefix, and a run started inside a worker reads none of its parent's set
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from stalwart import protocol
@@ -75,3 +77,46 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
 
     assert RunConfig(script="x.py").pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
     assert Session(env={}).pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+
+
+def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
+    from stalwart.launch.agent import Agent
+    from stalwart.launch.config import build
+    from stalwart.train.ipc import Receiver
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    monkeypatch.setenv("STALWART_RUN_DIR", str(tmp_path / "outer"))  # the parent run's settings
+    monkeypatch.setenv("STALWART_CHAOS", "crash@rank=0,step=3")
+    cfg = build(
+        {
+            "script": str(script),
+            "nproc_per_node": 2,
+            "run_dir": tmp_path / "run",
+            "node_name": "n0",
+            "role": "trainer",
+        },
+        env={},
+    )
+    agent = Agent(cfg)
+    rx = Receiver()
+    try:
+        specs = agent._worker_specs(0, 1, "127.0.0.1", 29555, rx, tmp_path / "ctl.bin")
+        for spec in specs:
+            os.close(spec.ipc_fd)
+    finally:
+        rx.close()
+        agent.ledger.close()
+    env = specs[1].env
+    assert from_env(env) == {}  # a nested `stalwart run` would start from its own settings
+    assert {"STALWART_RUN_DIR", "STALWART_CHAOS"}.isdisjoint(env)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (
+        "1",
+        "1",
+        "2",
+        "1",
+    )
+    assert env["ROLE_NAME"] == "trainer" and env["MASTER_PORT"] == "29555"
+    assert env["TORCHELASTIC_ERROR_FILE"].endswith("n0-a0-r1.elastic.json")
+    wenv = WorkerEnv.from_env(env)
+    assert wenv is not None and wenv.run_dir == str(tmp_path / "run") and wenv.ipc_fd == specs[1].ipc_fd
