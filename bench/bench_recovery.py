@@ -76,14 +76,14 @@ def run_stalwart(work: Path, chaos: str, extra: list[str] = ()) -> dict:
 def run_torchrun(work: Path, chaos: str, pg_timeout_s: float | None = None) -> dict:
     run_dir, boots = work / "torchrun", work / "boots-t"
     boots.mkdir()
-    env = dict(os.environ, BENCH_BOOT_DIR=str(boots), STALWART_RUN_DIR=str(run_dir),
+    env = dict(os.environ, BENCH_BOOT_DIR=str(boots), STALWART_W_RUN_DIR=str(run_dir),
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # without it torchrun's restart hangs (torch >= 2.5)
                OMP_NUM_THREADS="1")
     from stalwart.chaos.plan import build_plan
 
-    env["STALWART_CHAOS"] = build_plan([chaos]).to_json()
+    env["STALWART_W_CHAOS"] = build_plan([chaos]).to_json()
     if pg_timeout_s is not None:
-        env["STALWART_PG_TIMEOUT_S"] = str(pg_timeout_s)
+        env["STALWART_W_PG_TIMEOUT_S"] = str(pg_timeout_s)
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                         "--max-restarts", "1", "--monitor-interval", "0.1", str(HERE / "recovery_worker.py"), *JOB],

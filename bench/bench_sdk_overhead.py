@@ -133,7 +133,7 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     receiver = Receiver()
     ctl = tmp / f"control-{target_ms:g}.bin"
     control.create(ctl, slots=1)  # one heartbeat slot, as the agent creates per local worker
-    env = {"STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "RANK": "0", "WORLD_SIZE": "1"}
+    env = {"STALWART_W_IPC": str(receiver.new_channel()), "STALWART_W_CONTROL": str(ctl), "RANK": "0", "WORLD_SIZE": "1"}
     agent_session = Session(env, checkpoint_dir=str(tmp / "ckpt"))
     plain_session = Session({"RANK": "0", "WORLD_SIZE": "1"}, checkpoint_dir=str(tmp / "ckpt"))
     reader = Reader(receiver, ctl)
@@ -142,7 +142,7 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     proc_receiver = Receiver()
     ctl_proc = tmp / f"control-proc-{target_ms:g}.bin"
     control.create(ctl_proc, slots=1)
-    env_proc = dict(env, STALWART_IPC=str(proc_receiver.new_channel()), STALWART_CONTROL=str(ctl_proc))
+    env_proc = dict(env, STALWART_W_IPC=str(proc_receiver.new_channel()), STALWART_W_CONTROL=str(ctl_proc))
     proc_session = Session(env_proc, checkpoint_dir=str(tmp / "ckpt"))
     proc = multiprocessing.get_context("fork").Process(target=reader_process, args=(proc_receiver, ctl_proc), daemon=True)
     proc.start()

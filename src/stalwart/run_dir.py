@@ -1,4 +1,5 @@
-"""Layout of a run directory: where ledgers, checkpoints, stacks and chaos state live."""
+"""Layout of a run directory: every path the agent and the workers share (ledgers, checkpoints,
+error files, stack dumps, logs, control blocks, chaos state)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,48 @@ class RunDir:
     def stacks(self) -> Path:
         return self.root / "stacks"
 
-    def agent_ledger(self, node: str) -> Path:
-        return self.ledger / f"agent-{node}.ledger"
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def identity(self) -> Path:
+        """What the run is (its command line): a re-run with another script must not reuse it."""
+        return self.root / "run.json"
+
+    def agent_ledger(self, node: str, pid: int) -> Path:
+        return self.ledger / f"agent-{node}-{pid}.ledger"
+
+    def worker_ledger(self, node: str, attempt: int, rank: int, pid: int) -> Path:
+        return self.ledger / f"worker-{node}-a{attempt}-r{rank}-p{pid}.ledger"
 
     def rank_ledger(self, rank: int) -> Path:
         return self.ledger / f"rank-{rank}.ledger"
 
+    def error_file(self, node: str, attempt: int, rank: int) -> Path:
+        """The SDK's record of an uncaught exception."""
+        return self.errors / f"{node}-a{attempt}-r{rank}.json"
+
+    def elastic_error_file(self, node: str, attempt: int, rank: int) -> Path:
+        """TORCHELASTIC_ERROR_FILE: where torch elastic's ``@record`` writes its error record."""
+        return self.errors / f"{node}-a{attempt}-r{rank}.elastic.json"
+
+    def stack_file(self, node: str, attempt: int, rank: int) -> Path:
+        return self.stacks / f"{node}-a{attempt}-r{rank}.txt"
+
+    def log_file(self, node: str, attempt: int, rank: int) -> Path:
+        """Everything the worker printed (stdout and stderr), whatever the console shows."""
+        return self.logs / f"{node}-a{attempt}-r{rank}.log"
+
+    def control_file(self, node: str, pid: int, attempt: int) -> Path:
+        return self.control / f"{node}-{pid}-a{attempt}.bin"
+
     def create(self) -> RunDir:
-        for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks):
+        for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs):
             # checkpoints are private: a group-writable one (umask 002) is refused when loading
             p.mkdir(parents=True, exist_ok=True, mode=0o700 if p == self.checkpoints else 0o777)
         return self

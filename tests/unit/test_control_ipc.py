@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import struct
 
 import pytest
 
+from stalwart.protocol import CheckpointDone, Finished, StepBegan, StepDone, encode
 from stalwart.train import control
 from stalwart.train.ipc import Receiver, Sender
 
@@ -37,7 +37,7 @@ def test_messages_round_trip_through_the_pipe():
     tx = Sender(w)
     try:
         assert fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK
-        msgs = [{"k": "step", "r": 0, "s": i, "t": 1.5 + i} for i in range(50)]
+        msgs = [StepBegan(0, i, 1.5 + i) for i in range(50)]
         for m in msgs:
             tx.send(m)
         assert rx.drain() == msgs
@@ -52,10 +52,10 @@ def test_partial_lines_wait_and_garbage_is_dropped():
     rx = Receiver()
     w = rx.new_channel()
     try:
-        os.write(w, b'{"k":"step","s":1}\n{"k":"do')
-        assert rx.drain() == [{"k": "step", "s": 1}]
-        os.write(w, b'ne","s":1}\nnot json\n{"k":"fin"}\n')
-        assert rx.drain() == [{"k": "done", "s": 1}, {"k": "fin"}]
+        os.write(w, b'{"k":"step","r":0,"s":1,"t":2.0}\n{"k":"ck')
+        assert rx.drain() == [StepBegan(0, 1, 2.0)]
+        os.write(w, b'pt","r":0,"s":1,"t":3.0}\nnot json\n{"k":"nope","r":0,"t":1}\n{"k":"fin","r":1,"s":2,"pre":true,"t":4.0}\n')
+        assert rx.drain() == [CheckpointDone(0, 1, 3.0), Finished(1, 2, True, 4.0)]
     finally:
         os.close(w)
         rx.close()
@@ -67,8 +67,8 @@ def test_several_channels_are_drained():
     senders = [Sender(w) for w in ws]
     try:
         for r, s in enumerate(senders):
-            s.send({"k": "step", "r": r, "s": 0})
-        assert sorted(m["r"] for m in rx.drain()) == [0, 1, 2]
+            s.send(StepBegan(r, 0, 1.0))
+        assert sorted(m.rank for m in rx.drain()) == [0, 1, 2]
     finally:
         for s in senders:
             s.close()
@@ -81,12 +81,11 @@ def test_a_full_pipe_drops_messages_instead_of_blocking():
     w = rx.new_channel()
     tx = Sender(w)
     try:
-        msg = {"k": "done", "r": 0, "s": 0, "t0": 1.0, "d": 0.1, "sec": {"data": 0.01, "forward": 0.02}}
-        size = len(json.dumps(msg, separators=(",", ":"))) + 1
+        msg = StepDone(0, 0, 1.0, 0.1, {"data": 0.01, "forward": 0.02})
+        size = len(encode(msg))
         n = 2 * (1 << 20) // size  # far more than any pipe buffer holds
         for i in range(n):
-            msg["s"] = i
-            tx.send(msg)  # would block forever here if the write end were blocking
+            tx.send(StepDone(0, i, 1.0, 0.1, {"data": 0.01, "forward": 0.02}))  # never blocks
         assert tx.dropped > 0
         got = []
         while True:
@@ -96,10 +95,10 @@ def test_a_full_pipe_drops_messages_instead_of_blocking():
             got.extend(batch)
         # everything that was not dropped arrived whole and in order
         assert len(got) == n - tx.dropped
-        assert [m["s"] for m in got] == list(range(len(got)))
+        assert [m.step for m in got] == list(range(len(got)))
         # once drained, sending works again
-        tx.send({"k": "fin", "r": 0})
-        assert rx.drain() == [{"k": "fin", "r": 0}]
+        tx.send(Finished(0, 3, False, 9.0))
+        assert rx.drain() == [Finished(0, 3, False, 9.0)]
     finally:
         tx.close()
         rx.close()
@@ -109,9 +108,9 @@ def test_oversized_message_loses_its_sections_not_its_step():
     rx = Receiver()
     tx = Sender(rx.new_channel())
     try:
-        big = {"k": "done", "r": 0, "s": 7, "t0": 1.0, "d": 0.5, "sec": {f"s{i}": 0.001 for i in range(500)}}
+        big = StepDone(0, 7, 1.0, 0.5, {f"s{i}": 0.001 for i in range(500)})
         tx.send(big)
-        assert rx.drain() == [{"k": "done", "r": 0, "s": 7, "t0": 1.0, "d": 0.5}]
+        assert rx.drain() == [StepDone(0, 7, 1.0, 0.5, {})]
     finally:
         tx.close()
         rx.close()
@@ -122,7 +121,7 @@ def test_a_gone_agent_is_counted_not_raised():
     os.close(r)
     tx = Sender(w)
     try:
-        tx.send({"k": "step", "s": 1})  # EPIPE: the agent died
+        tx.send(StepBegan(0, 1, 1.0))  # EPIPE: the agent died
         assert tx.dropped == 1
     finally:
         tx.close()

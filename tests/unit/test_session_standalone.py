@@ -86,7 +86,7 @@ def run_session(env, hooks, seed: int, crash_at: int | None = None):
 
 
 def test_resume_after_a_crash_is_bit_identical_to_an_uninterrupted_run(tmp_path, process_hooks):
-    env = {"STALWART_RUN_DIR": str(tmp_path / "run")}
+    env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
     ref = reference_params()
 
     first, _, _ = run_session(env, process_hooks, seed=0, crash_at=5)
@@ -114,14 +114,14 @@ def test_resume_after_a_crash_is_bit_identical_to_an_uninterrupted_run(tmp_path,
 
 
 def test_uninterrupted_session_matches_the_plain_loop(tmp_path, process_hooks):
-    env = {"STALWART_RUN_DIR": str(tmp_path / "run")}
+    env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
     _, model, _ = run_session(env, process_hooks, seed=0)
     for a, b in zip(model.parameters(), reference_params(), strict=True):
         assert torch.equal(a.detach(), b)
 
 
 def test_a_finished_run_resumes_to_nothing(tmp_path, process_hooks):
-    env = {"STALWART_RUN_DIR": str(tmp_path / "run")}
+    env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
     run_session(env, process_hooks, seed=0)
     again, model, data = run_session(env, process_hooks, seed=7)
     assert again.completed == TOTAL and data["pos"] == 4 * TOTAL  # restored, no step re-run

@@ -13,7 +13,9 @@ The timeline is built from ledger events (pure function, no clocks):
 * **startup**: from job start to the first step, less restore;
 * **straggler_slowdown**: the part of a surviving step beyond ``slow_factor`` x the ideal step time;
 * **shutdown**: after the last step until the job ended;
-* **other**: anything not claimed above (in practice: none, or gaps of a few ms).
+* **other**: anything not claimed above (in practice: none, or gaps of a few ms);
+* **queue**: between the jobs of one run (a preempted job ended, the requeued one had not yet
+  started): no job was running, so nothing in the gap is productive (it wins over every bucket).
 
 Where intervals overlap, the bucket earlier in this list wins; sweeping over the boundaries
 assigns each elementary interval once, so the buckets add up to the wall time exactly.
@@ -43,8 +45,8 @@ from ..events import (
 from .reliability import Interruption, interruptions_from_events
 
 BUCKETS = ("productive", "checkpoint_stall", "checkpoint_restore", "lost_work", "detection", "restart",
-           "startup", "straggler_slowdown", "shutdown", "other")
-_PRIORITY = {"checkpoint_stall": 9, "checkpoint_restore": 8, "detection": 7, "lost_work": 6,
+           "startup", "straggler_slowdown", "shutdown", "other", "queue")
+_PRIORITY = {"queue": 10, "checkpoint_stall": 9, "checkpoint_restore": 8, "detection": 7, "lost_work": 6,
              "straggler_slowdown": 5, "productive": 4, "restart": 3, "startup": 2, "shutdown": 2, "other": 0}
 
 
@@ -91,6 +93,8 @@ class Goodput:
     verdict: str = ""
     exit_code: int | None = None
     segments: tuple[Segment, ...] = field(default_factory=tuple)
+    jobs: int = 1  # jobs of the run (a requeued run has one per requeue)
+    preemptions: tuple[float, ...] = ()  # when each preempted job ended
 
     @property
     def goodput(self) -> float:
@@ -111,12 +115,14 @@ def ideal_step_time(durations: Sequence[float]) -> float:
     return sum(kept) / len(kept)
 
 
-def _segments(steps: list[StepCompleted]) -> list[Segment]:
-    by_key: dict[tuple[str, int], list[StepCompleted]] = {}
+def _segments(steps: list[StepCompleted], windows: Sequence[tuple[float, float]] = ()) -> list[Segment]:
+    """One segment per (job, node, attempt): attempt numbers start again in every job of a run."""
+    by_key: dict[tuple[int, str, int], list[StepCompleted]] = {}
     for s in steps:
-        by_key.setdefault((s.node, s.attempt), []).append(s)
+        job = sum(1 for a, _ in windows if a <= s.start)
+        by_key.setdefault((job, s.node, s.attempt), []).append(s)
     out = []
-    for (node, attempt), group in by_key.items():
+    for (_, node, attempt), group in by_key.items():
         out.append(Segment(node, attempt, min(s.start for s in group), max(s.start + s.duration for s in group),
                            min(s.step for s in group), max(s.step for s in group), len(group)))
     return sorted(out, key=lambda seg: seg.first_start)
@@ -162,7 +168,8 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     t0 = min(e.ts for e in starts)
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
     steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
-    segs = _segments(steps)
+    windows = job_windows(starts, ends)
+    segs = _segments(steps, windows)
     ideal = ideal_step_time([s.duration for s in steps])
     commits = sorted((e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts)
     staged = {(e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0}
@@ -207,13 +214,34 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         nxt = next((s for s in segs if s.first_start > it.detected), None)
         intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
         costs.append(_cost(it, safe, nxt, events))
+    for (_, a_end), (b_start, _) in zip(windows, windows[1:], strict=False):
+        if b_start > a_end:
+            intervals.append((a_end, b_start, "queue"))
     totals = _sweep(intervals, t0, t1)
     last = max(ends, key=lambda e: e.ts) if ends else None
     return Goodput(job_start=t0, job_end=t1, wall_s=t1 - t0, buckets=totals, ideal_step_s=ideal,
                    steps_completed=max((s.step + 1 for s in steps), default=0), interruptions=tuple(costs),
                    finished=last is not None, outcome=last.outcome if last else "running",
                    verdict=last.verdict if last else "", exit_code=last.exit_code if last else None,
-                   segments=tuple(segs))
+                   segments=tuple(segs), jobs=len(windows),
+                   preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")))
+
+
+def job_windows(starts: Sequence[JobStarted], ends: Sequence[JobEnded]) -> list[tuple[float, float]]:
+    """When some job of the run was running: each agent's JobStarted up to its node's next JobEnded
+    (open until the newest event if it has none), merged where they overlap, in time order."""
+    spans = []
+    for st in starts:
+        end = min((e.ts for e in ends if e.node == st.node and e.ts >= st.ts), default=float("inf"))
+        spans.append((st.ts, end))
+    spans.sort()
+    merged: list[tuple[float, float]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def _surviving_until(seg: Segment | None, segs: list[Segment], it: Interruption, resumes: list[TrainingResumed],

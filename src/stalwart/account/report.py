@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -36,6 +37,8 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "ideal_step_s": gp.ideal_step_s,
         "buckets_s": {b: gp.buckets[b] for b in BUCKETS},
         "interruptions": [asdict(c) for c in gp.interruptions],
+        "jobs": gp.jobs,
+        "preemptions": list(gp.preemptions),
         "reliability": {
             "failures": n,
             "mtbf_job_hours": mtbf(n, rel.exposure, "job_hours").value,
@@ -89,6 +92,10 @@ def render(rep: dict[str, Any], console=None) -> None:
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
               f"[bold]goodput {100 * rep['goodput']:.1f}%[/]")
+    if rep["jobs"] > 1 or rep["preemptions"]:
+        when = ", ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in rep["preemptions"]) or "none"
+        con.print(f"{rep['jobs']} jobs in this run; preempted at {when}; queue between jobs "
+                  f"{_fmt_s(rep['buckets_s']['queue'])} (not productive)")
     t = Table(title="Where the wall time went", show_lines=False)
     t.add_column("bucket")
     t.add_column("time", justify="right")

@@ -42,17 +42,23 @@ from ..events import (
 )
 from ..exit_codes import EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, REQUEUE_HELPS
 from ..ledger import LedgerWriter
+from ..protocol import LoopStarted, Note, WorkerEnv, elastic_env
 from ..run_dir import RunDir
 from ..train import control
 from . import chaos_actions
-from .config import RunConfig
-from .failure import classify, read_error
+from .config import CONFIG_SETTINGS, RunConfig
+from .cpu_progress import CpuProgress, detect_cpu_stall, read_proc
+from .failure import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
+from .output import routes
 from .progress import ProgressTracker, detect_hang
 from .restart_policy import Failure, decide
 from .timeouts import hang_timeout
-from .workers import WorkerGroup, WorkerSpec, describe_exit, tail
+from .workers import WorkerGroup, WorkerSpec, describe_exit, tail, tail_lines
 from .world_size import plan_world
 
+# workers that ran this long without announcing the SDK do not use it: a stop signal is passed on to
+# them at once (before that, they may still be importing, and the stop waits for the SDK's checkpoint)
+NO_SDK_AFTER_S = 30.0
 STRAGGLER_WINDOW = 20  # steps per rank scored together
 STRAGGLER_THRESHOLD = 1.2  # own-work time over the fleet median that marks a straggler
 
@@ -65,9 +71,15 @@ class AttemptOutcome:
 
 
 class Agent:
-    def __init__(self, cfg: RunConfig, *, notify: Callable[[Event], None] | None = None,
-                 progress: Callable[[int, int, int, float], None] | None = None, started: float | None = None,
-                 note: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        notify: Callable[[Event], None] | None = None,
+        progress: Callable[[int, int, int, float], None] | None = None,
+        started: float | None = None,
+        note: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.run = RunDir(cfg.run_dir).create()
         self.started = started or time.time()
@@ -75,8 +87,9 @@ class Agent:
         self._notify = notify or (lambda ev: None)
         self._progress = progress or (lambda step, total, attempt, rate: None)
         self._note = note or (lambda text: None)
-        self.ledger = LedgerWriter(self.run.ledger / f"agent-{cfg.node_name}-{os.getpid()}.ledger",
-                                   writer=f"agent {cfg.node_name}")
+        self.ledger = LedgerWriter(
+            self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"
+        )
         self.attempt = 0
         self.history: list[Failure] = []
         self._signal: int | None = None
@@ -99,10 +112,23 @@ class Agent:
 
     def run_job(self) -> int:
         cfg = self.cfg
-        self.emit(JobStarted(ts=self.started, script=cfg.script, args=tuple(cfg.script_args),
-                             nproc_per_node=cfg.nproc_per_node, min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
-                             max_restarts=cfg.max_restarts, config=cfg.model_dump(mode="json"), **self._ctx()))
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        self.emit(
+            JobStarted(
+                ts=self.started,
+                script=cfg.script,
+                args=tuple(cfg.script_args),
+                nproc_per_node=cfg.nproc_per_node,
+                min_nodes=cfg.min_nodes,
+                max_nodes=cfg.max_nodes,
+                max_restarts=cfg.max_restarts,
+                config=cfg.model_dump(mode="json"),
+                **self._ctx(),
+            )
+        )
+        handled = {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
+        handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
+        handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
             return self._loop()
         except BaseException as exc:
@@ -123,8 +149,16 @@ class Agent:
         self._signal = signum
 
     def _end(self, outcome: str, verdict: str, code: int) -> int:
-        self.emit(JobEnded(ts=time.time(), verdict=verdict, outcome=outcome, exit_code=code,
-                           requeue_helps=REQUEUE_HELPS.get(code, False), **self._ctx()))
+        self.emit(
+            JobEnded(
+                ts=time.time(),
+                verdict=verdict,
+                outcome=outcome,
+                exit_code=code,
+                requeue_helps=REQUEUE_HELPS.get(code, False),
+                **self._ctx(),
+            )
+        )
         return code
 
     def _gate(self) -> str:
@@ -134,65 +168,121 @@ class Agent:
             return ""
         from .node_gate import check_node
 
-        res = check_node(node=cfg.node_name, now=time.time(), state_dir=cfg.health_state_dir,
-                         fixture=cfg.health_fixture, active=cfg.health_active and self.attempt > 0,
-                         backend=cfg.health_backend)
+        res = check_node(
+            node=cfg.node_name,
+            now=time.time(),
+            state_dir=cfg.health_state_dir,
+            fixture=cfg.health_fixture,
+            active=cfg.health_active and self.attempt > 0,
+            backend=cfg.health_backend,
+        )
         if res.passed:
             return ""
-        self.emit(DecisionTaken(ts=time.time(), action="exclude_node", reason=f"exclude node {cfg.node_name}: "
-                                f"{res.reason} (node state {res.state})", **self._ctx()))
+        self.emit(
+            DecisionTaken(
+                ts=time.time(),
+                action="exclude_node",
+                reason=f"exclude node {cfg.node_name}: {res.reason} (node state {res.state})",
+                **self._ctx(),
+            )
+        )
         return res.reason
 
     def _loop(self) -> int:
         while True:
             unhealthy = self._gate()
             if unhealthy:
-                return self._end("node_unhealthy", f"node {self.cfg.node_name} excluded by the health gate: "
-                                 f"{unhealthy}; the other nodes continue without it", EXIT_INFRA)
+                return self._end(
+                    "node_unhealthy",
+                    f"node {self.cfg.node_name} excluded by the health gate: "
+                    f"{unhealthy}; the other nodes continue without it",
+                    EXIT_INFRA,
+                )
             try:
                 group_rank, names, addr, port, store = self._rendezvous()
             except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
-                return self._end("rendezvous_failed", f"rendezvous failed: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}", EXIT_INFRA)
+                return self._end(
+                    "rendezvous_failed",
+                    f"rendezvous failed: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                    EXIT_INFRA,
+                )
             if self._signal is not None:
-                return self._end("interrupted", f"stopped by {signal.Signals(self._signal).name} before start",
-                                 EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED)
+                return self._end(
+                    "interrupted",
+                    f"stopped by {signal.Signals(self._signal).name} before start",
+                    EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED,
+                )
             plan = plan_world(names, self.cfg.nproc_per_node, 1, self.cfg.max_nodes, self.cfg.size_rule)
             if not plan.runnable or len(plan.active) < self.cfg.min_nodes:
                 return self._end("rendezvous_failed", plan.reason, EXIT_INFRA)
             if self.cfg.node_name in plan.spares:
                 outcome = self._stand_by(plan, store)
                 if outcome.status == "succeeded":
-                    return self._end("succeeded", "the job finished while this node stood by as a hot spare", EXIT_OK)
+                    return self._end(
+                        "succeeded", "the job finished while this node stood by as a hot spare", EXIT_OK
+                    )
                 if outcome.status != "membership":
                     return self._end("aborted", f"hot spare stopped: {outcome.status}", EXIT_INFRA)
                 self.attempt += 1
                 continue
-            if len(names) > 1 and self.cfg.node_name == plan.active[0] and (plan.spares or len(names) != len(plan.active)):
-                self.emit(DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx()))
+            if (
+                len(names) > 1
+                and self.cfg.node_name == plan.active[0]
+                and (plan.spares or len(names) != len(plan.active))
+            ):
+                self.emit(
+                    DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx())
+                )
             self._spares_waiting = bool(plan.spares)
             self._round_store = store
             outcome = self._run_attempt(plan.active.index(self.cfg.node_name), len(plan.active), addr, port)
             if outcome.status == "succeeded":
-                return self._end("succeeded", f"training finished after {self.attempt + 1} attempt(s), "
-                                 f"{len(self.history)} failure(s) recovered", EXIT_OK)
+                return self._end(
+                    "succeeded",
+                    f"training finished after {self.attempt + 1} attempt(s), "
+                    f"{len(self.history)} failure(s) recovered",
+                    EXIT_OK,
+                )
+            if outcome.status == "stopped":
+                return self._end(
+                    "preempted",
+                    f"preempted by {signal.Signals(self._signal or signal.SIGTERM).name}: workers stopped (no SDK, "
+                    "no emergency checkpoint); requeue to resume from the script's own checkpoints",
+                    EXIT_PREEMPTED,
+                )
             if outcome.status == "preempted":
-                return self._end("preempted", "preempted: emergency checkpoint saved; requeue to resume",
-                                 EXIT_PREEMPTED)
+                return self._end(
+                    "preempted", "preempted: emergency checkpoint saved; requeue to resume", EXIT_PREEMPTED
+                )
             if outcome.status == "interrupted":
                 return self._end("aborted", "interrupted by the operator", EXIT_INTERRUPTED)
             if outcome.status == "membership":
-                self.emit(DecisionTaken(ts=time.time(), action="restart", reason="restart: a node is waiting to "
-                                        "join; re-forming the group", **self._ctx()))
+                self.emit(
+                    DecisionTaken(
+                        ts=time.time(),
+                        action="restart",
+                        reason="restart: a node is waiting to join; re-forming the group",
+                        **self._ctx(),
+                    )
+                )
                 self.attempt += 1
                 continue
             failure = outcome.failure
             assert failure is not None
             self.history.append(failure)
             d = decide(self.history, self.cfg.budget)
-            self.emit(DecisionTaken(ts=time.time(), action=d.action, reason=d.reason,
-                                    restarts_used=d.infra_used, restarts_allowed=self.cfg.max_restarts,
-                                    backoff_s=d.backoff_s, **self._ctx()))
+            self.emit(
+                DecisionTaken(
+                    ts=time.time(),
+                    action=d.action,
+                    reason=d.reason,
+                    restarts_used=d.infra_used,
+                    restarts_allowed=self.cfg.max_restarts,
+                    backoff_s=d.backoff_s,
+                    **self._ctx(),
+                )
+            )
             if d.action == "stop":
                 return self._end(d.outcome, d.reason, d.exit_code)
             if d.backoff_s:
@@ -204,8 +294,14 @@ class Agent:
     def _rendezvous(self) -> tuple[int, list[str], str, int, object]:
         """Return (group_rank, node names by group rank, master addr, master port, round store)."""
         cfg = self.cfg
-        if cfg.max_nodes == 1 and not cfg.rdzv_endpoint:
-            return 0, [cfg.node_name], "127.0.0.1", _free_port(), None
+        if not cfg.use_c10d:
+            addr = cfg.master_addr or "127.0.0.1"
+            port = cfg.master_port or _free_port()
+            if cfg.max_nodes == 1:
+                return 0, [cfg.node_name], addr, port, None
+            # static node ranks (torchrun's --node-rank/--master-addr/--master-port)
+            names = [cfg.node_name if i == cfg.node_rank else f"node-rank-{i}" for i in range(cfg.max_nodes)]
+            return cfg.node_rank, names, addr, port, None
         if self._rdzv is None:
             self._rdzv = self._make_handler()
         info = self._rdzv.next_rendezvous()
@@ -219,13 +315,17 @@ class Agent:
         addr, _, port = master.rpartition(":")
         names = [store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes)]
         if len(set(names)) != len(names):
-            raise RuntimeError(f"two agents use the same node name ({', '.join(names)}); give each --node-name")
+            raise RuntimeError(
+                f"two agents use the same node name ({', '.join(names)}); give each --node-name"
+            )
         self._group_rank = group_rank
         return group_rank, names, addr, int(port), store
 
     def _stand_by(self, plan, store) -> AttemptOutcome:
         """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
-        self.emit(DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx()))
+        self.emit(
+            DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx())
+        )
         while True:
             if self._signal is not None:
                 return AttemptOutcome("interrupted")
@@ -243,46 +343,110 @@ class Agent:
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
         cfg = self.cfg
-        conf = {"join_timeout": cfg.rdzv_timeout_s, "last_call_timeout": cfg.rdzv_last_call_s,
-                "close_timeout": 10, "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
-                "keep_alive_max_attempt": 3}
+        conf = {
+            "join_timeout": cfg.rdzv_timeout_s,
+            "last_call_timeout": cfg.rdzv_last_call_s,
+            "close_timeout": 10,
+            "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
+            "keep_alive_max_attempt": 3,
+        }
         if cfg.rdzv_host is not None:
             conf["is_host"] = cfg.rdzv_host
-        params = RendezvousParameters(backend="c10d", endpoint=cfg.rdzv_endpoint, run_id=cfg.rdzv_id,
-                                      min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
-                                      local_addr=cfg.local_addr or None, **conf)
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=cfg.rdzv_endpoint,
+            run_id=cfg.rdzv_id,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            local_addr=cfg.local_addr or None,
+            **conf,
+        )
         return get_rendezvous_handler(params)
 
     # --- one attempt -------------------------------------------------------------------------
 
-    def _worker_specs(self, group_rank: int, num_nodes: int, addr: str, port: int, receiver,
-                      ctl: Path) -> list[WorkerSpec]:
+    def _worker_specs(
+        self, group_rank: int, num_nodes: int, addr: str, port: int, receiver, ctl: Path
+    ) -> list[WorkerSpec]:
         cfg = self.cfg
         world = num_nodes * cfg.nproc_per_node
+        inherited = WorkerEnv.strip(os.environ, CONFIG_SETTINGS)
+        log_dir = cfg.log_dir / cfg.run_id / f"attempt_{self.attempt}" if cfg.log_dir is not None else None
+        run_logs = [
+            self.run.log_file(cfg.node_name, self.attempt, group_rank * cfg.nproc_per_node + local)
+            for local in range(cfg.nproc_per_node)
+        ]
+        out_routes = routes(
+            nproc=cfg.nproc_per_node,
+            redirects=cfg.redirects,
+            tee=cfg.tee,
+            ranks_filter=cfg.local_ranks_filter,
+            log_dir=log_dir,
+            run_log=run_logs,
+        )
         specs = []
         for local in range(cfg.nproc_per_node):
             rank = group_rank * cfg.nproc_per_node + local
-            env = dict(os.environ)
-            env.update({
-                "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(group_rank),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-                "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                "TORCHELASTIC_RESTART_COUNT": str(self.attempt), "TORCHELASTIC_RUN_ID": cfg.rdzv_id,
-                "STALWART_RUN_DIR": str(self.run.root), "STALWART_RUN_ID": cfg.run_id,
-                "STALWART_NODE": cfg.node_name, "STALWART_ATTEMPT": str(self.attempt),
-                "STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "STALWART_AGENT_PID": str(os.getpid()),
-                "STALWART_PG_TIMEOUT_S": repr(cfg.pg_timeout_s), "STALWART_CHAOS": self.plan.to_json(),
-                "PYTHONUNBUFFERED": "1",
-            })
+            fd = receiver.new_channel()
+            env = dict(inherited)
+            env.update(
+                elastic_env(
+                    rank=rank,
+                    local_rank=0 if cfg.virtual_local_rank else local,
+                    world=world,
+                    local_world=cfg.nproc_per_node,
+                    group_rank=group_rank,
+                    group_world=num_nodes,
+                    role=cfg.role,
+                    master_addr=addr,
+                    master_port=port,
+                    restart_count=self.attempt,
+                    max_restarts=cfg.max_restarts,
+                    run_id=cfg.rdzv_id,
+                    error_file=str(self.run.elastic_error_file(cfg.node_name, self.attempt, rank)),
+                )
+            )
+            env.update(
+                WorkerEnv(
+                    run_dir=str(self.run.root),
+                    run_id=cfg.run_id,
+                    node=cfg.node_name,
+                    attempt=self.attempt,
+                    ipc_fd=fd,
+                    control=str(ctl),
+                    agent_pid=os.getpid(),
+                    pg_timeout_s=cfg.pg_timeout_s,
+                    chaos=self.plan.to_json(),
+                ).to_env()
+            )
+            if cfg.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                env["CUDA_VISIBLE_DEVICES"] = str(local)
+            env["PYTHONUNBUFFERED"] = "1"
             env.setdefault("OMP_NUM_THREADS", "1")
-            log = None if cfg.tee else self.run.root / "logs" / f"{cfg.node_name}-a{self.attempt}-r{rank}.log"
-            specs.append(WorkerSpec(local, rank, env, log))
+            specs.append(
+                WorkerSpec(
+                    local, rank, env, run_logs[local], ipc_fd=fd, route=out_routes[local], role=cfg.role
+                )
+            )
         return specs
 
     def _argv(self) -> list[str]:
         cfg = self.cfg
-        head = [cfg.python, "-u", "-m", cfg.script] if cfg.module else [cfg.python, "-u", cfg.script]
+        if cfg.run_path:
+            head = [
+                cfg.python,
+                "-u",
+                "-c",
+                "import runpy, sys; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')",
+                cfg.script,
+            ]
+        elif cfg.no_python:
+            head = [cfg.script]
+        elif cfg.module:
+            head = [cfg.python, "-u", "-m", cfg.script]
+        else:
+            head = [cfg.python, "-u", cfg.script]
         return head + list(cfg.script_args)
 
     def _run_attempt(self, group_rank: int, num_nodes: int, addr: str, port: int) -> AttemptOutcome:
@@ -291,9 +455,17 @@ class Agent:
         cfg = self.cfg
         self._group_rank = group_rank
         world = num_nodes * cfg.nproc_per_node
-        self.emit(AttemptStarted(ts=time.time(), world_size=world, group_rank=group_rank, num_nodes=num_nodes,
-                                 master=f"{addr}:{port}", **self._ctx()))
-        ctl = self.run.root / "control" / f"{cfg.node_name}-{os.getpid()}-a{self.attempt}.bin"
+        self.emit(
+            AttemptStarted(
+                ts=time.time(),
+                world_size=world,
+                group_rank=group_rank,
+                num_nodes=num_nodes,
+                master=f"{addr}:{port}",
+                **self._ctx(),
+            )
+        )
+        ctl = self.run.control_file(cfg.node_name, os.getpid(), self.attempt)
         control.create(ctl, slots=cfg.nproc_per_node)
         block = control.ControlBlock(ctl, writable=True)
         receiver = Receiver()
@@ -302,9 +474,16 @@ class Agent:
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
-                os.close(int(spec.env["STALWART_IPC"]))
-            self.emit(WorkersStarted(ts=time.time(), pids=tuple(pids), global_ranks=tuple(s.global_rank for s in specs),
-                                     **self._ctx()), show=False)
+                os.close(spec.ipc_fd)
+            self.emit(
+                WorkersStarted(
+                    ts=time.time(),
+                    pids=tuple(pids),
+                    global_ranks=tuple(s.global_rank for s in specs),
+                    **self._ctx(),
+                ),
+                show=False,
+            )
             outcome = self._supervise(group, receiver, block, specs)
         finally:
             receiver.close()
@@ -325,19 +504,28 @@ class Agent:
         last_membership_check = now
         stop_requested_at: float | None = None
         tick = cfg.monitor_interval_s
+        cpu: dict[int, CpuProgress] = {}
         while True:
             now = time.time()
             batch = []
             for msg in receiver.drain():
-                if msg.get("k") == "note":
-                    self._note(str(msg.get("text", "")))
-                elif msg.get("k") == "start" and msg.get("r") == 0 and int(msg.get("s", 0)) > 0:
-                    self._note(f"workers resumed at step {msg['s']} from the newest good checkpoint")
+                if isinstance(msg, Note):
+                    self._note(msg.text)
+                elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
+                    self._note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
                 rec = tracker.observe(msg, now)
                 if rec is not None:
-                    batch.append(StepCompleted(ts=rec.start + rec.duration, rank=rec.rank, step=rec.step,
-                                               start=rec.start, duration=rec.duration, sections=rec.sections,
-                                               **self._ctx()))
+                    batch.append(
+                        StepCompleted(
+                            ts=rec.start + rec.duration,
+                            rank=rec.rank,
+                            step=rec.step,
+                            start=rec.start,
+                            duration=rec.duration,
+                            sections=rec.sections,
+                            **self._ctx(),
+                        )
+                    )
             for spec in specs:
                 beat = block.read_beat(spec.local_rank)
                 if beat is not None:
@@ -377,28 +565,61 @@ class Agent:
                 # step was seen, after its first step (workers only record signals; the agent coordinates)
                 block.request_stop(tracker.max_step_in_progress() + 2 if tracker.steps_seen() else 0)
             if stop_requested_at is not None:
+                if not tracker.sdk_ranks() and now - tracker.started >= NO_SDK_AFTER_S:
+                    # a script without the SDK: nothing to coordinate, pass the stop on as torchrun does
+                    group.stop(cfg.stop_grace_s)
+                    return AttemptOutcome("stopped")
                 if now - stop_requested_at > cfg.emergency_deadline_s:
                     group.stop(cfg.stop_grace_s)
                     return AttemptOutcome("preempted")
                 time.sleep(tick)
                 continue
 
-            # 3. hangs
-            phase = "start-up" if not tracker.steps_seen() else (
-                "checkpoint" if any(p.in_checkpoint for p in tracker.progress.values()) else "training")
-            ht = hang_timeout(list(tracker.step_times), cfg.hang_policy)
-            timeout = ht.seconds if phase == "training" else max(ht.seconds, cfg.startup_timeout_s)
-            if ht.calibrated and not calibrated_reported:
-                calibrated_reported = True
-                self.emit(TimeoutsCalibrated(ts=now, hang_timeout_s=ht.seconds, p99_step_s=ht.p99_s,
-                                             samples=ht.samples, reason=ht.reason, **self._ctx()), show=False)
-            # declare the hang up to one tick before the timeout, so that detection never lands
-            # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
-            verdict = detect_hang(tracker, now + tick, timeout, phase)
-            if verdict is not None:
-                return self._fail_hang(group, verdict, tracker, ht.reason)
-            live = [p.last_msg for p in tracker.progress.values() if not p.finished]
-            hang_deadline = (min(live) + timeout - tick) if live else now + tick
+            # 3. hangs: heartbeats of workers that use the SDK; CPU progress of every worker otherwise
+            sdk = tracker.sdk_ranks()
+            hang_deadline = now + tick
+            if not sdk:
+                for spec in specs:
+                    sample = read_proc(group.pid(spec.global_rank))
+                    if sample is not None and codes.get(spec.global_rank) is None:
+                        cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
+                stall = detect_cpu_stall(cpu, now + tick, cfg.cpu_stall_s)
+                if stall is not None:
+                    return self._fail_hang(
+                        group, stall, tracker, "no SDK in the script: hang detection by CPU progress", step=-1
+                    )
+            else:
+                phase = (
+                    "start-up"
+                    if not tracker.steps_seen()
+                    else (
+                        "checkpoint"
+                        if any(p.in_checkpoint for p in tracker.progress.values())
+                        else "training"
+                    )
+                )
+                ht = hang_timeout(list(tracker.step_times), cfg.hang_policy)
+                timeout = ht.seconds if phase == "training" else max(ht.seconds, cfg.startup_timeout_s)
+                if ht.calibrated and not calibrated_reported:
+                    calibrated_reported = True
+                    self.emit(
+                        TimeoutsCalibrated(
+                            ts=now,
+                            hang_timeout_s=ht.seconds,
+                            p99_step_s=ht.p99_s,
+                            samples=ht.samples,
+                            reason=ht.reason,
+                            **self._ctx(),
+                        ),
+                        show=False,
+                    )
+                # declare the hang up to one tick before the timeout, so that detection never lands
+                # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
+                verdict = detect_hang(tracker, now + tick, timeout, phase)
+                if verdict is not None:
+                    return self._fail_hang(group, verdict, tracker, ht.reason, step=verdict.step)
+                live = [p.last_msg for p in tracker.progress.values() if not p.finished and p.sdk]
+                hang_deadline = (min(live) + timeout - tick) if live else now + tick
 
             # 4. membership: a node waiting to join (replacement or scale-up)
             if self._rdzv is not None and now - last_membership_check > 1.0:
@@ -409,8 +630,11 @@ class Agent:
                     waiting = 0
                 if waiting > 0:
                     group.stop(cfg.stop_grace_s)
-                    self.emit(WorkersStopped(ts=time.time(), reason=f"{waiting} node(s) waiting to join",
-                                             **self._ctx()))
+                    self.emit(
+                        WorkersStopped(
+                            ts=time.time(), reason=f"{waiting} node(s) waiting to join", **self._ctx()
+                        )
+                    )
                     return AttemptOutcome("membership")
             time.sleep(max(0.001, min(tick, hang_deadline - time.time())))
 
@@ -420,8 +644,11 @@ class Agent:
         now_slow = {r.rank: r.score for r in rep.stragglers}
         for rank, score in now_slow.items():
             if rank not in flagged:
-                self.emit(StragglerDetected(ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason,
-                                            **self._ctx()))
+                self.emit(
+                    StragglerDetected(
+                        ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason, **self._ctx()
+                    )
+                )
         for rank in set(flagged) - set(now_slow):
             score = next((r.score for r in rep.ranks if r.rank == rank), 1.0)
             self.emit(StragglerCleared(ts=time.time(), rank=rank, score=score, step=step, **self._ctx()))
@@ -440,10 +667,13 @@ class Agent:
 
     # --- failure handling ------------------------------------------------------------------
 
-    def _fail_crash(self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker,
-                    specs: list[WorkerSpec]) -> AttemptOutcome:
+    def _fail_crash(
+        self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker, specs: list[WorkerSpec]
+    ) -> AttemptOutcome:
         detected = time.time()
-        errors = {r: read_error(self.run.errors / f"{self.cfg.node_name}-a{self.attempt}-r{r}.json") for r in failed}
+        logs = {s.global_rank: s.log_path for s in specs}
+        errors = {r: self._error_of(r, logs.get(r)) for r in failed}
+
         # root cause: a user exception first, then a signal death, then the earliest exit
         def rank_key(r: int) -> tuple[int, float]:
             kind = classify(failed[r], errors[r])
@@ -465,38 +695,105 @@ class Agent:
         evidence = describe_exit(code)
         if err is not None:
             evidence += f"; {err.signature}"
-        log = tail(next((s.log_path for s in specs if s.global_rank == root), None), 3)
         group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
-        self.emit(FailureDetected(ts=detected, failure=kind, evidence=evidence, onset=onset, step=step, rank=root,
-                                  exit_code=code, signal=describe_exit(code) if code < 0 else "",
-                                  error_type=err.type if err else "", error_message=err.message[:500] if err else "",
-                                  **self._ctx()))
+        log = tail(logs.get(root), 3)
+        self._note(f"rank {root} failed ({evidence}); its log: {logs.get(root)}")
+        shown = tail_lines(logs.get(root), 8, match="Traceback (most recent call last)")
+        if shown:
+            self._note(f"last lines of rank {root}:\n{shown}")
+        self.emit(
+            FailureDetected(
+                ts=detected,
+                failure=kind,
+                evidence=evidence,
+                onset=onset,
+                step=step,
+                rank=root,
+                exit_code=code,
+                signal=describe_exit(code) if code < 0 else "",
+                error_type=err.type if err else "",
+                error_message=err.message[:500] if err else "",
+                **self._ctx(),
+            )
+        )
         if log and kind != "crash":
-            self.emit(StackCaptured(ts=time.time(), rank=root, stack=err.traceback if err else log,
-                                    reason="traceback of the failed rank", **self._ctx()), show=False)
+            self.emit(
+                StackCaptured(
+                    ts=time.time(),
+                    rank=root,
+                    stack=err.traceback if err else log,
+                    reason="traceback of the failed rank",
+                    **self._ctx(),
+                ),
+                show=False,
+            )
         self.emit(WorkersStopped(ts=time.time(), reason=f"rank {root} {evidence}", **self._ctx()), show=False)
-        failure = Failure(kind=kind, attempt=self.attempt, step=step, rank=root, evidence=evidence,
-                          signature=err.signature if err is not None else "", progressed=tracker.steps_seen())
+        failure = Failure(
+            kind=kind,
+            attempt=self.attempt,
+            step=step,
+            rank=root,
+            evidence=evidence,
+            signature=err.signature if err is not None else "",
+            progressed=tracker.steps_seen(),
+            sdk=bool(tracker.sdk_ranks()),
+        )
         return AttemptOutcome("failed", failure, detected)
 
-    def _fail_hang(self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str) -> AttemptOutcome:
+    def _error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
+        """Root cause of a failed rank: the SDK's error file, torch elastic's ``@record`` file, or the
+        last traceback in the rank's log."""
+        node = self.cfg.node_name
+        err = read_error(self.run.error_file(node, self.attempt, rank))
+        if err is None:
+            err = read_elastic_error(self.run.elastic_error_file(node, self.attempt, rank))
+        if err is None and log is not None:
+            time.sleep(0.05)  # the output pumps may still be copying the last lines
+            err = error_from_log(tail_lines(log, 400))
+        return err
+
+    def _fail_hang(
+        self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str, *, step: int
+    ) -> AttemptOutcome:
         detected = time.time()
-        self.emit(FailureDetected(ts=detected, failure="hang", evidence=f"{verdict.evidence}; {why}",
-                                  onset=verdict.onset, step=verdict.step, rank=verdict.culprit, **self._ctx()))
-        stacks = self._capture_stacks(group)
+        self.emit(
+            FailureDetected(
+                ts=detected,
+                failure="hang",
+                evidence=f"{verdict.evidence}; {why}",
+                onset=verdict.onset,
+                step=step,
+                rank=verdict.culprit,
+                **self._ctx(),
+            )
+        )
+        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
+        stacks = self._capture_stacks(group) if tracker.sdk_ranks() else {}
         for rank, text in stacks.items():
             reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
-            self.emit(StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
-                      show=rank == verdict.culprit)
+            self.emit(
+                StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
+                show=rank == verdict.culprit,
+            )
         group.stop(0.0)
-        self.emit(WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()), show=False)
-        failure = Failure(kind="hang", attempt=self.attempt, step=verdict.step, rank=verdict.culprit,
-                          evidence=verdict.evidence, progressed=tracker.steps_seen())
+        self.emit(
+            WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()),
+            show=False,
+        )
+        failure = Failure(
+            kind="hang",
+            attempt=self.attempt,
+            step=step,
+            rank=verdict.culprit,
+            evidence=verdict.evidence,
+            progressed=tracker.steps_seen(),
+            sdk=bool(tracker.sdk_ranks()),
+        )
         return AttemptOutcome("failed", failure, detected)
 
     def _capture_stacks(self, group: WorkerGroup, wait_s: float = 0.5) -> dict[int, str]:
         """faulthandler in each worker dumps every thread's Python stack on SIGUSR2."""
-        paths = {r: self.run.stacks / f"{self.cfg.node_name}-a{self.attempt}-r{r}.txt" for r in group.procs}
+        paths = {r: self.run.stack_file(self.cfg.node_name, self.attempt, r) for r in group.procs}
         sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
         group.signal(signal.SIGUSR2)
         deadline = time.monotonic() + wait_s
@@ -520,16 +817,26 @@ class Agent:
             if fault.kind == "kill-agent":
                 if fault.node != self._group_rank or not claim(self.run.chaos, fault):
                     continue
-                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step,
-                                        detail=fault.describe(), **self._ctx()))
+                self.emit(
+                    ChaosInjected(
+                        ts=time.time(),
+                        fault=fault.kind,
+                        step=fault.step,
+                        detail=fault.describe(),
+                        **self._ctx(),
+                    )
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self._group_rank == 0:
                 target = chaos_actions.newest_checkpoint(self.run.checkpoints)
                 if target is None or not claim(self.run.chaos, fault):
                     continue
                 detail = chaos_actions.damage(target, fault.kind)
-                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step, detail=detail,
-                                        **self._ctx()))
+                self.emit(
+                    ChaosInjected(
+                        ts=time.time(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()
+                    )
+                )
 
 
 def _free_port() -> int:

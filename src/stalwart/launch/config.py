@@ -5,10 +5,11 @@ Precedence: defaults < file (``--config`` YAML/TOML) < environment (``STALWART_<
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..protocol import (
+    DEFAULT_HANG_CAP_S,
+    DEFAULT_HANG_FLOOR_S,
+    DEFAULT_PG_TIMEOUT_S,
+    DEFAULT_STARTUP_TIMEOUT_S,
+)
+from .output import parse_streams
 from .restart_policy import RestartBudget
 from .timeouts import HangTimeoutPolicy, validate_hierarchy
 
@@ -32,6 +40,28 @@ class RunConfig(BaseModel):
     module: bool = False  # run ``python -m script``
     nproc_per_node: int = Field(1, ge=1, le=1024)
     nnodes: str = "1"
+    # torchrun's flags (same meaning and values; see docs/resilient-run.md)
+    rdzv_backend: str = ""  # "": c10d when --rdzv-endpoint is given, else static (torchrun's default)
+    rdzv_conf: str = ""
+    standalone: bool = False
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = ""
+    master_port: int = Field(0, ge=0, le=65535)  # 0: a free port per attempt
+    role: str = "default"
+    no_python: bool = False
+    run_path: bool = False
+    start_method: str = "spawn"
+    log_dir: Path | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str = ""
+    duplicate_stdout_filters: str = ""
+    duplicate_stderr_filters: str = ""
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    virtual_local_rank: bool = False
+    event_log_handler: str = "null"
+    logs_specs: str = ""
+    numa_binding: str = ""
     max_restarts: int = Field(3, ge=0)
     max_user_error_restarts: int = Field(1, ge=0)
     run_id: str = ""
@@ -46,11 +76,12 @@ class RunConfig(BaseModel):
     local_addr: str = ""
     monitor_interval_s: float = Field(0.05, gt=0)
     hang_multiplier: float = Field(3.0, gt=0)
-    hang_floor_s: float = Field(10.0, gt=0)
-    hang_cap_s: float = Field(300.0, gt=0)
-    startup_timeout_s: float = Field(300.0, gt=0)
+    hang_floor_s: float = Field(DEFAULT_HANG_FLOOR_S, gt=0)
+    hang_cap_s: float = Field(DEFAULT_HANG_CAP_S, gt=0)
+    startup_timeout_s: float = Field(DEFAULT_STARTUP_TIMEOUT_S, gt=0)
     hang_min_samples: int = Field(5, ge=1)
-    pg_timeout_s: float = Field(600.0, gt=0)
+    cpu_stall_s: float = Field(DEFAULT_HANG_FLOOR_S * 3, gt=0)
+    pg_timeout_s: float = Field(DEFAULT_PG_TIMEOUT_S, gt=0)
     stop_grace_s: float = Field(3.0, gt=0)
     emergency_deadline_s: float = Field(30.0, gt=0)
     backoff_base_s: float = Field(1.0, ge=0)
@@ -64,7 +95,6 @@ class RunConfig(BaseModel):
     health_state_dir: Path | None = None
     valid_sizes: str = "any"
     python: str = sys.executable
-    tee: bool = False
     quiet: bool = False
     # observability (serve/): Prometheus exporter for this run (None = off) and notification targets
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -91,7 +121,53 @@ class RunConfig(BaseModel):
             return v
         if kind == "multiple" and n.isdigit() and int(n) >= 1:
             return v
-        raise ValueError(f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)")
+        raise ValueError(
+            f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)"
+        )
+
+    @field_validator("rdzv_backend")
+    @classmethod
+    def _rdzv_backend(cls, v: str) -> str:
+        if v not in ("", "static", "c10d"):
+            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static or c10d")
+        return v
+
+    @field_validator("start_method")
+    @classmethod
+    def _start_method(cls, v: str) -> str:
+        if v not in ("spawn", "fork", "forkserver"):
+            raise ValueError(f"--start-method {v!r} must be spawn, fork or forkserver")
+        return v
+
+    @field_validator("numa_binding")
+    @classmethod
+    def _numa(cls, v: str) -> str:
+        if v not in ("", "node", "socket", "exclusive", "core-complex"):
+            raise ValueError(f"--numa-binding {v!r} must be node, socket, exclusive or core-complex")
+        return v
+
+    @field_validator("redirects", "tee", mode="before")
+    @classmethod
+    def _streams(cls, v: str, info) -> str:
+        parse_streams(str(v), 1, flag="--" + info.field_name)  # raises ValueError with the flag's name
+        return str(v)
+
+    @field_validator("local_ranks_filter")
+    @classmethod
+    def _ranks_filter(cls, v: str) -> str:
+        if v and not all(x.strip().isdigit() for x in v.split(",")):
+            raise ValueError(f"--local-ranks-filter {v!r} must be local ranks separated by commas, e.g. 0,1")
+        return v
+
+    @field_validator("signals_to_handle")
+    @classmethod
+    def _signals(cls, v: str) -> str:
+        import signal as _signal
+
+        for name in (x.strip() for x in v.split(",") if x.strip()):
+            if not hasattr(_signal, name) or not name.startswith("SIG"):
+                raise ValueError(f"--signals-to-handle: unknown signal {name!r} (e.g. SIGTERM,SIGUSR1)")
+        return v
 
     @field_validator("notify")
     @classmethod
@@ -119,12 +195,44 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if self.max_nodes > 1 and not self.rdzv_endpoint:
+        if self.run_path and not Path(self.script).is_absolute():
+            raise ValueError("--run-path needs the script as an absolute path (as torchrun)")
+        if self.max_nodes > 1 and not self.standalone and not self.use_c10d:
+            if self.min_nodes != self.max_nodes:
+                raise ValueError(
+                    "an elastic --nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (c10d rendezvous)"
+                )
+            if not self.master_addr:
+                raise ValueError(
+                    "--nnodes with more than one node needs --master-addr/--master-port (static) "
+                    "or --rdzv-backend c10d --rdzv-endpoint HOST:PORT"
+                )
+            if self.node_rank >= self.max_nodes:
+                raise ValueError(f"--node-rank {self.node_rank} must be below --nnodes {self.max_nodes}")
+        if self.max_nodes > 1 and self.use_c10d and not self.rdzv_endpoint:
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
-        validate_hierarchy(monitor_interval_s=self.monitor_interval_s, policy=self.hang_policy,
-                           pg_timeout_s=self.pg_timeout_s, rdzv_timeout_s=self.rdzv_timeout_s,
-                           stop_grace_s=self.stop_grace_s)
+        if self.standalone and self.max_nodes > 1:
+            raise ValueError("--standalone runs a single node: drop it or use --nnodes 1")
+        validate_hierarchy(
+            monitor_interval_s=self.monitor_interval_s,
+            policy=self.hang_policy,
+            pg_timeout_s=self.pg_timeout_s,
+            rdzv_timeout_s=self.rdzv_timeout_s,
+            stop_grace_s=self.stop_grace_s,
+        )
+        if self.cpu_stall_s >= self.pg_timeout_s:
+            raise ValueError(
+                f"--cpu-stall {self.cpu_stall_s:g}s must be below the process-group timeout "
+                f"{self.pg_timeout_s:g}s, or ranks time out before the hang is seen"
+            )
         return self
+
+    @property
+    def use_c10d(self) -> bool:
+        """Agents meet through the c10d rendezvous (else: one node, or static node ranks)."""
+        if self.standalone:
+            return False
+        return self.rdzv_backend == "c10d" or (self.rdzv_backend == "" and bool(self.rdzv_endpoint))
 
     @property
     def min_nodes(self) -> int:
@@ -136,25 +244,117 @@ class RunConfig(BaseModel):
 
     @property
     def hang_policy(self) -> HangTimeoutPolicy:
-        return HangTimeoutPolicy(self.hang_multiplier, self.hang_floor_s, self.hang_cap_s, self.startup_timeout_s,
-                                 self.hang_min_samples)
+        return HangTimeoutPolicy(
+            self.hang_multiplier,
+            self.hang_floor_s,
+            self.hang_cap_s,
+            self.startup_timeout_s,
+            self.hang_min_samples,
+        )
 
     @property
     def budget(self) -> RestartBudget:
-        return RestartBudget(self.max_restarts, self.max_user_error_restarts, self.backoff_base_s, self.backoff_max_s)
+        return RestartBudget(
+            self.max_restarts, self.max_user_error_restarts, self.backoff_base_s, self.backoff_max_s
+        )
 
-    def resolved(self) -> RunConfig:
+    def resolved(self, env: dict[str, str] | None = None) -> RunConfig:
         """Fill run id, run dir, node name and rendezvous id defaults."""
-        run_id = self.run_id or self.rdzv_id or uuid.uuid4().hex[:12]
+        run_id = stable_run_id(self, os.environ if env is None else env)
         run_dir = self.run_dir or Path("stalwart-runs") / run_id
         node = self.node_name or socket.gethostname()
-        return self.model_copy(update={"run_id": run_id, "run_dir": run_dir.absolute(), "node_name": node,
-                                       "rdzv_id": self.rdzv_id or run_id,
-                                       "health_state_dir": self.health_state_dir or run_dir.absolute() / "health"})
+        rdzv_id = run_id if self.standalone or not self.rdzv_id else self.rdzv_id
+        return self.model_copy(
+            update={
+                "run_id": run_id,
+                "run_dir": run_dir.absolute(),
+                "node_name": node,
+                "rdzv_id": rdzv_id,
+                "health_state_dir": self.health_state_dir or run_dir.absolute() / "health",
+            }
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two invocations the same run (a re-run resumes it)."""
+        script = self.script if self.module or self.no_python else str(Path(self.script).absolute())
+        return {"script": script, "module": self.module}
+
+
+def stable_run_id(cfg: RunConfig, env: dict[str, str]) -> str:
+    """The same job gets the same id when it runs again, so a requeue resumes: ``--run-id``, else
+    the Slurm job (and array task), else ``--rdzv-id``, else a hash of the command line."""
+    if cfg.run_id:
+        return cfg.run_id
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}"
+    if cfg.rdzv_id and not cfg.standalone:
+        return cfg.rdzv_id
+    line = json.dumps([cfg.identity(), cfg.script_args, cfg.nnodes, cfg.nproc_per_node, os.getcwd()])
+    stem = Path(cfg.script).stem if not cfg.module else cfg.script.rsplit(".", 1)[-1]
+    return f"{stem}-{hashlib.sha256(line.encode()).hexdigest()[:12]}"
+
+
+def claim_run_dir(cfg: RunConfig) -> None:
+    """Record what the run dir belongs to; a different script reusing it is bad input (exit 2)."""
+    path = Path(cfg.run_dir) / "run.json"
+    mine = {"run_id": cfg.run_id, **cfg.identity()}
+    try:
+        theirs = json.loads(path.read_text())
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(mine))
+        os.replace(tmp, path)
+        return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"run dir {cfg.run_dir} has an unreadable run.json ({exc})", "give another --run-id or --run-dir"
+        ) from None
+    if (
+        not isinstance(theirs, dict)
+        or theirs.get("script") != mine["script"]
+        or theirs.get("module") != mine["module"]
+    ):
+        other = theirs.get("script") if isinstance(theirs, dict) else "?"
+        raise ConfigError(
+            f"run id {cfg.run_id!r} belongs to another run (script {other}, run dir {cfg.run_dir})",
+            "give another --run-id, or --run-dir for this script",
+        )
 
 
 _FIELDS = set(RunConfig.model_fields)
+CONFIG_SETTINGS = frozenset(_FIELDS)  # STALWART_<SETTING> variables configure a run; workers do not inherit them
 _LISTS = {"script_args", "chaos", "notify"}
+
+
+_RDZV_CONF = {
+    "join_timeout": "rdzv_timeout_s",
+    "timeout": "rdzv_timeout_s",
+    "last_call_timeout": "rdzv_last_call_s",
+    "keep_alive_interval": "rdzv_keepalive_s",
+    "is_host": "rdzv_host",
+}
+_RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "read_timeout", "use_libuv", "store_type"}
+
+
+def parse_rdzv_conf(text: str) -> dict[str, Any]:
+    """torchrun's ``--rdzv-conf key=value,...`` as settings of this run."""
+    out: dict[str, Any] = {}
+    for item in (x for x in text.split(",") if x.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--rdzv-conf {text!r}: {item!r} is not key=value")
+        if key in _RDZV_CONF:
+            out[_RDZV_CONF[key]] = value.strip()
+        elif key not in _RDZV_IGNORED:
+            raise ConfigError(
+                f"--rdzv-conf: unknown key {key!r}",
+                f"known keys: {', '.join(sorted(_RDZV_CONF) + sorted(_RDZV_IGNORED))}",
+            )
+    return out
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
@@ -173,8 +373,10 @@ def load_file(path: str | Path) -> dict[str, Any]:
     data = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = set(data) - _FIELDS
     if unknown:
-        raise ConfigError(f"config file {p}: unknown setting(s) {', '.join(sorted(unknown))}",
-                          "see 'stalwart run --help' for the settings")
+        raise ConfigError(
+            f"config file {p}: unknown setting(s) {', '.join(sorted(unknown))}",
+            "see 'stalwart run --help' for the settings",
+        )
     return data
 
 
@@ -188,7 +390,9 @@ def from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
-def build(flags: dict[str, Any], *, config_file: str | None = None, env: dict[str, str] | None = None) -> RunConfig:
+def build(
+    flags: dict[str, Any], *, config_file: str | None = None, env: dict[str, str] | None = None
+) -> RunConfig:
     merged: dict[str, Any] = {}
     if config_file:
         merged.update(load_file(config_file))

@@ -58,8 +58,10 @@ class RunConsole:
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
             lat = ev.ts - ev.onset
-            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)} "
-                     f"[dim](detected {lat:.2f}s after onset)[/]")
+            where = f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
+            when = f"detected {lat:.2f}s after onset" if lat >= 0.01 else "detected within one monitor tick"
+            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} {where}: {esc(ev.evidence)} "
+                     f"[dim]({when})[/]")
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")

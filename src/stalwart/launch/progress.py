@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..protocol import (
+    CheckpointDone,
+    Finished,
+    Hello,
+    LoopStarted,
+    Message,
+    PhaseChanged,
+    SectionBegan,
+    SignalSeen,
+    StepBegan,
+    StepDone,
+)
 
 # sections that mostly wait for other ranks: a rank stuck there is a victim, not a culprit
 _SECTION_RANK = {None: 0, "data": 1, "forward": 2, "backward": 3, "optimizer": 4, "checkpoint": 5}
@@ -21,6 +33,10 @@ class RankProgress:
     in_checkpoint: bool = False
     beat_t: float = 0.0  # time of the newest shared-memory heartbeat seen
     ckpt_t0: float = 0.0
+    sdk: bool = False  # the worker announced that it uses the SDK (its heartbeats count)
+    phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
+    phase_budget_s: float = 0.0
+    phase_t0: float = 0.0
 
 
 @dataclass
@@ -49,49 +65,56 @@ class ProgressTracker:
         for r in self.ranks:
             self.progress[r] = RankProgress(rank=r, last_msg=self.started)
 
-    def observe(self, msg: dict[str, Any], now: float) -> StepRecord | None:
-        r = msg.get("r")
-        p = self.progress.get(r)
+    def observe(self, msg: Message, now: float) -> StepRecord | None:
+        p = self.progress.get(msg.rank)
         if p is None:
             return None
         # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
-        try:
-            sent = float(msg.get("t", now))
-        except (TypeError, ValueError):
-            sent = now
-        p.last_msg = min(max(sent, p.last_msg), now)
-        kind = msg.get("k")
-        if kind == "step":
-            p.step = int(msg["s"])
+        p.last_msg = min(max(msg.t, p.last_msg), now)
+        if isinstance(msg, StepBegan):
+            p.sdk = True
+            p.step = msg.step
             p.section = None
             if p.in_checkpoint:
                 p.in_checkpoint = False
-        elif kind == "sec":
-            p.section = msg.get("n")
+        elif isinstance(msg, SectionBegan):
+            p.sdk = True
+            p.section = msg.name
             if p.section == "checkpoint":
                 p.in_checkpoint = True
                 p.ckpt_t0 = p.last_msg
-        elif kind == "ckpt":
+        elif isinstance(msg, CheckpointDone):
             if p.in_checkpoint:
                 self.ckpt_times.append(p.last_msg - p.ckpt_t0)
             p.in_checkpoint = False
             p.section = None
-        elif kind == "done":
-            rec = StepRecord(r, int(msg["s"]), float(msg["t0"]), float(msg["d"]), dict(msg.get("sec", {})))
+        elif isinstance(msg, StepDone):
+            rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
+            p.sdk = True
             p.done_steps += 1
             p.section = None
             self.step_times.append(rec.duration)
             self.max_done_step = max(self.max_done_step, rec.step)
             return rec
-        elif kind == "start":
-            self.first_step = int(msg.get("s", 0))
-            self.total_steps = int(msg.get("n", 0) or 0)
-        elif kind == "fin":
+        elif isinstance(msg, Hello):
+            p.sdk = True
+        elif isinstance(msg, LoopStarted):
+            p.sdk = True
+            self.first_step = msg.first_step
+            self.total_steps = msg.total_steps
+        elif isinstance(msg, PhaseChanged):
+            p.phase = msg.name
+            p.phase_budget_s = msg.budget_s if msg.name else 0.0
+            p.phase_t0 = msg.t
+            if not msg.name:  # the ranks that waited for this phase count their silence from its end
+                for q in self.progress.values():
+                    q.last_msg = max(q.last_msg, min(msg.t, now))
+        elif isinstance(msg, Finished):
             p.finished = True
-            if msg.get("pre"):
-                self.preempted_ranks.add(r)
-        elif kind == "sig":
-            self.signals.append(int(msg.get("sig", 0)))
+            if msg.preempted:
+                self.preempted_ranks.add(msg.rank)
+        elif isinstance(msg, SignalSeen):
+            self.signals.append(msg.signum)
         return None
 
     def observe_beat(self, rank: int, t: float, step: int, section: str, now: float) -> None:
@@ -100,6 +123,7 @@ class ProgressTracker:
         if p is None or t <= p.beat_t:
             return
         p.beat_t = t
+        p.sdk = True
         p.last_msg = min(max(t, p.last_msg), now)
         p.step = step
         p.section = section or None
@@ -109,6 +133,10 @@ class ProgressTracker:
             p.in_checkpoint = True
         else:
             p.in_checkpoint = False
+
+    def sdk_ranks(self) -> list[int]:
+        """Ranks that announced the SDK: only their silence can be a hang by heartbeat."""
+        return [r for r, p in self.progress.items() if p.sdk]
 
     def steps_seen(self) -> bool:
         return any(p.done_steps for p in self.progress.values())
@@ -134,9 +162,22 @@ def _position(p: RankProgress) -> tuple[int, int]:
 def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: str) -> HangVerdict | None:
     """Return a verdict if some rank has been silent for ``timeout_s``; the culprit is the rank
     that is least advanced (others are usually blocked in a collective waiting for it)."""
-    live = [p for p in tracker.progress.values() if not p.finished]
+    live = [p for p in tracker.progress.values() if not p.finished and p.sdk]
     if not live:
         return None
+    phased = [p for p in live if p.phase and p.phase_budget_s > 0]
+    if phased:
+        # the others wait for the ranks in a long phase: its budget, from its start, is the timeout
+        # for everyone, and only a rank that overruns its phase is to blame
+        over = [p for p in phased if now - p.phase_t0 >= p.phase_budget_s]
+        if not over:
+            return None
+        c = min(over, key=lambda p: p.phase_t0 + p.phase_budget_s)
+        evidence = (
+            f"rank {c.rank} in phase '{c.phase}' for {now - c.phase_t0:.2f}s, over its budget "
+            f"{c.phase_budget_s:.2f}s (the other ranks wait for it)"
+        )
+        return HangVerdict(c.rank, now - c.last_msg, c.phase_budget_s, c.phase_t0, c.step, evidence)
     silent = max(live, key=lambda p: now - p.last_msg)
     silence = now - silent.last_msg
     if silence < timeout_s:
@@ -147,6 +188,10 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
         where += f", section '{culprit.section}'"
     others = sorted({(p.step, p.section or "-") for p in live if p.rank != culprit.rank})
     others_txt = "; others at " + ", ".join(f"step {s} '{sec}'" for s, sec in others) if others else ""
-    evidence = (f"rank {culprit.rank} silent {now - culprit.last_msg:.2f}s at {where} "
-                f"(timeout {timeout_s:.2f}s, {phase}){others_txt}")
-    return HangVerdict(culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence)
+    evidence = (
+        f"rank {culprit.rank} silent {now - culprit.last_msg:.2f}s at {where} "
+        f"(timeout {timeout_s:.2f}s, {phase}){others_txt}"
+    )
+    return HangVerdict(
+        culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence
+    )

@@ -23,6 +23,7 @@ class Failure:
     evidence: str
     signature: str = ""  # "Type: message" for exceptions raised by user code
     progressed: bool = False  # whether the failed attempt completed any new step
+    sdk: bool = True  # the script uses the SDK (else the step is unknown)
 
 
 @dataclass(frozen=True)
@@ -51,22 +52,45 @@ def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision
     last = history[-1]
     user = [f for f in history if f.kind == "exception"]
     infra = [f for f in history if f.kind != "exception"]
-    where = f"step {last.step}" if last.step >= 0 else "start-up"
+    where = (
+        f"step {last.step}" if last.step >= 0 else ("start-up" if last.sdk else "an unknown step (no SDK)")
+    )
     if last.kind == "exception":
         same = [f for f in user if f.signature == last.signature and f.step == last.step]
         if len(same) >= 2:
             attempts = " and ".join(str(f.attempt) for f in same[-2:])
-            return RestartDecision("stop", f"user error at {where}: {last.signature} (rank {last.rank}, same "
-                                   f"exception at the same step in attempts {attempts}; a restart will not help)",
-                                   "user_error", EXIT_USER_ERROR, 0.0, len(infra), len(user) - 1)
+            return RestartDecision(
+                "stop",
+                f"user error at {where}: {last.signature} (rank {last.rank}, same "
+                f"exception at the same step in attempts {attempts}; a restart will not help)",
+                "user_error",
+                EXIT_USER_ERROR,
+                0.0,
+                len(infra),
+                len(user) - 1,
+            )
         if len(user) > budget.max_user_error_restarts:
-            return RestartDecision("stop", f"user error at {where}: {last.signature} (rank {last.rank}; "
-                                   f"{len(user)} exceptions, budget {budget.max_user_error_restarts} restarts)",
-                                   "user_error", EXIT_USER_ERROR, 0.0, len(infra), len(user) - 1)
+            return RestartDecision(
+                "stop",
+                f"user error at {where}: {last.signature} (rank {last.rank}; "
+                f"{len(user)} exceptions, budget {budget.max_user_error_restarts} restarts)",
+                "user_error",
+                EXIT_USER_ERROR,
+                0.0,
+                len(infra),
+                len(user) - 1,
+            )
     elif len(infra) > budget.max_restarts:
-        return RestartDecision("stop", f"{last.kind} at {where}: {last.evidence}; restart budget used up "
-                               f"({budget.max_restarts} of {budget.max_restarts})", "infra_exhausted", EXIT_INFRA,
-                               0.0, len(infra) - 1, len(user))
+        return RestartDecision(
+            "stop",
+            f"{last.kind} at {where}: {last.evidence}; restart budget used up "
+            f"({budget.max_restarts} of {budget.max_restarts})",
+            "infra_exhausted",
+            EXIT_INFRA,
+            0.0,
+            len(infra) - 1,
+            len(user),
+        )
     # back off exponentially while attempts fail without progress
     streak = 0
     for f in reversed(history):

@@ -41,6 +41,22 @@ from ..chaos.once import claim
 from ..chaos.plan import Fault, FaultPlan
 from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED
+from ..protocol import (
+    DEFAULT_PG_TIMEOUT_S,
+    PREFIX,
+    CheckpointDone,
+    Finished,
+    Hello,
+    LoopStarted,
+    Message,
+    Note,
+    PhaseChanged,
+    SectionBegan,
+    SignalSeen,
+    StepBegan,
+    StepDone,
+    WorkerEnv,
+)
 from ..run_dir import RunDir
 from .control import ControlBlock
 from .ipc import Sender
@@ -65,16 +81,16 @@ class Session:
         self.rank = _env_int(env, "RANK", default=0)
         self.world_size = _env_int(env, "WORLD_SIZE", default=1)
         self.local_rank = _env_int(env, "LOCAL_RANK", default=0)
-        self.attempt = _env_int(env, "STALWART_ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0)
-        self.node = env.get("STALWART_NODE", "local")
-        self.run_id = env.get("STALWART_RUN_ID", "")
-        root = env.get("STALWART_RUN_DIR")
-        self.run_dir = RunDir(Path(root)) if root else None
-        self.under_agent = "STALWART_IPC" in env
-        self._ipc = Sender(int(env["STALWART_IPC"])) if self.under_agent else None
-        self._control = (ControlBlock(env["STALWART_CONTROL"], slot=self.local_rank)
-                         if env.get("STALWART_CONTROL") else None)
-        plan = FaultPlan.from_json(env["STALWART_CHAOS"]) if env.get("STALWART_CHAOS") else FaultPlan()
+        wenv = WorkerEnv.from_env(env)
+        self.worker_env = wenv
+        self.attempt = _env_int(env, f"{PREFIX}ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0)
+        self.node = wenv.node if wenv else "local"
+        self.run_id = wenv.run_id if wenv else ""
+        self.run_dir = RunDir(Path(wenv.run_dir)) if wenv and wenv.run_dir else None
+        self.under_agent = wenv is not None and wenv.ipc_fd >= 0
+        self._ipc = Sender(wenv.ipc_fd) if wenv is not None and wenv.ipc_fd >= 0 else None
+        self._control = ControlBlock(wenv.control, slot=self.local_rank) if wenv and wenv.control else None
+        plan = FaultPlan.from_json(wenv.chaos) if wenv and wenv.chaos else FaultPlan()
         self._faults: tuple[Fault, ...] = plan.for_rank(self.rank)
         self._ledger = None
         self._ckpt_dir = checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints")
@@ -92,8 +108,9 @@ class Session:
         self._slow_pending = False
         self._slow_extra = 0.0
         self._base_step_s = 0.0
-        self.pg_timeout_s = float(env.get("STALWART_PG_TIMEOUT_S", "1800"))
+        self.pg_timeout_s = wenv.pg_timeout_s if wenv else DEFAULT_PG_TIMEOUT_S
         self._install_process_hooks()
+        self._send(Hello(self.rank, time.time()))  # the agent's SDK timers apply to this worker from now on
 
     # --- process set-up --------------------------------------------------------------------
 
@@ -103,13 +120,14 @@ class Session:
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                if str(os.getppid()) != self.env.get("STALWART_AGENT_PID", str(os.getppid())):
+                wenv = self.worker_env
+                if wenv is not None and wenv.agent_pid and os.getppid() != wenv.agent_pid:
                     os._exit(70)
             except (OSError, AttributeError):
                 pass
         if self.run_dir is not None:
             self.run_dir.stacks.mkdir(parents=True, exist_ok=True)
-            path = self.run_dir.stacks / f"{self.node}-a{self.attempt}-r{self.rank}.txt"
+            path = self.run_dir.stack_file(self.node, self.attempt, self.rank)
             self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
             faulthandler.register(signal.SIGUSR2, file=self._stack_file, all_threads=True)
             previous = sys.excepthook
@@ -125,7 +143,7 @@ class Session:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal = signum
         if self._ipc is not None:
-            self._ipc.send({"k": "sig", "r": self.rank, "sig": signum, "t": time.time()})
+            self._ipc.send(SignalSeen(self.rank, signum, time.time()))
         elif self._step is None and self._completed == 0:
             raise SystemExit(EXIT_PREEMPTED)
 
@@ -136,7 +154,7 @@ class Session:
         record = {"type": f"{etype.__module__}.{etype.__qualname__}", "message": str(value)[:2000],
                   "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
                   "step": self._step, "rank": self.rank, "ts": time.time()}
-        path = self.run_dir.errors / f"{self.node}-a{self.attempt}-r{self.rank}.json"
+        path = self.run_dir.error_file(self.node, self.attempt, self.rank)
         path.write_text(json.dumps(record))
 
     def emit(self, ev: Event) -> None:
@@ -146,13 +164,13 @@ class Session:
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
         if isinstance(ev, CheckpointRejected):  # worth showing live: a fallback to an older checkpoint
-            self._send({"k": "note", "text": f"checkpoint {Path(ev.path).name} rejected: {ev.reason}"})
+            self._send(Note(self.rank, f"checkpoint {Path(ev.path).name} rejected: {ev.reason}", time.time()))
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
                 from ..ledger import LedgerWriter
 
-                name = f"worker-{self.node}-a{self.attempt}-r{self.rank}-p{os.getpid()}.ledger"
-                self._ledger = LedgerWriter(self.run_dir.ledger / name, writer=f"rank {self.rank}")
+                path = self.run_dir.worker_ledger(self.node, self.attempt, self.rank, os.getpid())
+                self._ledger = LedgerWriter(path, writer=f"rank {self.rank}")
             self._ledger.append(ev)
 
     def _ctx(self) -> dict[str, Any]:
@@ -221,7 +239,7 @@ class Session:
                 raise CheckpointError(f"emergency checkpoint of step {self._completed} was not committed",
                                       "see the CheckpointPersistFailed event for the cause")
         self._last_saved = self._completed
-        self._send({"k": "ckpt", "s": self._completed})
+        self._send(CheckpointDone(self.rank, self._completed, time.time()))
 
     @property
     def completed(self) -> int:
@@ -233,7 +251,7 @@ class Session:
              resume: bool = True) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
         start = self.resume(state) if resume else 0
-        self._send({"k": "start", "s": start, "n": total_steps})
+        self._send(LoopStarted(self.rank, start, total_steps, time.time()))
         for step in range(start, total_steps):
             self._begin_step(step)
             yield step
@@ -272,13 +290,21 @@ class Session:
         self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
         self._slow_extra = 0.0
         if self._ipc is not None:
-            self._ipc.send_done(self.rank, step, self._step_start, end - self._step_start, self._sections)
+            self._ipc.send(StepDone(self.rank, step, self._step_start, end - self._step_start, self._sections))
         self._completed = step + 1
         self._step = None
 
     def section(self, name: str) -> _Section:
         """``with session.section("forward"): ...`` times a named part of the step."""
         return _Section(self, name)
+
+    def phase(self, name: str, *, budget_s: float) -> _Phase:
+        """``with session.phase("eval", budget_s=600): ...`` marks a long phase outside the steps
+        (evaluation, a data-set rebuild): while it lasts the hang timeout is ``budget_s`` from its
+        start, for this rank and for the ranks that wait for it in a collective."""
+        if not name or budget_s <= 0:
+            raise ValueError("a phase needs a name and a positive budget_s")
+        return _Phase(self, name, float(budget_s))
 
     def _section_done(self, name: str, t0: float) -> None:
         self._sections[name] = self._sections.get(name, 0.0) + (time.time() - t0)
@@ -290,21 +316,19 @@ class Session:
         if self._control is not None and self._control.slot is not None:
             self._control.beat(t, step, section)
         elif section:
-            self._send({"k": "sec", "n": section, "s": step, "t": t})
+            self._send(SectionBegan(self.rank, step, section, t))
         else:
-            self._send({"k": "step", "s": step, "t": t})
+            self._send(StepBegan(self.rank, step, t))
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: Message) -> None:
         if self._ipc is not None:
-            msg["r"] = self.rank
-            msg.setdefault("t", time.time())
             self._ipc.send(msg)
 
     def finish(self, *, preempted: bool = False) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()  # waits for background persists
             self._checkpointer = None
-        self._send({"k": "fin", "s": self._completed, "pre": preempted})
+        self._send(Finished(self.rank, self._completed, preempted, time.time()))
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
@@ -341,6 +365,23 @@ class Session:
                 time.sleep(extra)
                 self._sections[section] += extra
                 self._slow_extra += extra
+
+
+class _Phase:
+    __slots__ = ("_session", "_name", "_budget")
+
+    def __init__(self, session: Session, name: str, budget_s: float) -> None:
+        self._session = session
+        self._name = name
+        self._budget = budget_s
+
+    def __enter__(self) -> None:
+        s = self._session
+        s._send(PhaseChanged(s.rank, self._name, self._budget, time.time()))
+
+    def __exit__(self, *exc: object) -> None:
+        s = self._session
+        s._send(PhaseChanged(s.rank, "", 0.0, time.time()))
 
 
 class _Section:

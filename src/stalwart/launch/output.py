@@ -1,0 +1,59 @@
+"""torchrun's output options (``--redirects``, ``--tee``, ``--local-ranks-filter``, ``--log-dir``) as
+one route per worker (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .workers import OutputRoute
+
+NONE, OUT, ERR, ALL = 0, 1, 2, 3
+
+
+def parse_streams(spec: str, nproc: int, *, flag: str = "--redirects") -> list[int]:
+    """``3`` (every local rank) or ``0:1,1:2`` (per local rank) -> one value 0..3 per local rank."""
+    spec = str(spec).strip()
+    if spec.isdigit():
+        v = int(spec)
+        if v > ALL:
+            raise ValueError(f"{flag} {spec!r} must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
+        return [v] * nproc
+    out = [NONE] * nproc
+    for item in spec.split(","):
+        rank, sep, value = item.partition(":")
+        if not sep or not rank.strip().isdigit() or not value.strip().isdigit() or int(value) > ALL:
+            raise ValueError(f"{flag} {spec!r} must be 0..3 or LOCAL_RANK:0..3 pairs, e.g. 0:1,1:2")
+        if int(rank) < nproc:
+            out[int(rank)] = int(value)
+    return out
+
+
+def routes(
+    *, nproc: int, redirects: str, tee: str, ranks_filter: str, log_dir: Path | None, run_log: list[Path]
+) -> list[OutputRoute]:
+    """One route per local rank. A redirected stream leaves the console (unless teed); a teed one
+    goes to both, its console lines prefixed with the worker's name, as torchrun does. Streams
+    redirected or teed also go to ``log_dir/attempt_N/<local rank>/{stdout,stderr}.log`` when
+    ``log_dir`` is given (it already holds the attempt)."""
+    red = parse_streams(redirects, nproc, flag="--redirects")
+    tees = parse_streams(tee, nproc, flag="--tee")
+    shown = {int(x) for x in ranks_filter.split(",") if x.strip()} if ranks_filter else None
+    out = []
+    for local in range(nproc):
+        streams = []
+        for bit in (OUT, ERR):
+            teed = bool(tees[local] & bit)
+            to_file = teed or bool(red[local] & bit)
+            console = (teed or not red[local] & bit) and (shown is None or local in shown)
+            name = "stdout.log" if bit == OUT else "stderr.log"
+            path = log_dir / str(local) / name if log_dir is not None and to_file else None
+            streams.append((console, teed, path))
+        out.append(
+            OutputRoute(
+                run_log[local],
+                (streams[0][0], streams[1][0]),
+                (streams[0][1], streams[1][1]),
+                (streams[0][2], streams[1][2]),
+            )
+        )
+    return out

@@ -1,0 +1,283 @@
+"""The agent-worker contract: worker environment, pipe messages, and one default per timeout.
+
+Both sides import this module and nothing else of each other:
+
+* the **environment** the agent gives a worker. Stalwart's own variables use the prefix
+  ``STALWART_W_``, distinct from ``STALWART_<SETTING>`` that configures ``stalwart run``, so a
+  ``stalwart run`` started inside a worker never reads its parent's run dir or fault plan.
+  ``WorkerEnv.to_env``/``WorkerEnv.from_env`` are the only writer and reader.
+  ``elastic_env`` builds the variables torchrun gives its workers (``RANK`` ... ``TORCHELASTIC_*``).
+* the **messages** a worker sends over its pipe: frozen records, one line each (``encode``/``decode``).
+  A line is JSON keyed by ``k``, except the per-step record, a compact text line (``D ...``):
+  JSON's float encoding costs ~40 us per record, the text line a few.
+* every **path** goes through :class:`stalwart.run_dir.RunDir`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "STALWART_W_"
+
+# One default per timeout, read by the agent's configuration and by the SDK alike.
+DEFAULT_PG_TIMEOUT_S = 600.0
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+DEFAULT_HANG_FLOOR_S = 10.0
+DEFAULT_HANG_CAP_S = 300.0
+
+MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Stalwart's part of a worker's environment (the torchrun part is :func:`elastic_env`)."""
+
+    run_dir: str
+    run_id: str
+    node: str
+    attempt: int
+    ipc_fd: int = -1  # write end of the worker's message pipe; -1: none
+    control: str = ""  # shared-memory control block
+    agent_pid: int = 0
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+    chaos: str = ""  # the fault plan as JSON
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            f"{PREFIX}RUN_DIR": self.run_dir,
+            f"{PREFIX}RUN_ID": self.run_id,
+            f"{PREFIX}NODE": self.node,
+            f"{PREFIX}ATTEMPT": str(self.attempt),
+            f"{PREFIX}IPC": str(self.ipc_fd),
+            f"{PREFIX}CONTROL": self.control,
+            f"{PREFIX}AGENT_PID": str(self.agent_pid),
+            f"{PREFIX}PG_TIMEOUT_S": repr(self.pg_timeout_s),
+            f"{PREFIX}CHAOS": self.chaos,
+        }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerEnv | None:
+        """The agent's variables, or None when this process was not started by ``stalwart run``."""
+        if not any(k.startswith(PREFIX) for k in env):
+            return None
+        try:
+            return cls(
+                run_dir=env.get(f"{PREFIX}RUN_DIR", ""),
+                run_id=env.get(f"{PREFIX}RUN_ID", ""),
+                node=env.get(f"{PREFIX}NODE", "local"),
+                attempt=int(env.get(f"{PREFIX}ATTEMPT", "0")),
+                ipc_fd=int(env.get(f"{PREFIX}IPC", "-1") or -1),
+                control=env.get(f"{PREFIX}CONTROL", ""),
+                agent_pid=int(env.get(f"{PREFIX}AGENT_PID", "0") or 0),
+                pg_timeout_s=float(env.get(f"{PREFIX}PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S)),
+                chaos=env.get(f"{PREFIX}CHAOS", ""),
+            )
+        except ValueError:
+            return None
+
+    @staticmethod
+    def strip(env: Mapping[str, str], settings: set[str]) -> dict[str, str]:
+        """``env`` without the agent's own worker variables and without ``STALWART_<SETTING>``
+        variables that configure a run: what a worker inherits from the agent's environment."""
+        config = {f"STALWART_{s.upper()}" for s in settings}
+        return {k: v for k, v in env.items() if not k.startswith(PREFIX) and k not in config}
+
+
+def elastic_env(
+    *,
+    rank: int,
+    local_rank: int,
+    world: int,
+    local_world: int,
+    group_rank: int,
+    group_world: int,
+    role: str,
+    master_addr: str,
+    master_port: int,
+    restart_count: int,
+    max_restarts: int,
+    run_id: str,
+    error_file: str,
+    use_agent_store: bool = False,
+) -> dict[str, str]:
+    """The variables torchrun (torch.distributed.elastic's local agent) sets for each worker."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group_rank),
+        "GROUP_WORLD_SIZE": str(group_world),
+        "ROLE_NAME": role,
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The worker uses the SDK: start-up and heartbeat timers apply to it."""
+
+    rank: int
+    t: float
+
+
+@dataclass(frozen=True)
+class LoopStarted:
+    rank: int
+    first_step: int
+    total_steps: int
+    t: float
+
+
+@dataclass(frozen=True)
+class StepBegan:
+    rank: int
+    step: int
+    t: float
+
+
+@dataclass(frozen=True)
+class SectionBegan:
+    rank: int
+    step: int
+    name: str
+    t: float
+
+
+@dataclass(frozen=True)
+class StepDone:
+    rank: int
+    step: int
+    t0: float
+    duration: float
+    sections: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def t(self) -> float:
+        return self.t0 + self.duration
+
+
+@dataclass(frozen=True)
+class CheckpointDone:
+    rank: int
+    step: int
+    t: float
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    """A long phase (evaluation, ...) begins (``budget_s`` > 0) or ends (``name`` empty)."""
+
+    rank: int
+    name: str
+    budget_s: float
+    t: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    rank: int
+    steps: int
+    preempted: bool
+    t: float
+
+
+@dataclass(frozen=True)
+class SignalSeen:
+    rank: int
+    signum: int
+    t: float
+
+
+@dataclass(frozen=True)
+class Note:
+    rank: int
+    text: str
+    t: float
+
+
+Message = (
+    Hello
+    | LoopStarted
+    | StepBegan
+    | SectionBegan
+    | StepDone
+    | CheckpointDone
+    | PhaseChanged
+    | Finished
+    | SignalSeen
+    | Note
+)
+
+_KINDS: dict[type, str] = {
+    Hello: "hello",
+    LoopStarted: "start",
+    StepBegan: "step",
+    SectionBegan: "sec",
+    CheckpointDone: "ckpt",
+    PhaseChanged: "phase",
+    Finished: "fin",
+    SignalSeen: "sig",
+    Note: "note",
+}
+_FIELDS: dict[str, tuple[type, dict[str, str]]] = {
+    "hello": (Hello, {}),
+    "start": (LoopStarted, {"s": "first_step", "n": "total_steps"}),
+    "step": (StepBegan, {"s": "step"}),
+    "sec": (SectionBegan, {"s": "step", "n": "name"}),
+    "ckpt": (CheckpointDone, {"s": "step"}),
+    "phase": (PhaseChanged, {"n": "name", "b": "budget_s"}),
+    "fin": (Finished, {"s": "steps", "pre": "preempted"}),
+    "sig": (SignalSeen, {"sig": "signum"}),
+    "note": (Note, {"text": "text"}),
+}
+
+
+def encode(msg: Message) -> bytes:
+    """One line (with its newline), at most MAX_LINE bytes."""
+    if isinstance(msg, StepDone):
+        head = f"D {msg.rank} {msg.step} {msg.t0:.6f} {msg.duration:.6f}"
+        line = " ".join([head, *(f"{n}={s:.6f}" for n, s in msg.sections.items())]) + "\n"
+        return line.encode() if len(line) <= MAX_LINE else (head + "\n").encode()
+    kind = _KINDS[type(msg)]
+    names = _FIELDS[kind][1]
+    out: dict[str, Any] = {"k": kind, "r": msg.rank, "t": msg.t}
+    for short, attr in names.items():
+        out[short] = getattr(msg, attr)
+    data = (json.dumps(out, separators=(",", ":")) + "\n").encode()
+    if len(data) > MAX_LINE and isinstance(msg, Note):
+        return encode(Note(msg.rank, msg.text[: MAX_LINE // 2], msg.t))
+    return data
+
+
+def decode(line: bytes) -> Message | None:
+    """The record of one line (without its newline), or None for a garbled or unknown line."""
+    try:
+        if line.startswith(b"D "):
+            fields = line.decode().split()
+            sections = {}
+            for item in fields[5:]:
+                name, _, secs = item.partition("=")
+                sections[name] = float(secs)
+            return StepDone(int(fields[1]), int(fields[2]), float(fields[3]), float(fields[4]), sections)
+        data = json.loads(line)
+        cls, names = _FIELDS[data["k"]]
+        kwargs = {attr: data[short] for short, attr in names.items()}
+        return cls(rank=int(data["r"]), t=float(data["t"]), **kwargs)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None

@@ -1,0 +1,122 @@
+"""The agent-worker contract: every message survives its wire form, the worker environment has
+its own prefix, and a run started inside a worker reads none of its parent's settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stalwart import protocol
+from stalwart.launch.config import CONFIG_SETTINGS, from_env
+from stalwart.protocol import WorkerEnv
+
+MESSAGES = [
+    protocol.Hello(3, 1.5),
+    protocol.LoopStarted(0, 40, 100, 2.0),
+    protocol.StepBegan(1, 7, 3.25),
+    protocol.SectionBegan(1, 7, "forward", 3.5),
+    protocol.StepDone(2, 7, 3.0, 0.5, {"forward": 0.25, "backward": 0.125}),
+    protocol.CheckpointDone(0, 50, 9.0),
+    protocol.PhaseChanged(0, "eval", 120.0, 10.0),
+    protocol.Finished(1, 100, True, 11.0),
+    protocol.SignalSeen(0, 15, 12.0),
+    protocol.Note(0, "checkpoint step-40 rejected: checksum", 13.0),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_as_one_short_line(msg):
+    line = protocol.encode(msg)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1 and len(line) <= protocol.MAX_LINE
+    assert protocol.decode(line[:-1]) == msg
+
+
+def test_garbled_and_unknown_lines_decode_to_none():
+    for line in (b"", b"not json", b'{"k":"step"}', b'{"k":"mystery","r":0,"t":1}', b"D 1 x", b"[1,2]"):
+        assert protocol.decode(line) is None
+
+
+def test_worker_env_round_trips_under_its_own_prefix():
+    wenv = WorkerEnv(
+        run_dir="/runs/a",
+        run_id="a",
+        node="n1",
+        attempt=2,
+        ipc_fd=9,
+        control="/runs/a/c.bin",
+        agent_pid=123,
+        pg_timeout_s=42.5,
+        chaos='{"faults": []}',
+    )
+    env = wenv.to_env()
+    assert all(k.startswith(protocol.PREFIX) for k in env)
+    assert WorkerEnv.from_env(env) == wenv
+    assert WorkerEnv.from_env({}) is None  # plain python / torchrun: no agent
+
+
+def test_a_run_started_inside_a_worker_inherits_none_of_its_parents_settings():
+    parent = {
+        "STALWART_RUN_DIR": "/runs/parent",
+        "STALWART_CHAOS": "crash@rank=0,step=3",
+        "STALWART_MAX_RESTARTS": "9",
+        "STALWART_SHM_DIR": "/dev/shm/x",
+        "PATH": "/bin",
+    }
+    worker = {
+        **WorkerEnv.strip(parent, set(CONFIG_SETTINGS)),
+        **WorkerEnv(run_dir="/runs/parent", run_id="p", node="n", attempt=0).to_env(),
+    }
+    assert from_env(worker) == {}  # the nested `stalwart run` configures itself from scratch
+    assert worker["PATH"] == "/bin" and worker["STALWART_SHM_DIR"] == "/dev/shm/x"  # not settings: kept
+
+
+def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
+    from stalwart.launch.config import RunConfig
+    from stalwart.train.session import Session
+
+    assert RunConfig(script="x.py").pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+    assert Session(env={}).pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+
+
+def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
+    from stalwart.launch.agent import Agent
+    from stalwart.launch.config import build
+    from stalwart.train.ipc import Receiver
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    monkeypatch.setenv("STALWART_RUN_DIR", str(tmp_path / "outer"))  # the parent run's settings
+    monkeypatch.setenv("STALWART_CHAOS", "crash@rank=0,step=3")
+    cfg = build(
+        {
+            "script": str(script),
+            "nproc_per_node": 2,
+            "run_dir": tmp_path / "run",
+            "node_name": "n0",
+            "role": "trainer",
+        },
+        env={},
+    )
+    agent = Agent(cfg)
+    rx = Receiver()
+    try:
+        specs = agent._worker_specs(0, 1, "127.0.0.1", 29555, rx, tmp_path / "ctl.bin")
+        for spec in specs:
+            os.close(spec.ipc_fd)
+    finally:
+        rx.close()
+        agent.ledger.close()
+    env = specs[1].env
+    assert from_env(env) == {}  # a nested `stalwart run` would start from its own settings
+    assert {"STALWART_RUN_DIR", "STALWART_CHAOS"}.isdisjoint(env)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (
+        "1",
+        "1",
+        "2",
+        "1",
+    )
+    assert env["ROLE_NAME"] == "trainer" and env["MASTER_PORT"] == "29555"
+    assert env["TORCHELASTIC_ERROR_FILE"].endswith("n0-a0-r1.elastic.json")
+    wenv = WorkerEnv.from_env(env)
+    assert wenv is not None and wenv.run_dir == str(tmp_path / "run") and wenv.ipc_fd == specs[1].ipc_fd

@@ -1,0 +1,160 @@
+"""The SDK recipes of docs/recipes.md: each one, crashed and resumed, ends bit-identical to the
+same recipe run without interruption (in-process, world size 1, no agent)."""
+
+from __future__ import annotations
+
+import faulthandler
+import itertools
+import signal
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from stalwart.train import Session
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture
+def hooks():
+    """Session installs signal handlers, an excepthook and faulthandler: undo them after the test."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    hook = sys.excepthook
+    sessions: list[Session] = []
+    yield sessions
+    for s, h in saved.items():
+        signal.signal(s, h)
+    sys.excepthook = hook
+    faulthandler.unregister(signal.SIGUSR2)
+    for sess in sessions:
+        if sess._stack_file is not None:
+            sess._stack_file.close()
+
+
+def model_and_opt(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+DATA = TensorDataset(
+    torch.randn(64, 6, generator=torch.Generator().manual_seed(1)),
+    torch.randn(64, 1, generator=torch.Generator().manual_seed(2)),
+)
+
+
+def epoch_loader(sess: Session, seed: int, crash_at: int | None):
+    """Recipe: epochs over a DataLoader with a DistributedSampler; the step says where to resume."""
+    model, opt = model_and_opt(seed)
+    sampler = DistributedSampler(DATA, num_replicas=sess.world_size, rank=sess.rank, shuffle=True, seed=3)
+    loader = DataLoader(DATA, batch_size=8, sampler=sampler)
+    per_epoch = len(loader)
+    batches, current = None, -1
+    for step in sess.loop(3 * per_epoch, {"model": model, "optimizer": opt}, checkpoint_every=4):
+        epoch, index = divmod(step, per_epoch)
+        if epoch != current:  # a new epoch, or the first step after a resume: position the loader
+            sampler.set_epoch(epoch)
+            batches, current = itertools.islice(iter(loader), index, None), epoch
+        x, y = next(batches)  # fetched inside the loop, after the resume
+        if step == crash_at:
+            raise Crash
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def grad_accumulation(sess: Session, seed: int, crash_at: int | None, micro: int = 4):
+    """Recipe: one SDK step = one optimizer step over ``micro`` micro-batches."""
+    model, opt = model_and_opt(seed)
+    for step in sess.loop(10, {"model": model, "optimizer": opt}, checkpoint_every=3):
+        opt.zero_grad()
+        for m in range(micro):
+            i = (step * micro + m) % 8
+            x, y = DATA.tensors[0][i * 8 : (i + 1) * 8], DATA.tensors[1][i * 8 : (i + 1) * 8]
+            (torch.nn.functional.mse_loss(model(x), y) / micro).backward()
+            if step == crash_at and m == 2:
+                raise Crash  # mid-accumulation: the partial gradients are thrown away
+        opt.step()
+    return model
+
+
+def mixed_precision(sess: Session, seed: int, crash_at: int | None):
+    """Recipe: autocast (bf16 on CPU) with a GradScaler kept in the state, so its scale resumes too."""
+    model, opt = model_and_opt(seed)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    for step in sess.loop(9, {"model": model, "optimizer": opt, "scaler": scaler}, checkpoint_every=2):
+        i = step % 8
+        x, y = DATA.tensors[0][i * 8 : (i + 1) * 8], DATA.tensors[1][i * 8 : (i + 1) * 8]
+        if step == crash_at:
+            raise Crash
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    model.scale = scaler.get_scale()  # for the assertion
+    return model
+
+
+def ddp_module(sess: Session, seed: int, crash_at: int | None):
+    """Recipe: wrap in DDP for training, give the SDK the wrapped module (``ddp.module``)."""
+    model, opt = model_and_opt(seed)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    for step in sess.loop(8, {"model": ddp.module, "optimizer": opt}, checkpoint_every=3):
+        i = step % 8
+        x, y = DATA.tensors[0][i * 8 : (i + 1) * 8], DATA.tensors[1][i * 8 : (i + 1) * 8]
+        if step == crash_at:
+            raise Crash
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return model
+
+
+def run(recipe, tmp_path, hooks, *, seed: int, crash_at: int | None = None, name: str = "run"):
+    sess = Session({"STALWART_W_RUN_DIR": str(tmp_path / name)})
+    hooks.append(sess)
+    try:
+        return recipe(sess, seed, crash_at)
+    except Crash:
+        return None
+    finally:
+        sess.finish()
+
+
+@pytest.fixture
+def process_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "recipe, crash_at",
+    [(epoch_loader, 13), (grad_accumulation, 7), (mixed_precision, 5)],
+    ids=["epoch-loader", "grad-accumulation", "mixed-precision"],
+)
+def test_recipe_resumes_bit_identical(recipe, crash_at, tmp_path, hooks):
+    reference = run(recipe, tmp_path, hooks, seed=0, name="reference")
+    assert run(recipe, tmp_path, hooks, seed=0, crash_at=crash_at) is None
+    resumed = run(recipe, tmp_path, hooks, seed=99)  # a fresh process: other initial weights
+    for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+    if recipe is mixed_precision:
+        assert resumed.scale == reference.scale and reference.scale != 2.0**8  # the scale moved and resumed
+
+
+def test_ddp_recipe_resumes_bit_identical(tmp_path, hooks, process_group):
+    reference = run(ddp_module, tmp_path, hooks, seed=0, name="reference")
+    assert run(ddp_module, tmp_path, hooks, seed=0, crash_at=5) is None
+    resumed = run(ddp_module, tmp_path, hooks, seed=99)
+    for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
