@@ -54,7 +54,10 @@ def test_partial_lines_wait_and_garbage_is_dropped():
     try:
         os.write(w, b'{"k":"step","r":0,"s":1,"t":2.0}\n{"k":"ck')
         assert rx.drain() == [StepBegan(0, 1, 2.0)]
-        os.write(w, b'pt","r":0,"s":1,"t":3.0}\nnot json\n{"k":"nope","r":0,"t":1}\n{"k":"fin","r":1,"s":2,"pre":true,"t":4.0}\n')
+        os.write(
+            w,
+            b'pt","r":0,"s":1,"t":3.0}\nnot json\n{"k":"nope","r":0,"t":1}\n{"k":"fin","r":1,"s":2,"pre":true,"t":4.0}\n',
+        )
         assert rx.drain() == [CheckpointDone(0, 1, 3.0), Finished(1, 2, True, 4.0)]
     finally:
         os.close(w)

@@ -43,8 +43,14 @@ def test_flags_match_the_chaos_syntax():
 
 def test_summary_counts_problems_and_identical_ends():
     a = RunResult(0, (), fired=Counter({"crash": 2}), exit_codes=[0], bit_identical=True)
-    b = RunResult(1, (), fired=Counter({"crash": 1, "sigkill-agent": 1}), exit_codes=[76, 0], bit_identical=False,
-                  false_verdicts=["job 0: exit 76 but nothing saved"])
+    b = RunResult(
+        1,
+        (),
+        fired=Counter({"crash": 1, "sigkill-agent": 1}),
+        exit_codes=[76, 0],
+        bit_identical=False,
+        false_verdicts=["job 0: exit 76 but nothing saved"],
+    )
     c = RunResult(2, (), exit_codes=[75], tool_hangs=1, wrong_resumes=["x"], lost_versions=["y", "z"])
     s = summarize([a, b, c])
     assert s.faults == {"crash": 3, "sigkill-agent": 1} and s.total_faults == 4

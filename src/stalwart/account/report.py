@@ -51,7 +51,14 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "spans": [asdict(ep) for ep in found],
         },
         "checkpoints_rejected": [
-            {"ts": e.ts, "path": e.path, "reason": e.reason, "step": e.step, "rank": e.rank, "attempt": e.attempt}
+            {
+                "ts": e.ts,
+                "path": e.path,
+                "reason": e.reason,
+                "step": e.step,
+                "rank": e.rank,
+                "attempt": e.attempt,
+            }
             for e in rejected
         ],
         "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
@@ -64,10 +71,12 @@ def notes(buckets: dict[str, float], wall_s: float, ranks: int) -> list[str]:
     if wall_s > 0:
         spin = buckets.get("startup", 0.0) + buckets.get("restart", 0.0)
         if spin / wall_s >= 0.3:
-            out.append(f"{100 * spin / wall_s:.0f}% of the wall time is start-up and restarts (starting Python, "
-                       "importing torch, forming the process group, once per attempt); it does not grow with "
-                       "the run's length, so on a short run on a few CPU cores it dominates goodput, and on a "
-                       "long run it is amortised")
+            out.append(
+                f"{100 * spin / wall_s:.0f}% of the wall time is start-up and restarts (starting Python, "
+                "importing torch, forming the process group, once per attempt); it does not grow with "
+                "the run's length, so on a short run on a few CPU cores it dominates goodput, and on a "
+                "long run it is amortised"
+            )
     return out
 
 
@@ -90,12 +99,16 @@ def render(rep: dict[str, Any], console=None) -> None:
     wall = rep["wall_s"]
     say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
-    say(f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
-              f"[bold]goodput {100 * rep['goodput']:.1f}%[/]")
+    say(
+        f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
+        f"[bold]goodput {100 * rep['goodput']:.1f}%[/]"
+    )
     if rep["jobs"] > 1 or rep["preemptions"]:
         when = ", ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in rep["preemptions"]) or "none"
-        con.print(f"{rep['jobs']} jobs in this run; preempted at {when}; queue between jobs "
-                  f"{_fmt_s(rep['buckets_s']['queue'])} (not productive)")
+        con.print(
+            f"{rep['jobs']} jobs in this run; preempted at {when}; queue between jobs "
+            f"{_fmt_s(rep['buckets_s']['queue'])} (not productive)"
+        )
     t = Table(title="Where the wall time went", show_lines=False)
     t.add_column("bucket")
     t.add_column("time", justify="right")
@@ -110,22 +123,37 @@ def render(rep: dict[str, Any], console=None) -> None:
         for col in ("#", "failure", "rank", "step", "detect", "lost work", "recovery", "total cost"):
             it.add_column(col, justify="right" if col not in ("failure",) else "left")
         for i, c in enumerate(rep["interruptions"], 1):
-            it.add_row(str(i), c["failure"], str(c["rank"]), str(c["step"]), _fmt_s(c["detection_s"]),
-                       _fmt_s(c["lost_work_s"]), _fmt_s(c["recovery_s"]), _fmt_s(c["total_s"]))
+            it.add_row(
+                str(i),
+                c["failure"],
+                str(c["rank"]),
+                str(c["step"]),
+                _fmt_s(c["detection_s"]),
+                _fmt_s(c["lost_work_s"]),
+                _fmt_s(c["recovery_s"]),
+                _fmt_s(c["total_s"]),
+            )
         con.print(it)
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
-    say(f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
-              f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
-              f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}")
+    say(
+        f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
+        f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
+        f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
+    )
     spans = rep["stragglers"]["spans"]
     say(f"stragglers (as detected live): {len(spans) or 'none'}")
     for sp in spans:
-        until = (f"cleared at step {sp['last_step']} ({sp['cleared_score']:.2f}x)" if sp["last_step"] is not None
-                 else "still slow at the end of the attempt")
-        say(f"  rank {sp['rank']} (attempt {sp['attempt']}): {sp['score']:.2f}x the fleet median own-work "
-            f"time from step {sp['first_step']}; {until}")
+        until = (
+            f"cleared at step {sp['last_step']} ({sp['cleared_score']:.2f}x)"
+            if sp["last_step"] is not None
+            else "still slow at the end of the attempt"
+        )
+        say(
+            f"  rank {sp['rank']} (attempt {sp['attempt']}): {sp['score']:.2f}x the fleet median own-work "
+            f"time from step {sp['first_step']}; {until}"
+        )
     rejected = rep["checkpoints_rejected"]
     say(f"checkpoints rejected on load: {len(rejected) or 'none'}")
     for r in rejected:

@@ -54,9 +54,15 @@ def _fsynced_save(obj: Any, path: Path, fsync: bool) -> None:
 
 
 class Persister:
-    def __init__(self, *, rank: int, world_size: int, comm: Collective,
-                 writer_factory: WriterFactory = default_writer,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        comm: Collective,
+        writer_factory: WriterFactory = default_writer,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.comm = comm
@@ -87,7 +93,9 @@ class Persister:
             raise PersistError(f"{err}; keep tensors, numbers, strings, lists and dicts in the state")
         entries: dict[str, FileEntry] = {}
         try:
-            dcp.save(snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group)
+            dcp.save(
+                snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group
+            )
             if self.rank == 0 and (why := check_metadata_file(work / METADATA)):
                 raise PersistError(f"the DCP metadata just written would be refused on load: {why}")
             mine = [f"rank-{self.rank}.pt"] if snap.rank_state is not None else []
@@ -115,8 +123,13 @@ class Persister:
             for _, ent in gathered:
                 files.update(ent)
             try:  # a step the manifest cannot hold (e.g. not a plain int) fails here, on rank 0 only
-                manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
-                                    meta={"emergency": emergency, "bytes": snap.bytes})
+                manifest = Manifest(
+                    step=snap.step,
+                    world_size=self.world_size,
+                    files=files,
+                    created=self.clock(),
+                    meta={"emergency": emergency, "bytes": snap.bytes},
+                )
                 store.commit(snap.step, manifest)
             except (OSError, ValueError) as exc:
                 store.discard(snap.step)

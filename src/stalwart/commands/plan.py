@@ -22,8 +22,12 @@ def register(app: typer.Typer) -> None:
         stall: float = typer.Option(None, help="Checkpoint stall, s (single tier)."),
         restart: float = typer.Option(None, help="In-job restart time, s."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate."),
-        scale_to: list[int] = typer.Option([], "--scale-to", help="Also predict at this many GPUs (repeatable)."),
-        ledger: Path = typer.Option(None, "--ledger", help="Run directory or ledger: measured rates and times."),
+        scale_to: list[int] = typer.Option(
+            [], "--scale-to", help="Also predict at this many GPUs (repeatable)."
+        ),
+        ledger: Path = typer.Option(
+            None, "--ledger", help="Run directory or ledger: measured rates and times."
+        ),
         plot: Path = typer.Option(None, "--plot", help="Write charts into this directory."),
         plot_format: str = typer.Option("png", help="png or svg."),
         config: Path = typer.Option(None, help="YAML file of simulator settings."),
@@ -39,10 +43,23 @@ def register(app: typer.Typer) -> None:
         for g in scale_to:
             if g <= 0:
                 raise ConfigError(f"--scale-to must be a positive number of GPUs, got {g}")
-        values = build_values(load_config_file(config), gpus=gpus, gpus_per_node=gpus_per_node, days=days,
-                              trials=trials, seed=seed, interval=interval, stall=stall, restore=None,
-                              restart=restart, strategy=None, spares=None, elastic=None,
-                              rate_scale=rate_scale, price=None)
+        values = build_values(
+            load_config_file(config),
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            days=days,
+            trials=trials,
+            seed=seed,
+            interval=interval,
+            stall=stall,
+            restore=None,
+            restart=restart,
+            strategy=None,
+            spares=None,
+            elastic=None,
+            rate_scale=rate_scale,
+            price=None,
+        )
         cfg = make_config(**values)
         notes: list[str] = []
         if ledger is not None:
@@ -76,11 +93,17 @@ def _measured(ledger: Path, base):
     injected = sum(1 for e in events if isinstance(e, ChaosInjected))
     if injected and cfg.failures != base.failures:
         values = cfg.model_dump()
-        values["failures"] = [{**f.model_dump(), "detect_s": m.detect_s} for f, m in zip(base.failures, cfg.failures, strict=True)]
+        values["failures"] = [
+            {**f.model_dump(), "detect_s": m.detect_s}
+            for f, m in zip(base.failures, cfg.failures, strict=True)
+        ]
         cfg = make_config(**values)
         notes = [n for n in notes if not n.startswith("failure rate")]
-        notes.insert(0, f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
-                        "about a real fleet: default failure rates kept; measured times used")
+        notes.insert(
+            0,
+            f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
+            "about a real fleet: default failure rates kept; measured times used",
+        )
     return cfg, notes
 
 
@@ -99,26 +122,57 @@ def _print(d: dict) -> None:
         t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
         for i, h in enumerate(headers):
             width = max([len(r[i]) for r in rows] + [max(len(x) for x in h.split("\n"))])
-            t.add_column(h, justify="left" if i == 0 else "right", overflow="fold", min_width=width, no_wrap=True)
+            t.add_column(
+                h, justify="left" if i == 0 else "right", overflow="fold", min_width=width, no_wrap=True
+            )
         for r in rows:
             t.add_row(*r)
         return t
 
-    rows = [[a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}"]
-            for a in d["tiers"]]
+    rows = [
+        [a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}"]
+        for a in d["tiers"]
+    ]
     c.print(table("checkpoint interval per tier", ["tier", "current s", "Daly s", "recommended s"], rows))
     for a in d["tiers"]:
         say(f"why: {a['reason']}")
     say(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
     say(f"[bold]restart strategy:[/bold] {d['strategy']['value']}  -  {d['strategy']['reason']}")
-    rows = [[f"{p['gpus']:,}", "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
-             f"{p['job_mtbf_h']:.2f}", f"{p['interval_s']:,.0f}", f"{p['ettr_mean']:.3f}", f"{p['ettr_p5']:.3f}",
-             f"{p['interruptions_mean']:,.0f}", f"{p['lost_gpu_hours_mean']:,.0f}", f"{p['cost_mean']:,.0f}"]
-            for p in d["scale"]]
-    c.print(table("predicted at scale", ["GPUs", "spares", "MTBF\nh", "ckpt\ns", "ETTR\nmean", "ETTR\np5",
-                                         "inter-\nrupts", "lost\nGPU-h", "cost"], rows))
-    say("(interval re-optimised and spares scaled with the fleet; MTBF h: the job's mean time between "
-        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours)")
+    rows = [
+        [
+            f"{p['gpus']:,}",
+            "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
+            f"{p['job_mtbf_h']:.2f}",
+            f"{p['interval_s']:,.0f}",
+            f"{p['ettr_mean']:.3f}",
+            f"{p['ettr_p5']:.3f}",
+            f"{p['interruptions_mean']:,.0f}",
+            f"{p['lost_gpu_hours_mean']:,.0f}",
+            f"{p['cost_mean']:,.0f}",
+        ]
+        for p in d["scale"]
+    ]
+    c.print(
+        table(
+            "predicted at scale",
+            [
+                "GPUs",
+                "spares",
+                "MTBF\nh",
+                "ckpt\ns",
+                "ETTR\nmean",
+                "ETTR\np5",
+                "inter-\nrupts",
+                "lost\nGPU-h",
+                "cost",
+            ],
+            rows,
+        )
+    )
+    say(
+        "(interval re-optimised and spares scaled with the fleet; MTBF h: the job's mean time between "
+        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours)"
+    )
     for n in d["notes"]:
         say(f"note: {n}")
     for p in d["plots"]:

@@ -22,6 +22,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"{run_dir} does not exist", hint)
         if run_dir.is_file() and run_dir.suffix != ".ledger":
             raise ConfigError(f"{run_dir} is not a run directory or a .ledger file", hint)
-        if run_dir.is_dir() and not any(run_dir.glob("*.ledger")) and not any(run_dir.glob("ledger/*.ledger")):
+        if (
+            run_dir.is_dir()
+            and not any(run_dir.glob("*.ledger"))
+            and not any(run_dir.glob("ledger/*.ledger"))
+        ):
             raise ConfigError(f"{run_dir} holds no ledger: it is not the directory of a run", hint)
         print_report(run_dir, as_json=as_json)

@@ -75,7 +75,10 @@ def register(app: typer.Typer) -> None:
             None, "-r", "--redirects", help="Streams to files only: 0-3, or LOCAL:0-3 pairs joined by commas."
         ),
         tee: str = typer.Option(
-            None, "-t", "--tee", help="Streams to files and console: 0-3, or LOCAL:0-3 pairs joined by commas."
+            None,
+            "-t",
+            "--tee",
+            help="Streams to files and console: 0-3, or LOCAL:0-3 pairs joined by commas.",
         ),
         local_ranks_filter: str = typer.Option(
             None,
@@ -213,9 +216,15 @@ def register(app: typer.Typer) -> None:
         ),
         config: str = typer.Option(None, "--config", help="YAML/TOML file of these settings."),
         quiet: bool = typer.Option(None, "--quiet", "-q", help="Print only the verdict."),
-        report: bool = typer.Option(True, "--report/--no-report", help="Print the goodput report at the end."),
-        metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0 = any)."),
-        metrics_addr: str = typer.Option(None, "--metrics-addr", help="Address for --metrics-port (default 127.0.0.1)."),
+        report: bool = typer.Option(
+            True, "--report/--no-report", help="Print the goodput report at the end."
+        ),
+        metrics_port: int = typer.Option(
+            None, "--metrics-port", help="Serve Prometheus /metrics on this port (0 = any)."
+        ),
+        metrics_addr: str = typer.Option(
+            None, "--metrics-addr", help="Address for --metrics-port (default 127.0.0.1)."
+        ),
         notify: list[str] = typer.Option(
             None,
             "--notify",
@@ -320,7 +329,11 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
 
     observe = Observability.from_config(cfg, say=console.say)
     agent = Agent(
-        cfg, notify=observe.chain(console.event), progress=console.progress, started=cli.PROCESS_START, note=console.note
+        cfg,
+        notify=observe.chain(console.event),
+        progress=console.progress,
+        started=cli.PROCESS_START,
+        note=console.note,
     )
     console.say(f"run dir: {cfg.run_dir}")
     observe.start()

@@ -174,7 +174,9 @@ class RunConfig(BaseModel):
     def _notify(cls, v: list[str]) -> list[str]:
         for url in v:
             if not url.removeprefix("generic:").startswith(("http://", "https://")):
-                raise ValueError(f"--notify {url!r} is not http(s): give http(s)://host/path or generic:http(s)://...")
+                raise ValueError(
+                    f"--notify {url!r} is not http(s): give http(s)://host/path or generic:http(s)://..."
+                )
         return v
 
     @field_validator("health_backend")
@@ -325,7 +327,9 @@ def claim_run_dir(cfg: RunConfig) -> None:
 
 
 _FIELDS = set(RunConfig.model_fields)
-CONFIG_SETTINGS = frozenset(_FIELDS)  # STALWART_<SETTING> variables configure a run; workers do not inherit them
+CONFIG_SETTINGS = frozenset(
+    _FIELDS
+)  # STALWART_<SETTING> variables configure a run; workers do not inherit them
 _LISTS = {"script_args", "chaos", "notify"}
 
 

@@ -47,9 +47,11 @@ class RunConsole:
     def event(self, ev: Event) -> None:
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
-            self.say(f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
-                     f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
-                     f"max restarts {ev.max_restarts})")
+            self.say(
+                f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
+                f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
+                f"max restarts {ev.max_restarts})"
+            )
         elif isinstance(ev, AttemptStarted):
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
@@ -58,25 +60,36 @@ class RunConsole:
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
             lat = ev.ts - ev.onset
-            where = f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
+            where = (
+                f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
+            )
             when = f"detected {lat:.2f}s after onset" if lat >= 0.01 else "detected within one monitor tick"
-            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} {where}: {esc(ev.evidence)} "
-                     f"[dim]({when})[/]")
+            self.say(
+                f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} {where}: {esc(ev.evidence)} "
+                f"[dim]({when})[/]"
+            )
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
         elif isinstance(ev, StragglerDetected):
             # the score of this rank (the evidence text names the worst rank, which may be another one)
-            self.say(f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {ev.score:.2f}x the fleet "
-                     f"median own-work time")
+            self.say(
+                f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {ev.score:.2f}x the fleet "
+                f"median own-work time"
+            )
         elif isinstance(ev, StragglerCleared):
-            self.say(f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}")
+            self.say(
+                f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
+            )
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
             colour = "green" if ev.exit_code == 0 else "red"
-            self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}", always=True)
+            self.say(
+                f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}",
+                always=True,
+            )
 
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
@@ -91,8 +104,9 @@ class RunConsole:
             self._last_print = now
             frac = step / total if total else 0.0
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-            self.console.file.write(f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  "
-                                    f"{rate:.1f} steps/s")
+            self.console.file.write(
+                f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  {rate:.1f} steps/s"
+            )
             self.console.file.flush()
             self._line_open = True
         else:
@@ -100,7 +114,9 @@ class RunConsole:
             if pct // 10 != self._last_pct // 10 or now - self._last_print > 10:
                 self._last_pct = pct
                 self._last_print = now
-                self.console.print(f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s")
+                self.console.print(
+                    f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s"
+                )
 
     def close(self) -> None:
         self._clear_line()

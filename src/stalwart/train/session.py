@@ -74,8 +74,14 @@ def _env_int(env: dict[str, str], *names: str, default: int) -> int:
 class Session:
     """One training process's link to Stalwart. Works without an agent too (plain ``python``)."""
 
-    def __init__(self, env: dict[str, str] | None = None, *, checkpoint_dir: str | None = None,
-                 keep_checkpoints: int = 3, tiers: tuple = ()) -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        checkpoint_dir: str | None = None,
+        keep_checkpoints: int = 3,
+        tiers: tuple = (),
+    ) -> None:
         env = dict(os.environ if env is None else env)
         self.env = env
         self.rank = _env_int(env, "RANK", default=0)
@@ -151,9 +157,14 @@ class Session:
         if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
             return
         self.run_dir.errors.mkdir(parents=True, exist_ok=True)
-        record = {"type": f"{etype.__module__}.{etype.__qualname__}", "message": str(value)[:2000],
-                  "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
-                  "step": self._step, "rank": self.rank, "ts": time.time()}
+        record = {
+            "type": f"{etype.__module__}.{etype.__qualname__}",
+            "message": str(value)[:2000],
+            "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
+            "step": self._step,
+            "rank": self.rank,
+            "ts": time.time(),
+        }
         path = self.run_dir.error_file(self.node, self.attempt, self.rank)
         path.write_text(json.dumps(record))
 
@@ -195,10 +206,17 @@ class Session:
             from ..errors import CheckpointError
 
             if self._keep < 1:
-                raise CheckpointError(f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1")
+                raise CheckpointError(
+                    f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1"
+                )
             local = TierConfig(name="local", kind="local", location=str(self._ckpt_dir), keep=self._keep)
-            self._checkpointer = CheckpointEngine([local, *self._tiers], rank=self.rank, world_size=self.world_size,
-                                                  sink=self.emit, on_busy="wait")
+            self._checkpointer = CheckpointEngine(
+                [local, *self._tiers],
+                rank=self.rank,
+                world_size=self.world_size,
+                sink=self.emit,
+                on_busy="wait",
+            )
         return self._checkpointer
 
     # --- resume and save --------------------------------------------------------------------
@@ -221,7 +239,11 @@ class Session:
         self._completed = found.step
         self._last_saved = found.step
         if self.rank == 0:
-            self.emit(TrainingResumed(ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()))
+            self.emit(
+                TrainingResumed(
+                    ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()
+                )
+            )
         return found.step
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
@@ -236,8 +258,10 @@ class Session:
         if emergency:
             res = self.checkpointer.wait()
             if res is None or not res.committed:
-                raise CheckpointError(f"emergency checkpoint of step {self._completed} was not committed",
-                                      "see the CheckpointPersistFailed event for the cause")
+                raise CheckpointError(
+                    f"emergency checkpoint of step {self._completed} was not committed",
+                    "see the CheckpointPersistFailed event for the cause",
+                )
         self._last_saved = self._completed
         self._send(CheckpointDone(self.rank, self._completed, time.time()))
 
@@ -247,8 +271,9 @@ class Session:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def loop(self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0,
-             resume: bool = True) -> Iterator[int]:
+    def loop(
+        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0, resume: bool = True
+    ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
         start = self.resume(state) if resume else 0
         self._send(LoopStarted(self.rank, start, total_steps, time.time()))
@@ -290,7 +315,9 @@ class Session:
         self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
         self._slow_extra = 0.0
         if self._ipc is not None:
-            self._ipc.send(StepDone(self.rank, step, self._step_start, end - self._step_start, self._sections))
+            self._ipc.send(
+                StepDone(self.rank, step, self._step_start, end - self._step_start, self._sections)
+            )
         self._completed = step + 1
         self._step = None
 
@@ -343,7 +370,11 @@ class Session:
                 continue
             if not claim(chaos_dir, fault):
                 continue
-            self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()))
+            self.emit(
+                ChaosInjected(
+                    ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()
+                )
+            )
             if fault.kind == "crash":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "exit":
@@ -359,8 +390,12 @@ class Session:
         self._slow_pending = False
         step = self._step if self._step is not None else -1
         for fault in self._faults:
-            if fault.kind == "slow" and step >= fault.start and (fault.stop is None or step <= fault.stop) \
-                    and self._base_step_s > 0:
+            if (
+                fault.kind == "slow"
+                and step >= fault.start
+                and (fault.stop is None or step <= fault.stop)
+                and self._base_step_s > 0
+            ):
                 extra = (fault.factor - 1.0) * self._base_step_s
                 time.sleep(extra)
                 self._sections[section] += extra
