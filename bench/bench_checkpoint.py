@@ -40,8 +40,10 @@ def make_state(mb: int, device: str) -> dict:
     n_tensors = 32
     per = mb * (1 << 20) // n_tensors // torch.finfo(dtype).bits * 8
     g = torch.Generator().manual_seed(0)
-    return {"model": {f"layer{i}": torch.randn(per, generator=g).to(dtype).to(device) for i in range(n_tensors)},
-            "step": 1}
+    return {
+        "model": {f"layer{i}": torch.randn(per, generator=g).to(dtype).to(device) for i in range(n_tensors)},
+        "step": 1,
+    }
 
 
 def nbytes(state: dict) -> int:
@@ -92,7 +94,7 @@ def raw_write_GBps(directory: Path, size: int) -> float:
     try:
         left = size
         while left > 0:
-            left -= os.write(fd, chunk[:min(left, len(chunk))])
+            left -= os.write(fd, chunk[: min(left, len(chunk))])
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -107,7 +109,9 @@ class Floor:
     def __init__(self, state: dict) -> None:
         pin = torch.cuda.is_available()
         self.state = state
-        self.bufs = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=pin) for k, v in state["model"].items()}
+        self.bufs = {
+            k: torch.empty(v.shape, dtype=v.dtype, pin_memory=pin) for k, v in state["model"].items()
+        }
         for b in self.bufs.values():
             b.zero_()
 
@@ -153,12 +157,22 @@ class DcpAsync:
         self.returns: list[float] = []
         self.totals: list[float] = []
         self.stager = None
-        variants = [(f"DefaultStager(pinned={cuda}, shm={not cuda}, async staging, non-blocking={cuda})",
-                     lambda: DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=not cuda,
-                                                          use_async_staging=True, use_non_blocking_copy=cuda)),
-                     False),
-                    ("default stager, cache_staged_state_dict=True", lambda: None, True),
-                    ("default stager", lambda: None, False)]
+        variants = [
+            (
+                f"DefaultStager(pinned={cuda}, shm={not cuda}, async staging, non-blocking={cuda})",
+                lambda: DefaultStager(
+                    StagingOptions(
+                        use_pinned_memory=cuda,
+                        use_shared_memory=not cuda,
+                        use_async_staging=True,
+                        use_non_blocking_copy=cuda,
+                    )
+                ),
+                False,
+            ),
+            ("default stager, cache_staged_state_dict=True", lambda: None, True),
+            ("default stager", lambda: None, False),
+        ]
         self.label = "none worked"
         for label, make, cache in variants:
             try:
@@ -177,8 +191,11 @@ class DcpAsync:
         writer = dcp.FileSystemWriter(path, sync_files=True, cache_staged_state_dict=self.cache)
         sync()
         t0 = time.perf_counter()
-        resp = dcp.async_save(self.state, storage_writer=writer, async_stager=self.stager) if self.stager else \
-            dcp.async_save(self.state, storage_writer=writer)
+        resp = (
+            dcp.async_save(self.state, storage_writer=writer, async_stager=self.stager)
+            if self.stager
+            else dcp.async_save(self.state, storage_writer=writer)
+        )
         returned = time.perf_counter() - t0
         fut = resp
         if hasattr(resp, "staging_completion"):
@@ -243,14 +260,21 @@ def bench_engine(state: dict, tiers: list[TierConfig], reps: int, floor: Floor) 
             p.rename(p.with_name(p.name[: -len(".hidden")]))
     eng.close()
     mem_tier = [t for t in tiers if t.kind == "memory"]
-    return {"stall_s": statistics.median(stalls), "stalls_s": stalls, "floor_s": statistics.median(floors[1:]),
-            "floors_s": floors[1:],
-            "persist_s": {k: statistics.median(v) for k, v in persist.items()},
-            "persist_GBps": {k: size / statistics.median(v) / 1e9 for k, v in persist.items()},
-            "restore_s": restore, "rss_before_save": base_rss, "peak_rss_during_saves": peak_rss,
-            "staging_bytes": eng.stager.allocated_bytes,
-            "memory_tier_bytes_per_version": (dir_bytes(Path(mem_tier[0].location)) // max(1, mem_tier[0].keep))
-            if mem_tier else 0}
+    return {
+        "stall_s": statistics.median(stalls),
+        "stalls_s": stalls,
+        "floor_s": statistics.median(floors[1:]),
+        "floors_s": floors[1:],
+        "persist_s": {k: statistics.median(v) for k, v in persist.items()},
+        "persist_GBps": {k: size / statistics.median(v) / 1e9 for k, v in persist.items()},
+        "restore_s": restore,
+        "rss_before_save": base_rss,
+        "peak_rss_during_saves": peak_rss,
+        "staging_bytes": eng.stager.allocated_bytes,
+        "memory_tier_bytes_per_version": (dir_bytes(Path(mem_tier[0].location)) // max(1, mem_tier[0].keep))
+        if mem_tier
+        else 0,
+    }
 
 
 def python_bound_step() -> float:
@@ -273,8 +297,11 @@ def bench_interference(state: dict, tiers: list[TierConfig]) -> dict:
         while not ticket.future.done():
             busy.append(python_bound_step())
     eng.close()
-    return {"idle_step_s": statistics.median(idle), "during_persist_step_s": statistics.median(busy),
-            "steps_during_persist": len(busy)}
+    return {
+        "idle_step_s": statistics.median(idle),
+        "during_persist_step_s": statistics.median(busy),
+        "steps_during_persist": len(busy),
+    }
 
 
 def main() -> None:
@@ -293,11 +320,20 @@ def main() -> None:
     shm = Path(tempfile.mkdtemp(prefix="stalwart-bench-", dir=args.shm_dir))
     print(f"state: {size / 1e6:.0f} MB on {device} ({torch.__version__}); {os.cpu_count()} CPUs")
     try:
-        out: dict = {"device": device, "torch": torch.__version__, "state_bytes": size, "cpus": os.cpu_count()}
-        out["raw_write_GBps"] = {"memory": raw_write_GBps(shm / "raw", size),
-                                 "local": raw_write_GBps(disk / "raw", size)}
-        tiers = [TierConfig(name="memory", kind="memory", location=str(shm / "tier"), keep=1),
-                 TierConfig(name="local", kind="local", location=str(disk / "tier"), keep=1)]
+        out: dict = {
+            "device": device,
+            "torch": torch.__version__,
+            "state_bytes": size,
+            "cpus": os.cpu_count(),
+        }
+        out["raw_write_GBps"] = {
+            "memory": raw_write_GBps(shm / "raw", size),
+            "local": raw_write_GBps(disk / "raw", size),
+        }
+        tiers = [
+            TierConfig(name="memory", kind="memory", location=str(shm / "tier"), keep=1),
+            TierConfig(name="local", kind="local", location=str(disk / "tier"), keep=1),
+        ]
         floor = Floor(state)
         out["engine"] = bench_engine(state, tiers, args.reps, floor)
         # stall: one round = floor copy, engine save, torch.save, DCP async_save, so that every method
@@ -330,29 +366,45 @@ def main() -> None:
     e = out["engine"]
     s = out["engine_stall_s"]
     print(f"stall per checkpoint (median of {args.reps} interleaved rounds, after a warm-up):")
-    print(f"  floor: copy into preallocated {'pinned ' if device == 'cuda' else ''}host buffers  {out['floor_copy_s']:.4f} s")
-    print(f"  stalwart engine                                        {s:.4f} s  = {s / out['floor_copy_s']:.2f}x floor")
-    print(f"  torch.save (fsync'd, blocking)                         {out['torch_save_s']:.4f} s  "
-          f"= {out['torch_save_s'] / s:.1f}x engine")
+    print(
+        f"  floor: copy into preallocated {'pinned ' if device == 'cuda' else ''}host buffers  {out['floor_copy_s']:.4f} s"
+    )
+    print(
+        f"  stalwart engine                                        {s:.4f} s  = {s / out['floor_copy_s']:.2f}x floor"
+    )
+    print(
+        f"  torch.save (fsync'd, blocking)                         {out['torch_save_s']:.4f} s  "
+        f"= {out['torch_save_s'] / s:.1f}x engine"
+    )
     print(f"  DCP async_save [{out['dcp_async_variant']}]")
-    print(f"                                                         {out['dcp_async_stall_s']:.4f} s  "
-          f"= {out['dcp_async_stall_s'] / s:.1f}x engine (call returned after {out['dcp_async_call_s']:.4f} s; "
-          f"persist done after {out['dcp_async_total_s']:.2f} s)")
+    print(
+        f"                                                         {out['dcp_async_stall_s']:.4f} s  "
+        f"= {out['dcp_async_stall_s'] / s:.1f}x engine (call returned after {out['dcp_async_call_s']:.4f} s; "
+        f"persist done after {out['dcp_async_total_s']:.2f} s)"
+    )
     print("persist per tier (background) vs raw fsync'd write of the same bytes:")
     for t in ("memory", "local"):
-        print(f"  {t:7s} {e['persist_s'][t]:.3f} s = {e['persist_GBps'][t]:.2f} GB/s vs raw {out['raw_write_GBps'][t]:.2f} GB/s "
-              f"({e['persist_GBps'][t] / out['raw_write_GBps'][t]:.2f}x)")
+        print(
+            f"  {t:7s} {e['persist_s'][t]:.3f} s = {e['persist_GBps'][t]:.2f} GB/s vs raw {out['raw_write_GBps'][t]:.2f} GB/s "
+            f"({e['persist_GBps'][t] / out['raw_write_GBps'][t]:.2f}x)"
+        )
     i = out["interference"]
-    print(f"host-side step (300 small ops) while persisting: {i['during_persist_step_s'] * 1e3:.2f} ms vs "
-          f"{i['idle_step_s'] * 1e3:.2f} ms idle = {i['during_persist_step_s'] / i['idle_step_s']:.2f}x "
-          f"({i['steps_during_persist']} steps measured during persists)")
+    print(
+        f"host-side step (300 small ops) while persisting: {i['during_persist_step_s'] * 1e3:.2f} ms vs "
+        f"{i['idle_step_s'] * 1e3:.2f} ms idle = {i['during_persist_step_s'] / i['idle_step_s']:.2f}x "
+        f"({i['steps_during_persist']} steps measured during persists)"
+    )
     print("restore (verify checksums + load):")
     for t in ("memory", "local"):
-        print(f"  {t:7s} {e['restore_s'][t]:.3f} s   (torch.load of the torch.save file: {out['torch_load_s']:.3f} s)")
-    print(f"host memory: state {size / 1e6:.0f} MB; staging buffers {e['staging_bytes'] / 1e6:.0f} MB (reused); "
-          f"RSS before saves {e['rss_before_save'] / 1e6:.0f} MB, peak during saves "
-          f"{e['peak_rss_during_saves'] / 1e6:.0f} MB (+{(e['peak_rss_during_saves'] - e['rss_before_save']) / 1e6:.0f} MB); "
-          f"memory tier {e['memory_tier_bytes_per_version'] / 1e6:.0f} MB per version in tmpfs")
+        print(
+            f"  {t:7s} {e['restore_s'][t]:.3f} s   (torch.load of the torch.save file: {out['torch_load_s']:.3f} s)"
+        )
+    print(
+        f"host memory: state {size / 1e6:.0f} MB; staging buffers {e['staging_bytes'] / 1e6:.0f} MB (reused); "
+        f"RSS before saves {e['rss_before_save'] / 1e6:.0f} MB, peak during saves "
+        f"{e['peak_rss_during_saves'] / 1e6:.0f} MB (+{(e['peak_rss_during_saves'] - e['rss_before_save']) / 1e6:.0f} MB); "
+        f"memory tier {e['memory_tier_bytes_per_version'] / 1e6:.0f} MB per version in tmpfs"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -37,18 +37,26 @@ def bench_passive(repeat: int) -> None:
     from stalwart.health.gpu_fixtures import load_nvml_snapshot
 
     base, _ = timeit(lambda: load_nvml_snapshot(FIX / "h100" / "nvml_snapshot.json"), repeat)
-    fixture, _ = timeit(lambda: run_gate(GateConfig(fixture=FIX / "h100", expected_gpus=1), time.time()), repeat)
+    fixture, _ = timeit(
+        lambda: run_gate(GateConfig(fixture=FIX / "h100", expected_gpus=1), time.time()), repeat
+    )
     live, _ = timeit(lambda: run_gate(GateConfig(), time.time()), repeat)
-    print(f"passive, recorded H100 (snapshot + 360-sample burn + rules): {fixture * 1e3:8.1f} ms "
-          f"(x{fixture / base:.1f} of reading the snapshot alone, {base * 1e3:.2f} ms)")
-    print(f"passive, live on this machine (NVML absent, dmesg, IB sysfs):  {live * 1e3:8.1f} ms "
-          f"(x{live / base:.1f})")
+    print(
+        f"passive, recorded H100 (snapshot + 360-sample burn + rules): {fixture * 1e3:8.1f} ms "
+        f"(x{fixture / base:.1f} of reading the snapshot alone, {base * 1e3:.2f} ms)"
+    )
+    print(
+        f"passive, live on this machine (NVML absent, dmesg, IB sysfs):  {live * 1e3:8.1f} ms "
+        f"(x{live / base:.1f})"
+    )
     py = [sys.executable, "-c", "import stalwart"]
     cli = [sys.executable, "-m", "stalwart.cli", "health", "check", "--json", "--fixture", str(FIX / "h100")]
     b, _ = timeit(lambda: subprocess.run(py, check=True, capture_output=True), repeat)
     c, _ = timeit(lambda: subprocess.run(cli, capture_output=True), repeat)
-    print(f"`stalwart health check --fixture` as a process:                {c * 1e3:8.1f} ms "
-          f"(x{c / b:.2f} of `python -c 'import stalwart'`, {b * 1e3:.0f} ms)")
+    print(
+        f"`stalwart health check --fixture` as a process:                {c * 1e3:8.1f} ms "
+        f"(x{c / b:.2f} of `python -c 'import stalwart'`, {b * 1e3:.0f} ms)"
+    )
 
 
 def bench_active() -> None:
@@ -75,6 +83,7 @@ def bench_slurm(repeat: int) -> None:
             print(f"slurm: skipped ({exc})")
             return
         try:
+
             def drained(node):
                 return "drain" in c.nodes()[node][0]
 
@@ -88,9 +97,24 @@ def bench_slurm(repeat: int) -> None:
                 c.run("scontrol", "update", "NodeName=node1", "State=RESUME")
                 state = Path(tmp) / f"state{i}"
                 t0 = time.perf_counter()
-                p = c.run(sys.executable, "-m", "stalwart.cli", "health", "check", "--backend", "slurm", "--node",
-                          "node2", "--fixture", str(FIX / "h100_derived" / "xid48_kmsg"), "--kernel-log", "",
-                          "--state-dir", str(state), check=False)
+                p = c.run(
+                    sys.executable,
+                    "-m",
+                    "stalwart.cli",
+                    "health",
+                    "check",
+                    "--backend",
+                    "slurm",
+                    "--node",
+                    "node2",
+                    "--fixture",
+                    str(FIX / "h100_derived" / "xid48_kmsg"),
+                    "--kernel-log",
+                    "",
+                    "--state-dir",
+                    str(state),
+                    check=False,
+                )
                 assert p.returncode == 1, p.stderr
                 while not drained("node2"):
                     pass
@@ -98,9 +122,11 @@ def bench_slurm(repeat: int) -> None:
                 c.run("scontrol", "update", "NodeName=node2", "State=RESUME")
                 c.wait_for(lambda n: n["node1"][0] == "idle" and n["node2"][0] == "idle", what="idle again")
             r, k = statistics.median(raw), statistics.median(cli)
-            print(f"failing check -> node drained in Slurm (CLI process, sinfo read-back): {k * 1e3:.0f} ms median "
-                  f"of {repeat} (min {min(cli) * 1e3:.0f}); raw scontrol drain + sinfo: {r * 1e3:.0f} ms "
-                  f"-> x{k / r:.1f}")
+            print(
+                f"failing check -> node drained in Slurm (CLI process, sinfo read-back): {k * 1e3:.0f} ms median "
+                f"of {repeat} (min {min(cli) * 1e3:.0f}); raw scontrol drain + sinfo: {r * 1e3:.0f} ms "
+                f"-> x{k / r:.1f}"
+            )
         finally:
             _stop(c.procs)
 

@@ -133,7 +133,12 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     receiver = Receiver()
     ctl = tmp / f"control-{target_ms:g}.bin"
     control.create(ctl, slots=1)  # one heartbeat slot, as the agent creates per local worker
-    env = {"STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "RANK": "0", "WORLD_SIZE": "1"}
+    env = {
+        "STALWART_IPC": str(receiver.new_channel()),
+        "STALWART_CONTROL": str(ctl),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     agent_session = Session(env, checkpoint_dir=str(tmp / "ckpt"))
     plain_session = Session({"RANK": "0", "WORLD_SIZE": "1"}, checkpoint_dir=str(tmp / "ckpt"))
     reader = Reader(receiver, ctl)
@@ -144,7 +149,9 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     control.create(ctl_proc, slots=1)
     env_proc = dict(env, STALWART_IPC=str(proc_receiver.new_channel()), STALWART_CONTROL=str(ctl_proc))
     proc_session = Session(env_proc, checkpoint_dir=str(tmp / "ckpt"))
-    proc = multiprocessing.get_context("fork").Process(target=reader_process, args=(proc_receiver, ctl_proc), daemon=True)
+    proc = multiprocessing.get_context("fork").Process(
+        target=reader_process, args=(proc_receiver, ctl_proc), daemon=True
+    )
     proc.start()
     bare, agent, plain, agent_proc = [], [], [], []
     bare_loop(work, steps)  # warm-up
@@ -163,29 +170,47 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
     proc_receiver.close()
     b, a, p = statistics.median(bare), statistics.median(agent), statistics.median(plain)
     ap = statistics.median(agent_proc)
-    return {"target_ms": target_ms, "steps": steps, "bare_ms": b * 1e3, "agent_ms": a * 1e3, "plain_ms": p * 1e3,
-            "agent_proc_ms": ap * 1e3, "ratio_agent": a / b, "ratio_plain": p / b, "ratio_proc": ap / b,
-            "overhead_us": (a - b) * 1e6, "overhead_proc_us": (ap - b) * 1e6,
-            "dropped": agent_session._ipc.dropped + proc_session._ipc.dropped, "messages": reader.messages,
-            "steps_seen": reader.tracker.progress[0].done_steps}
+    return {
+        "target_ms": target_ms,
+        "steps": steps,
+        "bare_ms": b * 1e3,
+        "agent_ms": a * 1e3,
+        "plain_ms": p * 1e3,
+        "agent_proc_ms": ap * 1e3,
+        "ratio_agent": a / b,
+        "ratio_plain": p / b,
+        "ratio_proc": ap / b,
+        "overhead_us": (a - b) * 1e6,
+        "overhead_proc_us": (ap - b) * 1e6,
+        "dropped": agent_session._ipc.dropped + proc_session._ipc.dropped,
+        "messages": reader.messages,
+        "steps_seen": reader.tracker.progress[0].done_steps,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--sizes", default="0,1,20",
-                    help="target step times in ms, comma-separated (0: empty steps, the SDK's own cost)")
+    ap.add_argument(
+        "--sizes",
+        default="0,1,20",
+        help="target step times in ms, comma-separated (0: empty steps, the SDK's own cost)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, 1 torch thread, {args.rounds} interleaved rounds")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, 1 torch thread, {args.rounds} interleaved rounds"
+    )
     with tempfile.TemporaryDirectory() as d:
         for size in (float(s) for s in args.sizes.split(",")):
             r = measure(size, args.rounds, Path(d))
-            print(f"step ~{r['target_ms']:g} ms ({r['steps']} steps/round): bare {r['bare_ms']:.3f} ms | "
-                  f"with agent pipe {r['agent_ms']:.3f} ms (x{r['ratio_agent']:.3f}, "
-                  f"{r['overhead_us']:+.1f} us/step) | reader in another process {r['agent_proc_ms']:.3f} ms "
-                  f"(x{r['ratio_proc']:.3f}, {r['overhead_proc_us']:+.1f} us/step) | no agent {r['plain_ms']:.3f} ms (x{r['ratio_plain']:.3f}) | "
-                  f"messages read {r['messages']}, dropped {r['dropped']}, steps seen by reader {r['steps_seen']}")
+            print(
+                f"step ~{r['target_ms']:g} ms ({r['steps']} steps/round): bare {r['bare_ms']:.3f} ms | "
+                f"with agent pipe {r['agent_ms']:.3f} ms (x{r['ratio_agent']:.3f}, "
+                f"{r['overhead_us']:+.1f} us/step) | reader in another process {r['agent_proc_ms']:.3f} ms "
+                f"(x{r['ratio_proc']:.3f}, {r['overhead_proc_us']:+.1f} us/step) | no agent {r['plain_ms']:.3f} ms (x{r['ratio_plain']:.3f}) | "
+                f"messages read {r['messages']}, dropped {r['dropped']}, steps seen by reader {r['steps_seen']}"
+            )
 
 
 if __name__ == "__main__":

@@ -24,9 +24,13 @@ def timed(**kw: object) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
     base_s, base_ettr, base_it = timed(gpus=16384, days=54, trials=1000)
-    print(f"baseline 16,384 GPUs x 54 d x 1,000 trials: {base_s:.3f} s  (ETTR {base_ettr:.3f}, {base_it} iterations)")
+    print(
+        f"baseline 16,384 GPUs x 54 d x 1,000 trials: {base_s:.3f} s  (ETTR {base_ettr:.3f}, {base_it} iterations)"
+    )
     rows = []
     for gpus in (4096, 16384, 65536, 100000):
         rows.append(("gpus", gpus, *timed(gpus=gpus, days=54, trials=1000)))
@@ -35,8 +39,13 @@ def main() -> None:
     for trials in (100, 1000, 10000):
         rows.append(("trials", trials, *timed(gpus=16384, days=54, trials=trials)))
     rows.append(("100k x 1 year, 1000 trials", 100000, *timed(gpus=100000, days=365, trials=1000)))
-    rows.append(("100k x 1 year + 64 spares, elastic", 100000,
-                 *timed(gpus=100000, days=365, trials=1000, spare_nodes=64, elastic=True)))
+    rows.append(
+        (
+            "100k x 1 year + 64 spares, elastic",
+            100000,
+            *timed(gpus=100000, days=365, trials=1000, spare_nodes=64, elastic=True),
+        )
+    )
     print(f"{'vary':38s} {'value':>8s} {'seconds':>8s} {'x base':>7s} {'ETTR':>6s} {'iters':>6s}")
     for what, value, s, e, it in rows:
         print(f"{what:38s} {value:>8} {s:8.3f} {s / base_s:7.2f} {e:6.3f} {it:6d}")

@@ -25,8 +25,13 @@ class Result:
 
 def stalwart(*args: str, timeout: float = 600, cwd: Path | None = None) -> Result:
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "stalwart.cli", *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=cwd)
+    p = subprocess.run(
+        [sys.executable, "-m", "stalwart.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
     return Result(p.returncode, p.stdout, p.stderr, time.time() - t0)
 
 

@@ -18,19 +18,42 @@ JOB = [*EXAMPLE, "--steps", "24", "--checkpoint-every", "4"]
 
 @pytest.mark.parametrize("damage", ["corrupt-checkpoint", "truncate-checkpoint"])
 def test_damaged_checkpoint_is_skipped_and_nothing_good_is_lost(tmp_path, damage):
-    ref = stalwart("run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "ref"), *JOB,
-                   "--out", str(tmp_path / "ref.pt"))
+    ref = stalwart(
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path / "ref"),
+        *JOB,
+        "--out",
+        str(tmp_path / "ref.pt"),
+    )
     assert ref.code == 0, ref.out + ref.err
-    run = stalwart("run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
-                   "--chaos", f"{damage}@step=15", "--chaos", "crash@rank=0,step=15", *JOB,
-                   "--out", str(tmp_path / "run.pt"))
+    run = stalwart(
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--chaos",
+        f"{damage}@step=15",
+        "--chaos",
+        "crash@rank=0,step=15",
+        *JOB,
+        "--out",
+        str(tmp_path / "run.pt"),
+    )
     assert run.code == 0, run.out + run.err
     evs = events(tmp_path / "run")
     hit = next(e for e in evs if isinstance(e, ChaosInjected) and e.fault == damage)
     damaged_step = int(re.search(r"step-(\d+)", hit.detail).group(1))
     rejected = [e for e in evs if isinstance(e, CheckpointRejected) and e.step == damaged_step]
     assert rejected, "the damaged checkpoint was rejected on load, with a reason"
-    assert any(word in rejected[0].reason for word in ("checksum", "bytes", "truncated", "corrupt")), rejected[0]
+    assert any(word in rejected[0].reason for word in ("checksum", "bytes", "truncated", "corrupt")), (
+        rejected[0]
+    )
     resumed = [e for e in evs if isinstance(e, TrainingResumed) and e.attempt == 1]
     assert resumed and resumed[0].step == damaged_step - 4, "resumed from the newest good checkpoint"
     assert events(tmp_path / "run", JobEnded)[-1].outcome == "succeeded"

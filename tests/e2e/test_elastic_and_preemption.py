@@ -26,9 +26,33 @@ def _free_port() -> int:
 
 
 def _agent(run_dir, node, port, steps, *extra):
-    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", "1:2", "--nproc-per-node", "2",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test", "--run-dir", str(run_dir),
-           "--node-name", node, "--hang-floor", "3", *extra, *EXAMPLE, "--steps", str(steps), "--checkpoint-every", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "-q",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "elastic-test",
+        "--run-dir",
+        str(run_dir),
+        "--node-name",
+        node,
+        "--hang-floor",
+        "3",
+        *extra,
+        *EXAMPLE,
+        "--steps",
+        str(steps),
+        "--checkpoint-every",
+        "5",
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -58,8 +82,24 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
 
 
 def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
-    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
-           "--emergency-deadline", "30", *EXAMPLE, "--steps", "400", "--checkpoint-every", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--emergency-deadline",
+        "30",
+        *EXAMPLE,
+        "--steps",
+        "400",
+        "--checkpoint-every",
+        "0",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 180
     while time.time() < deadline:  # wait for training to be under way
@@ -78,28 +118,66 @@ def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
     end = events(tmp_path, JobEnded)[-1]
     assert end.outcome == "preempted" and end.requeue_helps
     # the requeued job resumes exactly there
-    again = subprocess.run([sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir",
-                            str(tmp_path), *EXAMPLE, "--steps", str(commits[0].step + 3), "--checkpoint-every", "0"],
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stalwart.cli",
+            "run",
+            "-q",
+            "--nproc-per-node",
+            "2",
+            "--run-dir",
+            str(tmp_path),
+            *EXAMPLE,
+            "--steps",
+            str(commits[0].step + 3),
+            "--checkpoint-every",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     resumed = events(tmp_path, TrainingResumed)
     assert resumed[-1].step == commits[0].step
 
 
 def test_sigterm_during_worker_startup_still_ends_promptly_with_a_checkpoint(tmp_path):
-    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
-           "--emergency-deadline", "60", *EXAMPLE, "--steps", "400", "--checkpoint-every", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--emergency-deadline",
+        "60",
+        *EXAMPLE,
+        "--steps",
+        "400",
+        "--checkpoint-every",
+        "0",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:  # the workers exist but have not trained yet
         if (tmp_path / "ledger").exists() and events(tmp_path, AttemptStarted):
             break
         time.sleep(0.2)
-    assert not [e for e in events(tmp_path) if e.kind == "StepCompleted"], "signal must land before the first step"
+    assert not [e for e in events(tmp_path) if e.kind == "StepCompleted"], (
+        "signal must land before the first step"
+    )
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == EXIT_PREEMPTED, out
     commits = [c for c in events(tmp_path, CheckpointCommitted) if c.emergency]
-    assert len(commits) == 1 and commits[0].step <= 2, "every rank stopped after the same first step and saved it"
+    assert len(commits) == 1 and commits[0].step <= 2, (
+        "every rank stopped after the same first step and saved it"
+    )
     steps = [e.step for e in events(tmp_path) if e.kind == "StepCompleted"]
     assert max(steps) < 2

@@ -32,10 +32,35 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
     chaos = ["--chaos", "kill-agent@node=3,step=10", "--chaos", "kill-agent@node=1,step=25"]
     procs = {}
     for i in range(4):
-        cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", "2:4", "--nproc-per-node", "1",
-               "--valid-sizes", "pow2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "spares",
-               "--run-dir", str(tmp_path), "--node-name", f"n{i}", "--hang-floor", "3", *chaos, *EXAMPLE,
-               "--steps", str(steps), "--checkpoint-every", "5"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stalwart.cli",
+            "run",
+            "-q",
+            "--nnodes",
+            "2:4",
+            "--nproc-per-node",
+            "1",
+            "--valid-sizes",
+            "pow2",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "spares",
+            "--run-dir",
+            str(tmp_path),
+            "--node-name",
+            f"n{i}",
+            "--hang-floor",
+            "3",
+            *chaos,
+            *EXAMPLE,
+            "--steps",
+            str(steps),
+            "--checkpoint-every",
+            "5",
+        ]
         procs[f"n{i}"] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if i == 0:
             time.sleep(1.0)  # n0 hosts the rendezvous store
@@ -48,7 +73,9 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
     sizes = [e.world_size for e in sorted(starts, key=lambda e: e.ts)]
     assert sizes[0] == 4 and 3 not in sizes, f"never ran at an invalid size: {sizes}"
     standby = [e for e in events(tmp_path, DecisionTaken) if e.action == "standby"]
-    assert len(standby) == 1, "after losing one of 4 nodes, one of the 3 left stands by (3 is not a power of two)"
+    assert len(standby) == 1, (
+        "after losing one of 4 nodes, one of the 3 left stands by (3 is not a power of two)"
+    )
     spare = standby[0].node
     assert spare in survivors
     stepped_in = [e for e in starts if e.node == spare and e.ts > standby[0].ts]
@@ -60,8 +87,18 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
 
 
 def test_health_gate_excludes_a_sick_node(tmp_path):
-    run = stalwart("run", "--nproc-per-node", "1", "--run-dir", str(tmp_path), "--health-fixture",
-                   str(FIXTURES / "gpu_lost"), *EXAMPLE, "--steps", "3")
+    run = stalwart(
+        "run",
+        "--nproc-per-node",
+        "1",
+        "--run-dir",
+        str(tmp_path),
+        "--health-fixture",
+        str(FIXTURES / "gpu_lost"),
+        *EXAMPLE,
+        "--steps",
+        "3",
+    )
     assert run.code == 75, run.out + run.err
     end = events(tmp_path, JobEnded)[-1]
     assert end.outcome == "node_unhealthy" and "fell off the bus" in end.verdict and end.requeue_helps

@@ -33,13 +33,34 @@ FLOOR = 2.0
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("chaos")
     common = ["run", "-q", "--nproc-per-node", "4", "--hang-floor", str(FLOOR), "--max-restarts", "5"]
-    ref = stalwart(*common, "--run-dir", str(base / "ref"), *EXAMPLE, "--steps", str(STEPS),
-                   "--checkpoint-every", str(EVERY), "--out", str(base / "ref.pt"))
+    ref = stalwart(
+        *common,
+        "--run-dir",
+        str(base / "ref"),
+        *EXAMPLE,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--out",
+        str(base / "ref.pt"),
+    )
     assert ref.code == 0, ref.err + ref.out
     chaos = [f"--chaos=crash@rank={r},step={s}" for s, r in CRASHES.items()]
     chaos.append(f"--chaos=hang@rank={HANG_RANK},step={HANG_STEP}")
-    run = stalwart(*common, "--run-dir", str(base / "chaos"), *chaos, *EXAMPLE, "--steps", str(STEPS),
-                   "--checkpoint-every", str(EVERY), "--out", str(base / "chaos.pt"))
+    run = stalwart(
+        *common,
+        "--run-dir",
+        str(base / "chaos"),
+        *chaos,
+        *EXAMPLE,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--out",
+        str(base / "chaos.pt"),
+    )
     assert run.code == 0, run.err + run.out
     return base, run
 
@@ -61,12 +82,17 @@ def test_hang_detected_within_bound_and_stack_recorded(runs):
     hang = next(e for e in evs if isinstance(e, FailureDetected) and e.failure == "hang")
     injected = next(e for e in evs if isinstance(e, ChaosInjected) and e.fault == "hang")
     assert hang.rank == HANG_RANK and hang.step == HANG_STEP
-    before = [e.duration for e in evs if isinstance(e, StepCompleted) and e.attempt == hang.attempt
-              and e.ts < injected.ts]
+    before = [
+        e.duration
+        for e in evs
+        if isinstance(e, StepCompleted) and e.attempt == hang.attempt and e.ts < injected.ts
+    ]
     bound = max(3 * p99(before), FLOOR)
     latency = hang.ts - injected.ts
     assert 0 < latency <= bound, f"hang detected {latency:.3f}s after onset, bound {bound:.3f}s"
-    stacks = [e for e in evs if isinstance(e, StackCaptured) and e.rank == HANG_RANK and e.attempt == hang.attempt]
+    stacks = [
+        e for e in evs if isinstance(e, StackCaptured) and e.rank == HANG_RANK and e.attempt == hang.attempt
+    ]
     assert stacks and "in _inject" in stacks[0].stack, "the hung rank's Python stack is in the ledger"
 
 
@@ -80,11 +106,15 @@ def test_report_reconciles_with_wall_time_and_lost_work(runs):
     assert abs(total - run.wall) / run.wall < 0.01, f"report {total:.2f}s vs measured {run.wall:.2f}s"
     evs = events(base / "chaos")
     # a checkpoint holds the state of the moment its staging ended (the persist follows in the background)
-    snapshots = [e for e in evs if isinstance(e, CheckpointStaged)] or [e for e in evs if isinstance(e, CheckpointCommitted)]
+    snapshots = [e for e in evs if isinstance(e, CheckpointStaged)] or [
+        e for e in evs if isinstance(e, CheckpointCommitted)
+    ]
     crashes = [i for i in rep["interruptions"] if i["failure"] == "crash"]
     assert len(crashes) == 3
     for item in crashes:
-        inj = next(e for e in evs if isinstance(e, ChaosInjected) and e.fault == "crash" and e.step == item["step"])
+        inj = next(
+            e for e in evs if isinstance(e, ChaosInjected) and e.fault == "crash" and e.step == item["step"]
+        )
         # the last checkpoint that counts is the one the next attempt resumed from (a save whose
         # background persist had not finished when the worker died was never committed)
         resumed = next(e for e in evs if isinstance(e, TrainingResumed) and e.attempt == inj.attempt + 1)
@@ -92,8 +122,11 @@ def test_report_reconciles_with_wall_time_and_lost_work(runs):
         if snap:
             since = snap[0].ts
         else:  # resumed from an older attempt's checkpoint: all of this attempt's work was lost
-            since = min(e.start for e in evs if isinstance(e, StepCompleted) and e.attempt == inj.attempt
-                        and e.rank == 0)
+            since = min(
+                e.start
+                for e in evs
+                if isinstance(e, StepCompleted) and e.attempt == inj.attempt and e.rank == 0
+            )
         expected = inj.ts - since
         assert item["lost_work_s"] == pytest.approx(expected, rel=0.05), (item, expected)
     # the same ledger through the CLI's --json gives the same numbers as the library
@@ -105,8 +138,21 @@ def test_report_reconciles_with_wall_time_and_lost_work(runs):
 def test_same_exception_twice_stops_with_user_error(tmp_path):
     from .runner import events
 
-    run = stalwart("run", "-q", "--nproc-per-node", "2", "--run-dir", str(tmp_path), "--chaos", "raise@rank=1,step=3",
-                   *EXAMPLE, "--steps", "6", "--checkpoint-every", "0")
+    run = stalwart(
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--chaos",
+        "raise@rank=1,step=3",
+        *EXAMPLE,
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "0",
+    )
     assert run.code == 3, run.out + run.err
     end = events(tmp_path, JobEnded)[-1]
     assert end.outcome == "user_error" and not end.requeue_helps
@@ -120,8 +166,21 @@ def test_slowed_rank_is_reported_live_and_in_the_report(tmp_path):
 
     from .runner import events
 
-    run = stalwart("run", "-q", "--nproc-per-node", "4", "--run-dir", str(tmp_path), "--chaos",
-                   "slow@rank=2,factor=2.5,from=5", *EXAMPLE, "--steps", "40", "--checkpoint-every", "0")
+    run = stalwart(
+        "run",
+        "-q",
+        "--nproc-per-node",
+        "4",
+        "--run-dir",
+        str(tmp_path),
+        "--chaos",
+        "slow@rank=2,factor=2.5,from=5",
+        *EXAMPLE,
+        "--steps",
+        "40",
+        "--checkpoint-every",
+        "0",
+    )
     assert run.code == 0, run.out + run.err
     found = events(tmp_path, StragglerDetected)
     assert [e.rank for e in found] == [2], found

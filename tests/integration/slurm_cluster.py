@@ -71,8 +71,11 @@ class SlurmCluster:
 
 
 def _conf(root: Path, ctld_port: int, node_ports: list[int], munge_socket: Path, extra: str) -> str:
-    nodes = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=2 RealMemory=1000 "
-                      "State=UNKNOWN" for n, p in zip(NODES, node_ports, strict=True))
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=2 RealMemory=1000 "
+        "State=UNKNOWN"
+        for n, p in zip(NODES, node_ports, strict=True)
+    )
     return f"""ClusterName=stalwarttest
 SlurmctldHost=localhost
 SlurmUser=root
@@ -142,21 +145,44 @@ def start_cluster(root: Path, extra_conf: str = "") -> SlurmCluster:
     env = dict(os.environ, SLURM_CONF=str(conf))
     cluster = SlurmCluster(root, conf, env)
     try:
-        cluster.procs.append(subprocess.Popen(
-            ["munged", "-F", "--force", f"--socket={munge_socket}", f"--key-file={key}",
-             f"--pid-file={root / 'munge' / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}",
-             f"--seed-file={root / 'munge' / 'seed'}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cluster.procs.append(
+            subprocess.Popen(
+                [
+                    "munged",
+                    "-F",
+                    "--force",
+                    f"--socket={munge_socket}",
+                    f"--key-file={key}",
+                    f"--pid-file={root / 'munge' / 'munged.pid'}",
+                    f"--log-file={root / 'log' / 'munged.log'}",
+                    f"--seed-file={root / 'munge' / 'seed'}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         t0 = time.monotonic()
         while not munge_socket.exists():
             if time.monotonic() - t0 > 10:
                 raise AssertionError("munged did not create its socket\n" + cluster.logs())
             time.sleep(0.02)
-        cluster.procs.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cluster.procs.append(
+            subprocess.Popen(
+                ["slurmctld", "-D", "-c", "-f", str(conf)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         for n in NODES:
-            cluster.procs.append(subprocess.Popen(["slurmd", "-D", "-N", n, "-f", str(conf)], env=env,
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cluster.procs.append(
+                subprocess.Popen(
+                    ["slurmd", "-D", "-N", n, "-f", str(conf)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         t0 = time.monotonic()
         while True:
             try:

@@ -25,8 +25,11 @@ def state_for(step: int) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(50_000, generator=g)}, "optim": {"m": torch.randn(50_000, generator=g)},
-            "step": step}
+    return {
+        "model": {"w": torch.randn(50_000, generator=g)},
+        "optim": {"m": torch.randn(50_000, generator=g)},
+        "step": step,
+    }
 
 
 def _tiers(root: Path, memory: bool = True):
@@ -44,9 +47,19 @@ def _train(root: Path) -> None:
 
     def on_signal(signum, frame):
         res = eng.emergency_persist(DEADLINE_S)
-        (root / "emergency.json").write_text(json.dumps({
-            "signal": signum, "step": res.step, "committed": res.committed, "tier": res.tier,
-            "duration_s": res.duration_s, "reason": res.reason, "last_staged": state["step"]}))
+        (root / "emergency.json").write_text(
+            json.dumps(
+                {
+                    "signal": signum,
+                    "step": res.step,
+                    "committed": res.committed,
+                    "tier": res.tier,
+                    "duration_s": res.duration_s,
+                    "reason": res.reason,
+                    "last_staged": state["step"],
+                }
+            )
+        )
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -70,13 +83,17 @@ def _resume(root: Path) -> None:
     got = eng.load_latest(target)
     eng.close()
     ref = state_for(got.step)
-    exact = torch.equal(target["model"]["w"], ref["model"]["w"]) and torch.equal(target["optim"]["m"], ref["optim"]["m"])
+    exact = torch.equal(target["model"]["w"], ref["model"]["w"]) and torch.equal(
+        target["optim"]["m"], ref["optim"]["m"]
+    )
     (root / "resume.json").write_text(json.dumps({"step": got.step, "tier": got.tier, "exact": exact}))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_signal_makes_the_newest_staged_step_durable_within_the_deadline(tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, str(HERE), "train", str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE), "train", str(tmp_path)], stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -114,9 +131,17 @@ def _train_ranks(root: Path) -> None:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # what the SDK does at each step boundary
         if stop.item():
             res = eng.emergency_persist(DEADLINE_S)
-            (root / f"emergency-{rank}.json").write_text(json.dumps({
-                "step": res.step, "committed": res.committed, "tier": res.tier, "duration_s": res.duration_s,
-                "staged": int((root / "progress").read_text())}))
+            (root / f"emergency-{rank}.json").write_text(
+                json.dumps(
+                    {
+                        "step": res.step,
+                        "committed": res.committed,
+                        "tier": res.tier,
+                        "duration_s": res.duration_s,
+                        "staged": int((root / "progress").read_text()),
+                    }
+                )
+            )
             eng.close()
             dist.destroy_process_group()
             return
@@ -134,9 +159,22 @@ def test_two_ranks_agree_at_the_step_boundary_and_commit_within_the_deadline(tmp
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, str(HERE), "ranks", str(tmp_path)], stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE), "ranks", str(tmp_path)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            ),
+        )
+        for r in range(2)
+    ]
     deadline = time.monotonic() + 120
     while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
         assert all(p.poll() is None for p in procs), [p.stderr.read()[-2000:] for p in procs]

@@ -26,8 +26,11 @@ def state_for(step: int, n: int = 20_000) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(n, generator=g), "b": torch.randn(64, generator=g)},
-            "optim": {"m": torch.randn(n, generator=g)}, "step": step}
+    return {
+        "model": {"w": torch.randn(n, generator=g), "b": torch.randn(64, generator=g)},
+        "optim": {"m": torch.randn(n, generator=g)},
+        "step": step,
+    }
 
 
 def _zeros(n: int = 20_000) -> dict:
@@ -39,8 +42,10 @@ def _zeros(n: int = 20_000) -> dict:
 def _tiers(root: Path, disk: Path | None = None, keep: int = 5):
     from stalwart.checkpoint.tiers import TierConfig
 
-    return [TierConfig(name="mem", kind="memory", location=str(root / "shm"), keep=keep),
-            TierConfig(name="disk", kind="local", location=str(disk or root / "disk"), keep=keep)]
+    return [
+        TierConfig(name="mem", kind="memory", location=str(root / "shm"), keep=keep),
+        TierConfig(name="disk", kind="local", location=str(disk or root / "disk"), keep=keep),
+    ]
 
 
 def _main(mode: str, root: str, arg: str) -> None:
@@ -61,14 +66,20 @@ def _main(mode: str, root: str, arg: str) -> None:
             assert eng.save(step, state_for(step)).future.result().committed == ("mem", "disk")
         eng.close()
     elif mode == "hang_in_persist":  # commit step 1, then block inside the persist of step 2
+
         class Blocking(dcp.FileSystemWriter):
             def finish(self, metadata, results):
                 (root_p / "mid-persist").write_text("1")
                 time.sleep(600)
 
         state = {"on": False}
-        eng = CheckpointEngine(_tiers(root_p), sink=sink, writer_factory=lambda p, t: Blocking(p, sync_files=True)
-                               if state["on"] else dcp.FileSystemWriter(p, sync_files=True))
+        eng = CheckpointEngine(
+            _tiers(root_p),
+            sink=sink,
+            writer_factory=lambda p, t: (
+                Blocking(p, sync_files=True) if state["on"] else dcp.FileSystemWriter(p, sync_files=True)
+            ),
+        )
         eng.save(1, state_for(1)).future.result()
         state["on"] = True
         eng.save(2, state_for(2))
@@ -86,7 +97,10 @@ def _main(mode: str, root: str, arg: str) -> None:
         got = eng.load_latest(target)
         report["loaded"] = None if got is None else [got.step, got.tier]
         report["exact"] = got is not None and all(
-            torch.equal(target[g][k], state_for(got.step)[g][k]) for g in ("model", "optim") for k in target[g])
+            torch.equal(target[g][k], state_for(got.step)[g][k])
+            for g in ("model", "optim")
+            for k in target[g]
+        )
         report["step_field"] = target["step"]
         if got is not None:
             nxt = got.step + 1
@@ -96,7 +110,9 @@ def _main(mode: str, root: str, arg: str) -> None:
 
 
 def _run(mode: str, root: Path, arg: str = "") -> dict:
-    p = subprocess.run([sys.executable, str(HERE), mode, str(root), arg], capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, str(HERE), mode, str(root), arg], capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads((root / f"{mode}.json").read_text())
 
@@ -105,7 +121,9 @@ def _committed_good(root: Path, sub: str) -> list[int]:
     from stalwart.checkpoint.manifest import verify
 
     d = root / sub
-    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-") and verify(p)[0] is not None)
+    return sorted(
+        int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-") and verify(p)[0] is not None
+    )
 
 
 def _first_data_file(d: Path) -> Path:
@@ -128,8 +146,11 @@ def _drop_shard(d: Path) -> None:
     _first_data_file(d).unlink()
 
 
-@pytest.mark.parametrize("damage,reason", [(_flip, "corrupted"), (_truncate, "truncated"),
-                                           (_drop_shard, "missing file")], ids=["bitflip", "truncated", "missing"])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [(_flip, "corrupted"), (_truncate, "truncated"), (_drop_shard, "missing file")],
+    ids=["bitflip", "truncated", "missing"],
+)
 def test_damaged_newest_version_resumes_from_the_newest_good_one(tmp_path, damage, reason):
     _run("train", tmp_path, "3")
     for sub in ("shm", "disk"):
@@ -144,8 +165,12 @@ def test_damaged_newest_version_resumes_from_the_newest_good_one(tmp_path, damag
 
 
 def test_kill_9_mid_persist_never_resumes_from_the_torn_version(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(HERE), "hang_in_persist", str(tmp_path), ""],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE), "hang_in_persist", str(tmp_path), ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (tmp_path / "mid-persist").exists():
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -180,7 +205,9 @@ def test_full_disk_fails_the_save_and_keeps_every_committed_version(tmp_path, ti
     rep = _run("full_disk", tmp_path, str(tiny_tmpfs))
     results = dict((s, c) for s, c in rep["results"])
     disk_ok = [s for s, c in results.items() if "disk" in c]
-    assert disk_ok and disk_ok == list(range(1, len(disk_ok) + 1)) and len(disk_ok) < 7  # then the disk filled
+    assert (
+        disk_ok and disk_ok == list(range(1, len(disk_ok) + 1)) and len(disk_ok) < 7
+    )  # then the disk filled
     failed = [e for e in rep["events"] if e[0] == "CheckpointPersistFailed"]
     assert failed and all("No space left" in e[2] for e in failed)
     assert not any(p.name.endswith(".partial") for p in tiny_tmpfs.iterdir())

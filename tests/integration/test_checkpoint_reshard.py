@@ -108,10 +108,24 @@ def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Pat
     port = _free_port()
     procs = []
     for r in range(ws):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(HERE), phase, str(src or ""), str(dst or ""), str(out)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(ws),
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE), phase, str(src or ""), str(dst or ""), str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for r, (p, o) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"phase {phase} rank {r} failed:\n{o[-3000:]}"

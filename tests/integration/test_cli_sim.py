@@ -27,8 +27,14 @@ pytestmark = pytest.mark.integration
 
 def cli(*args, cwd=None):
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "stalwart.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "stalwart.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def test_sim_json_equals_the_library():
@@ -47,22 +53,27 @@ def test_sim_tables():
 
 def test_sim_config_file(tmp_path):
     f = tmp_path / "sim.yaml"
-    f.write_text("gpus: 2048\ndays: 2\ntrials: 10\nspare_nodes: 1\n"
-                 "tiers:\n  - {name: mem, interval_s: 120, stall_s: 1, restore_s: 5, survives_node_loss: false}\n"
-                 "  - {name: fs, interval_s: 1200, stall_s: 20, restore_s: 120}\n")
+    f.write_text(
+        "gpus: 2048\ndays: 2\ntrials: 10\nspare_nodes: 1\n"
+        "tiers:\n  - {name: mem, interval_s: 120, stall_s: 1, restore_s: 5, survives_node_loss: false}\n"
+        "  - {name: fs, interval_s: 1200, stall_s: 20, restore_s: 120}\n"
+    )
     p = cli("sim", "--config", str(f), "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["gpus"] == 2048 and d["spare_nodes"] == 1 and len(d["tiers"]) == 2
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("sim", "--gpus", "0"), "gpus"),
-    (("sim", "--rate-scale", "-2"), "rate-scale"),
-    (("sim", "--gpus", "100"), "whole number"),
-    (("sim", "--days", "0.001", "--interval", "3600"), "units"),
-    (("sim", "--strategy", "pray"), "strategy"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("sim", "--gpus", "0"), "gpus"),
+        (("sim", "--rate-scale", "-2"), "rate-scale"),
+        (("sim", "--gpus", "100"), "whole number"),
+        (("sim", "--days", "0.001", "--interval", "3600"), "units"),
+        (("sim", "--strategy", "pray"), "strategy"),
+    ],
+)
 def test_bad_input_is_one_line_and_nonzero(args, needle):
     p = cli(*args)
     assert p.returncode != 0
@@ -74,23 +85,43 @@ def test_bad_input_is_one_line_and_nonzero(args, needle):
 def _write_run(run_dir: Path) -> None:
     t = 3_000_000.0
     with LedgerWriter(run_dir / "ledger" / "agent-a.ledger") as w:
-        w.extend([JobStarted(ts=t, script="x"),
-                  AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
-                  StepCompleted(ts=t + 10, step=0, start=t, duration=10),
-                  CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=2.0),
-                  FailureDetected(ts=t + 100, onset=t + 95, failure="crash", evidence="Xid 79", node="a"),
-                  DecisionTaken(ts=t + 101, action="restart", reason="r"),
-                  AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
-                  TrainingResumed(ts=t + 120, step=1),
-                  StepCompleted(ts=t + 131, step=1, start=t + 121, duration=10),
-                  JobEnded(ts=t + 7200, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False)])
+        w.extend(
+            [
+                JobStarted(ts=t, script="x"),
+                AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
+                StepCompleted(ts=t + 10, step=0, start=t, duration=10),
+                CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=2.0),
+                FailureDetected(ts=t + 100, onset=t + 95, failure="crash", evidence="Xid 79", node="a"),
+                DecisionTaken(ts=t + 101, action="restart", reason="r"),
+                AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
+                TrainingResumed(ts=t + 120, step=1),
+                StepCompleted(ts=t + 131, step=1, start=t + 121, duration=10),
+                JobEnded(ts=t + 7200, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False),
+            ]
+        )
 
 
 def test_plan_from_ledger_with_plots(tmp_path):
     _write_run(tmp_path / "run")
     out = tmp_path / "plots"
-    p = cli("plan", "--gpus", "1024", "--days", "3", "--trials", "20", "--scale-to", "4096",
-            "--ledger", str(tmp_path / "run"), "--plot", str(out), "--plot-format", "svg", "--json")
+    p = cli(
+        "plan",
+        "--gpus",
+        "1024",
+        "--days",
+        "3",
+        "--trials",
+        "20",
+        "--scale-to",
+        "4096",
+        "--ledger",
+        str(tmp_path / "run"),
+        "--plot",
+        str(out),
+        "--plot-format",
+        "svg",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert any("1 interruptions" in n for n in d["notes"])  # rates came from the ledger

@@ -15,8 +15,9 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stalwart.cli", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "stalwart.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def test_recorded_h100_passes_with_a_table():
@@ -53,11 +54,14 @@ def test_active_suite_on_cpu():
     assert out["timings"]["active"] > 0
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--fixture", "/nonexistent/telemetry"], "fixture directory /nonexistent/telemetry does not exist"),
-    (["--backend", "k8s"], "unknown backend 'k8s'"),
-    (["--expected-gpus", "-1"], "invalid health check option --expected-gpus"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--fixture", "/nonexistent/telemetry"], "fixture directory /nonexistent/telemetry does not exist"),
+        (["--backend", "k8s"], "unknown backend 'k8s'"),
+        (["--expected-gpus", "-1"], "invalid health check option --expected-gpus"),
+    ],
+)
 def test_usage_errors_are_one_line_exit_two(args, needle):
     p = cli("health", "check", *args)
     assert p.returncode == 2
@@ -74,11 +78,32 @@ def test_bad_rule_table_is_a_one_line_error(tmp_path):
 
 def test_local_backend_lifecycle_and_nodes_listing(tmp_path):
     state = tmp_path / "health"
-    p = cli("health", "check", "--fixture", str(FIX / "h100_derived" / "remap_pending"), "--backend", "local",
-            "--node", "gpu-a", "--state-dir", str(state), "--json")
+    p = cli(
+        "health",
+        "check",
+        "--fixture",
+        str(FIX / "h100_derived" / "remap_pending"),
+        "--backend",
+        "local",
+        "--node",
+        "gpu-a",
+        "--state-dir",
+        str(state),
+        "--json",
+    )
     assert p.returncode == 1 and json.loads(p.stdout)["lifecycle"]["state"] == "quarantined"
-    p = cli("health", "check", "--fixture", str(FIX / "h100"), "--backend", "local", "--node", "gpu-b",
-            "--state-dir", str(state))
+    p = cli(
+        "health",
+        "check",
+        "--fixture",
+        str(FIX / "h100"),
+        "--backend",
+        "local",
+        "--node",
+        "gpu-b",
+        "--state-dir",
+        str(state),
+    )
     assert p.returncode == 0
     p = cli("nodes", "--state-dir", str(state), "--json")
     rows = {r["node"]: r for r in json.loads(p.stdout)}

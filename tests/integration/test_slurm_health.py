@@ -22,9 +22,25 @@ def _free_port() -> int:
 
 
 def check(cluster, node: str, fixture: Path, state: Path, *extra: str):
-    proc = cluster.run(sys.executable, "-m", "stalwart.cli", "health", "check", "--backend", "slurm", "--node", node,
-                       "--fixture", str(fixture), "--state-dir", str(state), "--json", *extra, check=False,
-                       timeout=180)
+    proc = cluster.run(
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "health",
+        "check",
+        "--backend",
+        "slurm",
+        "--node",
+        node,
+        "--fixture",
+        str(fixture),
+        "--state-dir",
+        str(state),
+        "--json",
+        *extra,
+        check=False,
+        timeout=180,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -52,13 +68,26 @@ def test_drain_continue_resume_and_operator_drains_are_left_alone(slurm_factory,
     assert rc == 0 and out["lifecycle"]["action"] == "resume", out["lifecycle"]
     c.wait_for(lambda n: n["node2"][0] == "idle", what="node2 idle")
     assert c.nodes()["node2"][1] == ""
-    assert sorted(c.run("srun", "-N4", "bash", "-c", "echo $SLURMD_NODENAME").stdout.split()) == \
-        ["node1", "node2", "node3", "node4"]
+    assert sorted(c.run("srun", "-N4", "bash", "-c", "echo $SLURMD_NODENAME").stdout.split()) == [
+        "node1",
+        "node2",
+        "node3",
+        "node4",
+    ]
 
     # cross-node all-reduce bus bandwidth: one process per Slurm node (all on this host here)
     port = _free_port()
-    probe = c.run("srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "stalwart.health.allreduce_probe",
-                  "--master", f"127.0.0.1:{port}", timeout=180)
+    probe = c.run(
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        sys.executable,
+        "-m",
+        "stalwart.health.allreduce_probe",
+        "--master",
+        f"127.0.0.1:{port}",
+        timeout=180,
+    )
     res = json.loads(probe.stdout.strip().splitlines()[-1])
     assert res["ranks"] == 2 and res["ok"] and res["busbw_gbps"] > 0 and res["verdict"] == "pass"
 
@@ -71,11 +100,23 @@ def test_drain_continue_resume_and_operator_drains_are_left_alone(slurm_factory,
     st, reason = c.nodes()["node3"]
     assert "drain" in st and reason == "maintenance: PSU swap"
 
-    listing = c.run(sys.executable, "-m", "stalwart.cli", "nodes", "--backend", "slurm", "--state-dir", str(state),
-                    "--json")
+    listing = c.run(
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "nodes",
+        "--backend",
+        "slurm",
+        "--state-dir",
+        str(state),
+        "--json",
+    )
     rows = {r["node"]: r for r in json.loads(listing.stdout)}
     assert rows["node2"]["state"] == "probation" and rows["node2"]["drained_by"] == "-"
-    assert rows["node3"]["drained_by"] == "operator" and rows["node3"]["scheduler_reason"] == "maintenance: PSU swap"
+    assert (
+        rows["node3"]["drained_by"] == "operator"
+        and rows["node3"]["scheduler_reason"] == "maintenance: PSU swap"
+    )
     assert rows["node1"]["state"] == "healthy"
 
 
@@ -99,8 +140,11 @@ exec {sys.executable} -m stalwart.cli health check --backend slurm --node "$SLUR
     c = slurm_factory(f"HealthCheckProgram={wrapper}\nHealthCheckInterval=3\nHealthCheckNodeState=ANY")
     (hc / "slurm_conf_path").write_text(str(c.conf))
     (hc / "fault-node4").touch()
-    waited = c.wait_for(lambda n: "drain" in n["node4"][0] and n["node4"][1].startswith("stalwart: "),
-                        timeout=120, what="HealthCheckProgram drains node4")
+    waited = c.wait_for(
+        lambda n: "drain" in n["node4"][0] and n["node4"][1].startswith("stalwart: "),
+        timeout=120,
+        what="HealthCheckProgram drains node4",
+    )
     assert all(c.nodes()[n][0] == "idle" for n in ("node1", "node2", "node3"))
     st_reason = c.nodes()["node4"][1]
     assert "Xid 48" in st_reason

@@ -12,9 +12,19 @@ PRICES = Prices(gpu_hour=2.0, opportunity_gpu_hour=1.0, engineer_hour=100.0, sli
 def test_each_layer():
     # 1024 GPUs down 30 min, 1 h of work re-done, 2 h at 25% slower before the stop, 8 nodes in repair
     # for 48 h, two responders for 1.5 h each
-    inc = Incident(gpus=1024, downtime_s=1800, lost_work_s=3600, degraded_s=7200, degraded_fraction=0.25,
-                   excluded_gpus=8, excluded_s=48 * 3600, responder_hours=3.0, step_time_s=6.0,
-                   tokens_per_step=4e6, label="xid79")
+    inc = Incident(
+        gpus=1024,
+        downtime_s=1800,
+        lost_work_s=3600,
+        degraded_s=7200,
+        degraded_fraction=0.25,
+        excluded_gpus=8,
+        excluded_s=48 * 3600,
+        responder_hours=3.0,
+        step_time_s=6.0,
+        tokens_per_step=4e6,
+        label="xid79",
+    )
     s = incident_cost(inc, PRICES)
     assert s.compute_waste == pytest.approx(1024 * 1.5 * 2.0)
     assert s.opportunity == pytest.approx((1024 * 0.5 + 8 * 48) * 1.0)
@@ -33,8 +43,10 @@ def test_progress_unknown_without_step_time():
 
 
 def test_run_total_is_the_sum():
-    incs = [Incident(gpus=8, downtime_s=600, lost_work_s=60, step_time_s=1),
-            Incident(gpus=8, downtime_s=60, responder_hours=1, step_time_s=1)]
+    incs = [
+        Incident(gpus=8, downtime_s=600, lost_work_s=60, step_time_s=1),
+        Incident(gpus=8, downtime_s=60, responder_hours=1, step_time_s=1),
+    ]
     stacks, run = run_cost(incs, PRICES)
     assert run.total == pytest.approx(sum(s.total for s in stacks))
     assert run.steps_lost == pytest.approx(720)

@@ -26,12 +26,15 @@ def test_daly_interval_is_mtbf_when_checkpoint_longer_than_two_mtbf():
     assert ettr.daly_interval(7300, 3600) == 3600
 
 
-@pytest.mark.parametrize("delta,mtbf,tol", [
-    (300, 86400, 1e-4),   # delta/M = 0.0035: Daly claims the estimate is near-exact here
-    (60, 11135, 1e-4),    # Llama-3-like job MTBF (54 d * 24 h / 419 = 3.09 h), 1-minute stall
-    (600, 3600, 2e-3),    # delta/M = 0.17
-    (1800, 3600, 1e-2),   # delta/M = 0.5: the perturbation series is visibly approximate
-])
+@pytest.mark.parametrize(
+    "delta,mtbf,tol",
+    [
+        (300, 86400, 1e-4),  # delta/M = 0.0035: Daly claims the estimate is near-exact here
+        (60, 11135, 1e-4),  # Llama-3-like job MTBF (54 d * 24 h / 419 = 3.09 h), 1-minute stall
+        (600, 3600, 2e-3),  # delta/M = 0.17
+        (1800, 3600, 1e-2),  # delta/M = 0.5: the perturbation series is visibly approximate
+    ],
+)
 def test_daly_estimate_matches_numeric_optimum_of_his_wall_time(delta, mtbf, tol):
     # Daly (2006) shows his higher-order estimate tracks the true optimum of T_w for delta < 2M,
     # with error growing with delta/M; tolerances follow that growth.

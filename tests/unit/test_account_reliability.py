@@ -55,8 +55,10 @@ def test_bad_inputs():
 
 
 def test_mttr_split():
-    ints = [rel.Interruption(onset=0, detected=10, decided=12, recovered=112),
-            rel.Interruption(onset=100, detected=130, decided=131, recovered=None)]
+    ints = [
+        rel.Interruption(onset=0, detected=10, decided=12, recovered=112),
+        rel.Interruption(onset=100, detected=130, decided=131, recovered=None),
+    ]
     m = rel.mttr(ints)
     assert m.detect_s == 20 and m.decide_s == 1.5 and m.recover_s == 100 and m.total_s == 112
     assert (m.recovered, m.unrecovered) == (1, 1)
@@ -107,9 +109,17 @@ def _run_events():
         AttemptStarted(ts=t + 1, world_size=16, num_nodes=2, node="a", attempt=0),
         AttemptStarted(ts=t + 1.2, world_size=16, num_nodes=2, node="b", attempt=0),
         StepCompleted(ts=t + 100, step=1, start=t + 90, duration=10),
-        FailureDetected(ts=t + 3600, onset=t + 3590, failure="peer_lost", evidence="peer gone", node="a", rank=0),
-        FailureDetected(ts=t + 3605, onset=t + 3580, failure="crash", evidence="Xid 79 fallen off the bus",
-                        node="b", rank=9),
+        FailureDetected(
+            ts=t + 3600, onset=t + 3590, failure="peer_lost", evidence="peer gone", node="a", rank=0
+        ),
+        FailureDetected(
+            ts=t + 3605,
+            onset=t + 3580,
+            failure="crash",
+            evidence="Xid 79 fallen off the bus",
+            node="b",
+            rank=9,
+        ),
         DecisionTaken(ts=t + 3607, action="restart", reason="infra fault"),
         AttemptStarted(ts=t + 3700, world_size=8, num_nodes=1, node="a", attempt=1),
         TrainingResumed(ts=t + 3750, step=300),

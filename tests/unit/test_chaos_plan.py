@@ -14,26 +14,31 @@ def test_parse_every_kind():
     assert parse_spec(" exit@rank=0, step=3 ") == Fault("exit", rank=0, step=3)
     assert parse_spec("raise@rank=0,step=30") == Fault("raise", rank=0, step=30)
     assert parse_spec("hang@rank=2,step=60") == Fault("hang", rank=2, step=60)
-    assert parse_spec("slow@rank=3,factor=1.5,from=10,to=20") == Fault("slow", rank=3, factor=1.5, start=10, stop=20)
+    assert parse_spec("slow@rank=3,factor=1.5,from=10,to=20") == Fault(
+        "slow", rank=3, factor=1.5, start=10, stop=20
+    )
     assert parse_spec("kill_agent@node=1,step=50") == Fault("kill-agent", step=50, node=1)
     assert parse_spec("CORRUPT-CHECKPOINT@step=70").kind == "corrupt-checkpoint"
     assert parse_spec("truncate-checkpoint@step=70,id=t1").marker() == "t1"
 
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("", "empty fault spec"),
-    ("explode@rank=1,step=2", "unknown fault 'explode'"),
-    ("crash@step=4", "needs rank="),
-    ("crash@rank=1", "needs step="),
-    ("crash@rank=one,step=4", "rank='one' is not an integer"),
-    ("crash@rank=-1,step=4", "rank=-1 must be >= 0"),
-    ("crash@rank=1,step=4,color=red", "unknown key(s) color"),
-    ("crash@rank=1,step", "'step' is not key=value"),
-    ("kill-agent@step=5", "needs node="),
-    ("slow@rank=1,factor=1.0", "factor=1 must be in (1, 100]"),
-    ("slow@rank=1,factor=fast", "factor='fast' is not a number"),
-    ("slow@rank=1,factor=2,from=10,to=5", "to=5 is before from=10"),
-])
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("", "empty fault spec"),
+        ("explode@rank=1,step=2", "unknown fault 'explode'"),
+        ("crash@step=4", "needs rank="),
+        ("crash@rank=1", "needs step="),
+        ("crash@rank=one,step=4", "rank='one' is not an integer"),
+        ("crash@rank=-1,step=4", "rank=-1 must be >= 0"),
+        ("crash@rank=1,step=4,color=red", "unknown key(s) color"),
+        ("crash@rank=1,step", "'step' is not key=value"),
+        ("kill-agent@step=5", "needs node="),
+        ("slow@rank=1,factor=1.0", "factor=1 must be in (1, 100]"),
+        ("slow@rank=1,factor=fast", "factor='fast' is not a number"),
+        ("slow@rank=1,factor=2,from=10,to=5", "to=5 is before from=10"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(spec, fragment):
     with pytest.raises(FaultPlanError) as exc:
         parse_spec(spec)
@@ -48,7 +53,10 @@ def test_unknown_kind_hint_lists_the_kinds():
 
 def test_split_and_build_plan_rejects_duplicates():
     assert split_specs(["crash@rank=1,step=4;hang@rank=0,step=9", "exit@rank=0,step=2;"]) == [
-        "crash@rank=1,step=4", "hang@rank=0,step=9", "exit@rank=0,step=2"]
+        "crash@rank=1,step=4",
+        "hang@rank=0,step=9",
+        "exit@rank=0,step=2",
+    ]
     plan = build_plan(["crash@rank=1,step=4;hang@rank=0,step=9"])
     assert [f.kind for f in plan.faults] == ["crash", "hang"]
     with pytest.raises(FaultPlanError, match="same fault twice"):
@@ -67,13 +75,16 @@ def test_yaml_plans(tmp_path):
     assert len(build_plan(["hang@rank=0,step=9"], p).faults) == 2
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("faults: {fault: crash}", "must be a list of faults"),
-    ("- {rank: 1, step: 2}", "entry 0 needs a 'fault:' key"),
-    ("- [1, 2]", "entry 0 needs a 'fault:' key"),
-    ("- {fault: crash, rank: 1, step: 2, speed: 3}", "unknown key(s) speed"),
-    ("faults: [\n  - {", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("faults: {fault: crash}", "must be a list of faults"),
+        ("- {rank: 1, step: 2}", "entry 0 needs a 'fault:' key"),
+        ("- [1, 2]", "entry 0 needs a 'fault:' key"),
+        ("- {fault: crash, rank: 1, step: 2, speed: 3}", "unknown key(s) speed"),
+        ("faults: [\n  - {", "is not valid YAML"),
+    ],
+)
 def test_bad_yaml_plans(tmp_path, text, fragment):
     p = tmp_path / "plan.yaml"
     p.write_text(text)
@@ -88,8 +99,12 @@ def test_missing_plan_file(tmp_path):
 
 
 def test_routing_and_json_round_trip():
-    plan = build_plan(["crash@rank=1,step=4;slow@rank=1,factor=2;hang@rank=0,step=9;"
-                       "kill-agent@node=1,step=3;corrupt-checkpoint@step=5"])
+    plan = build_plan(
+        [
+            "crash@rank=1,step=4;slow@rank=1,factor=2;hang@rank=0,step=9;"
+            "kill-agent@node=1,step=3;corrupt-checkpoint@step=5"
+        ]
+    )
     assert [f.kind for f in plan.for_rank(1)] == ["crash", "slow"]
     assert [f.kind for f in plan.for_rank(0)] == ["hang"]
     assert plan.for_rank(2) == ()

@@ -28,15 +28,27 @@ def test_stall_drives_the_interval_and_persist_is_a_floor():
 
 def test_slower_tiers_get_longer_intervals_when_they_cover_rarer_failures():
     tiers = [("mem", "memory"), ("disk", "local"), ("fs", "shared")]
-    out = advise(tiers, stall_s=0.1, persist_s={}, mtbf_s=3600, step_time_s=0.5,
-                 memory_loss_fraction=0.4, node_loss_fraction=0.1)
-    assert out[0].mtbf_s == 3600 and out[1].mtbf_s == pytest.approx(9000) and out[2].mtbf_s == pytest.approx(36000)
+    out = advise(
+        tiers,
+        stall_s=0.1,
+        persist_s={},
+        mtbf_s=3600,
+        step_time_s=0.5,
+        memory_loss_fraction=0.4,
+        node_loss_fraction=0.1,
+    )
+    assert (
+        out[0].mtbf_s == 3600
+        and out[1].mtbf_s == pytest.approx(9000)
+        and out[2].mtbf_s == pytest.approx(36000)
+    )
     assert out[0].interval_steps < out[1].interval_steps < out[2].interval_steps
     assert out[2].interval_s == pytest.approx(daly_interval(0.1, 36000))
 
 
-@pytest.mark.parametrize("kw", [{"mtbf_s": 0}, {"step_time_s": -1}, {"node_loss_fraction": 0},
-                                {"memory_loss_fraction": 1.5}])
+@pytest.mark.parametrize(
+    "kw", [{"mtbf_s": 0}, {"step_time_s": -1}, {"node_loss_fraction": 0}, {"memory_loss_fraction": 1.5}]
+)
 def test_bad_inputs_raise_config_error(kw):
     args = dict(stall_s=0.1, persist_s=1.0, mtbf_s=3600, step_time_s=1.0) | kw
     with pytest.raises(ConfigError):
@@ -45,8 +57,10 @@ def test_bad_inputs_raise_config_error(kw):
 
 class FakeEngine:
     def __init__(self):
-        self.tiers = [TierConfig(name="mem", kind="memory", location="/a", every_steps=10),
-                      TierConfig(name="disk", kind="local", location="/b", every_steps=50)]
+        self.tiers = [
+            TierConfig(name="mem", kind="memory", location="/a", every_steps=10),
+            TierConfig(name="disk", kind="local", location="/b", every_steps=50),
+        ]
         self.last_stall_s = None
         self.last_persist_s = {}
         self.rank = 0
@@ -63,8 +77,9 @@ class FakeEngine:
 
 def test_auto_mode_applies_advice_and_reports_it():
     eng, events = FakeEngine(), []
-    auto = AutoInterval(eng, mtbf_s=3600, every_steps=5, sink=events.append, wall=lambda: 1.0,
-                        memory_loss_fraction=0.5)
+    auto = AutoInterval(
+        eng, mtbf_s=3600, every_steps=5, sink=events.append, wall=lambda: 1.0, memory_loss_fraction=0.5
+    )
     assert auto.observe_step(0, 2.0) == []  # nothing measured yet
     eng.last_stall_s, eng.last_persist_s = 0.5, {"mem": 0.1, "disk": 4.0}
     advice = auto.observe_step(1, 2.0)
@@ -85,8 +100,9 @@ def test_advice_only_mode_leaves_intervals_alone():
 
 
 def test_default_tiers_keep_fast_tiers_frequent(tmp_path):
-    tiers = default_tiers(local_dir=str(tmp_path), job="j", base_every_steps=10, shared_dir="/mnt/fs",
-                          object_url="memory://b/c")
+    tiers = default_tiers(
+        local_dir=str(tmp_path), job="j", base_every_steps=10, shared_dir="/mnt/fs", object_url="memory://b/c"
+    )
     assert [t.kind for t in tiers] == ["memory", "local", "shared", "object"]
     every = [t.every_steps for t in tiers]
     assert every == sorted(every) and every[0] == 10

@@ -18,27 +18,41 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 def _state(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"model": {"w": torch.randn(128, 64, generator=g), "b": torch.randn(64, generator=g)},
-            "optim": {"m": torch.randn(128, 64, generator=g), "step": torch.tensor(3.0)}, "epoch": 2}
+    return {
+        "model": {"w": torch.randn(128, 64, generator=g), "b": torch.randn(64, generator=g)},
+        "optim": {"m": torch.randn(128, 64, generator=g), "step": torch.tensor(3.0)},
+        "epoch": 2,
+    }
 
 
 def _zeros_like(state):
-    return {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
-            "optim": {k: torch.zeros_like(v) for k, v in state["optim"].items()}, "epoch": 0}
+    return {
+        "model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
+        "optim": {k: torch.zeros_like(v) for k, v in state["optim"].items()},
+        "epoch": 0,
+    }
 
 
 def _equal(a, b):
-    return all(torch.equal(a[g][k], b[g][k]) for g in ("model", "optim") for k in a[g]) and a["epoch"] == b["epoch"]
+    return (
+        all(torch.equal(a[g][k], b[g][k]) for g in ("model", "optim") for k in a[g])
+        and a["epoch"] == b["epoch"]
+    )
 
 
 def _clone(state):
-    return {g: ({k: v.clone() for k, v in state[g].items()} if isinstance(state[g], dict) else state[g]) for g in state}
+    return {
+        g: ({k: v.clone() for k, v in state[g].items()} if isinstance(state[g], dict) else state[g])
+        for g in state
+    }
 
 
 @pytest.fixture
 def tiers(tmp_path):
-    return [TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm"), keep=2),
-            TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=2, keep=2)]
+    return [
+        TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm"), keep=2),
+        TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=2, keep=2),
+    ]
 
 
 def _engine(tiers, events=None, **kw):
@@ -162,7 +176,9 @@ def test_missing_shard_falls_back(tiers, tmp_path):
 
 
 def test_missing_manifest_is_never_loaded(tiers, tmp_path):
-    got, target, s1, rejected = _corrupt_newest_then_load(tiers, tmp_path, lambda d: (d / "MANIFEST.json").unlink())
+    got, target, s1, rejected = _corrupt_newest_then_load(
+        tiers, tmp_path, lambda d: (d / "MANIFEST.json").unlink()
+    )
     assert got.step == 1 and _equal(target, s1)
     assert all("no manifest" in e.reason for e in rejected)
 
@@ -173,6 +189,7 @@ def test_newest_step_wins_over_a_faster_tier_with_an_older_one(tiers, tmp_path):
     eng.save(1, s1).future.result()
     eng.save(3, s2).future.result()
     import shutil
+
     shutil.rmtree(tmp_path / "shm" / "step-000000003")
     target = _zeros_like(s1)
     got = eng.load_latest(target)
@@ -208,8 +225,10 @@ def test_full_disk_commits_nothing_and_keeps_older_versions(tiers, tmp_path):
 
 def test_object_tier_through_fsspec_and_fallback_to_it(tmp_path):
     url = f"memory://stalwart-test-{tmp_path.name}/ckpt"
-    tiers = [TierConfig(name="disk", kind="local", location=str(tmp_path / "disk")),
-             TierConfig(name="obj", kind="object", location=url, every_steps=2, keep=1)]
+    tiers = [
+        TierConfig(name="disk", kind="local", location=str(tmp_path / "disk")),
+        TierConfig(name="obj", kind="object", location=url, every_steps=2, keep=1),
+    ]
     events = []
     eng = _engine(tiers, events)
     states = {s: _state(s) for s in (1, 2, 3)}
@@ -219,13 +238,17 @@ def test_object_tier_through_fsspec_and_fallback_to_it(tmp_path):
     listed = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"/stalwart-test-{tmp_path.name}/ckpt", detail=False))
     assert listed == ["step-000000003"]  # keep=1 on the object tier
     import shutil
+
     shutil.rmtree(tmp_path / "disk")  # node lost: only the object store remains
     target = _zeros_like(states[1])
     got = eng.load_latest(target)
     assert (got.step, got.tier) == (3, "obj") and _equal(target, states[3])
     # a flipped bit in the object store is caught as well
-    data = next(p for p in fs.ls(f"/stalwart-test-{tmp_path.name}/ckpt/step-000000003", detail=False)
-                if p.endswith(".distcp"))
+    data = next(
+        p
+        for p in fs.ls(f"/stalwart-test-{tmp_path.name}/ckpt/step-000000003", detail=False)
+        if p.endswith(".distcp")
+    )
     raw = bytearray(fs.cat_file(data))
     raw[10] ^= 1
     fs.pipe_file(data, bytes(raw))
@@ -247,8 +270,10 @@ def test_object_tier_alone_writes_through_a_scratch_copy(tmp_path):
 
 
 def test_emergency_persists_the_newest_staged_state_to_a_durable_tier(tmp_path):
-    tiers = [TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
-             TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100)]
+    tiers = [
+        TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
+        TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100),
+    ]
     events = []
     eng = _engine(tiers, events)
     eng.save(1, _state(1)).future.result()
@@ -274,8 +299,10 @@ def test_emergency_reports_a_missed_deadline(tmp_path):
         return dcp.FileSystemWriter(path, sync_files=False)
 
     ticks = iter(range(1000))
-    tiers = [TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
-             TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100)]
+    tiers = [
+        TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
+        TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100),
+    ]
     eng = CheckpointEngine(tiers, writer_factory=blocked, clock=lambda: float(next(ticks)))
     eng.save(0, _state(1), force=False)
     gate.set()
@@ -331,8 +358,10 @@ def test_signal_during_staging_copies_the_newest_memory_version_to_disk(tmp_path
                 raise KeyboardInterrupt
             return super().stage(step, state, rank_state)
 
-    tiers = [TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
-             TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100)]
+    tiers = [
+        TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm")),
+        TierConfig(name="disk", kind="local", location=str(tmp_path / "disk"), every_steps=100),
+    ]
     eng = CheckpointEngine(tiers, stager=Interrupted(pin=False))
     eng.save(1, _state(1)).future.result()
     s4 = _state(4)
@@ -344,6 +373,7 @@ def test_signal_during_staging_copies_the_newest_memory_version_to_disk(tmp_path
     manifest, _ = verify(tmp_path / "disk" / "step-000000004")
     assert manifest.meta["emergency"] is True
     import shutil
+
     shutil.rmtree(tmp_path / "shm")
     target = _zeros_like(s4)
     got = eng.load_latest(target)

@@ -32,8 +32,12 @@ def _same(a, b):
 
 def test_front_keeps_the_manager_contract_and_round_trips_exactly(tmp_path):
     events = []
-    mgr = EngineCheckpointManager(tmp_path / "ck", keep=2, sink=events.append,
-                                  tiers=[TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm"))])
+    mgr = EngineCheckpointManager(
+        tmp_path / "ck",
+        keep=2,
+        sink=events.append,
+        tiers=[TierConfig(name="mem", kind="memory", location=str(tmp_path / "shm"))],
+    )
     shared = _shared(1)
     rank_state = {"rng": torch.get_rng_state(), "data_pos": 41}
     before = shared["model"]["weight"].clone()

@@ -5,9 +5,12 @@ from stalwart.checkpoint.staging import Stager
 
 def _state():
     torch.manual_seed(1)
-    return {"model": {"w": torch.randn(64, 32), "b": torch.randn(32)},
-            "optim": {"state": [torch.randn(8), {"m": torch.ones(3, dtype=torch.float16)}], "lr": 0.1},
-            "step": 7, "t": (torch.arange(4), "x")}
+    return {
+        "model": {"w": torch.randn(64, 32), "b": torch.randn(32)},
+        "optim": {"state": [torch.randn(8), {"m": torch.ones(3, dtype=torch.float16)}], "lr": 0.1},
+        "step": 7,
+        "t": (torch.arange(4), "x"),
+    }
 
 
 def test_snapshot_keeps_values_from_before_in_place_changes():
@@ -42,9 +45,19 @@ def test_bytes_counts_every_tensor_and_shape_change_reallocates():
     state = _state()
     stager = Stager(pin=False)
     snap = stager.stage(1, state, {"rng": torch.get_rng_state()})
-    expected = sum(t.numel() * t.element_size() for t in (
-        state["model"]["w"], state["model"]["b"], state["optim"]["state"][0], state["optim"]["state"][1]["m"],
-        state["t"][0])) + torch.get_rng_state().numel()
+    expected = (
+        sum(
+            t.numel() * t.element_size()
+            for t in (
+                state["model"]["w"],
+                state["model"]["b"],
+                state["optim"]["state"][0],
+                state["optim"]["state"][1]["m"],
+                state["t"][0],
+            )
+        )
+        + torch.get_rng_state().numel()
+    )
     assert snap.bytes == expected
     state["model"]["w"] = torch.randn(10, 10)
     snap2 = stager.stage(2, state)

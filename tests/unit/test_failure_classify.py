@@ -20,35 +20,47 @@ def test_signature_is_short_type_and_first_line():
     assert rec("x.E", "a" * 500).signature == "E: " + "a" * 200
 
 
-@pytest.mark.parametrize("type_, message", [
-    ("torch.distributed.DistBackendError", "NCCL error in: ..."),
-    ("builtins.RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"),
-    ("builtins.RuntimeError", "Connection reset by peer"),
-    ("torch.distributed.DistNetworkError", "failed to recv, got 0 bytes"),
-    ("builtins.RuntimeError", "Timed out waiting 1800000ms for recv operation"),
-])
+@pytest.mark.parametrize(
+    "type_, message",
+    [
+        ("torch.distributed.DistBackendError", "NCCL error in: ..."),
+        (
+            "builtins.RuntimeError",
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+        ),
+        ("builtins.RuntimeError", "Connection reset by peer"),
+        ("torch.distributed.DistNetworkError", "failed to recv, got 0 bytes"),
+        ("builtins.RuntimeError", "Timed out waiting 1800000ms for recv operation"),
+    ],
+)
 def test_comm_errors_are_peer_lost(type_, message):
     r = rec(type_, message)
     assert r.is_comm_error
     assert classify(1, r) == "peer_lost"
 
 
-@pytest.mark.parametrize("type_, message", [
-    ("builtins.ValueError", "expected input of shape (8, 16), got (8, 17)"),
-    ("builtins.ZeroDivisionError", "division by zero"),
-    ("builtins.RuntimeError", "injected bug at step 30 (chaos: raise@rank=0,step=30)"),
-])
+@pytest.mark.parametrize(
+    "type_, message",
+    [
+        ("builtins.ValueError", "expected input of shape (8, 16), got (8, 17)"),
+        ("builtins.ZeroDivisionError", "division by zero"),
+        ("builtins.RuntimeError", "injected bug at step 30 (chaos: raise@rank=0,step=30)"),
+    ],
+)
 def test_user_exceptions_are_exceptions(type_, message):
     r = rec(type_, message)
     assert not r.is_comm_error
     assert classify(1, r) == "exception"
 
 
-@pytest.mark.parametrize("type_, message", [
-    ("builtins.AttributeError", "'Trainer' object has no attribute 'restore_from'"),
-    ("builtins.FileNotFoundError", "[Errno 2] No such file or directory: '/data/datastore/shard-3.bin'"),
-    ("builtins.KeyError", "'sender_id'"),
-])
+@pytest.mark.parametrize(
+    "type_, message",
+    [
+        ("builtins.AttributeError", "'Trainer' object has no attribute 'restore_from'"),
+        ("builtins.FileNotFoundError", "[Errno 2] No such file or directory: '/data/datastore/shard-3.bin'"),
+        ("builtins.KeyError", "'sender_id'"),
+    ],
+)
 def test_user_exceptions_mentioning_comm_words_are_still_exceptions(type_, message):
     assert classify(1, rec(type_, message)) == "exception"
 
@@ -62,8 +74,17 @@ def test_signal_deaths_and_missing_records_are_crashes():
 
 def test_read_error(tmp_path):
     p = tmp_path / "e.json"
-    p.write_text(json.dumps({"type": "builtins.KeyError", "message": "'lr'", "step": 12, "ts": 5.5,
-                             "traceback": "Traceback ..."}))
+    p.write_text(
+        json.dumps(
+            {
+                "type": "builtins.KeyError",
+                "message": "'lr'",
+                "step": 12,
+                "ts": 5.5,
+                "traceback": "Traceback ...",
+            }
+        )
+    )
     r = read_error(p)
     assert r == ErrorRecord("builtins.KeyError", "'lr'", 12, 5.5, "Traceback ...")
     p.write_text(json.dumps({"type": "builtins.KeyError", "message": "m", "step": None}))

@@ -21,28 +21,68 @@ from stalwart.events import (
 RUN = "r1"
 
 
-def steps(attempt: int, first: int, starts: list[float], dur: float = 1.0, rank: int = 0) -> list[StepCompleted]:
-    return [StepCompleted(ts=t + dur, run_id=RUN, node="n0", attempt=attempt, rank=rank, step=first + i, start=t,
-                          duration=dur) for i, t in enumerate(starts)]
+def steps(
+    attempt: int, first: int, starts: list[float], dur: float = 1.0, rank: int = 0
+) -> list[StepCompleted]:
+    return [
+        StepCompleted(
+            ts=t + dur,
+            run_id=RUN,
+            node="n0",
+            attempt=attempt,
+            rank=rank,
+            step=first + i,
+            start=t,
+            duration=dur,
+        )
+        for i, t in enumerate(starts)
+    ]
 
 
 def crash_run() -> list:
     """Attempt 0: steps 0-4 from t=2, checkpoint (0.5 s stall) at 7.5, steps 5-7, crash at 11.0.
     Attempt 1: restore 12.0-12.5, steps 5-9 from t=13, job ends at 19."""
-    ev = [JobStarted(ts=0.0, run_id=RUN, node="n0", attempt=0, script="t.py"),
-          AttemptStarted(ts=0.5, run_id=RUN, node="n0", attempt=0, world_size=2)]
+    ev = [
+        JobStarted(ts=0.0, run_id=RUN, node="n0", attempt=0, script="t.py"),
+        AttemptStarted(ts=0.5, run_id=RUN, node="n0", attempt=0, world_size=2),
+    ]
     ev += steps(0, 0, [2.0, 3.0, 4.0, 5.0, 6.0])
-    ev.append(CheckpointCommitted(ts=7.5, run_id=RUN, node="n0", attempt=0, rank=0, step=5, path="c5", stall_s=0.5))
+    ev.append(
+        CheckpointCommitted(ts=7.5, run_id=RUN, node="n0", attempt=0, rank=0, step=5, path="c5", stall_s=0.5)
+    )
     ev += steps(0, 5, [7.5, 8.5, 9.5])
-    ev += [FailureDetected(ts=11.2, run_id=RUN, node="n0", attempt=0, rank=1, failure="crash",
-                           evidence="killed by SIGKILL", onset=11.0, step=8),
-           DecisionTaken(ts=11.3, run_id=RUN, node="n0", attempt=0, action="restart", reason="restart"),
-           AttemptStarted(ts=11.5, run_id=RUN, node="n0", attempt=1, world_size=2),
-           CheckpointLoaded(ts=12.5, run_id=RUN, node="n0", attempt=1, rank=0, step=5, path="c5", duration_s=0.5),
-           TrainingResumed(ts=12.5, run_id=RUN, node="n0", attempt=1, rank=0, step=5)]
+    ev += [
+        FailureDetected(
+            ts=11.2,
+            run_id=RUN,
+            node="n0",
+            attempt=0,
+            rank=1,
+            failure="crash",
+            evidence="killed by SIGKILL",
+            onset=11.0,
+            step=8,
+        ),
+        DecisionTaken(ts=11.3, run_id=RUN, node="n0", attempt=0, action="restart", reason="restart"),
+        AttemptStarted(ts=11.5, run_id=RUN, node="n0", attempt=1, world_size=2),
+        CheckpointLoaded(
+            ts=12.5, run_id=RUN, node="n0", attempt=1, rank=0, step=5, path="c5", duration_s=0.5
+        ),
+        TrainingResumed(ts=12.5, run_id=RUN, node="n0", attempt=1, rank=0, step=5),
+    ]
     ev += steps(1, 5, [13.0, 14.0, 15.0, 16.0, 17.0])
-    ev.append(JobEnded(ts=19.0, run_id=RUN, node="n0", attempt=1, verdict="done", outcome="succeeded",
-                       exit_code=0, requeue_helps=False))
+    ev.append(
+        JobEnded(
+            ts=19.0,
+            run_id=RUN,
+            node="n0",
+            attempt=1,
+            verdict="done",
+            outcome="succeeded",
+            exit_code=0,
+            requeue_helps=False,
+        )
+    )
     return ev
 
 
@@ -52,8 +92,18 @@ def test_buckets_of_a_run_with_one_crash():
     assert set(b) == set(BUCKETS)
     assert g.wall_s == 19.0 and g.finished and g.outcome == "succeeded"
     assert sum(b.values()) == pytest.approx(g.wall_s, abs=1e-9)
-    expected = {"startup": 2.0, "productive": 10.0, "checkpoint_stall": 0.5, "lost_work": 3.5, "detection": 0.2,
-                "checkpoint_restore": 0.5, "restart": 1.3, "shutdown": 1.0, "straggler_slowdown": 0.0, "other": 0.0}
+    expected = {
+        "startup": 2.0,
+        "productive": 10.0,
+        "checkpoint_stall": 0.5,
+        "lost_work": 3.5,
+        "detection": 0.2,
+        "checkpoint_restore": 0.5,
+        "restart": 1.3,
+        "shutdown": 1.0,
+        "straggler_slowdown": 0.0,
+        "other": 0.0,
+    }
     for name, value in expected.items():
         assert b[name] == pytest.approx(value, abs=1e-9), name
     assert g.goodput == pytest.approx(10.0 / 19.0)
@@ -87,7 +137,9 @@ def test_slow_step_excess_goes_to_straggler_slowdown():
     ev += steps(0, 0, [1.0, 2.0, 3.0, 4.0])
     ev += [StepCompleted(ts=8.0, run_id=RUN, node="n0", attempt=0, rank=0, step=4, start=5.0, duration=3.0)]
     ev += steps(0, 5, [8.0, 9.0, 10.0, 11.0])
-    ev.append(JobEnded(ts=12.0, run_id=RUN, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False))
+    ev.append(
+        JobEnded(ts=12.0, run_id=RUN, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False)
+    )
     g = compute(ev)
     assert g.ideal_step_s == 1.0
     assert g.buckets["straggler_slowdown"] == pytest.approx(2.0)
@@ -121,17 +173,43 @@ def test_unfinished_run_ends_at_its_last_event():
 
 
 def test_crash_during_restart_loses_no_work():
-    ev = [e for e in crash_run() if not (isinstance(e, StepCompleted) and e.attempt == 1)
-          and not isinstance(e, JobEnded)]
+    ev = [
+        e
+        for e in crash_run()
+        if not (isinstance(e, StepCompleted) and e.attempt == 1) and not isinstance(e, JobEnded)
+    ]
     # attempt 1 dies while restoring (before its first step); attempt 2 restores and runs 5-9
-    ev += [FailureDetected(ts=12.9, run_id=RUN, node="n0", attempt=1, rank=0, failure="crash",
-                           evidence="killed by SIGKILL", onset=12.8, step=5),
-           DecisionTaken(ts=13.0, run_id=RUN, node="n0", attempt=1, action="restart", reason="restart"),
-           CheckpointLoaded(ts=14.0, run_id=RUN, node="n0", attempt=2, rank=0, step=5, path="c5", duration_s=0.5),
-           TrainingResumed(ts=14.0, run_id=RUN, node="n0", attempt=2, rank=0, step=5)]
+    ev += [
+        FailureDetected(
+            ts=12.9,
+            run_id=RUN,
+            node="n0",
+            attempt=1,
+            rank=0,
+            failure="crash",
+            evidence="killed by SIGKILL",
+            onset=12.8,
+            step=5,
+        ),
+        DecisionTaken(ts=13.0, run_id=RUN, node="n0", attempt=1, action="restart", reason="restart"),
+        CheckpointLoaded(
+            ts=14.0, run_id=RUN, node="n0", attempt=2, rank=0, step=5, path="c5", duration_s=0.5
+        ),
+        TrainingResumed(ts=14.0, run_id=RUN, node="n0", attempt=2, rank=0, step=5),
+    ]
     ev += steps(2, 5, [14.5, 15.5, 16.5, 17.5, 18.5])
-    ev.append(JobEnded(ts=20.0, run_id=RUN, node="n0", attempt=2, verdict="done", outcome="succeeded",
-                       exit_code=0, requeue_helps=False))
+    ev.append(
+        JobEnded(
+            ts=20.0,
+            run_id=RUN,
+            node="n0",
+            attempt=2,
+            verdict="done",
+            outcome="succeeded",
+            exit_code=0,
+            requeue_helps=False,
+        )
+    )
     g = compute(ev)
     first, second = g.interruptions
     assert first.lost_work_s == pytest.approx(3.5)

@@ -30,7 +30,10 @@ def test_list_and_view(monkeypatch):
     fake(monkeypatch, {"sinfo": (0, SINFO)}, calls)
     be = SlurmBackend()
     assert [(n.node, n.state, n.reason) for n in be.list_nodes()] == [
-        ("node1", "idle", ""), ("node2", "drained", "stalwart: fail: Xid 48 on gpu0"), ("node3", "draining", "maintenance")]
+        ("node1", "idle", ""),
+        ("node2", "drained", "stalwart: fail: Xid 48 on gpu0"),
+        ("node3", "draining", "maintenance"),
+    ]
     v = be.view("node3")
     assert v.drained and v.reason == "maintenance"
     assert calls[-1] == ["sinfo", "-h", "-N", "-n", "node3", "-o", "%N|%T|%E"]

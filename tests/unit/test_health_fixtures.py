@@ -123,7 +123,11 @@ def test_sw_power_cap_alone_is_not_a_fault_but_hw_bits_are():
     th = PassiveThresholds()
     capped = replace(g, gpus=(replace(g.gpus[0], clock_event_reasons=0x4),))
     assert check_gpus(capped, th) == []
-    for bit, code in ((0x8, "gpu.clock.hw_slowdown"), (0x40, "gpu.clock.hw_thermal"), (0x80, "gpu.clock.power_brake")):
+    for bit, code in (
+        (0x8, "gpu.clock.hw_slowdown"),
+        (0x40, "gpu.clock.hw_thermal"),
+        (0x80, "gpu.clock.power_brake"),
+    ):
         bad = replace(g, gpus=(replace(g.gpus[0], clock_event_reasons=0x4 | bit),))
         assert [f.code for f in check_gpus(bad, th)] == [code]
 

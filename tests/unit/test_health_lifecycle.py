@@ -83,8 +83,13 @@ def test_same_fault_after_readmission_escalates():
     assert t.action == "drain" and t.record.needs_human and not t.record.recoverable
     assert "escalated to irrecoverable" in t.reason
     # a different fault family is not a recurrence
-    t3 = transition(replace(t.record, needs_human=False, state=NodeState.PROBATION), replace(FAIL, fault_key="ib-link"),
-                    SchedulerView(False), P, 300)
+    t3 = transition(
+        replace(t.record, needs_human=False, state=NodeState.PROBATION),
+        replace(FAIL, fault_key="ib-link"),
+        SchedulerView(False),
+        P,
+        300,
+    )
     assert t3.record.recoverable
 
 
@@ -133,12 +138,20 @@ def _verdict(code: str | None):
 
 def test_controller_drains_resumes_and_writes_the_audit_trail(tmp_path):
     store, be, pol = HealthStore(tmp_path), FakeBackend(), LifecyclePolicy()
-    a = apply_verdict("n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=10)
+    a = apply_verdict(
+        "n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=10
+    )
     assert a.transition.action == "drain" and be.state["n2"].reason.startswith("stalwart: ")
     rec = store.record("n2")
-    assert rec.state == NodeState.QUARANTINED and rec.reason.startswith("fail: ") and rec.fault_key == "remap-pending"
+    assert (
+        rec.state == NodeState.QUARANTINED
+        and rec.reason.startswith("fail: ")
+        and rec.fault_key == "remap-pending"
+    )
     # a second failing check keeps the node's reason (not "still quarantined: ...")
-    apply_verdict("n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=15)
+    apply_verdict(
+        "n2", _verdict("gpu.remap.pending"), level="passive", backend=be, store=store, policy=pol, now=15
+    )
     assert store.record("n2").reason == rec.reason and be.calls == [("drain", "n2")]
     a = apply_verdict("n2", _verdict(None), level="active", backend=be, store=store, policy=pol, now=20)
     assert a.transition.action == "resume" and be.calls == [("drain", "n2"), ("resume", "n2")]
@@ -147,7 +160,11 @@ def test_controller_drains_resumes_and_writes_the_audit_trail(tmp_path):
     evs = read_merged(list(tmp_path.glob("*.ledger")))
     kinds = [type(e).__name__ for e in evs]
     assert kinds.count("HealthChecked") == 4
-    assert [e.to_state for e in evs if isinstance(e, NodeStateChanged)] == ["quarantined", "probation", "healthy"]
+    assert [e.to_state for e in evs if isinstance(e, NodeStateChanged)] == [
+        "quarantined",
+        "probation",
+        "healthy",
+    ]
     (d,) = [e for e in evs if isinstance(e, NodeDrained)]
     assert d.node == "n2" and d.read_back == "drained"
     assert [e for e in evs if isinstance(e, NodeResumed)][0].read_back == "idle"
@@ -156,9 +173,15 @@ def test_controller_drains_resumes_and_writes_the_audit_trail(tmp_path):
 
 
 def test_controller_caps_drains_across_nodes(tmp_path):
-    store, be, pol = HealthStore(tmp_path), FakeBackend(), LifecyclePolicy(max_auto_drains=2, drain_window_s=600)
+    store, be, pol = (
+        HealthStore(tmp_path),
+        FakeBackend(),
+        LifecyclePolicy(max_auto_drains=2, drain_window_s=600),
+    )
     for i, node in enumerate(("a", "b", "c")):
-        apply_verdict(node, _verdict("gpu.lost"), level="passive", backend=be, store=store, policy=pol, now=100 + i)
+        apply_verdict(
+            node, _verdict("gpu.lost"), level="passive", backend=be, store=store, policy=pol, now=100 + i
+        )
     assert be.calls == [("drain", "a"), ("drain", "b")]
     alerts = [e for e in store.events() if isinstance(e, HealthAlert)]
     assert len(alerts) == 1 and alerts[0].node == "c"

@@ -22,8 +22,14 @@ def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-def fake_nvml(overrides: dict | None = None, *, init_error: int | None = None, hang: set[str] | None = None,
-              lost: bool = False, xids: tuple[int, ...] = ()) -> types.SimpleNamespace:
+def fake_nvml(
+    overrides: dict | None = None,
+    *,
+    init_error: int | None = None,
+    hang: set[str] | None = None,
+    lost: bool = False,
+    xids: tuple[int, ...] = (),
+) -> types.SimpleNamespace:
     """A stand-in module: values from the recorded snapshot, errors and hangs where asked."""
     d = json.loads(SNAP.read_text())["nvml"] | (overrides or {})
     gate = threading.Event()  # never set: a "hung" call blocks until the test process ends
@@ -38,9 +44,15 @@ def fake_nvml(overrides: dict | None = None, *, init_error: int | None = None, h
             if isinstance(v, str) and v.startswith("EXC"):
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return v
+
         return fn
 
-    thr = {0: d["temp_thr_shutdown"], 1: d["temp_thr_slowdown"], 2: d["temp_thr_mem_max"], 3: d["temp_thr_gpu_max"]}
+    thr = {
+        0: d["temp_thr_shutdown"],
+        1: d["temp_thr_slowdown"],
+        2: d["temp_thr_mem_max"],
+        3: d["temp_thr_gpu_max"],
+    }
     remap = d["remapped_rows"]
 
     def init():
@@ -72,22 +84,32 @@ def fake_nvml(overrides: dict | None = None, *, init_error: int | None = None, h
     return types.SimpleNamespace(
         NVMLError=pynvml.NVMLError,
         nvmlEventTypeXidCriticalError=pynvml.nvmlEventTypeXidCriticalError,
-        nvmlEventSetCreate=lambda: "es", nvmlEventSetFree=lambda es: None, nvmlEventSetWait=event_wait,
+        nvmlEventSetCreate=lambda: "es",
+        nvmlEventSetFree=lambda es: None,
+        nvmlEventSetWait=event_wait,
         nvmlDeviceRegisterEvents=lambda h, mask, es: registered.append(mask),
-        nvmlInit=init, nvmlShutdown=lambda: None,
+        nvmlInit=init,
+        nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=val("driver", d["driver"]),
         nvmlSystemGetCudaDriverVersion=val("cuda", d["cuda_driver"]),
         nvmlDeviceGetCount=val("count", d["count"]),
         nvmlDeviceGetHandleByIndex=val("handle", handle),
-        nvmlDeviceGetName=val("name", d["name"]), nvmlDeviceGetUUID=val("uuid", d["uuid"]),
+        nvmlDeviceGetName=val("name", d["name"]),
+        nvmlDeviceGetUUID=val("uuid", d["uuid"]),
         nvmlDeviceGetPciInfo=val("pci", types.SimpleNamespace(busId=d["pci"]["busId"])),
         nvmlDeviceGetTemperature=val("temp", d["temp_gpu"]),
         nvmlDeviceGetTemperatureThreshold=lambda h, i: val("thr", thr[i])(),
         nvmlDeviceGetRemappedRows=val("remap", tuple(remap)),
         nvmlDeviceGetEccMode=val("ecc_mode", tuple(d["ecc_mode"])),
-        nvmlDeviceGetTotalEccErrors=lambda h, e, c: val("ecc", {(0, 0): d["ecc_vol_corr"], (1, 0): d["ecc_vol_uncorr"],
-                                                                (0, 1): d["ecc_agg_corr"],
-                                                                (1, 1): d["ecc_agg_uncorr"]}[(e, c)])(),
+        nvmlDeviceGetTotalEccErrors=lambda h, e, c: val(
+            "ecc",
+            {
+                (0, 0): d["ecc_vol_corr"],
+                (1, 0): d["ecc_vol_uncorr"],
+                (0, 1): d["ecc_agg_corr"],
+                (1, 1): d["ecc_agg_uncorr"],
+            }[(e, c)],
+        )(),
         nvmlDeviceGetFieldValues=field_values,
         nvmlDeviceGetNvLinkState=val("nvlink", d["nvlink0_state"]),
         nvmlDeviceGetNvLinkErrorCounter=val("nvlink_err", 0),
@@ -108,8 +130,22 @@ def test_collector_reads_the_same_values_as_the_recording():
     rec = load_nvml_snapshot(SNAP)
     assert live.available and live.driver == "580.159.04" and live.cuda == "13.0"
     g, r = live.gpus[0], rec.gpus[0]
-    for f in ("name", "uuid", "bus_id", "temp_gpu", "temp_mem", "temp_slowdown", "temp_gpu_max", "clock_event_reasons",
-              "ecc_vol_uncorr", "remap_pending", "remap_failure", "pcie_gen", "pcie_width", "pcie_replay"):
+    for f in (
+        "name",
+        "uuid",
+        "bus_id",
+        "temp_gpu",
+        "temp_mem",
+        "temp_slowdown",
+        "temp_gpu_max",
+        "clock_event_reasons",
+        "ecc_vol_uncorr",
+        "remap_pending",
+        "remap_failure",
+        "pcie_gen",
+        "pcie_width",
+        "pcie_replay",
+    ):
         assert getattr(g, f) == getattr(r, f), f
     assert g.nvlinks == ()  # NotSupported on this PCIe H100: no links, not "down"
     assert check_gpus(live, PassiveThresholds(expected_gpus=1)) == []

@@ -13,17 +13,20 @@ def xid(n: int, subject: str = "gpu0") -> Finding:
     return Finding("kernel_log", "gpu.xid", subject, Severity.FAIL, f"Xid {n}", {"xid": n})
 
 
-@pytest.mark.parametrize("n,status,action,recoverable", [
-    (13, "pass", "none", True),  # application fault: no node action
-    (31, "pass", "none", True),
-    (92, "warn", "watch", True),
-    (48, "fail", "drain_reset_gpu", True),
-    (63, "fail", "drain_reset_gpu", True),
-    (119, "fail", "drain_reset_gpu", True),
-    (64, "fail", "drain_power_cycle", False),
-    (79, "fail", "drain_power_cycle", False),
-    (9999, "warn", "watch", True),  # unknown Xid: watch, never silently pass
-])
+@pytest.mark.parametrize(
+    "n,status,action,recoverable",
+    [
+        (13, "pass", "none", True),  # application fault: no node action
+        (31, "pass", "none", True),
+        (92, "warn", "watch", True),
+        (48, "fail", "drain_reset_gpu", True),
+        (63, "fail", "drain_reset_gpu", True),
+        (119, "fail", "drain_reset_gpu", True),
+        (64, "fail", "drain_power_cycle", False),
+        (79, "fail", "drain_power_cycle", False),
+        (9999, "warn", "watch", True),  # unknown Xid: watch, never silently pass
+    ],
+)
 def test_shipped_xid_classes(n, status, action, recoverable):
     v = load_rules().evaluate([xid(n)])
     assert (v.status, v.action, v.recoverable) == (status, action, recoverable)
@@ -55,15 +58,18 @@ def test_no_findings_pass():
     assert v.status == "pass" and v.reason == "pass: no findings"
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("rules: 3", "'rules' list"),
-    ("rules: [{code: a, verdict: maybe, action: x}]", "verdict 'maybe'"),
-    ("rules: [{code: a, verdict: fail}]", "lacks action"),
-    ("rules: [{code: a, verdict: fail, action: x, xid_in: nope}]", "unknown xid list 'nope'"),
-    ("xid_lists: {a: [x]}\nrules: []", "list of integers"),
-    ("rules: [{code: a, verdict: fail, action: x, severity: awful}]", "unknown severity"),
-    ("rules: [: :", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("rules: 3", "'rules' list"),
+        ("rules: [{code: a, verdict: maybe, action: x}]", "verdict 'maybe'"),
+        ("rules: [{code: a, verdict: fail}]", "lacks action"),
+        ("rules: [{code: a, verdict: fail, action: x, xid_in: nope}]", "unknown xid list 'nope'"),
+        ("xid_lists: {a: [x]}\nrules: []", "list of integers"),
+        ("rules: [{code: a, verdict: fail, action: x, severity: awful}]", "unknown severity"),
+        ("rules: [: :", "not valid YAML"),
+    ],
+)
 def test_bad_tables_are_config_errors(tmp_path, text, needle):
     p = tmp_path / "bad.yaml"
     p.write_text(text)

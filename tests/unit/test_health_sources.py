@@ -14,16 +14,22 @@ from stalwart.health.versions import NodeVersions, check_version_consistency, lo
 
 
 def test_kernel_log_formats():
-    text = "\n".join([
-        "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
-        "NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000101",
-        "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",
-        "NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2330) has fallen off the bus and is not responding",
-        "eth0: link up",
-    ])
+    text = "\n".join(
+        [
+            "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000101",
+            "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",
+            "NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2330) has fallen off the bus and is not responding",
+            "eth0: link up",
+        ]
+    )
     k = parse_kernel_log(text)
-    assert [(x.bdf, x.xid) for x in k.xids] == [("0000:2b:00", 79), ("0000:01:00", 31), ("0000:10:1c", 63),
-                                                ("0000:18:00", 79)]
+    assert [(x.bdf, x.xid) for x in k.xids] == [
+        ("0000:2b:00", 79),
+        ("0000:01:00", 31),
+        ("0000:10:1c", 63),
+        ("0000:18:00", 79),
+    ]
     assert k.problems == ()
 
 
@@ -37,8 +43,15 @@ def test_bdf_normalisation_joins_nvml_and_kernel_ids():
     assert normalise_bdf("00000000:18:00.0") == normalise_bdf("0000:18:00") == "0000:18:00"
 
 
-def _port(root: Path, dev: str, port: int, state="4: ACTIVE", phys="5: LinkUp", rate="400 Gb/sec (4X NDR)",
-          **counters: int) -> None:
+def _port(
+    root: Path,
+    dev: str,
+    port: int,
+    state="4: ACTIVE",
+    phys="5: LinkUp",
+    rate="400 Gb/sec (4X NDR)",
+    **counters: int,
+) -> None:
     p = root / "class" / "infiniband" / dev / "ports" / str(port)
     (p / "counters").mkdir(parents=True)
     (p / "state").write_text(state + "\n")
@@ -58,8 +71,12 @@ def test_infiniband_sysfs(tmp_path):
     assert ib.ports[0].rate_gbps == 400 and ib.ports[1].state == "DOWN"
     fs = check_infiniband(ib, PassiveThresholds(ib_rate_gbps=400))
     got = {(f.subject, f.code) for f in fs}
-    assert got == {("mlx5_1/1", "ib.state"), ("mlx5_1/1", "ib.phys_state"), ("mlx5_2/1", "ib.rate"),
-                   ("mlx5_2/1", "ib.counter_saturated")}
+    assert got == {
+        ("mlx5_1/1", "ib.state"),
+        ("mlx5_1/1", "ib.phys_state"),
+        ("mlx5_2/1", "ib.rate"),
+        ("mlx5_2/1", "ib.counter_saturated"),
+    }
 
 
 def test_infiniband_link_downed_delta(tmp_path):
@@ -81,8 +98,10 @@ def test_infiniband_garbage_and_absence(tmp_path):
 def test_mounts(tmp_path):
     ms = (collect_mount("/"), collect_mount(str(tmp_path)), collect_mount(str(tmp_path / "nope")))
     fs = check_mounts(ms)
-    assert [(f.subject, f.code) for f in fs] == [(str(tmp_path), "mount.not_mounted"),
-                                                 (str(tmp_path / "nope"), "mount.missing")]
+    assert [(f.subject, f.code) for f in fs] == [
+        (str(tmp_path), "mount.not_mounted"),
+        (str(tmp_path / "nope"), "mount.missing"),
+    ]
 
 
 def test_hung_stat_is_a_finding(monkeypatch):
@@ -96,8 +115,11 @@ def test_hung_stat_is_a_finding(monkeypatch):
 
 
 def test_version_consistency():
-    reps = [NodeVersions("a", "580.1", "13.0", "2.27", "2.13"), NodeVersions("b", "580.1", "13.0", "2.27", "2.13"),
-            NodeVersions("c", "575.9", "13.0", "2.27", "2.12")]
+    reps = [
+        NodeVersions("a", "580.1", "13.0", "2.27", "2.13"),
+        NodeVersions("b", "580.1", "13.0", "2.27", "2.13"),
+        NodeVersions("c", "575.9", "13.0", "2.27", "2.12"),
+    ]
     fs = check_version_consistency(reps)
     assert {(f.subject, f.code) for f in fs} == {("c", "versions.driver"), ("c", "versions.torch")}
     assert check_version_consistency(reps[:2]) == []
@@ -108,8 +130,17 @@ def test_active_checks_judge_measurements():
     good = ActiveMeasurements("cpu", {"cpu": 0.02}, {"cpu": 5.0}, 0.5, 2, 0.3, True, "loss 1 -> 0.9")
     fs = check_active(good, CPU_EXPECTATIONS)
     assert all(f.severity.name == "OK" for f in fs) and len(fs) == 5
-    slow = ActiveMeasurements("cuda", {"cuda:0": 700.0, "cuda:1": 720.0, "cuda:2": 500.0}, {}, None, 0, None, False,
-                              "loss nan", ("allreduce: timed out",))
+    slow = ActiveMeasurements(
+        "cuda",
+        {"cuda:0": 700.0, "cuda:1": 720.0, "cuda:2": 500.0},
+        {},
+        None,
+        0,
+        None,
+        False,
+        "loss nan",
+        ("allreduce: timed out",),
+    )
     from stalwart.health.active import H100_EXPECTATIONS
 
     codes = [(f.subject, f.code) for f in check_active(slow, H100_EXPECTATIONS)]
@@ -117,8 +148,9 @@ def test_active_checks_judge_measurements():
     assert ("model", "active.train_step.failed") in codes and ("allreduce", "active.error") in codes
     # a device that meets the floor but lags the node's best is caught too
     lag = ActiveMeasurements("cuda", {"cuda:0": 720.0, "cuda:1": 600.0}, {}, None, 0, None, None)
-    assert [(f.subject, f.code) for f in check_active(lag, H100_EXPECTATIONS) if f.severity.name == "FAIL"] == \
-        [("cuda:1", "active.gemm.slowest")]
+    assert [
+        (f.subject, f.code) for f in check_active(lag, H100_EXPECTATIONS) if f.severity.name == "FAIL"
+    ] == [("cuda:1", "active.gemm.slowest")]
 
 
 def test_gate_compares_versions_with_peers():
@@ -144,8 +176,10 @@ def test_old_xids_are_history_and_handled_ones_do_not_block_readmission(tmp_path
     from stalwart.health import GateConfig, run_gate
 
     log = tmp_path / "kern.log"
-    log.write_text("[  100.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n"
-                   "[ 9000.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=2, Graphics Exception\n")
+    log.write_text(
+        "[  100.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n"
+        "[ 9000.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=2, Graphics Exception\n"
+    )
     k = parse_kernel_log(log.read_text())
     assert [x.t_boot for x in k.xids] == [100.0, 9000.5]
     assert [f.evidence["xid"] for f in check_kernel_log(k, since_boot_s=5000.0)] == [13]
@@ -163,5 +197,11 @@ def test_old_xids_are_history_and_handled_ones_do_not_block_readmission(tmp_path
     log.write_text("[ 3500.000000] NVRM: Xid (PCI:0000:00:06): 48, pid=1, DBE\n")
     assert not run_gate(cfg, now, uptime_s=3600.0, handled_before=now - 3000).passed
     # recorded fixtures have no boot clock: every line counts
-    assert run_gate(GateConfig(fixture=Path(__file__).parent.parent / "fixtures/gpu/h100_derived/xid48_kmsg"),
-                    time.time(), uptime_s=10**7).passed is False
+    assert (
+        run_gate(
+            GateConfig(fixture=Path(__file__).parent.parent / "fixtures/gpu/h100_derived/xid48_kmsg"),
+            time.time(),
+            uptime_s=10**7,
+        ).passed
+        is False
+    )

@@ -11,8 +11,17 @@ from stalwart.ledger import LedgerWriter, read_file, read_merged
 
 
 def test_roundtrip_preserves_every_field(tmp_path):
-    ev = StepCompleted(ts=1.5, run_id="r", node="n0", attempt=2, rank=3, step=7, start=1.0,
-                       duration=0.5, sections={"forward": 0.2})
+    ev = StepCompleted(
+        ts=1.5,
+        run_id="r",
+        node="n0",
+        attempt=2,
+        rank=3,
+        step=7,
+        start=1.0,
+        duration=0.5,
+        sections={"forward": 0.2},
+    )
     path = tmp_path / "a.ledger"
     with LedgerWriter(path) as w:
         w.append(ev)
@@ -30,7 +39,10 @@ def test_unknown_kind_comes_back_raw():
 
 
 def test_merge_orders_by_time_across_files(tmp_path):
-    with LedgerWriter(tmp_path / "ledger" / "a.ledger") as a, LedgerWriter(tmp_path / "ledger" / "b.ledger") as b:
+    with (
+        LedgerWriter(tmp_path / "ledger" / "a.ledger") as a,
+        LedgerWriter(tmp_path / "ledger" / "b.ledger") as b,
+    ):
         a.append(StepCompleted(ts=3.0, step=3, start=2.0, duration=1.0))
         b.append(StepCompleted(ts=1.0, step=1, start=0.0, duration=1.0))
         a.append(StepCompleted(ts=2.0, step=2, start=1.0, duration=1.0))

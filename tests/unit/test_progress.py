@@ -19,7 +19,9 @@ def test_observe_updates_rank_state_and_returns_step_records():
     tr.observe({"k": "sec", "r": 0, "n": "forward", "s": 4}, T0 + 0.3)
     p = tr.progress[0]
     assert (p.step, p.section, p.last_msg) == (4, "forward", T0 + 0.3)
-    rec = tr.observe({"k": "done", "r": 0, "s": 4, "t0": T0 + 0.2, "d": 0.5, "sec": {"forward": 0.3}}, T0 + 0.7)
+    rec = tr.observe(
+        {"k": "done", "r": 0, "s": 4, "t0": T0 + 0.2, "d": 0.5, "sec": {"forward": 0.3}}, T0 + 0.7
+    )
     assert rec is not None and (rec.rank, rec.step, rec.start, rec.duration) == (0, 4, T0 + 0.2, 0.5)
     assert rec.sections == {"forward": 0.3}
     assert p.section is None and p.done_steps == 1 and list(tr.step_times) == [0.5]

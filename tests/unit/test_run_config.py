@@ -46,16 +46,19 @@ def test_script_cannot_come_from_the_environment():
     assert from_env({"STALWART_SCRIPT": "evil.py", "STALWART_SCRIPT_ARGS": "a"}) == {}
 
 
-@pytest.mark.parametrize("flags, env, fragment", [
-    ({"max_restarts": -1}, {}, "invalid setting max_restarts"),
-    ({}, {"STALWART_MAX_RESTARTS": "many"}, "invalid setting max_restarts"),
-    ({"nproc_per_node": 0}, {}, "invalid setting nproc_per_node"),
-    ({"nnodes": "two"}, {}, "--nnodes 'two' must be N or MIN:MAX"),
-    ({"nnodes": "3:2"}, {}, "needs 1 <= MIN <= MAX"),
-    ({"nnodes": "1:2"}, {}, "needs --rdzv-endpoint HOST:PORT"),
-    ({"hang_floor_s": 0}, {}, "invalid setting hang_floor_s"),
-    ({"no_such_flag": 1}, {}, "invalid setting no_such_flag"),
-])
+@pytest.mark.parametrize(
+    "flags, env, fragment",
+    [
+        ({"max_restarts": -1}, {}, "invalid setting max_restarts"),
+        ({}, {"STALWART_MAX_RESTARTS": "many"}, "invalid setting max_restarts"),
+        ({"nproc_per_node": 0}, {}, "invalid setting nproc_per_node"),
+        ({"nnodes": "two"}, {}, "--nnodes 'two' must be N or MIN:MAX"),
+        ({"nnodes": "3:2"}, {}, "needs 1 <= MIN <= MAX"),
+        ({"nnodes": "1:2"}, {}, "needs --rdzv-endpoint HOST:PORT"),
+        ({"hang_floor_s": 0}, {}, "invalid setting hang_floor_s"),
+        ({"no_such_flag": 1}, {}, "invalid setting no_such_flag"),
+    ],
+)
 def test_bad_values_give_one_clear_config_error(flags, env, fragment):
     with pytest.raises(ConfigError) as exc:
         build({**SCRIPT, **flags}, env=env)
@@ -68,13 +71,22 @@ def test_multi_node_with_endpoint_is_fine():
     assert (cfg.min_nodes, cfg.max_nodes) == (1, 2)
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    ({"pg_timeout_s": 200.0}, "hang cap (300s) must be shorter than process-group timeout (200s)"),
-    ({"rdzv_timeout_s": 600.0}, "process-group timeout (600s) must be shorter than rendezvous timeout (600s)"),
-    ({"monitor_interval_s": 15.0}, "monitor interval (15s) must be shorter than hang floor (10s)"),
-    ({"hang_floor_s": 400.0}, "hang floor 400s is above the hang cap 300s"),
-    ({"startup_timeout_s": 700.0}, "start-up timeout (700s) must be shorter than process-group timeout (600s)"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"pg_timeout_s": 200.0}, "hang cap (300s) must be shorter than process-group timeout (200s)"),
+        (
+            {"rdzv_timeout_s": 600.0},
+            "process-group timeout (600s) must be shorter than rendezvous timeout (600s)",
+        ),
+        ({"monitor_interval_s": 15.0}, "monitor interval (15s) must be shorter than hang floor (10s)"),
+        ({"hang_floor_s": 400.0}, "hang floor 400s is above the hang cap 300s"),
+        (
+            {"startup_timeout_s": 700.0},
+            "start-up timeout (700s) must be shorter than process-group timeout (600s)",
+        ),
+    ],
+)
 def test_timeout_hierarchy_violations(flags, fragment):
     with pytest.raises(ConfigError) as exc:
         build({**SCRIPT, **flags}, env={})

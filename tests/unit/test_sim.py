@@ -20,10 +20,17 @@ def test_agrees_with_daly_where_his_assumptions_hold(tau, delta, restart):
     # Daly's assumptions: Poisson failures, instant detection, fixed interruptible restart, failures
     # during checkpoints lose the cycle, work >> interval. Horizon: 300 MTBFs.
     mtbf = 3 * 3600.0
-    cfg = SimConfig(gpus=1024, days=300 * mtbf / 86400, trials=300, seed=7, failures=one_class(mtbf),
-                    planned_per_1000_gpu_days=0, decide_s=0,
-                    tiers=[CheckpointTier(name="a", interval_s=tau, stall_s=delta, restore_s=0)],
-                    job_restart_s=restart)
+    cfg = SimConfig(
+        gpus=1024,
+        days=300 * mtbf / 86400,
+        trials=300,
+        seed=7,
+        failures=one_class(mtbf),
+        planned_per_1000_gpu_days=0,
+        decide_s=0,
+        tiers=[CheckpointTier(name="a", interval_s=tau, stall_s=delta, restore_s=0)],
+        job_restart_s=restart,
+    )
     r = simulate(cfg)
     se = r.ettr.std() / np.sqrt(cfg.trials)
     # 4 standard errors for sampling, plus 0.002 for the finite horizon (the initial start-up and the
@@ -35,10 +42,17 @@ def test_llama3_interruption_counts():
     # Default mix = Llama 3 Table 5 over 16,384 GPUs and 54 days. With zero downtime the job is
     # exposed all 54 days, so the count is Poisson(419) (+ Poisson(47) planned). The mean of 1000
     # trials has standard error sqrt(419/1000) = 0.65; 4 SE = 2.6.
-    cfg = SimConfig(trials=1000, seed=3, decide_s=0, job_restart_s=0,
-                    failures=[FailureClass(name=n, per_1000_gpu_days=c / (16.384 * 54), node_loss=nl,
-                                           detect_s=0) for n, c, nl, _ in LLAMA3_TABLE5],
-                    tiers=[CheckpointTier(name="a", interval_s=1800, stall_s=0, restore_s=0)])
+    cfg = SimConfig(
+        trials=1000,
+        seed=3,
+        decide_s=0,
+        job_restart_s=0,
+        failures=[
+            FailureClass(name=n, per_1000_gpu_days=c / (16.384 * 54), node_loss=nl, detect_s=0)
+            for n, c, nl, _ in LLAMA3_TABLE5
+        ],
+        tiers=[CheckpointTier(name="a", interval_s=1800, stall_s=0, restore_s=0)],
+    )
     r = simulate(cfg)
     assert r.interruptions.mean() == pytest.approx(419, abs=2.6)
     assert r.planned.mean() == pytest.approx(47, abs=4 * np.sqrt(47 / 1000))
@@ -47,11 +61,20 @@ def test_llama3_interruption_counts():
 
 
 def test_buckets_sum_to_the_horizon():
-    cfg = SimConfig(gpus=4096, days=20, trials=200, seed=1, spare_nodes=2, elastic=True,
-                    straggler_per_node_day=0.01, straggler_slowdown=0.3,
-                    tiers=[CheckpointTier(name="mem", interval_s=300, stall_s=2, restore_s=20,
-                                          survives_node_loss=False),
-                           CheckpointTier(name="fs", interval_s=1800, stall_s=30, restore_s=300)])
+    cfg = SimConfig(
+        gpus=4096,
+        days=20,
+        trials=200,
+        seed=1,
+        spare_nodes=2,
+        elastic=True,
+        straggler_per_node_day=0.01,
+        straggler_slowdown=0.3,
+        tiers=[
+            CheckpointTier(name="mem", interval_s=300, stall_s=2, restore_s=20, survives_node_loss=False),
+            CheckpointTier(name="fs", interval_s=1800, stall_s=30, restore_s=300),
+        ],
+    )
     r = simulate(cfg)
     total = sum(r.buckets[k] for k in BUCKETS)
     np.testing.assert_allclose(total, cfg.horizon_s, rtol=1e-9)
@@ -61,9 +84,18 @@ def test_buckets_sum_to_the_horizon():
 
 def test_waiting_for_repair_without_spares():
     # every failure costs a node; no spare, no shrinking: each failure waits exactly repair_hours
-    cfg = SimConfig(gpus=64, days=30, trials=50, seed=2, failures=one_class(86400.0, gpus=64, node_loss=True),
-                    planned_per_1000_gpu_days=0, decide_s=0, spare_nodes=0, repair_hours=1.0,
-                    tiers=[CheckpointTier(name="a", interval_s=600, stall_s=0, restore_s=0)])
+    cfg = SimConfig(
+        gpus=64,
+        days=30,
+        trials=50,
+        seed=2,
+        failures=one_class(86400.0, gpus=64, node_loss=True),
+        planned_per_1000_gpu_days=0,
+        decide_s=0,
+        spare_nodes=0,
+        repair_hours=1.0,
+        tiers=[CheckpointTier(name="a", interval_s=600, stall_s=0, restore_s=0)],
+    )
     r = simulate(cfg)
     # failures that land within the last hour are truncated by the horizon, hence <=
     assert (r.buckets["wait_nodes"] <= r.interruptions * 3600 + 1e-6).all()
@@ -84,9 +116,13 @@ def test_fast_tier_and_in_process_restart_help_against_software_faults():
     soft = one_class(2 * 3600.0, gpus=1024, node_loss=False, detect_s=30)
     base = dict(gpus=1024, days=20, trials=200, seed=5, failures=soft, planned_per_1000_gpu_days=0)
     slow = SimConfig(tiers=[CheckpointTier(name="fs", interval_s=3600, stall_s=60, restore_s=300)], **base)
-    tiered = SimConfig(tiers=[CheckpointTier(name="mem", interval_s=300, stall_s=1, restore_s=10,
-                                             survives_node_loss=False),
-                              CheckpointTier(name="fs", interval_s=3600, stall_s=60, restore_s=300)], **base)
+    tiered = SimConfig(
+        tiers=[
+            CheckpointTier(name="mem", interval_s=300, stall_s=1, restore_s=10, survives_node_loss=False),
+            CheckpointTier(name="fs", interval_s=3600, stall_s=60, restore_s=300),
+        ],
+        **base,
+    )
     assert simulate(tiered).ettr.mean() > simulate(slow).ettr.mean() + 0.05
     inproc = SimConfig(strategy="in_process", **{**base, "seed": 6})
     requeue = SimConfig(strategy="requeue", **{**base, "seed": 6})
@@ -99,15 +135,28 @@ def test_same_seed_same_result():
     np.testing.assert_array_equal(a.ettr, b.ettr)
 
 
-@pytest.mark.parametrize("values,match", [
-    ({"gpus": 0}, "gpus"),
-    ({"gpus": 100, "gpus_per_node": 8}, "whole number"),
-    ({"failures": [{"name": "x", "per_1000_gpu_days": -1.0}]}, "per_1000_gpu_days"),
-    ({"tiers": [{"name": "a", "interval_s": 100, "stall_s": 1},
-                {"name": "b", "interval_s": 250, "stall_s": 1}]}, "multiple"),
-    ({"tiers": [{"name": "a", "interval_s": 100, "stall_s": 1, "survives_node_loss": False}]}, "survives"),
-    ({"days": 0.001, "tiers": [{"name": "a", "interval_s": 3600, "stall_s": 1}]}, "units"),
-])
+@pytest.mark.parametrize(
+    "values,match",
+    [
+        ({"gpus": 0}, "gpus"),
+        ({"gpus": 100, "gpus_per_node": 8}, "whole number"),
+        ({"failures": [{"name": "x", "per_1000_gpu_days": -1.0}]}, "per_1000_gpu_days"),
+        (
+            {
+                "tiers": [
+                    {"name": "a", "interval_s": 100, "stall_s": 1},
+                    {"name": "b", "interval_s": 250, "stall_s": 1},
+                ]
+            },
+            "multiple",
+        ),
+        (
+            {"tiers": [{"name": "a", "interval_s": 100, "stall_s": 1, "survives_node_loss": False}]},
+            "survives",
+        ),
+        ({"days": 0.001, "tiers": [{"name": "a", "interval_s": 3600, "stall_s": 1}]}, "units"),
+    ],
+)
 def test_bad_config_is_one_config_error(values, match):
     with pytest.raises(ConfigError, match=match):
         make_config(**values)

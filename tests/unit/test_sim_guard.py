@@ -8,9 +8,14 @@ from stalwart.sim.engine import MAX_EXPECTED_INTERRUPTIONS, simulate
 def test_a_rate_that_cannot_finish_is_a_clear_error_not_a_hang():
     base = make_config(gpus=16384, days=54, trials=2)
     scale = 1e6  # a chaos run's rate: thousands of times a real fleet's
-    cfg = make_config(gpus=16384, days=54, trials=2,
-                      failures=[{**f.model_dump(), "per_1000_gpu_days": f.per_1000_gpu_days * scale}
-                                for f in base.failures])
+    cfg = make_config(
+        gpus=16384,
+        days=54,
+        trials=2,
+        failures=[
+            {**f.model_dump(), "per_1000_gpu_days": f.per_1000_gpu_days * scale} for f in base.failures
+        ],
+    )
     assert cfg.failure_rate_per_s() * cfg.horizon_s > MAX_EXPECTED_INTERRUPTIONS
     with pytest.raises(ConfigError, match="interruptions expected per trial"):
         simulate(cfg)

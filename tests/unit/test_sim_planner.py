@@ -28,12 +28,20 @@ def test_single_tier_interval_is_daly_against_the_job_mtbf():
 
 
 def test_two_tiers_are_snapped_to_multiples():
-    cfg = SimConfig(gpus=16384, days=10, trials=20, tiers=[
-        CheckpointTier(name="mem", interval_s=60, stall_s=1, restore_s=5, survives_node_loss=False),
-        CheckpointTier(name="fs", interval_s=600, stall_s=30, restore_s=300)])
+    cfg = SimConfig(
+        gpus=16384,
+        days=10,
+        trials=20,
+        tiers=[
+            CheckpointTier(name="mem", interval_s=60, stall_s=1, restore_s=5, survives_node_loss=False),
+            CheckpointTier(name="fs", interval_s=600, stall_s=30, restore_s=300),
+        ],
+    )
     mem, fs = closed_form_intervals(cfg)
     assert mem.recommended_s < fs.recommended_s
-    assert (fs.recommended_s / mem.recommended_s) == pytest.approx(round(fs.recommended_s / mem.recommended_s))
+    assert (fs.recommended_s / mem.recommended_s) == pytest.approx(
+        round(fs.recommended_s / mem.recommended_s)
+    )
 
 
 def test_plan_end_to_end_small():
@@ -51,15 +59,21 @@ def test_plan_end_to_end_small():
 
 def _ledger_events(fail=True):
     t = 2_000_000.0
-    evs = [JobStarted(ts=t, script="x"), AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
-           StepCompleted(ts=t + 10, step=0, start=t, duration=10),
-           CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=0.5),
-           CheckpointCommitted(ts=t + 40, step=2, path="p", stall_s=1.5)]
+    evs = [
+        JobStarted(ts=t, script="x"),
+        AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
+        StepCompleted(ts=t + 10, step=0, start=t, duration=10),
+        CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=0.5),
+        CheckpointCommitted(ts=t + 40, step=2, path="p", stall_s=1.5),
+    ]
     if fail:
-        evs += [FailureDetected(ts=t + 100, onset=t + 90, failure="crash", evidence="Xid 79", node="a"),
-                DecisionTaken(ts=t + 101, action="restart", reason="r"),
-                AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
-                TrainingResumed(ts=t + 130, step=2), StepCompleted(ts=t + 141, step=2, start=t + 131, duration=10)]
+        evs += [
+            FailureDetected(ts=t + 100, onset=t + 90, failure="crash", evidence="Xid 79", node="a"),
+            DecisionTaken(ts=t + 101, action="restart", reason="r"),
+            AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
+            TrainingResumed(ts=t + 130, step=2),
+            StepCompleted(ts=t + 141, step=2, start=t + 131, duration=10),
+        ]
     evs.append(JobEnded(ts=t + 3600, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False))
     return evs
 

@@ -9,8 +9,14 @@ from stalwart.events import StepCompleted
 
 
 def step(rank: int, i: int, data: float, forward: float, backward: float) -> StepCompleted:
-    return StepCompleted(ts=float(i), rank=rank, step=i, start=float(i), duration=data + forward + backward,
-                         sections={"data": data, "forward": forward, "backward": backward})
+    return StepCompleted(
+        ts=float(i),
+        rank=rank,
+        step=i,
+        start=float(i),
+        duration=data + forward + backward,
+        sections={"data": data, "forward": forward, "backward": backward},
+    )
 
 
 def fleet(slow_rank: int | None = None, n_ranks: int = 4, n_steps: int = 8, slow_extra: float = 0.05):
@@ -32,7 +38,9 @@ def test_slow_rank_is_flagged_with_its_ratio():
     assert by[2].own_work_s == pytest.approx(0.15) and by[2].score == pytest.approx(1.5)
     assert by[0].score == pytest.approx(1.0)
     assert [s.rank for s in rep.stragglers] == [2]
-    assert rep.reason.startswith("rank 2 spends 150.0 ms/step on its own work, 1.50x the fleet median 100.0 ms")
+    assert rep.reason.startswith(
+        "rank 2 spends 150.0 ms/step on its own work, 1.50x the fleet median 100.0 ms"
+    )
 
 
 def test_no_straggler_in_a_uniform_fleet():
@@ -56,12 +64,17 @@ def test_too_few_ranks_or_steps_or_sections():
     one = score_ranks(fleet(n_ranks=1))
     assert one.ranks == () and "fewer than two ranks" in one.reason
     assert score_ranks(fleet(slow_rank=0, n_steps=4), min_steps=5).ranks == ()
-    bare = [StepCompleted(ts=0.0, rank=r, step=i, start=0.0, duration=1.0) for r in range(3) for i in range(6)]
+    bare = [
+        StepCompleted(ts=0.0, rank=r, step=i, start=0.0, duration=1.0) for r in range(3) for i in range(6)
+    ]
     assert score_ranks(bare).ranks == ()
 
 
 def test_zero_own_work_does_not_divide_by_zero():
-    evs = [StepCompleted(ts=0.0, rank=r, step=i, start=0.0, duration=0.1, sections={"backward": 0.1})
-           for r in range(2) for i in range(5)]
+    evs = [
+        StepCompleted(ts=0.0, rank=r, step=i, start=0.0, duration=0.1, sections={"backward": 0.1})
+        for r in range(2)
+        for i in range(5)
+    ]
     rep = score_ranks(evs)
     assert rep.fleet_median_s == 0.0 and all(s.score == 1.0 and not s.straggler for s in rep.ranks)

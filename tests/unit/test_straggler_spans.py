@@ -10,8 +10,16 @@ def _steps(slow_rank: int, slow_from: int, slow_to: int, n: int = 100, ranks: in
             own = 0.030 if not (r == slow_rank and slow_from <= step <= slow_to) else 0.060
             # the others wait for the slow rank inside backward: equal step time on every rank
             wait = 0.060 - own if slow_from <= step <= slow_to else 0.0
-            out.append(StepCompleted(ts=step + 0.1, rank=r, step=step, start=float(step), duration=own + 0.01 + wait,
-                                     sections={"forward": own, "backward": 0.01 + wait}))
+            out.append(
+                StepCompleted(
+                    ts=step + 0.1,
+                    rank=r,
+                    step=step,
+                    start=float(step),
+                    duration=own + 0.01 + wait,
+                    sections={"forward": own, "backward": 0.01 + wait},
+                )
+            )
     return out
 
 

@@ -47,7 +47,9 @@ def test_cap_applies_to_slow_steps():
 
 
 def _ok(**over):
-    args = dict(monitor_interval_s=0.05, policy=POLICY, pg_timeout_s=900.0, rdzv_timeout_s=1200.0, stop_grace_s=3.0)
+    args = dict(
+        monitor_interval_s=0.05, policy=POLICY, pg_timeout_s=900.0, rdzv_timeout_s=1200.0, stop_grace_s=3.0
+    )
     args.update(over)
     validate_hierarchy(**args)
 
@@ -56,14 +58,24 @@ def test_valid_hierarchy_passes():
     _ok()
 
 
-@pytest.mark.parametrize("over, names, flag", [
-    (dict(monitor_interval_s=10.0), ("monitor interval (10s)", "hang floor (10s)"), "--monitor-interval"),
-    (dict(pg_timeout_s=600.0), ("hang cap (600s)", "process-group timeout (600s)"), "--hang-cap"),
-    (dict(pg_timeout_s=500.0), ("hang cap (600s)", "process-group timeout (500s)"), "--pg-timeout"),
-    (dict(rdzv_timeout_s=900.0), ("process-group timeout (900s)", "rendezvous timeout (900s)"), "--rdzv-timeout"),
-    (dict(policy=HangTimeoutPolicy(3.0, 10.0, 100.0, 1000.0, 5)),
-     ("start-up timeout (1000s)", "process-group timeout (900s)"), "--startup-timeout"),
-])
+@pytest.mark.parametrize(
+    "over, names, flag",
+    [
+        (dict(monitor_interval_s=10.0), ("monitor interval (10s)", "hang floor (10s)"), "--monitor-interval"),
+        (dict(pg_timeout_s=600.0), ("hang cap (600s)", "process-group timeout (600s)"), "--hang-cap"),
+        (dict(pg_timeout_s=500.0), ("hang cap (600s)", "process-group timeout (500s)"), "--pg-timeout"),
+        (
+            dict(rdzv_timeout_s=900.0),
+            ("process-group timeout (900s)", "rendezvous timeout (900s)"),
+            "--rdzv-timeout",
+        ),
+        (
+            dict(policy=HangTimeoutPolicy(3.0, 10.0, 100.0, 1000.0, 5)),
+            ("start-up timeout (1000s)", "process-group timeout (900s)"),
+            "--startup-timeout",
+        ),
+    ],
+)
 def test_out_of_order_timeouts_name_the_pair_and_the_flags(over, names, flag):
     with pytest.raises(ConfigError) as exc:
         _ok(**over)

@@ -51,9 +51,14 @@ def test_nonpower_of_two_nproc():
     assert plan_world(NODES, 3, 1, 4, SizeRule("multiple", 3)).world_size == 12
 
 
-@pytest.mark.parametrize("kwargs", [dict(nproc_per_node=0, min_nodes=1, max_nodes=2),
-                                    dict(nproc_per_node=1, min_nodes=3, max_nodes=2),
-                                    dict(nproc_per_node=1, min_nodes=0, max_nodes=2)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(nproc_per_node=0, min_nodes=1, max_nodes=2),
+        dict(nproc_per_node=1, min_nodes=3, max_nodes=2),
+        dict(nproc_per_node=1, min_nodes=0, max_nodes=2),
+    ],
+)
 def test_bad_arguments(kwargs):
     with pytest.raises(ConfigError):
         plan_world(NODES, **kwargs)

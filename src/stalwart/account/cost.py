@@ -58,9 +58,18 @@ class Incident:
 
     def __post_init__(self) -> None:
         if self.gpus <= 0:
-            raise ConfigError(f"incident {self.label or ''} has {self.gpus} GPUs; it needs at least one".replace("  ", " "))
-        for name in ("downtime_s", "lost_work_s", "degraded_s", "excluded_s", "responder_hours",
-                     "step_time_s", "tokens_per_step"):
+            raise ConfigError(
+                f"incident {self.label or ''} has {self.gpus} GPUs; it needs at least one".replace("  ", " ")
+            )
+        for name in (
+            "downtime_s",
+            "lost_work_s",
+            "degraded_s",
+            "excluded_s",
+            "responder_hours",
+            "step_time_s",
+            "tokens_per_step",
+        ):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"incident {name} must be a finite non-negative number, got {v!r}")
@@ -89,11 +98,20 @@ class CostStack:
         return self.compute_waste + self.opportunity + self.regression + self.labor + self.schedule_slip
 
     def as_dict(self) -> dict[str, object]:
-        return {"label": self.label, "currency": self.currency, "compute_waste": self.compute_waste,
-                "opportunity": self.opportunity, "regression": self.regression, "labor": self.labor,
-                "schedule_slip": self.schedule_slip, "total": self.total,
-                "gpu_hours_lost": self.gpu_hours_lost, "wall_hours_lost": self.wall_hours_lost,
-                "steps_lost": self.steps_lost, "tokens_lost": self.tokens_lost}
+        return {
+            "label": self.label,
+            "currency": self.currency,
+            "compute_waste": self.compute_waste,
+            "opportunity": self.opportunity,
+            "regression": self.regression,
+            "labor": self.labor,
+            "schedule_slip": self.schedule_slip,
+            "total": self.total,
+            "gpu_hours_lost": self.gpu_hours_lost,
+            "wall_hours_lost": self.wall_hours_lost,
+            "steps_lost": self.steps_lost,
+            "tokens_lost": self.tokens_lost,
+        }
 
 
 def incident_cost(inc: Incident, prices: Prices | None = None) -> CostStack:
@@ -111,11 +129,18 @@ def incident_cost(inc: Incident, prices: Prices | None = None) -> CostStack:
         regression=inc.gpus * degraded_h * p.gpu_hour,
         labor=inc.responder_hours * p.engineer_hour,
         schedule_slip=wall_h / 24.0 * p.slip_per_day,
-        gpu_hours_lost=gpu_h, wall_hours_lost=wall_h, steps_lost=steps, tokens_lost=tokens,
-        currency=p.currency, label=inc.label)
+        gpu_hours_lost=gpu_h,
+        wall_hours_lost=wall_h,
+        steps_lost=steps,
+        tokens_lost=tokens,
+        currency=p.currency,
+        label=inc.label,
+    )
 
 
-def run_cost(incidents: Iterable[Incident], prices: Prices | None = None) -> tuple[list[CostStack], CostStack]:
+def run_cost(
+    incidents: Iterable[Incident], prices: Prices | None = None
+) -> tuple[list[CostStack], CostStack]:
     """Per-incident stacks and their sum for the run."""
     stacks = [incident_cost(i, prices) for i in incidents]
     cur = (prices or Prices()).currency
@@ -127,9 +152,17 @@ def run_cost(incidents: Iterable[Incident], prices: Prices | None = None) -> tup
         vals = [getattr(s, attr) for s in stacks]
         return None if not vals or any(v is None for v in vals) else sum(vals)
 
-    run = CostStack(compute_waste=total("compute_waste"), opportunity=total("opportunity"),
-                    regression=total("regression"), labor=total("labor"),
-                    schedule_slip=total("schedule_slip"), gpu_hours_lost=total("gpu_hours_lost"),
-                    wall_hours_lost=total("wall_hours_lost"), steps_lost=opt_total("steps_lost"),
-                    tokens_lost=opt_total("tokens_lost"), currency=cur, label="run")
+    run = CostStack(
+        compute_waste=total("compute_waste"),
+        opportunity=total("opportunity"),
+        regression=total("regression"),
+        labor=total("labor"),
+        schedule_slip=total("schedule_slip"),
+        gpu_hours_lost=total("gpu_hours_lost"),
+        wall_hours_lost=total("wall_hours_lost"),
+        steps_lost=opt_total("steps_lost"),
+        tokens_lost=opt_total("tokens_lost"),
+        currency=cur,
+        label="run",
+    )
     return stacks, run

@@ -32,8 +32,10 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     v = float(value)
     if math.isnan(v) or v < 0 or (v == 0 and not allow_zero) or math.isinf(v):
         need = "non-negative" if allow_zero else "positive"
-        raise ConfigError(f"{name} must be a finite {need} number of seconds, got {value!r}",
-                          "check the units: every time here is in seconds")
+        raise ConfigError(
+            f"{name} must be a finite {need} number of seconds, got {value!r}",
+            "check the units: every time here is in seconds",
+        )
     return v
 
 
@@ -110,7 +112,9 @@ def job_mtbf_s(num_nodes: int, failures_per_node_day: float) -> float:
     if num_nodes <= 0:
         raise ConfigError(f"number of nodes must be positive, got {num_nodes}")
     if not failures_per_node_day > 0:
-        raise ConfigError(f"failure rate must be positive (failures per node-day), got {failures_per_node_day}")
+        raise ConfigError(
+            f"failure rate must be positive (failures per node-day), got {failures_per_node_day}"
+        )
     return SECONDS_PER_DAY / (num_nodes * failures_per_node_day)
 
 

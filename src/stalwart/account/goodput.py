@@ -42,10 +42,30 @@ from ..events import (
 )
 from .reliability import Interruption, interruptions_from_events
 
-BUCKETS = ("productive", "checkpoint_stall", "checkpoint_restore", "lost_work", "detection", "restart",
-           "startup", "straggler_slowdown", "shutdown", "other")
-_PRIORITY = {"checkpoint_stall": 9, "checkpoint_restore": 8, "detection": 7, "lost_work": 6,
-             "straggler_slowdown": 5, "productive": 4, "restart": 3, "startup": 2, "shutdown": 2, "other": 0}
+BUCKETS = (
+    "productive",
+    "checkpoint_stall",
+    "checkpoint_restore",
+    "lost_work",
+    "detection",
+    "restart",
+    "startup",
+    "straggler_slowdown",
+    "shutdown",
+    "other",
+)
+_PRIORITY = {
+    "checkpoint_stall": 9,
+    "checkpoint_restore": 8,
+    "detection": 7,
+    "lost_work": 6,
+    "straggler_slowdown": 5,
+    "productive": 4,
+    "restart": 3,
+    "startup": 2,
+    "shutdown": 2,
+    "other": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -117,8 +137,17 @@ def _segments(steps: list[StepCompleted]) -> list[Segment]:
         by_key.setdefault((s.node, s.attempt), []).append(s)
     out = []
     for (node, attempt), group in by_key.items():
-        out.append(Segment(node, attempt, min(s.start for s in group), max(s.start + s.duration for s in group),
-                           min(s.step for s in group), max(s.step for s in group), len(group)))
+        out.append(
+            Segment(
+                node,
+                attempt,
+                min(s.start for s in group),
+                max(s.start + s.duration for s in group),
+                min(s.step for s in group),
+                max(s.step for s in group),
+                len(group),
+            )
+        )
     return sorted(out, key=lambda seg: seg.first_start)
 
 
@@ -158,14 +187,20 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     starts = [e for e in events if isinstance(e, JobStarted)]
     ends = [e for e in events if isinstance(e, JobEnded)]
     if not starts:
-        raise LedgerError("the ledger has no JobStarted event", "is this the run directory of 'stalwart run'?")
+        raise LedgerError(
+            "the ledger has no JobStarted event", "is this the run directory of 'stalwart run'?"
+        )
     t0 = min(e.ts for e in starts)
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
     steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
     segs = _segments(steps)
     ideal = ideal_step_time([s.duration for s in steps])
-    commits = sorted((e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts)
-    staged = {(e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0}
+    commits = sorted(
+        (e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts
+    )
+    staged = {
+        (e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0
+    }
     loads = [e for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
     reliability = interruptions_from_events(events)
     intervals: list[tuple[float, float, str]] = []
@@ -209,15 +244,30 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         costs.append(_cost(it, safe, nxt, events))
     totals = _sweep(intervals, t0, t1)
     last = max(ends, key=lambda e: e.ts) if ends else None
-    return Goodput(job_start=t0, job_end=t1, wall_s=t1 - t0, buckets=totals, ideal_step_s=ideal,
-                   steps_completed=max((s.step + 1 for s in steps), default=0), interruptions=tuple(costs),
-                   finished=last is not None, outcome=last.outcome if last else "running",
-                   verdict=last.verdict if last else "", exit_code=last.exit_code if last else None,
-                   segments=tuple(segs))
+    return Goodput(
+        job_start=t0,
+        job_end=t1,
+        wall_s=t1 - t0,
+        buckets=totals,
+        ideal_step_s=ideal,
+        steps_completed=max((s.step + 1 for s in steps), default=0),
+        interruptions=tuple(costs),
+        finished=last is not None,
+        outcome=last.outcome if last else "running",
+        verdict=last.verdict if last else "",
+        exit_code=last.exit_code if last else None,
+        segments=tuple(segs),
+    )
 
 
-def _surviving_until(seg: Segment | None, segs: list[Segment], it: Interruption, resumes: list[TrainingResumed],
-                     commits: list[CheckpointCommitted], snapshot_at: dict[tuple[str, int, int], float]) -> float:
+def _surviving_until(
+    seg: Segment | None,
+    segs: list[Segment],
+    it: Interruption,
+    resumes: list[TrainingResumed],
+    commits: list[CheckpointCommitted],
+    snapshot_at: dict[tuple[str, int, int], float],
+) -> float:
     """When the work that survived the interruption ends: the snapshot the next attempt resumed from.
 
     A save whose background persist was still running at the fault may or may not have committed
@@ -227,7 +277,9 @@ def _surviving_until(seg: Segment | None, segs: list[Segment], it: Interruption,
     if seg is None:
         return it.onset
     nxt = next((s for s in segs if s.first_start > it.detected), None)
-    resumed = next((r for r in resumes if r.ts > it.detected and (nxt is None or r.ts <= nxt.first_start)), None)
+    resumed = next(
+        (r for r in resumes if r.ts > it.detected and (nxt is None or r.ts <= nxt.first_start)), None
+    )
     if resumed is not None:
         snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
         return snap if snap is not None and snap <= it.onset else seg.first_start
@@ -239,12 +291,23 @@ def _surviving_until(seg: Segment | None, segs: list[Segment], it: Interruption,
 
 
 def _cost(it: Interruption, safe: float, nxt: Segment | None, events: Sequence[Event]) -> InterruptionCost:
-    root = next((e for e in events if getattr(e, "onset", None) == it.onset and e.kind == "FailureDetected"), None)
+    root = next(
+        (e for e in events if getattr(e, "onset", None) == it.onset and e.kind == "FailureDetected"), None
+    )
     recovery = (nxt.first_start - it.detected) if nxt is not None else None
     detection = max(0.0, it.detected - it.onset)
     lost = max(0.0, it.onset - safe)
-    return InterruptionCost(onset=it.onset, detected=it.detected, failure=it.failure,
-                            rank=root.rank if root is not None else -1, step=it.step, node=it.node,
-                            component=it.component, detection_s=detection, lost_work_s=lost, lost_since=safe,
-                            recovery_s=recovery,
-                            total_s=(lost + detection + recovery) if recovery is not None else None)
+    return InterruptionCost(
+        onset=it.onset,
+        detected=it.detected,
+        failure=it.failure,
+        rank=root.rank if root is not None else -1,
+        step=it.step,
+        node=it.node,
+        component=it.component,
+        detection_s=detection,
+        lost_work_s=lost,
+        lost_since=safe,
+        recovery_s=recovery,
+        total_s=(lost + detection + recovery) if recovery is not None else None,
+    )

@@ -40,8 +40,10 @@ def peak_flops(device: str, dtype: str = "bf16") -> float:
     """Dense peak FLOP/s of one device for a dtype, from :data:`DENSE_PEAK_TFLOPS`."""
     d = DENSE_PEAK_TFLOPS.get(device.lower())
     if d is None:
-        raise ConfigError(f"unknown device {device!r}",
-                          f"known: {', '.join(sorted(DENSE_PEAK_TFLOPS))}; or pass peak FLOP/s directly")
+        raise ConfigError(
+            f"unknown device {device!r}",
+            f"known: {', '.join(sorted(DENSE_PEAK_TFLOPS))}; or pass peak FLOP/s directly",
+        )
     if dtype not in d:
         raise ConfigError(f"no {dtype} peak recorded for {device}", f"known dtypes: {', '.join(sorted(d))}")
     return d[dtype] * 1e12
@@ -68,21 +70,31 @@ def flops_per_token(dims: ModelDims, *, causal: bool = False) -> float:
     return 6.0 * dims.params + (attn / 2.0 if causal else attn)
 
 
-def mfu(dims: ModelDims, tokens_per_s: float, num_gpus: int, peak_flops_per_gpu: float,
-        *, causal: bool = False) -> float:
+def mfu(
+    dims: ModelDims, tokens_per_s: float, num_gpus: int, peak_flops_per_gpu: float, *, causal: bool = False
+) -> float:
     """Model FLOPs utilisation in [0, 1] (can exceed 1 only if the inputs are inconsistent)."""
     if not (tokens_per_s >= 0 and math.isfinite(tokens_per_s)):
         raise ConfigError(f"throughput must be non-negative tokens/s, got {tokens_per_s!r}")
     if num_gpus <= 0:
         raise ConfigError(f"number of GPUs must be positive, got {num_gpus}")
     if not peak_flops_per_gpu > 0:
-        raise ConfigError(f"peak FLOP/s must be positive, got {peak_flops_per_gpu!r}",
-                          "pass FLOP/s (e.g. 989.4e12 for H100 bf16), not TFLOP/s")
+        raise ConfigError(
+            f"peak FLOP/s must be positive, got {peak_flops_per_gpu!r}",
+            "pass FLOP/s (e.g. 989.4e12 for H100 bf16), not TFLOP/s",
+        )
     return tokens_per_s * flops_per_token(dims, causal=causal) / (num_gpus * peak_flops_per_gpu)
 
 
-def mfu_from_step(dims: ModelDims, global_batch_tokens: float, step_s: float, num_gpus: int,
-                  peak_flops_per_gpu: float, *, causal: bool = False) -> float:
+def mfu_from_step(
+    dims: ModelDims,
+    global_batch_tokens: float,
+    step_s: float,
+    num_gpus: int,
+    peak_flops_per_gpu: float,
+    *,
+    causal: bool = False,
+) -> float:
     """MFU from one step's token count and duration (e.g. the ideal step time of the goodput report)."""
     if not step_s > 0:
         raise ConfigError(f"step time must be positive seconds, got {step_s!r}")

@@ -143,11 +143,15 @@ def failure_rates(failures: int, exposure: Exposure) -> Rates:
     if failures < 0:
         raise ConfigError(f"failure count must be non-negative, got {failures}")
     if exposure.node_hours <= 0 or exposure.gpu_hours <= 0:
-        raise ConfigError("exposure is zero: no node-hours or GPU-hours to divide by",
-                          "the ledger holds no attempt with a known world size")
-    return Rates(failures=failures,
-                 per_node_day=failures / (exposure.node_hours / 24.0),
-                 per_1000_gpu_days=1000.0 * failures / (exposure.gpu_hours / 24.0))
+        raise ConfigError(
+            "exposure is zero: no node-hours or GPU-hours to divide by",
+            "the ledger holds no attempt with a known world size",
+        )
+    return Rates(
+        failures=failures,
+        per_node_day=failures / (exposure.node_hours / 24.0),
+        per_1000_gpu_days=1000.0 * failures / (exposure.gpu_hours / 24.0),
+    )
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -227,8 +231,10 @@ def lemon_scores(
             raise ConfigError(f"node-days of {node} must be non-negative, got {d!r}")
     unknown = set(failures_by_node) - set(node_days)
     if unknown:
-        raise ConfigError(f"failures on nodes without exposure: {', '.join(sorted(unknown))}",
-                          "pass node-days for every node that failed")
+        raise ConfigError(
+            f"failures on nodes without exposure: {', '.join(sorted(unknown))}",
+            "pass node-days for every node that failed",
+        )
     total_days = sum(node_days.values())
     total_fail = sum(failures_by_node.values())
     if total_days <= 0:
@@ -242,8 +248,10 @@ def lemon_scores(
         p = poisson_sf(k, mu)
         lemon = k >= min_failures and p < threshold
         ratio = k / mu if mu > 0 else (math.inf if k else 0.0)
-        reason = (f"{node}: {k} failures in {days:.1f} node-days, fleet rate predicts {mu:.2f}; "
-                  f"P(>= {k}) = {p:.2e} {'<' if p < threshold else '>='} {threshold:.1e} (alpha/nodes)")
+        reason = (
+            f"{node}: {k} failures in {days:.1f} node-days, fleet rate predicts {mu:.2f}; "
+            f"P(>= {k}) = {p:.2e} {'<' if p < threshold else '>='} {threshold:.1e} (alpha/nodes)"
+        )
         out.append(NodeScore(node, k, days, mu, ratio, p, lemon, reason))
     out.sort(key=lambda s: (s.p_value, -s.failures))
     return out
@@ -282,7 +290,9 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         for a in attempts:
             if a.ts <= ts:
                 cur = (a.world_size, max(1, a.num_nodes))
-        return cur if cur != (0, 0) or not attempts else (attempts[0].world_size, max(1, attempts[0].num_nodes))
+        return (
+            cur if cur != (0, 0) or not attempts else (attempts[0].world_size, max(1, attempts[0].num_nodes))
+        )
 
     groups: list[list[FailureDetected]] = []
     open_group = False
@@ -306,14 +316,28 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         after = decided if decided is not None else detected
         resumed = next((e for e in evs if isinstance(e, TrainingResumed) and e.ts >= after), None)
         if resumed is not None:
-            nxt_fail = next((e.ts for e in evs if isinstance(e, FailureDetected) and e.ts > resumed.ts), math.inf)
-            step = next((e for e in evs if isinstance(e, StepCompleted) and resumed.ts <= e.ts < nxt_fail), None)
+            nxt_fail = next(
+                (e.ts for e in evs if isinstance(e, FailureDetected) and e.ts > resumed.ts), math.inf
+            )
+            step = next(
+                (e for e in evs if isinstance(e, StepCompleted) and resumed.ts <= e.ts < nxt_fail), None
+            )
             recovered = step.ts if step is not None else resumed.ts
         gpus, _ = world_at(onset)
-        out.append(Interruption(
-            onset=onset, detected=detected, decided=decided, recovered=recovered, node=root.node,
-            component=component_class(root.failure, root.evidence, root.error_type, root.error_message),
-            gpus=gpus, failure=root.failure, step=root.step, run_id=root.run_id))
+        out.append(
+            Interruption(
+                onset=onset,
+                detected=detected,
+                decided=decided,
+                recovered=recovered,
+                node=root.node,
+                component=component_class(root.failure, root.evidence, root.error_type, root.error_message),
+                gpus=gpus,
+                failure=root.failure,
+                step=root.step,
+                run_id=root.run_id,
+            )
+        )
 
     # exposure: piecewise over attempts (an attempt lasts until the next one or the end of the job);
     # agents on several nodes each write AttemptStarted for the same attempt number: group by it
@@ -330,5 +354,8 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         node_h += max(max(1, a.num_nodes) for a in grp) * hours
         for node in {a.node for a in grp if a.node}:
             node_days[node] = node_days.get(node, 0.0) + hours / 24.0
-    return RunReliability(tuple(out), Exposure(job_hours=max(0.0, t1 - t0) / 3600.0, gpu_hours=gpu_h,
-                                               node_hours=node_h), node_days)
+    return RunReliability(
+        tuple(out),
+        Exposure(job_hours=max(0.0, t1 - t0) / 3600.0, gpu_hours=gpu_h, node_hours=node_h),
+        node_days,
+    )

@@ -42,8 +42,11 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "mttr_s": asdict(rep_mttr),
             "exposure": asdict(rel.exposure),
         },
-        "stragglers": {"reason": stragglers.reason, "ranks": [asdict(r) for r in stragglers.ranks],
-                       "spans": [asdict(sp) for sp in spans]},
+        "stragglers": {
+            "reason": stragglers.reason,
+            "ranks": [asdict(r) for r in stragglers.ranks],
+            "spans": [asdict(sp) for sp in spans],
+        },
     }
 
 
@@ -62,8 +65,10 @@ def render(rep: dict[str, Any], console=None) -> None:
     wall = rep["wall_s"]
     con.print(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     con.print(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
-    con.print(f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
-              f"[bold]goodput {100 * rep['goodput']:.1f}%[/]")
+    con.print(
+        f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
+        f"[bold]goodput {100 * rep['goodput']:.1f}%[/]"
+    )
     t = Table(title="Where the wall time went", show_lines=False)
     t.add_column("bucket")
     t.add_column("time", justify="right")
@@ -78,19 +83,31 @@ def render(rep: dict[str, Any], console=None) -> None:
         for col in ("#", "failure", "rank", "step", "detect", "lost work", "recovery", "total cost"):
             it.add_column(col, justify="right" if col not in ("failure",) else "left")
         for i, c in enumerate(rep["interruptions"], 1):
-            it.add_row(str(i), c["failure"], str(c["rank"]), str(c["step"]), _fmt_s(c["detection_s"]),
-                       _fmt_s(c["lost_work_s"]), _fmt_s(c["recovery_s"]), _fmt_s(c["total_s"]))
+            it.add_row(
+                str(i),
+                c["failure"],
+                str(c["rank"]),
+                str(c["step"]),
+                _fmt_s(c["detection_s"]),
+                _fmt_s(c["lost_work_s"]),
+                _fmt_s(c["recovery_s"]),
+                _fmt_s(c["total_s"]),
+            )
         con.print(it)
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
-    con.print(f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
-              f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
-              f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}")
+    con.print(
+        f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
+        f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
+        f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
+    )
     con.print(f"stragglers over the whole run: {esc(rep['stragglers']['reason'])}")
     for sp in rep["stragglers"]["spans"]:
-        con.print(f"  rank {sp['rank']} was a straggler in steps {sp['first_step']}-{sp['last_step']} "
-                  f"(up to {sp['score']:.2f}x the fleet median own-work time)")
+        con.print(
+            f"  rank {sp['rank']} was a straggler in steps {sp['first_step']}-{sp['last_step']} "
+            f"(up to {sp['score']:.2f}x the fleet median own-work time)"
+        )
 
 
 def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:

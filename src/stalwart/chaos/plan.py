@@ -103,8 +103,10 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         raise FaultPlanError(f"unknown fault {kind!r}", f"use one of: {', '.join(KINDS)}")
     unknown = set(params) - _KEYS
     if unknown:
-        raise FaultPlanError(f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown))}",
-                             f"allowed: {', '.join(sorted(_KEYS))}")
+        raise FaultPlanError(
+            f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown))}",
+            f"allowed: {', '.join(sorted(_KEYS))}",
+        )
     rank = _int(kind, "rank", params["rank"]) if "rank" in params else None
     step = _int(kind, "step", params["step"]) if "step" in params else None
     node = _int(kind, "node", params["node"]) if "node" in params else None
@@ -116,20 +118,34 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
             raise FaultPlanError(f"fault {kind!r}: factor={params['factor']!r} is not a number") from None
     if kind in WORKER_FAULTS and rank is None:
         raise FaultPlanError(f"fault {kind!r} needs rank=", f"e.g. {kind}@rank=1,step=40")
-    if kind in ("crash", "exit", "raise", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint") \
-            and step is None:
+    if (
+        kind in ("crash", "exit", "raise", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
+        and step is None
+    ):
         raise FaultPlanError(f"fault {kind!r} needs step=", f"e.g. {kind}@rank=1,step=40")
     if kind == "kill-agent" and node is None:
-        raise FaultPlanError("fault 'kill-agent' needs node= (the agent's node index)", "e.g. kill-agent@node=1,step=50")
+        raise FaultPlanError(
+            "fault 'kill-agent' needs node= (the agent's node index)", "e.g. kill-agent@node=1,step=50"
+        )
     if kind == "slow":
         if not 1.0 < factor <= 100.0:
-            raise FaultPlanError(f"fault 'slow': factor={factor:g} must be in (1, 100]", "e.g. slow@rank=3,factor=1.5")
+            raise FaultPlanError(
+                f"fault 'slow': factor={factor:g} must be in (1, 100]", "e.g. slow@rank=3,factor=1.5"
+            )
     start = _int(kind, "from", params["from"]) if "from" in params else 0
     stop = _int(kind, "to", params["to"]) if "to" in params else None
     if stop is not None and stop < start:
         raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
-    return Fault(kind=kind, rank=rank, step=step, node=node, factor=factor, start=start, stop=stop,
-                 ident=str(params.get("id", "")))
+    return Fault(
+        kind=kind,
+        rank=rank,
+        step=step,
+        node=node,
+        factor=factor,
+        start=start,
+        stop=stop,
+        ident=str(params.get("id", "")),
+    )
 
 
 def parse_spec(spec: str) -> Fault:
@@ -142,7 +158,9 @@ def parse_spec(spec: str) -> Fault:
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or not value:
-            raise FaultPlanError(f"bad fault spec {spec!r}: {part!r} is not key=value", "e.g. crash@rank=1,step=40")
+            raise FaultPlanError(
+                f"bad fault spec {spec!r}: {part!r} is not key=value", "e.g. crash@rank=1,step=40"
+            )
         params[key.strip()] = value.strip()
     return make_fault(kind, params)
 
@@ -170,7 +188,9 @@ def load_plan_file(path: str | Path) -> FaultPlan:
     faults = []
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "fault" not in item:
-            raise FaultPlanError(f"fault plan {p}: entry {i} needs a 'fault:' key", "e.g. - {fault: crash, rank: 1, step: 40}")
+            raise FaultPlanError(
+                f"fault plan {p}: entry {i} needs a 'fault:' key", "e.g. - {fault: crash, rank: 1, step: 40}"
+            )
         params = {k: v for k, v in item.items() if k != "fault"}
         faults.append(make_fault(str(item["fault"]), params))
     return FaultPlan(tuple(faults))

@@ -55,14 +55,26 @@ def tier_mtbf(kind: str, mtbf_s: float, memory_loss_fraction: float, node_loss_f
     return mtbf_s / node_loss_fraction
 
 
-def advise_tier(name: str, kind: str, *, stall_s: float, persist_s: float, mtbf_s: float, step_time_s: float,
-                memory_loss_fraction: float = 1.0, node_loss_fraction: float = 1.0,
-                persist_margin: float = 1.2) -> IntervalAdvice:
+def advise_tier(
+    name: str,
+    kind: str,
+    *,
+    stall_s: float,
+    persist_s: float,
+    mtbf_s: float,
+    step_time_s: float,
+    memory_loss_fraction: float = 1.0,
+    node_loss_fraction: float = 1.0,
+    persist_margin: float = 1.2,
+) -> IntervalAdvice:
     """The Daly interval for one tier, floored at its persist time, in seconds and steps."""
     for label, v in (("mtbf_s", mtbf_s), ("step_time_s", step_time_s)):
         if not v > 0:
             raise ConfigError(f"{label}={v} must be positive", "pass measured, positive values")
-    for label, v in (("memory_loss_fraction", memory_loss_fraction), ("node_loss_fraction", node_loss_fraction)):
+    for label, v in (
+        ("memory_loss_fraction", memory_loss_fraction),
+        ("node_loss_fraction", node_loss_fraction),
+    ):
         if not 0 < v <= 1:
             raise ConfigError(f"{label}={v} must be in (0, 1]", "use the share of failures that lose it")
     m = tier_mtbf(kind, mtbf_s, memory_loss_fraction, node_loss_fraction)
@@ -71,30 +83,59 @@ def advise_tier(name: str, kind: str, *, stall_s: float, persist_s: float, mtbf_
     floor = persist_s * persist_margin
     interval = max(daly, floor, step_time_s)
     steps = max(1, round(interval / step_time_s))
-    why = (f"{name}: Daly interval {daly:.1f}s from stall {stall_s:.3f}s and MTBF {m:.0f}s"
-           if interval == daly else
-           f"{name}: persist takes {persist_s:.1f}s, longer than the Daly interval {daly:.1f}s; "
-           f"interval held at {interval:.1f}s" if interval == floor else
-           f"{name}: Daly interval {daly:.2f}s is below one step ({step_time_s:.2f}s)")
+    why = (
+        f"{name}: Daly interval {daly:.1f}s from stall {stall_s:.3f}s and MTBF {m:.0f}s"
+        if interval == daly
+        else f"{name}: persist takes {persist_s:.1f}s, longer than the Daly interval {daly:.1f}s; "
+        f"interval held at {interval:.1f}s"
+        if interval == floor
+        else f"{name}: Daly interval {daly:.2f}s is below one step ({step_time_s:.2f}s)"
+    )
     return IntervalAdvice(name, interval, steps, m, f"{why} -> every {steps} steps")
 
 
-def advise(tiers: list[tuple[str, str]], *, stall_s: float, persist_s: Mapping[str, float], mtbf_s: float,
-           step_time_s: float, memory_loss_fraction: float = 1.0,
-           node_loss_fraction: float = 1.0) -> list[IntervalAdvice]:
+def advise(
+    tiers: list[tuple[str, str]],
+    *,
+    stall_s: float,
+    persist_s: Mapping[str, float],
+    mtbf_s: float,
+    step_time_s: float,
+    memory_loss_fraction: float = 1.0,
+    node_loss_fraction: float = 1.0,
+) -> list[IntervalAdvice]:
     """Advice for each ``(name, kind)``; a tier with no measured persist time uses 0 as its floor."""
-    return [advise_tier(n, k, stall_s=stall_s, persist_s=persist_s.get(n, 0.0), mtbf_s=mtbf_s,
-                        step_time_s=step_time_s, memory_loss_fraction=memory_loss_fraction,
-                        node_loss_fraction=node_loss_fraction) for n, k in tiers]
+    return [
+        advise_tier(
+            n,
+            k,
+            stall_s=stall_s,
+            persist_s=persist_s.get(n, 0.0),
+            mtbf_s=mtbf_s,
+            step_time_s=step_time_s,
+            memory_loss_fraction=memory_loss_fraction,
+            node_loss_fraction=node_loss_fraction,
+        )
+        for n, k in tiers
+    ]
 
 
 class AutoInterval:
     """Opt-in auto mode: re-advises every ``every_steps`` steps from the engine's measurements and
     applies the intervals (``engine.set_interval``). The SDK calls :meth:`observe_step` each step."""
 
-    def __init__(self, engine: Any, *, mtbf_s: float, every_steps: int = 100, apply: bool = True,
-                 memory_loss_fraction: float = 1.0, node_loss_fraction: float = 1.0,
-                 sink: Callable[[Event], None] | None = None, wall: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        mtbf_s: float,
+        every_steps: int = 100,
+        apply: bool = True,
+        memory_loss_fraction: float = 1.0,
+        node_loss_fraction: float = 1.0,
+        sink: Callable[[Event], None] | None = None,
+        wall: Callable[[], float] | None = None,
+    ) -> None:
         import time
 
         self.engine = engine
@@ -116,16 +157,30 @@ class AutoInterval:
             return []
         self._last_update = step
         tiers = [(t.name, t.kind) for t in self.engine.tiers]
-        self.advice = advise(tiers, stall_s=stall, persist_s=dict(self.engine.last_persist_s), mtbf_s=self.mtbf_s,
-                             step_time_s=self._step_time, memory_loss_fraction=self.fractions[0],
-                             node_loss_fraction=self.fractions[1])
+        self.advice = advise(
+            tiers,
+            stall_s=stall,
+            persist_s=dict(self.engine.last_persist_s),
+            mtbf_s=self.mtbf_s,
+            step_time_s=self._step_time,
+            memory_loss_fraction=self.fractions[0],
+            node_loss_fraction=self.fractions[1],
+        )
         for a in self.advice:
             changed = self.engine.tier(a.tier).every_steps != a.interval_steps
             if self.apply and changed:
                 self.engine.set_interval(a.tier, a.interval_steps)
             if changed and getattr(self.engine, "rank", 0) == 0:
-                self._sink(CheckpointIntervalAdvised(ts=self._wall(), tier=a.tier, interval_steps=a.interval_steps,
-                                                     interval_s=a.interval_s, reason=a.reason, applied=self.apply))
+                self._sink(
+                    CheckpointIntervalAdvised(
+                        ts=self._wall(),
+                        tier=a.tier,
+                        interval_steps=a.interval_steps,
+                        interval_s=a.interval_s,
+                        reason=a.reason,
+                        applied=self.apply,
+                    )
+                )
         return self.advice
 
     def should_save(self, step: int) -> bool:

@@ -23,8 +23,10 @@ class Collective:
         if not (dist.is_available() and dist.is_initialized()):
             from ..errors import CheckpointError
 
-            raise CheckpointError(f"world_size={world_size} but torch.distributed is not initialized",
-                                  "call init_process_group before creating the checkpoint engine")
+            raise CheckpointError(
+                f"world_size={world_size} but torch.distributed is not initialized",
+                "call init_process_group before creating the checkpoint engine",
+            )
         return cls(world_size, group if group is not None else dist.new_group(backend="gloo"))
 
     def all_gather(self, obj: Any) -> list[Any]:

@@ -30,9 +30,18 @@ _SHARED = "__stalwart_shared__"
 
 
 class EngineCheckpointManager:
-    def __init__(self, root: str | os.PathLike[str], *, rank: int = 0, world_size: int = 1, keep: int = 3,
-                 sink: Callable[[Event], None] | None = None, barrier: Callable[[], None] | None = None,
-                 tiers: Sequence[TierConfig] = (), process_group: Any = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        keep: int = 3,
+        sink: Callable[[Event], None] | None = None,
+        barrier: Callable[[], None] | None = None,
+        tiers: Sequence[TierConfig] = (),
+        process_group: Any = None,
+    ) -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} would delete every checkpoint", "use keep >= 1")
         self.root = Path(root)
@@ -41,12 +50,24 @@ class EngineCheckpointManager:
         self.keep = keep
         self._sink = sink or (lambda ev: None)
         local = TierConfig(name="local", kind="local", location=str(self.root), keep=keep)
-        self.engine = CheckpointEngine([local, *tiers], rank=rank, world_size=world_size, sink=self._sink,
-                                       process_group=process_group, on_busy="wait")
+        self.engine = CheckpointEngine(
+            [local, *tiers],
+            rank=rank,
+            world_size=world_size,
+            sink=self._sink,
+            process_group=process_group,
+            on_busy="wait",
+        )
         self._store = FileStore(self.root)
 
-    def save(self, step: int, shared: dict[str, Any] | None, rank_state: dict[str, Any] | None = None,
-             *, emergency: bool = False) -> SaveResult:
+    def save(
+        self,
+        step: int,
+        shared: dict[str, Any] | None,
+        rank_state: dict[str, Any] | None = None,
+        *,
+        emergency: bool = False,
+    ) -> SaveResult:
         """Collective. Returns after the state is staged; the persist runs in the background."""
         payload: dict[str, Any] = {"rank": rank_state}
         if self.rank == 0:
@@ -55,8 +76,10 @@ class EngineCheckpointManager:
         if emergency:
             res = self.engine.wait()
             if res is None or not res.committed:
-                raise CheckpointError(f"emergency checkpoint of step {step} was not committed",
-                                      "see the CheckpointPersistFailed event for the cause")
+                raise CheckpointError(
+                    f"emergency checkpoint of step {step} was not committed",
+                    "see the CheckpointPersistFailed event for the cause",
+                )
         return SaveResult(step=step, path=self._store.final(step), stall_s=ticket.stall_s, bytes=ticket.bytes)
 
     def wait(self) -> None:
@@ -89,8 +112,14 @@ class EngineCheckpointManager:
         else:
             zero = Path(got.local_path) / "rank-0.pt"
             shared = torch.load(zero, weights_only=False).get(_SHARED) if zero.exists() else None
-        return LoadResult(step=got.step, path=Path(got.path), shared=shared or {}, rank_state=mine.get("rank"),
-                          duration_s=time.perf_counter() - t0, world_size=got.world_size)
+        return LoadResult(
+            step=got.step,
+            path=Path(got.path),
+            shared=shared or {},
+            rank_state=mine.get("rank"),
+            duration_s=time.perf_counter() - t0,
+            world_size=got.world_size,
+        )
 
     def path_for(self, step: int) -> Path:
         return self.root / step_name(step)

@@ -47,8 +47,13 @@ class Manifest:
         if int(data.get("version", 0)) > VERSION:
             raise ValueError(f"manifest version {data['version']} is newer than this reader")
         files = {k: FileEntry(int(v["size"]), int(v["crc32"])) for k, v in data["files"].items()}
-        return Manifest(step=int(data["step"]), world_size=int(data["world_size"]), files=files,
-                        created=float(data["created"]), meta=dict(data.get("meta", {})))
+        return Manifest(
+            step=int(data["step"]),
+            world_size=int(data["world_size"]),
+            files=files,
+            created=float(data["created"]),
+            meta=dict(data.get("meta", {})),
+        )
 
 
 def crc32_file(path: Path) -> int:
@@ -90,8 +95,9 @@ def read_manifest(directory: Path) -> tuple[Manifest | None, str]:
         return None, f"unreadable manifest: {exc}"
 
 
-def verify_files(directory: Path, manifest: Manifest, names: list[str] | None = None, *,
-                 checksums: bool = True) -> str:
+def verify_files(
+    directory: Path, manifest: Manifest, names: list[str] | None = None, *, checksums: bool = True
+) -> str:
     """Check the listed files (all by default); return "" if intact, else the first reason."""
     for name in sorted(manifest.files) if names is None else names:
         entry = manifest.files[name]

@@ -53,9 +53,15 @@ def _fsynced_save(obj: Any, path: Path, fsync: bool) -> None:
 
 
 class Persister:
-    def __init__(self, *, rank: int, world_size: int, comm: Collective,
-                 writer_factory: WriterFactory = default_writer,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        comm: Collective,
+        writer_factory: WriterFactory = default_writer,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.comm = comm
@@ -79,7 +85,9 @@ class Persister:
         work = store.partial(snap.step)
         entries: dict[str, FileEntry] = {}
         try:
-            dcp.save(snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group)
+            dcp.save(
+                snap.state, storage_writer=self.writer_factory(work, tier), process_group=self.comm.group
+            )
             mine = [f"rank-{self.rank}.pt"] if snap.rank_state is not None else []
             if mine:
                 _fsynced_save(snap.rank_state, work / mine[0], tier.do_fsync)
@@ -104,8 +112,13 @@ class Persister:
             files: dict[str, FileEntry] = {}
             for _, ent in gathered:
                 files.update(ent)
-            manifest = Manifest(step=snap.step, world_size=self.world_size, files=files, created=self.clock(),
-                                meta={"emergency": emergency, "bytes": snap.bytes})
+            manifest = Manifest(
+                step=snap.step,
+                world_size=self.world_size,
+                files=files,
+                created=self.clock(),
+                meta={"emergency": emergency, "bytes": snap.bytes},
+            )
             try:
                 store.commit(snap.step, manifest)
             except OSError as exc:

@@ -43,8 +43,13 @@ class Snapshot:
 class Stager:
     """Owns the reusable host buffers and copies state into them."""
 
-    def __init__(self, *, pin: bool | None = None, shared: bool | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        *,
+        pin: bool | None = None,
+        shared: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         cuda = torch.cuda.is_available()
         self.pin = cuda if pin is None else pin
         self.shared = (not self.pin) if shared is None else shared
@@ -73,8 +78,14 @@ class Stager:
             buf = self._buffer_for(key, local)
             buf.copy_(local.detach(), non_blocking=True)
             counter[0] += buf.numel() * buf.element_size()
-            return DTensor.from_local(buf, value.device_mesh, value.placements, run_check=False,
-                                      shape=value.shape, stride=value.stride())
+            return DTensor.from_local(
+                buf,
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
+            )
         if isinstance(value, torch.Tensor):
             src = value.detach()
             if not src.is_contiguous():
@@ -107,5 +118,11 @@ class Stager:
             torch.cuda.synchronize()
         stall = self._clock() - t0
         self._generation += 1
-        return Snapshot(step=step, state=staged, rank_state=staged_rank, bytes=counter[0], stall_s=stall,
-                        generation=self._generation)
+        return Snapshot(
+            step=step,
+            state=staged,
+            rank_state=staged_rank,
+            bytes=counter[0],
+            stall_s=stall,
+            generation=self._generation,
+        )

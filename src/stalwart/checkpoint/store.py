@@ -130,8 +130,7 @@ class FsspecStore:
             manifest_bytes = self.fs.cat_file(f"{src}/{MANIFEST}")
         except FileNotFoundError:
             return dest  # no manifest: verification rejects it
-        names: list[Any] = list(Manifest.from_json(manifest_bytes.decode()).files) \
-            if manifest_bytes else []
+        names: list[Any] = list(Manifest.from_json(manifest_bytes.decode()).files) if manifest_bytes else []
         for name in names:
             try:
                 self.fs.get_file(f"{src}/{name}", str(dest / name))

@@ -58,13 +58,17 @@ class TierConfig(BaseModel):
 def validate_tiers(tiers: list[TierConfig]) -> list[TierConfig]:
     """Check names and locations, and return the tiers fastest first."""
     if not tiers:
-        raise ConfigError("no checkpoint tier configured", "configure at least one tier (e.g. a local disk path)")
+        raise ConfigError(
+            "no checkpoint tier configured", "configure at least one tier (e.g. a local disk path)"
+        )
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
         raise ConfigError(f"duplicate checkpoint tier names: {names}", "give every tier a unique name")
     locs = [t.location for t in tiers]
     if len(set(locs)) != len(locs):
-        raise ConfigError(f"two checkpoint tiers share a location: {locs}", "give every tier its own directory")
+        raise ConfigError(
+            f"two checkpoint tiers share a location: {locs}", "give every tier its own directory"
+        )
     return sorted(tiers, key=lambda t: SPEED_ORDER[t.kind])
 
 
@@ -72,19 +76,32 @@ def default_shm_root(job: str) -> Path:
     return Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm")) / "stalwart" / job
 
 
-def default_tiers(*, local_dir: str | os.PathLike[str], job: str = "default", base_every_steps: int = 100,
-                  shared_dir: str | None = None, object_url: str | None = None,
-                  memory: bool = True) -> list[TierConfig]:
+def default_tiers(
+    *,
+    local_dir: str | os.PathLike[str],
+    job: str = "default",
+    base_every_steps: int = 100,
+    shared_dir: str | None = None,
+    object_url: str | None = None,
+    memory: bool = True,
+) -> list[TierConfig]:
     """Fast tiers frequent, slow tiers rare: memory every base interval, local disk every 5,
     shared filesystem every 20, object store every 50."""
     b = base_every_steps
     tiers: list[TierConfig] = []
     if memory:
-        tiers.append(TierConfig(name="memory", kind="memory", location=str(default_shm_root(job)),
-                                every_steps=b, keep=2))
+        tiers.append(
+            TierConfig(
+                name="memory", kind="memory", location=str(default_shm_root(job)), every_steps=b, keep=2
+            )
+        )
     tiers.append(TierConfig(name="local", kind="local", location=str(local_dir), every_steps=5 * b, keep=2))
     if shared_dir:
-        tiers.append(TierConfig(name="shared", kind="shared", location=shared_dir, every_steps=20 * b, keep=3))
+        tiers.append(
+            TierConfig(name="shared", kind="shared", location=shared_dir, every_steps=20 * b, keep=3)
+        )
     if object_url:
-        tiers.append(TierConfig(name="object", kind="object", location=object_url, every_steps=50 * b, keep=3))
+        tiers.append(
+            TierConfig(name="object", kind="object", location=object_url, every_steps=50 * b, keep=3)
+        )
     return validate_tiers(tiers)

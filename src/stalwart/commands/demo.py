@@ -20,7 +20,9 @@ DEMO_FAULTS = [
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        steps: int = typer.Option(200, "--steps", min=160, help="Training steps (the faults need at least 160)."),
+        steps: int = typer.Option(
+            200, "--steps", min=160, help="Training steps (the faults need at least 160)."
+        ),
         workers: int = typer.Option(4, "--workers", min=2, max=8, help="Worker processes (DDP ranks)."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Where the ledger and checkpoints go."),
     ) -> None:
@@ -31,13 +33,32 @@ def register(app: typer.Typer) -> None:
         faults = [f for f in DEMO_FAULTS if f"rank={workers}" not in f]  # keep the ranks that exist
         faults = [f.replace("rank=3", f"rank={workers - 1}") for f in faults]
         directory = run_dir or Path("stalwart-runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-        cfg = run_config.build({
-            "script": "stalwart.examples.charlm", "module": True, "nproc_per_node": workers,
-            "script_args": ["--steps", str(steps), "--checkpoint-every", "20", "--corpus-bytes", "1000000",
-                            "--log-every", "0", "--global-batch", str(8 * workers)],
-            "run_dir": directory, "run_id": directory.name, "chaos": faults, "max_restarts": 6,
-            "hang_floor_s": 3.0, "startup_timeout_s": 120.0, "backoff_base_s": 0.5,
-        })
+        cfg = run_config.build(
+            {
+                "script": "stalwart.examples.charlm",
+                "module": True,
+                "nproc_per_node": workers,
+                "script_args": [
+                    "--steps",
+                    str(steps),
+                    "--checkpoint-every",
+                    "20",
+                    "--corpus-bytes",
+                    "1000000",
+                    "--log-every",
+                    "0",
+                    "--global-batch",
+                    str(8 * workers),
+                ],
+                "run_dir": directory,
+                "run_id": directory.name,
+                "chaos": faults,
+                "max_restarts": 6,
+                "hang_floor_s": 3.0,
+                "startup_timeout_s": 120.0,
+                "backoff_base_s": 0.5,
+            }
+        )
         intro = [
             f"[bold]Stalwart demo[/]: a byte-level transformer LM trained with DDP on {workers} CPU workers (gloo)",
             "over the Python standard library's source. The chaos plan injects:",

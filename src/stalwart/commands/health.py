@@ -37,17 +37,36 @@ def _print_tables(result, node: str, applied) -> None:
         sev_of[d.finding.subject.split("/")[0]] = max(cur, d.status, key=("pass", "warn", "fail").index)
     if gpu is not None and gpu.available:
         t = Table(title=f"GPUs on {node} ({gpu.source}, driver {gpu.driver or '?'}, CUDA {gpu.cuda or '?'})")
-        for col in ("gpu", "name", "temp C (slow/max)", "HBM C", "clock events", "ECC vol c/u", "remap c/u/pend/fail",
-                    "PCIe", "replays", "NVLink up", "verdict"):
+        for col in (
+            "gpu",
+            "name",
+            "temp C (slow/max)",
+            "HBM C",
+            "clock events",
+            "ECC vol c/u",
+            "remap c/u/pend/fail",
+            "PCIe",
+            "replays",
+            "NVLink up",
+            "verdict",
+        ):
             t.add_column(col)
         for g in gpu.gpus:
             reasons = ",".join(clock_reason_names(g.clock_event_reasons)) if g.clock_event_reasons else "-"
             links = f"{sum(1 for link in g.nvlinks if link.active)}/{len(g.nvlinks)}" if g.nvlinks else "-"
-            t.add_row(str(g.index), g.name or "?", f"{_fmt(g.temp_gpu)} ({_fmt(g.temp_slowdown)}/{_fmt(g.temp_gpu_max)})",
-                      _fmt(g.temp_mem), reasons, f"{_fmt(g.ecc_vol_corr)}/{_fmt(g.ecc_vol_uncorr)}",
-                      f"{_fmt(g.remap_corr)}/{_fmt(g.remap_unc)}/{_fmt(g.remap_pending)}/{_fmt(g.remap_failure)}",
-                      f"Gen{_fmt(g.pcie_gen)}/{_fmt(g.pcie_max_gen)} x{_fmt(g.pcie_width)}/{_fmt(g.pcie_max_width)}",
-                      _fmt(g.pcie_replay), links, "LOST" if g.lost else sev_of.get(f"gpu{g.index}", "pass"))
+            t.add_row(
+                str(g.index),
+                g.name or "?",
+                f"{_fmt(g.temp_gpu)} ({_fmt(g.temp_slowdown)}/{_fmt(g.temp_gpu_max)})",
+                _fmt(g.temp_mem),
+                reasons,
+                f"{_fmt(g.ecc_vol_corr)}/{_fmt(g.ecc_vol_uncorr)}",
+                f"{_fmt(g.remap_corr)}/{_fmt(g.remap_unc)}/{_fmt(g.remap_pending)}/{_fmt(g.remap_failure)}",
+                f"Gen{_fmt(g.pcie_gen)}/{_fmt(g.pcie_max_gen)} x{_fmt(g.pcie_width)}/{_fmt(g.pcie_max_width)}",
+                _fmt(g.pcie_replay),
+                links,
+                "LOST" if g.lost else sev_of.get(f"gpu{g.index}", "pass"),
+            )
         con.print(t)
     elif gpu is not None:
         con.print(f"GPUs: none ({gpu.unavailable_reason})")
@@ -57,7 +76,15 @@ def _print_tables(result, node: str, applied) -> None:
             t.add_column(col)
         for p in result.ib.ports:
             errs = ", ".join(f"{k}={v}" for k, v in p.counters.items() if v) or "0"
-            t.add_row(p.name, p.state, p.phys_state, _fmt(p.rate_gbps), p.link_layer, errs, sev_of.get(p.name, "pass"))
+            t.add_row(
+                p.name,
+                p.state,
+                p.phys_state,
+                _fmt(p.rate_gbps),
+                p.link_layer,
+                errs,
+                sev_of.get(p.name, "pass"),
+            )
         con.print(t)
     shown = [d for d in result.verdict.decisions if d.finding.severity > 0 or d.finding.check == "active"]
     if shown:
@@ -65,7 +92,9 @@ def _print_tables(result, node: str, applied) -> None:
         for col in ("verdict", "subject", "code", "message", "rule -> action"):
             t.add_column(col)
         for d in shown:
-            t.add_row(d.status, d.finding.subject, d.finding.code, d.finding.message, f"{d.rule} -> {d.action}")
+            t.add_row(
+                d.status, d.finding.subject, d.finding.code, d.finding.message, f"{d.rule} -> {d.action}"
+            )
         con.print(t)
     con.print(f"[bold]{result.verdict.reason}[/bold]  ({result.duration_s:.2f} s)")
     if applied is not None:
@@ -73,33 +102,55 @@ def _print_tables(result, node: str, applied) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    health_app = typer.Typer(help="Node health checks (passive telemetry and active tests).", no_args_is_help=True)
+    health_app = typer.Typer(
+        help="Node health checks (passive telemetry and active tests).", no_args_is_help=True
+    )
     app.add_typer(health_app, name="health")
 
     @health_app.command("check")
     def check_cmd(
-        active: bool = typer.Option(False, "--active", help="Also run the active suite (GEMM, memory, all-reduce, "
-                                                            "disk, training step)."),
+        active: bool = typer.Option(
+            False,
+            "--active",
+            help="Also run the active suite (GEMM, memory, all-reduce, disk, training step).",
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-        fixture: Path = typer.Option(None, "--fixture", help="Read recorded telemetry from this directory "
-                                                             "instead of NVML/dmesg/sysfs."),
+        fixture: Path = typer.Option(
+            None, "--fixture", help="Read recorded telemetry from this directory instead of NVML/dmesg/sysfs."
+        ),
         expected_gpus: int = typer.Option(None, "--expected-gpus", help="Fail when fewer GPUs are visible."),
-        mount: list[str] = typer.Option([], "--mount", help="A mount point that must answer stat (repeatable)."),
+        mount: list[str] = typer.Option(
+            [], "--mount", help="A mount point that must answer stat (repeatable)."
+        ),
         ib_rate: float = typer.Option(None, "--ib-rate", help="Expected InfiniBand port rate, Gb/s."),
         kernel_log: str = typer.Option("dmesg", "--kernel-log", help="'dmesg', a log file, or '' to skip."),
-        xid_wait_ms: int = typer.Option(0, "--xid-wait-ms", help="Also listen for NVML XID events this long."),
+        xid_wait_ms: int = typer.Option(
+            0, "--xid-wait-ms", help="Also listen for NVML XID events this long."
+        ),
         rules: Path = typer.Option(None, "--rules", help="A rule table (YAML) replacing the shipped one."),
-        backend: str = typer.Option("none", "--backend", help="none (report only), local (ledger) or slurm "
-                                                              "(drain/resume with scontrol)."),
-        node: str = typer.Option(None, "--node", help="Node name (default $SLURMD_NODENAME or the hostname)."),
-        state_dir: Path = typer.Option(None, "--state-dir", help="Where node records (ledgers) live "
-                                                                 "(default stalwart-runs/health)."),
-        prefix: str = typer.Option("stalwart:", "--prefix", help="Drain-reason prefix that marks Stalwart's drains."),
-        max_auto_drains: int = typer.Option(2, "--max-auto-drains", help="Blast-radius cap: automatic drains per "
-                                                                         "window before alerting instead."),
+        backend: str = typer.Option(
+            "none",
+            "--backend",
+            help="none (report only), local (ledger) or slurm (drain/resume with scontrol).",
+        ),
+        node: str = typer.Option(
+            None, "--node", help="Node name (default $SLURMD_NODENAME or the hostname)."
+        ),
+        state_dir: Path = typer.Option(
+            None, "--state-dir", help="Where node records (ledgers) live (default stalwart-runs/health)."
+        ),
+        prefix: str = typer.Option(
+            "stalwart:", "--prefix", help="Drain-reason prefix that marks Stalwart's drains."
+        ),
+        max_auto_drains: int = typer.Option(
+            2,
+            "--max-auto-drains",
+            help="Blast-radius cap: automatic drains per window before alerting instead.",
+        ),
         drain_window: float = typer.Option(3600.0, "--drain-window", help="Blast-radius window, seconds."),
-        passive_readmit: bool = typer.Option(False, "--passive-readmit",
-                                             help="Re-admit on a passing passive check (default: needs --active)."),
+        passive_readmit: bool = typer.Option(
+            False, "--passive-readmit", help="Re-admit on a passing passive check (default: needs --active)."
+        ),
     ) -> None:
         """Check this node; exit 0 pass/warn, 1 fail, 2 usage error (Slurm Prolog/Epilog compatible)."""
         from pydantic import ValidationError
@@ -114,14 +165,22 @@ def register(app: typer.Typer) -> None:
         if backend not in ("none", "local", "slurm"):
             raise ConfigError(f"unknown backend {backend!r}", "use none, local or slurm")
         try:
-            cfg = GateConfig(fixture=fixture, expected_gpus=expected_gpus, mounts=tuple(mount), ib_rate_gbps=ib_rate,
-                             kernel_log=kernel_log, rules=rules, active=active,
-                             xid_wait_ms=xid_wait_ms)
+            cfg = GateConfig(
+                fixture=fixture,
+                expected_gpus=expected_gpus,
+                mounts=tuple(mount),
+                ib_rate_gbps=ib_rate,
+                kernel_log=kernel_log,
+                rules=rules,
+                active=active,
+                xid_wait_ms=xid_wait_ms,
+            )
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(x) for x in err["loc"]).replace("_", "-")
-            raise ConfigError(f"invalid health check option --{where}: {err['msg']}",
-                              "see 'stalwart health check --help'") from exc
+            raise ConfigError(
+                f"invalid health check option --{where}: {err['msg']}", "see 'stalwart health check --help'"
+            ) from exc
         from ..health.lifecycle import NodeState
 
         node = node or local_node_name()
@@ -135,32 +194,58 @@ def register(app: typer.Typer) -> None:
         result = run_gate(cfg, now, node=node, handled_before=handled_before)
         applied = None
         if backend != "none":
-            policy = LifecyclePolicy(prefix=prefix, max_auto_drains=max_auto_drains, drain_window_s=drain_window,
-                                     readmit_requires_active=not passive_readmit)
-            applied = apply_verdict(node, result.verdict, level="active" if active else "passive",
-                                    backend=make_backend(backend), store=store,
-                                    policy=policy, now=now, duration_s=result.duration_s)
+            policy = LifecyclePolicy(
+                prefix=prefix,
+                max_auto_drains=max_auto_drains,
+                drain_window_s=drain_window,
+                readmit_requires_active=not passive_readmit,
+            )
+            applied = apply_verdict(
+                node,
+                result.verdict,
+                level="active" if active else "passive",
+                backend=make_backend(backend),
+                store=store,
+                policy=policy,
+                now=now,
+                duration_s=result.duration_s,
+            )
         if json_out:
             data = {
                 "node": node,
                 "passed": result.passed,
-                "verdict": {"status": result.verdict.status, "action": result.verdict.action,
-                            "recoverable": result.verdict.recoverable, "reason": result.verdict.reason},
-                "findings": [d.finding.to_json() | {"rule": d.rule, "verdict": d.status, "action": d.action}
-                             for d in result.verdict.decisions],
-                "gpu": None if result.gpu is None else {
-                    "source": result.gpu.source, "available": result.gpu.available,
-                    "unavailable_reason": result.gpu.unavailable_reason, "driver": result.gpu.driver,
-                    "cuda": result.gpu.cuda, "gpus": [dataclasses.asdict(g) for g in result.gpu.gpus],
-                    "samples": len(result.gpu.series)},
+                "verdict": {
+                    "status": result.verdict.status,
+                    "action": result.verdict.action,
+                    "recoverable": result.verdict.recoverable,
+                    "reason": result.verdict.reason,
+                },
+                "findings": [
+                    d.finding.to_json() | {"rule": d.rule, "verdict": d.status, "action": d.action}
+                    for d in result.verdict.decisions
+                ],
+                "gpu": None
+                if result.gpu is None
+                else {
+                    "source": result.gpu.source,
+                    "available": result.gpu.available,
+                    "unavailable_reason": result.gpu.unavailable_reason,
+                    "driver": result.gpu.driver,
+                    "cuda": result.gpu.cuda,
+                    "gpus": [dataclasses.asdict(g) for g in result.gpu.gpus],
+                    "samples": len(result.gpu.series),
+                },
                 "ib_ports": [] if result.ib is None else [dataclasses.asdict(p) for p in result.ib.ports],
                 "duration_s": result.duration_s,
                 "timings": result.timings,
             }
             if applied is not None:
-                data["lifecycle"] = {"state": applied.transition.record.state.value,
-                                     "action": applied.transition.action, "reason": applied.transition.reason,
-                                     "read_back": applied.read_back}
+                data["lifecycle"] = {
+                    "state": applied.transition.record.state.value,
+                    "action": applied.transition.action,
+                    "reason": applied.transition.reason,
+                    "read_back": applied.read_back,
+                }
             print(json.dumps(data, indent=1, default=str))
         else:
             _print_tables(result, node, applied)

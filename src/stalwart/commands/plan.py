@@ -22,8 +22,12 @@ def register(app: typer.Typer) -> None:
         stall: float = typer.Option(None, help="Checkpoint stall, s (single tier)."),
         restart: float = typer.Option(None, help="In-job restart time, s."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate."),
-        scale_to: list[int] = typer.Option([], "--scale-to", help="Also predict at this many GPUs (repeatable)."),
-        ledger: Path = typer.Option(None, "--ledger", help="Run directory or ledger: measured rates and times."),
+        scale_to: list[int] = typer.Option(
+            [], "--scale-to", help="Also predict at this many GPUs (repeatable)."
+        ),
+        ledger: Path = typer.Option(
+            None, "--ledger", help="Run directory or ledger: measured rates and times."
+        ),
         plot: Path = typer.Option(None, "--plot", help="Write charts into this directory."),
         plot_format: str = typer.Option("png", help="png or svg."),
         config: Path = typer.Option(None, help="YAML file of simulator settings."),
@@ -40,10 +44,23 @@ def register(app: typer.Typer) -> None:
         for g in scale_to:
             if g <= 0:
                 raise ConfigError(f"--scale-to must be a positive number of GPUs, got {g}")
-        values = build_values(load_config_file(config), gpus=gpus, gpus_per_node=gpus_per_node, days=days,
-                              trials=trials, seed=seed, interval=interval, stall=stall, restore=None,
-                              restart=restart, strategy=None, spares=None, elastic=None,
-                              rate_scale=rate_scale, price=None)
+        values = build_values(
+            load_config_file(config),
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            days=days,
+            trials=trials,
+            seed=seed,
+            interval=interval,
+            stall=stall,
+            restore=None,
+            restart=restart,
+            strategy=None,
+            spares=None,
+            elastic=None,
+            rate_scale=rate_scale,
+            price=None,
+        )
         cfg = make_config(**values)
         notes: list[str] = []
         if ledger is not None:
@@ -72,20 +89,41 @@ def _print(d: dict) -> None:
     for col in ("tier", "current s", "Daly s", "recommended s", "why"):
         t.add_column(col)
     for a in d["tiers"]:
-        t.add_row(a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}",
-                  a["reason"])
+        t.add_row(
+            a["name"],
+            f"{a['current_s']:,.0f}",
+            f"{a['closed_form_s']:,.0f}",
+            f"{a['recommended_s']:,.0f}",
+            a["reason"],
+        )
     c.print(t)
     c.print(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
     c.print(f"[bold]restart strategy:[/bold] {d['strategy']['value']}  -  {d['strategy']['reason']}")
     s = Table(title="predicted at scale (interval re-optimised, spares scaled with the fleet)")
-    for col in ("GPUs", "spares", "job MTBF h", "interval s", "ETTR mean", "ETTR p5", "interruptions",
-                "lost GPU-h", "cost"):
+    for col in (
+        "GPUs",
+        "spares",
+        "job MTBF h",
+        "interval s",
+        "ETTR mean",
+        "ETTR p5",
+        "interruptions",
+        "lost GPU-h",
+        "cost",
+    ):
         s.add_column(col, justify="right")
     for p in d["scale"]:
-        s.add_row(f"{p['gpus']:,}", "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
-                  f"{p['job_mtbf_h']:.2f}", f"{p['interval_s']:,.0f}", f"{p['ettr_mean']:.3f}",
-                  f"{p['ettr_p5']:.3f}", f"{p['interruptions_mean']:,.0f}", f"{p['lost_gpu_hours_mean']:,.0f}",
-                  f"{p['cost_mean']:,.0f}")
+        s.add_row(
+            f"{p['gpus']:,}",
+            "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
+            f"{p['job_mtbf_h']:.2f}",
+            f"{p['interval_s']:,.0f}",
+            f"{p['ettr_mean']:.3f}",
+            f"{p['ettr_p5']:.3f}",
+            f"{p['interruptions_mean']:,.0f}",
+            f"{p['lost_gpu_hours_mean']:,.0f}",
+            f"{p['cost_mean']:,.0f}",
+        )
     c.print(s)
     for n in d["notes"]:
         c.print(f"note: {n}")

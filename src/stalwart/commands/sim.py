@@ -29,30 +29,59 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     return data
 
 
-def build_values(file_values: dict[str, Any], *, gpus: int | None, gpus_per_node: int | None,
-                 days: float | None, trials: int | None, seed: int | None, interval: float | None,
-                 stall: float | None, restore: float | None, restart: float | None, strategy: str | None,
-                 spares: int | None, elastic: bool | None, rate_scale: float, price: float | None) -> dict[str, Any]:
+def build_values(
+    file_values: dict[str, Any],
+    *,
+    gpus: int | None,
+    gpus_per_node: int | None,
+    days: float | None,
+    trials: int | None,
+    seed: int | None,
+    interval: float | None,
+    stall: float | None,
+    restore: float | None,
+    restart: float | None,
+    strategy: str | None,
+    spares: int | None,
+    elastic: bool | None,
+    rate_scale: float,
+    price: float | None,
+) -> dict[str, Any]:
     """Flags override the file; the file overrides the defaults."""
     from ..sim.config import llama3_failure_mix
 
     if not rate_scale >= 0:
         raise ConfigError(f"--rate-scale must be non-negative, got {rate_scale}")
     v = dict(file_values)
-    for key, val in (("gpus", gpus), ("gpus_per_node", gpus_per_node), ("days", days), ("trials", trials),
-                     ("seed", seed), ("job_restart_s", restart), ("strategy", strategy),
-                     ("spare_nodes", spares), ("elastic", elastic), ("gpu_hour_price", price)):
+    for key, val in (
+        ("gpus", gpus),
+        ("gpus_per_node", gpus_per_node),
+        ("days", days),
+        ("trials", trials),
+        ("seed", seed),
+        ("job_restart_s", restart),
+        ("strategy", strategy),
+        ("spare_nodes", spares),
+        ("elastic", elastic),
+        ("gpu_hour_price", price),
+    ):
         if val is not None:
             v[key] = val
     if rate_scale != 1.0:
         base = v.get("failures") or [f.model_dump() for f in llama3_failure_mix()]
-        v["failures"] = [{**dict(f), "per_1000_gpu_days": float(dict(f).get("per_1000_gpu_days", 0)) * rate_scale}
-                         for f in base]
+        v["failures"] = [
+            {**dict(f), "per_1000_gpu_days": float(dict(f).get("per_1000_gpu_days", 0)) * rate_scale}
+            for f in base
+        ]
     if interval is not None or stall is not None or restore is not None:
-        tiers = v.get("tiers") or [{"name": "shared_fs", "interval_s": 1800.0, "stall_s": 30.0, "restore_s": 300.0}]
+        tiers = v.get("tiers") or [
+            {"name": "shared_fs", "interval_s": 1800.0, "stall_s": 30.0, "restore_s": 300.0}
+        ]
         if len(tiers) != 1:
-            raise ConfigError("--interval/--stall/--restore set a single tier, but the config file has several",
-                              "edit the tiers in the config file instead")
+            raise ConfigError(
+                "--interval/--stall/--restore set a single tier, but the config file has several",
+                "edit the tiers in the config file instead",
+            )
         t = dict(tiers[0])
         for key, val in (("interval_s", interval), ("stall_s", stall), ("restore_s", restore)):
             if val is not None:
@@ -85,10 +114,23 @@ def register(app: typer.Typer) -> None:
         from ..sim import simulate
         from ..sim.config import make_config
 
-        values = build_values(load_config_file(config), gpus=gpus, gpus_per_node=gpus_per_node, days=days,
-                              trials=trials, seed=seed, interval=interval, stall=stall, restore=restore,
-                              restart=restart, strategy=strategy, spares=spares, elastic=elastic,
-                              rate_scale=rate_scale, price=price)
+        values = build_values(
+            load_config_file(config),
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            days=days,
+            trials=trials,
+            seed=seed,
+            interval=interval,
+            stall=stall,
+            restore=restore,
+            restart=restart,
+            strategy=strategy,
+            spares=spares,
+            elastic=elastic,
+            rate_scale=rate_scale,
+            price=price,
+        )
         result = simulate(make_config(**values))
         summary = result.summary()
         if json_out:
@@ -103,13 +145,20 @@ def print_summary(s: dict[str, Any]) -> None:
 
     console = Console()
     spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]
-    console.print(f"[bold]{s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['days']:g} days, {s['trials']:,} trials"
-                  f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}")
+    console.print(
+        f"[bold]{s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['days']:g} days, {s['trials']:,} trials"
+        f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}"
+    )
     t = Table(title="outcome per trial")
     for col in ("metric", "mean", "p5", "p50", "p95"):
         t.add_column(col, justify="right" if col != "metric" else "left")
-    fmt = {"ettr": "{:.4f}", "interruptions": "{:,.1f}", "planned": "{:,.1f}",
-           "lost_gpu_hours": "{:,.0f}", "cost": "{:,.0f}"}
+    fmt = {
+        "ettr": "{:.4f}",
+        "interruptions": "{:,.1f}",
+        "planned": "{:,.1f}",
+        "lost_gpu_hours": "{:,.0f}",
+        "cost": "{:,.0f}",
+    }
     for key, f in fmt.items():
         row = s[key]
         t.add_row(key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))

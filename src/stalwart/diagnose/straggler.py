@@ -36,7 +36,9 @@ class StragglerReport:
         return tuple(r for r in self.ranks if r.straggler)
 
 
-def score_ranks(steps: Iterable[StepCompleted], threshold: float = 1.2, min_steps: int = 5) -> StragglerReport:
+def score_ranks(
+    steps: Iterable[StepCompleted], threshold: float = 1.2, min_steps: int = 5
+) -> StragglerReport:
     own: dict[int, list[float]] = {}
     for s in steps:
         if not s.sections:
@@ -47,13 +49,17 @@ def score_ranks(steps: Iterable[StepCompleted], threshold: float = 1.2, min_step
     if len(medians) < 2:
         return StragglerReport((), 0.0, "fewer than two ranks with section timings: no comparison")
     fleet = statistics.median(medians.values())
-    scores = tuple(RankScore(r, m, m / fleet if fleet > 0 else 1.0, fleet > 0 and m / fleet > threshold)
-                   for r, m in sorted(medians.items()))
+    scores = tuple(
+        RankScore(r, m, m / fleet if fleet > 0 else 1.0, fleet > 0 and m / fleet > threshold)
+        for r, m in sorted(medians.items())
+    )
     slow = [s for s in scores if s.straggler]
     if slow:
         worst = max(slow, key=lambda s: s.score)
-        reason = (f"rank {worst.rank} spends {worst.own_work_s * 1e3:.1f} ms/step on its own work, "
-                  f"{worst.score:.2f}x the fleet median {fleet * 1e3:.1f} ms (threshold {threshold:g}x)")
+        reason = (
+            f"rank {worst.rank} spends {worst.own_work_s * 1e3:.1f} ms/step on its own work, "
+            f"{worst.score:.2f}x the fleet median {fleet * 1e3:.1f} ms (threshold {threshold:g}x)"
+        )
     else:
         reason = f"no rank above {threshold:g}x the fleet median own-work time {fleet * 1e3:.1f} ms"
     return StragglerReport(scores, fleet, reason)
@@ -67,7 +73,9 @@ class SlowSpan:
     score: float  # the highest window score in the span
 
 
-def slow_spans(steps: Iterable[StepCompleted], window: int = 20, threshold: float = 1.2) -> tuple[SlowSpan, ...]:
+def slow_spans(
+    steps: Iterable[StepCompleted], window: int = 20, threshold: float = 1.2
+) -> tuple[SlowSpan, ...]:
     """Stretches of steps in which a rank was a straggler, from consecutive windows of ``window`` steps.
 
     A whole-run median hides a rank that was slow for a while; scoring each window does not."""

@@ -59,7 +59,9 @@ class Block(nn.Module):
 
 
 class CharLM(nn.Module):
-    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4, seq: int = 64, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d: int = 64, layers: int = 2, heads: int = 4, seq: int = 64, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(256, d)
         self.pos = nn.Parameter(torch.zeros(seq, d))
@@ -74,13 +76,14 @@ class CharLM(nn.Module):
         return self.head(self.ln(x))
 
 
-def batch_for(corpus: torch.Tensor, step: int, rank: int, world: int, global_batch: int, seq: int,
-              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_for(
+    corpus: torch.Tensor, step: int, rank: int, world: int, global_batch: int, seq: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share of the global batch of ``step``: samples rank, rank+world, ..."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(corpus) - seq - 1, (global_batch,), generator=g)[rank::world]
-    x = torch.stack([corpus[s: s + seq] for s in starts.tolist()])
-    y = torch.stack([corpus[s + 1: s + seq + 1] for s in starts.tolist()])
+    x = torch.stack([corpus[s : s + seq] for s in starts.tolist()])
+    y = torch.stack([corpus[s + 1 : s + seq + 1] for s in starts.tolist()])
     return x, y
 
 
@@ -141,8 +144,11 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             sched.step()
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
-            print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} "
-                  f"t {time.time():.3f}", flush=True)
+            print(
+                f"step {step + 1}/{args.steps} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} "
+                f"t {time.time():.3f}",
+                flush=True,
+            )
 
     if rank == 0 and args.out:
         torch.save(model.state_dict(), args.out)

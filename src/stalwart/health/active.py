@@ -27,12 +27,14 @@ class ActiveExpectations:
 
 # CPU floors are ~10x below what a busy 2-core CI VM measures (docs/benchmarks.md): they catch a
 # broken or pathologically slow node, not a 10 % regression.
-CPU_EXPECTATIONS = ActiveExpectations(gemm_tflops=0.002, gemm_vs_best=0.5, mem_bw_gbps=0.2,
-                                      allreduce_busbw_gbps=0.005, disk_write_gbps=0.005)
+CPU_EXPECTATIONS = ActiveExpectations(
+    gemm_tflops=0.002, gemm_vs_best=0.5, mem_bw_gbps=0.2, allreduce_busbw_gbps=0.005, disk_write_gbps=0.005
+)
 # From the recorded H100 80GB HBM3 (tests/fixtures/gpu/h100/perf_limits.json: bf16 GEMM 729 TFLOPS,
 # device-to-device 2981 GB/s, fsync'd disk write 1.14 GB/s), with ~20 % headroom.
-H100_EXPECTATIONS = ActiveExpectations(gemm_tflops=580.0, gemm_vs_best=0.9, mem_bw_gbps=2400.0,
-                                       allreduce_busbw_gbps=100.0, disk_write_gbps=0.5)
+H100_EXPECTATIONS = ActiveExpectations(
+    gemm_tflops=580.0, gemm_vs_best=0.9, mem_bw_gbps=2400.0, allreduce_busbw_gbps=100.0, disk_write_gbps=0.5
+)
 
 
 @dataclass(frozen=True)
@@ -97,16 +99,18 @@ def measure_mem_bw(dev: str, mbytes: int | None = None, iters: int = 5) -> float
     return 2.0 * nbytes * iters / (time.perf_counter() - t0) / 1e9  # read + write
 
 
-def allreduce_busbw(rank: int, world: int, init_method: str, backend: str, nbytes: int,
-                    iters: int) -> tuple[float, bool]:
+def allreduce_busbw(
+    rank: int, world: int, init_method: str, backend: str, nbytes: int, iters: int
+) -> tuple[float, bool]:
     """One rank of the all-reduce test: (bus bandwidth GB/s as nccl-tests defines it, result correct)."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
     try:
         dev = "cpu"
         if backend == "nccl":
@@ -145,8 +149,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_allreduce(world: int | None = None, nbytes: int | None = None, iters: int = 5,
-                      timeout_s: float = 60.0) -> tuple[float, int, str]:
+def measure_allreduce(
+    world: int | None = None, nbytes: int | None = None, iters: int = 5, timeout_s: float = 60.0
+) -> tuple[float, int, str]:
     """Local processes: NCCL across the node's GPUs, else gloo on CPU. Returns (busbw GB/s, ranks, error)."""
     import multiprocessing as mp
 
@@ -159,8 +164,10 @@ def measure_allreduce(world: int | None = None, nbytes: int | None = None, iters
     ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock gloo
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_allreduce_worker, args=(r, world, port, backend, nbytes, iters, q), daemon=True)
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_allreduce_worker, args=(r, world, port, backend, nbytes, iters, q), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results = []
@@ -177,7 +184,9 @@ def measure_allreduce(world: int | None = None, nbytes: int | None = None, iters
             p.join(1)
     if len(results) < world:
         return 0.0, world, f"all-reduce did not finish within {timeout_s:g} s ({len(results)}/{world} ranks)"
-    errors = [r[3] for r in results if r[3]] + [f"rank {r[0]}: wrong sum" for r in results if not r[2] and not r[3]]
+    errors = [r[3] for r in results if r[3]] + [
+        f"rank {r[0]}: wrong sum" for r in results if not r[2] and not r[3]
+    ]
     return min(r[1] for r in results), world, "; ".join(errors)
 
 
@@ -264,36 +273,81 @@ def check_active(m: ActiveMeasurements, exp: ActiveExpectations) -> list[Finding
     best = max(m.gemm_tflops.values(), default=0.0)
     for dev, tf in m.gemm_tflops.items():
         if tf < exp.gemm_tflops:
-            out.append(_f("active.gemm.low", dev, Severity.FAIL,
-                          f"GEMM {tf:.3g} TFLOPS < expected {exp.gemm_tflops:g}", tflops=tf, expected=exp.gemm_tflops))
+            out.append(
+                _f(
+                    "active.gemm.low",
+                    dev,
+                    Severity.FAIL,
+                    f"GEMM {tf:.3g} TFLOPS < expected {exp.gemm_tflops:g}",
+                    tflops=tf,
+                    expected=exp.gemm_tflops,
+                )
+            )
         elif best and tf < exp.gemm_vs_best * best:
-            out.append(_f("active.gemm.slowest", dev, Severity.FAIL,
-                          f"GEMM {tf:.3g} TFLOPS is {tf / best:.0%} of the node's best device ({best:.3g})",
-                          tflops=tf, best=best, min_fraction=exp.gemm_vs_best))
+            out.append(
+                _f(
+                    "active.gemm.slowest",
+                    dev,
+                    Severity.FAIL,
+                    f"GEMM {tf:.3g} TFLOPS is {tf / best:.0%} of the node's best device ({best:.3g})",
+                    tflops=tf,
+                    best=best,
+                    min_fraction=exp.gemm_vs_best,
+                )
+            )
         else:
             out.append(_f("active.gemm", dev, Severity.OK, f"GEMM {tf:.3g} TFLOPS", tflops=tf))
     for dev, bw in m.mem_bw_gbps.items():
         sev = Severity.FAIL if bw < exp.mem_bw_gbps else Severity.OK
-        out.append(_f("active.membw" + (".low" if sev else ""), dev, sev,
-                      f"memory bandwidth {bw:.3g} GB/s" + (f" < expected {exp.mem_bw_gbps:g}" if sev else ""),
-                      gbps=bw, expected=exp.mem_bw_gbps))
+        out.append(
+            _f(
+                "active.membw" + (".low" if sev else ""),
+                dev,
+                sev,
+                f"memory bandwidth {bw:.3g} GB/s" + (f" < expected {exp.mem_bw_gbps:g}" if sev else ""),
+                gbps=bw,
+                expected=exp.mem_bw_gbps,
+            )
+        )
     if m.allreduce_busbw_gbps is not None:
         bw = m.allreduce_busbw_gbps
         sev = Severity.FAIL if bw < exp.allreduce_busbw_gbps else Severity.OK
-        out.append(_f("active.allreduce" + (".low" if sev else ""), f"{m.allreduce_ranks} ranks", sev,
-                      f"all-reduce bus bandwidth {bw:.3g} GB/s"
-                      + (f" < expected {exp.allreduce_busbw_gbps:g}" if sev else ""),
-                      busbw_gbps=bw, expected=exp.allreduce_busbw_gbps))
+        out.append(
+            _f(
+                "active.allreduce" + (".low" if sev else ""),
+                f"{m.allreduce_ranks} ranks",
+                sev,
+                f"all-reduce bus bandwidth {bw:.3g} GB/s"
+                + (f" < expected {exp.allreduce_busbw_gbps:g}" if sev else ""),
+                busbw_gbps=bw,
+                expected=exp.allreduce_busbw_gbps,
+            )
+        )
     if m.disk_write_gbps is not None:
         bw = m.disk_write_gbps
         sev = Severity.FAIL if bw < exp.disk_write_gbps else Severity.OK
-        out.append(_f("active.disk" + (".low" if sev else ""), "local disk", sev,
-                      f"fsync'd write {bw:.3g} GB/s" + (f" < expected {exp.disk_write_gbps:g}" if sev else ""),
-                      gbps=bw, expected=exp.disk_write_gbps))
+        out.append(
+            _f(
+                "active.disk" + (".low" if sev else ""),
+                "local disk",
+                sev,
+                f"fsync'd write {bw:.3g} GB/s" + (f" < expected {exp.disk_write_gbps:g}" if sev else ""),
+                gbps=bw,
+                expected=exp.disk_write_gbps,
+            )
+        )
     if m.train_step_ok is not None:
         sev = Severity.OK if m.train_step_ok else Severity.FAIL
-        out.append(_f("active.train_step" + ("" if m.train_step_ok else ".failed"), "model", sev,
-                      f"training step: {m.train_step_detail}"))
+        out.append(
+            _f(
+                "active.train_step" + ("" if m.train_step_ok else ".failed"),
+                "model",
+                sev,
+                f"training step: {m.train_step_detail}",
+            )
+        )
     for e in m.errors:
-        out.append(_f("active.error", e.split(":", 1)[0], Severity.FAIL, f"active check failed: {e}", error=e))
+        out.append(
+            _f("active.error", e.split(":", 1)[0], Severity.FAIL, f"active check failed: {e}", error=e)
+        )
     return out

@@ -42,18 +42,36 @@ def main(argv: list[str] | None = None) -> int:
         from dataclasses import replace
 
         exp = replace(exp, allreduce_busbw_gbps=args.expect)
-    m = ActiveMeasurements("cuda" if gpu else "cpu", allreduce_busbw_gbps=None if err else bw,
-                           allreduce_ranks=world, errors=err)
+    m = ActiveMeasurements(
+        "cuda" if gpu else "cpu", allreduce_busbw_gbps=None if err else bw, allreduce_ranks=world, errors=err
+    )
     findings = check_active(m, exp)
     if not ok and not err:
         from .findings import Finding, Severity
 
-        findings.append(Finding("active", "active.allreduce.wrong", f"{world} ranks", Severity.FAIL,
-                                "all-reduce returned a wrong sum"))
+        findings.append(
+            Finding(
+                "active",
+                "active.allreduce.wrong",
+                f"{world} ranks",
+                Severity.FAIL,
+                "all-reduce returned a wrong sum",
+            )
+        )
     verdict = load_rules().evaluate(findings)
     if rank == 0:
-        print(json.dumps({"busbw_gbps": bw, "ranks": world, "ok": ok, "verdict": verdict.status,
-                          "reason": verdict.reason}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "busbw_gbps": bw,
+                    "ranks": world,
+                    "ok": ok,
+                    "verdict": verdict.status,
+                    "reason": verdict.reason,
+                }
+            ),
+            flush=True,
+        )
     return 0 if verdict.status != "fail" else 1
 
 

@@ -69,14 +69,18 @@ class SlurmBackend:
         try:
             proc = run_command(argv, self.timeout_s)
         except CallTimedOut as exc:
-            raise SchedulerError(f"{argv[0]} did not answer within {self.timeout_s:g} s",
-                                 "is slurmctld running and SLURM_CONF set?") from exc
+            raise SchedulerError(
+                f"{argv[0]} did not answer within {self.timeout_s:g} s",
+                "is slurmctld running and SLURM_CONF set?",
+            ) from exc
         except OSError as exc:
             raise SchedulerError(f"cannot run {argv[0]}: {exc}", "install the Slurm client tools") from exc
         if proc.returncode != 0:
-            raise SchedulerError(f"{' '.join(argv[:3])} failed (exit {proc.returncode}): "
-                                 f"{(proc.stderr or proc.stdout).strip()[:300]}",
-                                 "check the node name and that you may run scontrol update (root or SlurmUser)")
+            raise SchedulerError(
+                f"{' '.join(argv[:3])} failed (exit {proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()[:300]}",
+                "check the node name and that you may run scontrol update (root or SlurmUser)",
+            )
         return proc.stdout
 
     def list_nodes(self) -> list[NodeStatus]:

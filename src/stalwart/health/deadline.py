@@ -50,7 +50,8 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str = "call")
 def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run a command with a timeout; raises CallTimedOut, FileNotFoundError or OSError."""
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
-                              timeout=timeout_s, check=False)
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise CallTimedOut(" ".join(argv), timeout_s) from exc

@@ -22,8 +22,9 @@ class Severity(enum.IntEnum):
         except KeyError:
             from ..errors import ConfigError
 
-            raise ConfigError(f"unknown severity {text!r}",
-                              f"use one of {', '.join(s.name.lower() for s in cls)}") from None
+            raise ConfigError(
+                f"unknown severity {text!r}", f"use one of {', '.join(s.name.lower() for s in cls)}"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,9 @@ def _kernel_log(cfg: GateConfig) -> KernelLogObservation | None:
     return read_kernel_log_file(Path(cfg.kernel_log))
 
 
-def xid_cutoff(cfg: GateConfig, now: float, handled_before: float | None,
-               uptime_s: float | None) -> float | None:
+def xid_cutoff(
+    cfg: GateConfig, now: float, handled_before: float | None, uptime_s: float | None
+) -> float | None:
     """Seconds since boot before which kernel-log XIDs are ignored (None: consider every line).
 
     Live logs only (recorded fixtures carry no boot time): XIDs older than ``xid_window_s``, and
@@ -88,16 +89,19 @@ def xid_cutoff(cfg: GateConfig, now: float, handled_before: float | None,
     return cut
 
 
-def collect_findings(cfg: GateConfig, clock=time.perf_counter, xid_since_boot: float | None = None
-                     ) -> tuple[list[Finding], GpuNodeObservation, IbObservation, dict[str, float]]:
+def collect_findings(
+    cfg: GateConfig, clock=time.perf_counter, xid_since_boot: float | None = None
+) -> tuple[list[Finding], GpuNodeObservation, IbObservation, dict[str, float]]:
     """Passive collection + checks (and the active suite when ``cfg.active``)."""
     th = PassiveThresholds(expected_gpus=cfg.expected_gpus, ib_rate_gbps=cfg.ib_rate_gbps)
     timings: dict[str, float] = {}
     t0 = clock()
     if cfg.fixture is not None:
         if not cfg.fixture.is_dir():
-            raise ConfigError(f"fixture directory {cfg.fixture} does not exist",
-                              "pass a directory with nvml_snapshot.json or nvidia-smi-q.xml")
+            raise ConfigError(
+                f"fixture directory {cfg.fixture} does not exist",
+                "pass a directory with nvml_snapshot.json or nvidia-smi-q.xml",
+            )
         gpu = load_gpu_fixture(cfg.fixture)
     else:
         gpu = collect_nvml(timeout_s=cfg.nvml_timeout_s, xid_wait_ms=cfg.xid_wait_ms)
@@ -109,8 +113,10 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter, xid_since_boot: f
         if klog.available:
             findings += check_kernel_log(klog, gpu.gpus, xid_since_boot)
         else:
-            findings += [Finding("kernel_log", "telemetry.bad", "kernel_log", f.severity, f.message, f.evidence)
-                         for f in check_kernel_log(klog)]
+            findings += [
+                Finding("kernel_log", "telemetry.bad", "kernel_log", f.severity, f.message, f.evidence)
+                for f in check_kernel_log(klog)
+            ]
     timings["kernel_log"] = clock() - t0
     t0 = clock()
     ib_root = cfg.fixture / "sys" if cfg.fixture is not None else cfg.ib_sys_root
@@ -130,9 +136,17 @@ def collect_findings(cfg: GateConfig, clock=time.perf_counter, xid_since_boot: f
     return findings, gpu, ib, timings
 
 
-def run_gate(config: GateConfig, now: float, *, rules: RuleTable | None = None, node: str = "",
-             peers: Sequence[NodeVersions] = (), handled_before: float | None = None,
-             uptime_s: float | None = -1.0, clock=time.perf_counter) -> GateResult:
+def run_gate(
+    config: GateConfig,
+    now: float,
+    *,
+    rules: RuleTable | None = None,
+    node: str = "",
+    peers: Sequence[NodeVersions] = (),
+    handled_before: float | None = None,
+    uptime_s: float | None = -1.0,
+    clock=time.perf_counter,
+) -> GateResult:
     """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts).
 
     ``peers``: the other nodes' :class:`NodeVersions` (e.g. exchanged through the rendezvous store);

@@ -43,19 +43,27 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
     remap_ok = isinstance(remap, list) and len(remap) == 4
     errors = []
     for key, value in d.items():
-        if isinstance(value, str) and value.startswith("EXC") and "NotSupported" not in value \
-                and "Timeout" not in value:
+        if (
+            isinstance(value, str)
+            and value.startswith("EXC")
+            and "NotSupported" not in value
+            and "Timeout" not in value
+        ):
             errors.append(f"{key}: {value[4:]}")
     links = []
     for link in range(int(d.get("nvlink_count", 0) or 0)):
-        links.append(NvLinkObservation(
-            link=link,
-            active=None if _int(d.get(f"nvlink{link}_state")) is None else bool(_int(d.get(f"nvlink{link}_state"))),
-            replay=_int(fields.get(f"NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L{link}")),
-            recovery=_int(fields.get(f"NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L{link}")),
-            crc_flit=_int(fields.get(f"NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L{link}")),
-            crc_data=_int(fields.get(f"NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L{link}")),
-        ))
+        links.append(
+            NvLinkObservation(
+                link=link,
+                active=None
+                if _int(d.get(f"nvlink{link}_state")) is None
+                else bool(_int(d.get(f"nvlink{link}_state"))),
+                replay=_int(fields.get(f"NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L{link}")),
+                recovery=_int(fields.get(f"NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L{link}")),
+                crc_flit=_int(fields.get(f"NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L{link}")),
+                crc_data=_int(fields.get(f"NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L{link}")),
+            )
+        )
     ecc_mode = d.get("ecc_mode")
     pci = d.get("pci") or {}
     power = _num(d.get("power_mw"))
@@ -107,9 +115,12 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
         if not isinstance(nvml, dict):
             raise TypeError("'nvml' is not an object")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return GpuNodeObservation(source=source, available=False,
-                                  unavailable_reason="NVML snapshot unreadable",
-                                  problems=(f"{path.name}: {type(exc).__name__}: {exc}",))
+        return GpuNodeObservation(
+            source=source,
+            available=False,
+            unavailable_reason="NVML snapshot unreadable",
+            problems=(f"{path.name}: {type(exc).__name__}: {exc}",),
+        )
     if nvml.get("unavailable"):
         return GpuNodeObservation(source=source, available=False, unavailable_reason=str(nvml["unavailable"]))
     per_gpu = nvml.get("gpus") if isinstance(nvml.get("gpus"), list) else [nvml]
@@ -124,8 +135,14 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
     count = _int(nvml.get("count"))
     if count is not None and count != len(gpus):
         problems.append(f"{path.name}: count says {count} GPUs but {len(gpus)} are recorded")
-    return GpuNodeObservation(source=source, available=True, driver=str(nvml.get("driver", "")),
-                              cuda=cuda_s, gpus=tuple(gpus), problems=tuple(problems))
+    return GpuNodeObservation(
+        source=source,
+        available=True,
+        driver=str(nvml.get("driver", "")),
+        cuda=cuda_s,
+        gpus=tuple(gpus),
+        problems=tuple(problems),
+    )
 
 
 def _xml_text(node: ET.Element | None, path: str) -> str | None:
@@ -147,8 +164,12 @@ def load_smi_xml(path: Path) -> GpuNodeObservation:
     try:
         root = ET.fromstring(path.read_bytes())
     except (OSError, ET.ParseError) as exc:
-        return GpuNodeObservation(source=source, available=False, unavailable_reason="nvidia-smi XML unreadable",
-                                  problems=(f"{path.name}: {type(exc).__name__}: {exc}",))
+        return GpuNodeObservation(
+            source=source,
+            available=False,
+            unavailable_reason="nvidia-smi XML unreadable",
+            problems=(f"{path.name}: {type(exc).__name__}: {exc}",),
+        )
     gpus = []
     for i, g in enumerate(root.findall("gpu")):
         reasons = 0
@@ -161,36 +182,43 @@ def load_smi_xml(path: Path) -> GpuNodeObservation:
                     reasons |= bit
         width = _xml_text(g, "pci/pci_gpu_link_info/link_widths/current_link_width")
         max_width = _xml_text(g, "pci/pci_gpu_link_info/link_widths/max_link_width")
-        gpus.append(GpuObservation(
-            index=i,
-            name=_xml_text(g, "product_name") or "",
-            uuid=_xml_text(g, "uuid") or "",
-            bus_id=g.get("id", ""),
-            temp_gpu=_num(_xml_text(g, "temperature/gpu_temp")),
-            temp_mem=_num(_xml_text(g, "temperature/memory_temp")),
-            clock_event_reasons=reasons if cer is not None else None,
-            ecc_enabled=_yes(_xml_text(g, "ecc_mode/current_ecc")),
-            ecc_vol_corr=_int(_xml_text(g, "ecc_errors/volatile/dram_correctable")),
-            ecc_vol_uncorr=_int(_xml_text(g, "ecc_errors/volatile/dram_uncorrectable")),
-            ecc_agg_corr=_int(_xml_text(g, "ecc_errors/aggregate/dram_correctable")),
-            ecc_agg_uncorr=_int(_xml_text(g, "ecc_errors/aggregate/dram_uncorrectable")),
-            remap_corr=_int(_xml_text(g, "remapped_rows/remapped_row_corr")),
-            remap_unc=_int(_xml_text(g, "remapped_rows/remapped_row_unc")),
-            remap_pending=_yes(_xml_text(g, "remapped_rows/remapped_row_pending")),
-            remap_failure=_yes(_xml_text(g, "remapped_rows/remapped_row_failure")),
-            pcie_gen=_int(_xml_text(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen")),
-            pcie_max_gen=_int(_xml_text(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
-            pcie_width=_int(width),
-            pcie_max_width=_int(max_width),
-            pcie_replay=_int(_xml_text(g, "pci/replay_counter")),
-        ))
+        gpus.append(
+            GpuObservation(
+                index=i,
+                name=_xml_text(g, "product_name") or "",
+                uuid=_xml_text(g, "uuid") or "",
+                bus_id=g.get("id", ""),
+                temp_gpu=_num(_xml_text(g, "temperature/gpu_temp")),
+                temp_mem=_num(_xml_text(g, "temperature/memory_temp")),
+                clock_event_reasons=reasons if cer is not None else None,
+                ecc_enabled=_yes(_xml_text(g, "ecc_mode/current_ecc")),
+                ecc_vol_corr=_int(_xml_text(g, "ecc_errors/volatile/dram_correctable")),
+                ecc_vol_uncorr=_int(_xml_text(g, "ecc_errors/volatile/dram_uncorrectable")),
+                ecc_agg_corr=_int(_xml_text(g, "ecc_errors/aggregate/dram_correctable")),
+                ecc_agg_uncorr=_int(_xml_text(g, "ecc_errors/aggregate/dram_uncorrectable")),
+                remap_corr=_int(_xml_text(g, "remapped_rows/remapped_row_corr")),
+                remap_unc=_int(_xml_text(g, "remapped_rows/remapped_row_unc")),
+                remap_pending=_yes(_xml_text(g, "remapped_rows/remapped_row_pending")),
+                remap_failure=_yes(_xml_text(g, "remapped_rows/remapped_row_failure")),
+                pcie_gen=_int(_xml_text(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen")),
+                pcie_max_gen=_int(_xml_text(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
+                pcie_width=_int(width),
+                pcie_max_width=_int(max_width),
+                pcie_replay=_int(_xml_text(g, "pci/replay_counter")),
+            )
+        )
     problems = []
     attached = _int(_xml_text(root, "attached_gpus"))
     if attached is not None and attached != len(gpus):
         problems.append(f"{path.name}: attached_gpus={attached} but {len(gpus)} <gpu> entries")
-    return GpuNodeObservation(source=source, available=True, driver=_xml_text(root, "driver_version") or "",
-                              cuda=_xml_text(root, "cuda_version") or "", gpus=tuple(gpus),
-                              problems=tuple(problems))
+    return GpuNodeObservation(
+        source=source,
+        available=True,
+        driver=_xml_text(root, "driver_version") or "",
+        cuda=_xml_text(root, "cuda_version") or "",
+        gpus=tuple(gpus),
+        problems=tuple(problems),
+    )
 
 
 _CSV_FIELDS = ("temp_gpu", "temp_mem", "power_w", "sm_mhz", "util")
@@ -204,15 +232,17 @@ def load_series_csv(path: Path) -> tuple[tuple[GpuSample, ...], tuple[str, ...]]
         with path.open(newline="", errors="replace") as fh:
             for lineno, row in enumerate(csv.DictReader(fh), start=2):
                 try:
-                    samples.append(GpuSample(
-                        t=float(row["t"]),
-                        gpu=int(row.get("gpu") or 0),
-                        phase=row.get("phase") or "",
-                        **{k: float(row[k]) for k in _CSV_FIELDS if row.get(k) not in (None, "")},
-                        clock_event_reasons=int(row["clock_event_reasons"]),
-                        ecc_corr_vol=int(row["ecc_corr_vol"]) if row.get("ecc_corr_vol") else None,
-                        pcie_replay=int(row["pcie_replay"]) if row.get("pcie_replay") else None,
-                    ))
+                    samples.append(
+                        GpuSample(
+                            t=float(row["t"]),
+                            gpu=int(row.get("gpu") or 0),
+                            phase=row.get("phase") or "",
+                            **{k: float(row[k]) for k in _CSV_FIELDS if row.get(k) not in (None, "")},
+                            clock_event_reasons=int(row["clock_event_reasons"]),
+                            ecc_corr_vol=int(row["ecc_corr_vol"]) if row.get("ecc_corr_vol") else None,
+                            pcie_replay=int(row["pcie_replay"]) if row.get("pcie_replay") else None,
+                        )
+                    )
                 except (KeyError, TypeError, ValueError) as exc:
                     problems.append(f"{path.name}:{lineno}: unparseable row ({type(exc).__name__}: {exc})")
     except OSError as exc:
@@ -229,15 +259,25 @@ def load_gpu_fixture(directory: Path) -> GpuNodeObservation:
     elif (directory / SMI_XML).exists():
         obs = load_smi_xml(directory / SMI_XML)
     else:
-        obs = GpuNodeObservation(source=f"fixture:{directory.name}", available=False,
-                                 unavailable_reason=f"no {SNAPSHOT} or {SMI_XML} in {directory}")
+        obs = GpuNodeObservation(
+            source=f"fixture:{directory.name}",
+            available=False,
+            unavailable_reason=f"no {SNAPSHOT} or {SMI_XML} in {directory}",
+        )
     series: list[GpuSample] = []
     problems = list(obs.problems)
     for csv_path in sorted(directory.glob("*telemetry*.csv")):
         s, p = load_series_csv(csv_path)
         series.extend(s)
         problems.extend(p)
-    return GpuNodeObservation(source=obs.source, available=obs.available,
-                              unavailable_reason=obs.unavailable_reason, driver=obs.driver, cuda=obs.cuda,
-                              gpus=obs.gpus, series=tuple(series), problems=tuple(problems),
-                              timed_out=obs.timed_out)
+    return GpuNodeObservation(
+        source=obs.source,
+        available=obs.available,
+        unavailable_reason=obs.unavailable_reason,
+        driver=obs.driver,
+        cuda=obs.cuda,
+        gpus=obs.gpus,
+        series=tuple(series),
+        problems=tuple(problems),
+        timed_out=obs.timed_out,
+    )

@@ -87,8 +87,16 @@ def collect_infiniband(sys_root: Path = Path("/sys")) -> IbObservation:
                     counters[name] = int(raw)
                 except ValueError:
                     problems.append(f"unparseable counter {name}={raw[:40]!r}")
-            ports.append(IbPort(device=dev.name, port=port, state=_state(_read(pdir / "state")),
-                                phys_state=_state(_read(pdir / "phys_state")), rate_gbps=rate,
-                                link_layer=_read(pdir / "link_layer") or "", counters=counters,
-                                problems=tuple(problems)))
+            ports.append(
+                IbPort(
+                    device=dev.name,
+                    port=port,
+                    state=_state(_read(pdir / "state")),
+                    phys_state=_state(_read(pdir / "phys_state")),
+                    rate_gbps=rate,
+                    link_layer=_read(pdir / "link_layer") or "",
+                    counters=counters,
+                    problems=tuple(problems),
+                )
+            )
     return IbObservation(root=str(sys_root), ports=tuple(ports))

@@ -12,11 +12,15 @@ from pathlib import Path
 
 from .deadline import CallTimedOut, run_command
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "
-                  r"(?P<xid>[^,]*),\s*(?P<text>.*)$")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "
+    r"(?P<xid>[^,]*),\s*(?P<text>.*)$"
+)
 _STAMP = re.compile(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
-_OFF_BUS = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                      r"(?:\.\d)?.*fallen off the bus")
+_OFF_BUS = re.compile(
+    r"NVRM: (?:The NVIDIA )?GPU (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?:\.\d)?.*fallen off the bus"
+)
 
 
 def normalise_bdf(bdf: str) -> str:
@@ -80,7 +84,9 @@ def parse_kernel_log(text: str, source: str = "kernel log") -> KernelLogObservat
             continue
         m = _OFF_BUS.search(line)
         if m:
-            xids.append(XidLine(normalise_bdf(m.group("bdf")), 79, "GPU has fallen off the bus", line, _stamp(line)))
+            xids.append(
+                XidLine(normalise_bdf(m.group("bdf")), 79, "GPU has fallen off the bus", line, _stamp(line))
+            )
             continue
         if "Xid" in line:
             bad += 1
@@ -90,8 +96,9 @@ def parse_kernel_log(text: str, source: str = "kernel log") -> KernelLogObservat
         problems.append(f"... {bad - 3} more unparseable Xid lines")
     if "\ufffd" in text:
         problems.append(f"{source} contains bytes that are not valid UTF-8")
-    return KernelLogObservation(source=source, available=True, xids=tuple(xids), lines_read=len(lines),
-                                problems=tuple(problems))
+    return KernelLogObservation(
+        source=source, available=True, xids=tuple(xids), lines_read=len(lines), problems=tuple(problems)
+    )
 
 
 def read_kernel_log_file(path: Path) -> KernelLogObservation:
@@ -111,6 +118,9 @@ def collect_kernel_log(timeout_s: float = 5.0) -> KernelLogObservation:
     except OSError as exc:
         return KernelLogObservation(source="dmesg", available=False, problems=(f"dmesg: {exc}",))
     if proc.returncode != 0:
-        return KernelLogObservation(source="dmesg", available=False,
-                                    problems=(f"dmesg exit {proc.returncode}: {proc.stderr.strip()[:200]}",))
+        return KernelLogObservation(
+            source="dmesg",
+            available=False,
+            problems=(f"dmesg exit {proc.returncode}: {proc.stderr.strip()[:200]}",),
+        )
     return parse_kernel_log(proc.stdout, source="dmesg")

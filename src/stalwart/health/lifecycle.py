@@ -81,80 +81,167 @@ def _drain_text(policy: LifecyclePolicy, reason: str) -> str:
     return f"{policy.prefix} {reason}".replace("\n", " ")[:240]
 
 
-def _quarantine(rec: NodeRecord, outcome: CheckOutcome, sched: SchedulerView | None, policy: LifecyclePolicy,
-                now: float, recent_auto_drains: int, why: str) -> Transition:
-    recurred = (rec.readmitted_at >= 0 and now - rec.readmitted_at <= policy.escalation_window_s
-                and outcome.fault_key and set(outcome.fault_key.split(",")) & set(rec.readmitted_fault.split(",")))
+def _quarantine(
+    rec: NodeRecord,
+    outcome: CheckOutcome,
+    sched: SchedulerView | None,
+    policy: LifecyclePolicy,
+    now: float,
+    recent_auto_drains: int,
+    why: str,
+) -> Transition:
+    recurred = (
+        rec.readmitted_at >= 0
+        and now - rec.readmitted_at <= policy.escalation_window_s
+        and outcome.fault_key
+        and set(outcome.fault_key.split(",")) & set(rec.readmitted_fault.split(","))
+    )
     recoverable = outcome.recoverable and not recurred
     if recurred:
         why += f" (recurred {now - rec.readmitted_at:.0f} s after re-admission: escalated to irrecoverable)"
     if sched is not None and sched.drained:
-        new = replace(rec, state=NodeState.QUARANTINED, since=now, reason=why, strikes=0,
-                      fault_key=outcome.fault_key, recoverable=recoverable, needs_human=not recoverable)
+        new = replace(
+            rec,
+            state=NodeState.QUARANTINED,
+            since=now,
+            reason=why,
+            strikes=0,
+            fault_key=outcome.fault_key,
+            recoverable=recoverable,
+            needs_human=not recoverable,
+        )
         return Transition(new, "none", f"quarantined (already drained): {why}")
     if recent_auto_drains >= policy.max_auto_drains:
         new = replace(rec, state=NodeState.SUSPECT, since=now, reason=why, fault_key=outcome.fault_key)
-        return Transition(new, "alert",
-                          f"blast-radius cap: {recent_auto_drains} automatic drains in the last "
-                          f"{policy.drain_window_s:.0f} s (cap {policy.max_auto_drains}); not draining "
-                          f"{rec.node}, paging a human instead: {why}")
-    new = replace(rec, state=NodeState.QUARANTINED, since=now, reason=why, strikes=0,
-                  fault_key=outcome.fault_key, recoverable=recoverable, needs_human=not recoverable)
+        return Transition(
+            new,
+            "alert",
+            f"blast-radius cap: {recent_auto_drains} automatic drains in the last "
+            f"{policy.drain_window_s:.0f} s (cap {policy.max_auto_drains}); not draining "
+            f"{rec.node}, paging a human instead: {why}",
+        )
+    new = replace(
+        rec,
+        state=NodeState.QUARANTINED,
+        since=now,
+        reason=why,
+        strikes=0,
+        fault_key=outcome.fault_key,
+        recoverable=recoverable,
+        needs_human=not recoverable,
+    )
     return Transition(new, "drain", f"drain: {why}", drain_reason=_drain_text(policy, why))
 
 
-def transition(rec: NodeRecord, outcome: CheckOutcome, sched: SchedulerView | None, policy: LifecyclePolicy,
-               now: float, recent_auto_drains: int = 0) -> Transition:
+def transition(
+    rec: NodeRecord,
+    outcome: CheckOutcome,
+    sched: SchedulerView | None,
+    policy: LifecyclePolicy,
+    now: float,
+    recent_auto_drains: int = 0,
+) -> Transition:
     """Decide the node's next state and the action to take. Pure: no I/O, no clock."""
     if sched is not None and sched.drained and not policy.owns(sched.reason):
-        return Transition(rec, "none",
-                          f"drained by someone else (reason {sched.reason!r}): not Stalwart's, left alone")
+        return Transition(
+            rec, "none", f"drained by someone else (reason {sched.reason!r}): not Stalwart's, left alone"
+        )
     st = rec.state
     if outcome.status == "fail":
         if st == NodeState.QUARANTINED:
             if sched is not None and not sched.drained:
-                return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains,
-                                   f"still failing after an outside resume: {outcome.reason}")
-            return Transition(replace(rec, reason=outcome.reason, strikes=0), "none",
-                              f"still quarantined: {outcome.reason}")
+                return _quarantine(
+                    rec,
+                    outcome,
+                    sched,
+                    policy,
+                    now,
+                    recent_auto_drains,
+                    f"still failing after an outside resume: {outcome.reason}",
+                )
+            return Transition(
+                replace(rec, reason=outcome.reason, strikes=0), "none", f"still quarantined: {outcome.reason}"
+            )
         return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains, outcome.reason)
     if outcome.status == "warn":
         if st in (NodeState.HEALTHY, NodeState.SUSPECT):
             strikes = rec.strikes + 1 if st == NodeState.SUSPECT else 1
             if strikes >= policy.suspect_strikes:
-                return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains,
-                                   f"warned {strikes} checks in a row: {outcome.reason}")
-            new = replace(rec, state=NodeState.SUSPECT, since=now if st != NodeState.SUSPECT else rec.since,
-                          reason=outcome.reason, strikes=strikes)
+                return _quarantine(
+                    rec,
+                    outcome,
+                    sched,
+                    policy,
+                    now,
+                    recent_auto_drains,
+                    f"warned {strikes} checks in a row: {outcome.reason}",
+                )
+            new = replace(
+                rec,
+                state=NodeState.SUSPECT,
+                since=now if st != NodeState.SUSPECT else rec.since,
+                reason=outcome.reason,
+                strikes=strikes,
+            )
             return Transition(new, "none", f"suspect ({strikes}/{policy.suspect_strikes}): {outcome.reason}")
         if st == NodeState.PROBATION:
-            return Transition(replace(rec, strikes=0, reason=outcome.reason), "none",
-                              f"probation restarted by a warning: {outcome.reason}")
+            return Transition(
+                replace(rec, strikes=0, reason=outcome.reason),
+                "none",
+                f"probation restarted by a warning: {outcome.reason}",
+            )
         return Transition(rec, "none", f"still quarantined (a warning is not a pass): {outcome.reason}")
     # pass
     if st == NodeState.HEALTHY:
         return Transition(replace(rec, strikes=0), "none", "healthy")
     if st == NodeState.SUSPECT:
-        return Transition(replace(rec, state=NodeState.HEALTHY, since=now, reason="passed again", strikes=0),
-                          "none", "suspect -> healthy: passed again")
+        return Transition(
+            replace(rec, state=NodeState.HEALTHY, since=now, reason="passed again", strikes=0),
+            "none",
+            "suspect -> healthy: passed again",
+        )
     if st == NodeState.QUARANTINED:
         if sched is not None and not sched.drained:
-            new = replace(rec, state=NodeState.PROBATION, since=now, strikes=0, reason="resumed outside Stalwart",
-                          readmitted_at=now, readmitted_fault=rec.fault_key)
+            new = replace(
+                rec,
+                state=NodeState.PROBATION,
+                since=now,
+                strikes=0,
+                reason="resumed outside Stalwart",
+                readmitted_at=now,
+                readmitted_fault=rec.fault_key,
+            )
             return Transition(new, "none", "quarantined node was resumed outside Stalwart; on probation")
         if rec.needs_human:
-            return Transition(rec, "none",
-                              f"irrecoverable fault ({rec.reason}): passing checks do not re-admit it; "
-                              "an operator must repair and resume the node")
+            return Transition(
+                rec,
+                "none",
+                f"irrecoverable fault ({rec.reason}): passing checks do not re-admit it; "
+                "an operator must repair and resume the node",
+            )
         if policy.readmit_requires_active and not outcome.revalidation:
-            return Transition(rec, "none", "passive checks pass, but re-admission needs the active suite "
-                                           "(stalwart health check --active)")
-        new = replace(rec, state=NodeState.PROBATION, since=now, strikes=0, reason="re-validation passed",
-                      readmitted_at=now, readmitted_fault=rec.fault_key)
+            return Transition(
+                rec,
+                "none",
+                "passive checks pass, but re-admission needs the active suite "
+                "(stalwart health check --active)",
+            )
+        new = replace(
+            rec,
+            state=NodeState.PROBATION,
+            since=now,
+            strikes=0,
+            reason="re-validation passed",
+            readmitted_at=now,
+            readmitted_fault=rec.fault_key,
+        )
         return Transition(new, "resume", f"resume: re-validation passed after '{rec.reason}'; on probation")
     # probation
     passes = rec.strikes + 1
     if passes >= policy.probation_passes:
-        return Transition(replace(rec, state=NodeState.HEALTHY, since=now, strikes=0, reason="probation passed"),
-                          "none", f"probation -> healthy after {passes} passing checks")
+        return Transition(
+            replace(rec, state=NodeState.HEALTHY, since=now, strikes=0, reason="probation passed"),
+            "none",
+            f"probation -> healthy after {passes} passing checks",
+        )
     return Transition(replace(rec, strikes=passes), "none", f"probation {passes}/{policy.probation_passes}")

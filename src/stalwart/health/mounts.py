@@ -25,15 +25,19 @@ def collect_mount(path: str, timeout_s: float = 2.0, *, clock=None) -> MountObse
     clock = clock or time.monotonic
     t0 = clock()
     try:
-        exists, is_mount = call_with_timeout(lambda: (os.path.exists(path), os.path.ismount(path)),
-                                             timeout_s, f"stat {path}")
+        exists, is_mount = call_with_timeout(
+            lambda: (os.path.exists(path), os.path.ismount(path)), timeout_s, f"stat {path}"
+        )
     except CallTimedOut:
         return MountObservation(path=path, exists=False, timed_out=True, stat_s=timeout_s)
     except OSError as exc:
         return MountObservation(path=path, exists=False, error=str(exc))
-    return MountObservation(path=path, exists=exists, is_mount=is_mount if exists else None,
-                            stat_s=clock() - t0)
+    return MountObservation(
+        path=path, exists=exists, is_mount=is_mount if exists else None, stat_s=clock() - t0
+    )
 
 
-def collect_mounts(paths: list[str] | tuple[str, ...], timeout_s: float = 2.0) -> tuple[MountObservation, ...]:
+def collect_mounts(
+    paths: list[str] | tuple[str, ...], timeout_s: float = 2.0
+) -> tuple[MountObservation, ...]:
     return tuple(collect_mount(str(Path(p)), timeout_s) for p in paths)

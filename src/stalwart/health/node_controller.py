@@ -19,12 +19,26 @@ class Applied:
 
 
 def outcome_of(verdict: Verdict, revalidation: bool) -> CheckOutcome:
-    return CheckOutcome(status=verdict.status, reason=verdict.reason, recoverable=verdict.recoverable,
-                        fault_key=verdict.fault_key(), revalidation=revalidation and verdict.status == "pass")
+    return CheckOutcome(
+        status=verdict.status,
+        reason=verdict.reason,
+        recoverable=verdict.recoverable,
+        fault_key=verdict.fault_key(),
+        revalidation=revalidation and verdict.status == "pass",
+    )
 
 
-def apply_verdict(node: str, verdict: Verdict, *, level: str, backend: NodeBackend, store: HealthStore,
-                  policy: LifecyclePolicy, now: float, duration_s: float = 0.0) -> Applied:
+def apply_verdict(
+    node: str,
+    verdict: Verdict,
+    *,
+    level: str,
+    backend: NodeBackend,
+    store: HealthStore,
+    policy: LifecyclePolicy,
+    now: float,
+    duration_s: float = 0.0,
+) -> Applied:
     events = store.events()
     rec = store.records(events).get(node)
     from .lifecycle import NodeRecord
@@ -33,26 +47,55 @@ def apply_verdict(node: str, verdict: Verdict, *, level: str, backend: NodeBacke
     sched = backend.view(node)
     drains = store.recent_auto_drains(now, policy.drain_window_s, events)
     tr = transition(rec, outcome_of(verdict, level == "active"), sched, policy, now, drains)
-    out: list[Event] = [HealthChecked(
-        ts=now, node=node, level=level, status=verdict.status, action=verdict.action, reason=verdict.reason,
-        recoverable=verdict.recoverable, duration_s=duration_s,
-        findings=tuple(d.finding.to_json() | {"rule": d.rule, "verdict": d.status}
-                       for d in verdict.decisions if d.status != "pass"))]
+    out: list[Event] = [
+        HealthChecked(
+            ts=now,
+            node=node,
+            level=level,
+            status=verdict.status,
+            action=verdict.action,
+            reason=verdict.reason,
+            recoverable=verdict.recoverable,
+            duration_s=duration_s,
+            findings=tuple(
+                d.finding.to_json() | {"rule": d.rule, "verdict": d.status}
+                for d in verdict.decisions
+                if d.status != "pass"
+            ),
+        )
+    ]
     read_back = ""
     if tr.action == "drain":
         read_back = backend.drain(node, tr.drain_reason)
-        out.append(NodeDrained(ts=now, node=node, backend=backend.name, reason=tr.drain_reason, read_back=read_back))
+        out.append(
+            NodeDrained(ts=now, node=node, backend=backend.name, reason=tr.drain_reason, read_back=read_back)
+        )
     elif tr.action == "resume":
         read_back = backend.resume(node)
-        out.append(NodeResumed(ts=now, node=node, backend=backend.name, reason=tr.reason, read_back=read_back))
+        out.append(
+            NodeResumed(ts=now, node=node, backend=backend.name, reason=tr.reason, read_back=read_back)
+        )
     elif tr.action == "alert":
         out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
     new = tr.record
     if new != rec or tr.action != "none":
-        out.append(NodeStateChanged(
-            ts=now, node=node, from_state=rec.state.value, to_state=new.state.value, action=tr.action,
-            reason=tr.reason, state_reason=new.reason, fault_key=new.fault_key, recoverable=new.recoverable, needs_human=new.needs_human,
-            strikes=new.strikes, readmitted_at=new.readmitted_at, readmitted_fault=new.readmitted_fault))
+        out.append(
+            NodeStateChanged(
+                ts=now,
+                node=node,
+                from_state=rec.state.value,
+                to_state=new.state.value,
+                action=tr.action,
+                reason=tr.reason,
+                state_reason=new.reason,
+                fault_key=new.fault_key,
+                recoverable=new.recoverable,
+                needs_human=new.needs_human,
+                strikes=new.strikes,
+                readmitted_at=new.readmitted_at,
+                readmitted_fault=new.readmitted_fault,
+            )
+        )
     if verdict.status == "pass" and tr.action == "none" and new == rec:
         # a routine pass changes nothing: not recorded, so the ledger grows with incidents, not with
         # the check interval (HealthCheckProgram may run every few seconds on every node)

@@ -38,10 +38,17 @@ class HealthStore:
         for ev in self.events() if events is None else events:
             if isinstance(ev, NodeStateChanged):
                 out[ev.node] = NodeRecord(
-                    node=ev.node, state=NodeState(ev.to_state), since=ev.ts, reason=ev.state_reason or ev.reason,
-                    strikes=ev.strikes, fault_key=ev.fault_key, recoverable=ev.recoverable,
-                    needs_human=ev.needs_human, readmitted_at=ev.readmitted_at,
-                    readmitted_fault=ev.readmitted_fault)
+                    node=ev.node,
+                    state=NodeState(ev.to_state),
+                    since=ev.ts,
+                    reason=ev.state_reason or ev.reason,
+                    strikes=ev.strikes,
+                    fault_key=ev.fault_key,
+                    recoverable=ev.recoverable,
+                    needs_human=ev.needs_human,
+                    readmitted_at=ev.readmitted_at,
+                    readmitted_fault=ev.readmitted_fault,
+                )
         return out
 
     def excluded(self) -> set[str]:
@@ -52,8 +59,11 @@ class HealthStore:
         return self.records().get(node, NodeRecord(node=node))
 
     def recent_auto_drains(self, now: float, window_s: float, events: Iterable[Event] | None = None) -> int:
-        return sum(1 for ev in (self.events() if events is None else events)
-                   if isinstance(ev, NodeDrained) and now - window_s <= ev.ts <= now)
+        return sum(
+            1
+            for ev in (self.events() if events is None else events)
+            if isinstance(ev, NodeDrained) and now - window_s <= ev.ts <= now
+        )
 
     def append(self, node: str, evs: list[Event], wait_s: float = 30.0) -> None:
         """Append to this node's ledger; waits while an overlapping check of the same node holds it."""

@@ -67,37 +67,55 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
     def s(v: Any) -> str:
         return v.decode() if isinstance(v, bytes) else str(v)
 
-    thr = {k: r.read(f"gpu{index}.temp_threshold.{k}",
-                     lambda i=i: n.nvmlDeviceGetTemperatureThreshold(h, i))
-           for k, i in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))}
+    thr = {
+        k: r.read(f"gpu{index}.temp_threshold.{k}", lambda i=i: n.nvmlDeviceGetTemperatureThreshold(h, i))
+        for k, i in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))
+    }
     remap = r.read(f"gpu{index}.remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
     ecc_mode = r.read(f"gpu{index}.ecc_mode", lambda: n.nvmlDeviceGetEccMode(h))
 
     def ecc(err_type: int, counter: int) -> int | None:
-        return r.read(f"gpu{index}.ecc.{err_type}.{counter}",
-                      lambda: n.nvmlDeviceGetTotalEccErrors(h, err_type, counter))
+        return r.read(
+            f"gpu{index}.ecc.{err_type}.{counter}",
+            lambda: n.nvmlDeviceGetTotalEccErrors(h, err_type, counter),
+        )
 
     def field(fid: int) -> float | None:
         vals = r.read(f"gpu{index}.field.{fid}", lambda: n.nvmlDeviceGetFieldValues(h, [fid]))
         if not vals or getattr(vals[0], "nvmlReturn", 1) != 0:
             return None
         v = vals[0]
-        return float(getattr(v.value, {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
-                                        5: "siVal", 6: "usVal"}.get(v.valueType, "ullVal")))
+        return float(
+            getattr(
+                v.value,
+                {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(
+                    v.valueType, "ullVal"
+                ),
+            )
+        )
 
     links = []
     for link in range(nvlink_max):
-        state = r.read(f"gpu{index}.nvlink{link}.state", lambda link=link: n.nvmlDeviceGetNvLinkState(h, link))
+        state = r.read(
+            f"gpu{index}.nvlink{link}.state", lambda link=link: n.nvmlDeviceGetNvLinkState(h, link)
+        )
         if state is None:
             break  # NotSupported: no such link (or no NVLink at all)
-        counters = {name: r.read(f"gpu{index}.nvlink{link}.{name}",
-                                 lambda link=link, c=c: n.nvmlDeviceGetNvLinkErrorCounter(h, link, c))
-                    for name, c in _NVLINK_ERRORS.items()}
+        counters = {
+            name: r.read(
+                f"gpu{index}.nvlink{link}.{name}",
+                lambda link=link, c=c: n.nvmlDeviceGetNvLinkErrorCounter(h, link, c),
+            )
+            for name, c in _NVLINK_ERRORS.items()
+        }
         links.append(NvLinkObservation(link=link, active=bool(state), **counters))
     power = r.read(f"gpu{index}.power", lambda: n.nvmlDeviceGetPowerUsage(h))
     limit = r.read(f"gpu{index}.power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
     util = r.read(f"gpu{index}.utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
-    reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+    reasons_fn = (
+        getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or n.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     pci = r.read(f"gpu{index}.pci", lambda: n.nvmlDeviceGetPciInfo(h))
     mem_temp = field(82)  # NVML_FI_DEV_MEMORY_TEMP
     recovery = field(230)  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -107,14 +125,19 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
         bus_id=s(getattr(pci, "busId", "") or ""),
         temp_gpu=r.read(f"gpu{index}.temperature", lambda: n.nvmlDeviceGetTemperature(h, 0)),
         temp_mem=mem_temp,
-        temp_shutdown=thr["shutdown"], temp_slowdown=thr["slowdown"],
-        temp_gpu_max=thr["gpu_max"], temp_mem_max=thr["mem_max"],
+        temp_shutdown=thr["shutdown"],
+        temp_slowdown=thr["slowdown"],
+        temp_gpu_max=thr["gpu_max"],
+        temp_mem_max=thr["mem_max"],
         clock_event_reasons=r.read(f"gpu{index}.clock_event_reasons", lambda: reasons_fn(h)),
         utilization=None if util is None else float(util.gpu),
         power_w=None if power is None else power / 1000.0,
         power_limit_w=None if limit is None else limit / 1000.0,
         ecc_enabled=None if not ecc_mode else bool(ecc_mode[0]),
-        ecc_vol_corr=ecc(0, 0), ecc_vol_uncorr=ecc(1, 0), ecc_agg_corr=ecc(0, 1), ecc_agg_uncorr=ecc(1, 1),
+        ecc_vol_corr=ecc(0, 0),
+        ecc_vol_uncorr=ecc(1, 0),
+        ecc_agg_corr=ecc(0, 1),
+        ecc_agg_uncorr=ecc(1, 1),
         remap_corr=None if remap is None else int(remap[0]),
         remap_unc=None if remap is None else int(remap[1]),
         remap_pending=None if remap is None else bool(remap[2]),
@@ -147,8 +170,10 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
         h = r.read(f"gpu{i}.handle", lambda i=i: n.nvmlDeviceGetHandleByIndex(i))
         if h is not None:
             handles[i] = h
-            r.read(f"gpu{i}.register_events",
-                   lambda h=h: n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, es))
+            r.read(
+                f"gpu{i}.register_events",
+                lambda h=h: n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, es),
+            )
     deadline = time.monotonic() + wait_ms / 1000.0
     while time.monotonic() < deadline:
         try:
@@ -165,33 +190,50 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
     return {i: tuple(v) for i, v in found.items()}
 
 
-def collect_nvml(nvml: Any = None, *, timeout_s: float = 5.0, xid_wait_ms: int = 0,
-                 nvlink_max: int = 18) -> GpuNodeObservation:
+def collect_nvml(
+    nvml: Any = None, *, timeout_s: float = 5.0, xid_wait_ms: int = 0, nvlink_max: int = 18
+) -> GpuNodeObservation:
     """Read every GPU through NVML. ``nvml`` defaults to the real ``pynvml`` module."""
     nvml = nvml if nvml is not None else _import_nvml()
     if nvml is None:
-        return GpuNodeObservation(source="nvml", available=False,
-                                  unavailable_reason="nvidia-ml-py is not installed (pip install 'stalwart[gpu]')")
+        return GpuNodeObservation(
+            source="nvml",
+            available=False,
+            unavailable_reason="nvidia-ml-py is not installed (pip install 'stalwart[gpu]')",
+        )
     r = _Reader(nvml, timeout_s)
     try:
         call_with_timeout(nvml.nvmlInit, timeout_s, "nvmlInit")
     except CallTimedOut:
-        return GpuNodeObservation(source="nvml", available=False, unavailable_reason="nvmlInit hung",
-                                  timed_out=("nvmlInit",))
+        return GpuNodeObservation(
+            source="nvml", available=False, unavailable_reason="nvmlInit hung", timed_out=("nvmlInit",)
+        )
     except nvml.NVMLError as exc:
         name = _err_name(exc)
         if name in ("LibraryNotFound", "DriverNotLoaded"):
-            return GpuNodeObservation(source="nvml", available=False,
-                                      unavailable_reason=f"no NVIDIA GPU driver on this machine ({name})")
-        return GpuNodeObservation(source="nvml", available=False, unavailable_reason=f"nvmlInit failed: {name}",
-                                  problems=(f"nvmlInit: {name}",))
+            return GpuNodeObservation(
+                source="nvml",
+                available=False,
+                unavailable_reason=f"no NVIDIA GPU driver on this machine ({name})",
+            )
+        return GpuNodeObservation(
+            source="nvml",
+            available=False,
+            unavailable_reason=f"nvmlInit failed: {name}",
+            problems=(f"nvmlInit: {name}",),
+        )
     try:
         driver = r.read("driver_version", nvml.nvmlSystemGetDriverVersion) or ""
         cuda = r.read("cuda_driver_version", nvml.nvmlSystemGetCudaDriverVersion)
         count = r.read("device_count", nvml.nvmlDeviceGetCount)
         if count is None:
-            return GpuNodeObservation(source="nvml", available=True, driver=str(driver),
-                                      problems=tuple(r.errors), timed_out=tuple(r.timed_out))
+            return GpuNodeObservation(
+                source="nvml",
+                available=True,
+                driver=str(driver),
+                problems=tuple(r.errors),
+                timed_out=tuple(r.timed_out),
+            )
         xids = _xid_events(r, count, xid_wait_ms)
         gpus = tuple(_gpu(r, i, nvlink_max, xids.get(i, ())) for i in range(count))
     finally:
@@ -201,5 +243,6 @@ def collect_nvml(nvml: Any = None, *, timeout_s: float = 5.0, xid_wait_ms: int =
             pass
     cuda_s = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if isinstance(cuda, int) else ""
     driver_s = driver.decode() if isinstance(driver, bytes) else str(driver)
-    return GpuNodeObservation(source="nvml", available=True, driver=driver_s, cuda=cuda_s, gpus=gpus,
-                              timed_out=tuple(r.timed_out))
+    return GpuNodeObservation(
+        source="nvml", available=True, driver=driver_s, cuda=cuda_s, gpus=gpus, timed_out=tuple(r.timed_out)
+    )

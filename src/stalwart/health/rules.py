@@ -97,8 +97,9 @@ class RuleTable:
         first = top[0]
         more = f" (+{len(top) - 1} more)" if len(top) > 1 else ""
         if status == "pass":
-            reason = "pass: " + ("; ".join(d.reason for d in decisions if d.finding.severity >= Severity.INFO)
-                                 or "no faults")
+            reason = "pass: " + (
+                "; ".join(d.reason for d in decisions if d.finding.severity >= Severity.INFO) or "no faults"
+            )
         else:
             cls = "" if status != "fail" else (" [recoverable]" if recoverable else " [irrecoverable]")
             reason = f"{status}: {first.reason}{more} -> {first.action}{cls}"
@@ -107,8 +108,10 @@ class RuleTable:
 
 def _parse(data: Any, origin: str) -> RuleTable:
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
-        raise ConfigError(f"{origin}: a rule table needs a top-level 'rules' list",
-                          "see src/stalwart/health/rules.yaml for the format")
+        raise ConfigError(
+            f"{origin}: a rule table needs a top-level 'rules' list",
+            "see src/stalwart/health/rules.yaml for the format",
+        )
     lists: dict[str, frozenset[int]] = {}
     for name, values in (data.get("xid_lists") or {}).items():
         if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
@@ -122,17 +125,27 @@ def _parse(data: Any, origin: str) -> RuleTable:
         if missing:
             raise ConfigError(f"{origin}: rule #{i + 1} lacks {', '.join(sorted(missing))}")
         if raw["verdict"] not in STATUSES:
-            raise ConfigError(f"{origin}: rule #{i + 1} has verdict {raw['verdict']!r}",
-                              "use pass, warn or fail")
+            raise ConfigError(
+                f"{origin}: rule #{i + 1} has verdict {raw['verdict']!r}", "use pass, warn or fail"
+            )
         xid_in = raw.get("xid_in")
         if xid_in is not None and xid_in not in lists:
-            raise ConfigError(f"{origin}: rule #{i + 1} refers to unknown xid list {xid_in!r}",
-                              f"define it under xid_lists (known: {', '.join(sorted(lists)) or 'none'})")
-        rules.append(Rule(
-            name=str(raw.get("name", f"rule{i + 1}")), code=str(raw["code"]), verdict=raw["verdict"],
-            action=str(raw["action"]), recoverable=bool(raw.get("recoverable", True)),
-            reason=str(raw.get("reason", "{subject}: {message}")),
-            severity=Severity.parse(raw["severity"]) if raw.get("severity") else None, xid_in=xid_in))
+            raise ConfigError(
+                f"{origin}: rule #{i + 1} refers to unknown xid list {xid_in!r}",
+                f"define it under xid_lists (known: {', '.join(sorted(lists)) or 'none'})",
+            )
+        rules.append(
+            Rule(
+                name=str(raw.get("name", f"rule{i + 1}")),
+                code=str(raw["code"]),
+                verdict=raw["verdict"],
+                action=str(raw["action"]),
+                recoverable=bool(raw.get("recoverable", True)),
+                reason=str(raw.get("reason", "{subject}: {message}")),
+                severity=Severity.parse(raw["severity"]) if raw.get("severity") else None,
+                xid_in=xid_in,
+            )
+        )
     return RuleTable(tuple(rules), lists)
 
 

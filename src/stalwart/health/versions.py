@@ -48,9 +48,14 @@ def check_version_consistency(reports: list[NodeVersions] | tuple[NodeVersions, 
         for r in reports:
             v = getattr(r, name)
             if v and v != majority:
-                findings.append(Finding(
-                    check="versions", code=f"versions.{name}", subject=r.node, severity=Severity.FAIL,
-                    message=f"{name} {v} differs from {majority} on {count} of {len(reports)} nodes",
-                    evidence={"field": name, "value": v, "majority": majority,
-                              "versions": dict(values)}))
+                findings.append(
+                    Finding(
+                        check="versions",
+                        code=f"versions.{name}",
+                        subject=r.node,
+                        severity=Severity.FAIL,
+                        message=f"{name} {v} differs from {majority} on {count} of {len(reports)} nodes",
+                        evidence={"field": name, "value": v, "majority": majority, "versions": dict(values)},
+                    )
+                )
     return findings

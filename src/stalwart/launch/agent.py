@@ -65,9 +65,15 @@ class AttemptOutcome:
 
 
 class Agent:
-    def __init__(self, cfg: RunConfig, *, notify: Callable[[Event], None] | None = None,
-                 progress: Callable[[int, int, int, float], None] | None = None, started: float | None = None,
-                 note: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        notify: Callable[[Event], None] | None = None,
+        progress: Callable[[int, int, int, float], None] | None = None,
+        started: float | None = None,
+        note: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.run = RunDir(cfg.run_dir).create()
         self.started = started or time.time()
@@ -75,8 +81,9 @@ class Agent:
         self._notify = notify or (lambda ev: None)
         self._progress = progress or (lambda step, total, attempt, rate: None)
         self._note = note or (lambda text: None)
-        self.ledger = LedgerWriter(self.run.ledger / f"agent-{cfg.node_name}-{os.getpid()}.ledger",
-                                   writer=f"agent {cfg.node_name}")
+        self.ledger = LedgerWriter(
+            self.run.ledger / f"agent-{cfg.node_name}-{os.getpid()}.ledger", writer=f"agent {cfg.node_name}"
+        )
         self.attempt = 0
         self.history: list[Failure] = []
         self._signal: int | None = None
@@ -99,10 +106,22 @@ class Agent:
 
     def run_job(self) -> int:
         cfg = self.cfg
-        self.emit(JobStarted(ts=self.started, script=cfg.script, args=tuple(cfg.script_args),
-                             nproc_per_node=cfg.nproc_per_node, min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
-                             max_restarts=cfg.max_restarts, config=cfg.model_dump(mode="json"), **self._ctx()))
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        self.emit(
+            JobStarted(
+                ts=self.started,
+                script=cfg.script,
+                args=tuple(cfg.script_args),
+                nproc_per_node=cfg.nproc_per_node,
+                min_nodes=cfg.min_nodes,
+                max_nodes=cfg.max_nodes,
+                max_restarts=cfg.max_restarts,
+                config=cfg.model_dump(mode="json"),
+                **self._ctx(),
+            )
+        )
+        previous = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+        }
         try:
             return self._loop()
         except BaseException as exc:
@@ -123,8 +142,16 @@ class Agent:
         self._signal = signum
 
     def _end(self, outcome: str, verdict: str, code: int) -> int:
-        self.emit(JobEnded(ts=time.time(), verdict=verdict, outcome=outcome, exit_code=code,
-                           requeue_helps=REQUEUE_HELPS.get(code, False), **self._ctx()))
+        self.emit(
+            JobEnded(
+                ts=time.time(),
+                verdict=verdict,
+                outcome=outcome,
+                exit_code=code,
+                requeue_helps=REQUEUE_HELPS.get(code, False),
+                **self._ctx(),
+            )
+        )
         return code
 
     def _gate(self) -> str:
@@ -134,65 +161,114 @@ class Agent:
             return ""
         from .node_gate import check_node
 
-        res = check_node(node=cfg.node_name, now=time.time(), state_dir=cfg.health_state_dir,
-                         fixture=cfg.health_fixture, active=cfg.health_active and self.attempt > 0,
-                         backend=cfg.health_backend)
+        res = check_node(
+            node=cfg.node_name,
+            now=time.time(),
+            state_dir=cfg.health_state_dir,
+            fixture=cfg.health_fixture,
+            active=cfg.health_active and self.attempt > 0,
+            backend=cfg.health_backend,
+        )
         if res.passed:
             return ""
-        self.emit(DecisionTaken(ts=time.time(), action="exclude_node", reason=f"exclude node {cfg.node_name}: "
-                                f"{res.reason} (node state {res.state})", **self._ctx()))
+        self.emit(
+            DecisionTaken(
+                ts=time.time(),
+                action="exclude_node",
+                reason=f"exclude node {cfg.node_name}: {res.reason} (node state {res.state})",
+                **self._ctx(),
+            )
+        )
         return res.reason
 
     def _loop(self) -> int:
         while True:
             unhealthy = self._gate()
             if unhealthy:
-                return self._end("node_unhealthy", f"node {self.cfg.node_name} excluded by the health gate: "
-                                 f"{unhealthy}; the other nodes continue without it", EXIT_INFRA)
+                return self._end(
+                    "node_unhealthy",
+                    f"node {self.cfg.node_name} excluded by the health gate: "
+                    f"{unhealthy}; the other nodes continue without it",
+                    EXIT_INFRA,
+                )
             try:
                 group_rank, names, addr, port, store = self._rendezvous()
             except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
-                return self._end("rendezvous_failed", f"rendezvous failed: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}", EXIT_INFRA)
+                return self._end(
+                    "rendezvous_failed",
+                    f"rendezvous failed: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                    EXIT_INFRA,
+                )
             if self._signal is not None:
-                return self._end("interrupted", f"stopped by {signal.Signals(self._signal).name} before start",
-                                 EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED)
+                return self._end(
+                    "interrupted",
+                    f"stopped by {signal.Signals(self._signal).name} before start",
+                    EXIT_INTERRUPTED if self._signal == signal.SIGINT else EXIT_PREEMPTED,
+                )
             plan = plan_world(names, self.cfg.nproc_per_node, 1, self.cfg.max_nodes, self.cfg.size_rule)
             if not plan.runnable or len(plan.active) < self.cfg.min_nodes:
                 return self._end("rendezvous_failed", plan.reason, EXIT_INFRA)
             if self.cfg.node_name in plan.spares:
                 outcome = self._stand_by(plan, store)
                 if outcome.status == "succeeded":
-                    return self._end("succeeded", "the job finished while this node stood by as a hot spare", EXIT_OK)
+                    return self._end(
+                        "succeeded", "the job finished while this node stood by as a hot spare", EXIT_OK
+                    )
                 if outcome.status != "membership":
                     return self._end("aborted", f"hot spare stopped: {outcome.status}", EXIT_INFRA)
                 self.attempt += 1
                 continue
-            if len(names) > 1 and self.cfg.node_name == plan.active[0] and (plan.spares or len(names) != len(plan.active)):
-                self.emit(DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx()))
+            if (
+                len(names) > 1
+                and self.cfg.node_name == plan.active[0]
+                and (plan.spares or len(names) != len(plan.active))
+            ):
+                self.emit(
+                    DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx())
+                )
             self._spares_waiting = bool(plan.spares)
             self._round_store = store
             outcome = self._run_attempt(plan.active.index(self.cfg.node_name), len(plan.active), addr, port)
             if outcome.status == "succeeded":
-                return self._end("succeeded", f"training finished after {self.attempt + 1} attempt(s), "
-                                 f"{len(self.history)} failure(s) recovered", EXIT_OK)
+                return self._end(
+                    "succeeded",
+                    f"training finished after {self.attempt + 1} attempt(s), "
+                    f"{len(self.history)} failure(s) recovered",
+                    EXIT_OK,
+                )
             if outcome.status == "preempted":
-                return self._end("preempted", "preempted: emergency checkpoint saved; requeue to resume",
-                                 EXIT_PREEMPTED)
+                return self._end(
+                    "preempted", "preempted: emergency checkpoint saved; requeue to resume", EXIT_PREEMPTED
+                )
             if outcome.status == "interrupted":
                 return self._end("aborted", "interrupted by the operator", EXIT_INTERRUPTED)
             if outcome.status == "membership":
-                self.emit(DecisionTaken(ts=time.time(), action="restart", reason="restart: a node is waiting to "
-                                        "join; re-forming the group", **self._ctx()))
+                self.emit(
+                    DecisionTaken(
+                        ts=time.time(),
+                        action="restart",
+                        reason="restart: a node is waiting to join; re-forming the group",
+                        **self._ctx(),
+                    )
+                )
                 self.attempt += 1
                 continue
             failure = outcome.failure
             assert failure is not None
             self.history.append(failure)
             d = decide(self.history, self.cfg.budget)
-            self.emit(DecisionTaken(ts=time.time(), action=d.action, reason=d.reason,
-                                    restarts_used=d.infra_used, restarts_allowed=self.cfg.max_restarts,
-                                    backoff_s=d.backoff_s, **self._ctx()))
+            self.emit(
+                DecisionTaken(
+                    ts=time.time(),
+                    action=d.action,
+                    reason=d.reason,
+                    restarts_used=d.infra_used,
+                    restarts_allowed=self.cfg.max_restarts,
+                    backoff_s=d.backoff_s,
+                    **self._ctx(),
+                )
+            )
             if d.action == "stop":
                 return self._end(d.outcome, d.reason, d.exit_code)
             if d.backoff_s:
@@ -219,13 +295,17 @@ class Agent:
         addr, _, port = master.rpartition(":")
         names = [store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes)]
         if len(set(names)) != len(names):
-            raise RuntimeError(f"two agents use the same node name ({', '.join(names)}); give each --node-name")
+            raise RuntimeError(
+                f"two agents use the same node name ({', '.join(names)}); give each --node-name"
+            )
         self._group_rank = group_rank
         return group_rank, names, addr, int(port), store
 
     def _stand_by(self, plan, store) -> AttemptOutcome:
         """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
-        self.emit(DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx()))
+        self.emit(
+            DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx())
+        )
         while True:
             if self._signal is not None:
                 return AttemptOutcome("interrupted")
@@ -243,38 +323,62 @@ class Agent:
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
         cfg = self.cfg
-        conf = {"join_timeout": cfg.rdzv_timeout_s, "last_call_timeout": cfg.rdzv_last_call_s,
-                "close_timeout": 10, "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
-                "keep_alive_max_attempt": 3}
+        conf = {
+            "join_timeout": cfg.rdzv_timeout_s,
+            "last_call_timeout": cfg.rdzv_last_call_s,
+            "close_timeout": 10,
+            "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
+            "keep_alive_max_attempt": 3,
+        }
         if cfg.rdzv_host is not None:
             conf["is_host"] = cfg.rdzv_host
-        params = RendezvousParameters(backend="c10d", endpoint=cfg.rdzv_endpoint, run_id=cfg.rdzv_id,
-                                      min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
-                                      local_addr=cfg.local_addr or None, **conf)
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=cfg.rdzv_endpoint,
+            run_id=cfg.rdzv_id,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            local_addr=cfg.local_addr or None,
+            **conf,
+        )
         return get_rendezvous_handler(params)
 
     # --- one attempt -------------------------------------------------------------------------
 
-    def _worker_specs(self, group_rank: int, num_nodes: int, addr: str, port: int, receiver,
-                      ctl: Path) -> list[WorkerSpec]:
+    def _worker_specs(
+        self, group_rank: int, num_nodes: int, addr: str, port: int, receiver, ctl: Path
+    ) -> list[WorkerSpec]:
         cfg = self.cfg
         world = num_nodes * cfg.nproc_per_node
         specs = []
         for local in range(cfg.nproc_per_node):
             rank = group_rank * cfg.nproc_per_node + local
             env = dict(os.environ)
-            env.update({
-                "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(group_rank),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-                "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                "TORCHELASTIC_RESTART_COUNT": str(self.attempt), "TORCHELASTIC_RUN_ID": cfg.rdzv_id,
-                "STALWART_RUN_DIR": str(self.run.root), "STALWART_RUN_ID": cfg.run_id,
-                "STALWART_NODE": cfg.node_name, "STALWART_ATTEMPT": str(self.attempt),
-                "STALWART_IPC": str(receiver.new_channel()), "STALWART_CONTROL": str(ctl), "STALWART_AGENT_PID": str(os.getpid()),
-                "STALWART_PG_TIMEOUT_S": repr(cfg.pg_timeout_s), "STALWART_CHAOS": self.plan.to_json(),
-                "PYTHONUNBUFFERED": "1",
-            })
+            env.update(
+                {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+                    "GROUP_RANK": str(group_rank),
+                    "ROLE_RANK": str(rank),
+                    "ROLE_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": addr,
+                    "MASTER_PORT": str(port),
+                    "TORCHELASTIC_RESTART_COUNT": str(self.attempt),
+                    "TORCHELASTIC_RUN_ID": cfg.rdzv_id,
+                    "STALWART_RUN_DIR": str(self.run.root),
+                    "STALWART_RUN_ID": cfg.run_id,
+                    "STALWART_NODE": cfg.node_name,
+                    "STALWART_ATTEMPT": str(self.attempt),
+                    "STALWART_IPC": str(receiver.new_channel()),
+                    "STALWART_CONTROL": str(ctl),
+                    "STALWART_AGENT_PID": str(os.getpid()),
+                    "STALWART_PG_TIMEOUT_S": repr(cfg.pg_timeout_s),
+                    "STALWART_CHAOS": self.plan.to_json(),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
             env.setdefault("OMP_NUM_THREADS", "1")
             log = None if cfg.tee else self.run.root / "logs" / f"{cfg.node_name}-a{self.attempt}-r{rank}.log"
             specs.append(WorkerSpec(local, rank, env, log))
@@ -291,8 +395,16 @@ class Agent:
         cfg = self.cfg
         self._group_rank = group_rank
         world = num_nodes * cfg.nproc_per_node
-        self.emit(AttemptStarted(ts=time.time(), world_size=world, group_rank=group_rank, num_nodes=num_nodes,
-                                 master=f"{addr}:{port}", **self._ctx()))
+        self.emit(
+            AttemptStarted(
+                ts=time.time(),
+                world_size=world,
+                group_rank=group_rank,
+                num_nodes=num_nodes,
+                master=f"{addr}:{port}",
+                **self._ctx(),
+            )
+        )
         ctl = self.run.root / "control" / f"{cfg.node_name}-{os.getpid()}-a{self.attempt}.bin"
         control.create(ctl, slots=cfg.nproc_per_node)
         block = control.ControlBlock(ctl, writable=True)
@@ -303,8 +415,15 @@ class Agent:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
                 os.close(int(spec.env["STALWART_IPC"]))
-            self.emit(WorkersStarted(ts=time.time(), pids=tuple(pids), global_ranks=tuple(s.global_rank for s in specs),
-                                     **self._ctx()), show=False)
+            self.emit(
+                WorkersStarted(
+                    ts=time.time(),
+                    pids=tuple(pids),
+                    global_ranks=tuple(s.global_rank for s in specs),
+                    **self._ctx(),
+                ),
+                show=False,
+            )
             outcome = self._supervise(group, receiver, block, specs)
         finally:
             receiver.close()
@@ -335,9 +454,17 @@ class Agent:
                     self._note(f"workers resumed at step {msg['s']} from the newest good checkpoint")
                 rec = tracker.observe(msg, now)
                 if rec is not None:
-                    batch.append(StepCompleted(ts=rec.start + rec.duration, rank=rec.rank, step=rec.step,
-                                               start=rec.start, duration=rec.duration, sections=rec.sections,
-                                               **self._ctx()))
+                    batch.append(
+                        StepCompleted(
+                            ts=rec.start + rec.duration,
+                            rank=rec.rank,
+                            step=rec.step,
+                            start=rec.start,
+                            duration=rec.duration,
+                            sections=rec.sections,
+                            **self._ctx(),
+                        )
+                    )
             for spec in specs:
                 beat = block.read_beat(spec.local_rank)
                 if beat is not None:
@@ -384,14 +511,26 @@ class Agent:
                 continue
 
             # 3. hangs
-            phase = "start-up" if not tracker.steps_seen() else (
-                "checkpoint" if any(p.in_checkpoint for p in tracker.progress.values()) else "training")
+            phase = (
+                "start-up"
+                if not tracker.steps_seen()
+                else ("checkpoint" if any(p.in_checkpoint for p in tracker.progress.values()) else "training")
+            )
             ht = hang_timeout(list(tracker.step_times), cfg.hang_policy)
             timeout = ht.seconds if phase == "training" else max(ht.seconds, cfg.startup_timeout_s)
             if ht.calibrated and not calibrated_reported:
                 calibrated_reported = True
-                self.emit(TimeoutsCalibrated(ts=now, hang_timeout_s=ht.seconds, p99_step_s=ht.p99_s,
-                                             samples=ht.samples, reason=ht.reason, **self._ctx()), show=False)
+                self.emit(
+                    TimeoutsCalibrated(
+                        ts=now,
+                        hang_timeout_s=ht.seconds,
+                        p99_step_s=ht.p99_s,
+                        samples=ht.samples,
+                        reason=ht.reason,
+                        **self._ctx(),
+                    ),
+                    show=False,
+                )
             # declare the hang up to one tick before the timeout, so that detection never lands
             # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
             verdict = detect_hang(tracker, now + tick, timeout, phase)
@@ -409,8 +548,11 @@ class Agent:
                     waiting = 0
                 if waiting > 0:
                     group.stop(cfg.stop_grace_s)
-                    self.emit(WorkersStopped(ts=time.time(), reason=f"{waiting} node(s) waiting to join",
-                                             **self._ctx()))
+                    self.emit(
+                        WorkersStopped(
+                            ts=time.time(), reason=f"{waiting} node(s) waiting to join", **self._ctx()
+                        )
+                    )
                     return AttemptOutcome("membership")
             time.sleep(max(0.001, min(tick, hang_deadline - time.time())))
 
@@ -420,8 +562,11 @@ class Agent:
         now_slow = {r.rank: r.score for r in rep.stragglers}
         for rank, score in now_slow.items():
             if rank not in flagged:
-                self.emit(StragglerDetected(ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason,
-                                            **self._ctx()))
+                self.emit(
+                    StragglerDetected(
+                        ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason, **self._ctx()
+                    )
+                )
         for rank in set(flagged) - set(now_slow):
             score = next((r.score for r in rep.ranks if r.rank == rank), 1.0)
             self.emit(StragglerCleared(ts=time.time(), rank=rank, score=score, step=step, **self._ctx()))
@@ -440,10 +585,14 @@ class Agent:
 
     # --- failure handling ------------------------------------------------------------------
 
-    def _fail_crash(self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker,
-                    specs: list[WorkerSpec]) -> AttemptOutcome:
+    def _fail_crash(
+        self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker, specs: list[WorkerSpec]
+    ) -> AttemptOutcome:
         detected = time.time()
-        errors = {r: read_error(self.run.errors / f"{self.cfg.node_name}-a{self.attempt}-r{r}.json") for r in failed}
+        errors = {
+            r: read_error(self.run.errors / f"{self.cfg.node_name}-a{self.attempt}-r{r}.json") for r in failed
+        }
+
         # root cause: a user exception first, then a signal death, then the earliest exit
         def rank_key(r: int) -> tuple[int, float]:
             kind = classify(failed[r], errors[r])
@@ -467,31 +616,77 @@ class Agent:
             evidence += f"; {err.signature}"
         log = tail(next((s.log_path for s in specs if s.global_rank == root), None), 3)
         group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
-        self.emit(FailureDetected(ts=detected, failure=kind, evidence=evidence, onset=onset, step=step, rank=root,
-                                  exit_code=code, signal=describe_exit(code) if code < 0 else "",
-                                  error_type=err.type if err else "", error_message=err.message[:500] if err else "",
-                                  **self._ctx()))
+        self.emit(
+            FailureDetected(
+                ts=detected,
+                failure=kind,
+                evidence=evidence,
+                onset=onset,
+                step=step,
+                rank=root,
+                exit_code=code,
+                signal=describe_exit(code) if code < 0 else "",
+                error_type=err.type if err else "",
+                error_message=err.message[:500] if err else "",
+                **self._ctx(),
+            )
+        )
         if log and kind != "crash":
-            self.emit(StackCaptured(ts=time.time(), rank=root, stack=err.traceback if err else log,
-                                    reason="traceback of the failed rank", **self._ctx()), show=False)
+            self.emit(
+                StackCaptured(
+                    ts=time.time(),
+                    rank=root,
+                    stack=err.traceback if err else log,
+                    reason="traceback of the failed rank",
+                    **self._ctx(),
+                ),
+                show=False,
+            )
         self.emit(WorkersStopped(ts=time.time(), reason=f"rank {root} {evidence}", **self._ctx()), show=False)
-        failure = Failure(kind=kind, attempt=self.attempt, step=step, rank=root, evidence=evidence,
-                          signature=err.signature if err is not None else "", progressed=tracker.steps_seen())
+        failure = Failure(
+            kind=kind,
+            attempt=self.attempt,
+            step=step,
+            rank=root,
+            evidence=evidence,
+            signature=err.signature if err is not None else "",
+            progressed=tracker.steps_seen(),
+        )
         return AttemptOutcome("failed", failure, detected)
 
     def _fail_hang(self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str) -> AttemptOutcome:
         detected = time.time()
-        self.emit(FailureDetected(ts=detected, failure="hang", evidence=f"{verdict.evidence}; {why}",
-                                  onset=verdict.onset, step=verdict.step, rank=verdict.culprit, **self._ctx()))
+        self.emit(
+            FailureDetected(
+                ts=detected,
+                failure="hang",
+                evidence=f"{verdict.evidence}; {why}",
+                onset=verdict.onset,
+                step=verdict.step,
+                rank=verdict.culprit,
+                **self._ctx(),
+            )
+        )
         stacks = self._capture_stacks(group)
         for rank, text in stacks.items():
             reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
-            self.emit(StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
-                      show=rank == verdict.culprit)
+            self.emit(
+                StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
+                show=rank == verdict.culprit,
+            )
         group.stop(0.0)
-        self.emit(WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()), show=False)
-        failure = Failure(kind="hang", attempt=self.attempt, step=verdict.step, rank=verdict.culprit,
-                          evidence=verdict.evidence, progressed=tracker.steps_seen())
+        self.emit(
+            WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()),
+            show=False,
+        )
+        failure = Failure(
+            kind="hang",
+            attempt=self.attempt,
+            step=verdict.step,
+            rank=verdict.culprit,
+            evidence=verdict.evidence,
+            progressed=tracker.steps_seen(),
+        )
         return AttemptOutcome("failed", failure, detected)
 
     def _capture_stacks(self, group: WorkerGroup, wait_s: float = 0.5) -> dict[int, str]:
@@ -520,16 +715,26 @@ class Agent:
             if fault.kind == "kill-agent":
                 if fault.node != self._group_rank or not claim(self.run.chaos, fault):
                     continue
-                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step,
-                                        detail=fault.describe(), **self._ctx()))
+                self.emit(
+                    ChaosInjected(
+                        ts=time.time(),
+                        fault=fault.kind,
+                        step=fault.step,
+                        detail=fault.describe(),
+                        **self._ctx(),
+                    )
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self._group_rank == 0:
                 target = chaos_actions.newest_checkpoint(self.run.checkpoints)
                 if target is None or not claim(self.run.chaos, fault):
                     continue
                 detail = chaos_actions.damage(target, fault.kind)
-                self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=fault.step, detail=detail,
-                                        **self._ctx()))
+                self.emit(
+                    ChaosInjected(
+                        ts=time.time(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()
+                    )
+                )
 
 
 def _free_port() -> int:

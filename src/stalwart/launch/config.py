@@ -84,7 +84,9 @@ class RunConfig(BaseModel):
             return v
         if kind == "multiple" and n.isdigit() and int(n) >= 1:
             return v
-        raise ValueError(f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)")
+        raise ValueError(
+            f"--valid-sizes {v!r} must be any, pow2 or multiple:N (e.g. multiple:8 for TP x PP = 8)"
+        )
 
     @field_validator("health_backend")
     @classmethod
@@ -106,9 +108,13 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         if self.max_nodes > 1 and not self.rdzv_endpoint:
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
-        validate_hierarchy(monitor_interval_s=self.monitor_interval_s, policy=self.hang_policy,
-                           pg_timeout_s=self.pg_timeout_s, rdzv_timeout_s=self.rdzv_timeout_s,
-                           stop_grace_s=self.stop_grace_s)
+        validate_hierarchy(
+            monitor_interval_s=self.monitor_interval_s,
+            policy=self.hang_policy,
+            pg_timeout_s=self.pg_timeout_s,
+            rdzv_timeout_s=self.rdzv_timeout_s,
+            stop_grace_s=self.stop_grace_s,
+        )
         return self
 
     @property
@@ -121,21 +127,34 @@ class RunConfig(BaseModel):
 
     @property
     def hang_policy(self) -> HangTimeoutPolicy:
-        return HangTimeoutPolicy(self.hang_multiplier, self.hang_floor_s, self.hang_cap_s, self.startup_timeout_s,
-                                 self.hang_min_samples)
+        return HangTimeoutPolicy(
+            self.hang_multiplier,
+            self.hang_floor_s,
+            self.hang_cap_s,
+            self.startup_timeout_s,
+            self.hang_min_samples,
+        )
 
     @property
     def budget(self) -> RestartBudget:
-        return RestartBudget(self.max_restarts, self.max_user_error_restarts, self.backoff_base_s, self.backoff_max_s)
+        return RestartBudget(
+            self.max_restarts, self.max_user_error_restarts, self.backoff_base_s, self.backoff_max_s
+        )
 
     def resolved(self) -> RunConfig:
         """Fill run id, run dir, node name and rendezvous id defaults."""
         run_id = self.run_id or self.rdzv_id or uuid.uuid4().hex[:12]
         run_dir = self.run_dir or Path("stalwart-runs") / run_id
         node = self.node_name or socket.gethostname()
-        return self.model_copy(update={"run_id": run_id, "run_dir": run_dir.absolute(), "node_name": node,
-                                       "rdzv_id": self.rdzv_id or run_id,
-                                       "health_state_dir": self.health_state_dir or run_dir.absolute() / "health"})
+        return self.model_copy(
+            update={
+                "run_id": run_id,
+                "run_dir": run_dir.absolute(),
+                "node_name": node,
+                "rdzv_id": self.rdzv_id or run_id,
+                "health_state_dir": self.health_state_dir or run_dir.absolute() / "health",
+            }
+        )
 
 
 _FIELDS = set(RunConfig.model_fields)
@@ -158,8 +177,10 @@ def load_file(path: str | Path) -> dict[str, Any]:
     data = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = set(data) - _FIELDS
     if unknown:
-        raise ConfigError(f"config file {p}: unknown setting(s) {', '.join(sorted(unknown))}",
-                          "see 'stalwart run --help' for the settings")
+        raise ConfigError(
+            f"config file {p}: unknown setting(s) {', '.join(sorted(unknown))}",
+            "see 'stalwart run --help' for the settings",
+        )
     return data
 
 
@@ -173,7 +194,9 @@ def from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
-def build(flags: dict[str, Any], *, config_file: str | None = None, env: dict[str, str] | None = None) -> RunConfig:
+def build(
+    flags: dict[str, Any], *, config_file: str | None = None, env: dict[str, str] | None = None
+) -> RunConfig:
     merged: dict[str, Any] = {}
     if config_file:
         merged.update(load_file(config_file))

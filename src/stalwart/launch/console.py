@@ -47,9 +47,11 @@ class RunConsole:
     def event(self, ev: Event) -> None:
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
-            self.say(f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
-                     f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
-                     f"max restarts {ev.max_restarts})")
+            self.say(
+                f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
+                f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
+                f"max restarts {ev.max_restarts})"
+            )
         elif isinstance(ev, AttemptStarted):
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
@@ -58,21 +60,28 @@ class RunConsole:
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
             lat = ev.ts - ev.onset
-            self.say(f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)} "
-                     f"[dim](detected {lat:.2f}s after onset)[/]")
+            self.say(
+                f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)} "
+                f"[dim](detected {lat:.2f}s after onset)[/]"
+            )
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
         elif isinstance(ev, StragglerDetected):
             self.say(f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {esc(ev.evidence)}")
         elif isinstance(ev, StragglerCleared):
-            self.say(f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}")
+            self.say(
+                f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
+            )
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
             colour = "green" if ev.exit_code == 0 else "red"
-            self.say(f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}", always=True)
+            self.say(
+                f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}",
+                always=True,
+            )
 
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
@@ -87,8 +96,9 @@ class RunConsole:
             self._last_print = now
             frac = step / total if total else 0.0
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-            self.console.file.write(f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  "
-                                    f"{rate:.1f} steps/s")
+            self.console.file.write(
+                f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  {rate:.1f} steps/s"
+            )
             self.console.file.flush()
             self._line_open = True
         else:
@@ -96,7 +106,9 @@ class RunConsole:
             if pct // 10 != self._last_pct // 10 or now - self._last_print > 10:
                 self._last_pct = pct
                 self._last_print = now
-                self.console.print(f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s")
+                self.console.print(
+                    f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s"
+                )
 
     def close(self) -> None:
         self._clear_line()

@@ -12,7 +12,9 @@ from pathlib import Path
 _COMM_TYPES = re.compile(r"\b(DistBackendError|DistNetworkError|DistStoreError|DistError)$")
 _COMM_TEXT = re.compile(
     r"(\bgloo\b|\bnccl\b|\bc10d\b|connection (reset|closed|refused)|broken pipe|\btimed out\b|"
-    r"\bProcessGroup\w*|read error|transport/tcp|\brendezvous (closed|timed out|failed)\b)", re.IGNORECASE)
+    r"\bProcessGroup\w*|read error|transport/tcp|\brendezvous (closed|timed out|failed)\b)",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,13 @@ def read_error(path: Path) -> ErrorRecord | None:
     try:
         data = json.loads(path.read_text())
         step = data.get("step")
-        return ErrorRecord(type=str(data["type"]), message=str(data.get("message", "")),
-                           step=int(step) if step is not None else -1, ts=float(data.get("ts", 0.0)),
-                           traceback=str(data.get("traceback", "")))
+        return ErrorRecord(
+            type=str(data["type"]),
+            message=str(data.get("message", "")),
+            step=int(step) if step is not None else -1,
+            ts=float(data.get("ts", 0.0)),
+            traceback=str(data.get("traceback", "")),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

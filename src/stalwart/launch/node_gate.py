@@ -22,8 +22,16 @@ class GateOutcome:
     state: str
 
 
-def check_node(*, node: str, now: float, state_dir: Path, fixture: Path | None, active: bool, backend: str,
-               kernel_log: str = "dmesg") -> GateOutcome:
+def check_node(
+    *,
+    node: str,
+    now: float,
+    state_dir: Path,
+    fixture: Path | None,
+    active: bool,
+    backend: str,
+    kernel_log: str = "dmesg",
+) -> GateOutcome:
     from ..health.backends import make_backend
     from ..health.gate import GateConfig, run_gate
     from ..health.lifecycle import LifecyclePolicy
@@ -33,11 +41,24 @@ def check_node(*, node: str, now: float, state_dir: Path, fixture: Path | None, 
     store = HealthStore(state_dir)
     before = store.record(node)
     handled = before.since if before.state in (NodeState.QUARANTINED, NodeState.PROBATION) else None
-    cfg = GateConfig(fixture=fixture, active=active, allreduce=False, kernel_log=kernel_log,
-                     disk_dir=state_dir if active else None)
+    cfg = GateConfig(
+        fixture=fixture,
+        active=active,
+        allreduce=False,
+        kernel_log=kernel_log,
+        disk_dir=state_dir if active else None,
+    )
     res = run_gate(cfg, now, node=node, handled_before=handled)
-    applied = apply_verdict(node, res.verdict, level="active" if active else "passive", backend=make_backend(backend),
-                            store=store, policy=LifecyclePolicy(), now=now, duration_s=res.duration_s)
+    applied = apply_verdict(
+        node,
+        res.verdict,
+        level="active" if active else "passive",
+        backend=make_backend(backend),
+        store=store,
+        policy=LifecyclePolicy(),
+        now=now,
+        duration_s=res.duration_s,
+    )
     state = applied.transition.record.state
     passed = res.passed and state != NodeState.QUARANTINED
     reason = res.reason if state != NodeState.QUARANTINED else f"{res.reason}; {applied.transition.reason}"

@@ -147,6 +147,10 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
         where += f", section '{culprit.section}'"
     others = sorted({(p.step, p.section or "-") for p in live if p.rank != culprit.rank})
     others_txt = "; others at " + ", ".join(f"step {s} '{sec}'" for s, sec in others) if others else ""
-    evidence = (f"rank {culprit.rank} silent {now - culprit.last_msg:.2f}s at {where} "
-                f"(timeout {timeout_s:.2f}s, {phase}){others_txt}")
-    return HangVerdict(culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence)
+    evidence = (
+        f"rank {culprit.rank} silent {now - culprit.last_msg:.2f}s at {where} "
+        f"(timeout {timeout_s:.2f}s, {phase}){others_txt}"
+    )
+    return HangVerdict(
+        culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence
+    )

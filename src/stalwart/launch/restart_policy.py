@@ -56,17 +56,38 @@ def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision
         same = [f for f in user if f.signature == last.signature and f.step == last.step]
         if len(same) >= 2:
             attempts = " and ".join(str(f.attempt) for f in same[-2:])
-            return RestartDecision("stop", f"user error at {where}: {last.signature} (rank {last.rank}, same "
-                                   f"exception at the same step in attempts {attempts}; a restart will not help)",
-                                   "user_error", EXIT_USER_ERROR, 0.0, len(infra), len(user) - 1)
+            return RestartDecision(
+                "stop",
+                f"user error at {where}: {last.signature} (rank {last.rank}, same "
+                f"exception at the same step in attempts {attempts}; a restart will not help)",
+                "user_error",
+                EXIT_USER_ERROR,
+                0.0,
+                len(infra),
+                len(user) - 1,
+            )
         if len(user) > budget.max_user_error_restarts:
-            return RestartDecision("stop", f"user error at {where}: {last.signature} (rank {last.rank}; "
-                                   f"{len(user)} exceptions, budget {budget.max_user_error_restarts} restarts)",
-                                   "user_error", EXIT_USER_ERROR, 0.0, len(infra), len(user) - 1)
+            return RestartDecision(
+                "stop",
+                f"user error at {where}: {last.signature} (rank {last.rank}; "
+                f"{len(user)} exceptions, budget {budget.max_user_error_restarts} restarts)",
+                "user_error",
+                EXIT_USER_ERROR,
+                0.0,
+                len(infra),
+                len(user) - 1,
+            )
     elif len(infra) > budget.max_restarts:
-        return RestartDecision("stop", f"{last.kind} at {where}: {last.evidence}; restart budget used up "
-                               f"({budget.max_restarts} of {budget.max_restarts})", "infra_exhausted", EXIT_INFRA,
-                               0.0, len(infra) - 1, len(user))
+        return RestartDecision(
+            "stop",
+            f"{last.kind} at {where}: {last.evidence}; restart budget used up "
+            f"({budget.max_restarts} of {budget.max_restarts})",
+            "infra_exhausted",
+            EXIT_INFRA,
+            0.0,
+            len(infra) - 1,
+            len(user),
+        )
     # back off exponentially while attempts fail without progress
     streak = 0
     for f in reversed(history):

@@ -51,8 +51,14 @@ def hang_timeout(step_times: Sequence[float], policy: HangTimeoutPolicy) -> Hang
     """The silence after which a rank counts as hung, with the reason for the value."""
     n = len(step_times)
     if n < policy.min_samples:
-        return HangTimeout(policy.startup_s, 0.0, n, f"start-up timeout {policy.startup_s:g}s "
-                           f"({n} of {policy.min_samples} steps seen for calibration)", False)
+        return HangTimeout(
+            policy.startup_s,
+            0.0,
+            n,
+            f"start-up timeout {policy.startup_s:g}s "
+            f"({n} of {policy.min_samples} steps seen for calibration)",
+            False,
+        )
     q = p99(step_times)
     raw = policy.multiplier * q
     value = min(max(raw, policy.floor_s), policy.cap_s)
@@ -65,25 +71,54 @@ def hang_timeout(step_times: Sequence[float], policy: HangTimeoutPolicy) -> Hang
     return HangTimeout(value, q, n, f"hang timeout {value:.3f}s = {why} over {n} steps", True)
 
 
-def validate_hierarchy(*, monitor_interval_s: float, policy: HangTimeoutPolicy, pg_timeout_s: float,
-                       rdzv_timeout_s: float, stop_grace_s: float) -> None:
+def validate_hierarchy(
+    *,
+    monitor_interval_s: float,
+    policy: HangTimeoutPolicy,
+    pg_timeout_s: float,
+    rdzv_timeout_s: float,
+    stop_grace_s: float,
+) -> None:
     """Raise ConfigError naming the first pair of timeouts that is out of order."""
     if policy.floor_s <= 0 or policy.multiplier <= 0:
         raise ConfigError("hang floor and multiplier must be positive")
     if policy.floor_s > policy.cap_s:
-        raise ConfigError(f"hang floor {policy.floor_s:g}s is above the hang cap {policy.cap_s:g}s",
-                          "lower --hang-floor or raise --hang-cap")
+        raise ConfigError(
+            f"hang floor {policy.floor_s:g}s is above the hang cap {policy.cap_s:g}s",
+            "lower --hang-floor or raise --hang-cap",
+        )
     checks = [
-        ("monitor interval", monitor_interval_s, "hang floor", policy.floor_s, "--monitor-interval", "--hang-floor"),
+        (
+            "monitor interval",
+            monitor_interval_s,
+            "hang floor",
+            policy.floor_s,
+            "--monitor-interval",
+            "--hang-floor",
+        ),
         ("hang cap", policy.cap_s, "process-group timeout", pg_timeout_s, "--hang-cap", "--pg-timeout"),
-        ("start-up timeout", policy.startup_s, "process-group timeout", pg_timeout_s, "--startup-timeout",
-         "--pg-timeout"),
-        ("process-group timeout", pg_timeout_s, "rendezvous timeout", rdzv_timeout_s, "--pg-timeout",
-         "--rdzv-timeout"),
+        (
+            "start-up timeout",
+            policy.startup_s,
+            "process-group timeout",
+            pg_timeout_s,
+            "--startup-timeout",
+            "--pg-timeout",
+        ),
+        (
+            "process-group timeout",
+            pg_timeout_s,
+            "rendezvous timeout",
+            rdzv_timeout_s,
+            "--pg-timeout",
+            "--rdzv-timeout",
+        ),
     ]
     for a_name, a, b_name, b, a_flag, b_flag in checks:
         if not a < b:
-            raise ConfigError(f"timeout order violated: {a_name} ({a:g}s) must be shorter than {b_name} ({b:g}s)",
-                              f"lower {a_flag} or raise {b_flag}")
+            raise ConfigError(
+                f"timeout order violated: {a_name} ({a:g}s) must be shorter than {b_name} ({b:g}s)",
+                f"lower {a_flag} or raise {b_flag}",
+            )
     if stop_grace_s <= 0:
         raise ConfigError("--stop-grace must be positive")

@@ -20,7 +20,9 @@ class WorkerSpec:
 
 
 class WorkerGroup:
-    def __init__(self, argv: Sequence[str], specs: Sequence[WorkerSpec], *, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self, argv: Sequence[str], specs: Sequence[WorkerSpec], *, sleep: Callable[[float], None] = time.sleep
+    ):
         self.argv = list(argv)
         self.specs = list(specs)
         self.procs: dict[int, subprocess.Popen] = {}
@@ -37,8 +39,13 @@ class WorkerGroup:
                 self._logs.append(out)
             # spawned from the agent's main thread: the worker's PDEATHSIG is tied to this thread
             self.procs[spec.global_rank] = subprocess.Popen(
-                self.argv, env=spec.env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                stdin=subprocess.DEVNULL, pass_fds=(int(spec.env["STALWART_IPC"]),) if "STALWART_IPC" in spec.env else ())
+                self.argv,
+                env=spec.env,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(int(spec.env["STALWART_IPC"]),) if "STALWART_IPC" in spec.env else (),
+            )
         return [p.pid for p in self.procs.values()]
 
     def poll(self) -> dict[int, int | None]:

@@ -59,8 +59,9 @@ def _check(nproc_per_node: int, min_nodes: int, max_nodes: int) -> None:
         raise ConfigError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}")
 
 
-def plan_world(healthy: Sequence[str], nproc_per_node: int, min_nodes: int, max_nodes: int,
-               rule: SizeRule = SizeRule()) -> WorldPlan:
+def plan_world(
+    healthy: Sequence[str], nproc_per_node: int, min_nodes: int, max_nodes: int, rule: SizeRule = SizeRule()
+) -> WorldPlan:
     """Largest valid node count within [min_nodes, max_nodes] from ``healthy`` (order is preference)."""
     _check(nproc_per_node, min_nodes, max_nodes)
     nodes = list(dict.fromkeys(healthy))
@@ -68,16 +69,28 @@ def plan_world(healthy: Sequence[str], nproc_per_node: int, min_nodes: int, max_
         if rule.valid(n * nproc_per_node):
             spares = tuple(nodes[n:])
             extra = f"; {len(spares)} hot spare(s): {', '.join(spares)}" if spares else ""
-            why = (f"{len(nodes)} healthy node(s); {n} x {nproc_per_node} = {n * nproc_per_node} processes is the "
-                   f"largest world size that is {rule.describe()} within {min_nodes}..{max_nodes} nodes{extra}")
+            why = (
+                f"{len(nodes)} healthy node(s); {n} x {nproc_per_node} = {n * nproc_per_node} processes is the "
+                f"largest world size that is {rule.describe()} within {min_nodes}..{max_nodes} nodes{extra}"
+            )
             return WorldPlan(tuple(nodes[:n]), spares, nproc_per_node, why)
-    return WorldPlan((), tuple(nodes), nproc_per_node,
-                     f"cannot run: {len(nodes)} healthy node(s) give no world size that is {rule.describe()} "
-                     f"with at least {min_nodes} node(s) of {nproc_per_node} process(es)")
+    return WorldPlan(
+        (),
+        tuple(nodes),
+        nproc_per_node,
+        f"cannot run: {len(nodes)} healthy node(s) give no world size that is {rule.describe()} "
+        f"with at least {min_nodes} node(s) of {nproc_per_node} process(es)",
+    )
 
 
-def replace_failed(plan: WorldPlan, failed: Iterable[str], min_nodes: int, max_nodes: int,
-                   rule: SizeRule = SizeRule(), returned: Iterable[str] = ()) -> WorldPlan:
+def replace_failed(
+    plan: WorldPlan,
+    failed: Iterable[str],
+    min_nodes: int,
+    max_nodes: int,
+    rule: SizeRule = SizeRule(),
+    returned: Iterable[str] = (),
+) -> WorldPlan:
     """The plan after ``failed`` nodes drop out (and ``returned`` ones come back as spares).
 
     Spares step into the failed nodes' slots, keeping everyone else in place. Only when the spares
@@ -98,10 +111,14 @@ def replace_failed(plan: WorldPlan, failed: Iterable[str], min_nodes: int, max_n
     if "" not in active:
         if not stepped:
             return WorldPlan(tuple(active), tuple(spares), plan.nproc_per_node, plan.reason)
-        return WorldPlan(tuple(active), tuple(spares), plan.nproc_per_node,
-                         f"hot spare stepped in ({'; '.join(stepped)}); world size stays "
-                         f"{len(active) * plan.nproc_per_node}" + (f"; spares left: {', '.join(spares)}"
-                                                                   if spares else "; no spares left"))
+        return WorldPlan(
+            tuple(active),
+            tuple(spares),
+            plan.nproc_per_node,
+            f"hot spare stepped in ({'; '.join(stepped)}); world size stays "
+            f"{len(active) * plan.nproc_per_node}"
+            + (f"; spares left: {', '.join(spares)}" if spares else "; no spares left"),
+        )
     remaining = [n for n in active if n] + spares
     new = plan_world(remaining, plan.nproc_per_node, min_nodes, max_nodes, rule)
     lost = ", ".join(sorted(gone & set(plan.active)))

@@ -42,15 +42,18 @@ class LedgerWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LedgerError(f"cannot create ledger directory {self.path.parent}: {exc.strerror}",
-                              "choose a writable --run-dir") from exc
+            raise LedgerError(
+                f"cannot create ledger directory {self.path.parent}: {exc.strerror}",
+                "choose a writable --run-dir",
+            ) from exc
         self._lock_fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             os.close(self._lock_fd)
-            raise LedgerError(f"ledger {self.path} already has a writer",
-                              "each process must write its own ledger file") from exc
+            raise LedgerError(
+                f"ledger {self.path} already has a writer", "each process must write its own ledger file"
+            ) from exc
         existed = self.path.exists() and self.path.stat().st_size > 0
         if existed:
             check_format(self.path)
@@ -64,8 +67,12 @@ class LedgerWriter:
             with self._conn:
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                    [("format", FORMAT), ("version", str(SCHEMA_VERSION)), ("writer", writer),
-                     ("created", repr(time.time()))],
+                    [
+                        ("format", FORMAT),
+                        ("version", str(SCHEMA_VERSION)),
+                        ("writer", writer),
+                        ("created", repr(time.time())),
+                    ],
                 )
         self._mutex = threading.Lock()
         self._closed = False
@@ -119,17 +126,23 @@ def check_format(path: Path) -> None:
     try:
         rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"{path} is not a Stalwart ledger ({exc})",
-                          "point at a .ledger file written by stalwart, or remove the stray file") from exc
+        raise LedgerError(
+            f"{path} is not a Stalwart ledger ({exc})",
+            "point at a .ledger file written by stalwart, or remove the stray file",
+        ) from exc
     finally:
         conn.close()
     if rows.get("format") != FORMAT:
-        raise LedgerError(f"{path} is an SQLite file but not a Stalwart ledger",
-                          "point at a .ledger file written by stalwart")
+        raise LedgerError(
+            f"{path} is an SQLite file but not a Stalwart ledger",
+            "point at a .ledger file written by stalwart",
+        )
     version = int(rows.get("version", "0"))
     if version > SCHEMA_VERSION:
-        raise LedgerError(f"{path} has ledger schema v{version}; this stalwart reads up to v{SCHEMA_VERSION}",
-                          "upgrade stalwart")
+        raise LedgerError(
+            f"{path} has ledger schema v{version}; this stalwart reads up to v{SCHEMA_VERSION}",
+            "upgrade stalwart",
+        )
 
 
 def read_file(path: str | os.PathLike[str]) -> list[Event]:
@@ -140,8 +153,10 @@ def read_file(path: str | os.PathLike[str]) -> list[Event]:
     try:
         rows = conn.execute("SELECT kind, payload FROM events ORDER BY seq").fetchall()
     except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"ledger {path} is corrupt: {exc}",
-                          "restore it from a copy; other ledger files of the run are still readable") from exc
+        raise LedgerError(
+            f"ledger {path} is corrupt: {exc}",
+            "restore it from a copy; other ledger files of the run are still readable",
+        ) from exc
     finally:
         conn.close()
     return [decode(kind, payload) for kind, payload in rows]
@@ -159,7 +174,9 @@ def ledger_files(location: str | os.PathLike[str]) -> list[Path]:
                 return files
     if not p.exists():
         raise LedgerError(f"{p} does not exist", "pass a run directory or a .ledger file")
-    raise LedgerError(f"no ledger files (*{SUFFIX}) under {p}", "pass the run directory given to 'stalwart run'")
+    raise LedgerError(
+        f"no ledger files (*{SUFFIX}) under {p}", "pass the run directory given to 'stalwart run'"
+    )
 
 
 def read_merged(location: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Event]:

@@ -57,8 +57,10 @@ class FailureClass(BaseModel):
 def llama3_failure_mix(scale: float = 1.0) -> list[FailureClass]:
     """The Llama 3 Table 5 mix as rates per 1000 GPU-days (times ``scale``)."""
     exposure = LLAMA3_GPUS * LLAMA3_DAYS / 1000.0
-    return [FailureClass(name=n, per_1000_gpu_days=scale * c / exposure, node_loss=nl, detect_s=d)
-            for n, c, nl, d in LLAMA3_TABLE5]
+    return [
+        FailureClass(name=n, per_1000_gpu_days=scale * c / exposure, node_loss=nl, detect_s=d)
+        for n, c, nl, d in LLAMA3_TABLE5
+    ]
 
 
 def llama3_planned_per_1000_gpu_days() -> float:
@@ -91,13 +93,18 @@ class SimConfig(BaseModel):
     failures: list[FailureClass] = Field(default_factory=llama3_failure_mix)
     planned_per_1000_gpu_days: float = Field(default_factory=llama3_planned_per_1000_gpu_days, ge=0)
     decide_s: float = Field(5.0, ge=0, description="policy decision after detection")
-    tiers: list[CheckpointTier] = Field(default_factory=lambda: [
-        CheckpointTier(name="shared_fs", interval_s=1800.0, stall_s=30.0, restore_s=300.0)])
+    tiers: list[CheckpointTier] = Field(
+        default_factory=lambda: [
+            CheckpointTier(name="shared_fs", interval_s=1800.0, stall_s=30.0, restore_s=300.0)
+        ]
+    )
     strategy: Strategy = "in_job"
     in_process_restart_s: float = Field(60.0, ge=0)
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
     requeue_s: float = Field(1800.0, ge=0, description="back through the scheduler queue")
-    spare_nodes: int | None = Field(None, ge=0, description="hot spares; None: the wider pool always has a node")
+    spare_nodes: int | None = Field(
+        None, ge=0, description="hot spares; None: the wider pool always has a node"
+    )
     repair_hours: float = Field(48.0, ge=0, description="a lost node returns to the pool after this")
     elastic: bool = False  # continue on fewer nodes when no spare is left
     min_nodes_fraction: float = Field(0.9, gt=0, le=1)
@@ -109,24 +116,33 @@ class SimConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         if self.gpus % self.gpus_per_node:
-            raise ConfigError(f"{self.gpus} GPUs is not a whole number of {self.gpus_per_node}-GPU nodes",
-                              "make --gpus a multiple of --gpus-per-node")
+            raise ConfigError(
+                f"{self.gpus} GPUs is not a whole number of {self.gpus_per_node}-GPU nodes",
+                "make --gpus a multiple of --gpus-per-node",
+            )
         if not self.tiers:
             raise ConfigError("at least one checkpoint tier is needed")
         if not any(t.survives_node_loss for t in self.tiers):
-            raise ConfigError("no checkpoint tier survives the loss of a node",
-                              "add a tier with survives_node_loss: true (shared FS, object store, peer copy)")
+            raise ConfigError(
+                "no checkpoint tier survives the loss of a node",
+                "add a tier with survives_node_loss: true (shared FS, object store, peer copy)",
+            )
         base = min(t.interval_s for t in self.tiers)
         for t in self.tiers:
             k = t.interval_s / base
             if abs(k - round(k)) > 1e-6:
-                raise ConfigError(f"tier {t.name} interval {t.interval_s:g}s is not a multiple of the "
-                                  f"fastest tier's {base:g}s", "make every tier interval a multiple of the fastest")
+                raise ConfigError(
+                    f"tier {t.name} interval {t.interval_s:g}s is not a multiple of the "
+                    f"fastest tier's {base:g}s",
+                    "make every tier interval a multiple of the fastest",
+                )
         if max(t.interval_s for t in self.tiers) / base > 10_000:
             raise ConfigError("tier intervals differ by more than 10,000x", "check the units (seconds)")
         if self.days * 86400.0 < base:
-            raise ConfigError(f"the run ({self.days:g} days) is shorter than one checkpoint interval "
-                              f"({base:g} s)", "check the units: --days is days, intervals are seconds")
+            raise ConfigError(
+                f"the run ({self.days:g} days) is shorter than one checkpoint interval ({base:g} s)",
+                "check the units: --days is days, intervals are seconds",
+            )
         for f in self.failures:
             if not math.isfinite(f.per_1000_gpu_days):
                 raise ConfigError(f"failure class {f.name} has a non-finite rate")
@@ -157,5 +173,7 @@ def make_config(**values: object) -> SimConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "config"
-        raise ConfigError(f"invalid simulator setting {where}: {first.get('msg')} (got {first.get('input')!r})",
-                          "rates and times must be non-negative; GPUs, nodes, days and trials positive") from None
+        raise ConfigError(
+            f"invalid simulator setting {where}: {first.get('msg')} (got {first.get('input')!r})",
+            "rates and times must be non-negative; GPUs, nodes, days and trials positive",
+        ) from None

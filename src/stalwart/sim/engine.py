@@ -53,8 +53,16 @@ def _schedule(cfg: SimConfig) -> _Schedule:
     durable = [t for t in cfg.tiers if t.survives_node_loss]
     fastest_durable = min(durable, key=lambda t: t.interval_s)
     fastest = min(cfg.tiers, key=lambda t: t.interval_s)
-    return _Schedule(base, longest, ends, cum, float(ends[-1]), int(round(fastest_durable.interval_s / base)),
-                     fastest.restore_s, fastest_durable.restore_s)
+    return _Schedule(
+        base,
+        longest,
+        ends,
+        cum,
+        float(ends[-1]),
+        int(round(fastest_durable.interval_s / base)),
+        fastest.restore_s,
+        fastest_durable.restore_s,
+    )
 
 
 @dataclass
@@ -88,15 +96,22 @@ class SimResult:
 
         c = self.config
         return {
-            "gpus": c.gpus, "nodes": c.nodes, "days": c.days, "trials": c.trials, "seed": c.seed,
-            "strategy": c.strategy, "spare_nodes": c.spare_nodes, "elastic": c.elastic,
+            "gpus": c.gpus,
+            "nodes": c.nodes,
+            "days": c.days,
+            "trials": c.trials,
+            "seed": c.seed,
+            "strategy": c.strategy,
+            "spare_nodes": c.spare_nodes,
+            "elastic": c.elastic,
             "tiers": [t.model_dump() for t in c.tiers],
             "ettr": stats(self.ettr),
             "interruptions": stats(self.interruptions.astype(float)),
             "planned": stats(self.planned.astype(float)),
             "by_class_mean": {k: float(v.mean()) for k, v in self.by_class.items()},
             "lost_gpu_hours": stats(self.lost_gpu_hours),
-            "cost": stats(self.cost), "currency_per_gpu_hour": c.gpu_hour_price,
+            "cost": stats(self.cost),
+            "currency_per_gpu_hour": c.gpu_hour_price,
             "buckets_hours_mean": {k: float(v.mean()) / 3600.0 for k, v in self.buckets.items()},
             "iterations": self.iterations,
         }
@@ -119,7 +134,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         raise ConfigError(
             f"{expected:,.0f} interruptions expected per trial ({lam * 3600:.3g} per hour for "
             f"{horizon / 86400:g} days); the simulator steps through each one and would not finish",
-            "lower --gpus, --days or --rate-scale; rates measured on a chaos run are far above a real fleet's")
+            "lower --gpus, --days or --rate-scale; rates measured on a chaos run are far above a real fleet's",
+        )
     # class index 0..C-1 are failures, C is "planned"
     weights = np.array([f.per_1000_gpu_days for f in classes] + [cfg.planned_per_1000_gpu_days], float)
     cdf = np.cumsum(weights / weights.sum()) if lam > 0 else np.array([1.0])
@@ -183,12 +199,15 @@ def simulate(cfg: SimConfig) -> SimResult:
         committed_all = n_ckpt * sch.base
         committed_durable = np.floor(n_ckpt / sch.durable_every) * sch.durable_every * sch.base
         planned = cls == n_cls
-        kept = np.where(~fails_in_run | planned, compute,
-                        np.where(lost_node, committed_durable, committed_all))
+        kept = np.where(
+            ~fails_in_run | planned, compute, np.where(lost_node, committed_durable, committed_all)
+        )
         # stragglers: episodes during this run phase slow the whole job until mitigated
         if strag_rate > 0 and slow_loss > 0:
             episodes = rng.poisson(strag_rate * x)
-            slow_frac = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0)
+            slow_frac = np.where(
+                x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0
+            )
             m = mult * (1.0 - slow_frac * slow_loss)
         else:
             m = mult
@@ -240,6 +259,13 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     ettr = b["productive"] / horizon
     by_class = {f.name: counts[:, i] for i, f in enumerate(classes)}
-    return SimResult(config=cfg, ettr=ettr, interruptions=counts[:, :n_cls].sum(axis=1),
-                     planned=counts[:, n_cls], by_class=by_class, buckets=b, iterations=iterations,
-                     extra={"job_failure_rate_per_h": lam_fail * 3600.0})
+    return SimResult(
+        config=cfg,
+        ettr=ettr,
+        interruptions=counts[:, :n_cls].sum(axis=1),
+        planned=counts[:, n_cls],
+        by_class=by_class,
+        buckets=b,
+        iterations=iterations,
+        extra={"job_failure_rate_per_h": lam_fail * 3600.0},
+    )

@@ -21,16 +21,22 @@ def config_from_events(events: Sequence[Event], base: SimConfig) -> tuple[SimCon
     infra = [i for i in run.interruptions if i.component not in NOT_INFRA]
     values = base.model_dump()
     if run.exposure.gpu_hours <= 0:
-        raise LedgerError("the ledger has no attempt with a world size, so no exposure to measure rates over",
-                          "point at the run directory of a run that started workers")
+        raise LedgerError(
+            "the ledger has no attempt with a world size, so no exposure to measure rates over",
+            "point at the run directory of a run that started workers",
+        )
     if infra:
         measured = failure_rates(len(infra), run.exposure).per_1000_gpu_days
         total = sum(f.per_1000_gpu_days for f in base.failures)
         factor = measured / total if total > 0 else 0.0
-        values["failures"] = [FailureClass(**{**f.model_dump(), "per_1000_gpu_days": f.per_1000_gpu_days * factor})
-                              .model_dump() for f in base.failures]
-        notes.append(f"failure rate {measured:.3g} per 1000 GPU-days from {len(infra)} interruptions in "
-                     f"{run.exposure.gpu_hours:,.1f} GPU-hours (class mix kept from the default table)")
+        values["failures"] = [
+            FailureClass(**{**f.model_dump(), "per_1000_gpu_days": f.per_1000_gpu_days * factor}).model_dump()
+            for f in base.failures
+        ]
+        notes.append(
+            f"failure rate {measured:.3g} per 1000 GPU-days from {len(infra)} interruptions in "
+            f"{run.exposure.gpu_hours:,.1f} GPU-hours (class mix kept from the default table)"
+        )
         m = mttr(infra)
         if m.detect_s is not None:
             values["failures"] = [{**f, "detect_s": m.detect_s} for f in values["failures"]]
@@ -39,7 +45,9 @@ def config_from_events(events: Sequence[Event], base: SimConfig) -> tuple[SimCon
             values["decide_s"] = m.decide_s
         if m.recover_s is not None:
             values["job_restart_s"] = m.recover_s
-            notes.append(f"restart {m.recover_s:.1f} s (measured mean decision -> first step, restore included)")
+            notes.append(
+                f"restart {m.recover_s:.1f} s (measured mean decision -> first step, restore included)"
+            )
     else:
         notes.append("no infrastructure failure in the ledger: keeping the default failure rates")
     stalls = [e.stall_s for e in events if isinstance(e, CheckpointCommitted) and not e.emergency]

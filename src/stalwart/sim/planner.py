@@ -82,7 +82,9 @@ def _mean_restart(cfg: SimConfig) -> float:
     lam, _ = _rates(cfg)
     if lam <= 0:
         return cfg.job_restart_s
-    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(f.per_1000_gpu_days for f in cfg.failures)
+    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(
+        f.per_1000_gpu_days for f in cfg.failures
+    )
     durable = min((t for t in cfg.tiers if t.survives_node_loss), key=lambda t: t.interval_s)
     return det + cfg.decide_s + cfg.job_restart_s + durable.restore_s
 
@@ -105,8 +107,14 @@ def closed_form_intervals(cfg: SimConfig) -> list[TierAdvice]:
             continue
         m = 1.0 / rate
         tau = daly_interval(t.stall_s, m)
-        raw.append((t, tau, f"{t.name}: Daly optimum for a {t.stall_s:g} s stall against {what} "
-                             f"(job MTBF {m / 3600:.2f} h) is {tau:,.0f} s"))
+        raw.append(
+            (
+                t,
+                tau,
+                f"{t.name}: Daly optimum for a {t.stall_s:g} s stall against {what} "
+                f"(job MTBF {m / 3600:.2f} h) is {tau:,.0f} s",
+            )
+        )
     base = min(tau for _, tau, _ in raw)
     out = []
     for t, tau, why in raw:
@@ -125,8 +133,12 @@ def _score(cfg: SimConfig) -> tuple[float, float, float]:
     return float(r.ettr.mean()), float(r.cost.mean()), float(r.interruptions.mean())
 
 
-def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
-         spare_candidates: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64)) -> Plan:
+def plan(
+    cfg: SimConfig,
+    scale_to: Sequence[int] = (),
+    trials: int = 200,
+    spare_candidates: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
+) -> Plan:
     cfg = _with(cfg, trials=min(cfg.trials, trials))
     notes: list[str] = []
 
@@ -138,10 +150,21 @@ def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
         e, _, _ = _score(trial)
         if e > best + 1e-4:
             best, best_factor = e, factor
-    tiers = tuple(TierAdvice(a.name, a.current_s, a.closed_form_s, a.recommended_s * best_factor,
-                             a.reason + (f"; the simulator prefers {best_factor:g}x that"
-                                         if best_factor != 1.0 else "; the simulator agrees"))
-                  for a in advice)
+    tiers = tuple(
+        TierAdvice(
+            a.name,
+            a.current_s,
+            a.closed_form_s,
+            a.recommended_s * best_factor,
+            a.reason
+            + (
+                f"; the simulator prefers {best_factor:g}x that"
+                if best_factor != 1.0
+                else "; the simulator agrees"
+            ),
+        )
+        for a in advice
+    )
     tuned = _apply(cfg, {a.name: a.recommended_s for a in tiers})
 
     # 2. ETTR against the durable interval: closed form and simulated
@@ -154,10 +177,17 @@ def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
         for factor in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
             tau = max(60.0, durable.interval_s * factor)
             e, _, _ = _score(_apply(single, {durable.name: tau}))
-            sweep.append({"interval_s": tau, "ettr_sim": e,
-                          "ettr_daly": daly_ettr(tau, durable.stall_s, restart, 1.0 / lam)})
-        notes.append("Daly's curve assumes every fault restarts from the durable tier with the mean downtime "
-                     f"({restart:,.0f} s); the simulator also models detection per class and repair queues")
+            sweep.append(
+                {
+                    "interval_s": tau,
+                    "ettr_sim": e,
+                    "ettr_daly": daly_ettr(tau, durable.stall_s, restart, 1.0 / lam),
+                }
+            )
+        notes.append(
+            "Daly's curve assumes every fault restarts from the durable tier with the mean downtime "
+            f"({restart:,.0f} s); the simulator also models detection per class and repair queues"
+        )
 
     # 3. spares: most productive GPU-hours per reserved GPU-hour
     rows = []
@@ -167,10 +197,14 @@ def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
         per_reserved = e * c.gpus / (c.gpus + s * c.gpus_per_node)
         rows.append({"spares": s, "ettr": e, "cost": cost, "goodput_per_reserved_gpu": per_reserved})
     top = max(rows, key=lambda r: (round(float(r["goodput_per_reserved_gpu"]), 4), -int(r["spares"])))
-    spares = Choice(top["spares"], float(top["ettr"]), float(top["cost"]),
-                    f"{top['spares']} hot spare nodes give the most productive GPU-hours per reserved GPU-hour "
-                    f"({float(top['goodput_per_reserved_gpu']):.3f}); repair takes {tuned.repair_hours:g} h",
-                    tuple(rows))
+    spares = Choice(
+        top["spares"],
+        float(top["ettr"]),
+        float(top["cost"]),
+        f"{top['spares']} hot spare nodes give the most productive GPU-hours per reserved GPU-hour "
+        f"({float(top['goodput_per_reserved_gpu']):.3f}); repair takes {tuned.repair_hours:g} h",
+        tuple(rows),
+    )
     tuned = _with(tuned, spare_nodes=int(top["spares"]))
 
     # 4. restart strategy
@@ -180,11 +214,15 @@ def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
         srows.append({"strategy": s, "ettr": e, "cost": cost})
     sbest = max(srows, key=lambda r: float(r["ettr"]))
     worst = min(srows, key=lambda r: float(r["ettr"]))
-    strategy = Choice(sbest["strategy"], float(sbest["ettr"]), float(sbest["cost"]),
-                      f"{sbest['strategy']} restarts give ETTR {float(sbest['ettr']):.3f} against "
-                      f"{float(worst['ettr']):.3f} for {worst['strategy']} (restart "
-                      f"{tuned.in_process_restart_s:g}/{tuned.job_restart_s:g}/{tuned.requeue_s:g} s)",
-                      tuple(srows))
+    strategy = Choice(
+        sbest["strategy"],
+        float(sbest["ettr"]),
+        float(sbest["cost"]),
+        f"{sbest['strategy']} restarts give ETTR {float(sbest['ettr']):.3f} against "
+        f"{float(worst['ettr']):.3f} for {worst['strategy']} (restart "
+        f"{tuned.in_process_restart_s:g}/{tuned.job_restart_s:g}/{tuned.requeue_s:g} s)",
+        tuple(srows),
+    )
     tuned = _with(tuned, strategy=str(sbest["strategy"]))
 
     # 5. scale-up prediction, intervals re-optimised at every size
@@ -197,10 +235,17 @@ def plan(cfg: SimConfig, scale_to: Sequence[int] = (), trials: int = 200,
         c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
         r = simulate(c)
         lam_g, _ = _rates(c)
-        points.append(ScalePoint(
-            gpus=g, spare_nodes=c.spare_nodes, job_mtbf_h=(1.0 / lam_g / 3600.0) if lam_g > 0 else math.inf,
-            interval_s=min(t.interval_s for t in c.tiers if t.survives_node_loss),
-            ettr_mean=float(r.ettr.mean()), ettr_p5=float(np.percentile(r.ettr, 5)),
-            interruptions_mean=float(r.interruptions.mean()),
-            lost_gpu_hours_mean=float(r.lost_gpu_hours.mean()), cost_mean=float(r.cost.mean())))
+        points.append(
+            ScalePoint(
+                gpus=g,
+                spare_nodes=c.spare_nodes,
+                job_mtbf_h=(1.0 / lam_g / 3600.0) if lam_g > 0 else math.inf,
+                interval_s=min(t.interval_s for t in c.tiers if t.survives_node_loss),
+                ettr_mean=float(r.ettr.mean()),
+                ettr_p5=float(np.percentile(r.ettr, 5)),
+                interruptions_mean=float(r.interruptions.mean()),
+                lost_gpu_hours_mean=float(r.lost_gpu_hours.mean()),
+                cost_mean=float(r.cost.mean()),
+            )
+        )
     return Plan(tiers, best, spares, strategy, tuple(points), tuple(sweep), tuple(notes))

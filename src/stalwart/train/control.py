@@ -32,7 +32,9 @@ def create(path: Path, slots: int = 0) -> None:
 
 
 class ControlBlock:
-    def __init__(self, path: str | os.PathLike[str], *, writable: bool = False, slot: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, writable: bool = False, slot: int | None = None
+    ) -> None:
         self.path = Path(path)
         size = self.path.stat().st_size
         self.slots = max(0, (size - HEAD_SIZE) // SLOT_SIZE)

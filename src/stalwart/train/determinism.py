@@ -9,7 +9,6 @@ It costs world-size times the memory traffic of a ring all-reduce, so use it whe
 matters (tests, debugging, small models), not at scale.
 """
 
-
 import torch
 import torch.distributed as dist
 

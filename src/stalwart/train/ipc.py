@@ -102,4 +102,12 @@ def _parse_done(line: bytes) -> dict[str, Any]:
     for item in fields[5:]:
         name, _, secs = item.partition("=")
         sections[name] = float(secs)
-    return {"k": "done", "r": int(fields[1]), "s": int(fields[2]), "t": t0 + d, "t0": t0, "d": d, "sec": sections}
+    return {
+        "k": "done",
+        "r": int(fields[1]),
+        "s": int(fields[2]),
+        "t": t0 + d,
+        "t0": t0,
+        "d": d,
+        "sec": sections,
+    }

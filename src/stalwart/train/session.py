@@ -59,8 +59,14 @@ def _env_int(env: dict[str, str], *names: str, default: int) -> int:
 class Session:
     """One training process's link to Stalwart. Works without an agent too (plain ``python``)."""
 
-    def __init__(self, env: dict[str, str] | None = None, *, checkpoint_dir: str | None = None,
-                 keep_checkpoints: int = 3, tiers: tuple = ()) -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        checkpoint_dir: str | None = None,
+        keep_checkpoints: int = 3,
+        tiers: tuple = (),
+    ) -> None:
         env = dict(os.environ if env is None else env)
         self.env = env
         self.rank = _env_int(env, "RANK", default=0)
@@ -73,8 +79,11 @@ class Session:
         self.run_dir = RunDir(Path(root)) if root else None
         self.under_agent = "STALWART_IPC" in env
         self._ipc = Sender(int(env["STALWART_IPC"])) if self.under_agent else None
-        self._control = (ControlBlock(env["STALWART_CONTROL"], slot=self.local_rank)
-                         if env.get("STALWART_CONTROL") else None)
+        self._control = (
+            ControlBlock(env["STALWART_CONTROL"], slot=self.local_rank)
+            if env.get("STALWART_CONTROL")
+            else None
+        )
         plan = FaultPlan.from_json(env["STALWART_CHAOS"]) if env.get("STALWART_CHAOS") else FaultPlan()
         self._faults: tuple[Fault, ...] = plan.for_rank(self.rank)
         self._ledger = None
@@ -134,9 +143,14 @@ class Session:
         if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
             return
         self.run_dir.errors.mkdir(parents=True, exist_ok=True)
-        record = {"type": f"{etype.__module__}.{etype.__qualname__}", "message": str(value)[:2000],
-                  "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
-                  "step": self._step, "rank": self.rank, "ts": time.time()}
+        record = {
+            "type": f"{etype.__module__}.{etype.__qualname__}",
+            "message": str(value)[:2000],
+            "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
+            "step": self._step,
+            "rank": self.rank,
+            "ts": time.time(),
+        }
         path = self.run_dir.errors / f"{self.node}-a{self.attempt}-r{self.rank}.json"
         path.write_text(json.dumps(record))
 
@@ -174,8 +188,14 @@ class Session:
         if self._checkpointer is None:
             from ..checkpoint.front import EngineCheckpointManager
 
-            self._checkpointer = EngineCheckpointManager(self._ckpt_dir, rank=self.rank, world_size=self.world_size,
-                                                         keep=self._keep, sink=self.emit, tiers=self._tiers)
+            self._checkpointer = EngineCheckpointManager(
+                self._ckpt_dir,
+                rank=self.rank,
+                world_size=self.world_size,
+                keep=self._keep,
+                sink=self.emit,
+                tiers=self._tiers,
+            )
         return self._checkpointer
 
     # --- resume and save --------------------------------------------------------------------
@@ -210,14 +230,22 @@ class Session:
         self._completed = found.step
         self._last_saved = found.step
         if self.rank == 0:
-            self.emit(TrainingResumed(ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()))
+            self.emit(
+                TrainingResumed(
+                    ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()
+                )
+            )
         return found.step
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
         """Collective checkpoint of ``state`` after ``self.completed`` steps."""
         self._beat(self._completed, "checkpoint", time.time())
-        self.checkpointer.save(self._completed, self._state_dicts(state) if self.rank == 0 else None,
-                               {"rng": rng.capture()}, emergency=emergency)
+        self.checkpointer.save(
+            self._completed,
+            self._state_dicts(state) if self.rank == 0 else None,
+            {"rng": rng.capture()},
+            emergency=emergency,
+        )
         self._last_saved = self._completed
         self._send({"k": "ckpt", "s": self._completed})
 
@@ -227,8 +255,9 @@ class Session:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def loop(self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0,
-             resume: bool = True) -> Iterator[int]:
+    def loop(
+        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0, resume: bool = True
+    ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
         start = self.resume(state) if resume else 0
         self._send({"k": "start", "s": start, "n": total_steps})
@@ -317,7 +346,11 @@ class Session:
                 continue
             if not claim(chaos_dir, fault):
                 continue
-            self.emit(ChaosInjected(ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()))
+            self.emit(
+                ChaosInjected(
+                    ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()
+                )
+            )
             if fault.kind == "crash":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "exit":
@@ -333,8 +366,12 @@ class Session:
         self._slow_pending = False
         step = self._step if self._step is not None else -1
         for fault in self._faults:
-            if fault.kind == "slow" and step >= fault.start and (fault.stop is None or step <= fault.stop) \
-                    and self._base_step_s > 0:
+            if (
+                fault.kind == "slow"
+                and step >= fault.start
+                and (fault.stop is None or step <= fault.stop)
+                and self._base_step_s > 0
+            ):
                 extra = (fault.factor - 1.0) * self._base_step_s
                 time.sleep(extra)
                 self._sections[section] += extra
