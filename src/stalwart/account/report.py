@@ -9,14 +9,15 @@ from typing import Any
 
 from ..diagnose.straggler import score_ranks, slow_spans
 from ..events import StepCompleted
-from ..ledger import read_merged
+from ..ledger import read_available
 from .goodput import BUCKETS, compute
 from .reliability import interruptions_from_events, mtbf, mttr
 
 
 def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     """The report as plain data: what ``--json`` prints and what the library returns."""
-    events = read_merged(location)
+    read = read_available(location)
+    events = read.events
     gp = compute(events)
     rel = interruptions_from_events(events)
     rep_mttr = mttr(rel.interruptions)
@@ -47,6 +48,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "ranks": [asdict(r) for r in stragglers.ranks],
             "spans": [asdict(sp) for sp in spans],
         },
+        "skipped": [{"path": str(sk.path), "reason": sk.reason, "rows": sk.rows} for sk in read.skipped],
     }
 
 
@@ -102,6 +104,9 @@ def render(rep: dict[str, Any], console=None) -> None:
         f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
         f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
     )
+    for sk in rep.get("skipped", ()):
+        what = f"{sk['rows']} row(s) of" if sk["rows"] else "ledger"
+        con.print(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
     con.print(f"stragglers over the whole run: {esc(rep['stragglers']['reason'])}")
     for sp in rep["stragglers"]["spans"]:
         con.print(
