@@ -37,6 +37,8 @@ class RunDir:
         return self.ledger / f"rank-{rank}.ledger"
 
     def create(self) -> RunDir:
+        # private: ledgers hold stacks, command lines and host names (existing directories keep their mode)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks):
-            p.mkdir(parents=True, exist_ok=True)
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self

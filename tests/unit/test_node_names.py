@@ -8,8 +8,8 @@ import pytest
 from stalwart.errors import ConfigError
 from stalwart.health.backends import SlurmBackend
 from stalwart.health.events import NodeStateChanged
-from stalwart.health.node_name import validate_node_name
 from stalwart.health.node_store import HealthStore, local_node_name
+from stalwart.node_name import validate_node_name
 
 BAD = [
     "gpu[001-512]",

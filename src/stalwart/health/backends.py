@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import SchedulerError
+from ..node_name import validate_drain_reason, validate_node_name
 from .deadline import CallTimedOut, run_command
 from .lifecycle import SchedulerView
-from .node_name import validate_drain_reason, validate_node_name
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 from ..errors import LedgerError, LedgerNotReadyError
 from ..events import Event
 from ..ledger import SUFFIX, LedgerWriter, check_format, read_available, set_aside
+from ..node_name import validate_node_name
 from .events import NodeDrained, NodeStateChanged
 from .lifecycle import NodeRecord, NodeState
-from .node_name import validate_node_name
 
 DEFAULT_STATE_DIR = Path("stalwart-runs/health")
 log = logging.getLogger(__name__)

@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..inputs import validate_run_dir
+from ..node_name import validate_node_name
 from .restart_policy import RestartBudget
 from .timeouts import HangTimeoutPolicy, validate_hierarchy
 
@@ -106,6 +108,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        validate_run_dir(self.run_dir) if self.run_dir is not None else None  # h-reliab: not /, /proc, a file
+        validate_node_name(self.node_name, "--node-name") if self.node_name else None  # h-reliab: one host
         if self.max_nodes > 1 and not self.rdzv_endpoint:
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
         validate_hierarchy(

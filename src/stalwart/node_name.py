@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 MAX_LENGTH = 253
 MAX_LABEL = 63
