@@ -226,32 +226,20 @@ def test_report_inputs(make, tmp_path, capsys):
     _assert_one_line(*_cli(argv, capsys), argv)
 
 
-@pytest.fixture
-def fake_scontrol(tmp_path, monkeypatch):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    record = tmp_path / "calls.txt"
-    for tool in ("scontrol", "sinfo"):
-        (bindir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {record}\n')
-        (bindir / tool).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    return record
-
-
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize(
     "node", ["gpu[001-512]", "n1,n2,n3", "x State=RESUME", "../../x", "$(touch f)", "a" * 100_000]
 )
-def test_health_node_names_never_reach_slurm(node, tmp_path, capsys, fake_scontrol):
+def test_health_node_names_never_reach_slurm(node, tmp_path, capsys, fake_slurm):
     argv = ["health", "check", "--fixture", str(FIXTURE), "--backend", "slurm", "--node", node,
             "--state-dir", str(tmp_path / "state")]  # fmt: skip
     _assert_one_line(*_cli(argv, capsys), argv)
-    assert not fake_scontrol.exists()
+    assert not fake_slurm.exists()
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
 
 
 @pytest.mark.timeout(20)
-def test_slurmd_nodename_is_validated(tmp_path, capsys, monkeypatch, fake_scontrol):
+def test_slurmd_nodename_is_validated(tmp_path, capsys, monkeypatch, fake_slurm):
     monkeypatch.setenv("SLURMD_NODENAME", "../../escape")
     argv = [
         "health",

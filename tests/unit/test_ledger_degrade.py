@@ -166,3 +166,32 @@ def test_read_only_state_dir_still_does_not_block(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod.os, "replace", refuse)
     assert HealthStore(tmp_path).records() == {}
     assert os.path.exists(tmp_path / "node-n1.ledger")
+
+
+def test_readers_racing_writers_never_see_a_foreign_ledger(tmp_path):
+    """The race found under load: a reader between the file's creation and its meta table."""
+    import threading
+
+    led = tmp_path / "ledger"
+    led.mkdir()
+    done = threading.Event()
+    bad: list[str] = []
+
+    def read_loop():
+        while not done.is_set():
+            files = sorted(led.glob("*.ledger"))
+            if files:
+                got = read_available(files, require_some=False)
+                bad.extend(s.reason for s in got.skipped)
+
+    reader = threading.Thread(target=read_loop)
+    reader.start()
+    try:
+        for i in range(30):
+            with LedgerWriter(led / f"rank-{i}.ledger") as w:
+                w.append(_step(i))
+    finally:
+        done.set()
+        reader.join(10)
+    assert bad == []
+    assert len(read_available(led).events) == 30

@@ -1,6 +1,5 @@
 """Node names and drain reasons are validated before any Slurm command runs or any path is built."""
 
-import os
 import stat
 
 import pytest
@@ -28,20 +27,6 @@ BAD = [
     "a" * 64 + ".b",
     "NodeName=x",
 ]
-
-
-@pytest.fixture
-def fake_slurm(tmp_path, monkeypatch):
-    """scontrol and sinfo on PATH that only record their argv to a file."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    record = tmp_path / "calls.txt"
-    for tool in ("scontrol", "sinfo"):
-        script = bindir / tool
-        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> {record}\necho "n1|idle|none"\n')
-        script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    return record
 
 
 @pytest.mark.parametrize("name", BAD)
