@@ -195,3 +195,11 @@ def test_readers_racing_writers_never_see_a_foreign_ledger(tmp_path):
         reader.join(10)
     assert bad == []
     assert len(read_available(led).events) == 30
+
+
+def test_a_fifo_in_place_of_a_node_ledger_is_set_aside(tmp_path):
+    os.mkfifo(tmp_path / "node-n1.ledger")
+    store = HealthStore(tmp_path)
+    store.append("n1", [_state("n1", "suspect")])  # would block or fail on a FIFO
+    assert store.record("n1").state.value == "suspect"
+    assert len(list(tmp_path.glob("node-n1.ledger.corrupt-*"))) == 1

@@ -122,7 +122,7 @@ class HealthStore:
         except LedgerNotReadyError:
             pass
         except LedgerError as exc:
-            if path.is_file():
+            if path.exists() or path.is_symlink():  # garbage, a foreign file, a FIFO or a directory
                 self._set_aside(path, exc.message)
         deadline = time.monotonic() + wait_s
         while True:
