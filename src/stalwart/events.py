@@ -242,6 +242,30 @@ class TimeoutsCalibrated(Event):
     reason: str
 
 
+# --- diagnosis (stalwart.diagnose) ---------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class IncidentRaised(Event):
+    """A diagnosis: the real cause behind one or more symptoms (see stalwart.diagnose.incident)."""
+
+    cause: str
+    fault_class: str  # user_program | system_software | hardware | facility | unknown
+    component: str  # gpu | gpu_memory | nvlink | nic | ib_link | mount | cooling | power | switch | ...
+    confidence: float
+    action: str
+    action_taken: bool = False
+    rule: str = ""
+    onset: float = 0.0
+    evidence: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    domain: str = ""
+    cost_gpu_s: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
 def _load_extensions() -> None:
     global _extensions_loaded
     if _extensions_loaded:

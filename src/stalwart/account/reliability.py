@@ -14,10 +14,12 @@ at least ``min_failures`` times.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..diagnose.lemon import NodeScore, lemon_scores, poisson_sf  # noqa: F401 - re-exported
+from ..diagnose.pipeline import interruptions as failure_groups
+from ..diagnose.root_cause import component_class
 from ..errors import ConfigError, LedgerError
 from ..events import (
     AttemptStarted,
@@ -29,36 +31,6 @@ from ..events import (
     StepCompleted,
     TrainingResumed,
 )
-
-# (pattern over "failure evidence error_type error_message", component class), first match wins.
-# Classes follow the Llama 3 interruption table (arXiv 2407.21783, Table 5), coarsened.
-COMPONENT_RULES: tuple[tuple[str, str], ...] = (
-    (r"\bxid\s*(48|63|64|92|94|95)\b|\becc\b|hbm|row.?remap|dbe\b", "gpu_memory"),
-    (r"\bxid\s*(74)\b|nvlink", "nvlink"),
-    (r"\bxid\s*(79)\b|fallen off the bus|\bxid\b|gpu (lost|error)|cuda error", "gpu"),
-    (r"nccl.*(watchdog|timeout)|collective.*timed? ?out", "nccl_timeout"),
-    (r"infiniband|\bib\b|mlx|\bnic\b|link (down|flap)|network", "network"),
-    (r"\bssd\b|nvme|filesystem|i/o error|disk", "storage"),
-    (r"power|psu\b|thermal|overheat", "power_thermal"),
-    (r"out of memory|\boom\b|segmentation fault|sigsegv|traceback|exception", "software"),
-)
-FAILURE_DEFAULTS: Mapping[str, str] = {
-    "crash": "software",
-    "hang": "hang",
-    "agent_lost": "host",
-    "peer_lost": "unknown",
-    "preempted": "planned",
-    "user_error": "user",
-}
-
-
-def component_class(failure: str, evidence: str = "", error_type: str = "", error_message: str = "") -> str:
-    """Component class of a failure, from the evidence text first, then the failure kind."""
-    text = f"{evidence} {error_type} {error_message}".lower()
-    for pattern, cls in COMPONENT_RULES:
-        if re.search(pattern, text):
-            return cls
-    return FAILURE_DEFAULTS.get(failure, "unknown")
 
 
 @dataclass(frozen=True)
@@ -190,73 +162,6 @@ def by_component(interruptions: Sequence[Interruption], exposure: Exposure) -> d
     return {c: failure_rates(n, exposure) for c, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
-def poisson_sf(k: int, mu: float) -> float:
-    """P(X >= k) for X ~ Poisson(mu), summed exactly in log space (k small, as here)."""
-    if k <= 0:
-        return 1.0
-    if mu <= 0:
-        return 0.0
-    term = math.exp(-mu)
-    cdf = term
-    for j in range(1, k):
-        term *= mu / j
-        cdf += term
-    return max(0.0, 1.0 - cdf)
-
-
-@dataclass(frozen=True)
-class NodeScore:
-    node: str
-    failures: int
-    node_days: float
-    expected: float
-    ratio: float  # failures / expected
-    p_value: float  # P(X >= failures) under the fleet rate
-    lemon: bool
-    reason: str
-
-
-def lemon_scores(
-    failures_by_node: Mapping[str, int],
-    node_days: Mapping[str, float],
-    *,
-    alpha: float = 0.01,
-    min_failures: int = 2,
-) -> list[NodeScore]:
-    """Score every node against the fleet rate (Poisson upper tail, Bonferroni over the nodes)."""
-    if not node_days:
-        raise ConfigError("no node exposure given", "lemon scoring needs node-days for every node")
-    for node, d in node_days.items():
-        if not (d >= 0 and math.isfinite(d)):
-            raise ConfigError(f"node-days of {node} must be non-negative, got {d!r}")
-    unknown = set(failures_by_node) - set(node_days)
-    if unknown:
-        raise ConfigError(
-            f"failures on nodes without exposure: {', '.join(sorted(unknown))}",
-            "pass node-days for every node that failed",
-        )
-    total_days = sum(node_days.values())
-    total_fail = sum(failures_by_node.values())
-    if total_days <= 0:
-        raise ConfigError("total node-days is zero")
-    rate = total_fail / total_days
-    threshold = alpha / len(node_days)
-    out = []
-    for node, days in node_days.items():
-        k = int(failures_by_node.get(node, 0))
-        mu = rate * days
-        p = poisson_sf(k, mu)
-        lemon = k >= min_failures and p < threshold
-        ratio = k / mu if mu > 0 else (math.inf if k else 0.0)
-        reason = (
-            f"{node}: {k} failures in {days:.1f} node-days, fleet rate predicts {mu:.2f}; "
-            f"P(>= {k}) = {p:.2e} {'<' if p < threshold else '>='} {threshold:.1e} (alpha/nodes)"
-        )
-        out.append(NodeScore(node, k, days, mu, ratio, p, lemon, reason))
-    out.sort(key=lambda s: (s.p_value, -s.failures))
-    return out
-
-
 # --- from ledger events ------------------------------------------------------------------------
 
 
@@ -294,17 +199,7 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
             cur if cur != (0, 0) or not attempts else (attempts[0].world_size, max(1, attempts[0].num_nodes))
         )
 
-    groups: list[list[FailureDetected]] = []
-    open_group = False
-    for e in evs:
-        if isinstance(e, FailureDetected):
-            if open_group:
-                groups[-1].append(e)
-            else:
-                groups.append([e])
-                open_group = True
-        elif isinstance(e, DecisionTaken):
-            open_group = False
+    groups = failure_groups(evs)
 
     out = []
     for g in groups:

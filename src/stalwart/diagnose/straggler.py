@@ -98,3 +98,96 @@ def slow_spans(
             if w is not None:
                 start, prev, best = w, w, score
     return tuple(sorted(spans, key=lambda sp: (sp.first_step, sp.rank)))
+
+
+# --- per-step relative detection with debounce (holds under machine-wide load) -------------------
+
+
+@dataclass(frozen=True)
+class RelativeStraggler:
+    rank: int
+    ratio: float  # median of its flagged windows' scores (own work / that step's median)
+    flagged: int  # windows over the threshold among the last ``n`` seen
+    seen: int
+    first_step: int  # first step of the earliest flagged window among the last ``n``
+
+
+@dataclass(frozen=True)
+class RelativeReport:
+    stragglers: tuple[RelativeStraggler, ...]
+    windows: int  # windows with enough ranks to compare
+    reason: str
+
+
+def _own_work(s: StepCompleted) -> float:
+    if not s.sections:
+        return s.duration
+    comm = sum(v for k, v in s.sections.items() if k in COMM_SECTIONS)
+    return max(0.0, s.duration - comm)
+
+
+def relative_stragglers(
+    steps: Iterable[StepCompleted],
+    *,
+    threshold: float = 1.2,
+    window: int = 10,
+    k: int = 3,
+    n: int = 5,
+    min_ranks: int = 3,
+) -> RelativeReport:
+    """Stragglers from per-step relative times, debounced: ``k`` of the last ``n`` windows must agree.
+
+    Every rank's own-work time at step ``s`` is divided by the median over the ranks at that same
+    step, so a slowdown that hits the whole machine (all ranks slower together: I/O, a noisy
+    neighbour, a checkpoint) cancels out. A window's score is the rank's median ratio over its steps;
+    a rank is a straggler when its score exceeds ``threshold`` in at least ``k`` of the last ``n``
+    windows, so one slow window (a hiccup) does not flag it.
+    """
+    if not (1 <= k <= n) or window < 1 or min_ranks < 2:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"straggler debounce needs 1 <= k <= n, window >= 1, min_ranks >= 2 "
+            f"(got k={k}, n={n}, window={window}, min_ranks={min_ranks})"
+        )
+    by_step: dict[int, dict[int, float]] = {}
+    for s in steps:
+        by_step.setdefault(s.step, {})[s.rank] = _own_work(s)
+    ratios: dict[int, dict[int, list[float]]] = {}  # window -> rank -> ratios
+    for step, per_rank in by_step.items():
+        if len(per_rank) < min_ranks:
+            continue
+        med = statistics.median(per_rank.values())
+        if med <= 0:
+            continue
+        for r, t in per_rank.items():
+            ratios.setdefault(step // window, {}).setdefault(r, []).append(t / med)
+    need = max(1, window // 2)
+    scored = sorted(w for w, per in ratios.items() if any(len(v) >= need for v in per.values()))
+    last = scored[-n:]
+    flags: dict[int, list[tuple[int, float]]] = {}
+    for w in last:
+        for r, vals in ratios[w].items():
+            if len(vals) >= need:
+                score = statistics.median(vals)
+                if score > threshold:
+                    flags.setdefault(r, []).append((w, score))
+    out = tuple(
+        RelativeStraggler(r, statistics.median(sc for _, sc in f), len(f), len(last), f[0][0] * window)
+        for r, f in sorted(flags.items())
+        if len(f) >= k
+    )
+    if not last:
+        return RelativeReport((), 0, f"fewer than {min_ranks} ranks per step: no comparison")
+    if out:
+        worst = max(out, key=lambda s: s.ratio)
+        reason = (
+            f"rank {worst.rank} is {worst.ratio:.2f}x the per-step median in {worst.flagged} of the last "
+            f"{worst.seen} windows of {window} steps (needs {k}; threshold {threshold:g}x)"
+        )
+    else:
+        reason = (
+            f"no rank above {threshold:g}x the per-step median in {k} of the last {len(last)} windows "
+            f"of {window} steps"
+        )
+    return RelativeReport(out, len(last), reason)

@@ -1,0 +1,129 @@
+"""One incident model: what went wrong, where it sits, how sure we are, what to do and what it cost.
+
+Every diagnosis in this package (cross-layer rules, cooling and shared-cause seams, straggler
+actions, silent collectors, routing around a sick link) returns an :class:`Incident`. It is a frozen
+value: the agent logs it, turns it into an :class:`~stalwart.events.IncidentRaised` ledger event with
+:meth:`Incident.to_event`, and acts on ``action``.
+
+Cost is kept in GPU-seconds here (diagnose sits below account/ in the dependency order); the
+accounting package prices GPU-seconds with its own ``Prices``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..events import IncidentRaised
+
+
+class FaultClass(str, enum.Enum):
+    """Who owns the fix."""
+
+    USER = "user_program"  # the training script: a bug, an OOM, a desync
+    SYSTEM = "system_software"  # drivers, filesystems, collectors, the scheduler
+    HARDWARE = "hardware"  # a GPU, a link, a NIC, a PSU in one node
+    FACILITY = "facility"  # shared infrastructure: a cooling loop, a PDU, a switch
+    UNKNOWN = "unknown"
+
+
+class Component(str, enum.Enum):
+    GPU = "gpu"
+    GPU_MEMORY = "gpu_memory"
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NIC = "nic"  # a NIC/HCA
+    IB_LINK = "ib_link"
+    MOUNT = "mount"
+    COOLING = "cooling"
+    POWER = "power"
+    SWITCH = "switch"
+    STRAGGLER = "straggler"  # slow, cause not (yet) known
+    USER_CODE = "user_code"
+    COLLECTOR = "collector"  # a monitor that stopped reporting
+    COMMUNICATION = "communication"  # only when nothing below it explains the symptom
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class BlastRadius:
+    """What the cause touches: ranks, nodes and the topology domain they share (``leaf_switch:sw3``)."""
+
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    domain: str = ""  # "" = the named nodes only
+
+    def describe(self) -> str:
+        where = self.domain or (", ".join(self.nodes) if self.nodes else "unknown")
+        ranks = f" (ranks {', '.join(str(r) for r in self.ranks)})" if self.ranks else ""
+        return where + ranks
+
+
+@dataclass(frozen=True)
+class Incident:
+    cause: str  # one line naming the real cause
+    fault_class: FaultClass
+    component: Component
+    confidence: float  # 0..1
+    action: str  # recommended (or, with action_taken, carried out)
+    ts: float  # when the diagnosis was made (the injected ``now``)
+    onset: float  # best estimate of when the fault began
+    rule: str  # the rule or policy that produced it
+    evidence: tuple[str, ...] = ()
+    blast_radius: BlastRadius = field(default_factory=BlastRadius)
+    cost_gpu_s: float = 0.0
+    action_taken: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # environment changes for the next attempt (route around)
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.confidence <= 1.0):
+            raise ConfigError(f"incident confidence must be within 0..1, got {self.confidence!r}")
+        if not (self.cost_gpu_s >= 0 and math.isfinite(self.cost_gpu_s)):
+            raise ConfigError(f"incident cost must be a finite non-negative number, got {self.cost_gpu_s!r}")
+
+    @property
+    def summary(self) -> str:
+        verb = "took" if self.action_taken else "recommend"
+        cost = f"; cost {self.cost_gpu_s / 3600.0:,.2f} GPU-h" if self.cost_gpu_s else ""
+        return (
+            f"{self.cause} [{self.fault_class.value}/{self.component.value}, confidence "
+            f"{self.confidence:.2f}; {verb} {self.action}; blast radius {self.blast_radius.describe()}{cost}]"
+        )
+
+    def to_event(self, run_id: str = "", node: str = "", attempt: int = -1) -> IncidentRaised:
+        return IncidentRaised(
+            ts=self.ts,
+            run_id=run_id,
+            node=node or (self.blast_radius.nodes[0] if self.blast_radius.nodes else ""),
+            attempt=attempt,
+            rank=self.blast_radius.ranks[0] if len(self.blast_radius.ranks) == 1 else -1,
+            cause=self.cause,
+            fault_class=self.fault_class.value,
+            component=self.component.value,
+            confidence=self.confidence,
+            action=self.action,
+            action_taken=self.action_taken,
+            rule=self.rule,
+            onset=self.onset,
+            evidence=self.evidence,
+            nodes=self.blast_radius.nodes,
+            ranks=self.blast_radius.ranks,
+            domain=self.blast_radius.domain,
+            cost_gpu_s=self.cost_gpu_s,
+            env=dict(self.env),
+        )
+
+
+def slowdown_cost_gpu_s(gpus: int, slowdown: float, duration_s: float) -> float:
+    """GPU-seconds lost while a job ran ``slowdown`` times slower than normal for ``duration_s``.
+
+    In synchronous training every GPU waits for the slowest, so the lost fraction of the whole job is
+    ``1 - 1/slowdown``."""
+    if gpus < 0 or duration_s < 0 or slowdown <= 0:
+        raise ConfigError(
+            f"slowdown cost needs gpus >= 0, duration >= 0, slowdown > 0; got {gpus}, "
+            f"{duration_s}, {slowdown}"
+        )
+    return gpus * duration_s * max(0.0, 1.0 - 1.0 / slowdown)

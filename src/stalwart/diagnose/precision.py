@@ -1,0 +1,199 @@
+"""Detectors that know their precision: join each firing with what followed (pure, over events).
+
+A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``failure`` kind),
+``StragglerDetected`` (``straggler``), a failing ``HealthChecked`` (``health.<level>``). It is
+*confirmed* when, on the same rank (or node), within ``window_s``:
+
+- a ``ChaosInjected`` fault preceded it (ground truth in chaos runs);
+- a failing health check on that node (for detectors other than health itself);
+- a recovery that fixed it: a ``DecisionTaken`` excluding or draining that node, after which the
+  same detector stayed silent there for ``window_s`` while training made progress.
+
+Anything else is unconfirmed (a false positive, as far as the ledger can tell). Recall comes from
+the chaos faults: each fault kind names the detectors that should catch it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..events import ChaosInjected, DecisionTaken, Event, FailureDetected, StepCompleted, StragglerDetected
+
+FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
+
+
+class PrecisionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    window_s: float = Field(300.0, gt=0, description="how far a confirmation may be from the firing")
+    expected: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: {
+            "crash": ("crash",),
+            "exit": ("crash",),
+            "raise": ("crash", "user_error"),
+            "hang": ("hang",),
+            "slow": ("straggler",),
+            "kill-agent": ("agent_lost",),
+        },
+        description="chaos fault kind -> the detectors that should catch it",
+    )
+
+
+@dataclass(frozen=True)
+class Firing:
+    detector: str
+    ts: float
+    node: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class DetectorStats:
+    detector: str
+    firings: int
+    confirmed: int
+    faults: int  # chaos faults this detector should have caught
+    caught: int
+
+    @property
+    def precision(self) -> float | None:
+        return self.confirmed / self.firings if self.firings else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.caught / self.faults if self.faults else None
+
+
+def firings(events: Iterable[Event]) -> tuple[Firing, ...]:
+    out = []
+    for e in events:
+        if isinstance(e, FailureDetected):
+            out.append(Firing(e.failure, e.ts, e.node, e.rank))
+        elif isinstance(e, StragglerDetected):
+            out.append(Firing("straggler", e.ts, e.node, e.rank))
+        elif e.kind == "HealthChecked" and getattr(e, "status", "") == "fail":
+            out.append(Firing(f"health.{getattr(e, 'level', 'passive')}", e.ts, e.node, -1))
+    return tuple(sorted(out, key=lambda f: f.ts))
+
+
+def _same_place(f: Firing, node: str, rank: int) -> bool:
+    if f.rank >= 0 and rank >= 0:
+        return f.rank == rank
+    return bool(node) and f.node == node
+
+
+@dataclass(frozen=True)
+class _Index:
+    """The events confirmation looks at, pulled out once (a ledger is mostly StepCompleted)."""
+
+    chaos: tuple[ChaosInjected, ...]
+    health_fail: tuple[Event, ...]
+    fixes: tuple[DecisionTaken, ...]
+    step_ts: tuple[float, ...]  # sorted
+
+    @classmethod
+    def of(cls, evs: Sequence[Event]) -> _Index:
+        return cls(
+            tuple(e for e in evs if isinstance(e, ChaosInjected)),
+            tuple(e for e in evs if e.kind == "HealthChecked" and getattr(e, "status", "") == "fail"),
+            tuple(e for e in evs if isinstance(e, DecisionTaken) and e.action in FIXING_ACTIONS),
+            tuple(sorted(e.ts for e in evs if isinstance(e, StepCompleted))),
+        )
+
+    def stepped(self, after: float, until: float) -> bool:
+        i = bisect.bisect_right(self.step_ts, after)
+        return i < len(self.step_ts) and self.step_ts[i] <= until
+
+
+def _confirmed(f: Firing, ix: _Index, fires: Sequence[Firing], w: float) -> bool:
+    if any(f.ts - w <= e.ts <= f.ts and _same_place(f, e.node, e.rank) for e in ix.chaos):
+        return True
+    if not f.detector.startswith("health") and any(
+        abs(e.ts - f.ts) <= w and e.node and e.node == f.node for e in ix.health_fail
+    ):
+        return True
+    for e in ix.fixes:
+        if not f.ts <= e.ts <= f.ts + w or (e.node and f.node and e.node != f.node):
+            continue
+        again = any(g.detector == f.detector and e.ts < g.ts <= e.ts + w and g.node == f.node for g in fires)
+        if not again and ix.stepped(e.ts, e.ts + w):
+            return True
+    return False
+
+
+def detector_stats(events: Iterable[Event], cfg: PrecisionConfig | None = None) -> tuple[DetectorStats, ...]:
+    """Precision and recall per detector over one ledger (any order)."""
+    c = cfg or PrecisionConfig()
+    evs = sorted(events, key=lambda e: e.ts)
+    fires = firings(evs)
+    ix = _Index.of(evs)
+    names = sorted({f.detector for f in fires} | {d for ds in c.expected.values() for d in ds})
+    faults = ix.chaos
+    out = []
+    for name in names:
+        mine = [f for f in fires if f.detector == name]
+        confirmed = sum(1 for f in mine if _confirmed(f, ix, fires, c.window_s))
+        expected = [x for x in faults if name in c.expected.get(x.fault, ())]
+        caught = sum(
+            1
+            for x in expected
+            if any(x.ts <= f.ts <= x.ts + c.window_s and _same_place(f, x.node, x.rank) for f in mine)
+        )
+        if mine or expected:
+            out.append(DetectorStats(name, len(mine), confirmed, len(expected), caught))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    detector: str
+    mode: str  # act | observe
+    reason: str
+
+
+def precision_gate(stats: DetectorStats, threshold: float = 0.9, min_firings: int = 5) -> GateDecision:
+    """Observe-only until the detector has fired ``min_firings`` times with precision >= ``threshold``."""
+    p = stats.precision
+    if stats.firings < min_firings or p is None:
+        return GateDecision(
+            stats.detector,
+            "observe",
+            f"{stats.detector}: observe only, {stats.firings} firing(s) < {min_firings} needed "
+            f"to measure precision",
+        )
+    if p < threshold:
+        return GateDecision(
+            stats.detector,
+            "observe",
+            f"{stats.detector}: observe only, precision {p:.2f} ({stats.confirmed}/{stats.firings}) "
+            f"< {threshold:g}",
+        )
+    return GateDecision(
+        stats.detector,
+        "act",
+        f"{stats.detector}: may act, precision {p:.2f} ({stats.confirmed}/{stats.firings}) >= {threshold:g}",
+    )
+
+
+def precision_table(
+    stats: Sequence[DetectorStats], threshold: float = 0.9, min_firings: int = 5
+) -> list[str]:
+    """The per-detector table for the report (Markdown lines)."""
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v * 100:.0f}%"
+
+    lines = [
+        "| detector | firings | confirmed | precision | chaos faults | caught | recall | mode |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in stats:
+        mode = precision_gate(s, threshold, min_firings).mode
+        lines.append(
+            f"| {s.detector} | {s.firings} | {s.confirmed} | {pct(s.precision)} | {s.faults} | "
+            f"{s.caught} | {pct(s.recall)} | {mode} |"
+        )
+    return lines

@@ -1,0 +1,119 @@
+"""Crash root cause and component classes (moved here from launch/failure.py and account/reliability.py).
+
+- :func:`classify`: a failed worker's exit is ``exception`` (user code), ``peer_lost`` (a comm error:
+  the cause is elsewhere) or ``crash`` (killed by a signal, or no error record);
+- :func:`component_class`: the component class of a failure from its evidence text (coarsened from
+  the Llama 3 interruption table, arXiv 2407.21783, Table 5), then from the failure kind;
+- :func:`incident_class`: the same class as the incident model's (FaultClass, Component).
+
+The agent (launch/) and the accounting (account/) are meant to call these; their own copies go
+away when they are re-pointed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .incident import Component, FaultClass
+
+# Exceptions that say "a peer or the network went away". Whole words and phrases only: a user's
+# "restore_from" or "/data/datastore" must not read as a store failure.
+COMM_TYPES = re.compile(r"\b(DistBackendError|DistNetworkError|DistStoreError|DistError)$")
+COMM_TEXT = re.compile(
+    r"(\bgloo\b|\bnccl\b|\bc10d\b|connection (reset|closed|refused)|broken pipe|\btimed out\b|"
+    r"\bProcessGroup\w*|read error|transport/tcp|\brendezvous (closed|timed out|failed)\b)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    type: str
+    message: str
+    step: int
+    ts: float
+    traceback: str = ""
+
+    @property
+    def signature(self) -> str:
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.type.rsplit('.', 1)[-1]}: {first[:200]}"
+
+    @property
+    def is_comm_error(self) -> bool:
+        return bool(COMM_TYPES.search(self.type) or COMM_TEXT.search(self.message[:500]))
+
+
+def read_error(path: Path) -> ErrorRecord | None:
+    """A worker's error file (JSON, never unpickled); ``None`` when missing or malformed."""
+    try:
+        data = json.loads(path.read_text())
+        step = data.get("step")
+        return ErrorRecord(
+            type=str(data["type"]),
+            message=str(data.get("message", "")),
+            step=int(step) if step is not None else -1,
+            ts=float(data.get("ts", 0.0)),
+            traceback=str(data.get("traceback", "")),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def classify(code: int, error: ErrorRecord | None) -> str:
+    """``exception`` (user code), ``peer_lost`` (comm error: the cause is elsewhere) or ``crash``."""
+    if error is not None and code > 0:
+        return "peer_lost" if error.is_comm_error else "exception"
+    return "crash"
+
+
+# (pattern over "failure evidence error_type error_message", component class), first match wins.
+COMPONENT_RULES: tuple[tuple[str, str], ...] = (
+    (r"\bxid\s*(48|63|64|92|94|95)\b|\becc\b|hbm|row.?remap|dbe\b", "gpu_memory"),
+    (r"\bxid\s*(74)\b|nvlink", "nvlink"),
+    (r"\bxid\s*(79)\b|fallen off the bus|\bxid\b|gpu (lost|error)|cuda error", "gpu"),
+    (r"nccl.*(watchdog|timeout)|collective.*timed? ?out", "nccl_timeout"),
+    (r"infiniband|\bib\b|mlx|\bnic\b|link (down|flap)|network", "network"),
+    (r"\bssd\b|nvme|filesystem|i/o error|disk", "storage"),
+    (r"power|psu\b|thermal|overheat", "power_thermal"),
+    (r"out of memory|\boom\b|segmentation fault|sigsegv|traceback|exception", "software"),
+)
+FAILURE_DEFAULTS: Mapping[str, str] = {
+    "crash": "software",
+    "hang": "hang",
+    "agent_lost": "host",
+    "peer_lost": "unknown",
+    "preempted": "planned",
+    "user_error": "user",
+}
+
+
+def component_class(failure: str, evidence: str = "", error_type: str = "", error_message: str = "") -> str:
+    """Component class of a failure, from the evidence text first, then the failure kind."""
+    text = f"{evidence} {error_type} {error_message}".lower()
+    for pattern, cls in COMPONENT_RULES:
+        if re.search(pattern, text):
+            return cls
+    return FAILURE_DEFAULTS.get(failure, "unknown")
+
+
+_INCIDENT_CLASS: Mapping[str, tuple[FaultClass, Component]] = {
+    "gpu_memory": (FaultClass.HARDWARE, Component.GPU_MEMORY),
+    "nvlink": (FaultClass.HARDWARE, Component.NVLINK),
+    "gpu": (FaultClass.HARDWARE, Component.GPU),
+    "nccl_timeout": (FaultClass.UNKNOWN, Component.COMMUNICATION),
+    "network": (FaultClass.HARDWARE, Component.IB_LINK),
+    "storage": (FaultClass.SYSTEM, Component.MOUNT),
+    "power_thermal": (FaultClass.HARDWARE, Component.POWER),
+    "software": (FaultClass.USER, Component.USER_CODE),
+    "user": (FaultClass.USER, Component.USER_CODE),
+}
+
+
+def incident_class(component: str) -> tuple[FaultClass, Component]:
+    """The incident model's (class, component) for a :func:`component_class` result."""
+    return _INCIDENT_CLASS.get(component, (FaultClass.UNKNOWN, Component.UNKNOWN))

@@ -1,0 +1,132 @@
+"""Straggler -> action: keep going slow, or restart without the slow node? (pure policy)
+
+Both options are priced in GPU-seconds of the job's reservation (every reserved GPU for every
+extra second of wall clock):
+
+- continue: ``(slowdown - 1) x step_time x remaining_steps x gpus``; the whole job runs at the
+  straggler's pace;
+- exclude: ``gpus x (recovery_s + remaining_time x (W / W' - 1))``; the restart's downtime, plus the
+  longer run at the next valid world size ``W'`` (the same size when a hot spare steps in). The plan
+  comes from :func:`stalwart.launch.world_size.replace_failed`.
+
+It acts only when the detection is confident enough, the slowdown is above the noise floor, and
+excluding is cheaper by a margin; otherwise it keeps going and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ConfigError
+from ..launch.world_size import SizeRule, WorldPlan, replace_failed
+from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
+
+
+class StragglerActionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_confidence: float = Field(0.8, ge=0, le=1, description="act only on detections at least this sure")
+    min_slowdown: float = Field(1.1, ge=1, description="below this the slowdown is noise: never act")
+    margin: float = Field(1.5, ge=1, description="continuing must cost this many times more than excluding")
+    recovery_s: float = Field(300.0, ge=0, description="restart + reload until the first productive step")
+
+
+@dataclass(frozen=True)
+class StragglerCase:
+    node: str
+    rank: int
+    slowdown: float  # job step time with the straggler / without it
+    confidence: float  # 0..1, from the detector (e.g. k-of-n windows agreeing)
+    since: float
+
+    def __post_init__(self) -> None:
+        if not (self.slowdown > 0 and 0.0 <= self.confidence <= 1.0):
+            raise ConfigError(
+                f"straggler case needs slowdown > 0 and confidence in 0..1, got "
+                f"{self.slowdown!r}, {self.confidence!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Workload:
+    plan: WorldPlan  # the current world: active nodes, spares
+    step_time_s: float  # healthy step time at the current world size
+    remaining_steps: int
+    min_nodes: int
+    max_nodes: int
+    rule: SizeRule = SizeRule()
+
+
+@dataclass(frozen=True)
+class StragglerDecision:
+    action: str  # exclude_quarantine | keep
+    reason: str
+    continue_cost_gpu_s: float
+    exclude_cost_gpu_s: float
+    next_plan: WorldPlan | None
+    incident: Incident
+
+    @property
+    def exclude(self) -> bool:
+        return self.action == "exclude_quarantine"
+
+
+def decide_straggler(
+    case: StragglerCase, work: Workload, now: float, cfg: StragglerActionConfig | None = None
+) -> StragglerDecision:
+    c = cfg or StragglerActionConfig()
+    gpus = work.plan.world_size
+    remaining_s = work.step_time_s * max(0, work.remaining_steps)
+    cont = max(0.0, case.slowdown - 1.0) * remaining_s * gpus
+    nxt = replace_failed(work.plan, [case.node], work.min_nodes, work.max_nodes, work.rule)
+    if nxt.runnable:
+        shrink = gpus / nxt.world_size - 1.0
+        excl = gpus * (c.recovery_s + remaining_s * shrink)
+        how = (
+            f"hot spare keeps {nxt.world_size} processes"
+            if nxt.world_size == gpus
+            else f"next valid size {nxt.world_size} of {gpus} processes"
+        )
+    else:
+        excl = float("inf")
+        how = "no valid world size without it"
+    costs = f"continuing slow costs {cont / 3600:,.1f} GPU-h, restarting without {case.node} {excl / 3600:,.1f} GPU-h ({how})"
+    if case.slowdown < c.min_slowdown:
+        action, why = "keep", f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
+    elif case.confidence < c.min_confidence:
+        action, why = (
+            "keep",
+            (
+                f"keep going (observe): detection confidence {case.confidence:.2f} "
+                f"< {c.min_confidence:g}; {costs}"
+            ),
+        )
+    elif not nxt.runnable:
+        action, why = "keep", f"keep going: {nxt.reason}"
+    elif cont > c.margin * excl:
+        action, why = "exclude_quarantine", f"exclude {case.node} and quarantine it: {costs}"
+    else:
+        action, why = "keep", f"keep going: {costs}; excluding pays off only above {c.margin:g}x"
+    lead = f"rank {case.rank} on {case.node} makes the job {case.slowdown:.2f}x slower"
+    incident = Incident(
+        cause=f"straggler: {lead}",
+        fault_class=FaultClass.UNKNOWN,
+        component=Component.STRAGGLER,
+        confidence=case.confidence,
+        action=action,
+        ts=now,
+        onset=case.since,
+        rule="policy:straggler-action",
+        evidence=(why, f"{work.remaining_steps} steps of {work.step_time_s:g} s left on {gpus} processes"),
+        blast_radius=BlastRadius(nodes=(case.node,), ranks=(case.rank,)),
+        cost_gpu_s=slowdown_cost_gpu_s(gpus, case.slowdown, max(0.0, now - case.since)),
+    )
+    return StragglerDecision(action, why, cont, excl, nxt if nxt.runnable else None, incident)
+
+
+def confidence_from_windows(flagged: int, seen: int, k: int) -> float:
+    """A detector confidence from k-of-n debouncing: 0 below k, rising to 1 when every window agrees."""
+    if seen <= 0 or flagged < k:
+        return 0.0
+    return round(0.5 + 0.5 * flagged / seen, 4)

@@ -1,0 +1,352 @@
+"""Warm worker starts: a fork server that has already imported torch and the script's imports.
+
+A cold restart pays, per worker, the interpreter start and ``import torch`` (about 2 s of CPU
+each; four workers on two cores take ~14 s before the first step). The fork server is one process
+per agent that imports those modules once and then forks a worker per request, so a replacement
+worker starts in milliseconds with the imports already done. What stays per worker: running the
+script from its top (model construction, ``init_process_group``, the checkpoint load).
+
+How a worker becomes the agent's child. The server forks an intermediate child which forks the
+worker and exits at once; the agent is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so the
+orphaned worker is re-parented to the agent, which then waits for it like any child of its own
+(``os.waitpid``): exit codes and signals are exact, and PDEATHSIG ties the worker to the agent
+again once it is re-parented.
+
+Forking is only safe from a single-threaded process: the server checks ``/proc/self/task`` before
+every fork and refuses (the agent then falls back to a cold start, with the reason) if any import
+started a thread. A server that dies, hangs (every request has a deadline) or fails a request
+gives a ``ForkServerError``; the agent falls back to cold starts with that reason in the ledger.
+
+Wire format: one JSON object per line each way on a Unix socket pair; the worker's inherited file
+descriptors (its IPC pipe) travel with the request as SCM_RIGHTS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+DEFAULT_PRELOAD = (
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.distributed",
+    "torch.optim",
+    "torch.distributed.checkpoint",
+    "numpy",
+    "stalwart.train",
+)
+
+
+class ForkServerError(RuntimeError):
+    """The warm path failed; the caller falls back to a cold start."""
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux >= 3.4)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def script_imports(script: str, module: bool) -> list[str]:
+    """Top-level modules a script imports (parsed, not run), for the server to preload."""
+    import ast
+    import importlib.util
+
+    path: str | None = script
+    if module:
+        try:
+            spec = importlib.util.find_spec(script)
+        except (ImportError, ValueError):
+            return []
+        path = spec.origin if spec is not None else None
+    if not path or not path.endswith(".py"):
+        return []
+    try:
+        tree = ast.parse(Path(path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return list(dict.fromkeys(n for n in names if n != "__future__"))
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a request asks the server to start."""
+
+    argv: tuple[str, ...]  # the script path (or module with ``-m``) and its arguments, no interpreter
+    module: bool
+    env: dict[str, str]
+    cwd: str
+    log: str = ""  # file for stdout and stderr; "" keeps the server's (the agent's) streams
+
+
+class ForkServer:
+    """The agent's handle on one fork-server process."""
+
+    def __init__(
+        self,
+        python: str,
+        preload: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        if not become_subreaper():
+            raise ForkServerError(
+                "this kernel does not let the agent adopt forked workers (PR_SET_CHILD_SUBREAPER)"
+            )
+        self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._buf = b""
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                python,
+                "-c",
+                "from stalwart.launch.forkserver import _serve; _serve()",
+                str(child.fileno()),
+                json.dumps(preload),
+            ],
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        hello = self._reply(ready_timeout_s)
+        if not hello.get("ok"):
+            self.close()
+            raise ForkServerError(f"fork server did not start: {hello.get('error', 'no reason given')}")
+        self.preloaded: list[str] = hello.get("loaded", [])
+        self.failed_imports: dict[str, str] = hello.get("failed", {})
+        self.ready_s = time.monotonic() - started
+
+    def _reply(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ForkServerError(f"fork server gave no answer within {timeout_s:.0f}s")
+            ready, _, _ = select.select([self._sock], [], [], left)
+            if not ready:
+                continue
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ForkServerError(f"fork server exited (code {self.proc.poll()})")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise ForkServerError(f"fork server sent garbage: {line[:80]!r}") from exc
+
+    def spawn(self, start: WarmStart, *, fds: tuple[int, ...] = (), timeout_s: float = 10.0) -> int:
+        """Start one worker; return its pid (a child of this process once re-parented)."""
+        if self.proc.poll() is not None:
+            raise ForkServerError(f"fork server is gone (exit code {self.proc.returncode})")
+        msg = (
+            json.dumps(
+                {
+                    "argv": list(start.argv),
+                    "module": start.module,
+                    "env": start.env,
+                    "cwd": start.cwd,
+                    "log": start.log,
+                    "fds": list(fds),
+                }
+            ).encode()
+            + b"\n"
+        )
+        try:
+            socket.send_fds(self._sock, [msg], list(fds))
+        except OSError as exc:
+            raise ForkServerError(f"cannot reach the fork server: {exc}") from exc
+        reply = self._reply(timeout_s)
+        if not reply.get("ok"):
+            raise ForkServerError(str(reply.get("error", "the fork server refused the request")))
+        return int(reply["pid"])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop the server (its idle state holds memory and a process)."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(grace_s)  # it exits when its socket closes
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --- the server process -------------------------------------------------------------------------
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+_AGENT_PID = 0  # the server's parent: the agent that adopts its workers
+
+
+def _serve() -> None:
+    global _AGENT_PID
+    _AGENT_PID = os.getppid()
+    fd, preload = int(sys.argv[1]), json.loads(sys.argv[2])
+    sock = socket.socket(fileno=fd)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the agent
+    loaded, failed = [], {}
+    for name in preload:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except BaseException as exc:  # noqa: BLE001 - a module that fails here fails in the worker, visibly
+            failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+    if _threads() > 1:
+        _send(
+            sock,
+            {
+                "ok": False,
+                "error": f"an import started {_threads() - 1} thread(s); forking is unsafe "
+                f"(preloaded: {', '.join(loaded)})",
+            },
+        )
+        return
+    _send(sock, {"ok": True, "loaded": loaded, "failed": failed})
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    buf = b""
+    pending_fds: list[int] = []
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+        except OSError:
+            return
+        if not data:
+            return  # the agent closed its end: done
+        buf += data
+        pending_fds.extend(fds)
+        while b"\n" in buf:
+            line, _, buf = buf.partition(b"\n")
+            req = json.loads(line)
+            mine, pending_fds = pending_fds[: len(req.get("fds", []))], pending_fds[len(req.get("fds", [])) :]
+            _send(sock, _fork_worker(req, mine, sock))
+            for f in mine:
+                os.close(f)
+
+
+def _send(sock: socket.socket, obj: dict) -> None:
+    sock.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _fork_worker(req: dict, fds: list[int], sock: socket.socket) -> dict:
+    if _threads() > 1:
+        return {"ok": False, "error": "the fork server has started threads; forking is unsafe"}
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the intermediate child: fork the worker, report its pid, exit
+        os.close(r)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                _become_worker(req, fds, sock)  # never returns
+            os.write(w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    raw = b""
+    while chunk := os.read(r, 64):
+        raw += chunk
+    os.close(r)
+    os.waitpid(middle, 0)
+    if not raw:
+        return {"ok": False, "error": "the worker could not be forked"}
+    return {"ok": True, "pid": int(raw)}
+
+
+def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
+    import runpy
+
+    code = 1
+    try:
+        sock.close()
+        agent = _AGENT_PID
+        deadline = time.monotonic() + 5.0
+        while agent and os.getppid() != agent and time.monotonic() < deadline:
+            time.sleep(0.001)  # wait to be adopted by the agent (the subreaper)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if agent and os.getppid() != agent:
+            os._exit(70)  # the agent died meanwhile
+        # the fds the worker expects (its IPC pipe) at the numbers named in its environment
+        for want, got in zip(req.get("fds", []), fds, strict=False):
+            if want != got:
+                os.dup2(got, want)
+                os.close(got)
+            os.set_inheritable(want, True)
+        if req.get("log"):
+            out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        argv = list(req["argv"])
+        sys.argv = argv[:]
+        sys.path[0] = "" if req["module"] else os.path.dirname(os.path.abspath(argv[0]))
+        if req["module"]:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as the interpreter would: print through the excepthook, exit 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        import atexit
+
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            os._exit(code)

@@ -1,0 +1,104 @@
+"""Straggler -> action: exclude when continuing slow costs more than restarting without the node."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.diagnose.straggler_action import (
+    StragglerActionConfig,
+    StragglerCase,
+    Workload,
+    confidence_from_windows,
+    decide_straggler,
+)
+from stalwart.errors import ConfigError
+from stalwart.launch.world_size import SizeRule, plan_world
+
+NODES = [f"n{i}" for i in range(8)]
+
+
+def work(nodes=NODES, remaining_steps=20_000, step_time_s=2.0, rule=SizeRule()):
+    return Workload(
+        plan=plan_world(nodes, 8, 1, 8, rule),
+        step_time_s=step_time_s,
+        remaining_steps=remaining_steps,
+        min_nodes=1,
+        max_nodes=8,
+        rule=rule,
+    )
+
+
+def test_a_costly_straggler_is_excluded_at_the_next_valid_size():
+    # 8 nodes x 8 = 64 processes, power-of-two rule: without n3 the next valid size is 4 nodes (32)
+    d = decide_straggler(StragglerCase("n3", 27, slowdown=3.0, confidence=0.95, since=0.0), work(), now=600.0)
+    assert d.exclude and d.action == "exclude_quarantine"
+    assert d.next_plan is not None and d.next_plan.world_size == 32 and "n3" not in d.next_plan.active
+    # continuing: 2.0 x 40000 s x 64; excluding: 64 x (300 + 40000 x (64/32 - 1))
+    assert d.continue_cost_gpu_s == pytest.approx(2.0 * 40_000 * 64)
+    assert d.exclude_cost_gpu_s == pytest.approx(64 * (300 + 40_000))
+    assert d.reason.startswith("exclude n3 and quarantine it: continuing slow costs")
+    assert "next valid size 32 of 64 processes" in d.reason
+    assert d.incident.action == "exclude_quarantine" and d.incident.blast_radius.ranks == (27,)
+    assert d.incident.cost_gpu_s == pytest.approx(64 * 600 * (1 - 1 / 3.0))  # slow so far
+
+
+def test_a_mild_straggler_is_kept_because_a_shrink_costs_more():
+    d = decide_straggler(
+        StragglerCase("n3", 27, slowdown=1.15, confidence=0.95, since=0.0), work(), now=600.0
+    )
+    assert d.action == "keep" and not d.exclude
+    assert d.continue_cost_gpu_s < d.exclude_cost_gpu_s
+    assert d.reason.startswith("keep going: continuing slow costs") and "pays off only above 1.5x" in d.reason
+
+
+def test_with_a_hot_spare_even_a_mild_straggler_is_worth_excluding():
+    d = decide_straggler(
+        StragglerCase("n3", 27, slowdown=1.15, confidence=0.95, since=0.0),
+        work(nodes=NODES + ["spare1"]),
+        now=600.0,
+    )
+    assert d.exclude and d.next_plan.world_size == 64 and "spare1" in d.next_plan.active
+    assert d.exclude_cost_gpu_s == pytest.approx(64 * 300)
+    assert "hot spare keeps 64 processes" in d.reason
+
+
+def test_near_the_end_of_training_keep_going():
+    d = decide_straggler(
+        StragglerCase("n3", 27, 1.5, 0.95, 0.0), work(nodes=NODES + ["s"], remaining_steps=100), now=10.0
+    )
+    assert d.action == "keep"  # 100 steps x 2 s x 0.5 x 64 < 1.5 x 300 s x 64
+
+
+def test_never_acts_on_noise_or_low_confidence():
+    low = decide_straggler(StragglerCase("n3", 27, 3.0, confidence=0.6, since=0.0), work(), now=1.0)
+    assert low.action == "keep" and "confidence 0.60 < 0.8" in low.reason
+    noise = decide_straggler(StragglerCase("n3", 27, 1.05, 1.0, 0.0), work(nodes=NODES + ["s"]), now=1.0)
+    assert noise.action == "keep" and "below the noise floor 1.1x" in noise.reason
+    strict = decide_straggler(
+        StragglerCase("n3", 27, 3.0, 0.9, 0.0),
+        work(),
+        now=1.0,
+        cfg=StragglerActionConfig(min_confidence=0.95),
+    )
+    assert strict.action == "keep"
+
+
+def test_no_valid_world_without_the_node_keeps_going():
+    w = Workload(
+        plan=plan_world(["a", "b"], 8, 2, 2), step_time_s=1.0, remaining_steps=10**6, min_nodes=2, max_nodes=2
+    )
+    d = decide_straggler(StragglerCase("a", 0, 3.0, 1.0, 0.0), w, now=1.0)
+    assert d.action == "keep" and d.next_plan is None and "cannot run" in d.reason
+
+
+def test_bad_case_is_refused():
+    with pytest.raises(ConfigError, match="slowdown > 0"):
+        StragglerCase("n3", 1, slowdown=0.0, confidence=0.9, since=0.0)
+    with pytest.raises(ConfigError):
+        StragglerCase("n3", 1, slowdown=1.5, confidence=1.5, since=0.0)
+
+
+def test_confidence_from_windows():
+    assert confidence_from_windows(2, 5, 3) == 0.0
+    assert confidence_from_windows(3, 5, 3) == pytest.approx(0.8)
+    assert confidence_from_windows(5, 5, 3) == pytest.approx(1.0)

@@ -1,0 +1,60 @@
+"""The soak's pure parts: plans it draws and how it sums up runs."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+from stalwart.chaos.soak import (
+    BETWEEN,
+    KINDS,
+    REQUEUERS,
+    PlannedFault,
+    RunResult,
+    SoakConfig,
+    draw_plan,
+    summarize,
+)
+
+
+def test_plans_are_valid_for_the_job():
+    cfg = SoakConfig(workdir=Path("/nonexistent"), steps=24, every=4, nproc=3)
+    rng = random.Random(7)
+    seen = Counter()
+    for _ in range(500):
+        plan = draw_plan(rng, cfg)
+        kinds = [f.kind for f in plan]
+        seen.update(kinds)
+        assert len(kinds) == len(set(kinds)), "one fault of each kind per run"
+        assert sum(k.startswith("full-disk") for k in kinds) <= 1
+        if any(k in BETWEEN for k in kinds):
+            assert any(k in REQUEUERS for k in kinds), "damage between jobs needs a job that ends early"
+        assert all(0 <= f.rank < cfg.nproc and 0 < f.step < cfg.steps for f in plan)
+        assert [f.step for f in plan] == sorted(f.step for f in plan)
+    assert set(seen) == set(KINDS), "every kind is drawn"
+
+
+def test_flags_match_the_chaos_syntax():
+    assert PlannedFault("crash", 6, 1).flag() == "crash@rank=1,step=6"
+    assert PlannedFault("kill-agent", 9).flag() == "kill-agent@node=0,step=9"
+    assert PlannedFault("corrupt-checkpoint", 12).flag() == "corrupt-checkpoint@step=12"
+
+
+def test_summary_counts_problems_and_identical_ends():
+    a = RunResult(0, (), fired=Counter({"crash": 2}), exit_codes=[0], bit_identical=True)
+    b = RunResult(
+        1,
+        (),
+        fired=Counter({"crash": 1, "sigkill-agent": 1}),
+        exit_codes=[76, 0],
+        bit_identical=False,
+        false_verdicts=["job 0: exit 76 but nothing saved"],
+    )
+    c = RunResult(2, (), exit_codes=[75], tool_hangs=1, wrong_resumes=["x"], lost_versions=["y", "z"])
+    s = summarize([a, b, c])
+    assert s.faults == {"crash": 3, "sigkill-agent": 1} and s.total_faults == 4
+    assert (s.runs, s.finished, s.bit_identical, s.not_identical) == (3, 2, 1, 1)
+    assert (s.false_verdicts, s.wrong_resumes, s.versions_lost, s.tool_hangs) == (1, 1, 2, 1)
+    assert not s.clean
+    assert summarize([a]).clean
