@@ -30,6 +30,19 @@ class LedgerError(StalwartError):
     """A ledger file is missing, unreadable, foreign or corrupt."""
 
 
+class LedgerNotReadyError(LedgerError):
+    """A ledger file exists but its writer has not finished creating it yet (retry shortly)."""
+
+
+class LedgerFullError(LedgerError):
+    """The ledger could not be written because the disk (or quota) is full.
+
+    Exit 75: an infrastructure fault, not bad input; the agent turns it into a verdict.
+    """
+
+    exit_code = 75
+
+
 class CheckpointError(StalwartError):
     """A checkpoint cannot be written or no checkpoint can be trusted."""
 

@@ -72,7 +72,8 @@ class RunDir:
         return self.control / f"{node}-{pid}-a{attempt}.bin"
 
     def create(self) -> RunDir:
+        # private: ledgers hold stacks, command lines and host names (existing directories keep their mode)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs):
-            # checkpoints are private: a group-writable one (umask 002) is refused when loading
-            p.mkdir(parents=True, exist_ok=True, mode=0o700 if p == self.checkpoints else 0o777)
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self

@@ -10,14 +10,15 @@ from typing import Any
 
 from ..diagnose.straggler_episodes import episodes
 from ..events import CheckpointRejected, StepCompleted
-from ..ledger import read_merged
+from ..ledger import read_available
 from .goodput import BUCKETS, compute
 from .reliability import interruptions_from_events, mtbf, mttr
 
 
 def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     """The report as plain data: what ``--json`` prints and what the library returns."""
-    events = read_merged(location)
+    read = read_available(location)
+    events = read.events
     gp = compute(events)
     rel = interruptions_from_events(events)
     rep_mttr = mttr(rel.interruptions)
@@ -62,6 +63,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             for e in rejected
         ],
         "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
+        "skipped": [{"path": str(sk.path), "reason": sk.reason, "rows": sk.rows} for sk in read.skipped],
     }
 
 
@@ -142,6 +144,9 @@ def render(rep: dict[str, Any], console=None) -> None:
         f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
         f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
     )
+    for sk in rep.get("skipped", ()):
+        what = f"{sk['rows']} row(s) of" if sk["rows"] else "ledger"
+        say(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
     spans = rep["stragglers"]["spans"]
     say(f"stragglers (as detected live): {len(spans) or 'none'}")
     for sp in spans:

@@ -24,14 +24,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import FaultPlanError
+from ..inputs import parse_yaml, read_text_file
 
 WORKER_FAULTS = ("crash", "exit", "raise", "hang", "slow")
 AGENT_FAULTS = ("kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
 KINDS = WORKER_FAULTS + AGENT_FAULTS
 _KEYS = {"rank", "step", "factor", "node", "from", "to", "id"}
+MAX_FAULTS = 1000  # a plan is a handful of faults; thousands are a mistake (and blow the env size)
+MAX_PLAN_BYTES = 1 << 20
+MAX_SPEC_CHARS = 1000
+MAX_INDEX = 2**31 - 1  # ranks, steps and node indexes
 
 
 @dataclass(frozen=True)
@@ -86,25 +89,48 @@ class FaultPlan:
     def describe(self) -> list[str]:
         return [f.describe() for f in self.faults]
 
+    def check_world(self, world_size: int, nnodes: int) -> None:
+        """Refuse faults aimed at a rank or node index the job does not have (they would never fire)."""
+        for f in self.faults:
+            if f.rank is not None and f.rank >= world_size:
+                raise FaultPlanError(
+                    f"fault '{f.describe()}' targets rank {f.rank}, but the job has ranks 0..{world_size - 1}"
+                )
+            if f.node is not None and f.node >= nnodes:
+                raise FaultPlanError(
+                    f"fault '{f.describe()}' targets node {f.node}, but the job has nodes 0..{nnodes - 1}"
+                )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
 
 def _int(kind: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise FaultPlanError(f"fault {kind!r}: {key}={_shown(value)} is not an integer")
     try:
-        out = int(str(value))
+        out = int(value) if isinstance(value, int) else int(value.strip()) if len(value) <= 20 else None
     except ValueError:
-        raise FaultPlanError(f"fault {kind!r}: {key}={value!r} is not an integer") from None
+        out = None
+    if out is None:
+        raise FaultPlanError(f"fault {kind!r}: {key}={_shown(value)} is not an integer")
     if out < 0:
         raise FaultPlanError(f"fault {kind!r}: {key}={out} must be >= 0")
+    if out > MAX_INDEX:
+        raise FaultPlanError(f"fault {kind!r}: {key}={out} must be at most {MAX_INDEX}")
     return out
 
 
 def make_fault(kind: str, params: dict[str, Any]) -> Fault:
     kind = kind.strip().lower().replace("_", "-")
     if kind not in KINDS:
-        raise FaultPlanError(f"unknown fault {kind!r}", f"use one of: {', '.join(KINDS)}")
-    unknown = set(params) - _KEYS
+        raise FaultPlanError(f"unknown fault {_shown(kind)}", f"use one of: {', '.join(KINDS)}")
+    unknown = {str(k)[:40] for k in params if k not in _KEYS}
     if unknown:
         raise FaultPlanError(
-            f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown))}",
+            f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown)[:5])}",
             f"allowed: {', '.join(sorted(_KEYS))}",
         )
     rank = _int(kind, "rank", params["rank"]) if "rank" in params else None
@@ -112,10 +138,13 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
     node = _int(kind, "node", params["node"]) if "node" in params else None
     factor = 1.0
     if "factor" in params:
+        raw = params["factor"]
         try:
-            factor = float(params["factor"])
-        except ValueError:
-            raise FaultPlanError(f"fault {kind!r}: factor={params['factor']!r} is not a number") from None
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)) or len(str(raw)) > 30:
+                raise ValueError
+            factor = float(raw)
+        except (ValueError, OverflowError):
+            raise FaultPlanError(f"fault {kind!r}: factor={_shown(raw)} is not a number") from None
     if kind in WORKER_FAULTS and rank is None:
         raise FaultPlanError(f"fault {kind!r} needs rank=", f"e.g. {kind}@rank=1,step=40")
     if (
@@ -144,8 +173,19 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         factor=factor,
         start=start,
         stop=stop,
-        ident=str(params.get("id", "")),
+        ident=_ident(kind, params.get("id", "")),
     )
+
+
+def _ident(kind: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise FaultPlanError(f"fault {kind!r}: id={_shown(value)} must be a short name")
+    text = str(value)
+    if len(text) > 64 or not all(c.isalnum() or c in "-_." for c in text):
+        raise FaultPlanError(
+            f"fault {kind!r}: id={_shown(value)} must be a short name", "letters, digits, -_."
+        )
+    return text
 
 
 def parse_spec(spec: str) -> Fault:
@@ -153,6 +193,8 @@ def parse_spec(spec: str) -> Fault:
     spec = spec.strip()
     if not spec:
         raise FaultPlanError("empty fault spec", "e.g. crash@rank=1,step=40")
+    if len(spec) > MAX_SPEC_CHARS:
+        raise FaultPlanError(f"fault spec of {len(spec):,} characters (at most {MAX_SPEC_CHARS})")
     kind, _, rest = spec.partition("@")
     params: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
@@ -175,24 +217,24 @@ def split_specs(specs: list[str]) -> list[str]:
 
 def load_plan_file(path: str | Path) -> FaultPlan:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise FaultPlanError(f"fault plan {p} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise FaultPlanError(f"fault plan {p} is not valid YAML: {exc}".splitlines()[0]) from None
+    text = read_text_file(p, MAX_PLAN_BYTES, "fault plan", error=FaultPlanError)
+    data = parse_yaml(text, f"fault plan {p}", error=FaultPlanError)
     if isinstance(data, dict) and "faults" in data:
         data = data["faults"]
     if not isinstance(data, list):
         raise FaultPlanError(f"fault plan {p} must be a list of faults (or {{faults: [...]}})")
+    if len(data) > MAX_FAULTS:
+        raise FaultPlanError(f"fault plan {p} has {len(data):,} faults (at most {MAX_FAULTS})")
     faults = []
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "fault" not in item:
             raise FaultPlanError(
                 f"fault plan {p}: entry {i} needs a 'fault:' key", "e.g. - {fault: crash, rank: 1, step: 40}"
             )
+        if not isinstance(item["fault"], str):
+            raise FaultPlanError(f"fault plan {p}: entry {i}: 'fault:' must be a fault name, e.g. crash")
         params = {k: v for k, v in item.items() if k != "fault"}
-        faults.append(make_fault(str(item["fault"]), params))
+        faults.append(make_fault(item["fault"], params))
     return FaultPlan(tuple(faults))
 
 
@@ -200,7 +242,10 @@ def build_plan(specs: list[str] | None = None, plan_file: str | Path | None = No
     faults: list[Fault] = []
     if plan_file:
         faults.extend(load_plan_file(plan_file).faults)
-    for s in split_specs(specs or []):
+    flags = split_specs(specs or [])
+    if len(faults) + len(flags) > MAX_FAULTS:
+        raise FaultPlanError(f"the fault plan has {len(faults) + len(flags):,} faults (at most {MAX_FAULTS})")
+    for s in flags:
         faults.append(parse_spec(s))
     markers = [f.marker() for f in faults]
     if len(set(markers)) != len(markers):

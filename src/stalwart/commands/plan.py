@@ -40,9 +40,11 @@ def register(app: typer.Typer) -> None:
 
         if plot_format not in ("png", "svg"):
             raise ConfigError(f"unknown plot format {plot_format!r}", "use png or svg")
+        from ..sim.config import MAX_GPUS
+
         for g in scale_to:
-            if g <= 0:
-                raise ConfigError(f"--scale-to must be a positive number of GPUs, got {g}")
+            if not 0 < g <= MAX_GPUS:
+                raise ConfigError(f"--scale-to must be a number of GPUs in 1..{MAX_GPUS:,}, got {g}")
         values = build_values(
             load_config_file(config),
             gpus=gpus,

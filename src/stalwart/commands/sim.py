@@ -14,14 +14,9 @@ from ..errors import ConfigError
 def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    import yaml
+    from ..inputs import parse_yaml, read_text_file
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read simulator config {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"simulator config {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+    data = parse_yaml(read_text_file(path, 1 << 20, "simulator config"), f"simulator config {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -50,8 +45,8 @@ def build_values(
     """Flags override the file; the file overrides the defaults."""
     from ..sim.config import llama3_failure_mix
 
-    if not rate_scale >= 0:
-        raise ConfigError(f"--rate-scale must be non-negative, got {rate_scale}")
+    if not 0 <= rate_scale < float("inf"):
+        raise ConfigError(f"--rate-scale must be a finite non-negative number, got {rate_scale}")
     v = dict(file_values)
     for key, val in (
         ("gpus", gpus),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import SchedulerError
+from ..node_name import validate_drain_reason, validate_node_name
 from .deadline import CallTimedOut, run_command
 from .lifecycle import SchedulerView
 
@@ -94,6 +95,7 @@ class SlurmBackend:
         return list(seen.values())
 
     def status(self, node: str) -> NodeStatus:
+        validate_node_name(node)
         out = self._run([self.sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E"])
         for line in out.splitlines():
             parts = line.split("|", 2)
@@ -107,12 +109,15 @@ class SlurmBackend:
         return SchedulerView(drained=_is_drained(st.state), reason=st.reason, state=st.state)
 
     def drain(self, node: str, reason: str) -> str:
+        validate_node_name(node)
         if not reason.strip():
             raise SchedulerError("Slurm needs a reason to drain a node")
+        validate_drain_reason(reason)
         self._run([self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
         return self.status(node).state
 
     def resume(self, node: str) -> str:
+        validate_node_name(node)
         self._run([self.scontrol, "update", f"NodeName={node}", "State=RESUME"])
         return self.status(node).state
 

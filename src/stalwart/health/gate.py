@@ -4,12 +4,14 @@ and before every restart; the CLI's ``stalwart health check`` is the same code p
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import ConfigError
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveExpectations, check_active, measure_active
@@ -47,6 +49,21 @@ class GateConfig(BaseModel):
     active: bool = False
     disk_dir: Path | None = None
     allreduce: bool = True
+
+    @field_validator("kernel_log")
+    @classmethod
+    def _kernel_log_file(cls, v: str) -> str:
+        if v in ("dmesg", ""):
+            return v
+        try:
+            st = os.stat(v)
+        except OSError as exc:
+            raise ValueError(f"kernel log {v!r}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(
+                f"kernel log {v!r} is not a regular file (a FIFO or device would hang or never end)"
+            )
+        return v
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,22 @@ observation (which a check turns into a ``telemetry.bad`` finding), never an exc
 from __future__ import annotations
 
 import csv
-import json
+import io
+import math
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from ..errors import TelemetryError
+from ..inputs import MiB, parse_json, read_text_file
 from .gpu_observation import GpuNodeObservation, GpuObservation, GpuSample, NvLinkObservation
 
 SNAPSHOT = "nvml_snapshot.json"
 SMI_XML = "nvidia-smi-q.xml"
+MAX_FIXTURE_BYTES = 64 * MiB
+MAX_GPUS = 1024  # GPU entries per node read from one record
+MAX_NVLINKS = 64
 
 
 def _num(value: Any) -> float | None:
@@ -24,7 +30,11 @@ def _num(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            out = float(value)
+        except OverflowError:
+            return None
+        return out if math.isfinite(out) else None
     if isinstance(value, str):
         m = re.match(r"^\s*(-?\d+(?:\.\d+)?)", value)
         if m and not value.startswith(("EXC", "ret")):
@@ -34,7 +44,7 @@ def _num(value: Any) -> float | None:
 
 def _int(value: Any) -> int | None:
     v = _num(value)
-    return None if v is None else int(v)
+    return None if v is None or abs(v) > 2**63 else int(v)
 
 
 def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
@@ -51,7 +61,7 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
         ):
             errors.append(f"{key}: {value[4:]}")
     links = []
-    for link in range(int(d.get("nvlink_count", 0) or 0)):
+    for link in range(min(max(_int(d.get("nvlink_count", 0)) or 0, 0), MAX_NVLINKS)):
         links.append(
             NvLinkObservation(
                 link=link,
@@ -66,6 +76,7 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
         )
     ecc_mode = d.get("ecc_mode")
     pci = d.get("pci") or {}
+    fields = fields if isinstance(fields, dict) else {}
     power = _num(d.get("power_mw"))
     limit = _num(d.get("power_limit_mw"))
     util = d.get("util") if isinstance(d.get("util"), dict) else {}
@@ -89,8 +100,8 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
         ecc_vol_uncorr=_int(d.get("ecc_vol_uncorr")),
         ecc_agg_corr=_int(d.get("ecc_agg_corr")),
         ecc_agg_uncorr=_int(d.get("ecc_agg_uncorr")),
-        remap_corr=int(remap[0]) if remap_ok else None,
-        remap_unc=int(remap[1]) if remap_ok else None,
+        remap_corr=_int(remap[0]) if remap_ok else None,
+        remap_unc=_int(remap[1]) if remap_ok else None,
         remap_pending=bool(remap[2]) if remap_ok else None,
         remap_failure=bool(remap[3]) if remap_ok else None,
         pcie_gen=_int(d.get("pcie_gen")),
@@ -99,7 +110,11 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
         pcie_max_width=_int(d.get("pcie_max_width")),
         pcie_replay=_int(d.get("pcie_replay")),
         nvlinks=tuple(links),
-        xid_events=tuple(int(x) for x in d.get("xid_events", ()) if isinstance(x, int)),
+        xid_events=tuple(
+            int(x)
+            for x in (d.get("xid_events") if isinstance(d.get("xid_events"), list) else ())
+            if isinstance(x, int)
+        ),
         recovery_action=_int(fields.get("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")),
         lost=bool(d.get("lost", False)) or any("GpuIsLost" in e for e in errors),
         errors=tuple(errors),
@@ -110,11 +125,16 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
     """The JSON written by our NVML recorder: ``{"nvml": {...one GPU...}}`` or ``{"nvml": {"gpus": [...]}}``."""
     source = f"fixture:{path.name}"
     try:
-        data = json.loads(path.read_text(errors="replace"))
+        text = read_text_file(
+            path, MAX_FIXTURE_BYTES, "NVML snapshot", error=TelemetryError, replace_errors=True
+        )
+        data = parse_json(text, f"NVML snapshot {path.name}", error=TelemetryError)
+        if not isinstance(data, dict):
+            raise TypeError("the snapshot is not an object")
         nvml = data["nvml"]
         if not isinstance(nvml, dict):
             raise TypeError("'nvml' is not an object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (TelemetryError, KeyError, TypeError) as exc:
         return GpuNodeObservation(
             source=source,
             available=False,
@@ -125,20 +145,31 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
         return GpuNodeObservation(source=source, available=False, unavailable_reason=str(nvml["unavailable"]))
     per_gpu = nvml.get("gpus") if isinstance(nvml.get("gpus"), list) else [nvml]
     gpus, problems = [], []
-    for i, d in enumerate(per_gpu):
+    if len(per_gpu) > MAX_GPUS:
+        problems.append(f"{path.name}: {len(per_gpu)} GPU entries; only the first {MAX_GPUS} are read")
+    for i, d in enumerate(per_gpu[:MAX_GPUS]):
         if not isinstance(d, dict):
             problems.append(f"{path.name}: gpu entry {i} is not an object")
             continue
-        gpus.append(_gpu_from_snapshot(i, d))
+        try:
+            gpus.append(_gpu_from_snapshot(i, d))
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            problems.append(
+                f"{path.name}: gpu entry {i} has a value of the wrong type ({type(exc).__name__})"
+            )
     cuda = nvml.get("cuda_driver")
-    cuda_s = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if isinstance(cuda, int) else str(cuda or "")
+    cuda_s = (
+        f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
+        if isinstance(cuda, int) and not isinstance(cuda, bool)
+        else str(cuda or "")[:100]
+    )
     count = _int(nvml.get("count"))
     if count is not None and count != len(gpus):
         problems.append(f"{path.name}: count says {count} GPUs but {len(gpus)} are recorded")
     return GpuNodeObservation(
         source=source,
         available=True,
-        driver=str(nvml.get("driver", "")),
+        driver=str(nvml.get("driver", ""))[:100],
         cuda=cuda_s,
         gpus=tuple(gpus),
         problems=tuple(problems),
@@ -162,8 +193,12 @@ def load_smi_xml(path: Path) -> GpuNodeObservation:
     """``nvidia-smi -q -x`` output. A truncated or malformed file is a problem, not a crash."""
     source = f"fixture:{path.name}"
     try:
-        root = ET.fromstring(path.read_bytes())
-    except (OSError, ET.ParseError) as exc:
+        root = ET.fromstring(
+            read_text_file(
+                path, MAX_FIXTURE_BYTES, "nvidia-smi XML", error=TelemetryError, replace_errors=True
+            )
+        )
+    except (TelemetryError, ET.ParseError) as exc:
         return GpuNodeObservation(
             source=source,
             available=False,
@@ -229,23 +264,25 @@ def load_series_csv(path: Path) -> tuple[tuple[GpuSample, ...], tuple[str, ...]]
     samples: list[GpuSample] = []
     problems: list[str] = []
     try:
-        with path.open(newline="", errors="replace") as fh:
-            for lineno, row in enumerate(csv.DictReader(fh), start=2):
-                try:
-                    samples.append(
-                        GpuSample(
-                            t=float(row["t"]),
-                            gpu=int(row.get("gpu") or 0),
-                            phase=row.get("phase") or "",
-                            **{k: float(row[k]) for k in _CSV_FIELDS if row.get(k) not in (None, "")},
-                            clock_event_reasons=int(row["clock_event_reasons"]),
-                            ecc_corr_vol=int(row["ecc_corr_vol"]) if row.get("ecc_corr_vol") else None,
-                            pcie_replay=int(row["pcie_replay"]) if row.get("pcie_replay") else None,
-                        )
+        text = read_text_file(
+            path, MAX_FIXTURE_BYTES, "telemetry CSV", error=TelemetryError, replace_errors=True
+        )
+        for lineno, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
+            try:
+                samples.append(
+                    GpuSample(
+                        t=float(row["t"]),
+                        gpu=int(row.get("gpu") or 0),
+                        phase=row.get("phase") or "",
+                        **{k: float(row[k]) for k in _CSV_FIELDS if row.get(k) not in (None, "")},
+                        clock_event_reasons=int(row["clock_event_reasons"]),
+                        ecc_corr_vol=int(row["ecc_corr_vol"]) if row.get("ecc_corr_vol") else None,
+                        pcie_replay=int(row["pcie_replay"]) if row.get("pcie_replay") else None,
                     )
-                except (KeyError, TypeError, ValueError) as exc:
-                    problems.append(f"{path.name}:{lineno}: unparseable row ({type(exc).__name__}: {exc})")
-    except OSError as exc:
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                problems.append(f"{path.name}:{lineno}: unparseable row ({type(exc).__name__}: {exc})")
+    except (TelemetryError, csv.Error) as exc:
         problems.append(f"{path.name}: {exc}")
     if len(problems) > 5:
         problems = [*problems[:5], f"{path.name}: ... and {len(problems) - 5} more bad rows"]

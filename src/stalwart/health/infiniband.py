@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import TelemetryError
+from ..inputs import read_text_file
+
 ERROR_COUNTERS = (
     "symbol_error",
     "link_error_recovery",
@@ -45,9 +48,10 @@ class IbObservation:
 
 
 def _read(p: Path) -> str | None:
+    """One sysfs value; a missing file, a FIFO or a device (a hang with a plain read) is None."""
     try:
-        return p.read_text(errors="replace").strip()
-    except OSError:
+        return read_text_file(p, 64 << 10, "sysfs value", error=TelemetryError, replace_errors=True).strip()
+    except TelemetryError:
         return None
 
 

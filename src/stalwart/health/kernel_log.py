@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TelemetryError
+from ..inputs import read_text_tail
 from .deadline import CallTimedOut, run_command
 
 _XID = re.compile(
@@ -101,11 +103,15 @@ def parse_kernel_log(text: str, source: str = "kernel log") -> KernelLogObservat
     )
 
 
-def read_kernel_log_file(path: Path) -> KernelLogObservation:
+MAX_KERNEL_LOG_BYTES = 16 << 20  # the newest 16 MiB: a ring buffer holds far less
+
+
+def read_kernel_log_file(path: Path, max_bytes: int = MAX_KERNEL_LOG_BYTES) -> KernelLogObservation:
+    """The newest ``max_bytes`` of a kernel log file; a FIFO, device or directory is a problem, not a hang."""
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        return KernelLogObservation(source=str(path), available=False, problems=(f"{path}: {exc.strerror}",))
+        text, _cut = read_text_tail(path, max_bytes, "kernel log", error=TelemetryError)
+    except TelemetryError as exc:
+        return KernelLogObservation(source=str(path), available=False, problems=(exc.message,))
     return parse_kernel_log(text, source=str(path))
 
 

@@ -2,41 +2,87 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import LedgerError
+from ..errors import LedgerError, LedgerNotReadyError
 from ..events import Event
-from ..ledger import SUFFIX, LedgerWriter, read_merged
+from ..ledger import SUFFIX, LedgerWriter, check_format, read_available, set_aside
+from ..node_name import validate_node_name
 from .events import NodeDrained, NodeStateChanged
 from .lifecycle import NodeRecord, NodeState
 
 DEFAULT_STATE_DIR = Path("stalwart-runs/health")
+log = logging.getLogger(__name__)
+_STATES = {s.value for s in NodeState}
 
 
 def local_node_name() -> str:
+    """$SLURMD_NODENAME or the short host name, validated (it becomes a file name and a Slurm argument)."""
     import os
 
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    env = os.environ.get("SLURMD_NODENAME")
+    if env:
+        return validate_node_name(env, "$SLURMD_NODENAME")
+    return validate_node_name(socket.gethostname().split(".")[0], "the host name")
 
 
 class HealthStore:
     def __init__(self, directory: str | Path = DEFAULT_STATE_DIR) -> None:
         self.directory = Path(directory)
+        self.set_aside_files: list[Path] = []  # ledgers this store moved out of the way
 
     def _files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{SUFFIX}")) if self.directory.is_dir() else []
 
+    def _set_aside(self, path: Path, reason: str) -> None:
+        try:
+            target = set_aside(path)
+        except OSError as exc:  # read-only state dir: skip it this time, still never block a start
+            log.warning(
+                "stalwart: warning: unreadable node ledger %s skipped (%s); cannot move it: %s",
+                path,
+                reason,
+                exc.strerror,
+            )
+            return
+        self.set_aside_files.append(target)
+        log.warning(
+            "stalwart: warning: unreadable node ledger %s set aside as %s: %s", path, target.name, reason
+        )
+
     def events(self) -> list[Event]:
+        """Events of every readable node ledger; a foreign or corrupt one is set aside, never fatal."""
         files = self._files()
-        return read_merged(files) if files else []
+        if not files:
+            return []
+        read = read_available(files, require_some=False)
+        for sk in read.skipped:
+            if sk.rows:
+                log.warning(
+                    "stalwart: warning: node ledger %s: %d unreadable row(s) skipped: %s",
+                    sk.path,
+                    sk.rows,
+                    sk.reason,
+                )
+            elif not sk.not_ready:
+                self._set_aside(sk.path, sk.reason)
+        return read.events
 
     def records(self, events: Iterable[Event] | None = None) -> dict[str, NodeRecord]:
         out: dict[str, NodeRecord] = {}
         for ev in self.events() if events is None else events:
             if isinstance(ev, NodeStateChanged):
+                if ev.to_state not in _STATES:
+                    log.warning(
+                        "stalwart: warning: node %r: unknown state %r in a ledger skipped",
+                        ev.node,
+                        ev.to_state,
+                    )
+                    continue
                 out[ev.node] = NodeRecord(
                     node=ev.node,
                     state=NodeState(ev.to_state),
@@ -56,6 +102,7 @@ class HealthStore:
         return {n for n, r in self.records().items() if r.state == NodeState.QUARANTINED}
 
     def record(self, node: str) -> NodeRecord:
+        validate_node_name(node)
         return self.records().get(node, NodeRecord(node=node))
 
     def recent_auto_drains(self, now: float, window_s: float, events: Iterable[Event] | None = None) -> int:
@@ -69,7 +116,14 @@ class HealthStore:
         """Append to this node's ledger; waits while an overlapping check of the same node holds it."""
         if not evs:
             return
-        path = self.directory / f"node-{node}{SUFFIX}"
+        path = self.directory / f"node-{validate_node_name(node)}{SUFFIX}"
+        try:
+            check_format(path)
+        except LedgerNotReadyError:
+            pass
+        except LedgerError as exc:
+            if path.exists() or path.is_symlink():  # garbage, a foreign file, a FIFO or a directory
+                self._set_aside(path, exc.message)
         deadline = time.monotonic() + wait_s
         while True:
             try:

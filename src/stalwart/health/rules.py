@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
+import string
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..inputs import parse_yaml, read_text_file
 from .findings import Finding, Severity
 
 STATUSES = ("pass", "warn", "fail")
@@ -81,7 +84,13 @@ class RuleTable:
     def decide(self, f: Finding) -> Decision:
         for r in self.rules:
             if r.matches(f, self.xid_lists):
-                text = r.reason.format_map(_Fmt({**f.evidence, "subject": f.subject, "message": f.message}))
+                try:
+                    text = r.reason.format_map(
+                        _Fmt({**f.evidence, "subject": f.subject, "message": f.message})
+                    )
+                except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                    # a spec that does not fit this finding's values (e.g. {xid:d} on text): say it plainly
+                    text = f"{f.subject}: {f.message}"
                 return Decision(f, r.name, r.verdict, r.action, r.recoverable, text)
         return Decision(f, "(none)", "pass", "none", True, f.message)
 
@@ -106,14 +115,59 @@ class RuleTable:
         return Verdict(status, first.action if status != "pass" else "none", recoverable, reason, decisions)
 
 
+MAX_RULES = 1000
+MAX_RULES_BYTES = 1 << 20
+MAX_SPEC = 16  # characters of one format spec in a reason template, e.g. ".1f" or ">8"
+MAX_WIDTH = 200
+
+
+def check_template(template: str, where: str) -> str:
+    """A reason template may use ``{name}`` fields (evidence keys, subject, message) and short specs only.
+
+    Refused: positional ``{0}``/``{}``, attribute or index access (``{x.y}``, ``{x[0]}``), conversions
+    other than !r/!s/!a, nested fields in a spec, widths above :data:`MAX_WIDTH`, unbalanced braces.
+    """
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: reason template {template[:60]!r} is malformed ({exc})") from None
+    for _literal, field, spec, conv in parts:
+        if field is None:
+            continue
+        if not field.isidentifier():
+            raise ConfigError(
+                f"{where}: reason field {{{field[:40]}}} is not a plain name",
+                "use named fields like {subject}, {message} or an evidence key",
+            )
+        if conv not in (None, "r", "s", "a"):
+            raise ConfigError(f"{where}: reason field {{{field}!{conv}}} has an unknown conversion")
+        if spec and (len(spec) > MAX_SPEC or "{" in spec):
+            raise ConfigError(f"{where}: reason field {{{field}}} has a format spec that is too long")
+        widths = [int(w) for w in re.findall(r"\d+", spec or "")]
+        if any(w > MAX_WIDTH for w in widths):
+            raise ConfigError(f"{where}: reason field {{{field}}} asks for a width over {MAX_WIDTH}")
+    return template
+
+
+def _text(value: Any, what: str, origin: str, i: int) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{origin}: rule #{i + 1}: {what} must be text, got {type(value).__name__}")
+    return str(value)
+
+
 def _parse(data: Any, origin: str) -> RuleTable:
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise ConfigError(
             f"{origin}: a rule table needs a top-level 'rules' list",
             "see src/stalwart/health/rules.yaml for the format",
         )
+    if len(data["rules"]) > MAX_RULES:
+        raise ConfigError(f"{origin}: {len(data['rules'])} rules (at most {MAX_RULES})")
     lists: dict[str, frozenset[int]] = {}
-    for name, values in (data.get("xid_lists") or {}).items():
+    xid_lists = data.get("xid_lists") or {}
+    if not isinstance(xid_lists, dict):
+        raise ConfigError(f"{origin}: xid_lists must be a mapping of name -> list of integers")
+    for name, values in xid_lists.items():
         if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
             raise ConfigError(f"{origin}: xid list {name!r} must be a list of integers")
         lists[str(name)] = frozenset(values)
@@ -124,11 +178,15 @@ def _parse(data: Any, origin: str) -> RuleTable:
         missing = {"code", "verdict", "action"} - set(raw)
         if missing:
             raise ConfigError(f"{origin}: rule #{i + 1} lacks {', '.join(sorted(missing))}")
-        if raw["verdict"] not in STATUSES:
+        if not isinstance(raw["verdict"], str) or raw["verdict"] not in STATUSES:
             raise ConfigError(
                 f"{origin}: rule #{i + 1} has verdict {raw['verdict']!r}", "use pass, warn or fail"
             )
         xid_in = raw.get("xid_in")
+        if xid_in is not None and not isinstance(xid_in, str):
+            raise ConfigError(f"{origin}: rule #{i + 1}: xid_in must be the name of an xid list")
+        if raw.get("severity") is not None and not isinstance(raw["severity"], str):
+            raise ConfigError(f"{origin}: rule #{i + 1}: severity must be text (info, warning, ...)")
         if xid_in is not None and xid_in not in lists:
             raise ConfigError(
                 f"{origin}: rule #{i + 1} refers to unknown xid list {xid_in!r}",
@@ -136,12 +194,15 @@ def _parse(data: Any, origin: str) -> RuleTable:
             )
         rules.append(
             Rule(
-                name=str(raw.get("name", f"rule{i + 1}")),
-                code=str(raw["code"]),
+                name=_text(raw.get("name", f"rule{i + 1}"), "name", origin, i),
+                code=_text(raw["code"], "code", origin, i),
                 verdict=raw["verdict"],
-                action=str(raw["action"]),
+                action=_text(raw["action"], "action", origin, i),
                 recoverable=bool(raw.get("recoverable", True)),
-                reason=str(raw.get("reason", "{subject}: {message}")),
+                reason=check_template(
+                    _text(raw.get("reason", "{subject}: {message}"), "reason", origin, i),
+                    f"{origin}: rule #{i + 1}",
+                ),
                 severity=Severity.parse(raw["severity"]) if raw.get("severity") else None,
                 xid_in=xid_in,
             )
@@ -159,12 +220,5 @@ def load_rules(path: str | Path | None = None) -> RuleTable:
     """The shipped table (parsed once per process), or a site's own YAML file."""
     if path is None:
         return _shipped()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read rule table {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    return _parse(data, str(path))
+    text = read_text_file(path, MAX_RULES_BYTES, "rule table")
+    return _parse(parse_yaml(text, f"rule table {path}"), str(path))

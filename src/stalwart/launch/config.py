@@ -21,6 +21,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..inputs import validate_run_dir
+from ..node_name import validate_node_name
 from ..protocol import (
     DEFAULT_HANG_CAP_S,
     DEFAULT_HANG_FLOOR_S,
@@ -197,6 +199,10 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        if self.run_dir is not None:
+            validate_run_dir(self.run_dir)  # not /, /proc, /sys, /dev or a file
+        if self.node_name:
+            validate_node_name(self.node_name, "--node-name")  # becomes paths and scontrol arguments
         if self.run_path and not Path(self.script).is_absolute():
             raise ValueError("--run-path needs the script as an absolute path (as torchrun)")
         if self.max_nodes > 1 and not self.standalone and not self.use_c10d:

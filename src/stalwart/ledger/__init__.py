@@ -2,12 +2,28 @@
 
 from .store import (
     SUFFIX,
+    LedgerRead,
     LedgerWriter,
+    Skipped,
     check_format,
     iter_kind,
     ledger_files,
+    read_available,
     read_file,
     read_merged,
+    set_aside,
 )
 
-__all__ = ["SUFFIX", "LedgerWriter", "check_format", "iter_kind", "ledger_files", "read_file", "read_merged"]
+__all__ = [
+    "SUFFIX",
+    "LedgerRead",
+    "LedgerWriter",
+    "Skipped",
+    "check_format",
+    "iter_kind",
+    "ledger_files",
+    "read_available",
+    "read_file",
+    "read_merged",
+    "set_aside",
+]

@@ -45,10 +45,20 @@ LLAMA3_TABLE5: tuple[tuple[str, int, bool, float], ...] = (
 )
 
 
-class FailureClass(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+MAX_GPUS = 10_000_000
+MAX_DAYS = 3650.0
+MAX_TRIALS = 1_000_000
+MAX_SPARES = MAX_GPUS
+MAX_FAILURE_CLASSES = 1000
+MAX_SECONDS = 1e9  # ~31 years: any time setting beyond this is a unit mistake
+MAX_MEMORY_BYTES = 4 << 30  # the engine's working set per run; above this the run is refused up front
+_FINITE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    name: str
+
+class FailureClass(BaseModel):
+    model_config = _FINITE
+
+    name: str = Field(max_length=100)
     per_1000_gpu_days: float = Field(ge=0, description="failures per 1000 GPU-days of exposure")
     node_loss: bool = True  # the node must be replaced (hot spare, shrink, or wait for repair)
     detect_s: float = Field(60.0, ge=0)
@@ -68,10 +78,12 @@ def llama3_planned_per_1000_gpu_days() -> float:
 
 
 class CheckpointTier(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _FINITE
 
-    name: str
-    interval_s: float = Field(gt=0, description="training (compute) seconds between checkpoints")
+    name: str = Field(max_length=100)
+    interval_s: float = Field(
+        gt=0, le=MAX_SECONDS, description="training (compute) seconds between checkpoints"
+    )
     stall_s: float = Field(ge=0, description="seconds the training loop is blocked per checkpoint")
     restore_s: float = Field(60.0, ge=0, description="seconds to load this tier on restart")
     survives_node_loss: bool = True
@@ -83,14 +95,14 @@ Strategy = Literal["in_process", "in_job", "requeue"]
 class SimConfig(BaseModel):
     """One simulated run. Times in seconds unless the name says otherwise."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpus: int = Field(LLAMA3_GPUS, gt=0)
-    gpus_per_node: int = Field(8, gt=0)
-    days: float = Field(LLAMA3_DAYS, gt=0)
-    trials: int = Field(1000, gt=0)
-    seed: int = 0
-    failures: list[FailureClass] = Field(default_factory=llama3_failure_mix)
+    gpus: int = Field(LLAMA3_GPUS, gt=0, le=MAX_GPUS)
+    gpus_per_node: int = Field(8, gt=0, le=1024)
+    days: float = Field(LLAMA3_DAYS, gt=0, le=MAX_DAYS)
+    trials: int = Field(1000, gt=0, le=MAX_TRIALS)
+    seed: int = Field(0, ge=0, lt=2**63)
+    failures: list[FailureClass] = Field(default_factory=llama3_failure_mix, max_length=MAX_FAILURE_CLASSES)
     planned_per_1000_gpu_days: float = Field(default_factory=llama3_planned_per_1000_gpu_days, ge=0)
     decide_s: float = Field(5.0, ge=0, description="policy decision after detection")
     tiers: list[CheckpointTier] = Field(
@@ -103,7 +115,7 @@ class SimConfig(BaseModel):
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
     requeue_s: float = Field(1800.0, ge=0, description="back through the scheduler queue")
     spare_nodes: int | None = Field(
-        None, ge=0, description="hot spares; None: the wider pool always has a node"
+        None, ge=0, le=MAX_SPARES, description="hot spares; None: the wider pool always has a node"
     )
     repair_hours: float = Field(48.0, ge=0, description="a lost node returns to the pool after this")
     elastic: bool = False  # continue on fewer nodes when no spare is left
@@ -146,7 +158,34 @@ class SimConfig(BaseModel):
         for f in self.failures:
             if not math.isfinite(f.per_1000_gpu_days):
                 raise ConfigError(f"failure class {f.name} has a non-finite rate")
+        for name in (
+            "decide_s",
+            "in_process_restart_s",
+            "job_restart_s",
+            "requeue_s",
+            "straggler_mitigate_s",
+        ):
+            if getattr(self, name) > MAX_SECONDS:
+                raise ConfigError(
+                    f"{name} = {getattr(self, name):g} s is beyond any real run", "check the units"
+                )
+        for t in self.tiers:
+            if max(t.stall_s, t.restore_s) > MAX_SECONDS:
+                raise ConfigError(
+                    f"tier {t.name}: stall/restore beyond any real run", "check the units (seconds)"
+                )
+        need = self.memory_estimate_bytes()
+        if need > MAX_MEMORY_BYTES:
+            raise ConfigError(
+                f"{self.trials:,} trials need about {need / 2**30:.1f} GiB of memory "
+                f"(at most {MAX_MEMORY_BYTES / 2**30:.0f} GiB)",
+                "use fewer --trials; 1,000 already give percentiles to about 1%",
+            )
         return self
+
+    def memory_estimate_bytes(self) -> int:
+        """The engine's working set: ~60 float64 arrays of ``trials`` plus the per-class counters."""
+        return self.trials * 8 * (60 + len(self.failures) + 1)
 
     @property
     def nodes(self) -> int:
@@ -175,5 +214,6 @@ def make_config(**values: object) -> SimConfig:
         where = ".".join(str(p) for p in first.get("loc", ())) or "config"
         raise ConfigError(
             f"invalid simulator setting {where}: {first.get('msg')} (got {first.get('input')!r})",
-            "rates and times must be non-negative; GPUs, nodes, days and trials positive",
+            "rates and times must be finite and non-negative; GPUs, nodes, days and trials positive "
+            "and within the limits in docs/simulator.md",
         ) from None
