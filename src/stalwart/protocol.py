@@ -174,9 +174,15 @@ class StepDone:
 
 @dataclass(frozen=True)
 class CheckpointDone:
+    """A save was staged (``durable`` None), or the outcome of making a step durable: the
+    emergency save on a stop request, or the final state when the loop ends."""
+
     rank: int
     step: int
     t: float
+    durable: bool | None = None  # None: staged only; True/False: committed to a durable tier or not
+    reason: str = ""  # why not, when durable is False
+    kind: str = ""  # "emergency" | "final" when durable is set
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
     "start": (LoopStarted, {"s": "first_step", "n": "total_steps"}),
     "step": (StepBegan, {"s": "step"}),
     "sec": (SectionBegan, {"s": "step", "n": "name"}),
-    "ckpt": (CheckpointDone, {"s": "step"}),
+    "ckpt": (CheckpointDone, {"s": "step", "ok": "durable", "why": "reason", "kind": "kind"}),
     "phase": (PhaseChanged, {"n": "name", "b": "budget_s"}),
     "fin": (Finished, {"s": "steps", "pre": "preempted"}),
     "sig": (SignalSeen, {"sig": "signum"}),
@@ -277,7 +283,7 @@ def decode(line: bytes) -> Message | None:
             return StepDone(int(fields[1]), int(fields[2]), float(fields[3]), float(fields[4]), sections)
         data = json.loads(line)
         cls, names = _FIELDS[data["k"]]
-        kwargs = {attr: data[short] for short, attr in names.items()}
+        kwargs = {attr: data[short] for short, attr in names.items() if short in data}  # the rest: defaults
         return cls(rank=int(data["r"]), t=float(data["t"]), **kwargs)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

@@ -29,7 +29,7 @@ PLANS = {
     "full-disk-at-the-end": (
         PlannedFault("kill-agent", 9),
         PlannedFault("sigkill-worker", 13, 0),
-        PlannedFault("full-disk-end", 22),
+        PlannedFault("full-disk-end", 19),
     ),
 }
 

@@ -166,7 +166,7 @@ def draw_plan(rng: random.Random, cfg: SoakConfig) -> tuple[PlannedFault, ...]:
     plan = []
     for k in kinds:
         if k == "full-disk-end":
-            step = cfg.steps - 2
+            step = cfg.steps - cfg.every - 1  # the last two saves (the final one included) hit a full disk
         else:
             step = rng.randint(cfg.every + 1, cfg.steps - 3)
         plan.append(PlannedFault(k, step, rng.randrange(cfg.nproc)))
@@ -504,7 +504,7 @@ def _mount_tmpfs(path: Path, size: int) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True
     )
     return r.returncode == 0
 

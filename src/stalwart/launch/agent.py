@@ -40,7 +40,14 @@ from ..events import (
     WorkersStarted,
     WorkersStopped,
 )
-from ..exit_codes import EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, REQUEUE_HELPS
+from ..exit_codes import (
+    EXIT_INFRA,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_PREEMPTED_UNSAVED,
+    REQUEUE_HELPS,
+)
 from ..ledger import LedgerWriter
 from ..protocol import LoopStarted, Note, WorkerEnv, elastic_env
 from ..run_dir import RunDir
@@ -50,7 +57,7 @@ from .config import CONFIG_SETTINGS, RunConfig
 from .cpu_progress import CpuProgress, detect_cpu_stall, read_proc
 from .failure import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
 from .output import routes
-from .progress import ProgressTracker, detect_hang
+from .progress import ProgressTracker, detect_hang, durability_problem
 from .restart_policy import Failure, decide
 from .timeouts import hang_timeout
 from .workers import WorkerGroup, WorkerSpec, describe_exit, tail, tail_lines
@@ -65,9 +72,13 @@ STRAGGLER_THRESHOLD = 1.2  # own-work time over the fleet median that marks a st
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    status: str  # succeeded | failed | membership | preempted | interrupted
+    status: (
+        str  # succeeded | final_unsaved | failed | membership | preempted | preempted_unsaved | interrupted
+    )
     failure: Failure | None = None
     detected_at: float = 0.0
+    detail: str = ""  # why a save the verdict depends on did not commit
+    step: int = -1  # the step the emergency or final save was for
 
 
 class Agent:
@@ -161,6 +172,25 @@ class Agent:
         )
         return code
 
+    def _newest_good(self) -> int | None:
+        """The newest checkpoint step in the run directory that verifies, or None."""
+        from ..checkpoint.manifest import verify
+        from ..checkpoint.store import FileStore
+
+        try:
+            for step, path in FileStore(self.run.checkpoints).versions():
+                if verify(path)[0] is not None:
+                    return step
+        except Exception:  # noqa: BLE001 - a verdict must not fail on an unreadable checkpoint tree
+            return None
+        return None
+
+    def _newest_text(self) -> str:
+        newest = self._newest_good()
+        return (
+            f"newest good checkpoint: step {newest}" if newest is not None else "no good checkpoint on disk"
+        )
+
     def _gate(self) -> str:
         """Health gate before a start; returns "" if this node may run, else the reason it may not."""
         cfg = self.cfg
@@ -252,8 +282,33 @@ class Agent:
                     EXIT_PREEMPTED,
                 )
             if outcome.status == "preempted":
+                newest = self._newest_good()
+                if outcome.step >= 0 and newest is not None and newest != outcome.step:
+                    return self._end(
+                        "preempted_unsaved",
+                        f"preempted, but the emergency checkpoint of step {outcome.step} does not verify on "
+                        f"disk; {self._newest_text()}; a requeue resumes from there",
+                        EXIT_INFRA,
+                    )
+                at = f" of step {outcome.step}" if outcome.step >= 0 else ""
                 return self._end(
-                    "preempted", "preempted: emergency checkpoint saved; requeue to resume", EXIT_PREEMPTED
+                    "preempted",
+                    f"preempted: emergency checkpoint{at} committed; requeue to resume",
+                    EXIT_PREEMPTED,
+                )
+            if outcome.status == "preempted_unsaved":
+                return self._end(
+                    "preempted_unsaved",
+                    f"preempted, but the emergency checkpoint was NOT committed ({outcome.detail}); "
+                    f"{self._newest_text()}; a requeue resumes from there",
+                    EXIT_INFRA,
+                )
+            if outcome.status == "final_unsaved":
+                return self._end(
+                    "final_unsaved",
+                    f"training finished, but its final state (step {outcome.step}) was NOT committed "
+                    f"({outcome.detail}); {self._newest_text()}; a requeue resumes from there",
+                    EXIT_INFRA,
                 )
             if outcome.status == "interrupted":
                 return self._end("aborted", "interrupted by the operator", EXIT_INTERRUPTED)
@@ -549,10 +604,21 @@ class Agent:
                 return self._fail_crash(group, failed, tracker, specs)
             if all(c is not None for c in codes.values()):
                 if stop_requested_at is not None or tracker.preempted_ranks:
-                    if all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
-                        return AttemptOutcome("preempted")
-                    return AttemptOutcome("preempted" if stop_requested_at else "failed")
+                    # exit 76 only for an emergency checkpoint every rank saw commit to a durable tier
+                    why = durability_problem(tracker, "emergency")
+                    step = max((d.step for d in tracker.durability.values()), default=-1)
+                    if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
+                        return AttemptOutcome("preempted", step=step)
+                    if stop_requested_at is not None or EXIT_PREEMPTED_UNSAVED in codes.values():
+                        why = why or "workers exited " + ", ".join(
+                            describe_exit(c) for c in set(codes.values())
+                        )
+                        return AttemptOutcome("preempted_unsaved", detail=why, step=step)
+                    return AttemptOutcome("failed")
                 self._release_spares()
+                why = durability_problem(tracker, "final")
+                if why:  # the training finished but its final state is not safe: say so, never "succeeded"
+                    return AttemptOutcome("final_unsaved", detail=why, step=tracker.max_done_step + 1)
                 return AttemptOutcome("succeeded")
 
             # 2. signals to the agent: coordinated emergency checkpoint

@@ -60,6 +60,7 @@ class ProgressTracker:
     max_done_step: int = -1
     signals: list[int] = field(default_factory=list)
     preempted_ranks: set = field(default_factory=set)
+    durability: dict = field(default_factory=dict)  # rank -> CheckpointDone of its emergency or final save
 
     def __post_init__(self) -> None:
         for r in self.ranks:
@@ -84,6 +85,8 @@ class ProgressTracker:
                 p.in_checkpoint = True
                 p.ckpt_t0 = p.last_msg
         elif isinstance(msg, CheckpointDone):
+            if msg.durable is not None:
+                self.durability[msg.rank] = msg
             if p.in_checkpoint:
                 self.ckpt_times.append(p.last_msg - p.ckpt_t0)
             p.in_checkpoint = False
@@ -195,3 +198,12 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
     return HangVerdict(
         culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence
     )
+
+
+def durability_problem(tracker: ProgressTracker, kind: str) -> str:
+    """Why the ``kind`` ("emergency" or "final") save did not become durable on some rank, or ""."""
+    bad = [d for d in tracker.durability.values() if d.kind == kind and not d.durable]
+    if not bad:
+        return ""
+    d = min(bad, key=lambda x: x.rank)
+    return f"rank {d.rank}: {d.reason or 'not committed'}"

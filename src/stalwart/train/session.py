@@ -39,8 +39,9 @@ from typing import Any
 
 from ..chaos.once import claim
 from ..chaos.plan import Fault, FaultPlan
+from ..checkpoint.events import CheckpointPersistFailed
 from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished, TrainingResumed
-from ..exit_codes import EXIT_PREEMPTED
+from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..protocol import (
     DEFAULT_PG_TIMEOUT_S,
     PREFIX,
@@ -176,6 +177,14 @@ class Session:
             ev = dataclasses.replace(ev, **self._ctx())
         if isinstance(ev, CheckpointRejected):  # worth showing live: a fallback to an older checkpoint
             self._send(Note(self.rank, f"checkpoint {Path(ev.path).name} rejected: {ev.reason}", time.time()))
+        elif isinstance(ev, CheckpointPersistFailed):  # and a save that did not commit
+            self._send(
+                Note(
+                    self.rank,
+                    f"checkpoint of step {ev.step} not committed to {ev.tier}: {ev.reason}",
+                    time.time(),
+                )
+            )
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
                 from ..ledger import LedgerWriter
@@ -248,22 +257,47 @@ class Session:
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
         """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
-        tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them."""
-        from ..errors import CheckpointError
+        tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them.
+        Returns once staged; whether the persist committed is :meth:`make_durable`'s business."""
         from . import state as state_io
 
         self._beat(self._completed, "checkpoint", time.time())
         cap = state_io.capture(state)
         self.checkpointer.save(self._completed, cap.sharded, cap.extras, force=True, emergency=emergency)
-        if emergency:
-            res = self.checkpointer.wait()
-            if res is None or not res.committed:
-                raise CheckpointError(
-                    f"emergency checkpoint of step {self._completed} was not committed",
-                    "see the CheckpointPersistFailed event for the cause",
-                )
         self._last_saved = self._completed
         self._send(CheckpointDone(self.rank, self._completed, time.time()))
+
+    def make_durable(self, state: dict[str, Any], *, emergency: bool, attempts: int = 3) -> str:
+        """Collective: make the state after ``completed`` steps durable, saving it if it was not
+        staged and re-saving with backoff (1 s, 2 s) while a persist fails (a full disk that frees
+        up, a flaky mount). Returns "" once a durable tier committed it, else the last reason."""
+        why = ""
+        for attempt in range(max(1, attempts)):
+            if attempt:
+                self._send(
+                    Note(
+                        self.rank,
+                        f"checkpoint of step {self._completed} not committed ({why}); "
+                        f"retrying ({attempt + 1}/{attempts})",
+                        time.time(),
+                    )
+                )
+                time.sleep(min(2.0, float(2 ** (attempt - 1))))
+            if attempt or self._last_saved != self._completed:
+                self.save(state, emergency=emergency)
+            self._beat(self._completed, "checkpoint", time.time())  # waiting on the persist is not a hang
+            res = self.checkpointer.wait()
+            if (
+                res is not None
+                and res.step == self._completed
+                and any(self.checkpointer.tier(name).durable for name in res.committed)
+            ):
+                return ""
+            if res is None:
+                why = "nothing was persisted"
+            else:
+                why = "; ".join(f"{c.tier}: {c.reason}" for c in res.commits if not c.ok) or "no durable tier"
+        return why
 
     @property
     def completed(self) -> int:
@@ -284,14 +318,15 @@ class Session:
             if checkpoint_every and self._completed % checkpoint_every == 0:
                 self.save(state)
             if self._stop_requested():
-                if self._last_saved != self._completed:
-                    self.save(state, emergency=True)
+                why = self.make_durable(state, emergency=True)
+                self._send(CheckpointDone(self.rank, self._completed, time.time(), not why, why, "emergency"))
                 self.finish(preempted=True)
-                raise SystemExit(EXIT_PREEMPTED)
-        if checkpoint_every and self._last_saved != self._completed:
-            self.save(state)
-        if self._checkpointer is not None:
-            self._checkpointer.wait()  # the final checkpoint is durable when the loop ends
+                raise SystemExit(EXIT_PREEMPTED if not why else EXIT_PREEMPTED_UNSAVED)
+        if checkpoint_every:
+            why = self.make_durable(state, emergency=False)
+            self._send(CheckpointDone(self.rank, self._completed, time.time(), not why, why, "final"))
+        elif self._checkpointer is not None:
+            self._checkpointer.wait()
         if self.rank == 0:
             self.emit(TrainingFinished(ts=time.time(), step=self._completed, **self._ctx()))
 
