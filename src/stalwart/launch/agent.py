@@ -23,6 +23,7 @@ from pathlib import Path
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
 from ..diagnose.straggler import score_ranks
+from ..errors import LedgerFullError
 from ..events import (
     AttemptEnded,
     AttemptStarted,
@@ -101,6 +102,9 @@ class Agent:
         self.ledger = LedgerWriter(
             self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"
         )
+        self._unwritten: list[Event] = []  # events the ledger could not take yet (full disk)
+        self._ledger_full = False
+        self._dropped = 0
         self.attempt = 0
         self.history: list[Failure] = []
         self._signal: int | None = None
@@ -115,9 +119,29 @@ class Agent:
         return {"run_id": self.cfg.run_id, "node": self.cfg.node_name, "attempt": self.attempt}
 
     def emit(self, ev: Event, *, show: bool = True) -> None:
-        self.ledger.append(ev)
+        self.record((ev,))
         if show:
             self._notify(ev)
+
+    def record(self, evs) -> None:
+        """Append to the ledger; a full disk never stops the job: events wait in memory (bounded)
+        and are written once there is room again, and the console says so once."""
+        self._unwritten.extend(evs)
+        try:
+            self.ledger.extend(self._unwritten)
+        except LedgerFullError as exc:
+            if not self._ledger_full:
+                self._note(f"ledger not written ({exc}); keeping events in memory and retrying")
+            self._ledger_full = True
+            if len(self._unwritten) > 200_000:  # step records go first; decisions and verdicts stay
+                keep = [e for e in self._unwritten if not isinstance(e, StepCompleted)]
+                self._dropped += len(self._unwritten) - len(keep)
+                self._unwritten = keep[-200_000:]
+            return
+        self._unwritten = []
+        if self._ledger_full:
+            self._ledger_full = False
+            self._note("ledger writable again; the events kept in memory are written")
 
     # --- main --------------------------------------------------------------------------------
 
@@ -170,6 +194,11 @@ class Agent:
                 **self._ctx(),
             )
         )
+        if self._unwritten or self._dropped:
+            self._note(
+                f"the ledger is missing {len(self._unwritten) + self._dropped} event(s), this verdict "
+                f"included: {self.run.ledger} stayed full; the report will not show them"
+            )
         return code
 
     def _newest_good(self) -> int | None:
@@ -586,7 +615,7 @@ class Agent:
                 if beat is not None:
                     tracker.observe_beat(spec.global_rank, beat[0], beat[1], beat[2], now)
             if batch:
-                self.ledger.extend(batch)
+                self.record(batch)
                 top = max(batch, key=lambda e: e.step)
                 window_steps.extend(batch)
                 if top.step // 10 != last_straggler_check // 10:
