@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import CheckpointCommitted, TrainingFinished, TrainingResumed
+from ..protocol import CheckpointDone, LoopStarted
 from ..train.session import Session
 
 EVALUATION = "evaluation"
@@ -62,7 +63,7 @@ class StepLink:
             s.emit(
                 TrainingResumed(ts=time.time(), step=first_step, from_checkpoint=from_checkpoint, **s._ctx())
             )
-        s._send({"k": "start", "s": first_step, "n": total_steps})
+        s._send(LoopStarted(s.rank, first_step, total_steps, time.time()))
 
     def begin_step(self, step: int) -> None:
         if self._in_step:  # a step the framework skipped ending (e.g. a skipped optimizer step)
@@ -126,7 +127,7 @@ class StepLink:
                     **s._ctx(),
                 )
             )
-        s._send({"k": "ckpt", "s": s.completed})
+        s._send(CheckpointDone(s.rank, s.completed, time.time()))
 
     def finish(self, *, preempted: bool = False) -> None:
         s = self.session
