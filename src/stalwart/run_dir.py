@@ -57,6 +57,19 @@ class RunDir:
         """The SDK's record of an uncaught exception."""
         return self.errors / f"{node}-a{attempt}-r{rank}.json"
 
+    def archive_errors(self, node: str, job: str) -> list[Path]:
+        """Move ``node``'s error records of earlier jobs aside (attempt numbers restart with every
+        job, so a requeue would otherwise read the previous job's exception as its own)."""
+        moved = []
+        old = sorted(self.errors.glob(f"{node}-a*-r*.json")) if self.errors.is_dir() else []
+        if old:
+            dest = self.errors / f"earlier-{job}"
+            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for f in old:
+                f.replace(dest / f.name)
+                moved.append(dest / f.name)
+        return moved
+
     def elastic_error_file(self, node: str, attempt: int, rank: int) -> Path:
         """TORCHELASTIC_ERROR_FILE: where torch elastic's ``@record`` writes its error record."""
         return self.errors / f"{node}-a{attempt}-r{rank}.elastic.json"

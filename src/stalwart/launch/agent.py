@@ -95,6 +95,7 @@ class Agent:
         self.cfg = cfg
         self.run = RunDir(cfg.run_dir).create()
         self.started = started or time.time()
+        self.run.archive_errors(cfg.node_name, f"{int(self.started)}-{os.getpid()}")
         self.plan: FaultPlan = build_plan(cfg.chaos, cfg.chaos_file or None)
         self._notify = notify or (lambda ev: None)
         self._progress = progress or (lambda step, total, attempt, rate: None)
@@ -680,6 +681,8 @@ class Agent:
                         cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
                 stall = detect_cpu_stall(cpu, now + tick, cfg.cpu_stall_s)
                 if stall is not None:
+                    if raised := self._raised_not_exited(group, specs):  # an exception still exiting
+                        return self._fail_crash(group, raised, tracker, specs)
                     return self._fail_hang(
                         group, stall, tracker, "no SDK in the script: hang detection by CPU progress", step=-1
                     )
@@ -712,6 +715,8 @@ class Agent:
                 # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
                 verdict = detect_hang(tracker, now + tick, timeout, phase)
                 if verdict is not None:
+                    if raised := self._raised_not_exited(group, specs):  # an exception still exiting
+                        return self._fail_crash(group, raised, tracker, specs)
                     return self._fail_hang(group, verdict, tracker, ht.reason, step=verdict.step)
                 live = [p.last_msg for p in tracker.progress.values() if not p.finished and p.sdk]
                 hang_deadline = (min(live) + timeout - tick) if live else now + tick
@@ -846,6 +851,24 @@ class Agent:
             time.sleep(0.05)  # the output pumps may still be copying the last lines
             err = error_from_log(tail_lines(log, 400))
         return err
+
+    def _raised_not_exited(self, group: WorkerGroup, specs: list[WorkerSpec]) -> dict[int, int]:
+        """Ranks that recorded an exception in this attempt: a worker slow to exit after raising
+        (on a loaded machine) is an exception, not a hang. Waits a bounded time for their exits."""
+        node = self.cfg.node_name
+        ranks = [
+            s.global_rank
+            for s in specs
+            if self.run.error_file(node, self.attempt, s.global_rank).exists()
+            or self.run.elastic_error_file(node, self.attempt, s.global_rank).exists()
+        ]
+        if not ranks:
+            return {}
+        deadline = time.monotonic() + max(2.0, self.cfg.stop_grace_s)
+        while time.monotonic() < deadline and any(group.poll().get(r) is None for r in ranks):
+            time.sleep(0.05)
+        codes = group.poll()
+        return {r: c if c not in (None, 0) else 1 for r in ranks for c in (codes.get(r),)}
 
     def _fail_hang(
         self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str, *, step: int
