@@ -38,7 +38,7 @@ def test_toml_file_and_list_settings_from_env(tmp_path):
     assert cfg.max_restarts == 4 and cfg.chaos == ["crash@rank=0,step=3"]
     env = {"STALWART_CHAOS": "crash@rank=0,step=3;hang@rank=1,step=5", "STALWART_RUN_ID": "abc"}
     assert from_env(env) == {"chaos": ["crash@rank=0,step=3", "hang@rank=1,step=5"], "run_id": "abc"}
-    cfg = build(dict(SCRIPT), env=env)
+    cfg = build({**SCRIPT, "nproc_per_node": 2}, env=env)  # the hang targets rank 1: two ranks
     assert cfg.run_id == "abc" and cfg.rdzv_id == "abc" and len(cfg.chaos) == 2
 
 
@@ -99,11 +99,11 @@ def test_hierarchy_violation_from_the_environment_is_caught_too():
 
 
 def test_config_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="config file .* does not exist"):
         load_file(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_restarts: [1\n")
-    with pytest.raises(ConfigError, match="does not parse"):
+    with pytest.raises(ConfigError, match="does not parse|is not valid YAML"):
         load_file(bad)
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
@@ -114,8 +114,15 @@ def test_config_file_errors(tmp_path):
     assert "unknown setting(s) max_restart" in exc.value.message and "--help" in exc.value.hint
     toml = tmp_path / "bad.toml"
     toml.write_text("max_restarts = = 2\n")
-    with pytest.raises(ConfigError, match="does not parse"):
+    with pytest.raises(ConfigError, match="does not parse|is not valid YAML"):
         load_file(toml)
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_file(empty) == {}
+
+
+def test_a_fault_for_a_rank_the_job_lacks_is_refused():
+    from stalwart.errors import FaultPlanError
+
+    with pytest.raises(FaultPlanError, match="targets rank 3, but the job has ranks 0..1"):
+        build({**SCRIPT, "nproc_per_node": 2, "chaos": ["crash@rank=3,step=1"]}, env={})

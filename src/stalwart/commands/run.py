@@ -309,6 +309,17 @@ def register(app: typer.Typer) -> None:
         if chaos_file and not Path(chaos_file).is_file():
             raise ConfigError(f"fault plan {chaos_file!r} not found")
         cfg = run_config.build(flags, config_file=config)
+        if cfg.module and not cfg.no_python:
+            import importlib.util
+
+            try:
+                found = importlib.util.find_spec(script)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                raise ConfigError(
+                    f"module {script!r} not found", "check -m NAME and the Python path (PYTHONPATH)"
+                )
         execute(cfg, report=report)
 
 

@@ -17,11 +17,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
-from ..inputs import validate_run_dir
+from ..inputs import parse_yaml, read_text_file, validate_run_dir
 from ..node_name import validate_node_name
 from ..protocol import (
     DEFAULT_HANG_CAP_S,
@@ -35,7 +34,7 @@ from .timeouts import HangTimeoutPolicy, validate_hierarchy
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     script: str
     script_args: list[str] = Field(default_factory=list)
@@ -221,6 +220,30 @@ class RunConfig(BaseModel):
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
         if self.standalone and self.max_nodes > 1:
             raise ValueError("--standalone runs a single node: drop it or use --nnodes 1")
+        if self.rdzv_endpoint:
+            host, sep, port = self.rdzv_endpoint.rpartition(":")
+            if (
+                not sep
+                or not host
+                or not port.isdigit()
+                or not 0 < int(port) < 65536
+                or ":" in host.strip("[]")
+            ):
+                raise ValueError(
+                    f"--rdzv-endpoint {self.rdzv_endpoint!r} must be HOST:PORT (e.g. head-node:29400)"
+                )
+        rule = self.size_rule
+        if not any(rule.valid(n * self.nproc_per_node) for n in range(self.min_nodes, self.max_nodes + 1)):
+            raise ValueError(
+                f"--valid-sizes {self.valid_sizes}: no world size of {self.nproc_per_node} process(es) per node "
+                f"on {self.nnodes} node(s) is {rule.describe()}"
+            )
+        if self.chaos or self.chaos_file:
+            from ..chaos.plan import build_plan
+
+            build_plan(self.chaos, self.chaos_file or None).check_world(
+                self.nproc_per_node * self.max_nodes, self.max_nodes
+            )
         validate_hierarchy(
             monitor_interval_s=self.monitor_interval_s,
             policy=self.hang_policy,
@@ -369,17 +392,20 @@ def parse_rdzv_conf(text: str) -> dict[str, Any]:
 
 def load_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {p} does not parse: {str(exc).splitlines()[0]}") from None
+    text = read_text_file(p, 1 << 20, "config file")  # a regular UTF-8 file of at most 1 MiB
+    if p.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, RecursionError) as exc:
+            raise ConfigError(f"config file {p} does not parse: {str(exc).splitlines()[0]}") from None
+    else:
+        data = parse_yaml(text, f"config file {p}")
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of settings")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"config file {p}: setting names must be text, got {bad[0]!r}")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = set(data) - _FIELDS
     if unknown:
