@@ -67,30 +67,23 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(title=f"nodes ({backend})")
-        for col in (
-            "node",
-            "scheduler",
-            "drained by",
-            "scheduler reason",
-            "stalwart state",
-            "since",
-            "reason",
-        ):
-            t.add_column(col, overflow="fold")  # wrap long names and reasons, never cut them
+        # short columns stay whole (no "quarantin/ed"); the reasons, long, follow the table as lines
+        for col in ("node", "scheduler", "drained by", "stalwart state", "since"):
+            t.add_column(col, overflow="fold", no_wrap=col != "node")
+        reasons = []
         for r in rows:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])) if r["since"] else "-"
+            since = time.strftime("%m-%d %H:%M", time.localtime(r["since"])) if r["since"] else "-"
             state = r["state"] + (" (needs human)" if r["needs_human"] else "")
-            t.add_row(
-                r["node"],
-                r["scheduler_state"] or "-",
-                r["drained_by"],
-                r["scheduler_reason"] or "-",
-                state,
-                since,
-                r["reason"] or "-",
-            )
+            t.add_row(r["node"], r["scheduler_state"] or "-", r["drained_by"], state, since)
+            if r["reason"]:
+                reasons.append(f"{r['node']}: {r['reason']}")
+            if r["scheduler_reason"]:
+                reasons.append(f"{r['node']} (scheduler): {r['scheduler_reason']}")
         if rows:
-            Console().print(t)
+            con = Console()
+            con.print(t)
+            for line in reasons:
+                con.print(line, soft_wrap=True, markup=False, highlight=False)
         else:
             print(
                 "no nodes known: no health records yet (a run with the health gate writes them; "
