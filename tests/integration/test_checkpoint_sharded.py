@@ -39,7 +39,7 @@ def launch(world: int, *args: str, attempt: int = 0) -> list[tuple[int, str]]:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
-            STALWART_ATTEMPT=str(attempt),
+            TORCHELASTIC_RESTART_COUNT=str(attempt),  # what torchrun sets; the SDK reads it
         )
         procs.append(
             subprocess.Popen(
