@@ -231,6 +231,8 @@ class Soak:
             "--no-report",
             "--redirects",
             "3",
+            "--startup-timeout",
+            "60",  # also the bound on a rank silent in a checkpoint (a SIGSTOP can land there)
             "--nproc-per-node",
             str(c.nproc),
             "--hang-floor",
