@@ -52,6 +52,9 @@ def test_active_suite_on_cpu():
     codes = {f["code"] for f in out["findings"]}
     assert {"active.gemm", "active.membw", "active.allreduce", "active.disk", "active.train_step"} <= codes
     assert out["timings"]["active"] > 0
+    # the suite takes seconds: each test is announced as it starts and ends (stdout stays JSON)
+    for name in ("gemm", "mem_bw", "allreduce", "disk_write", "train_step"):
+        assert f"stalwart: active: {name} ..." in p.stderr and f"stalwart: active: {name} done in" in p.stderr
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,15 @@ def register(app: typer.Typer) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        result = run_gate(cfg, now, node=node, handled_before=handled_before)
+        result = run_gate(
+            cfg,
+            now,
+            node=node,
+            handled_before=handled_before,
+            progress=(lambda line: print(f"stalwart: active: {line}", file=sys.stderr, flush=True))
+            if active
+            else None,
+        )
         if active:
             took = result.timings.get("active")
             print("stalwart: active suite done" + (f" in {took:.1f} s" if took else ""), file=sys.stderr)

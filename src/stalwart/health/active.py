@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,8 +227,14 @@ def measure_train_step(dev: str) -> tuple[bool, str]:
     return ok, f"loss {a:.4f} -> {b:.4f} on {dev}"
 
 
-def measure_active(disk_dir: str | Path | None = None, *, allreduce: bool = True) -> ActiveMeasurements:
-    """Run the suite on this node's devices. Errors become part of the measurements, not exceptions."""
+def measure_active(
+    disk_dir: str | Path | None = None,
+    *,
+    allreduce: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> ActiveMeasurements:
+    """Run the suite on this node's devices. Errors become part of the measurements, not exceptions.
+    ``progress`` hears each test as it starts and ends (the suite takes seconds)."""
     devs = _devices()
     kind = "cuda" if devs[0].startswith("cuda") else "cpu"
     gemm, mem, secs, errors = {}, {}, {}, []
@@ -235,6 +242,8 @@ def measure_active(disk_dir: str | Path | None = None, *, allreduce: bool = True
 
     def timed(name, fn):
         t0 = time.perf_counter()
+        if progress is not None:
+            progress(f"{name} ...")
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - any failure of a measurement is a finding
@@ -242,6 +251,8 @@ def measure_active(disk_dir: str | Path | None = None, *, allreduce: bool = True
             return None
         finally:
             secs[name] = secs.get(name, 0.0) + time.perf_counter() - t0
+            if progress is not None:
+                progress(f"{name} done in {time.perf_counter() - t0:.1f}s")
 
     for d in devs:
         v = timed("gemm", lambda d=d: measure_gemm(d))

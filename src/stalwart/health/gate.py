@@ -107,7 +107,7 @@ def xid_cutoff(
 
 
 def collect_findings(
-    cfg: GateConfig, clock=time.perf_counter, xid_since_boot: float | None = None
+    cfg: GateConfig, clock=time.perf_counter, xid_since_boot: float | None = None, progress=None
 ) -> tuple[list[Finding], GpuNodeObservation, IbObservation, dict[str, float]]:
     """Passive collection + checks (and the active suite when ``cfg.active``)."""
     th = PassiveThresholds(expected_gpus=cfg.expected_gpus, ib_rate_gbps=cfg.ib_rate_gbps)
@@ -145,7 +145,7 @@ def collect_findings(
     timings["mounts"] = clock() - t0
     if cfg.active:
         t0 = clock()
-        m = measure_active(cfg.disk_dir, allreduce=cfg.allreduce)
+        m = measure_active(cfg.disk_dir, allreduce=cfg.allreduce, progress=progress)
         exp: ActiveExpectations = H100_EXPECTATIONS if m.device_kind == "cuda" else CPU_EXPECTATIONS
         findings += check_active(m, exp)
         timings["active"] = clock() - t0
@@ -163,6 +163,7 @@ def run_gate(
     handled_before: float | None = None,
     uptime_s: float | None = -1.0,
     clock=time.perf_counter,
+    progress=None,
 ) -> GateResult:
     """Check this node now. ``passed`` is False only for a ``fail`` verdict (a warning still starts).
 
@@ -176,7 +177,7 @@ def run_gate(
     if uptime_s is not None and uptime_s < 0:
         uptime_s = read_uptime()
     cutoff = xid_cutoff(config, now, handled_before, uptime_s)
-    findings, gpu, ib, timings = collect_findings(config, clock, cutoff)
+    findings, gpu, ib, timings = collect_findings(config, clock, cutoff, progress)
     if peers:
         me = local_versions(node or "local", driver=gpu.driver, cuda=gpu.cuda)
         findings += [f for f in check_version_consistency([*peers, me]) if f.subject == me.node]
