@@ -2,65 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from stalwart.diagnose.incident import Component, FaultClass
 from stalwart.diagnose.lemon import lemon_incidents, lemon_scores, poisson_sf
-from stalwart.diagnose.root_cause import ErrorRecord, classify, component_class, incident_class, read_error
+from stalwart.diagnose.root_cause import component_class, incident_class
 from stalwart.errors import ConfigError
 
-
-def rec(type_: str, message: str, step: int = 3) -> ErrorRecord:
-    return ErrorRecord(type=type_, message=message, step=step, ts=1.0)
-
-
-def test_signature_is_short_type_and_first_line():
-    assert rec("builtins.ValueError", "bad shape (3, 4)\nmore\n").signature == "ValueError: bad shape (3, 4)"
-    assert rec("x.E", "a" * 500).signature == "E: " + "a" * 200
-
-
-@pytest.mark.parametrize(
-    "type_, message",
-    [
-        ("torch.distributed.DistBackendError", "NCCL error in: ..."),
-        (
-            "builtins.RuntimeError",
-            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
-        ),
-        ("torch.distributed.DistNetworkError", "failed to recv, got 0 bytes"),
-        ("builtins.RuntimeError", "Timed out waiting 1800000ms for recv operation"),
-    ],
-)
-def test_comm_errors_are_peer_lost(type_, message):
-    assert classify(1, rec(type_, message)) == "peer_lost"
-
-
-@pytest.mark.parametrize(
-    "type_, message",
-    [
-        ("builtins.ValueError", "expected input of shape (8, 16), got (8, 17)"),
-        ("builtins.AttributeError", "'Trainer' object has no attribute 'restore_from'"),
-        ("builtins.FileNotFoundError", "[Errno 2] No such file or directory: '/data/datastore/shard-3.bin'"),
-    ],
-)
-def test_user_exceptions_even_with_comm_words_are_exceptions(type_, message):
-    assert classify(1, rec(type_, message)) == "exception"
-
-
-def test_signal_deaths_and_missing_records_are_crashes():
-    assert classify(-9, None) == "crash" and classify(1, None) == "crash"
-    assert classify(-11, rec("builtins.ValueError", "x")) == "crash"
-
-
-def test_read_error(tmp_path):
-    p = tmp_path / "e.json"
-    p.write_text(json.dumps({"type": "builtins.KeyError", "message": "'lr'", "step": None, "ts": 5.5}))
-    assert read_error(p) == ErrorRecord("builtins.KeyError", "'lr'", -1, 5.5, "")
-    p.write_text("not json")
-    assert read_error(p) is None and read_error(tmp_path / "missing") is None
+# classify/read_error are tested in test_failure_classify.py and test_failure_sources.py
 
 
 def test_component_classes_and_their_incident_class():

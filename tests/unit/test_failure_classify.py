@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stalwart.launch.failure import ErrorRecord, classify, read_error
+from stalwart.diagnose.root_cause import ErrorRecord, classify, read_error
 
 
 def rec(type_: str, message: str, step: int = 3) -> ErrorRecord:

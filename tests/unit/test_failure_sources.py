@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stalwart.launch.failure import classify, error_from_log, read_elastic_error
+from stalwart.diagnose.root_cause import classify, error_from_log, read_elastic_error
 
 LOG = """epoch 0 loss 0.6410
 Traceback (most recent call last):

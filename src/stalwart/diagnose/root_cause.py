@@ -1,13 +1,13 @@
-"""Crash root cause and component classes (moved here from launch/failure.py and account/reliability.py).
+"""Crash root cause and component classes: the one copy the agent (launch/) and the accounting
+(account/) call.
 
 - :func:`classify`: a failed worker's exit is ``exception`` (user code), ``peer_lost`` (a comm error:
   the cause is elsewhere) or ``crash`` (killed by a signal, or no error record);
 - :func:`component_class`: the component class of a failure from its evidence text (coarsened from
   the Llama 3 interruption table, arXiv 2407.21783, Table 5), then from the failure kind;
 - :func:`incident_class`: the same class as the incident model's (FaultClass, Component).
-
-The agent (launch/) and the accounting (account/) are meant to call these; their own copies go
-away when they are re-pointed.
+- :func:`read_error`, :func:`read_elastic_error`, :func:`error_from_log`: a failed rank's error from
+  the SDK's record, torch elastic's ``@record`` file, or the last traceback in its log.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .incident import Component, FaultClass
 
-# Exceptions that say "a peer or the network went away". Whole words and phrases only: a user's
-# "restore_from" or "/data/datastore" must not read as a store failure.
+# Exceptions that say "a peer or the network went away": the fault is elsewhere. Whole words and
+# phrases only: a user's "restore_from" or "/data/datastore" must not read as a store failure.
 COMM_TYPES = re.compile(r"\b(DistBackendError|DistNetworkError|DistStoreError|DistError)$")
 COMM_TEXT = re.compile(
     r"(\bgloo\b|\bnccl\b|\bc10d\b|connection (reset|closed|refused)|broken pipe|\btimed out\b|"
@@ -37,31 +37,86 @@ class ErrorRecord:
     step: int
     ts: float
     traceback: str = ""
+    place: str = ""  # 'file:line' of the innermost frame, when known
 
     @property
     def signature(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        return f"{self.type.rsplit('.', 1)[-1]}: {first[:200]}"
+        sig = f"{self.type.rsplit('.', 1)[-1]}: {first[:200]}"
+        return f"{sig} at {self.place}" if self.place else sig
 
     @property
     def is_comm_error(self) -> bool:
         return bool(COMM_TYPES.search(self.type) or COMM_TEXT.search(self.message[:500]))
 
 
+_PREFIX = re.compile(r"^\[[\w.-]+\]:\s?")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|\w*))(?::\s?(.*))?$")
+
+
 def read_error(path: Path) -> ErrorRecord | None:
-    """A worker's error file (JSON, never unpickled); ``None`` when missing or malformed."""
+    """The SDK's error record (JSON written by the session's excepthook)."""
     try:
         data = json.loads(path.read_text())
         step = data.get("step")
+        tb = str(data.get("traceback", ""))
         return ErrorRecord(
             type=str(data["type"]),
             message=str(data.get("message", "")),
             step=int(step) if step is not None else -1,
             ts=float(data.get("ts", 0.0)),
-            traceback=str(data.get("traceback", "")),
+            traceback=tb,
+            place=_place(tb),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_elastic_error(path: Path) -> ErrorRecord | None:
+    """torch elastic's ``@record`` error file (TORCHELASTIC_ERROR_FILE)."""
+    try:
+        data = json.loads(path.read_text())["message"]
+        text, extra = str(data["message"]), data.get("extraInfo", {})
+        etype, _, message = text.partition(": ")
+        tb = str(extra.get("py_callstack", ""))
+        return ErrorRecord(
+            type=etype,
+            message=message,
+            step=-1,
+            ts=float(extra.get("timestamp", 0) or 0),
+            traceback=tb,
+            place=_place(tb),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def error_from_log(text: str) -> ErrorRecord | None:
+    """The last Python traceback printed in a worker's log, if the log ends with one."""
+    # torch prefixes a distributed worker's traceback lines with "[rankN]:"; torchrun's --tee with "[role0]:"
+    lines = [_PREFIX.sub("", line, count=1) for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    block = lines[starts[-1] :]
+    # the exception line: the first line after the frames that is not indented
+    last = next((line for line in block[1:] if line and not line.startswith((" ", "\t"))), "")
+    m = _LAST.match(last.strip())
+    if m is None:
+        return None
+    tb = "\n".join(block[: block.index(last) + 1])
+    return ErrorRecord(
+        type=m.group(1), message=m.group(2) or "", step=-1, ts=0.0, traceback=tb, place=_place(tb)
+    )
+
+
+def _place(tb: str) -> str:
+    frames = [m for m in (_FRAME.match(line) for line in tb.splitlines()) if m]
+    if not frames:
+        return ""
+    path, line = frames[-1].groups()
+    return f"{Path(path).name}:{line}"
 
 
 def classify(code: int, error: ErrorRecord | None) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
+from ..diagnose.root_cause import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
 from ..diagnose.straggler import score_ranks
 from ..errors import LedgerFullError
 from ..events import (
@@ -56,7 +57,6 @@ from ..train import control
 from . import chaos_actions
 from .config import CONFIG_SETTINGS, RunConfig
 from .cpu_progress import CpuProgress, detect_cpu_stall, read_proc
-from .failure import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
 from .output import routes
 from .progress import ProgressTracker, detect_hang, durability_problem
 from .restart_policy import Failure, decide
