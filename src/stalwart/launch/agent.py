@@ -24,7 +24,7 @@ from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
 from ..diagnose.root_cause import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
 from ..diagnose.straggler import score_ranks
-from ..errors import LedgerFullError
+from ..errors import ConfigError, LedgerFullError
 from ..events import (
     AttemptEnded,
     AttemptStarted,
@@ -103,6 +103,7 @@ class Agent:
         self.ledger = LedgerWriter(
             self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"
         )
+        self._worker_store = None  # the TCPStore this agent hosts for this attempt's workers
         self._unwritten: list[Event] = []  # events the ledger could not take yet (full disk)
         self._ledger_full = False
         self._dropped = 0
@@ -179,6 +180,7 @@ class Agent:
                     self._rdzv.shutdown()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
+            self._close_worker_store()
             self.ledger.close()
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -379,9 +381,12 @@ class Agent:
     def _rendezvous(self) -> tuple[int, list[str], str, int, object]:
         """Return (group_rank, node names by group rank, master addr, master port, round store)."""
         cfg = self.cfg
+        self._close_worker_store()  # a fresh store every attempt (torch >= 2.5 hangs on a reused one)
         if not cfg.use_c10d:
             addr = cfg.master_addr or "127.0.0.1"
-            port = cfg.master_port or _free_port()
+            port = cfg.master_port
+            if cfg.max_nodes == 1 or cfg.node_rank == 0:
+                port = self._host_worker_store(addr, port)
             if cfg.max_nodes == 1:
                 return 0, [cfg.node_name], addr, port, None
             # static node ranks (torchrun's --node-rank/--master-addr/--master-port)
@@ -394,7 +399,7 @@ class Agent:
         store.set(f"stalwart/name/{group_rank}", cfg.node_name)
         if group_rank == 0:
             addr = cfg.local_addr or _local_addr(cfg.rdzv_endpoint)
-            port = _free_port()
+            port = self._host_worker_store(addr, 0)
             store.set("stalwart/master", f"{addr}:{port}")
         master = store.get("stalwart/master").decode()
         addr, _, port = master.rpartition(":")
@@ -405,6 +410,45 @@ class Agent:
             )
         self._group_rank = group_rank
         return group_rank, names, addr, int(port), store
+
+    def _host_worker_store(self, addr: str, port: int) -> int:
+        """Host this attempt's store for the workers (torchrun's agent store): a socket bound to
+        ``addr`` only (loopback for one node) and held from bind to close, so no other process can
+        take the port in between, and no worker listens on every interface. Returns the port."""
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        host = "127.0.0.1" if addr in ("", "localhost") else addr
+        try:
+            sock = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=1024
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} for the workers' store: {exc.strerror}",
+                "free the port or choose another --master-port/--local-addr",
+            ) from None
+        port = sock.getsockname()[1]
+        fd = sock.detach()  # the store's server owns the listening socket from here and closes it
+        try:
+            store = TCPStore(
+                host,
+                port,
+                None,
+                True,
+                timeout=datetime.timedelta(seconds=self.cfg.pg_timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=fd,
+            )
+        except Exception:
+            os.close(fd)
+            raise
+        self._worker_store = store
+        return port
+
+    def _close_worker_store(self) -> None:
+        self._worker_store = None  # the last reference: the server stops and closes its socket
 
     def _stand_by(self, plan, store) -> AttemptOutcome:
         """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
@@ -489,6 +533,7 @@ class Agent:
                     max_restarts=cfg.max_restarts,
                     run_id=cfg.rdzv_id,
                     error_file=str(self.run.elastic_error_file(cfg.node_name, self.attempt, rank)),
+                    use_agent_store=True,  # an agent hosts the store; workers only connect to it
                 )
             )
             env.update(
