@@ -26,6 +26,8 @@ PLANS = {
         PlannedFault("truncate-ckpt-file", 0),
         PlannedFault("corrupt-ledger", 0),
     ),
+    # a rank hung when the stop request comes: the emergency save cannot finish, so no exit 76
+    "stop-request-while-a-rank-hangs": (PlannedFault("sigterm-requeue", 12), PlannedFault("hang", 13, 1)),
     "full-disk-at-the-end": (
         PlannedFault("kill-agent", 9),
         PlannedFault("sigkill-worker", 13, 0),

@@ -682,6 +682,8 @@ class Agent:
                     # exit 76 only for an emergency checkpoint every rank saw commit to a durable tier
                     why = durability_problem(tracker, "emergency")
                     step = max((d.step for d in tracker.durability.values()), default=-1)
+                    if not why and step < 0:  # exit 76 needs a rank's word that it committed
+                        why = "no rank reported a committed emergency checkpoint"
                     if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
                         return AttemptOutcome("preempted", step=step)
                     if stop_requested_at is not None or EXIT_PREEMPTED_UNSAVED in codes.values():
@@ -712,7 +714,13 @@ class Agent:
                     return AttemptOutcome("stopped")
                 if now - stop_requested_at > cfg.emergency_deadline_s:
                     group.stop(cfg.stop_grace_s)
-                    return AttemptOutcome("preempted")
+                    saved = [d for d in tracker.durability.values() if d.kind == "emergency" and d.durable]
+                    if saved and len(saved) == len(specs):  # every rank had committed; only the exit lagged
+                        return AttemptOutcome("preempted", step=max(d.step for d in saved))
+                    return AttemptOutcome(
+                        "preempted_unsaved",
+                        detail=f"not every rank finished it within --emergency-deadline {cfg.emergency_deadline_s:g}s",
+                    )
                 time.sleep(tick)
                 continue
 
