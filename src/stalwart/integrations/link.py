@@ -127,7 +127,11 @@ class StepLink:
                     **s._ctx(),
                 )
             )
-        s._send(CheckpointDone(s.rank, s.completed, time.time()))
+        # the framework's own save returned: its files are written, so an emergency save is committed
+        if emergency:
+            s._send(CheckpointDone(s.rank, s.completed, time.time(), True, "", "emergency"))
+        else:
+            s._send(CheckpointDone(s.rank, s.completed, time.time()))
 
     def finish(self, *, preempted: bool = False) -> None:
         s = self.session

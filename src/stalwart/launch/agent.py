@@ -681,7 +681,9 @@ class Agent:
                 if stop_requested_at is not None or tracker.preempted_ranks:
                     # exit 76 only for an emergency checkpoint every rank saw commit to a durable tier
                     why = durability_problem(tracker, "emergency")
-                    step = max((d.step for d in tracker.durability.values()), default=-1)
+                    step = max(
+                        (d.step for d in tracker.durability.values() if d.kind == "emergency"), default=-1
+                    )
                     if not why and step < 0:  # exit 76 needs a rank's word that it committed
                         why = "no rank reported a committed emergency checkpoint"
                     if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
