@@ -33,6 +33,8 @@ SCRAPE_S = 1.0
 WATCH_S = 1.0  # the exporter's ledger poll interval (its default)
 CRASHES = {8: 1, 16: 0, 24: 1}  # step -> rank: three restarts in a young job = a storm
 RUN_ID = "obs-e2e"
+TOKENS_PER_STEP = 4096.0
+MODEL = f"params=2e5,layers=2,heads=4,head_dim=16,seq_len=64,tokens_per_step={TOKENS_PER_STEP:g},gpus=2,device=h100"
 
 
 def _bin(*names: str) -> str:
@@ -217,6 +219,8 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
         str(run_dir),
         "--metrics-port",
         str(stack["metrics_port"]),
+        "--metrics-model",
+        MODEL,
         *chaos,
         *EXAMPLE,
         "--steps",
@@ -252,6 +256,22 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
     )
     assert -0.01 <= lag <= SCRAPE_S + WATCH_S + 1.0
     assert abs(float(g["value"][1]) - rep["goodput"]) <= (SCRAPE_S + WATCH_S + 1.0) / rep["wall_s"]
+
+    # tokens/s and MFU from --metrics-model: the report's ideal step time through the account functions
+    from stalwart.account.mfu import mfu_from_step
+    from stalwart.serve.snapshot import parse_model_spec
+
+    spec = parse_model_spec(MODEL)
+    (tps,) = _query(base, f'last_over_time(stalwart_tokens_per_second{{run="{RUN_ID}"}}[10m])')
+    (mfu,) = _query(base, f'last_over_time(stalwart_mfu_ratio{{run="{RUN_ID}"}}[10m])')
+    ideal = float(TOKENS_PER_STEP) / float(tps["value"][1])
+    print(
+        f"tokens/s {float(tps['value'][1]):.1f} (ideal step {ideal:.4f}s), MFU {float(mfu['value'][1]):.3e}"
+    )
+    assert ideal == pytest.approx(rep["ideal_step_s"], rel=1e-6)  # the final scrape saw every step
+    assert float(mfu["value"][1]) == pytest.approx(
+        mfu_from_step(spec.dims, TOKENS_PER_STEP, ideal, spec.num_gpus, spec.peak_flops_per_gpu), rel=1e-6
+    )
 
     # every ledger file was read (none skipped as unreadable) at every scrape
     errs = _query(base, f'max_over_time(stalwart_ledger_error{{run="{RUN_ID}"}}[10m])')

@@ -57,6 +57,8 @@ def test_script_cannot_come_from_the_environment():
         ({"nnodes": "1:2"}, {}, "needs --rdzv-endpoint HOST:PORT"),
         ({"hang_floor_s": 0}, {}, "invalid setting hang_floor_s"),
         ({"no_such_flag": 1}, {}, "invalid setting no_such_flag"),
+        ({"metrics_model": "params=7e9"}, {}, "invalid setting metrics_model: missing"),
+        ({"metrics_model": "bogus=1"}, {}, "invalid setting metrics_model: bad item 'bogus=1'"),
     ],
 )
 def test_bad_values_give_one_clear_config_error(flags, env, fragment):

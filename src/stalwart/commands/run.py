@@ -225,6 +225,12 @@ def register(app: typer.Typer) -> None:
         metrics_addr: str = typer.Option(
             None, "--metrics-addr", help="Address for --metrics-port (default 127.0.0.1)."
         ),
+        metrics_model: str = typer.Option(
+            None,
+            "--metrics-model",
+            help="Model spec for tokens/s and MFU on /metrics: params=7e9,layers=32,heads=32,"
+            "head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
+        ),
         notify: list[str] = typer.Option(
             None,
             "--notify",
@@ -294,6 +300,7 @@ def register(app: typer.Typer) -> None:
             "health_state_dir": health_state_dir,
             "metrics_port": metrics_port,
             "metrics_addr": metrics_addr,
+            "metrics_model": metrics_model,
             "notify": notify or None,
         }
         for key, value in pet_defaults(os.environ).items():  # torchrun's PET_* variables: defaults for flags

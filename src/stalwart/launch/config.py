@@ -100,6 +100,7 @@ class RunConfig(BaseModel):
     # observability (serve/): Prometheus exporter for this run (None = off) and notification targets
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_addr: str = "127.0.0.1"
+    metrics_model: str = ""  # model spec for tokens/s and MFU (serve.snapshot.parse_model_spec)
     notify: list[str] = Field(default_factory=list)
 
     @field_validator("nnodes")
@@ -113,6 +114,19 @@ class RunConfig(BaseModel):
         if a < 1 or b < a:
             raise ValueError(f"--nnodes {v!r} needs 1 <= MIN <= MAX")
         return f"{a}:{b}"
+
+    @field_validator("metrics_model")
+    @classmethod
+    def _model_spec(cls, v: str) -> str:
+        if v:
+            from ..errors import ConfigError
+            from ..serve.snapshot import parse_model_spec
+
+            try:
+                parse_model_spec(v)
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("--model: ")) from None
+        return v
 
     @field_validator("valid_sizes")
     @classmethod

@@ -28,12 +28,14 @@ class Observability:
         exporter = None
         if cfg.metrics_port is not None:
             from .exporter import RunExporter
+            from .snapshot import parse_model_spec
 
             exporter = RunExporter(
                 cfg.run_dir,
                 addr=cfg.metrics_addr,
                 port=cfg.metrics_port,
                 file_sd_dir=os.environ.get(FILE_SD_ENV) or None,
+                model=parse_model_spec(cfg.metrics_model) if cfg.metrics_model else None,
             )
         notifier = RunNotifier([Target.parse(u) for u in cfg.notify]) if cfg.notify else None
         return cls(exporter, notifier, say)
