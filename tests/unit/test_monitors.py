@@ -250,3 +250,26 @@ def test_a_flagged_rank_that_recovered_is_cleared_and_one_still_slow_is_not_repe
     d = STRAG(snap(recent_steps=steps(50, {}), straggler_step=49, stragglers={2: 2.5}))
     assert d.cleared == ((2, 1.0),) and d.detected == ()
     assert STRAG(snap(recent_steps=steps(50, {2: 2.5}), straggler_step=49, stragglers={2: 2.5})) is None
+
+
+def test_the_straggler_action_policy_weighs_a_new_straggler_without_acting():
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+    from stalwart.launch.world_size import WorldPlan
+
+    mon = StragglerMonitor(action=StragglerActionConfig(recovery_s=60.0), min_nodes=1, max_nodes=2)
+    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    slow = steps(30, {2: 2.5})
+    # a long run left and a spare to step in: a restart costs less than 10,000 steps 2.5x slower
+    d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=10_000, max_done_step=29))
+    (inc,) = d.advice
+    assert inc.action == "exclude_quarantine" and not inc.action_taken and inc.blast_radius.ranks == (2,)
+    # nearly done: keep going
+    d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=31, max_done_step=29))
+    assert d.advice[0].action == "keep" and "keep going" in d.advice[0].evidence[0]
+    # no spare: the run would go on at half the size, which costs more than the straggler
+    halved = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    d = mon(snap(recent_steps=slow, straggler_step=29, world=halved, total_steps=10_000, max_done_step=29))
+    assert d.advice[0].action == "keep"
+    # without a world plan, or without the policy configured, detection only
+    assert mon(snap(recent_steps=slow, straggler_step=29)).advice == ()
+    assert STRAG(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=10_000)).advice == ()

@@ -21,6 +21,7 @@ from stalwart.launch.monitors import SignalMonitor, durability, membership, work
 from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.launch.supervisor import Hooks, Supervisor, decide
 from stalwart.launch.timeouts import HangTimeoutPolicy
+from stalwart.launch.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
 
 T0 = 1_000_000.0
@@ -74,6 +75,9 @@ def cfg(**kw):
         hang_policy=HangTimeoutPolicy(multiplier=3.0, floor_s=10.0, startup_s=60.0),
         startup_timeout_s=60.0,
         cpu_stall_s=20.0,
+        min_nodes=1,
+        max_nodes=2,
+        size_rule=SizeRule(),
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -83,7 +87,16 @@ class World:
     """A supervisor over two fake ranks; ``script(tick, world)`` plays the workers' side each tick."""
 
     def __init__(
-        self, script, *, ranks=2, signal_at=None, waiting_from=None, raised=None, stacks=None, **cfg_kw
+        self,
+        script,
+        *,
+        ranks=2,
+        signal_at=None,
+        waiting_from=None,
+        raised=None,
+        stacks=None,
+        world=None,
+        **cfg_kw,
     ):
         self.clock = ManualClock(T0)
         self.group = FakeGroup(range(ranks))
@@ -131,6 +144,7 @@ class World:
             clock=self.clock,
             attempt=1,
             node="n0",
+            world=world,
         )
 
     def send(self, *msgs):
@@ -256,10 +270,16 @@ def test_a_slowed_rank_is_recorded_as_a_straggler_while_training_goes_on():
         elif tick == 40:
             w.group.codes.update({r: 0 for r in w.group.codes})
 
-    w = World(script, ranks=4)
+    plan = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    w = World(script, ranks=4, world=plan)
     assert w.sup.run().status == "succeeded"
     (sd,) = w.of(StragglerDetected)
     assert sd.rank == 2 and sd.score > 2.0
+    # the straggler-action policy's verdict is recorded, observe only (never acted on)
+    (advice,) = w.of(IncidentRaised)
+    assert advice.rule == "policy:straggler-action" and advice.rank == 2 and not advice.action_taken
+    assert advice.nodes == ("n0",) and advice.action in ("keep", "exclude_quarantine")
+    assert w.group.stops == []
 
 
 # --- decide(): the priority order -------------------------------------------------------------------

@@ -92,6 +92,7 @@ class Agent:
         self._rdzv = None
         self._round_store = None
         self._spares_waiting = False
+        self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
 
     # --- ledger ------------------------------------------------------------------------------
 
@@ -275,6 +276,7 @@ class Agent:
                     DecisionTaken(ts=self.clock.now(), action="plan_world", reason=plan.reason, **self._ctx())
                 )
             self._spares_waiting = bool(plan.spares)
+            self._plan = plan
             self._round_store = store
             outcome = self._run_attempt(plan.active.index(self.cfg.node_name), len(plan.active), addr, port)
             if outcome.status == "succeeded":
@@ -628,6 +630,7 @@ class Agent:
             clock=self.clock,
             attempt=self.attempt,
             node=self.cfg.node_name,
+            world=self._plan,
         ).run()
 
     def _release_spares(self) -> None:

@@ -57,6 +57,7 @@ class Decision:
     detected: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) newly slow
     cleared: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) no longer slow
     evidence: str = ""  # stragglers: the detector's reason
+    advice: tuple[Incident, ...] = ()  # stragglers: the straggler-action policy's verdicts (observe only)
 
     def __post_init__(self) -> None:
         if self.kind not in ENDING and self.kind not in CONTINUING:

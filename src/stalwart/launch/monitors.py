@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from ..diagnose.incident import BlastRadius, Incident
 from ..diagnose.root_cause import classify, component_class, incident_class
-from ..diagnose.straggler import relative_stragglers
+from ..diagnose.straggler import RelativeStraggler, relative_stragglers
+from ..diagnose.straggler_action import (
+    StragglerActionConfig,
+    StragglerCase,
+    Workload,
+    confidence_from_windows,
+    decide_straggler,
+)
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from .cpu_progress import detect_cpu_stall
 from .decision import AttemptOutcome, Decision
@@ -30,6 +37,7 @@ from .restart_policy import Failure
 from .snapshot import RankView, Snapshot
 from .timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from .workers import describe_exit
+from .world_size import SizeRule
 
 # how sure a crash's root cause is, by kind: an error record names the exception; a signal death
 # says what killed the rank but not why; a lost peer says the cause is elsewhere
@@ -313,6 +321,10 @@ class StragglerMonitor:
     k: int = 3
     n: int = 5
     min_ranks: int = 2
+    action: StragglerActionConfig | None = None  # None: detect only; else also weigh excluding the node
+    min_nodes: int = 1
+    max_nodes: int = 1
+    rule: SizeRule = SizeRule()
 
     @property
     def steps_kept(self) -> int:
@@ -335,13 +347,46 @@ class StragglerMonitor:
         cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow)
         if not detected and not cleared:
             return None
-        return Decision("stragglers", rep.reason, detected=detected, cleared=cleared, evidence=rep.reason)
+        new = {r for r, _ in detected}
+        advice = tuple(self._advise(s, r) for r in rep.stragglers if r.rank in new)
+        return Decision(
+            "stragglers",
+            rep.reason,
+            detected=detected,
+            cleared=cleared,
+            evidence=rep.reason,
+            advice=tuple(a for a in advice if a is not None),
+        )
+
+    def _advise(self, s: Snapshot, st: RelativeStraggler) -> Incident | None:
+        """The straggler-action policy's verdict on a new straggler: observe only, never acted on."""
+        if self.action is None or s.world is None or not s.world.runnable:
+            return None
+        mine = [e for e in s.recent_steps if e.step >= st.first_step]
+        since = min((e.start for e in mine), default=s.now)
+        durations = sorted(e.duration for e in s.recent_steps)
+        step_time = durations[len(durations) // 2] if durations else 0.0
+        remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
+        case = StragglerCase(
+            node=s.node,
+            rank=st.rank,
+            slowdown=max(st.ratio, 1e-9),
+            confidence=confidence_from_windows(st.flagged, st.seen, self.k),
+            since=since,
+        )
+        work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+        return decide_straggler(case, work, s.now, self.action).incident
 
 
 def default_monitors(cfg) -> tuple:
     """The monitors of a run configuration, in :data:`PRIORITY` order."""
     return (
-        StragglerMonitor(),
+        StragglerMonitor(
+            action=StragglerActionConfig(),
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            rule=cfg.size_rule,
+        ),
         worker_exits,
         durability,
         SignalMonitor(cfg.emergency_deadline_s),

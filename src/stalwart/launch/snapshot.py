@@ -17,6 +17,7 @@ from ..events import StepCompleted
 from ..protocol import CheckpointDone
 from .cpu_progress import CpuProgress
 from .progress import ProgressTracker, RankProgress
+from .world_size import WorldPlan
 
 _EMPTY: Mapping = MappingProxyType({})
 
@@ -94,6 +95,8 @@ class Snapshot:
         default_factory=_empty
     )  # rank -> score of the ranks flagged so far
     attempt: int = 0
+    world: WorldPlan | None = None  # this attempt's nodes (for the straggler-action policy)
+    total_steps: int = 0  # the steps the script announced (0: unknown)
 
     # --- derived views ------------------------------------------------------------------------
 

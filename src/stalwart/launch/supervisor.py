@@ -35,6 +35,7 @@ from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .progress import ProgressTracker
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .workers import describe_exit, tail, tail_lines
+from .world_size import WorldPlan
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
 STRAGGLER_EVERY = 10  # steps between two straggler checks
@@ -96,7 +97,9 @@ class Supervisor:
         attempt: int,
         node: str,
         monitors: Sequence[Callable[[Snapshot], Decision | None]] | None = None,
+        world: WorldPlan | None = None,
     ) -> None:
+        self.world = world
         self.cfg = cfg
         self.hooks = hooks
         self.group = group
@@ -210,6 +213,8 @@ class Supervisor:
             straggler_step=straggler_step,
             stragglers=frozen(self.stragglers),
             attempt=self.attempt,
+            world=self.world,
+            total_steps=tr.total_steps,
         )
 
     # --- the loop --------------------------------------------------------------------------------
@@ -304,6 +309,9 @@ class Supervisor:
                 StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.hooks.ctx())
             )
             self.stragglers.pop(rank, None)
+        ctx = self.hooks.ctx()
+        for incident in d.advice:  # observe only: what the straggler-action policy would do, and why
+            self.hooks.emit(incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
 
     def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         assert d.outcome is not None and d.outcome.failure is not None
