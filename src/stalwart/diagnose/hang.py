@@ -62,7 +62,7 @@ def attribute_hang(
     others_txt = "; others at " + ", ".join(f"step {s} '{sec}'" for s, sec in others) if others else ""
     silence = now - culprit.last_seen
     reason = (
-        f"rank {culprit.rank} on {culprit.node} silent {silence:.2f}s at {where} "
+        f"rank {culprit.rank}{f' on {culprit.node}' if culprit.node else ''} silent {silence:.2f}s at {where} "
         f"(timeout {timeout_s:.2f}s, {phase}){others_txt}"
     )
     victims = tuple(sorted(p.rank for p in live if p.rank != culprit.rank))

@@ -4,9 +4,11 @@ One agent per node. Agents meet through torch.distributed.elastic's c10d rendezv
 does). Each rendezvous round gets a fresh master port for the workers' own TCPStore, so restarted
 workers never see stale keys from an earlier round (the shared-store hang of torch >= 2.5).
 
-Collect -> decide -> act: the monitor loop collects exit codes and worker messages, the pure
-policies in ``timeouts``, ``progress`` and ``restart_policy`` decide, and this module acts
-(stack capture, stop, restart, verdict) and writes every step of it to the ledger.
+Collect -> decide -> act: each attempt is watched by a ``Supervisor`` (launch/supervisor.py) that
+gathers a frozen snapshot per tick, asks the monitors (launch/monitors.py: worker exits, durability,
+signals, hangs, membership, stragglers) in a fixed order and applies the first decision that ends the
+attempt; this module runs the attempts (rendezvous, spawn, restart policy, verdict) and writes every
+step of it to the ledger. Time comes from an injected clock (launch/clock.py).
 """
 
 from __future__ import annotations
@@ -15,15 +17,12 @@ import os
 import signal
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
-from ..diagnose.root_cause import ErrorRecord, classify, error_from_log, read_elastic_error, read_error
-from ..diagnose.straggler import score_ranks
+from ..diagnose.root_cause import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..errors import ConfigError, LedgerFullError
 from ..events import (
     AttemptEnded,
@@ -31,55 +30,32 @@ from ..events import (
     ChaosInjected,
     DecisionTaken,
     Event,
-    FailureDetected,
     JobEnded,
     JobStarted,
-    StackCaptured,
     StepCompleted,
-    StragglerCleared,
-    StragglerDetected,
-    TimeoutsCalibrated,
     WorkersStarted,
-    WorkersStopped,
 )
 from ..exit_codes import (
     EXIT_INFRA,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PREEMPTED,
-    EXIT_PREEMPTED_UNSAVED,
     REQUEUE_HELPS,
 )
 from ..ledger import LedgerWriter
-from ..protocol import LoopStarted, Note, WorkerEnv, elastic_env
+from ..protocol import WorkerEnv, elastic_env
 from ..run_dir import RunDir
 from ..train import control
 from . import chaos_actions
+from .clock import Clock, SystemClock
 from .config import CONFIG_SETTINGS, RunConfig
-from .cpu_progress import CpuProgress, detect_cpu_stall, read_proc
+from .decision import AttemptOutcome
 from .output import routes
-from .progress import ProgressTracker, detect_hang, durability_problem
+from .progress import ProgressTracker
 from .restart_policy import Failure, decide
-from .timeouts import hang_timeout
-from .workers import WorkerGroup, WorkerSpec, describe_exit, tail, tail_lines
+from .supervisor import Hooks, Supervisor
+from .workers import WorkerGroup, WorkerSpec, tail_lines
 from .world_size import plan_world
-
-# workers that ran this long without announcing the SDK do not use it: a stop signal is passed on to
-# them at once (before that, they may still be importing, and the stop waits for the SDK's checkpoint)
-NO_SDK_AFTER_S = 30.0
-STRAGGLER_WINDOW = 20  # steps per rank scored together
-STRAGGLER_THRESHOLD = 1.2  # own-work time over the fleet median that marks a straggler
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    status: (
-        str  # succeeded | final_unsaved | failed | membership | preempted | preempted_unsaved | interrupted
-    )
-    failure: Failure | None = None
-    detected_at: float = 0.0
-    detail: str = ""  # why a save the verdict depends on did not commit
-    step: int = -1  # the step the emergency or final save was for
 
 
 class Agent:
@@ -91,10 +67,12 @@ class Agent:
         progress: Callable[[int, int, int, float], None] | None = None,
         started: float | None = None,
         note: Callable[[str], None] | None = None,
+        clock: Clock | None = None,
     ):
         self.cfg = cfg
         self.run = RunDir(cfg.run_dir).create()
-        self.started = started or time.time()
+        self.clock: Clock = clock or SystemClock()
+        self.started = started or self.clock.now()
         self.run.archive_errors(cfg.node_name, f"{int(self.started)}-{os.getpid()}")
         self.plan: FaultPlan = build_plan(cfg.chaos, cfg.chaos_file or None)
         self._notify = notify or (lambda ev: None)
@@ -114,6 +92,7 @@ class Agent:
         self._rdzv = None
         self._round_store = None
         self._spares_waiting = False
+        self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
 
     # --- ledger ------------------------------------------------------------------------------
 
@@ -189,7 +168,7 @@ class Agent:
     def _end(self, outcome: str, verdict: str, code: int) -> int:
         self.emit(
             JobEnded(
-                ts=time.time(),
+                ts=self.clock.now(),
                 verdict=verdict,
                 outcome=outcome,
                 exit_code=code,
@@ -232,7 +211,7 @@ class Agent:
 
         res = check_node(
             node=cfg.node_name,
-            now=time.time(),
+            now=self.clock.now(),
             state_dir=cfg.health_state_dir,
             fixture=cfg.health_fixture,
             active=cfg.health_active and self.attempt > 0,
@@ -242,7 +221,7 @@ class Agent:
             return ""
         self.emit(
             DecisionTaken(
-                ts=time.time(),
+                ts=self.clock.now(),
                 action="exclude_node",
                 reason=f"exclude node {cfg.node_name}: {res.reason} (node state {res.state})",
                 **self._ctx(),
@@ -294,9 +273,10 @@ class Agent:
                 and (plan.spares or len(names) != len(plan.active))
             ):
                 self.emit(
-                    DecisionTaken(ts=time.time(), action="plan_world", reason=plan.reason, **self._ctx())
+                    DecisionTaken(ts=self.clock.now(), action="plan_world", reason=plan.reason, **self._ctx())
                 )
             self._spares_waiting = bool(plan.spares)
+            self._plan = plan
             self._round_store = store
             outcome = self._run_attempt(plan.active.index(self.cfg.node_name), len(plan.active), addr, port)
             if outcome.status == "succeeded":
@@ -347,7 +327,7 @@ class Agent:
             if outcome.status == "membership":
                 self.emit(
                     DecisionTaken(
-                        ts=time.time(),
+                        ts=self.clock.now(),
                         action="restart",
                         reason="restart: a node is waiting to join; re-forming the group",
                         **self._ctx(),
@@ -361,7 +341,7 @@ class Agent:
             d = decide(self.history, self.cfg.budget)
             self.emit(
                 DecisionTaken(
-                    ts=time.time(),
+                    ts=self.clock.now(),
                     action=d.action,
                     reason=d.reason,
                     restarts_used=d.infra_used,
@@ -373,7 +353,7 @@ class Agent:
             if d.action == "stop":
                 return self._end(d.outcome, d.reason, d.exit_code)
             if d.backoff_s:
-                time.sleep(d.backoff_s)
+                self.clock.sleep(d.backoff_s)
             self.attempt += 1
 
     # --- rendezvous --------------------------------------------------------------------------
@@ -453,7 +433,9 @@ class Agent:
     def _stand_by(self, plan, store) -> AttemptOutcome:
         """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
         self.emit(
-            DecisionTaken(ts=time.time(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx())
+            DecisionTaken(
+                ts=self.clock.now(), action="standby", reason=f"hot spare: {plan.reason}", **self._ctx()
+            )
         )
         while True:
             if self._signal is not None:
@@ -465,7 +447,7 @@ class Agent:
                     return AttemptOutcome("membership")
             except Exception:  # noqa: BLE001 - the store went away with the job
                 return AttemptOutcome("store_lost")
-            time.sleep(0.5)
+            self.clock.sleep(0.5)
 
     def _make_handler(self):
         from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -623,192 +605,33 @@ class Agent:
         return outcome
 
     def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
-        cfg = self.cfg
-        ranks = [s.global_rank for s in specs]
-        now = time.time()
-        tracker = ProgressTracker(ranks=ranks, started=now)
-        calibrated_reported = False
-        window_steps: deque[StepCompleted] = deque(maxlen=STRAGGLER_WINDOW * len(ranks))
-        stragglers: dict[int, float] = {}
-        last_straggler_check = -1
-        last_membership_check = now
-        stop_requested_at: float | None = None
-        tick = cfg.monitor_interval_s
-        cpu: dict[int, CpuProgress] = {}
-        while True:
-            now = time.time()
-            batch = []
-            for msg in receiver.drain():
-                if isinstance(msg, Note):
-                    self._note(msg.text)
-                elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
-                    self._note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
-                rec = tracker.observe(msg, now)
-                if rec is not None:
-                    batch.append(
-                        StepCompleted(
-                            ts=rec.start + rec.duration,
-                            rank=rec.rank,
-                            step=rec.step,
-                            start=rec.start,
-                            duration=rec.duration,
-                            sections=rec.sections,
-                            **self._ctx(),
-                        )
-                    )
-            for spec in specs:
-                beat = block.read_beat(spec.local_rank)
-                if beat is not None:
-                    tracker.observe_beat(spec.global_rank, beat[0], beat[1], beat[2], now)
-            if batch:
-                self.record(batch)
-                top = max(batch, key=lambda e: e.step)
-                window_steps.extend(batch)
-                if top.step // 10 != last_straggler_check // 10:
-                    last_straggler_check = top.step
-                    self._check_stragglers(window_steps, stragglers, top.step)
-                recent = list(tracker.step_times)[-20:]
-                rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
-                self._progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(ranks)))
-            self._agent_chaos(tracker)
-
-            # 1. exits
-            codes = group.poll()
-            failed = {r: c for r, c in codes.items() if c not in (None, 0)}
-            if failed and stop_requested_at is None:
-                return self._fail_crash(group, failed, tracker, specs)
-            if all(c is not None for c in codes.values()):
-                if stop_requested_at is not None or tracker.preempted_ranks:
-                    # exit 76 only for an emergency checkpoint every rank saw commit to a durable tier
-                    why = durability_problem(tracker, "emergency")
-                    step = max(
-                        (d.step for d in tracker.durability.values() if d.kind == "emergency"), default=-1
-                    )
-                    if not why and step < 0:  # exit 76 needs a rank's word that it committed
-                        why = "no rank reported a committed emergency checkpoint"
-                    if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
-                        return AttemptOutcome("preempted", step=step)
-                    if stop_requested_at is not None or EXIT_PREEMPTED_UNSAVED in codes.values():
-                        why = why or "workers exited " + ", ".join(
-                            describe_exit(c) for c in set(codes.values())
-                        )
-                        return AttemptOutcome("preempted_unsaved", detail=why, step=step)
-                    return AttemptOutcome("failed")
-                self._release_spares()
-                why = durability_problem(tracker, "final")
-                if why:  # the training finished but its final state is not safe: say so, never "succeeded"
-                    return AttemptOutcome("final_unsaved", detail=why, step=tracker.max_done_step + 1)
-                return AttemptOutcome("succeeded")
-
-            # 2. signals to the agent: coordinated emergency checkpoint
-            if self._signal is not None and stop_requested_at is None:
-                if self._signal == signal.SIGINT:
-                    group.stop(cfg.stop_grace_s)
-                    return AttemptOutcome("interrupted")
-                stop_requested_at = now
-                # every rank stops after the same step: two ahead of the most advanced one, or, before any
-                # step was seen, after its first step (workers only record signals; the agent coordinates)
-                block.request_stop(tracker.max_step_in_progress() + 2 if tracker.steps_seen() else 0)
-            if stop_requested_at is not None:
-                if not tracker.sdk_ranks() and now - tracker.started >= NO_SDK_AFTER_S:
-                    # a script without the SDK: nothing to coordinate, pass the stop on as torchrun does
-                    group.stop(cfg.stop_grace_s)
-                    return AttemptOutcome("stopped")
-                if now - stop_requested_at > cfg.emergency_deadline_s:
-                    group.stop(cfg.stop_grace_s)
-                    saved = [d for d in tracker.durability.values() if d.kind == "emergency" and d.durable]
-                    if saved and len(saved) == len(specs):  # every rank had committed; only the exit lagged
-                        return AttemptOutcome("preempted", step=max(d.step for d in saved))
-                    return AttemptOutcome(
-                        "preempted_unsaved",
-                        detail=f"not every rank finished it within --emergency-deadline {cfg.emergency_deadline_s:g}s",
-                    )
-                time.sleep(tick)
-                continue
-
-            # 3. hangs: heartbeats of workers that use the SDK; CPU progress of every worker otherwise
-            sdk = tracker.sdk_ranks()
-            hang_deadline = now + tick
-            if not sdk:
-                for spec in specs:
-                    sample = read_proc(group.pid(spec.global_rank))
-                    if sample is not None and codes.get(spec.global_rank) is None:
-                        cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
-                stall = detect_cpu_stall(cpu, now + tick, cfg.cpu_stall_s)
-                if stall is not None:
-                    if raised := self._raised_not_exited(group, specs):  # an exception still exiting
-                        return self._fail_crash(group, raised, tracker, specs)
-                    return self._fail_hang(
-                        group, stall, tracker, "no SDK in the script: hang detection by CPU progress", step=-1
-                    )
-            else:
-                phase = (
-                    "start-up"
-                    if not tracker.steps_seen()
-                    else (
-                        "checkpoint"
-                        if any(p.in_checkpoint for p in tracker.progress.values())
-                        else "training"
-                    )
-                )
-                ht = hang_timeout(list(tracker.step_times), cfg.hang_policy)
-                timeout = ht.seconds if phase == "training" else max(ht.seconds, cfg.startup_timeout_s)
-                if ht.calibrated and not calibrated_reported:
-                    calibrated_reported = True
-                    self.emit(
-                        TimeoutsCalibrated(
-                            ts=now,
-                            hang_timeout_s=ht.seconds,
-                            p99_step_s=ht.p99_s,
-                            samples=ht.samples,
-                            reason=ht.reason,
-                            **self._ctx(),
-                        ),
-                        show=False,
-                    )
-                # declare the hang up to one tick before the timeout, so that detection never lands
-                # after it, whatever the poll phase (the loop also sleeps exactly to the deadline)
-                verdict = detect_hang(tracker, now + tick, timeout, phase)
-                if verdict is not None:
-                    if raised := self._raised_not_exited(group, specs):  # an exception still exiting
-                        return self._fail_crash(group, raised, tracker, specs)
-                    return self._fail_hang(group, verdict, tracker, ht.reason, step=verdict.step)
-                live = [p.last_msg for p in tracker.progress.values() if not p.finished and p.sdk]
-                hang_deadline = (min(live) + timeout - tick) if live else now + tick
-
-            # 4. membership: a node waiting to join (replacement or scale-up)
-            if self._rdzv is not None and now - last_membership_check > 1.0:
-                last_membership_check = now
-                try:
-                    waiting = self._rdzv.num_nodes_waiting()
-                except Exception:  # noqa: BLE001 - the store may be briefly unreachable
-                    waiting = 0
-                if waiting > 0:
-                    group.stop(cfg.stop_grace_s)
-                    self.emit(
-                        WorkersStopped(
-                            ts=time.time(), reason=f"{waiting} node(s) waiting to join", **self._ctx()
-                        )
-                    )
-                    return AttemptOutcome("membership")
-            time.sleep(max(0.001, min(tick, hang_deadline - time.time())))
-
-    def _check_stragglers(self, recent, flagged: dict[int, float], step: int) -> None:
-        """Score the ranks over the last window of steps; record a straggler when one appears or clears."""
-        rep = score_ranks(recent, STRAGGLER_THRESHOLD, min_steps=STRAGGLER_WINDOW // 2)
-        now_slow = {r.rank: r.score for r in rep.stragglers}
-        for rank, score in now_slow.items():
-            if rank not in flagged:
-                self.emit(
-                    StragglerDetected(
-                        ts=time.time(), rank=rank, score=score, step=step, evidence=rep.reason, **self._ctx()
-                    )
-                )
-        for rank in set(flagged) - set(now_slow):
-            score = next((r.score for r in rep.ranks if r.rank == rank), 1.0)
-            self.emit(StragglerCleared(ts=time.time(), rank=rank, score=score, step=step, **self._ctx()))
-        flagged.clear()
-        flagged.update(now_slow)
+        """One attempt's supervision: the monitors decide, the supervisor acts (launch/supervisor.py)."""
+        hooks = Hooks(
+            ctx=self._ctx,
+            emit=self.emit,
+            record=self.record,
+            note=self._note,
+            progress=self._progress,
+            signal=lambda: self._signal,
+            nodes_waiting=self._rdzv.num_nodes_waiting if self._rdzv is not None else None,
+            error_of=self._error_of,
+            raised_not_exited=lambda: self._raised_not_exited(group, specs),
+            capture_stacks=lambda: self._capture_stacks(group),
+            release_spares=self._release_spares,
+            chaos=self._agent_chaos,
+        )
+        return Supervisor(
+            cfg=self.cfg,
+            hooks=hooks,
+            group=group,
+            receiver=receiver,
+            block=block,
+            specs=specs,
+            clock=self.clock,
+            attempt=self.attempt,
+            node=self.cfg.node_name,
+            world=self._plan,
+        ).run()
 
     def _release_spares(self) -> None:
         """Tell hot spares the job is done (they poll every 0.5 s; keep the store up that long)."""
@@ -816,84 +639,11 @@ class Agent:
             return
         try:
             self._round_store.set("stalwart/done", "1")
-            time.sleep(1.5)
+            self.clock.sleep(1.5)
         except Exception:  # noqa: BLE001 - best effort: spares also leave when the store goes away
             pass
 
     # --- failure handling ------------------------------------------------------------------
-
-    def _fail_crash(
-        self, group: WorkerGroup, failed: dict[int, int], tracker: ProgressTracker, specs: list[WorkerSpec]
-    ) -> AttemptOutcome:
-        detected = time.time()
-        logs = {s.global_rank: s.log_path for s in specs}
-        errors = {r: self._error_of(r, logs.get(r)) for r in failed}
-
-        # root cause: a user exception first, then a signal death, then the earliest exit
-        def rank_key(r: int) -> tuple[int, float]:
-            kind = classify(failed[r], errors[r])
-            order = {"exception": 0, "crash": 1, "peer_lost": 2}[kind]
-            return order, group.exit_times.get(r, detected)
-
-        root = min(failed, key=rank_key)
-        code, err = failed[root], errors[root]
-        kind = classify(code, err)
-        progress = tracker.progress[root]
-        step = err.step if err is not None and err.step >= 0 else progress.step
-        # onset: an exception stamps its own time; a signal death happened after the rank's last
-        # message and before the agent saw the exit (one tick later at most): take the message
-        onset = min(group.exit_times.get(root, detected), detected)
-        if err is not None and err.ts > 0:
-            onset = min(onset, err.ts)
-        elif progress.last_msg > tracker.started:
-            onset = min(onset, progress.last_msg)
-        evidence = describe_exit(code)
-        if err is not None:
-            evidence += f"; {err.signature}"
-        group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
-        log = tail(logs.get(root), 3)
-        self._note(f"rank {root} failed ({evidence}); its log: {logs.get(root)}")
-        shown = tail_lines(logs.get(root), 8, match="Traceback (most recent call last)")
-        if shown:
-            self._note(f"last lines of rank {root}:\n{shown}")
-        self.emit(
-            FailureDetected(
-                ts=detected,
-                failure=kind,
-                evidence=evidence,
-                onset=onset,
-                step=step,
-                rank=root,
-                exit_code=code,
-                signal=describe_exit(code) if code < 0 else "",
-                error_type=err.type if err else "",
-                error_message=err.message[:500] if err else "",
-                **self._ctx(),
-            )
-        )
-        if log and kind != "crash":
-            self.emit(
-                StackCaptured(
-                    ts=time.time(),
-                    rank=root,
-                    stack=err.traceback if err else log,
-                    reason="traceback of the failed rank",
-                    **self._ctx(),
-                ),
-                show=False,
-            )
-        self.emit(WorkersStopped(ts=time.time(), reason=f"rank {root} {evidence}", **self._ctx()), show=False)
-        failure = Failure(
-            kind=kind,
-            attempt=self.attempt,
-            step=step,
-            rank=root,
-            evidence=evidence,
-            signature=err.signature if err is not None else "",
-            progressed=tracker.steps_seen(),
-            sdk=bool(tracker.sdk_ranks()),
-        )
-        return AttemptOutcome("failed", failure, detected)
 
     def _error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
         """Root cause of a failed rank: the SDK's error file, torch elastic's ``@record`` file, or the
@@ -903,7 +653,7 @@ class Agent:
         if err is None:
             err = read_elastic_error(self.run.elastic_error_file(node, self.attempt, rank))
         if err is None and log is not None:
-            time.sleep(0.05)  # the output pumps may still be copying the last lines
+            self.clock.sleep(0.05)  # the output pumps may still be copying the last lines
             err = error_from_log(tail_lines(log, 400))
         return err
 
@@ -919,66 +669,27 @@ class Agent:
         ]
         if not ranks:
             return {}
-        deadline = time.monotonic() + max(2.0, self.cfg.stop_grace_s)
-        while time.monotonic() < deadline and any(group.poll().get(r) is None for r in ranks):
-            time.sleep(0.05)
+        deadline = self.clock.monotonic() + max(2.0, self.cfg.stop_grace_s)
+        while self.clock.monotonic() < deadline and any(group.poll().get(r) is None for r in ranks):
+            self.clock.sleep(0.05)
         codes = group.poll()
         return {r: c if c not in (None, 0) else 1 for r in ranks for c in (codes.get(r),)}
-
-    def _fail_hang(
-        self, group: WorkerGroup, verdict, tracker: ProgressTracker, why: str, *, step: int
-    ) -> AttemptOutcome:
-        detected = time.time()
-        self.emit(
-            FailureDetected(
-                ts=detected,
-                failure="hang",
-                evidence=f"{verdict.evidence}; {why}",
-                onset=verdict.onset,
-                step=step,
-                rank=verdict.culprit,
-                **self._ctx(),
-            )
-        )
-        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self._capture_stacks(group) if tracker.sdk_ranks() else {}
-        for rank, text in stacks.items():
-            reason = "hung rank" if rank == verdict.culprit else "peer of the hung rank"
-            self.emit(
-                StackCaptured(ts=time.time(), rank=rank, stack=text, reason=reason, **self._ctx()),
-                show=rank == verdict.culprit,
-            )
-        group.stop(0.0)
-        self.emit(
-            WorkersStopped(ts=time.time(), reason=f"hang of rank {verdict.culprit}", **self._ctx()),
-            show=False,
-        )
-        failure = Failure(
-            kind="hang",
-            attempt=self.attempt,
-            step=step,
-            rank=verdict.culprit,
-            evidence=verdict.evidence,
-            progressed=tracker.steps_seen(),
-            sdk=bool(tracker.sdk_ranks()),
-        )
-        return AttemptOutcome("failed", failure, detected)
 
     def _capture_stacks(self, group: WorkerGroup, wait_s: float = 0.5) -> dict[int, str]:
         """faulthandler in each worker dumps every thread's Python stack on SIGUSR2."""
         paths = {r: self.run.stack_file(self.cfg.node_name, self.attempt, r) for r in group.procs}
         sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
         group.signal(signal.SIGUSR2)
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock.monotonic() + wait_s
         out: dict[int, str] = {}
-        while time.monotonic() < deadline and len(out) < len(paths):
+        while self.clock.monotonic() < deadline and len(out) < len(paths):
             for r, p in paths.items():
                 if r not in out and p.exists() and p.stat().st_size > sizes[r]:
-                    time.sleep(0.05)  # let the dump finish
+                    self.clock.sleep(0.05)  # let the dump finish
                     with open(p) as fh:
                         fh.seek(sizes[r])
                         out[r] = fh.read()
-            time.sleep(0.02)
+            self.clock.sleep(0.02)
         return out
 
     # --- chaos on the agent side -------------------------------------------------------------
@@ -992,7 +703,7 @@ class Agent:
                     continue
                 self.emit(
                     ChaosInjected(
-                        ts=time.time(),
+                        ts=self.clock.now(),
                         fault=fault.kind,
                         step=fault.step,
                         detail=fault.describe(),
@@ -1007,7 +718,7 @@ class Agent:
                 detail = chaos_actions.damage(target, fault.kind)
                 self.emit(
                     ChaosInjected(
-                        ts=time.time(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()
+                        ts=self.clock.now(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()
                     )
                 )
 

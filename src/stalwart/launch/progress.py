@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..diagnose.hang import RankPosition, attribute_hang
 from ..protocol import (
     CheckpointDone,
     Finished,
@@ -17,9 +19,6 @@ from ..protocol import (
     StepBegan,
     StepDone,
 )
-
-# sections that mostly wait for other ranks: a rank stuck there is a victim, not a culprit
-_SECTION_RANK = {None: 0, "data": 1, "forward": 2, "backward": 3, "optimizer": 4, "checkpoint": 5}
 
 
 @dataclass
@@ -156,16 +155,21 @@ class HangVerdict:
     onset: float
     step: int
     evidence: str
-
-
-def _position(p: RankProgress) -> tuple[int, int]:
-    return (p.step, _SECTION_RANK.get(p.section, 2))
+    victims: tuple[int, ...] = ()  # live ranks other than the culprit (usually waiting for it)
 
 
 def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: str) -> HangVerdict | None:
     """Return a verdict if some rank has been silent for ``timeout_s``; the culprit is the rank
     that is least advanced (others are usually blocked in a collective waiting for it)."""
-    live = [p for p in tracker.progress.values() if not p.finished and p.sdk]
+    return detect_hang_in(tracker.progress.values(), now, timeout_s, phase)
+
+
+def detect_hang_in(ranks: Iterable, now: float, timeout_s: float, phase: str) -> HangVerdict | None:
+    """:func:`detect_hang` over rank views (``RankProgress`` or the supervisor's frozen copies).
+
+    A long phase the script marked (evaluation) has its own budget; otherwise the culprit comes from
+    :func:`stalwart.diagnose.hang.attribute_hang` over the ranks that use the SDK."""
+    live = [p for p in ranks if not p.finished and p.sdk]
     if not live:
         return None
     phased = [p for p in live if p.phase and p.phase_budget_s > 0]
@@ -181,28 +185,23 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
             f"{c.phase_budget_s:.2f}s (the other ranks wait for it)"
         )
         return HangVerdict(c.rank, now - c.last_msg, c.phase_budget_s, c.phase_t0, c.step, evidence)
-    silent = max(live, key=lambda p: now - p.last_msg)
-    silence = now - silent.last_msg
-    if silence < timeout_s:
+    if max(now - p.last_msg for p in live) < timeout_s:
         return None
-    culprit = min(live, key=lambda p: (_position(p), p.last_msg))
-    where = f"step {culprit.step}" if culprit.step >= 0 else "start-up"
-    if culprit.section:
-        where += f", section '{culprit.section}'"
-    others = sorted({(p.step, p.section or "-") for p in live if p.rank != culprit.rank})
-    others_txt = "; others at " + ", ".join(f"step {s} '{sec}'" for s, sec in others) if others else ""
-    evidence = (
-        f"rank {culprit.rank} silent {now - culprit.last_msg:.2f}s at {where} "
-        f"(timeout {timeout_s:.2f}s, {phase}){others_txt}"
-    )
-    return HangVerdict(
-        culprit.rank, now - culprit.last_msg, timeout_s, culprit.last_msg, culprit.step, evidence
-    )
+    positions = [RankPosition(p.rank, "", p.step, p.section, p.last_msg) for p in live]
+    a = attribute_hang(positions, now, timeout_s, phase)
+    if a is None:
+        return None
+    return HangVerdict(a.culprit, a.silence_s, timeout_s, a.onset, a.step, a.reason, a.victims)
 
 
 def durability_problem(tracker: ProgressTracker, kind: str) -> str:
     """Why the ``kind`` ("emergency" or "final") save did not become durable on some rank, or ""."""
-    bad = [d for d in tracker.durability.values() if d.kind == kind and not d.durable]
+    return durability_problem_in(tracker.durability, kind)
+
+
+def durability_problem_in(durability: Mapping[int, CheckpointDone], kind: str) -> str:
+    """:func:`durability_problem` over the rank -> save map (the supervisor's snapshot holds one)."""
+    bad = [d for d in durability.values() if d.kind == kind and not d.durable]
     if not bad:
         return ""
     d = min(bad, key=lambda x: x.rank)

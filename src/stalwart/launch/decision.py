@@ -1,0 +1,75 @@
+"""What a monitor returns (a :class:`Decision` with its reason) and how an attempt ended
+(:class:`AttemptOutcome`). Both frozen: the supervisor applies a decision, it never edits one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..diagnose.incident import Incident
+from ..diagnose.root_cause import ErrorRecord
+from .restart_policy import Failure
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    status: (
+        str  # succeeded | final_unsaved | failed | membership | preempted | preempted_unsaved | interrupted
+    )
+    failure: Failure | None = None
+    detected_at: float = 0.0
+    detail: str = ""  # why a save the verdict depends on did not commit
+    step: int = -1  # the step the emergency or final save was for
+
+
+# decision kinds, and what the supervisor does for each
+ENDING = frozenset(
+    {
+        "crash",  # stop the group at once, record the failure and its incident; outcome failed
+        "hang",  # capture stacks, stop at once, record the failure and its incident; outcome failed
+        "finished",  # every worker exited without a stop request: release hot spares; the outcome
+        "stopped_exit",  # every worker exited after a stop (signal or worker-side preemption)
+        "interrupt",  # SIGINT: stop the group within its grace
+        "pass_stop",  # a stop for a script without the SDK: stop the group within its grace
+        "deadline",  # the emergency save ran out of time: stop within grace; saved or not
+        "membership",  # a node waits to join: stop within grace and re-form
+    }
+)
+CONTINUING = frozenset(
+    {
+        "request_stop",  # ask every rank to stop after ``stop_step`` (a coordinated emergency save)
+        "hold",  # an emergency save is under way: do nothing else this tick
+        "stragglers",  # record stragglers that appeared or cleared (observe only)
+    }
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: str
+    outcome: AttemptOutcome | None = None  # for the kinds that end the attempt
+    incident: Incident | None = None  # crashes and hangs
+    rank: int = -1  # the rank blamed (crash root cause, hang culprit)
+    onset: float = 0.0
+    exit_code: int = 0
+    error: ErrorRecord | None = None  # the root rank's error record, when it left one
+    stop_step: int = -1  # request_stop: the step after which every rank stops
+    detected: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) newly slow
+    cleared: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) no longer slow
+    evidence: str = ""  # stragglers: the detector's reason
+    advice: tuple[Incident, ...] = ()  # stragglers: the straggler-action policy's verdicts (observe only)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENDING and self.kind not in CONTINUING:
+            raise ValueError(f"unknown decision kind {self.kind!r}")
+        if (self.kind in ENDING) != (self.outcome is not None):
+            raise ValueError(f"decision {self.kind!r}: an outcome exactly when it ends the attempt")
+
+    @property
+    def ends_attempt(self) -> bool:
+        return self.kind in ENDING
+
+    @property
+    def ends_tick(self) -> bool:
+        """Whether the supervisor asks no further monitor this tick."""
+        return self.kind in ENDING or self.kind == "hold"

@@ -1,0 +1,401 @@
+"""The agent's monitors: one per concern, each a pure ``(snapshot) -> Decision | None``.
+
+- :func:`worker_exits`: a worker failed (no stop was asked): its root cause, a crash incident;
+- :func:`durability`: every worker exited: succeeded, or the final/emergency save's verdict (exit 76
+  only for an emergency checkpoint every rank reported committed to a durable tier);
+- :class:`SignalMonitor`: a signal to the agent: SIGINT stops, others start a coordinated emergency
+  save; then hold, pass the stop on to a script without the SDK, or end at the deadline;
+- :class:`HangMonitor`: SDK heartbeats (attribution by :func:`stalwart.diagnose.hang.attribute_hang`)
+  or, without the SDK, CPU progress; a hang incident;
+- :func:`membership`: a node waits to join: re-form the group;
+- :class:`StragglerMonitor`: ranks compared within the same steps, debounced over windows
+  (:func:`stalwart.diagnose.straggler.relative_stragglers`); observe only.
+
+:data:`PRIORITY` is the order the supervisor asks them in.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+
+from ..diagnose.incident import BlastRadius, Incident
+from ..diagnose.root_cause import classify, component_class, incident_class
+from ..diagnose.straggler import RelativeStraggler, relative_stragglers
+from ..diagnose.straggler_action import (
+    StragglerActionConfig,
+    StragglerCase,
+    Workload,
+    confidence_from_windows,
+    decide_straggler,
+)
+from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from .cpu_progress import detect_cpu_stall
+from .decision import AttemptOutcome, Decision
+from .progress import detect_hang_in, durability_problem_in
+from .restart_policy import Failure
+from .snapshot import RankView, Snapshot
+from .timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
+from .workers import describe_exit
+from .world_size import SizeRule
+
+# how sure a crash's root cause is, by kind: an error record names the exception; a signal death
+# says what killed the rank but not why; a lost peer says the cause is elsewhere
+CRASH_CONFIDENCE = {"exception": 0.9, "crash": 0.7, "peer_lost": 0.4}
+HANG_CONFIDENCE = {"heartbeat": 0.8, "cpu": 0.6}
+_KIND_ORDER = {"exception": 0, "crash": 1, "peer_lost": 2}
+_CLASS_OF_KIND = {"exception": "user_error", "crash": "crash", "peer_lost": "peer_lost"}
+
+
+# --- worker exits ---------------------------------------------------------------------------------
+
+
+def worker_exits(s: Snapshot) -> Decision | None:
+    """A rank exited non-zero while no stop was asked: the attempt failed; name the root cause."""
+    failed = s.failed
+    if not failed or s.stop_requested_at is not None:
+        return None
+    return crash(s, failed)
+
+
+def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
+    """Root cause among the failed ranks: a user exception first, then a signal death, then a lost
+    peer; within a kind the earliest exit."""
+    detected = s.now
+
+    def rank_key(r: int) -> tuple[int, float]:
+        return _KIND_ORDER[classify(failed[r], s.errors.get(r))], s.exit_times.get(r, detected)
+
+    root = min(failed, key=rank_key)
+    code, err = failed[root], s.errors.get(root)
+    kind = classify(code, err)
+    p = s.progress.get(root) or RankView(root, s.started)
+    step = err.step if err is not None and err.step >= 0 else p.step
+    # onset: an exception stamps its own time; a signal death happened after the rank's last
+    # message and before the agent saw the exit (one tick later at most): take the message
+    onset = min(s.exit_times.get(root, detected), detected)
+    if err is not None and err.ts > 0:
+        onset = min(onset, err.ts)
+    elif p.last_msg > s.started:
+        onset = min(onset, p.last_msg)
+    evidence = describe_exit(code)
+    if err is not None:
+        evidence += f"; {err.signature}"
+    failure = Failure(
+        kind=kind,
+        attempt=s.attempt,
+        step=step,
+        rank=root,
+        evidence=evidence,
+        signature=err.signature if err is not None else "",
+        progressed=s.steps_seen,
+        sdk=bool(s.sdk_ranks),
+    )
+    fault_class, component = incident_class(
+        component_class(_CLASS_OF_KIND[kind], evidence, err.type if err else "", err.message if err else "")
+    )
+    if kind == "exception":
+        cause = f"rank {root} raised {err.signature if err else evidence}"
+    elif kind == "peer_lost":
+        cause = f"rank {root} lost a peer ({evidence}); the cause is on another rank or the network"
+    else:
+        cause = f"rank {root} {evidence}"
+    others = sorted(r for r in failed if r != root)
+    incident = Incident(
+        cause=cause,
+        fault_class=fault_class,
+        component=component,
+        confidence=CRASH_CONFIDENCE[kind],
+        action="restart the workers (within the restart budget)",
+        ts=detected,
+        onset=onset,
+        rule="monitor:worker-exits",
+        evidence=(f"rank {root}: {evidence}",)
+        + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
+        + (f"step {step}",),
+        blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
+    )
+    return Decision(
+        "crash",
+        f"rank {root} {evidence}",
+        AttemptOutcome("failed", failure, detected),
+        incident,
+        rank=root,
+        onset=onset,
+        exit_code=code,
+        error=err,
+    )
+
+
+# --- every worker exited: the verdict rests on what was saved ---------------------------------------
+
+
+def durability(s: Snapshot) -> Decision | None:
+    if not s.all_exited:
+        return None
+    codes = s.codes
+    if s.stop_requested_at is not None or s.preempted_ranks:
+        # exit 76 only for an emergency checkpoint every rank saw commit to a durable tier
+        why = durability_problem_in(s.durability, "emergency")
+        step = max((d.step for d in s.durability.values() if d.kind == "emergency"), default=-1)
+        if not why and step < 0:  # exit 76 needs a rank's word that it committed
+            why = "no rank reported a committed emergency checkpoint"
+        if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
+            return Decision(
+                "stopped_exit",
+                f"every worker stopped; the emergency checkpoint of step {step} committed",
+                AttemptOutcome("preempted", step=step),
+            )
+        if s.stop_requested_at is not None or EXIT_PREEMPTED_UNSAVED in codes.values():
+            why = why or "workers exited " + ", ".join(describe_exit(c) for c in set(codes.values()))
+            return Decision(
+                "stopped_exit",
+                f"every worker stopped; the emergency checkpoint did not commit: {why}",
+                AttemptOutcome("preempted_unsaved", detail=why, step=step),
+            )
+        return Decision("stopped_exit", f"workers stopped on preemption: {why}", AttemptOutcome("failed"))
+    why = durability_problem_in(s.durability, "final")
+    if why:  # the training finished but its final state is not safe: say so, never "succeeded"
+        return Decision(
+            "finished",
+            f"every worker finished, but the final state was not committed: {why}",
+            AttemptOutcome("final_unsaved", detail=why, step=s.max_done_step + 1),
+        )
+    return Decision("finished", "every worker finished", AttemptOutcome("succeeded"))
+
+
+# --- signals to the agent ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignalMonitor:
+    emergency_deadline_s: float
+    no_sdk_after_s: float = 30.0  # a worker silent this long after start does not use the SDK
+
+    def __call__(self, s: Snapshot) -> Decision | None:
+        if s.signal is not None and s.stop_requested_at is None:
+            name = _signal.Signals(s.signal).name
+            if s.signal == _signal.SIGINT:
+                return Decision("interrupt", f"{name}: stopping the workers", AttemptOutcome("interrupted"))
+            # every rank stops after the same step: two ahead of the most advanced one, or, before any
+            # step was seen, after its first step (workers only record signals; the agent coordinates)
+            stop = s.max_step_in_progress + 2 if s.steps_seen else 0
+            return Decision(
+                "request_stop",
+                f"{name}: every rank saves an emergency checkpoint and stops after step {stop}",
+                stop_step=stop,
+            )
+        if s.stop_requested_at is None:
+            return None
+        if not s.sdk_ranks and s.now - s.started >= self.no_sdk_after_s:
+            # a script without the SDK: nothing to coordinate, pass the stop on as torchrun does
+            return Decision(
+                "pass_stop", "no SDK in the script: the stop is passed on", AttemptOutcome("stopped")
+            )
+        if s.now - s.stop_requested_at > self.emergency_deadline_s:
+            saved = [d for d in s.durability.values() if d.kind == "emergency" and d.durable]
+            if saved and len(saved) == len(s.ranks):  # every rank had committed; only the exit lagged
+                step = max(d.step for d in saved)
+                return Decision(
+                    "deadline",
+                    f"emergency deadline passed after every rank committed step {step}",
+                    AttemptOutcome("preempted", step=step),
+                )
+            detail = f"not every rank finished it within --emergency-deadline {self.emergency_deadline_s:g}s"
+            return Decision("deadline", detail, AttemptOutcome("preempted_unsaved", detail=detail))
+        return Decision("hold", "waiting for the coordinated emergency checkpoint")
+
+
+# --- hangs -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HangMonitor:
+    policy: HangTimeoutPolicy
+    startup_timeout_s: float
+    cpu_stall_s: float
+
+    def phase(self, s: Snapshot) -> str:
+        if not s.steps_seen:
+            return "start-up"
+        return "checkpoint" if s.in_checkpoint else "training"
+
+    def timeout(self, s: Snapshot) -> tuple[HangTimeout, float]:
+        """The calibrated hang timeout, and the silence allowed in the snapshot's phase."""
+        ht = hang_timeout(s.step_times, self.policy)
+        seconds = ht.seconds if self.phase(s) == "training" else max(ht.seconds, self.startup_timeout_s)
+        return ht, seconds
+
+    def next_check(self, s: Snapshot) -> float:
+        """When the next tick must come so a hang is never declared after its timeout."""
+        live = [r.last_msg for r in s.ranks if not r.finished and r.sdk]
+        if not s.sdk_ranks or not live:
+            return s.now + s.tick
+        return min(live) + self.timeout(s)[1] - s.tick
+
+    def __call__(self, s: Snapshot) -> Decision | None:
+        # declare the hang up to one tick before the timeout, so that detection never lands after it,
+        # whatever the poll phase (the supervisor also sleeps exactly to the deadline)
+        if not s.sdk_ranks:
+            stall = detect_cpu_stall(dict(s.cpu), s.now + s.tick, self.cpu_stall_s)
+            if stall is None:
+                return None
+            return _hang(
+                s,
+                stall.culprit,
+                stall.onset,
+                stall.evidence,
+                "no SDK in the script: hang detection by CPU progress",
+                -1,
+                tuple(sorted(r for r in s.cpu if r != stall.culprit)),
+                "cpu",
+            )
+        ht, seconds = self.timeout(s)
+        v = detect_hang_in(s.ranks, s.now + s.tick, seconds, self.phase(s))
+        if v is None:
+            return None
+        return _hang(s, v.culprit, v.onset, v.evidence, ht.reason, v.step, v.victims, "heartbeat")
+
+
+def _hang(
+    s: Snapshot,
+    culprit: int,
+    onset: float,
+    evidence: str,
+    why: str,
+    step: int,
+    victims: tuple[int, ...],
+    how: str,
+) -> Decision:
+    failure = Failure(
+        kind="hang",
+        attempt=s.attempt,
+        step=step,
+        rank=culprit,
+        evidence=evidence,
+        progressed=s.steps_seen,
+        sdk=bool(s.sdk_ranks),
+    )
+    fault_class, component = incident_class(component_class("hang", evidence))
+    incident = Incident(
+        cause=f"rank {culprit} stopped making progress; the other ranks wait for it",
+        fault_class=fault_class,
+        component=component,
+        confidence=HANG_CONFIDENCE[how],
+        action="capture stacks and restart the workers (within the restart budget)",
+        ts=s.now,
+        onset=onset,
+        rule=f"monitor:hang-{how}",
+        evidence=(evidence, why) + ((f"waiting ranks: {', '.join(map(str, victims))}",) if victims else ()),
+        blast_radius=BlastRadius(nodes=(s.node,), ranks=(culprit,)),
+    )
+    return Decision(
+        "hang",
+        f"{evidence}; {why}",
+        AttemptOutcome("failed", failure, s.now),
+        incident,
+        rank=culprit,
+        onset=onset,
+    )
+
+
+# --- membership --------------------------------------------------------------------------------------
+
+
+def membership(s: Snapshot) -> Decision | None:
+    if not s.nodes_waiting:
+        return None
+    return Decision("membership", f"{s.nodes_waiting} node(s) waiting to join", AttemptOutcome("membership"))
+
+
+# --- stragglers --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StragglerMonitor:
+    """Observe only: ranks slower than the others *at the same steps*, in ``k`` of the last ``n``
+    windows of ``window`` steps, so a machine-wide slowdown or one slow window flags nobody."""
+
+    threshold: float = 1.2
+    window: int = 10
+    k: int = 3
+    n: int = 5
+    min_ranks: int = 2
+    action: StragglerActionConfig | None = None  # None: detect only; else also weigh excluding the node
+    min_nodes: int = 1
+    max_nodes: int = 1
+    rule: SizeRule = SizeRule()
+
+    @property
+    def steps_kept(self) -> int:
+        """Steps per rank the supervisor keeps for the monitor (``n`` windows)."""
+        return self.window * self.n
+
+    def __call__(self, s: Snapshot) -> Decision | None:
+        if s.straggler_step < 0:
+            return None
+        rep = relative_stragglers(
+            s.recent_steps,
+            threshold=self.threshold,
+            window=self.window,
+            k=self.k,
+            n=self.n,
+            min_ranks=self.min_ranks,
+        )
+        slow = {r.rank: r.ratio for r in rep.stragglers}
+        detected = tuple((r, score) for r, score in sorted(slow.items()) if r not in s.stragglers)
+        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow)
+        if not detected and not cleared:
+            return None
+        new = {r for r, _ in detected}
+        advice = tuple(self._advise(s, r) for r in rep.stragglers if r.rank in new)
+        return Decision(
+            "stragglers",
+            rep.reason,
+            detected=detected,
+            cleared=cleared,
+            evidence=rep.reason,
+            advice=tuple(a for a in advice if a is not None),
+        )
+
+    def _advise(self, s: Snapshot, st: RelativeStraggler) -> Incident | None:
+        """The straggler-action policy's verdict on a new straggler: observe only, never acted on."""
+        if self.action is None or s.world is None or not s.world.runnable:
+            return None
+        mine = [e for e in s.recent_steps if e.step >= st.first_step]
+        since = min((e.start for e in mine), default=s.now)
+        durations = sorted(e.duration for e in s.recent_steps)
+        step_time = durations[len(durations) // 2] if durations else 0.0
+        remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
+        case = StragglerCase(
+            node=s.node,
+            rank=st.rank,
+            slowdown=max(st.ratio, 1e-9),
+            confidence=confidence_from_windows(st.flagged, st.seen, self.k),
+            since=since,
+        )
+        work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+        return decide_straggler(case, work, s.now, self.action).incident
+
+
+def default_monitors(cfg) -> tuple:
+    """The monitors of a run configuration, in :data:`PRIORITY` order."""
+    return (
+        StragglerMonitor(
+            action=StragglerActionConfig(),
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            rule=cfg.size_rule,
+        ),
+        worker_exits,
+        durability,
+        SignalMonitor(cfg.emergency_deadline_s),
+        HangMonitor(cfg.hang_policy, cfg.startup_timeout_s, cfg.cpu_stall_s),
+        membership,
+    )
+
+
+# stragglers are observed first (they never end a tick), then exits before anything a signal or a
+# silence could suggest (a worker that exited says more than one that is quiet), then the stop a
+# signal asks for (while it runs, hangs and membership wait), then hangs, then a joining node
+PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "membership")

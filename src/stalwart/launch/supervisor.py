@@ -1,0 +1,393 @@
+"""The supervisor of one attempt: gather a snapshot, ask the monitors in a fixed order, apply.
+
+Each tick it (1) collects: the workers' messages and heartbeats into the progress tracker, exit
+codes, error records of the ranks that failed, CPU samples of workers without the SDK, the signal the
+agent received, the nodes waiting to join; (2) freezes them into a :class:`Snapshot`; (3) asks
+:func:`decide` for the decisions of the monitors (:mod:`stalwart.launch.monitors`) in priority order;
+(4) carries them out (stop the group, capture stacks, ask ranks to stop after a step) and writes the
+ledger. Time comes from the injected clock, and every action goes through :class:`Hooks`, so a test
+drives the whole loop with fakes and no process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..diagnose.root_cause import ErrorRecord
+from ..events import (
+    FailureDetected,
+    StackCaptured,
+    StepCompleted,
+    StragglerCleared,
+    StragglerDetected,
+    TimeoutsCalibrated,
+    WorkersStopped,
+)
+from ..protocol import LoopStarted, Note
+from .clock import Clock
+from .cpu_progress import CpuProgress, ProcSample, read_proc
+from .decision import AttemptOutcome, Decision
+from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
+from .progress import ProgressTracker
+from .snapshot import Snapshot, cpu_marks, frozen, views
+from .workers import describe_exit, tail, tail_lines
+from .world_size import WorldPlan
+
+MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
+STRAGGLER_EVERY = 10  # steps between two straggler checks
+
+
+def decide(snapshot: Snapshot, monitors: Sequence[Callable[[Snapshot], Decision | None]]) -> list[Decision]:
+    """The decisions to apply this tick, in order (pure).
+
+    Monitors are asked in the given order; observations (stragglers) are collected and the next
+    monitor asked; a stop request is applied to the snapshot and the same monitor asked again (so the
+    stop's own rules see it at once); a decision that ends the tick is the last one."""
+    out: list[Decision] = []
+    i = 0
+    while i < len(monitors):
+        d = monitors[i](snapshot)
+        if d is None:
+            i += 1
+            continue
+        out.append(d)
+        if d.ends_tick:
+            break
+        if d.kind == "request_stop":
+            snapshot = dataclasses.replace(snapshot, stop_requested_at=snapshot.now)
+            continue
+        i += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the supervisor needs from the agent: the ledger, the console and the agent's own state."""
+
+    ctx: Callable[[], dict]
+    emit: Callable[..., None]  # emit(event, show=True)
+    record: Callable[[Iterable], None]
+    note: Callable[[str], None] = lambda text: None
+    progress: Callable[[int, int, int, float], None] = lambda step, total, attempt, rate: None
+    signal: Callable[[], int | None] = lambda: None
+    nodes_waiting: Callable[[], int] | None = None  # None: no rendezvous (one node, static ranks)
+    error_of: Callable[[int, Path | None], ErrorRecord | None] = lambda rank, log: None
+    raised_not_exited: Callable[[], dict[int, int]] = lambda: {}
+    capture_stacks: Callable[[], dict[int, str]] = lambda: {}
+    release_spares: Callable[[], None] = lambda: None
+    chaos: Callable[[ProgressTracker], None] = lambda tracker: None
+    read_proc: Callable[[int], ProcSample | None] = read_proc
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        cfg,
+        hooks: Hooks,
+        group,
+        receiver,
+        block,
+        specs,
+        clock: Clock,
+        attempt: int,
+        node: str,
+        monitors: Sequence[Callable[[Snapshot], Decision | None]] | None = None,
+        world: WorldPlan | None = None,
+    ) -> None:
+        self.world = world
+        self.cfg = cfg
+        self.hooks = hooks
+        self.group = group
+        self.receiver = receiver
+        self.block = block
+        self.specs = list(specs)
+        self.clock = clock
+        self.attempt = attempt
+        self.node = node
+        self.monitors = tuple(monitors) if monitors is not None else default_monitors(cfg)
+        self.hangs = next((m for m in self.monitors if isinstance(m, HangMonitor)), None)
+        strag = next((m for m in self.monitors if isinstance(m, StragglerMonitor)), StragglerMonitor())
+        ranks = [s.global_rank for s in self.specs]
+        self.tracker = ProgressTracker(ranks=ranks, started=clock.now())
+        self.window: deque[StepCompleted] = deque(maxlen=strag.steps_kept * max(1, len(ranks)))
+        self.stragglers: dict[int, float] = {}
+        self.last_straggler_check = -1
+        self.last_membership_check = self.tracker.started
+        self.stop_requested_at: float | None = None
+        self.calibrated_reported = False
+        self.cpu: dict[int, CpuProgress] = {}
+
+    # --- collect ---------------------------------------------------------------------------------
+
+    def gather(self) -> Snapshot:
+        tracker, now = self.tracker, self.clock.now()
+        batch = []
+        for msg in self.receiver.drain():
+            if isinstance(msg, Note):
+                self.hooks.note(msg.text)
+            elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
+                self.hooks.note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
+            rec = tracker.observe(msg, now)
+            if rec is not None:
+                batch.append(
+                    StepCompleted(
+                        ts=rec.start + rec.duration,
+                        rank=rec.rank,
+                        step=rec.step,
+                        start=rec.start,
+                        duration=rec.duration,
+                        sections=rec.sections,
+                        **self.hooks.ctx(),
+                    )
+                )
+        for spec in self.specs:
+            beat = self.block.read_beat(spec.local_rank)
+            if beat is not None:
+                tracker.observe_beat(spec.global_rank, beat[0], beat[1], beat[2], now)
+        straggler_step = -1
+        if batch:
+            self.hooks.record(batch)
+            top = max(batch, key=lambda e: e.step)
+            self.window.extend(batch)
+            if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
+                self.last_straggler_check = straggler_step = top.step
+            recent = list(tracker.step_times)[-20:]
+            rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
+            self.hooks.progress(
+                top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(self.specs))
+            )
+        self.hooks.chaos(tracker)
+
+        codes = self.group.poll()
+        now = self.clock.now()  # after the poll: an exit is never later than the tick that saw it
+        failed = {r: c for r, c in codes.items() if c not in (None, 0)}
+        logs = {s.global_rank: s.log_path for s in self.specs}
+        errors = (
+            {r: self.hooks.error_of(r, logs.get(r)) for r in failed}
+            if failed and self.stop_requested_at is None
+            else {}
+        )
+        if not tracker.sdk_ranks() and self.stop_requested_at is None:
+            for spec in self.specs:
+                sample = self.hooks.read_proc(self.group.pid(spec.global_rank))
+                if sample is not None and codes.get(spec.global_rank) is None:
+                    self.cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
+        waiting = None
+        if (
+            self.hooks.nodes_waiting is not None
+            and self.stop_requested_at is None
+            and now - self.last_membership_check > MEMBERSHIP_EVERY_S
+        ):
+            self.last_membership_check = now
+            try:
+                waiting = self.hooks.nodes_waiting()
+            except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+                waiting = 0
+        return self._snapshot(now, codes, errors, waiting, straggler_step)
+
+    def _snapshot(self, now, codes, errors, waiting, straggler_step) -> Snapshot:
+        tr = self.tracker
+        return Snapshot(
+            now=now,
+            tick=self.cfg.monitor_interval_s,
+            node=self.node,
+            started=tr.started,
+            ranks=views(tr),
+            codes=frozen(codes),
+            exit_times=frozen(self.group.exit_times),
+            errors=frozen(errors),
+            step_times=tuple(tr.step_times),
+            max_done_step=tr.max_done_step,
+            preempted_ranks=frozenset(tr.preempted_ranks),
+            durability=frozen(tr.durability),
+            signal=self.hooks.signal(),
+            stop_requested_at=self.stop_requested_at,
+            nodes_waiting=waiting,
+            cpu=cpu_marks(self.cpu),
+            recent_steps=tuple(self.window) if straggler_step >= 0 else (),
+            straggler_step=straggler_step,
+            stragglers=frozen(self.stragglers),
+            attempt=self.attempt,
+            world=self.world,
+            total_steps=tr.total_steps,
+        )
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> AttemptOutcome:
+        while True:
+            snap = self.gather()
+            self._calibration(snap)
+            decisions = decide(snap, self.monitors)
+            for d in decisions:
+                outcome = self.apply(d, snap)
+                if outcome is not None:
+                    return outcome
+            if decisions and decisions[-1].kind == "hold":
+                self.clock.sleep(snap.tick)
+                continue
+            deadline = self.hangs.next_check(snap) if self.hangs is not None else snap.now + snap.tick
+            self.clock.sleep(max(0.001, min(snap.tick, deadline - self.clock.now())))
+
+    def _calibration(self, snap: Snapshot) -> None:
+        """Record once that the hang timeout is calibrated from measured step times."""
+        if self.calibrated_reported or self.hangs is None or not snap.sdk_ranks:
+            return
+        if snap.stop_requested_at is not None:
+            return
+        ht, _ = self.hangs.timeout(snap)
+        if ht.calibrated:
+            self.calibrated_reported = True
+            self.hooks.emit(
+                TimeoutsCalibrated(
+                    ts=snap.now,
+                    hang_timeout_s=ht.seconds,
+                    p99_step_s=ht.p99_s,
+                    samples=ht.samples,
+                    reason=ht.reason,
+                    **self.hooks.ctx(),
+                ),
+                show=False,
+            )
+
+    # --- act -------------------------------------------------------------------------------------
+
+    def apply(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
+        """Carry out one decision; the attempt's outcome when it ends the attempt, else None."""
+        grace = self.cfg.stop_grace_s
+        if d.kind == "stragglers":
+            self._stragglers(d, snap)
+        elif d.kind == "request_stop":
+            self.stop_requested_at = snap.now
+            self.block.request_stop(d.stop_step)
+        elif d.kind == "hold":
+            pass
+        elif d.kind == "crash":
+            return self._crash(d, snap)
+        elif d.kind == "hang":
+            # a worker slow to exit after raising (on a loaded machine) is an exception, not a hang
+            raised = self.hooks.raised_not_exited()
+            if raised:
+                logs = {s.global_rank: s.log_path for s in self.specs}
+                errors = {r: self.hooks.error_of(r, logs.get(r)) for r in raised}
+                now = self.clock.now()
+                again = dataclasses.replace(
+                    snap, now=now, errors=frozen(errors), exit_times=frozen(self.group.exit_times)
+                )
+                return self._crash(crash(again, raised), again)
+            return self._hang(d, snap)
+        elif d.kind == "finished":
+            self.hooks.release_spares()
+        elif d.kind in ("interrupt", "pass_stop", "deadline"):
+            self.group.stop(grace)
+        elif d.kind == "membership":
+            self.group.stop(grace)
+            self.hooks.emit(WorkersStopped(ts=self.clock.now(), reason=d.reason, **self.hooks.ctx()))
+        return d.outcome
+
+    def _stragglers(self, d: Decision, snap: Snapshot) -> None:
+        step = snap.straggler_step
+        for rank, score in d.detected:
+            self.hooks.emit(
+                StragglerDetected(
+                    ts=self.clock.now(),
+                    rank=rank,
+                    score=score,
+                    step=step,
+                    evidence=d.evidence,
+                    **self.hooks.ctx(),
+                )
+            )
+            self.stragglers[rank] = score
+        for rank, score in d.cleared:
+            self.hooks.emit(
+                StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.hooks.ctx())
+            )
+            self.stragglers.pop(rank, None)
+        ctx = self.hooks.ctx()
+        for incident in d.advice:  # observe only: what the straggler-action policy would do, and why
+            self.hooks.emit(incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
+
+    def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+        assert d.outcome is not None and d.outcome.failure is not None
+        failure, root, err = d.outcome.failure, d.rank, d.error
+        log = next((s.log_path for s in self.specs if s.global_rank == root), None)
+        self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
+        text = tail(log, 3)
+        self.hooks.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
+        shown = tail_lines(log, 8, match="Traceback (most recent call last)")
+        if shown:
+            self.hooks.note(f"last lines of rank {root}:\n{shown}")
+        ctx = self.hooks.ctx()
+        self.hooks.emit(
+            FailureDetected(
+                ts=d.outcome.detected_at,
+                failure=failure.kind,
+                evidence=failure.evidence,
+                onset=d.onset,
+                step=failure.step,
+                rank=root,
+                exit_code=d.exit_code,
+                signal=describe_exit(d.exit_code) if d.exit_code < 0 else "",
+                error_type=err.type if err else "",
+                error_message=err.message[:500] if err else "",
+                **ctx,
+            )
+        )
+        if text and failure.kind != "crash":
+            self.hooks.emit(
+                StackCaptured(
+                    ts=self.clock.now(),
+                    rank=root,
+                    stack=err.traceback if err else text,
+                    reason="traceback of the failed rank",
+                    **ctx,
+                ),
+                show=False,
+            )
+        self._incident(d)
+        self.hooks.emit(
+            WorkersStopped(ts=self.clock.now(), reason=f"rank {root} {failure.evidence}", **ctx), show=False
+        )
+        return d.outcome
+
+    def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+        assert d.outcome is not None and d.outcome.failure is not None
+        failure = d.outcome.failure
+        ctx = self.hooks.ctx()
+        self.hooks.emit(
+            FailureDetected(
+                ts=d.outcome.detected_at,
+                failure="hang",
+                evidence=d.reason,
+                onset=d.onset,
+                step=failure.step,
+                rank=d.rank,
+                **ctx,
+            )
+        )
+        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
+        stacks = self.hooks.capture_stacks() if snap.sdk_ranks else {}
+        for rank, text in stacks.items():
+            reason = "hung rank" if rank == d.rank else "peer of the hung rank"
+            self.hooks.emit(
+                StackCaptured(ts=self.clock.now(), rank=rank, stack=text, reason=reason, **ctx),
+                show=rank == d.rank,
+            )
+        self.group.stop(0.0)
+        self._incident(d)
+        self.hooks.emit(
+            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
+        )
+        return d.outcome
+
+    def _incident(self, d: Decision) -> None:
+        if d.incident is None:
+            return
+        ctx = self.hooks.ctx()
+        self.hooks.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)

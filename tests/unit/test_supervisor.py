@@ -1,0 +1,331 @@
+"""The supervisor driven with fakes (group, message pipe, control block, agent hooks) and a manual
+clock: no process, no sleeping. Each test runs the real loop until the attempt's outcome."""
+
+from __future__ import annotations
+
+import signal
+from types import SimpleNamespace
+
+from stalwart.diagnose.root_cause import ErrorRecord
+from stalwart.events import (
+    FailureDetected,
+    IncidentRaised,
+    StackCaptured,
+    StragglerDetected,
+    TimeoutsCalibrated,
+    WorkersStopped,
+)
+from stalwart.exit_codes import EXIT_PREEMPTED
+from stalwart.launch.clock import ManualClock
+from stalwart.launch.monitors import SignalMonitor, durability, membership, worker_exits
+from stalwart.launch.snapshot import RankView, Snapshot
+from stalwart.launch.supervisor import Hooks, Supervisor, decide
+from stalwart.launch.timeouts import HangTimeoutPolicy
+from stalwart.launch.world_size import SizeRule, WorldPlan
+from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
+
+T0 = 1_000_000.0
+
+
+class FakeGroup:
+    def __init__(self, ranks):
+        self.codes = {r: None for r in ranks}
+        self.exit_times: dict[int, float] = {}
+        self.stops: list[float] = []
+
+    def poll(self):
+        return dict(self.codes)
+
+    def pid(self, rank):
+        return 10_000 + rank
+
+    def stop(self, grace):
+        self.stops.append(grace)
+        for r, c in self.codes.items():
+            if c is None:
+                self.codes[r] = -15
+        return dict(self.codes)
+
+
+class FakeReceiver:
+    def __init__(self):
+        self.queue: list = []
+
+    def drain(self):
+        out, self.queue = self.queue, []
+        return out
+
+
+class FakeBlock:
+    def __init__(self):
+        self.stop_after: list[int] = []
+
+    def read_beat(self, slot):
+        return None
+
+    def request_stop(self, after):
+        self.stop_after.append(after)
+
+
+def cfg(**kw):
+    base = dict(
+        monitor_interval_s=0.5,
+        stop_grace_s=3.0,
+        emergency_deadline_s=30.0,
+        hang_policy=HangTimeoutPolicy(multiplier=3.0, floor_s=10.0, startup_s=60.0),
+        startup_timeout_s=60.0,
+        cpu_stall_s=20.0,
+        min_nodes=1,
+        max_nodes=2,
+        size_rule=SizeRule(),
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+class World:
+    """A supervisor over two fake ranks; ``script(tick, world)`` plays the workers' side each tick."""
+
+    def __init__(
+        self,
+        script,
+        *,
+        ranks=2,
+        signal_at=None,
+        waiting_from=None,
+        raised=None,
+        stacks=None,
+        world=None,
+        **cfg_kw,
+    ):
+        self.clock = ManualClock(T0)
+        self.group = FakeGroup(range(ranks))
+        self.receiver = FakeReceiver()
+        self.block = FakeBlock()
+        self.events: list = []
+        self.spares_released = 0
+        self.tick = 0
+        self.script = script
+        self.signal_at = signal_at
+        self.waiting_from = waiting_from
+        specs = [SimpleNamespace(local_rank=r, global_rank=r, log_path=None) for r in range(ranks)]
+
+        def chaos(tracker):  # called once per tick: the workers' side of this tick
+            self.script(self.tick, self)
+            self.tick += 1
+
+        def release():
+            self.spares_released += 1
+
+        hooks = Hooks(
+            ctx=lambda: {"run_id": "r1", "node": "n0", "attempt": 1},
+            emit=lambda ev, show=True: self.events.append(ev),
+            record=lambda evs: self.events.extend(evs),
+            signal=lambda: (
+                signal.SIGTERM if self.signal_at is not None and self.tick > self.signal_at else None
+            ),
+            nodes_waiting=lambda: 1 if self.waiting_from is not None and self.tick > self.waiting_from else 0,
+            error_of=lambda rank, log: (
+                ErrorRecord("ValueError", "bad batch", 4, T0 + 1.0) if rank == 1 else None
+            ),
+            raised_not_exited=lambda: dict(raised or {}),
+            capture_stacks=lambda: dict(stacks or {}),
+            release_spares=release,
+            chaos=chaos,
+            read_proc=lambda pid: None,
+        )
+        self.sup = Supervisor(
+            cfg=cfg(**cfg_kw),
+            hooks=hooks,
+            group=self.group,
+            receiver=self.receiver,
+            block=self.block,
+            specs=specs,
+            clock=self.clock,
+            attempt=1,
+            node="n0",
+            world=world,
+        )
+
+    def send(self, *msgs):
+        self.receiver.queue.extend(msgs)
+
+    def step(self, rank, step, dur=0.2):
+        now = self.clock.now()
+        self.send(StepBegan(rank, step, now - dur), StepDone(rank, step, now - dur, dur, {"forward": dur}))
+
+    def of(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def training(until: int):
+    """Both ranks do one step per tick until tick ``until``."""
+
+    def script(tick, w):
+        if tick < until:
+            for r in (0, 1):
+                w.step(r, tick)
+
+    return script
+
+
+def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
+    def script(tick, w):
+        training(100)(tick, w)
+        if tick == 6:
+            w.group.codes[1] = 1
+            w.group.exit_times[1] = w.clock.now()
+
+    w = World(script)
+    out = w.sup.run()
+    assert out.status == "failed" and out.failure.kind == "exception" and out.failure.rank == 1
+    assert out.failure.step == 4 and out.failure.progressed
+    assert w.group.stops == [0.0]
+    (fd,) = w.of(FailureDetected)
+    assert fd.rank == 1 and fd.error_type == "ValueError" and fd.onset == T0 + 1.0
+    (inc,) = w.of(IncidentRaised)
+    assert inc.rank == 1 and inc.fault_class == "user_program" and inc.rule == "monitor:worker-exits"
+    assert isinstance(w.events[-1], WorkersStopped)
+    assert all(s <= 0.5 for s in w.clock.slept)  # only the manual clock moved
+
+
+def test_sigterm_asks_for_a_coordinated_stop_and_a_committed_save_is_preempted():
+    def script(tick, w):
+        if tick <= 4:
+            for r in (0, 1):
+                w.step(r, tick)
+        if tick == 7:  # every rank saved, then exited 76
+            w.send(*(CheckpointDone(r, 6, w.clock.now(), durable=True, kind="emergency") for r in (0, 1)))
+        if tick == 8:
+            w.group.codes.update({0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED})
+
+    w = World(script, signal_at=4, waiting_from=4)  # a node waiting from the same tick waits for the save
+    out = w.sup.run()
+    assert (out.status, out.step) == ("preempted", 6)
+    assert w.block.stop_after == [
+        5
+    ]  # two after step 3, the newest the agent had read (step 4 was in the pipe)
+    assert w.group.stops == [] and not w.of(FailureDetected)
+
+
+def test_a_silent_rank_is_a_hang_with_stacks_captured_before_the_stop():
+    def script(tick, w):
+        if tick < 8:
+            for r in (0, 1):
+                w.step(r, tick)
+        elif tick < 200:
+            w.step(0, tick)  # rank 1 fell silent; rank 0 keeps beating
+
+    w = World(script, stacks={1: "File train.py, line 9", 0: "File train.py, line 20"})
+    out = w.sup.run()
+    assert out.status == "failed" and out.failure.kind == "hang" and out.failure.rank == 1
+    assert w.of(TimeoutsCalibrated) and w.of(TimeoutsCalibrated)[0].hang_timeout_s == 10.0
+    stacks = w.of(StackCaptured)
+    assert {s.rank: s.reason for s in stacks} == {1: "hung rank", 0: "peer of the hung rank"}
+    assert w.events.index(stacks[-1]) < w.events.index(w.of(WorkersStopped)[0])
+    assert w.group.stops == [0.0]
+    fd = w.of(FailureDetected)[0]
+    # declared no later than the timeout after rank 1's last message
+    assert fd.ts - fd.onset <= 10.0 and fd.ts - fd.onset >= 10.0 - 0.5
+    assert w.of(IncidentRaised)[0].rule == "monitor:hang-heartbeat"
+
+
+def test_a_rank_that_raised_but_is_slow_to_exit_is_a_crash_not_a_hang():
+    def script(tick, w):
+        if tick == 0:
+            w.send(Hello(0, w.clock.now()), Hello(1, w.clock.now()))
+
+    w = World(script, raised={1: 1})
+    out = w.sup.run()
+    assert out.failure.kind == "exception" and out.failure.rank == 1
+    assert not w.of(StackCaptured) or w.of(StackCaptured)[0].reason == "traceback of the failed rank"
+
+
+def test_a_node_waiting_to_join_stops_the_group_within_its_grace():
+    w = World(training(100), waiting_from=5)
+    out = w.sup.run()
+    assert out.status == "membership"
+    assert w.group.stops == [3.0]
+    assert w.of(WorkersStopped)[0].reason == "1 node(s) waiting to join"
+
+
+def test_a_clean_finish_releases_the_spares_and_succeeds():
+    def script(tick, w):
+        training(5)(tick, w)
+        if tick == 5:
+            w.group.codes.update({0: 0, 1: 0})
+
+    w = World(script)
+    assert w.sup.run().status == "succeeded"
+    assert w.spares_released == 1
+
+
+def test_a_slowed_rank_is_recorded_as_a_straggler_while_training_goes_on():
+    def script(tick, w):
+        if tick < 40:
+            for r in (0, 1, 2, 3):
+                dur = 0.5 if r == 2 else 0.2
+                now = w.clock.now()
+                w.send(StepDone(r, tick, now - dur, dur, {"forward": dur}))
+        elif tick == 40:
+            w.group.codes.update({r: 0 for r in w.group.codes})
+
+    plan = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    w = World(script, ranks=4, world=plan)
+    assert w.sup.run().status == "succeeded"
+    (sd,) = w.of(StragglerDetected)
+    assert sd.rank == 2 and sd.score > 2.0
+    # the straggler-action policy's verdict is recorded, observe only (never acted on)
+    (advice,) = w.of(IncidentRaised)
+    assert advice.rule == "policy:straggler-action" and advice.rank == 2 and not advice.action_taken
+    assert advice.nodes == ("n0",) and advice.action in ("keep", "exclude_quarantine")
+    assert w.group.stops == []
+
+
+# --- decide(): the priority order -------------------------------------------------------------------
+
+
+def snap(**kw):
+    base = dict(
+        now=T0 + 10,
+        tick=0.5,
+        node="n0",
+        started=T0,
+        ranks=(
+            RankView(0, T0 + 9, step=3, done_steps=3, sdk=True),
+            RankView(1, T0 + 9, step=3, done_steps=3, sdk=True),
+        ),
+        codes={0: None, 1: None},
+    )
+    base.update(kw)
+    return Snapshot(**base)
+
+
+MONITORS = (worker_exits, durability, SignalMonitor(30.0), membership)
+
+
+def test_an_exit_outranks_a_signal_and_a_joining_node():
+    ds = decide(snap(codes={0: -9, 1: None}, signal=signal.SIGTERM, nodes_waiting=1), MONITORS)
+    assert [d.kind for d in ds] == ["crash"]
+
+
+def test_a_stop_request_is_seen_by_the_stop_rules_in_the_same_tick_and_holds_the_rest():
+    ds = decide(snap(signal=signal.SIGTERM, nodes_waiting=1), MONITORS)
+    assert [d.kind for d in ds] == ["request_stop", "hold"]
+
+
+def test_without_anything_to_say_the_monitors_return_nothing():
+    assert decide(snap(), MONITORS) == []
+    assert [d.kind for d in decide(snap(nodes_waiting=3), MONITORS)] == ["membership"]
+
+
+def test_the_agent_asks_its_monitors_in_the_documented_priority_order():
+    from stalwart.launch.monitors import PRIORITY, HangMonitor, StragglerMonitor, default_monitors
+
+    names = {
+        StragglerMonitor: "stragglers",
+        SignalMonitor: "signals",
+        HangMonitor: "hangs",
+    }
+    got = tuple(names.get(type(m)) or m.__name__ for m in default_monitors(cfg()))
+    assert got == PRIORITY
