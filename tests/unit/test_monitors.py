@@ -125,6 +125,10 @@ def test_worker_side_preemption_without_a_stop_request():
         snap(codes={0: 0, 1: EXIT_PREEMPTED}, preempted_ranks=frozenset({1}), durability={1: done(1)})
     )
     assert d.outcome.status == "preempted" and d.outcome.step == 7
+    # the same preemption with nothing committed: unsaved, never a "failed" without a failure
+    d = durability(snap(codes={0: 0, 1: EXIT_PREEMPTED}, preempted_ranks=frozenset({1})))
+    assert d.outcome.status == "preempted_unsaved" and d.outcome.failure is None
+    assert d.outcome.detail == "no rank reported a committed emergency checkpoint"
 
 
 # --- signals ---------------------------------------------------------------------------------------

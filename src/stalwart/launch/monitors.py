@@ -146,14 +146,14 @@ def durability(s: Snapshot) -> Decision | None:
                 f"every worker stopped; the emergency checkpoint of step {step} committed",
                 AttemptOutcome("preempted", step=step),
             )
-        if s.stop_requested_at is not None or EXIT_PREEMPTED_UNSAVED in codes.values():
-            why = why or "workers exited " + ", ".join(describe_exit(c) for c in set(codes.values()))
-            return Decision(
-                "stopped_exit",
-                f"every worker stopped; the emergency checkpoint did not commit: {why}",
-                AttemptOutcome("preempted_unsaved", detail=why, step=step),
-            )
-        return Decision("stopped_exit", f"workers stopped on preemption: {why}", AttemptOutcome("failed"))
+        # a failed exit without a stop request was a crash (the exits monitor comes first), so here the
+        # workers stopped on a preemption (theirs or ours) without a committed emergency checkpoint
+        why = why or "workers exited " + ", ".join(describe_exit(c) for c in set(codes.values()))
+        return Decision(
+            "stopped_exit",
+            f"every worker stopped; the emergency checkpoint did not commit: {why}",
+            AttemptOutcome("preempted_unsaved", detail=why, step=step),
+        )
     why = durability_problem_in(s.durability, "final")
     if why:  # the training finished but its final state is not safe: say so, never "succeeded"
         return Decision(
