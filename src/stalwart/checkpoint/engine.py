@@ -280,7 +280,7 @@ class CheckpointEngine:
                     )
                     if self.link.leader:
                         retain_node_files(store, t.keep)
-                    self._replicate(Path(path))
+                    self._replicate(Path(path), store.key)
                 elif isinstance(store, FileStore):
                     path = str(self._persister.to_files(snap, t, store, emergency=emergency))
                     source = source or Path(path)
@@ -319,14 +319,14 @@ class CheckpointEngine:
             stall_reported = True
         return PersistResult(snap.step, tuple(commits), emergency)
 
-    def _replicate(self, version: Path) -> None:
+    def _replicate(self, version: Path, key: bytes | None) -> None:
         """Collective: send this node's files of a node-local version to the successor node. A
         failure is reported (the version stays committed on this node, without a second copy)."""
         peer = self.link.successor()
         if self.comm.all_gather(peer is not None) != [True] * self.world_size:
             return
         t0 = self._clock()
-        manifest, why = read_manifest(version, self._stores_key(version))
+        manifest, why = read_manifest(version, key)
         files = size = 0
         if manifest is None:
             reason = f"cannot read the committed manifest: {why}"
@@ -351,12 +351,6 @@ class CheckpointEngine:
                     reason=reasons[0] if reasons else "",
                 )
             )
-
-    def _stores_key(self, version: Path) -> bytes | None:
-        store = next(
-            s for s in self._stores.values() if isinstance(s, FileStore) and s.root == version.parent
-        )
-        return store.key
 
     def _persist_object(self, snap: Snapshot, t: TierConfig, store: FsspecStore, source: Path | None) -> str:
         scratch = source is None

@@ -48,7 +48,7 @@ _CHUNK = 1 << 20
 _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FILE = re.compile(r"^(?:\.metadata|MANIFEST\.json|rank-\d{1,7}\.pt|__\d{1,7}_\d{1,7}\.distcp)$")
 _STEP = re.compile(r"^\d{1,9}$")
-_STEP_DIR = re.compile(r"^step-(\d{9})$")
+_ANY_STEP = re.compile(r"^\.?step-(\d{9})(?:\.partial)?$")
 
 
 class PeerError(Exception):
@@ -192,11 +192,10 @@ class PeerStore:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(self.incoming(owner, step), final)
-            for p in base.iterdir():
-                if p != final and (_STEP_DIR.match(p.name) or p.name.endswith(".partial")):
-                    m = _STEP_DIR.match(p.name) or re.match(r"^\.step-(\d{9})\.partial$", p.name)
-                    if m and int(m.group(1)) < step:
-                        shutil.rmtree(p, ignore_errors=True)
+            for p in base.iterdir():  # older versions, complete or not, of this owner
+                m = _ANY_STEP.match(p.name)
+                if m and int(m.group(1)) < step:
+                    shutil.rmtree(p, ignore_errors=True)
 
     def find(self, step: int, name: str) -> Path | None:
         """A committed copy of file ``name`` of ``step``: this node's own memory tier first."""
