@@ -114,3 +114,13 @@ def test_a_peer_that_is_gone_falls_back_to_disk_with_the_reason(nodes):
     assert found is not None and found.step == 4 and found.tier == "local"
     why = [e.reason for e in events if isinstance(e, CheckpointRejected)]
     assert why and "peer b" in why[0], why
+
+
+def test_an_emergency_save_skips_the_node_memory_tier_that_goes_with_the_job(nodes):
+    tmp_path, stores = nodes
+    eng = _engine(tmp_path, stores, [])
+    ticket = eng.save(6, _state(1), None, force=True, emergency=True)
+    eng.close()
+    assert ticket.tiers == ("local",)
+    assert (tmp_path / "disk" / "step-000000006").is_dir()
+    assert not (tmp_path / "a" / OWN / "step-000000006").exists()

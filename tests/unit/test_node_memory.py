@@ -64,3 +64,15 @@ def test_one_node_has_a_memory_tier_but_no_peer_store():
         assert a.store is None and a.env()["peers"] == "" and a.env()["mem_dir"] == str(a.root)
     finally:
         a.close()
+
+
+def test_a_version_is_found_in_the_node_memory_only_once_committed():
+    a = NodeMemory(run_id="r4", node="solo", host=None)
+    try:
+        assert a.version_dir("step-000000001") is None
+        (a.root / "ckpt" / "step-000000001").mkdir()
+        assert a.version_dir("step-000000001") is None  # no manifest: not committed
+        (a.root / "ckpt" / "step-000000001" / "MANIFEST.json").write_text("{}")
+        assert a.version_dir("step-000000001") == a.root / "ckpt" / "step-000000001"
+    finally:
+        a.close()

@@ -241,6 +241,8 @@ class CheckpointEngine:
     ) -> SaveTicket:
         """Stage now and persist in the background to every tier that is due (all if ``force``)."""
         due = list(self.tiers) if force else self.due_tiers(step)
+        if emergency:  # a node memory tier goes with the job: an emergency save is for what outlives it
+            due = [t for t in due if not t.node_local] or due
         if not due:
             return SaveTicket(step, 0.0, 0, (), None, skipped="no tier due")
         t0 = self._clock()

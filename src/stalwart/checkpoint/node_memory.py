@@ -18,8 +18,9 @@ import hashlib
 import hmac
 import secrets
 import shutil
+from pathlib import Path
 
-from .manifest import configured_key
+from .manifest import MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
 from .tiers import default_shm_root, private_dir
@@ -65,6 +66,11 @@ class NodeMemory:
             host, _, port = addr.rpartition(":")
             entries.append(Peer(node, host, int(port)))
         self.peers = tuple(entries)
+
+    def version_dir(self, name: str) -> Path | None:
+        """This node's memory-tier copy of version ``name`` (``step-<N>``), if committed here."""
+        path = self.root / OWN / name
+        return path if (path / MANIFEST).is_file() else None
 
     def env(self) -> dict[str, str]:
         """The WorkerEnv fields for this node's workers."""

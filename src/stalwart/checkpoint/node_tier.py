@@ -175,9 +175,10 @@ def assemble(link: NodeLink, store: FileStore, step: int, clock=time.perf_counte
     else:
         work = final
     for name in sorted(manifest.files):
-        if not verify_files(work, manifest, [name]):
+        here = verify_files(work, manifest, [name])
+        if not here:
             continue
-        problems = []
+        problems = [f"this node: {here}"] if (work / name).exists() else []
         local = _held_copy(link, step, name)
         if local is not None:
             shutil.copyfile(local, work / name)

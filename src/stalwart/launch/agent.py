@@ -1030,6 +1030,9 @@ class Agent:
                 if target is None or not claim(self.run.chaos, fault):
                     continue
                 detail = chaos_actions.damage(target, fault.kind)
+                mem = self._memory.version_dir(target.name) if self._memory is not None else None
+                if mem is not None:  # and the node memory tier's copy of the same version
+                    detail += "; " + chaos_actions.damage(mem, fault.kind)
                 self.emit(
                     ChaosInjected(
                         ts=time.time(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()
