@@ -76,3 +76,14 @@ def test_a_version_is_found_in_the_node_memory_only_once_committed():
         assert a.version_dir("step-000000001") == a.root / "ckpt" / "step-000000001"
     finally:
         a.close()
+
+
+def test_leftovers_of_a_killed_agent_are_removed_when_the_next_one_starts():
+    a = NodeMemory(run_id="r5", node="solo", host=None)
+    stale = a.root / "ckpt" / "step-000000009"
+    stale.mkdir()  # as if the agent had been SIGKILLed and never cleaned up
+    b = NodeMemory(run_id="r5", node="solo", host=None)
+    try:
+        assert b.root == a.root and not stale.exists()
+    finally:
+        b.close()

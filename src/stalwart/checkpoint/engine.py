@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from ..events import CheckpointCommitted, CheckpointLoaded, CheckpointRejected, CheckpointStaged, Event
+from .background import Background
 from .collective import Collective
 from .events import CheckpointPersistFailed, EmergencyCheckpoint, PeerReplicated
 from .manifest import read_manifest, verify_files
@@ -160,12 +161,7 @@ class CheckpointEngine:
         self._fetch_dir = base / ".fetch"
         self._scratch = FileStore(base / ".object-staging", fsync=False)
         self._last: dict[str, int | None] = {t.name: None for t in self.tiers}
-        self._executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="stalwart-ckpt",
-            initializer=_lower_thread_priority,
-            initargs=(persist_nice,),
-        )
+        self._executor = Background("stalwart-ckpt", _lower_thread_priority, (persist_nice,))
         self._inflight: tuple[Future[PersistResult], int, tuple[str, ...]] | None = None
         self._latest: Snapshot | None = None
         self._lock = threading.Lock()

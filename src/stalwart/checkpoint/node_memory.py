@@ -37,7 +37,11 @@ class NodeMemory:
         """``host``: the address to serve peers on (None: one node, no peer store)."""
         self.run_id = run_id
         self.node = node
-        self.root = private_dir(default_shm_root(run_id) / node)
+        root = default_shm_root(run_id) / node
+        if root.exists():  # left by an agent that was SIGKILLed: never load another job's leftovers
+            private_dir(root)  # refused (CheckpointError) when it is not ours
+            shutil.rmtree(root)
+        self.root = private_dir(root)
         private_dir(self.root / OWN)
         key = configured_key()
         self._keyed = key is not None
