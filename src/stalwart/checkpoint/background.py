@@ -9,11 +9,14 @@ abandoned persist never committed anything (a version is visible only after its 
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+EXIT_WAIT_S = 30.0
 
 
 class Background:
@@ -26,6 +29,7 @@ class Background:
             target=self._run, args=(initializer, initargs), name=name, daemon=True
         )
         self._thread.start()
+        atexit.register(self.shutdown, True, EXIT_WAIT_S)
 
     def _run(self, initializer, initargs) -> None:
         if initializer is not None:
@@ -49,9 +53,10 @@ class Background:
         self._jobs.put((fut, fn, args))
         return fut
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop after the submitted calls; ``wait``: join the thread (at most ``timeout`` s)."""
         if not self._closed:
             self._closed = True
             self._jobs.put(None)
         if wait:
-            self._thread.join()
+            self._thread.join(timeout)
