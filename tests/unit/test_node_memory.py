@@ -35,7 +35,7 @@ def test_two_agents_learn_each_other_and_share_the_round_secret_and_clean_up():
         b.exchange(store, 1, 2)
         t.join(timeout=20)
         assert a.peers == b.peers and [p.node for p in a.peers] == ["n0", "n1"]
-        assert a.secret == b.secret and a.store.secret == b.store.secret == a.secret
+        assert a.secret == b.secret and a.store.secret == b.store.secret == a.secret  # started by exchange
         env = WorkerEnv(run_dir="d", run_id="r1", node="n1", attempt=0, **b.env())
         back = WorkerEnv.from_env(env.to_env())
         assert back is not None and parse_peers(back.peers) == b.peers

@@ -48,22 +48,34 @@ class NodeMemory:
         self.secret = peer_secret_from_key(key, run_id) if key else secrets.token_bytes(32)
         self.store: PeerStore | None = None
         self.peers: tuple[Peer, ...] = ()
-        if host is not None:
+        self._host = host
+
+    def _serve(self) -> PeerStore:
+        """Start the peer store once the first rendezvous bound its own port (so the port the
+        peer store is given can never be the rendezvous endpoint's, free until then)."""
+        if self.store is None:
+            assert self._host is not None
             self.store = PeerStore(
-                node=node, held=self.root / HELD, own=self.root / OWN, host=host, secret=self.secret
+                node=self.node,
+                held=self.root / HELD,
+                own=self.root / OWN,
+                host=self._host,
+                secret=self.secret,
             ).start()
+        return self.store
 
     def exchange(self, store, group_rank: int, num_nodes: int) -> None:
         """Publish this node's peer store (and, from group rank 0, the round's secret) in the round's
         rendezvous store; learn every node's address."""
-        if self.store is None:
+        if self._host is None:
             return
-        store.set(f"stalwart/peer/{group_rank}", f"{self.node}={self.store.host}:{self.store.port}")
+        served = self._serve()
+        store.set(f"stalwart/peer/{group_rank}", f"{self.node}={served.host}:{served.port}")
         if not self._keyed:
             if group_rank == 0:
                 store.set(SECRET_KEY, secrets.token_hex(32))
             self.secret = bytes.fromhex(store.get(SECRET_KEY).decode())
-            self.store.set_secret(self.secret)
+            served.set_secret(self.secret)
         entries = []
         for i in range(num_nodes):
             node, _, addr = store.get(f"stalwart/peer/{i}").decode().partition("=")
