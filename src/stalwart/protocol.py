@@ -44,6 +44,9 @@ class WorkerEnv:
     agent_pid: int = 0
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
     chaos: str = ""  # the fault plan as JSON
+    mem_dir: str = ""  # this node's private tmpfs directory: memory tier and peer copies (agent-owned)
+    peers: str = ""  # every node's peer store, ``node=host:port`` comma-separated, in group-rank order
+    peer_secret: str = ""  # hex per-run secret that authenticates requests to the peer stores
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -56,6 +59,9 @@ class WorkerEnv:
             f"{PREFIX}AGENT_PID": str(self.agent_pid),
             f"{PREFIX}PG_TIMEOUT_S": repr(self.pg_timeout_s),
             f"{PREFIX}CHAOS": self.chaos,
+            f"{PREFIX}MEM_DIR": self.mem_dir,
+            f"{PREFIX}PEERS": self.peers,
+            f"{PREFIX}PEER_SECRET": self.peer_secret,
         }
 
     @classmethod
@@ -74,6 +80,9 @@ class WorkerEnv:
                 agent_pid=int(env.get(f"{PREFIX}AGENT_PID", "0") or 0),
                 pg_timeout_s=float(env.get(f"{PREFIX}PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S)),
                 chaos=env.get(f"{PREFIX}CHAOS", ""),
+                mem_dir=env.get(f"{PREFIX}MEM_DIR", ""),
+                peers=env.get(f"{PREFIX}PEERS", ""),
+                peer_secret=env.get(f"{PREFIX}PEER_SECRET", ""),
             )
         except ValueError:
             return None

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,9 +29,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from ..events import CheckpointCommitted, CheckpointLoaded, CheckpointRejected, CheckpointStaged, Event
+from .background import Background
 from .collective import Collective
-from .events import CheckpointPersistFailed, EmergencyCheckpoint
+from .events import CheckpointPersistFailed, EmergencyCheckpoint, PeerReplicated
 from .manifest import read_manifest, verify_files
+from .node_tier import NodeLink, assemble, send_files, send_manifest
 from .persist import (
     Persister,
     PersistError,
@@ -40,6 +42,7 @@ from .persist import (
     default_writer,
     describe,
     retain_files,
+    retain_node_files,
     retain_object,
 )
 from .safe_reader import SafeLoad, UnsafeCheckpoint, check_metadata, load_torch_file, refusal_line
@@ -131,9 +134,12 @@ class CheckpointEngine:
         persist_nice: int = 10,
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
+        link: NodeLink | None = None,
     ) -> None:
         self.tiers = validate_tiers(list(tiers))
         self.rank = rank
+        # default: every rank on one node (node-local tiers then behave like any file tier)
+        self.link = link or NodeLink(local_rank=rank, local_world=world_size)
         self.world_size = world_size
         self.on_busy = on_busy
         self._sink = sink or (lambda ev: None)
@@ -155,22 +161,18 @@ class CheckpointEngine:
         self._fetch_dir = base / ".fetch"
         self._scratch = FileStore(base / ".object-staging", fsync=False)
         self._last: dict[str, int | None] = {t.name: None for t in self.tiers}
-        self._executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="stalwart-ckpt",
-            initializer=_lower_thread_priority,
-            initargs=(persist_nice,),
-        )
+        self._executor = Background("stalwart-ckpt", _lower_thread_priority, (persist_nice,))
         self._inflight: tuple[Future[PersistResult], int, tuple[str, ...]] | None = None
         self._latest: Snapshot | None = None
         self._lock = threading.Lock()
         self._durable_step: int | None = None
         self.last_persist_s: dict[str, float] = {}
         self.last_stall_s: float | None = None
+        for t in self.tiers:
+            s = self._stores[t.name]
+            if isinstance(s, FileStore) and (self.link.leader if t.node_local else rank == 0):
+                s.sweep_partials()
         if rank == 0:
-            for s in self._stores.values():
-                if isinstance(s, FileStore):
-                    s.sweep_partials()
             self._scratch.sweep_partials()
         self.comm.barrier()
 
@@ -235,6 +237,8 @@ class CheckpointEngine:
     ) -> SaveTicket:
         """Stage now and persist in the background to every tier that is due (all if ``force``)."""
         due = list(self.tiers) if force else self.due_tiers(step)
+        if emergency:  # a node memory tier goes with the job: an emergency save is for what outlives it
+            due = [t for t in due if not t.node_local] or due
         if not due:
             return SaveTicket(step, 0.0, 0, (), None, skipped="no tier due")
         t0 = self._clock()
@@ -268,7 +272,14 @@ class CheckpointEngine:
             t0 = self._clock()
             try:
                 store = self._stores[t.name]
-                if isinstance(store, FileStore):
+                if isinstance(store, FileStore) and t.node_local:
+                    path = str(
+                        self._persister.to_files(snap, t, store, emergency=emergency, leader=self.link.leader)
+                    )
+                    if self.link.leader:
+                        retain_node_files(store, t.keep)
+                    self._replicate(Path(path), store.key)
+                elif isinstance(store, FileStore):
                     path = str(self._persister.to_files(snap, t, store, emergency=emergency))
                     source = source or Path(path)
                     if self.rank == 0:
@@ -305,6 +316,39 @@ class CheckpointEngine:
                 )
             stall_reported = True
         return PersistResult(snap.step, tuple(commits), emergency)
+
+    def _replicate(self, version: Path, key: bytes | None) -> None:
+        """Collective: send this node's files of a node-local version to the successor node. A
+        failure is reported (the version stays committed on this node, without a second copy)."""
+        peer = self.link.successor()
+        if self.comm.all_gather(peer is not None) != [True] * self.world_size:
+            return
+        t0 = self._clock()
+        manifest, why = read_manifest(version, key)
+        files = size = 0
+        if manifest is None:
+            reason = f"cannot read the committed manifest: {why}"
+        else:
+            files, size, reason = send_files(self.link, version, manifest, self.rank)
+        reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
+        if not reasons and self.link.leader:
+            reason = send_manifest(self.link, version)
+        reasons += [
+            f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason if not reasons else "")) if x
+        ]
+        if self.link.leader:  # one event per node: its copy on its successor
+            self._sink(
+                PeerReplicated(
+                    ts=self._wall(),
+                    step=manifest.step if manifest else -1,
+                    peer=peer.node if peer else "",
+                    files=files,
+                    bytes=size,
+                    duration_s=self._clock() - t0,
+                    ok=not reasons,
+                    reason=reasons[0] if reasons else "",
+                )
+            )
 
     def _persist_object(self, snap: Snapshot, t: TierConfig, store: FsspecStore, source: Path | None) -> str:
         scratch = source is None
@@ -462,19 +506,57 @@ class CheckpointEngine:
             return dest
         return Path(loc)
 
+    def _all_candidates(self) -> list[tuple[int, str, str]]:
+        """Rank 0's candidates, plus the versions of node-local tiers any node has; with peers, the
+        newest step of any tier is also looked for in the node-local tiers (a peer may hold it)."""
+        node_local = {t.name for t in self.tiers if t.node_local}
+        gathered = self.comm.all_gather(self.candidates())
+        seen = {(s, n) for c in gathered for s, n, _ in c if n in node_local}
+        if gathered[0] and self.link.successor() is not None:
+            seen |= {(gathered[0][0][0], n) for n in node_local}
+        out = {(s, n): loc for s, n, loc in gathered[0]}
+        for s, n in seen:
+            out.setdefault((s, n), str(self._stores[n].final(s)))  # type: ignore[union-attr]
+        order = {t.name: SPEED_ORDER[t.kind] for t in self.tiers}
+        return [(s, n, loc) for (s, n), loc in sorted(out.items(), key=lambda c: (-c[0][0], order[c[0][1]]))]
+
+    def _node_path(self, step: int, tier: str) -> tuple[Path, str, str, str]:
+        """A node-local version made complete on this node by its leader:
+        (path, the job's source, this node's source, reason); a source is "memory" or "peer"."""
+        res = None
+        if self.link.leader:
+            res = assemble(self.link, self._stores[tier], step, clock=self._clock)  # type: ignore[arg-type]
+        gathered = self.comm.all_gather(res)
+        mine = gathered[self.rank + self.link.leader_rank_offset]
+        if mine is None:
+            return Path(), "", "", f"no result from this node's leader (local rank 0) for rank {self.rank}"
+        sources = {g.source for g in gathered if g is not None and not g.reason}
+        return Path(mine.path), "peer" if "peer" in sources else "memory", mine.source, mine.reason
+
     def load_latest(self, target_state: dict[str, Any]) -> EngineLoad | None:
         """Load, in place into ``target_state``, the newest version that verifies (resharding to
         this world size). Every version skipped is a CheckpointRejected event with its reason."""
         self.wait()
         t0 = self._clock()
-        cands = self.comm.broadcast(self.candidates() if self.rank == 0 else None)
+        cands = self.comm.broadcast(self._all_candidates())
         rejected: list[str] = []
+        node_local = {t.name for t in self.tiers if t.node_local}
         for step, tier, loc in cands:
-            path = self._local_path(step, tier, loc)
-            manifest, reason = read_manifest(path, self._stores[tier].key)
-            if manifest is not None:
-                names = sorted(manifest.files)[self.rank :: self.world_size]
-                reason = verify_files(path, manifest, names) or check_metadata(path, names)
+            source = node_source = tier
+            if tier in node_local:
+                path, source, node_source, reason = self._node_path(step, tier)
+                manifest = None
+                if not reason:
+                    manifest, reason = read_manifest(path, self._stores[tier].key)
+                if manifest is not None:  # the leader verified every file; each rank checks its stride
+                    names = sorted(manifest.files)[self.link.local_rank :: self.link.local_world]
+                    reason = check_metadata(path, names)
+            else:
+                path = self._local_path(step, tier, loc)
+                manifest, reason = read_manifest(path, self._stores[tier].key)
+                if manifest is not None:
+                    names = sorted(manifest.files)[self.rank :: self.world_size]
+                    reason = verify_files(path, manifest, names) or check_metadata(path, names)
             reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
             if reasons:
                 rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
@@ -486,7 +568,7 @@ class CheckpointEngine:
                     )
                 continue
             assert manifest is not None
-            rank_state, source, reason = self._read_rank_state(path, manifest)
+            rank_state, src, reason = self._read_rank_state(path, manifest)
             reasons = [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
             if reasons:  # refused extras (e.g. a pickled object): fall back like any other bad version
                 rejected.append(f"{tier} {step_name(step)}: {reasons[0]}")
@@ -518,12 +600,18 @@ class CheckpointEngine:
                     "load with the same state layout (model/optimizer keys) it was saved with",
                 ) from exc
             dt = self._clock() - t0
-            if self.rank == 0:
+            if self.rank == 0 or (self.link.leader and node_source == "peer"):  # a node that fetched says so
                 self._sink(
-                    CheckpointLoaded(ts=self._wall(), step=step, path=str(loc), duration_s=dt, tier=tier)
+                    CheckpointLoaded(
+                        ts=self._wall(),
+                        step=step,
+                        path=str(loc),
+                        duration_s=dt,
+                        tier=source if self.rank == 0 else node_source,
+                    )
                 )
             return EngineLoad(
-                step, str(loc), tier, rank_state, dt, manifest.world_size, tuple(rejected), str(path), source
+                step, str(loc), source, rank_state, dt, manifest.world_size, tuple(rejected), str(path), src
             )
         return None
 

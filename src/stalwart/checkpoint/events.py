@@ -43,3 +43,17 @@ class CheckpointIntervalAdvised(Event):
     interval_s: float
     reason: str
     applied: bool = False
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class PeerReplicated(Event):
+    """A node's files of one memory-tier version sent to the peer node that keeps a copy."""
+
+    step: int
+    peer: str
+    files: int
+    bytes: int
+    duration_s: float
+    ok: bool
+    reason: str = ""

@@ -73,10 +73,23 @@ class Persister:
         errs = [f"rank {r}: {e}" for r, e in enumerate(self.comm.all_gather(err)) if e]
         return errs[0] if errs else ""
 
-    def to_files(self, snap: Snapshot, tier: TierConfig, store: FileStore, *, emergency: bool) -> Path:
-        """Collective: write ``snap`` into ``store`` and commit it; raise PersistError on failure."""
+    def to_files(
+        self,
+        snap: Snapshot,
+        tier: TierConfig,
+        store: FileStore,
+        *,
+        emergency: bool,
+        leader: bool | None = None,
+    ) -> Path:
+        """Collective: write ``snap`` into ``store`` and commit it; raise PersistError on failure.
+        ``leader``: for a node-local tier (each node has its own directory at the same path), whether
+        this rank creates and commits its node's directory; every node's copy gets the full manifest
+        but holds only its own ranks' files (and rank 0's metadata). Default: one directory, rank 0."""
+        node_local = leader is not None
+        leader = self.rank == 0 if leader is None else leader
         err = ""
-        if self.rank == 0:
+        if leader:
             try:
                 store.begin(snap.step)
             except OSError as exc:
@@ -88,7 +101,7 @@ class Persister:
         work = store.partial(snap.step)
         # a value only a full unpickle could read back would be refused on load: fail the save instead
         if err := self._gather_errors(unsafe_values(snap.state)):
-            if self.rank == 0:
+            if leader:
                 store.discard(snap.step)
             raise PersistError(f"{err}; keep tensors, numbers, strings, lists and dicts in the state")
         entries: dict[str, FileEntry] = {}
@@ -113,10 +126,12 @@ class Persister:
         gathered = self.comm.all_gather((err, entries))
         errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
         if errs:
-            if self.rank == 0:
+            if leader:
                 store.discard(snap.step)
             self.comm.barrier()
             raise PersistError(errs[0])
+        if node_local:
+            return self._commit_nodes(snap, store, gathered, leader, emergency)
         outcome = ""
         if self.rank == 0:
             files: dict[str, FileEntry] = {}
@@ -137,6 +152,40 @@ class Persister:
         outcome = self.comm.broadcast(outcome)
         if outcome:
             raise PersistError(outcome)
+        return store.final(snap.step)
+
+    def _manifest(self, snap: Snapshot, gathered: list, emergency: bool) -> Manifest:
+        files: dict[str, FileEntry] = {}
+        for _, ent in gathered:
+            files.update(ent)
+        return Manifest(
+            step=snap.step,
+            world_size=self.world_size,
+            files=files,
+            created=self.clock(),
+            meta={"emergency": emergency, "bytes": snap.bytes},
+        )
+
+    def _commit_nodes(self, snap: Snapshot, store: FileStore, gathered: list, leader: bool, emergency: bool):
+        """Rank 0 writes the manifest; every node's leader commits it in its own directory."""
+        made: Manifest | str = ""
+        if self.rank == 0:
+            try:
+                made = self._manifest(snap, gathered, emergency)
+            except ValueError as exc:
+                made = "rank 0: manifest: " + " ".join(str(exc).split())[:300]
+        made = self.comm.broadcast(made)
+        err = made if isinstance(made, str) else ""
+        if leader and not err:
+            try:
+                store.commit(snap.step, made)  # type: ignore[arg-type]
+            except OSError as exc:
+                err = f"commit failed: {exc}"
+        if err := self._gather_errors(err):
+            if leader:
+                store.discard(snap.step)
+                store.delete(snap.step)  # no node keeps a version another node could not commit
+            raise PersistError(err)
         return store.final(snap.step)
 
     def to_object(self, step: int, source: Path, store: FsspecStore) -> str:
@@ -202,3 +251,9 @@ def _retain(store, keep: int, is_good) -> list:
         elif is_good(where):
             good += 1
     return deleted
+
+
+def retain_node_files(store: FileStore, keep: int) -> list[Path]:
+    """Retention for a node-local tier, whose versions hold only this node's files: a version
+    counts as good when its manifest reads (and, with a key, carries a valid MAC)."""
+    return _retain(store, keep, lambda path: read_manifest(path, store.key)[0] is not None)

@@ -34,6 +34,7 @@ class TierConfig(BaseModel):
     every_steps: int = Field(default=1, ge=1)
     keep: int = Field(default=2, ge=1)
     fsync: bool | None = None
+    node_local: bool = False  # each node has its own directory at ``location`` (see node_tier)
 
     @field_validator("location")
     @classmethod

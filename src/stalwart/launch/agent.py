@@ -23,7 +23,7 @@ from pathlib import Path
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
 from ..diagnose.root_cause import ErrorRecord, error_from_log, read_elastic_error, read_error
-from ..errors import ConfigError, LedgerFullError
+from ..errors import CheckpointError, ConfigError, LedgerFullError
 from ..events import (
     AttemptEnded,
     AttemptStarted,
@@ -93,6 +93,7 @@ class Agent:
         self._round_store = None
         self._spares_waiting = False
         self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
+        self._memory = None  # the node memory tier and peer store (checkpoint/node_memory.py)
 
     # --- ledger ------------------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class Agent:
         handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        self._memory = self._node_memory()
         try:
             return self._loop()
         except BaseException as exc:
@@ -160,7 +162,23 @@ class Agent:
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
             self._close_worker_store()
+            if self._memory is not None:
+                self._memory.close()  # the node's memory tier and peer copies go with the job
             self.ledger.close()
+
+    def _node_memory(self):
+        """The node's memory tier directory and (several nodes meeting by c10d) its peer store."""
+        from ..checkpoint.node_memory import NodeMemory
+
+        cfg = self.cfg
+        host = (
+            (cfg.local_addr or _local_addr(cfg.rdzv_endpoint)) if cfg.use_c10d and cfg.max_nodes > 1 else None
+        )
+        try:
+            return NodeMemory(run_id=cfg.run_id, node=cfg.node_name, host=host)
+        except (OSError, CheckpointError) as exc:  # no tmpfs, or not ours: the job runs from disk
+            self._note(f"no node memory tier ({exc}); checkpoints restore from disk only")
+            return None
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signal = signum
@@ -389,6 +407,8 @@ class Agent:
                 f"two agents use the same node name ({', '.join(names)}); give each --node-name"
             )
         self._group_rank = group_rank
+        if self._memory is not None:
+            self._memory.exchange(store, group_rank, num_nodes)
         return group_rank, names, addr, int(port), store
 
     def _host_worker_store(self, addr: str, port: int) -> int:
@@ -454,6 +474,10 @@ class Agent:
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
         cfg = self.cfg
+        # torch's shared bootstrap store publishes MASTER_ADDR only when a node first becomes rank 0:
+        # a replacement agent joining a later round as rank 1 then waits for it forever. Stalwart
+        # hosts its own worker store ("stalwart/master"), so each round may publish its own.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         conf = {
             "join_timeout": cfg.rdzv_timeout_s,
             "last_call_timeout": cfg.rdzv_last_call_s,
@@ -529,6 +553,7 @@ class Agent:
                     agent_pid=os.getpid(),
                     pg_timeout_s=cfg.pg_timeout_s,
                     chaos=self.plan.to_json(),
+                    **(self._memory.env() if self._memory is not None else {}),
                 ).to_env()
             )
             if cfg.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
@@ -716,6 +741,9 @@ class Agent:
                 if target is None or not claim(self.run.chaos, fault):
                     continue
                 detail = chaos_actions.damage(target, fault.kind)
+                mem = self._memory.version_dir(target.name) if self._memory is not None else None
+                if mem is not None:  # and the node memory tier's copy of the same version
+                    detail += "; " + chaos_actions.damage(mem, fault.kind)
                 self.emit(
                     ChaosInjected(
                         ts=self.clock.now(), fault=fault.kind, step=fault.step, detail=detail, **self._ctx()

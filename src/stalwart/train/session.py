@@ -40,7 +40,14 @@ from typing import Any
 from ..chaos.once import claim
 from ..chaos.plan import Fault, FaultPlan
 from ..checkpoint.events import CheckpointPersistFailed
-from ..events import ChaosInjected, CheckpointRejected, Event, TrainingFinished, TrainingResumed
+from ..events import (
+    ChaosInjected,
+    CheckpointLoaded,
+    CheckpointRejected,
+    Event,
+    TrainingFinished,
+    TrainingResumed,
+)
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..protocol import (
     DEFAULT_PG_TIMEOUT_S,
@@ -82,6 +89,7 @@ class Session:
         checkpoint_dir: str | None = None,
         keep_checkpoints: int = 3,
         tiers: tuple = (),
+        memory_tier: bool = True,
     ) -> None:
         env = dict(os.environ if env is None else env)
         self.env = env
@@ -103,6 +111,7 @@ class Session:
         self._ckpt_dir = checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints")
         self._keep = keep_checkpoints
         self._tiers = tuple(tiers)  # extra checkpoint tiers (stalwart.checkpoint.tiers.TierConfig)
+        self._memory_tier = memory_tier  # under the agent: the node's memory tier, replicated to a peer
         self._emit_lock = threading.Lock()
         self._checkpointer = None
         self._step: int | None = None
@@ -175,6 +184,10 @@ class Session:
             return
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
+        if isinstance(ev, CheckpointLoaded) and ev.tier == "peer":  # worth showing live: state from a peer
+            self._send(
+                Note(self.rank, f"checkpoint of step {ev.step} restored from a peer's copy", time.time())
+            )
         if isinstance(ev, CheckpointRejected):  # worth showing live: a fallback to an older checkpoint
             self._send(Note(self.rank, f"checkpoint {Path(ev.path).name} rejected: {ev.reason}", time.time()))
         elif isinstance(ev, CheckpointPersistFailed):  # and a save that did not commit
@@ -219,14 +232,43 @@ class Session:
                     f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1"
                 )
             local = TierConfig(name="local", kind="local", location=str(self._ckpt_dir), keep=self._keep)
+            tiers, link = [local, *self._tiers], None
+            wenv = self.worker_env
+            if self._memory_tier and wenv is not None and wenv.mem_dir:
+                tiers, link = self._node_memory(tiers, wenv)
             self._checkpointer = CheckpointEngine(
-                [local, *self._tiers],
+                tiers,
                 rank=self.rank,
                 world_size=self.world_size,
                 sink=self.emit,
                 on_busy="wait",
+                link=link,
             )
         return self._checkpointer
+
+    def _node_memory(self, tiers: list, wenv: WorkerEnv) -> tuple[list, Any]:
+        """The agent's node memory tier (newest version only) and this rank's link to the peers."""
+        from ..checkpoint.node_tier import HELD, OWN, NodeLink
+        from ..checkpoint.peer_store import PeerClient, parse_peers
+        from ..checkpoint.tiers import TierConfig
+
+        if any(t.kind == "memory" for t in tiers):  # the script configured its own memory tier
+            return tiers, None
+        mem = TierConfig(
+            name="memory", kind="memory", location=str(Path(wenv.mem_dir) / OWN), keep=1, node_local=True
+        )
+        peers = parse_peers(wenv.peers) if wenv.peers else ()
+        client = PeerClient(bytes.fromhex(wenv.peer_secret)) if peers and wenv.peer_secret else None
+        link = NodeLink(
+            local_rank=self.local_rank,
+            local_world=_env_int(self.env, "LOCAL_WORLD_SIZE", default=self.world_size),
+            node_index=_env_int(self.env, "GROUP_RANK", default=0),
+            node=self.node,
+            peers=peers,
+            held=Path(wenv.mem_dir) / HELD,
+            client=client,
+        )
+        return [*tiers, mem], link
 
     # --- resume and save --------------------------------------------------------------------
 

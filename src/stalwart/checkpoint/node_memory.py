@@ -1,0 +1,108 @@
+"""The agent's side of the node memory tier: the node's private tmpfs directory and its peer store.
+
+The agent creates it when the job starts and closes it in ``run_job``'s ``finally`` (every exit
+path but the agent's own SIGKILL): the peer store stops and the directory is removed. Directory:
+``<STALWART_SHM_DIR or /dev/shm>/stalwart-<uid>-<run id>/<node>`` (0700), holding ``ckpt/`` (this
+node's memory tier, written by the workers) and ``held/`` (copies of another node's files).
+
+Addresses and the secret reach the agents through the rendezvous store of each round, and the
+workers through their environment (``WorkerEnv.mem_dir``/``peers``/``peer_secret``). The secret: with
+a checkpoint key configured, HMAC(key, run id), which never travels; otherwise a random secret the
+group-rank-0 agent draws for each round and publishes in the rendezvous store (readable by whoever
+can read that store: see docs/peer-state.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import shutil
+from pathlib import Path
+
+from .manifest import MANIFEST, configured_key
+from .node_tier import HELD, OWN
+from .peer_store import Peer, PeerStore, format_peers
+from .tiers import default_shm_root, private_dir
+
+SECRET_KEY = "stalwart/peer-secret"
+
+
+def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
+    return hmac.new(key, b"stalwart-peer\n" + run_id.encode(), hashlib.sha256).digest()
+
+
+class NodeMemory:
+    def __init__(self, *, run_id: str, node: str, host: str | None) -> None:
+        """``host``: the address to serve peers on (None: one node, no peer store)."""
+        self.run_id = run_id
+        self.node = node
+        root = default_shm_root(run_id) / node
+        if root.exists():  # left by an agent that was SIGKILLed: never load another job's leftovers
+            private_dir(root)  # refused (CheckpointError) when it is not ours
+            shutil.rmtree(root)
+        self.root = private_dir(root)
+        private_dir(self.root / OWN)
+        key = configured_key()
+        self._keyed = key is not None
+        self.secret = peer_secret_from_key(key, run_id) if key else secrets.token_bytes(32)
+        self.store: PeerStore | None = None
+        self.peers: tuple[Peer, ...] = ()
+        self._host = host
+
+    def _serve(self) -> PeerStore:
+        """Start the peer store once the first rendezvous bound its own port (so the port the
+        peer store is given can never be the rendezvous endpoint's, free until then)."""
+        if self.store is None:
+            assert self._host is not None
+            self.store = PeerStore(
+                node=self.node,
+                held=self.root / HELD,
+                own=self.root / OWN,
+                host=self._host,
+                secret=self.secret,
+            ).start()
+        return self.store
+
+    def exchange(self, store, group_rank: int, num_nodes: int) -> None:
+        """Publish this node's peer store (and, from group rank 0, the round's secret) in the round's
+        rendezvous store; learn every node's address."""
+        if self._host is None:
+            return
+        served = self._serve()
+        store.set(f"stalwart/peer/{group_rank}", f"{self.node}={served.host}:{served.port}")
+        if not self._keyed:
+            if group_rank == 0:
+                store.set(SECRET_KEY, secrets.token_hex(32))
+            self.secret = bytes.fromhex(store.get(SECRET_KEY).decode())
+            served.set_secret(self.secret)
+        entries = []
+        for i in range(num_nodes):
+            node, _, addr = store.get(f"stalwart/peer/{i}").decode().partition("=")
+            host, _, port = addr.rpartition(":")
+            entries.append(Peer(node, host, int(port)))
+        self.peers = tuple(entries)
+
+    def version_dir(self, name: str) -> Path | None:
+        """This node's memory-tier copy of version ``name`` (``step-<N>``), if committed here."""
+        path = self.root / OWN / name
+        return path if (path / MANIFEST).is_file() else None
+
+    def env(self) -> dict[str, str]:
+        """The WorkerEnv fields for this node's workers."""
+        return {
+            "mem_dir": str(self.root),
+            "peers": format_peers(self.peers) if len(self.peers) > 1 else "",
+            "peer_secret": self.secret.hex() if len(self.peers) > 1 else "",
+        }
+
+    def close(self) -> None:
+        try:
+            if self.store is not None:
+                self.store.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+            try:
+                self.root.parent.rmdir()  # the run's directory, once no other node of it is here
+            except OSError:
+                pass

@@ -1,0 +1,400 @@
+"""The peer store: a node's agent keeps copies of another node's memory-tier files, so that a
+replacement node restores from a healthy peer instead of shared storage.
+
+Served over HTTP by a thread the agent starts (``PeerStore.start``) and stops when the job ends; it
+outlives worker restarts. Rules:
+
+* bound to the address given (the node's rendezvous address; loopback for tests), never 0.0.0.0;
+* every request carries ``X-Stalwart-Auth``: HMAC-SHA256 with the per-run secret over the method,
+  the path and the body's SHA-256, so the secret never travels; every reply is signed the same
+  way, so a client can tell a reply from the peer from one forged on the wire;
+* names are never paths: the owner node, the step and the file name are checked against strict
+  patterns before any file is touched, and files are only ever opened below the store's own roots;
+* sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
+  ``max_total_bytes``, is refused (413) before its body is read;
+* every socket read and write has a timeout, and a whole request a deadline.
+
+Layout below ``held`` (the copies of other nodes' files): ``<owner>/.step-<N>.partial/<file>``
+while a step arrives, renamed to ``<owner>/step-<N>/`` when its manifest (sent last) arrives; the
+owner's older steps are then deleted (one version per owner). ``own`` is this node's memory tier
+(``step-<N>/`` directories committed by the workers), served read-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from .manifest import MANIFEST, Manifest
+from .store import step_name
+from .tiers import private_dir
+
+AUTH = "X-Stalwart-Auth"
+DIGEST = "X-Sha256"
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_FILE_BYTES = 64 << 30
+DEFAULT_MAX_TOTAL_BYTES = 256 << 30
+MIN_RATE = 10 << 20  # bytes/s a request must at least move (its deadline: timeout + size / rate)
+_CHUNK = 1 << 20
+_OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_FILE = re.compile(r"^(?:\.metadata|MANIFEST\.json|rank-\d{1,7}\.pt|__\d{1,7}_\d{1,7}\.distcp)$")
+_STEP = re.compile(r"^\d{1,9}$")
+_ANY_STEP = re.compile(r"^\.?step-(\d{9})(?:\.partial)?$")
+
+
+class PeerError(Exception):
+    """A peer could not be reached or refused the request; the message says which and why."""
+
+
+def sign(secret: bytes, *parts: str) -> str:
+    return hmac.new(secret, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def valid_owner(owner: str) -> bool:
+    return bool(_OWNER.match(owner))
+
+
+def valid_file(name: str) -> bool:
+    """The only file names a checkpoint version holds (DCP shards, metadata, rank extras, manifest)."""
+    return bool(_FILE.match(name))
+
+
+@dataclass(frozen=True)
+class Peer:
+    node: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.host}:{self.port})"
+
+
+def parse_peers(text: str) -> tuple[Peer, ...]:
+    """``node=host:port,...`` (as the agent writes it for its workers), in group-rank order."""
+    out = []
+    for item in filter(None, text.split(",")):
+        node, _, addr = item.partition("=")
+        host, _, port = addr.rpartition(":")
+        if not (valid_owner(node) and host and port.isdigit()):
+            raise ValueError(f"peer entry {item[:80]!r} is not node=host:port")
+        out.append(Peer(node, host.strip("[]"), int(port)))
+    return tuple(out)
+
+
+def format_peers(peers: tuple[Peer, ...] | list[Peer]) -> str:
+    return ",".join(f"{p.node}={p.host}:{p.port}" for p in peers)
+
+
+class PeerStore:
+    """The serving side (one per agent)."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        held: Path,
+        own: Path,
+        host: str,
+        secret: bytes,
+        port: int = 0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> None:
+        if host in ("", "0.0.0.0", "::"):
+            raise ValueError("the peer store binds to one intended address, not every interface")
+        self.node = node
+        self.held = private_dir(Path(held))
+        self.own = Path(own)
+        self.timeout_s = timeout_s
+        self.max_file_bytes = max_file_bytes
+        self.max_total_bytes = max_total_bytes
+        self._secret = secret
+        self._lock = threading.Lock()
+        self._reserved = 0  # bytes of bodies being received
+        store = self
+
+        class Handler(_Handler):
+            owner = store
+            timeout = timeout_s
+
+        self._server = ThreadingHTTPServer((host, port), Handler, bind_and_activate=True)
+        self._server.daemon_threads = True
+        self.host, self.port = self._server.server_address[:2]
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PeerStore:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            daemon=True,
+            name="stalwart-peer",
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def set_secret(self, secret: bytes) -> None:
+        self._secret = secret
+
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    # --- storage --------------------------------------------------------------------------
+
+    def held_bytes(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.held):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+                except OSError:
+                    pass
+        return total
+
+    def reserve(self, size: int) -> str:
+        """Claim room for a body of ``size`` bytes; "" or why not."""
+        if size > self.max_file_bytes:
+            return f"{size} bytes is more than the {self.max_file_bytes} a file may have"
+        with self._lock:
+            if self.held_bytes() + self._reserved + size > self.max_total_bytes:
+                return f"storing {size} more bytes would exceed the store's {self.max_total_bytes}"
+            self._reserved += size
+        return ""
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._reserved -= size
+
+    def incoming(self, owner: str, step: int) -> Path:
+        return self.held / owner / f".{step_name(step)}.partial"
+
+    def commit(self, owner: str, step: int) -> None:
+        """The owner's manifest arrived: make the step visible and drop the owner's other versions."""
+        with self._lock:
+            base = self.held / owner
+            final = base / step_name(step)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(self.incoming(owner, step), final)
+            for p in base.iterdir():  # older versions, complete or not, of this owner
+                m = _ANY_STEP.match(p.name)
+                if m and int(m.group(1)) < step:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def find(self, step: int, name: str) -> Path | None:
+        """A committed copy of file ``name`` of ``step``: this node's own memory tier first."""
+        own = self.own / step_name(step) / name
+        if own.is_file() and not own.is_symlink():
+            return own
+        if self.held.is_dir():
+            for owner in sorted(self.held.iterdir()):
+                f = owner / step_name(step) / name
+                if valid_owner(owner.name) and f.is_file() and not f.is_symlink():
+                    return f
+        return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: PeerStore
+    protocol_version = "HTTP/1.1"
+    server_version = "stalwart-peer"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def _reply(self, code: int, body: bytes = b"", *, path: str = "") -> None:
+        digest = hashlib.sha256(body).hexdigest()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header(DIGEST, digest)
+        self.send_header(AUTH, sign(self.owner.secret, "reply", str(code), path or self.path, digest))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def _authorized(self, digest: str) -> bool:
+        given = self.headers.get(AUTH, "")
+        want = sign(self.owner.secret, self.command, self.path, digest)
+        return hmac.compare_digest(given.encode(), want.encode())
+
+    def _parts(self, n: int) -> list[str] | None:
+        parts = self.path.split("/")
+        if len(parts) != n + 2 or parts[0] != "" or parts[1] != "v1":
+            return None
+        return parts[2:]
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if not self._authorized(""):
+            return self._reply(403, b"not authorized")
+        parts = self._parts(3)
+        if parts is None or parts[0] != "f" or not _STEP.match(parts[1]) or not valid_file(parts[2]):
+            return self._reply(404, b"no such file")
+        found = self.owner.find(int(parts[1]), parts[2])
+        if found is None:
+            return self._reply(404, b"no such file")
+        try:
+            data = found.read_bytes()  # memory-tier files: already in RAM (tmpfs)
+        except OSError:
+            return self._reply(404, b"no such file")
+        self._reply(200, data)
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+        digest = self.headers.get(DIGEST, "")
+        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(digest):
+            self.close_connection = True
+            return self._reply(403, b"not authorized")
+        parts = self._parts(4)
+        if (
+            parts is None
+            or parts[0] != "h"
+            or not valid_owner(parts[1])
+            or parts[1] == self.owner.node
+            or not _STEP.match(parts[2])
+            or not valid_file(parts[3])
+        ):
+            self.close_connection = True
+            return self._reply(400, b"bad owner, step or file name")
+        owner, step, name = parts[1], int(parts[2]), parts[3]
+        try:
+            size = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self.close_connection = True
+            return self._reply(411, b"a Content-Length is required")
+        if size < 0 or (why := self.owner.reserve(size)):
+            self.close_connection = True
+            return self._reply(413, (why or "negative length").encode())
+        try:
+            self._receive(owner, step, name, size, digest)
+        finally:
+            self.owner.release(size)
+
+    def _receive(self, owner: str, step: int, name: str, size: int, digest: str) -> None:
+        store = self.owner
+        deadline = time.monotonic() + store.timeout_s + size / MIN_RATE
+        work = store.incoming(owner, step)
+        private_dir(work)
+        tmp = work / f".{name}.tmp"
+        h = hashlib.sha256()
+        left = size
+        try:
+            with open(tmp, "wb") as fh:
+                while left:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("request deadline passed")
+                    chunk = self.rfile.read(min(_CHUNK, left))
+                    if not chunk:
+                        raise ConnectionError("body ended early")
+                    h.update(chunk)
+                    fh.write(chunk)
+                    left -= len(chunk)
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            tmp.unlink(missing_ok=True)
+            self.close_connection = True
+            return self._reply(408 if isinstance(exc, TimeoutError) else 400, b"body not received")
+        if h.hexdigest() != digest:
+            tmp.unlink(missing_ok=True)
+            return self._reply(400, b"body does not match its digest")
+        if name == MANIFEST:
+            try:
+                manifest = Manifest.from_json(tmp.read_bytes())
+            except ValueError as exc:
+                tmp.unlink(missing_ok=True)
+                return self._reply(400, str(exc).encode()[:500])
+            if manifest.step != step:
+                tmp.unlink(missing_ok=True)
+                return self._reply(400, b"manifest is for another step")
+        os.replace(tmp, work / name)
+        if name == MANIFEST:
+            store.commit(owner, step)
+        self._reply(201)
+
+
+class PeerClient:
+    """The workers' side: send this node's files to a peer, fetch files from peers."""
+
+    def __init__(self, secret: bytes, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.secret = secret
+        self.timeout_s = timeout_s
+
+    def _request(self, peer: Peer, method: str, path: str, body=None, size: int = 0, digest: str = ""):
+        conn = http.client.HTTPConnection(peer.host, peer.port, timeout=self.timeout_s)
+        headers = {AUTH: sign(self.secret, method, path, digest), "Content-Length": str(size)}
+        if digest:
+            headers[DIGEST] = digest
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
+
+    def put(self, peer: Peer, owner: str, step: int, name: str, path: Path, digest: str) -> None:
+        size = path.stat().st_size
+        url = f"/v1/h/{owner}/{step}/{name}"
+        with open(path, "rb") as fh:
+            conn, resp = self._request(peer, "PUT", url, fh, size, digest)
+        try:
+            body = self._read(peer, resp, url, 1 << 16)
+        finally:
+            conn.close()
+        if resp.status != 201:
+            raise PeerError(
+                f"peer {peer} refused {name}: {resp.status} {body.decode(errors='replace')[:200]}"
+            )
+
+    def get(self, peer: Peer, step: int, name: str, max_bytes: int) -> bytes:
+        """File ``name`` of ``step`` as ``peer`` holds it (the reply's signature checked)."""
+        url = f"/v1/f/{step}/{name}"
+        conn, resp = self._request(peer, "GET", url)
+        try:
+            body = self._read(peer, resp, url, max_bytes)
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise PeerError(f"peer {peer} has no {name} of step {step} ({resp.status})")
+        return body
+
+    def _read(self, peer: Peer, resp: http.client.HTTPResponse, url: str, max_bytes: int) -> bytes:
+        try:
+            size = int(resp.getheader("Content-Length") or -1)
+        except ValueError:
+            size = -1
+        if size < 0 or size > max_bytes:
+            raise PeerError(f"peer {peer} replied with {size} bytes (at most {max_bytes} expected)")
+        deadline = time.monotonic() + self.timeout_s + size / MIN_RATE
+        chunks, left = [], size
+        try:
+            while left:
+                if time.monotonic() > deadline:
+                    raise PeerError(f"peer {peer}: reply not received within its deadline")
+                chunk = resp.read(min(_CHUNK, left))
+                if not chunk:
+                    raise PeerError(f"peer {peer}: reply ended early")
+                chunks.append(chunk)
+                left -= len(chunk)
+        except (OSError, http.client.HTTPException) as exc:
+            raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
+        body = b"".join(chunks)
+        digest = hashlib.sha256(body).hexdigest()
+        want = sign(self.secret, "reply", str(resp.status), url, digest)
+        if resp.getheader(DIGEST) != digest or not hmac.compare_digest(
+            (resp.getheader(AUTH) or "").encode(), want.encode()
+        ):
+            raise PeerError(f"peer {peer}: reply not signed with this run's secret")
+        return body
