@@ -110,10 +110,11 @@ def validate_sources(
 
 
 def incident_key(ev: IncidentRaised) -> str:
-    """What makes two raises the same incident (across polls and across agents)."""
+    """What makes two raises the same incident (across polls and across agents): the same rule on
+    the same node(s) or domain from the same onset, i.e. the same evidence. Two failures explained by
+    one kernel-log line are one incident."""
     where = ev.domain or ",".join(ev.nodes)
-    ranks = "" if ev.domain else ",".join(str(r) for r in ev.ranks)
-    return f"{ev.rule}|{where}|{ranks}|{int(ev.onset)}"
+    return f"{ev.rule}|{where}|{int(ev.onset)}"
 
 
 class LedgerTail:
@@ -360,7 +361,12 @@ class LiveDiagnosis:
             self._thread.join(timeout_s)
         if self._thread is None or not self._thread.is_alive():
             try:
-                self.poll(final=True)
+                new = self.poll(final=True)
+                if self.topology is not None and node_faults(new):
+                    # other agents may be raising their nodes' faults right now: one more look, so a
+                    # shared cause is seen even when every node stops at once
+                    time.sleep(min(self.src.interval_s, 2.0))
+                    self.poll(final=True)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         if self._writer is not None:
