@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.markup import escape as esc
 
+from ..diagnose.incident import event_line
 from ..events import (
     AttemptStarted,
     ChaosInjected,
@@ -83,7 +84,7 @@ class RunConsole:
                 f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
             )
         elif isinstance(ev, IncidentRaised):
-            self.say(f"{t} [red]incident[/]: {esc(incident_line(ev))}")
+            self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
@@ -123,17 +124,6 @@ class RunConsole:
 
     def close(self) -> None:
         self._clear_line()
-
-
-def incident_line(ev: IncidentRaised) -> str:
-    """One line per incident, the same words on the console and in the report."""
-    verb = "took" if ev.action_taken else "recommend"
-    where = ev.domain or ", ".join(ev.nodes) or ev.node
-    cost = f"; cost {ev.cost_gpu_s / 3600.0:,.3f} GPU-h" if ev.cost_gpu_s else ""
-    return (
-        f"{ev.cause} [{ev.fault_class}/{ev.component}, confidence {ev.confidence:.2f}; {verb} "
-        f"{ev.action}; blast radius {where or 'unknown'}{cost}]"
-    )
 
 
 def innermost_frame(stack: str) -> str:
