@@ -33,7 +33,7 @@ class PrecisionConfig(BaseModel):
         default_factory=lambda: {
             "crash": ("crash",),
             "exit": ("crash",),
-            "raise": ("crash", "user_error"),
+            "raise": ("exception",),  # the agent's failure kind for an uncaught exception
             "hang": ("hang",),
             "slow": ("straggler",),
             "kill-agent": ("agent_lost",),
