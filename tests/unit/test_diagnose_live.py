@@ -184,3 +184,17 @@ def test_bad_sources_are_one_config_error(tmp_path):
     bad.write_text("nodes: {n1: {switch: sw1}}\n")
     with pytest.raises(ConfigError):
         validate_sources(bad, "", [], None, None)
+
+
+def test_a_facility_source_that_breaks_mid_run_is_one_collector_incident(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    write(run, [AttemptStarted(ts=T0 - 60, world_size=2, **ctx())])
+    fac = tmp_path / "facility.csv"
+    fac.write_text("ts,loop,metric,value\n")
+    d = live(run, facility=str(fac))
+    assert d.poll(T0) == ()
+    fac.write_text("ts,loop,metric,value\n1,loopA,flux_capacitor,3\n")  # the exporter now writes junk
+    new = d.poll(T0 + 2)
+    assert [(e.rule, e.component) for e in new] == [("policy:collector-error", "collector")]
+    assert "flux_capacitor" in new[0].cause and new[0].onset == T0 + 2
+    assert d.poll(T0 + 4) == ()  # the same error is not raised again

@@ -35,7 +35,7 @@ from ..ledger import LedgerWriter, ledger_files
 from ..ledger.store import _connect_read, _decode_row
 from ..run_dir import RunDir
 from .facility import FacilitySample, PrometheusFacility, fetch_prometheus, load_facility_file
-from .incident import Incident
+from .incident import BlastRadius, Component, FaultClass, Incident
 from .pipeline import evidence_signals, incidents_from_events
 from .seams import NodeFault, SeamConfig, SlowRank, blast_radius, cooling_seams
 from .signals import Signal, from_findings, from_kernel_log
@@ -177,7 +177,7 @@ def node_faults(events: Sequence[Event]) -> tuple[NodeFault, ...]:
         if isinstance(e, IncidentRaised)
         and len(e.nodes) == 1
         and not e.domain
-        and not e.rule.startswith(("seam:", "policy:silent"))
+        and not e.rule.startswith(("seam:", "policy:"))
     )
 
 
@@ -240,6 +240,7 @@ class LiveDiagnosis:
         self._telemetry_mark: tuple = ()
         self._telemetry: tuple[Signal, ...] = ()
         self.errors: list[str] = []
+        self._failing: dict[str, float] = {}  # error text -> when first seen
 
     # --- evidence ----------------------------------------------------------------------------
 
@@ -288,13 +289,16 @@ class LiveDiagnosis:
         self.events.extend(self.tail.read())
         sigs: tuple[Signal, ...] = ()
         fac: tuple[FacilitySample, ...] = ()
+        broken: list[Incident] = []
         try:
             sigs = self.node_signals()
+        except (StalwartError, OSError) as exc:  # a source that cannot be read is an incident, never fatal
+            broken.append(self._source_failed("node evidence (kernel log / node telemetry)", exc, now))
+        try:
             fac = self.facility_samples(now)
-        except StalwartError as exc:  # a source that cannot be read is said once, never fatal
-            if exc.message not in self.errors:
-                self.errors.append(exc.message)
-        found = diagnose_now(self.events, sigs, fac, self.topology, self.node, now)
+        except (StalwartError, OSError) as exc:
+            broken.append(self._source_failed("facility telemetry", exc, now))
+        found = (*broken, *diagnose_now(self.events, sigs, fac, self.topology, self.node, now))
         explained = {
             int(e.onset) for e in self.events if isinstance(e, IncidentRaised) and e.rule.startswith("cross")
         }
@@ -316,6 +320,26 @@ class LiveDiagnosis:
             new.append(ev)
             self.events.append(ev)
         return tuple(new)
+
+    def _source_failed(self, what: str, exc: Exception, now: float) -> Incident:
+        """Watching the watchers: a collector source that fails is an incident (raised once per
+        distinct error; ``onset`` is when that error was first seen)."""
+        msg = getattr(exc, "message", None) or str(exc)
+        first = self._failing.setdefault(msg, now)
+        if msg not in self.errors:
+            self.errors.append(msg)
+        return Incident(
+            cause=f"{what} on {self.node} cannot be read ({msg}); what it watches is unobserved",
+            fault_class=FaultClass.SYSTEM,
+            component=Component.COLLECTOR,
+            confidence=0.9,
+            action="fix_collector_source",
+            ts=now,
+            onset=first,
+            rule="policy:collector-error",
+            evidence=(f"{what}: {msg}",),
+            blast_radius=BlastRadius(nodes=(self.node,)),
+        )
 
     def _claim(self, key: str) -> bool:
         self._claims.mkdir(parents=True, exist_ok=True, mode=0o700)
