@@ -132,11 +132,12 @@ def main() -> None:
                     "false_failure": 0,
                     "incidents": 0,
                 }
-                walls, labelled = [], 0
+                walls, labelled, loads = [], 0, []
                 for name, chaos, steps in corpus(args.fault_runs, args.slow_runs, args.healthy_runs):
                     rd = Path(tmp) / cond / name
                     code, wall = run_one(rd, steps, chaos)
                     walls.append(wall)
+                    loads.append(os.getloadavg()[0])  # the machine is shared: say how busy it was
                     evs = labelled_events(rd, chaos)
                     labelled += sum(1 for e in evs if e.kind == "ChaosInjected")
                     for s in detector_stats(evs):
@@ -163,6 +164,7 @@ def main() -> None:
                 "runs": len(walls),
                 "labelled_faults": labelled,
                 "wall_s_total": round(sum(walls), 1),
+                "loadavg_1m_median": round(sorted(loads)[len(loads) // 2], 1) if loads else None,
                 "detectors": {
                     d: {"firings": v[0], "confirmed": v[1], "faults": v[2], "caught": v[3]}
                     for d, v in sorted(sums.items())
@@ -175,7 +177,8 @@ def main() -> None:
 
     for cond, r in results.items():
         print(
-            f"\n### {cond}: {r['runs']} real runs, {r['labelled_faults']} labelled faults, {r['wall_s_total']} s"
+            f"\n### {cond}: {r['runs']} real runs, {r['labelled_faults']} labelled faults, "
+            f"{r['wall_s_total']} s, 1-min load average (median at run ends) {r['loadavg_1m_median']}"
         )
         print("| detector | firings | confirmed | precision | faults | caught | recall |")
         print("|---|---:|---:|---:|---:|---:|---:|")
