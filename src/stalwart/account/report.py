@@ -197,17 +197,10 @@ def render(rep: dict[str, Any], console=None) -> None:
             say(f"    [dim]{esc(line)}[/]")
     if rep.get("detectors"):
         dt = Table(title="Detector precision (firings joined with what followed)")
-        for col in (
-            "detector",
-            "firings",
-            "confirmed",
-            "precision",
-            "chaos faults",
-            "caught",
-            "recall",
-            "mode",
-        ):
-            dt.add_column(col, justify="left" if col in ("detector", "mode") else "right")
+        dt.add_column("detector", no_wrap=True)
+        for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
+            dt.add_column(col, justify="right")
+        dt.add_column("mode")
 
         def pct(v: float | None) -> str:
             return "n/a" if v is None else f"{100 * v:.0f}%"
