@@ -3,6 +3,7 @@ agent, injected node and facility evidence; the incidents must name the real cau
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,8 @@ def test_a_slow_rank_on_a_hot_gpu_on_a_warming_loop_is_one_cooling_seam_with_cos
     now = time.time()
     tele = tmp_path / "telemetry"  # the node's GPU: HW thermal slowdown in the last minute
     shutil.copytree(FIX / "h100_derived" / "burn_hw_thermal", tele)
+    for f in tele.iterdir():  # the recording just ended (the copy kept the fixture's old mtimes)
+        os.utime(f, (now, now))
     fac = tmp_path / "facility.csv"  # loop A's inlet rises from 24 C to ~33 C over ten minutes
     rows = [f"{now - 600 + 20 * i:.0f},loopA,inlet_temp_c,{24 + 0.3 * i:.1f}" for i in range(31 + 30)] + [
         f"{now - 600 + 20 * i:.0f},loopB,inlet_temp_c,24.0" for i in range(61)
