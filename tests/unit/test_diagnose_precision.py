@@ -108,3 +108,38 @@ def test_table_lists_every_detector_with_its_mode():
     assert rows["straggler"] == "| straggler | 1 | 0 | 0% | 0 | 0 | n/a | observe |"
     assert "hang" not in rows  # neither fired nor had a fault to catch: nothing to say
     assert firings(evs)[0].detector == "crash"
+
+
+def test_an_incident_that_found_node_evidence_confirms_the_firing_it_explains():
+    from stalwart.events import IncidentRaised
+
+    def incident(rule, ranks=(1,), node="n1"):
+        return IncidentRaised(
+            ts=12.0,
+            onset=9.0,
+            run_id="r",
+            node=node,
+            attempt=0,
+            cause="x",
+            fault_class="hardware",
+            component="gpu",
+            confidence=0.95,
+            action="drain_power_cycle",
+            rule=rule,
+            nodes=(node,),
+            ranks=ranks,
+        )
+
+    base = [crash(10.0, 1), crash(11.0, 0)]
+    [s] = [
+        s for s in detector_stats([*base, incident("cross_layer:gpu-fell-off-bus")]) if s.detector == "crash"
+    ]
+    assert (s.firings, s.confirmed) == (2, 1)  # rank 1 is explained, rank 0 is not
+    [s] = [s for s in detector_stats([*base, incident("cross_layer:no-cause")]) if s.detector == "crash"]
+    assert s.confirmed == 0  # "no node-level cause" confirms nothing
+    [s] = [
+        s
+        for s in detector_stats([*base, incident("cross_layer:ib-link", node="n2")])
+        if s.detector == "crash"
+    ]
+    assert s.confirmed == 0  # another node's cause

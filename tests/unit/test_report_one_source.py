@@ -72,3 +72,60 @@ def test_note_says_when_start_up_dominates():
         "70% of the wall"
     )
     assert notes({"startup": 5.0, "restart": 5.0, "productive": 90.0}, 100.0, 4) == []
+
+
+def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_table(tmp_path):
+    from stalwart.events import ChaosInjected, IncidentRaised
+
+    ctx = {"run_id": RUN, "node": "n0", "attempt": 0}
+    inc = IncidentRaised(
+        ts=7.0,
+        onset=6.5,
+        cause="cooling seam: loop loopA is failing (inlet 24.0 -> 31.0 C)",
+        fault_class="facility",
+        component="cooling",
+        confidence=0.8,
+        action="facility_alert_no_rma",
+        rule="seam:cooling-loop",
+        evidence=("cooling loop loopA degraded: inlet 24.0 -> 31.0 C",),
+        nodes=("n0", "n1"),
+        ranks=(3,),
+        domain="cooling_loop:loopA",
+        cost_gpu_s=7200.0,
+        **ctx,
+    )
+    chaos = ChaosInjected(ts=4.0, rank=3, fault="slow", detail="slow rank 3 x2", **ctx)
+    evs = sorted([*crash_run(), *live_events(), chaos, inc], key=lambda e: e.ts)
+    with LedgerWriter(tmp_path / "agent.ledger", writer="test") as w:
+        for ev in evs:
+            w.append(ev)
+    rep = build(tmp_path)
+    [row] = rep["incidents"]
+    assert (row["class"], row["component"], row["action"], row["cost_gpu_s"]) == (
+        "facility",
+        "cooling",
+        "facility_alert_no_rma",
+        7200.0,
+    )
+    assert row["blast_radius"]["domain"] == "cooling_loop:loopA"
+    straggler = next(d for d in rep["detectors"] if d["detector"] == "straggler")
+    # rank 3's firing follows the chaos fault on rank 3; rank 0's follows nothing
+    assert (straggler["firings"], straggler["confirmed"], straggler["faults"], straggler["caught"]) == (
+        2,
+        1,
+        1,
+        1,
+    )
+
+    live = io.StringIO()
+    RunConsole(stream=live).event(inc)
+    out = io.StringIO()
+    render(rep, Console(file=out, width=300, highlight=False))
+    printed = live.getvalue().split("incident: ", 1)[1].strip()
+    assert printed in out.getvalue().replace("\n", " ")  # the report repeats the console's line
+    assert "2.000 GPU-h" in printed and "blast radius cooling_loop:loopA (ranks 3)" in printed
+    table = out.getvalue().split("Detector precision", 1)[1]
+    assert any(
+        ln.split()[1:5] == ["straggler", "│", "2", "│"] for ln in table.splitlines() if "straggler" in ln
+    )
+    assert "50%" in table

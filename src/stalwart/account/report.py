@@ -8,8 +8,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..diagnose.incident import event_line
+from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
-from ..events import CheckpointRejected, StepCompleted
+from ..events import CheckpointRejected, IncidentRaised, StepCompleted
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
 from .reliability import interruptions_from_events, mtbf, mttr
@@ -27,6 +29,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     # one source with the live console: the agent's StragglerDetected/StragglerCleared events
     found = episodes(events)
     rejected = [e for e in events if isinstance(e, CheckpointRejected)]
+    incidents = sorted((e for e in events if isinstance(e, IncidentRaised)), key=lambda e: e.ts)
     return {
         "run_dir": str(location),
         "outcome": gp.outcome,
@@ -61,6 +64,28 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
                 "attempt": e.attempt,
             }
             for e in rejected
+        ],
+        "incidents": [
+            {
+                "ts": e.ts,
+                "line": event_line(e),  # what the live console printed
+                "cause": e.cause,
+                "class": e.fault_class,
+                "component": e.component,
+                "confidence": e.confidence,
+                "evidence": list(e.evidence),
+                "action": e.action,
+                "action_taken": e.action_taken,
+                "blast_radius": {"nodes": list(e.nodes), "ranks": list(e.ranks), "domain": e.domain},
+                "cost_gpu_s": e.cost_gpu_s,
+                "rule": e.rule,
+                "node": e.node,
+            }
+            for e in incidents
+        ],
+        "detectors": [
+            {**asdict(d), "precision": d.precision, "recall": d.recall, "mode": precision_gate(d).mode}
+            for d in detector_stats(events)
         ],
         "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
         "skipped": [{"path": str(sk.path), "reason": sk.reason, "rows": sk.rows} for sk in read.skipped],
@@ -164,6 +189,34 @@ def render(rep: dict[str, Any], console=None) -> None:
     for r in rejected:
         step = f"step {r['step']}, " if r["step"] >= 0 else ""
         say(f"  {esc(r['path'])} ({step}attempt {r['attempt']}): {esc(r['reason'])}")
+    incidents = rep.get("incidents", [])
+    say(f"incidents: {len(incidents) or 'none'}")
+    for inc in incidents:
+        say(f"  {time.strftime('%H:%M:%S', time.localtime(inc['ts']))} {esc(inc['line'])}")
+        for line in inc["evidence"][:4]:
+            say(f"    [dim]{esc(line)}[/]")
+    if rep.get("detectors"):
+        dt = Table(title="Detector precision (firings joined with what followed)")
+        dt.add_column("detector", no_wrap=True)
+        for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
+            dt.add_column(col, justify="right")
+        dt.add_column("mode")
+
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{100 * v:.0f}%"
+
+        for d in rep["detectors"]:
+            dt.add_row(
+                d["detector"],
+                str(d["firings"]),
+                str(d["confirmed"]),
+                pct(d["precision"]),
+                str(d["faults"]),
+                str(d["caught"]),
+                pct(d["recall"]),
+                d["mode"],
+            )
+        con.print(dt)
     for n in rep["notes"]:
         say(f"note: {esc(n)}")
 

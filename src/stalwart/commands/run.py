@@ -231,6 +231,28 @@ def register(app: typer.Typer) -> None:
             help="Model spec for tokens/s and MFU on /metrics: params=7e9,layers=32,heads=32,"
             "head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
         ),
+        topology: Path = typer.Option(
+            None,
+            "--topology",
+            help="Node -> rack, leaf switch, PDU, cooling loop (YAML or CSV) for diagnosis.",
+        ),
+        facility: str = typer.Option(
+            None, "--facility", help="Facility telemetry: a CSV/JSON file or a Prometheus URL (diagnosis)."
+        ),
+        facility_query: list[str] = typer.Option(
+            None, "--facility-query", help="metric=PromQL for --facility URL, e.g. inlet_temp_c=cdu_inlet_c."
+        ),
+        kernel_log: Path = typer.Option(
+            None, "--kernel-log", help="Kernel log file (dmesg lines) read for Xids during the run."
+        ),
+        node_telemetry: Path = typer.Option(
+            None,
+            "--node-telemetry",
+            help="Directory of node telemetry in the health fixture format (diagnosis).",
+        ),
+        diagnose_interval: float = typer.Option(
+            None, "--diagnose-interval", help="Seconds between live diagnosis rounds (default 2; 0 = off)."
+        ),
         notify: list[str] = typer.Option(
             None,
             "--notify",
@@ -302,6 +324,12 @@ def register(app: typer.Typer) -> None:
             "metrics_addr": metrics_addr,
             "metrics_model": metrics_model,
             "notify": notify or None,
+            "topology": topology,
+            "facility": facility,
+            "facility_query": facility_query or None,
+            "kernel_log": kernel_log,
+            "node_telemetry": node_telemetry,
+            "diagnose_interval_s": diagnose_interval,
         }
         for key, value in pet_defaults(os.environ).items():  # torchrun's PET_* variables: defaults for flags
             if flags.get(key) is None:

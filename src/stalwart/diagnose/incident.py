@@ -127,3 +127,15 @@ def slowdown_cost_gpu_s(gpus: int, slowdown: float, duration_s: float) -> float:
             f"{duration_s}, {slowdown}"
         )
     return gpus * duration_s * max(0.0, 1.0 - 1.0 / slowdown)
+
+
+def event_line(ev: IncidentRaised) -> str:
+    """One line per raised incident: the same words on the live console and in the report."""
+    verb = "took" if ev.action_taken else "recommend"
+    where = ev.domain or ", ".join(ev.nodes) or ev.node or "unknown"
+    ranks = f" (ranks {', '.join(str(r) for r in ev.ranks)})" if ev.ranks else ""
+    cost = f"; cost {ev.cost_gpu_s / 3600.0:,.3f} GPU-h" if ev.cost_gpu_s else ""
+    return (
+        f"{ev.cause} [{ev.fault_class}/{ev.component}, confidence {ev.confidence:.2f}; {verb} "
+        f"{ev.action}; blast radius {where}{ranks}{cost}]"
+    )

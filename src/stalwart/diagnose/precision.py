@@ -6,6 +6,8 @@ A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``f
 
 - a ``ChaosInjected`` fault preceded it (ground truth in chaos runs);
 - a failing health check on that node (for detectors other than health itself);
+- an incident that names a real cause there (a cross-layer or seam rule that found node evidence:
+  a kernel-log Xid, a link down, a thermal slowdown; not "no node-level cause");
 - a recovery that fixed it: a ``DecisionTaken`` excluding or draining that node, after which the
   same detector stayed silent there for ``window_s`` while training made progress.
 
@@ -21,7 +23,15 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..events import ChaosInjected, DecisionTaken, Event, FailureDetected, StepCompleted, StragglerDetected
+from ..events import (
+    ChaosInjected,
+    DecisionTaken,
+    Event,
+    FailureDetected,
+    IncidentRaised,
+    StepCompleted,
+    StragglerDetected,
+)
 
 FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
 
@@ -33,7 +43,7 @@ class PrecisionConfig(BaseModel):
         default_factory=lambda: {
             "crash": ("crash",),
             "exit": ("crash",),
-            "raise": ("crash", "user_error"),
+            "raise": ("exception",),  # the agent's failure kind for an uncaught exception
             "hang": ("hang",),
             "slow": ("straggler",),
             "kill-agent": ("agent_lost",),
@@ -93,6 +103,7 @@ class _Index:
     health_fail: tuple[Event, ...]
     fixes: tuple[DecisionTaken, ...]
     step_ts: tuple[float, ...]  # sorted
+    causes: tuple[IncidentRaised, ...] = ()  # incidents that found a cause in node evidence
 
     @classmethod
     def of(cls, evs: Sequence[Event]) -> _Index:
@@ -101,6 +112,13 @@ class _Index:
             tuple(e for e in evs if e.kind == "HealthChecked" and getattr(e, "status", "") == "fail"),
             tuple(e for e in evs if isinstance(e, DecisionTaken) and e.action in FIXING_ACTIONS),
             tuple(sorted(e.ts for e in evs if isinstance(e, StepCompleted))),
+            tuple(
+                e
+                for e in evs
+                if isinstance(e, IncidentRaised)
+                and e.rule.startswith(("cross_layer:", "seam:"))
+                and e.rule != "cross_layer:no-cause"
+            ),
         )
 
     def stepped(self, after: float, until: float) -> bool:
@@ -115,6 +133,14 @@ def _confirmed(f: Firing, ix: _Index, fires: Sequence[Firing], w: float) -> bool
         abs(e.ts - f.ts) <= w and e.node and e.node == f.node for e in ix.health_fail
     ):
         return True
+    for inc in ix.causes:
+        if abs(inc.onset - f.ts) > w and abs(inc.ts - f.ts) > w:
+            continue
+        if inc.ranks and f.rank >= 0 and f.node in inc.nodes:
+            if f.rank in inc.ranks:
+                return True
+        elif f.node and f.node in inc.nodes:
+            return True
     for e in ix.fixes:
         if not f.ts <= e.ts <= f.ts + w or (e.node and f.node and e.node != f.node):
             continue

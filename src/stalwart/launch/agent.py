@@ -147,6 +147,7 @@ class Agent:
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         self._memory = self._node_memory()
+        diagnosis = self._start_diagnosis()
         try:
             return self._loop()
         except BaseException as exc:
@@ -154,6 +155,8 @@ class Agent:
             self._end("agent_error", f"agent error: {type(exc).__name__}: {exc}", EXIT_INFRA)
             raise
         finally:
+            if diagnosis is not None:
+                diagnosis.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
             if self._rdzv is not None:
@@ -179,6 +182,22 @@ class Agent:
         except (OSError, CheckpointError) as exc:  # no tmpfs, or not ours: the job runs from disk
             self._note(f"no node memory tier ({exc}); checkpoints restore from disk only")
             return None
+
+    def _start_diagnosis(self):
+        """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""
+        if not self.cfg.diagnose_interval_s:
+            return None
+        from ..diagnose.live import LiveDiagnosis
+
+        src = self.cfg.diagnosis_sources()
+        return LiveDiagnosis(
+            self.run,
+            self.cfg.node_name,
+            self.cfg.run_id,
+            src,
+            notify=self._notify,
+            attempt=lambda: self.attempt,
+        ).start()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signal = signum

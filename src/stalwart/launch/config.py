@@ -102,6 +102,13 @@ class RunConfig(BaseModel):
     metrics_addr: str = "127.0.0.1"
     metrics_model: str = ""  # model spec for tokens/s and MFU (serve.snapshot.parse_model_spec)
     notify: list[str] = Field(default_factory=list)
+    # live diagnosis (diagnose/live.py): where this node's evidence comes from; interval 0 = off
+    topology: Path | None = None
+    facility: str = ""
+    facility_query: list[str] = Field(default_factory=list)
+    kernel_log: Path | None = None
+    node_telemetry: Path | None = None
+    diagnose_interval_s: float = Field(2.0, ge=0)
 
     @field_validator("nnodes")
     @classmethod
@@ -201,6 +208,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"--health-backend {v!r} must be local or slurm")
         return v
 
+    def diagnosis_sources(self):
+        from ..diagnose.live import validate_sources
+
+        src = validate_sources(
+            self.topology, self.facility, self.facility_query, self.kernel_log, self.node_telemetry
+        )
+        return src.model_copy(update={"interval_s": self.diagnose_interval_s or 1.0})
+
     @property
     def size_rule(self):
         from .world_size import SizeRule
@@ -212,6 +227,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        if self.topology or self.facility or self.facility_query or self.kernel_log or self.node_telemetry:
+            self.diagnosis_sources()  # a bad topology or facility source stops the run before it starts
         if self.run_dir is not None:
             validate_run_dir(self.run_dir)  # not /, /proc, /sys, /dev or a file
         if self.node_name:

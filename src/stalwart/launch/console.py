@@ -8,12 +8,14 @@ import time
 from rich.console import Console
 from rich.markup import escape as esc
 
+from ..diagnose.incident import event_line
 from ..events import (
     AttemptStarted,
     ChaosInjected,
     DecisionTaken,
     Event,
     FailureDetected,
+    IncidentRaised,
     JobEnded,
     JobStarted,
     StackCaptured,
@@ -81,6 +83,8 @@ class RunConsole:
             self.say(
                 f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
             )
+        elif isinstance(ev, IncidentRaised):
+            self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")

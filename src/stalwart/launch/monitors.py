@@ -29,7 +29,7 @@ from ..diagnose.straggler_action import (
     confidence_from_windows,
     decide_straggler,
 )
-from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ..exit_codes import EXIT_PREEMPTED
 from .cpu_progress import detect_cpu_stall
 from .decision import AttemptOutcome, Decision
 from .progress import detect_hang_in, durability_problem_in
