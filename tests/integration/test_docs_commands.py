@@ -242,7 +242,8 @@ ENTRIES = [
 
 def _code_blocks(text: str) -> list[tuple[str, str]]:
     return [
-        (m.group(1), m.group(2)) for m in re.finditer(r"^```([a-z]*)\n(.*?)^```", text, flags=re.S | re.M)
+        (m.group(1), m.group(2))
+        for m in re.finditer(r"^[ \t]*```([a-z]*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M)
     ]
 
 
