@@ -170,35 +170,3 @@ def test_readme_sdk_snippet_runs_as_written(tmp_path, monkeypatch):
 def test_readme_python_snippets_compile():
     for code in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S):
         compile(code, "README.md", "exec")
-
-
-DOCS = sorted((ROOT / "docs").glob("*.md"))
-
-
-def docs_commands() -> list[tuple[str, str]]:
-    """Concrete ``stalwart`` command lines in the docs' code blocks (synopses with [...] are left out)."""
-    out = []
-    for page in DOCS:
-        for block in re.findall(r"```[a-z]*\n(.*?)```", page.read_text(), flags=re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\s+#.*$", "", line).strip()
-                if line.startswith("stalwart ") and "[" not in line:
-                    out.append((page.name, line))
-    return out
-
-
-def test_docs_commands_parse():
-    """Docs' commands run long (1000 trials at 16k GPUs) or need files a page only names, so they are
-    parsed, not run: every sub-command, flag and value type must be what the CLI accepts."""
-    from stalwart import cli
-
-    found = docs_commands()
-    assert found, "the docs show stalwart commands"
-    for page, line in found:
-        args = shlex.split(line)[1:]
-        cmd = cli.command()
-        while hasattr(cmd, "commands"):  # the docs' lines give no group-level options
-            name, args = args[0], args[1:]
-            assert name in cmd.commands, f"{page}: unknown command {name!r} in {line!r}"
-            cmd = cmd.commands[name]
-        cmd.make_context(cmd.name, list(args))  # raises on an unknown flag or a bad value

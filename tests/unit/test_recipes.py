@@ -158,3 +158,143 @@ def test_ddp_recipe_resumes_bit_identical(tmp_path, hooks, process_group):
     resumed = run(ddp_module, tmp_path, hooks, seed=99)
     for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+# --- a script that keeps its own checkpoint ----------------------------------------------------
+
+
+def own_snapshot_trainer(sess: Session, seed: int, crash_at: int | None, snap, seen: list[int]):
+    """A script with its own snapshot (pytorch/examples style: model, optimizer and the step count
+    in one file, written after every step) that also runs the SDK's loop. The snapshot is loaded
+    first; then ``session.loop`` resumes from the SDK's checkpoint and overwrites the state."""
+    model, opt = model_and_opt(seed)
+    if snap.exists():
+        own = torch.load(snap, weights_only=True)
+        model.load_state_dict(own["model"])
+        opt.load_state_dict(own["optimizer"])
+    for step in sess.loop(10, {"model": model, "optimizer": opt}, checkpoint_every=3):
+        seen.append(step)
+        i = step % 8
+        x, y = DATA.tensors[0][i * 8 : (i + 1) * 8], DATA.tensors[1][i * 8 : (i + 1) * 8]
+        if step == crash_at:
+            raise Crash
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}, snap)
+    return model
+
+
+def test_own_snapshot_and_sdk_checkpoint_the_sdk_wins(tmp_path, hooks):
+    """The script's snapshot is newer (7 steps) than the SDK's checkpoint (6 steps): the SDK's
+    checkpoint wins, step 6 is trained again from the SDK's state, and the run ends bit-identical to
+    one without a crash."""
+
+    def go(seed, crash_at=None, name="run", seen=None):
+        def recipe(sess, seed, crash_at):
+            return own_snapshot_trainer(sess, seed, crash_at, tmp_path / f"{name}-snapshot.pt", seen)
+
+        return run(recipe, tmp_path, hooks, seed=seed, crash_at=crash_at, name=name)
+
+    reference = go(0, name="reference", seen=[])
+    assert go(0, crash_at=7, seen=[]) is None
+    assert torch.load(tmp_path / "run-snapshot.pt", weights_only=True)["step"] == 7
+    seen: list[int] = []
+    resumed = go(99, seen=seen)
+    assert seen[0] == 6  # resumed at the SDK's step, not the snapshot's
+    for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def handed_over_trainer(sess: Session | None, seed: int, crash_at: int | None, snap, total: int = 10):
+    """The hand-over recipe. Without ``sess``: the script as it was (own snapshot, no SDK), which
+    stops after ``crash_at`` steps. With ``sess``: the first and every later run with the SDK. The
+    snapshot is read once more on every start, never written again; its step count is the offset of
+    the SDK's steps, and ``session.loop`` overwrites its state once the SDK has a checkpoint."""
+    model, opt = model_and_opt(seed)
+    done = 0
+    if snap.exists():
+        own = torch.load(snap, weights_only=True)
+        model.load_state_dict(own["model"])
+        opt.load_state_dict(own["optimizer"])
+        done = own["step"]
+
+    def train(step):
+        i = step % 8
+        x, y = DATA.tensors[0][i * 8 : (i + 1) * 8], DATA.tensors[1][i * 8 : (i + 1) * 8]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    if sess is None:
+        for step in range(done, total if crash_at is None else crash_at):
+            train(step)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}, snap)
+        return model
+    for i in sess.loop(total - done, {"model": model, "optimizer": opt}, checkpoint_every=2):
+        step = done + i  # the script's own step count
+        if step == crash_at:
+            raise Crash
+        train(step)
+    return model
+
+
+def test_handing_over_an_own_snapshot_to_the_sdk_resumes_bit_identical(tmp_path, hooks):
+    snap = tmp_path / "snapshot.pt"
+    reference = handed_over_trainer(None, 0, None, tmp_path / "reference-snapshot.pt")
+    handed_over_trainer(None, 0, 4, snap)  # the old script ran 4 steps and stopped
+
+    def with_sdk(sess, seed, crash_at):
+        return handed_over_trainer(sess, seed, crash_at, snap)
+
+    assert run(with_sdk, tmp_path, hooks, seed=99, crash_at=7) is None  # first SDK run: saves at 6, dies at 7
+    assert torch.load(snap, weights_only=True)["step"] == 4  # the snapshot is left as it was
+    resumed = run(with_sdk, tmp_path, hooks, seed=98)
+    for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+# --- fetching a batch before or after the resume ---------------------------------------------
+
+
+def prefetching_trainer(sess: Session, seed: int, crash_at: int | None, *, fetch: str):
+    """``fetch="after"``: the recipe, each batch fetched inside the loop from the step index.
+    ``fetch="before"``: the first batch fetched before ``session.loop``, the next one at the end of
+    each step (a common prefetch); after a resume that first batch is the batch of step 0."""
+    model, opt = model_and_opt(seed)
+    loader = DataLoader(DATA, batch_size=8)
+    per_epoch = len(loader)
+    batches = iter(loader)
+    x, y = next(batches) if fetch == "before" else (None, None)
+    current = -1
+    for step in sess.loop(12, {"model": model, "optimizer": opt}, checkpoint_every=4):
+        epoch, index = divmod(step, per_epoch)
+        if fetch == "after":
+            if epoch != current:
+                batches, current = itertools.islice(iter(loader), index, None), epoch
+            x, y = next(batches)
+        if step == crash_at:
+            raise Crash
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if fetch == "before":
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                x, y = next(batches)
+    return model
+
+
+@pytest.mark.parametrize("fetch", ["after", "before"])
+def test_batch_fetched_after_the_resume_is_exact_before_is_not(fetch, tmp_path, hooks):
+    def recipe(sess, seed, crash_at):
+        return prefetching_trainer(sess, seed, crash_at, fetch=fetch)
+
+    reference = run(recipe, tmp_path, hooks, seed=0, name="reference")
+    # checkpoint after 4 steps, crash at step 6: the resume starts at step 4, whose batch is not step 0's
+    assert run(recipe, tmp_path, hooks, seed=0, crash_at=6) is None
+    resumed = run(recipe, tmp_path, hooks, seed=99)
+    same = all(torch.equal(a, b) for a, b in zip(resumed.parameters(), reference.parameters(), strict=True))
+    assert same is (fetch == "after")

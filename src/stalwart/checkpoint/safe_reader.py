@@ -146,7 +146,10 @@ class SafeFileSystemReader(FileSystemReader):
     refusal = ""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+        if hasattr(self, "_get_metadata_path"):
+            path = self._get_metadata_path(kwargs.get("rank"))
+        else:  # torch 2.6: one metadata file, named as DCP's own reader of that release names it
+            path = self.fs.concat_path(self.path, ".metadata")
         with self.fs.create_stream(path, "rb") as fh:
             data = fh.read(MAX_METADATA_BYTES + 1)
         try:

@@ -109,6 +109,14 @@ def _measured(ledger: Path, base):
     return cfg, notes
 
 
+def compact(x: float) -> str:
+    """A count short enough for an 80-column table: 99,999 as is, then 123k, 4.5M, 1.2B."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M")):
+        if abs(x) >= scale:
+            return f"{x / scale:,.1f}{suffix}"
+    return f"{x / 1e3:.0f}k" if abs(x) >= 1e5 else f"{x:,.0f}"
+
+
 def _print(d: dict) -> None:
     from rich import box
     from rich.console import Console
@@ -148,9 +156,9 @@ def _print(d: dict) -> None:
             f"{p['interval_s']:,.0f}",
             f"{p['ettr_mean']:.3f}",
             f"{p['ettr_p5']:.3f}",
-            f"{p['interruptions_mean']:,.0f}",
-            f"{p['lost_gpu_hours_mean']:,.0f}",
-            f"{p['cost_mean']:,.0f}",
+            compact(p["interruptions_mean"]),
+            compact(p["lost_gpu_hours_mean"]),
+            compact(p["cost_mean"]),
         ]
         for p in d["scale"]
     ]
@@ -173,7 +181,8 @@ def _print(d: dict) -> None:
     )
     say(
         "(interval re-optimised and spares scaled with the fleet; MTBF h: the job's mean time between "
-        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours)"
+        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours; k/M/B: thousands, "
+        "millions, billions)"
     )
     for n in d["notes"]:
         say(f"note: {n}")

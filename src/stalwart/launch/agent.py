@@ -450,16 +450,12 @@ class Agent:
             ) from None
         port = sock.getsockname()[1]
         fd = sock.detach()  # the store's server owns the listening socket from here and closes it
+        kwargs = {"timeout": datetime.timedelta(seconds=self.cfg.pg_timeout_s), "wait_for_workers": False}
         try:
-            store = TCPStore(
-                host,
-                port,
-                None,
-                True,
-                timeout=datetime.timedelta(seconds=self.cfg.pg_timeout_s),
-                wait_for_workers=False,
-                master_listen_fd=fd,
-            )
+            try:
+                store = TCPStore(host, port, None, True, master_listen_fd=fd, **kwargs)
+            except NotImplementedError:  # torch 2.6: its libuv server cannot take a listening socket
+                store = TCPStore(host, port, None, True, master_listen_fd=fd, use_libuv=False, **kwargs)
         except Exception:
             os.close(fd)
             raise
