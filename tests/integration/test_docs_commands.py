@@ -117,6 +117,15 @@ def _run_ended(out: str, walk: Walk) -> None:
     assert "Where the wall time went" in out
 
 
+def _ended_ok(out: str, walk: Walk) -> None:
+    assert "job ended (succeeded, exit 0)" in out, out[-2000:]
+
+
+def _facility_unreachable(out: str, walk: Walk) -> None:
+    _ended_ok(out, walk)
+    assert re.search(r"incident: facility telemetry on \S+ cannot be read", out), out[-2000:]
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - a local server the test started
         assert r.status == 200
@@ -155,10 +164,12 @@ def _notify_probe(url: str, walk: Walk) -> None:
 ENTRIES = [
     Entry(
         "observability.md",
-        "stalwart run --metrics-port 9400 [--metrics-addr 127.0.0.1] ... train.py",
-        "stalwart run --metrics-port 0 --metrics-addr 127.0.0.1 --nproc-per-node 1 train.py",
-        "a synopsis; port 0 because 9400 may be taken on a shared machine, and one worker of a 6-step SDK "
-        "script (train.py, written by the test); this is the run the other commands read",
+        "stalwart run --metrics-port 9400 [--metrics-addr 127.0.0.1] [--metrics-model SPEC] ... train.py",
+        "stalwart run --metrics-port 0 --metrics-addr 127.0.0.1 --metrics-model params=7e9,layers=32,heads=32,"
+        "head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100 --nproc-per-node 1 train.py",
+        "a synopsis; port 0 because 9400 may be taken on a shared machine, the model spec of `--help`, and "
+        "one worker of a 6-step SDK script (train.py, written by the test); this is the run the other "
+        "commands read",
         check=_run_ended,
     ),
     Entry(
@@ -213,6 +224,28 @@ ENTRIES = [
             "--kernel-log '' --backend local --node n2 --state-dir health-state",
             1,
         ),
+    ),
+    Entry(
+        "diagnosis.md",
+        "stalwart run --topology topology.yaml --facility facility.csv --kernel-log /var/log/kern-xid.log "
+        "--node-telemetry /run/gpu-telemetry --nproc-per-node 8 train.py",
+        "stalwart run --topology topology.yaml --facility facility.csv --kernel-log kern-xid.log "
+        "--node-telemetry {root}/tests/fixtures/gpu/h100 --nproc-per-node 1 --run-dir diag-files train.py",
+        "the topology, facility CSV and an empty kernel log written by the test, the recorded H100 telemetry "
+        "for the node's, one worker, its own run directory (the walk's run stays as the other commands read it)",
+        check=_ended_ok,
+    ),
+    Entry(
+        "diagnosis.md",
+        "stalwart run --facility http://prometheus:9090 --facility-query inlet_temp_c=cdu_inlet_celsius "
+        "--facility-query coolant_flow_lpm=cdu_flow_lpm --topology topology.csv ... train.py",
+        "stalwart run --facility http://127.0.0.1:9 --facility-query inlet_temp_c=cdu_inlet_celsius "
+        "--facility-query coolant_flow_lpm=cdu_flow_lpm --topology topology.csv --nproc-per-node 1 "
+        "--run-dir diag-prom train.py",
+        "no Prometheus on a test machine: a closed port, so the run shows what an unreachable facility "
+        "source gives (a collector incident, never silence) and still ends well; the client against a "
+        "serving Prometheus API is tested in tests/unit/test_diagnose_seams.py",
+        check=_facility_unreachable,
     ),
     Entry(
         "simulator.md",
@@ -344,6 +377,11 @@ def walk(tmp_path_factory) -> Walk:
     cwd = tmp_path_factory.mktemp("docs-walk")
     (cwd / "train.py").write_text(TRAIN_PY)
     (cwd / "sim.yaml").write_text(_sim_yaml())
+    node = "{rack: r1, leaf_switch: sw1, pdu: p1, cooling_loop: loopA}"  # the diagnosis page's files
+    (cwd / "topology.yaml").write_text(f"nodes:\n  n1: {node}\n  n2: {node}\n")
+    (cwd / "topology.csv").write_text("node,rack,leaf_switch,pdu,cooling_loop\nn1,r1,sw1,p1,loopA\n")
+    (cwd / "facility.csv").write_text("ts,loop,metric,value\n1700000000,loopA,inlet_temp_c,24.0\n")
+    (cwd / "kern-xid.log").write_text("")
     w = Walk(cwd)
     first = ENTRIES[0]
     p = subprocess.run(_argv(first.run, w), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
