@@ -125,5 +125,8 @@ def test_a_finished_run_resumes_to_nothing(tmp_path, process_hooks):
     run_session(env, process_hooks, seed=0)
     again, model, data = run_session(env, process_hooks, seed=7)
     assert again.completed == TOTAL and data["pos"] == 4 * TOTAL  # restored, no step re-run
+    # the final state was loaded from a durable tier: nothing to save again, no "not committed" retry
+    events = read_merged(tmp_path / "run" / "ledger")
+    assert sorted(e.step for e in events if isinstance(e, CheckpointCommitted)) == [2, 4, 6, 8]
     for a, b in zip(model.parameters(), reference_params(), strict=True):
         assert torch.equal(a.detach(), b)

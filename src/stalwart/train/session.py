@@ -120,6 +120,8 @@ class Session:
         self._signal: int | None = None
         self._completed = 0
         self._last_saved = -1
+        self._durable_step = -1  # a step known to be on a durable tier: loaded from one, or committed
+        self._loaded_step = -1  # the step this process resumed at (loaded, not saved by it)
         self._stack_file = None
         self._slow_pending = False
         self._slow_extra = 0.0
@@ -289,6 +291,10 @@ class Session:
         state_io.apply(state, targets, found.rank_state or {}, own_rng=own)
         self._completed = found.step
         self._last_saved = found.step
+        self._loaded_step = found.step
+        tiers = {t.name: t for t in self.checkpointer.tiers}
+        if found.tier in tiers and tiers[found.tier].durable:
+            self._durable_step = found.step  # resumed at the end: nothing new to make durable
         if self.rank == 0:
             self.emit(
                 TrainingResumed(
@@ -313,6 +319,10 @@ class Session:
         """Collective: make the state after ``completed`` steps durable, saving it if it was not
         staged and re-saving with backoff (1 s, 2 s) while a persist fails (a full disk that frees
         up, a flaky mount). Returns "" once a durable tier committed it, else the last reason."""
+        if self._durable_step == self._completed:
+            return ""
+        # loaded from a non-durable tier (node memory, a peer) at this step: nothing pending to wait for
+        loaded_only = self._loaded_step == self._last_saved == self._completed
         why = ""
         for attempt in range(max(1, attempts)):
             if attempt:
@@ -325,7 +335,7 @@ class Session:
                     )
                 )
                 time.sleep(min(2.0, float(2 ** (attempt - 1))))
-            if attempt or self._last_saved != self._completed:
+            if attempt or loaded_only or self._last_saved != self._completed:
                 self.save(state, emergency=emergency)
             self._beat(self._completed, "checkpoint", time.time())  # waiting on the persist is not a hang
             res = self.checkpointer.wait()
@@ -334,6 +344,7 @@ class Session:
                 and res.step == self._completed
                 and any(self.checkpointer.tier(name).durable for name in res.committed)
             ):
+                self._durable_step = self._completed
                 return ""
             if res is None:
                 why = "nothing was persisted"
