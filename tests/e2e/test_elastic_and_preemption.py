@@ -21,7 +21,7 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
 
-from .runner import EXAMPLE, events
+from .runner import EXAMPLE, events, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
     port, steps = _free_port(), 40
     plan = ["--chaos", "kill-agent@node=1,step=15"]
     a = _agent(tmp_path, "n0", port, steps, *plan)
-    time.sleep(1.0)  # n0 hosts the rendezvous store
+    wait_listening(port, a)  # n0 hosts the rendezvous store
     b = _agent(tmp_path, "n1", port, steps, *plan)
     out_b, _ = b.communicate(timeout=400)
     out_a, _ = a.communicate(timeout=400)
