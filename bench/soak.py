@@ -10,6 +10,8 @@ A short form of this runs in the test suite (tests/e2e/test_soak.py).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,14 +40,20 @@ def main() -> int:
         faults_per_run=(1, args.max_faults),
     )
     t0 = time.time()
-    summary = Soak(cfg).run_all()
+
+    def progress(partial) -> None:  # the figures so far, so a soak cut short still has them
+        if args.json:
+            data = json.loads(partial.to_json())
+            data.update(wall_s=round(time.time() - t0), loadavg=os.getloadavg(), cpus=os.cpu_count())
+            args.json.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    summary = Soak(cfg).run_all(progress)
     print(summary.to_json())
     print(
         f"{summary.runs} runs, {summary.total_faults} faults of {len(summary.faults)} kinds in "
         f"{time.time() - t0:.0f}s; clean={summary.clean}"
     )
-    if args.json:
-        args.json.write_text(summary.to_json())
+    progress(summary)
     return 0 if summary.clean else 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -43,3 +44,19 @@ def events(run_dir: Path, kind: type | None = None) -> list:
 def same_params(a: Path, b: Path) -> bool:
     x, y = torch.load(a), torch.load(b)
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port`` (the first agent hosting the
+    rendezvous store). A fixed sleep is not enough on a busy machine, where importing torch alone
+    can take tens of seconds: the next agent would host the store instead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the first agent exited ({proc.returncode}) before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listened on port {port} within {timeout:.0f}s")

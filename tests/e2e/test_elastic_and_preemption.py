@@ -21,7 +21,7 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
 
-from .runner import EXAMPLE, events
+from .runner import EXAMPLE, events, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
     port, steps = _free_port(), 40
     plan = ["--chaos", "kill-agent@node=1,step=15"]
     a = _agent(tmp_path, "n0", port, steps, *plan)
-    time.sleep(1.0)  # n0 hosts the rendezvous store
+    wait_listening(port, a)  # n0 hosts the rendezvous store
     b = _agent(tmp_path, "n1", port, steps, *plan)
     out_b, _ = b.communicate(timeout=400)
     out_a, _ = a.communicate(timeout=400)
@@ -92,6 +92,29 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
     assert final, "the survivor trained to the last step and committed it"
     manifest, reason = verify(tmp_path / "checkpoints" / f"step-{steps:09d}")
     assert manifest is not None, reason
+
+
+def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
+    """A replacement or late node joins a 1:2 job whose first node is already training alone. torch's
+    shared rendezvous store left the newcomer waiting for a MASTER_ADDR the old rank 0 never wrote
+    again (rendezvous_failed on both nodes); the agent opts out of that sharing."""
+    port, steps = _free_port(), 150
+    a = _agent(tmp_path, "n0", port, steps)
+    wait_listening(port, a)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # n0 trains alone in round 0 before n1 exists
+        if (tmp_path / "ledger").exists() and any(e.kind == "StepCompleted" for e in events(tmp_path)):
+            break
+        assert a.poll() is None, a.communicate()[0]
+        time.sleep(0.5)
+    b = _agent(tmp_path, "n1", port, steps)
+    out_b, _ = b.communicate(timeout=600)
+    out_a, _ = a.communicate(timeout=600)
+    assert a.returncode == 0 and b.returncode == 0, out_a + out_b
+    starts = sorted(events(tmp_path, AttemptStarted), key=lambda e: e.ts)
+    assert starts[0].node == "n0" and starts[0].num_nodes == 1, "n0 started alone"
+    joined = [e for e in starts if e.num_nodes == 2]
+    assert {e.node for e in joined} == {"n0", "n1"}, "both nodes ran in one group after n1 arrived"
 
 
 def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):

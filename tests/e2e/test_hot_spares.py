@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from stalwart.checkpoint.manifest import verify
 from stalwart.events import AttemptStarted, DecisionTaken, JobEnded
 
-from .runner import EXAMPLE, events, stalwart
+from .runner import EXAMPLE, events, stalwart, wait_listening
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu" / "h100_derived"
@@ -48,6 +47,10 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
             f"127.0.0.1:{port}",
             "--rdzv-id",
             "spares",
+            # the four agents start seconds apart on a busy machine (importing torch alone can take
+            # tens of seconds there); the default 3 s last call would close the first round at 2
+            "--rdzv-conf",
+            "last_call_timeout=45",
             "--run-dir",
             str(tmp_path),
             "--node-name",
@@ -63,7 +66,7 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
         ]
         procs[f"n{i}"] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if i == 0:
-            time.sleep(1.0)  # n0 hosts the rendezvous store
+            wait_listening(port, procs["n0"])  # n0 hosts the rendezvous store
     outs = {n: p.communicate(timeout=600)[0] for n, p in procs.items()}
     codes = {n: p.returncode for n, p in procs.items()}
     killed = [n for n, c in codes.items() if c == -signal.SIGKILL]

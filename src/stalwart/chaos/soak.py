@@ -270,7 +270,9 @@ class Soak:
                 )
         return ref
 
-    def run_all(self) -> SoakSummary:
+    def run_all(self, progress: Callable[[SoakSummary], None] | None = None) -> SoakSummary:
+        """Every run; ``progress`` gets the summary so far after each one (a long soak cut short
+        still leaves its figures)."""
         ref = self.reference()
         results = []
         for i in range(self.cfg.runs):
@@ -279,9 +281,12 @@ class Soak:
             res = self.run_one(i, plan, ref)
             self.log(
                 f"  -> jobs {res.jobs}, exits {res.exit_codes}, identical {res.bit_identical}, "
+                f"fired {dict(res.fired)}, "
                 f"problems {res.wrong_resumes + res.lost_versions + res.false_verdicts}"
             )
             results.append(res)
+            if progress is not None:
+                progress(summarize(results))
         return summarize(results)
 
     # one run: a chain of jobs -------------------------------------------------------------

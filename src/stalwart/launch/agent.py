@@ -489,10 +489,10 @@ class Agent:
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
         cfg = self.cfg
-        # torch's shared bootstrap store publishes MASTER_ADDR only when a node first becomes rank 0:
-        # a replacement agent joining a later round as rank 1 then waits for it forever. Stalwart
-        # hosts its own worker store ("stalwart/master"), so each round may publish its own.
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        # torch shares one TCPStore across rounds and writes MASTER_ADDR into a round's store only
+        # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
+        # the previous round waits on the key forever. Stalwart never hands that store to workers.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         conf = {
             "join_timeout": cfg.rdzv_timeout_s,
             "last_call_timeout": cfg.rdzv_last_call_s,
