@@ -94,6 +94,7 @@ class World:
         signal_at=None,
         waiting_from=None,
         raised=None,
+        raised_since=None,
         stacks=None,
         world=None,
         **cfg_kw,
@@ -129,6 +130,7 @@ class World:
                 ErrorRecord("ValueError", "bad batch", 4, T0 + 1.0) if rank == 1 else None
             ),
             raised_not_exited=lambda: dict(raised or {}),
+            raised_since=lambda: dict(raised_since or {}),
             capture_stacks=lambda: dict(stacks or {}),
             release_spares=release,
             chaos=chaos,
@@ -239,6 +241,20 @@ def test_a_rank_that_raised_but_is_slow_to_exit_is_a_crash_not_a_hang():
     out = w.sup.run()
     assert out.failure.kind == "exception" and out.failure.rank == 1
     assert not w.of(StackCaptured) or w.of(StackCaptured)[0].reason == "traceback of the failed rank"
+
+
+def test_a_rank_that_recorded_its_exception_but_cannot_exit_is_a_crash_after_the_stop_grace():
+    # the rank wrote its error record at T0 + 1 and stays alive (a persist thread blocked in a
+    # collective with a lost peer): a crash once the 3 s grace passed, not the 60 s start-up timeout
+    def script(tick, w):
+        if tick == 0:
+            w.send(Hello(0, w.clock.now()), Hello(1, w.clock.now()))
+
+    w = World(script, raised_since={1: T0 + 1.0})
+    out = w.sup.run()
+    assert out.status == "failed" and out.failure.kind == "exception" and out.failure.rank == 1
+    assert 3.0 <= w.clock.now() - (T0 + 1.0) <= 3.0 + 0.5 + 1e-9  # the grace, then at most one tick
+    assert w.group.stops  # the stuck worker is stopped
 
 
 def test_a_node_waiting_to_join_stops_the_group_within_its_grace():

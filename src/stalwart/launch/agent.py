@@ -13,6 +13,7 @@ step of it to the ledger. Time comes from an injected clock (launch/clock.py).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -656,6 +657,7 @@ class Agent:
             nodes_waiting=self._rdzv.num_nodes_waiting if self._rdzv is not None else None,
             error_of=self._error_of,
             raised_not_exited=lambda: self._raised_not_exited(group, specs),
+            raised_since=lambda: self._raised_since(specs),
             capture_stacks=lambda: self._capture_stacks(group),
             release_spares=self._release_spares,
             chaos=self._agent_chaos,
@@ -696,6 +698,20 @@ class Agent:
             self.clock.sleep(0.05)  # the output pumps may still be copying the last lines
             err = error_from_log(tail_lines(log, 400))
         return err
+
+    def _raised_since(self, specs: list[WorkerSpec]) -> dict[int, float]:
+        """Rank -> the time it wrote this attempt's error record (stalwart's or torch elastic's)."""
+        node, out = self.cfg.node_name, {}
+        for s in specs:
+            for path in (
+                self.run.error_file(node, self.attempt, s.global_rank),
+                self.run.elastic_error_file(node, self.attempt, s.global_rank),
+            ):
+                try:
+                    out[s.global_rank] = min(out.get(s.global_rank, math.inf), path.stat().st_mtime)
+                except OSError:
+                    pass
+        return out
 
     def _raised_not_exited(self, group: WorkerGroup, specs: list[WorkerSpec]) -> dict[int, int]:
         """Ranks that recorded an exception in this attempt: a worker slow to exit after raising

@@ -77,6 +77,7 @@ class Hooks:
     nodes_waiting: Callable[[], int] | None = None  # None: no rendezvous (one node, static ranks)
     error_of: Callable[[int, Path | None], ErrorRecord | None] = lambda rank, log: None
     raised_not_exited: Callable[[], dict[int, int]] = lambda: {}
+    raised_since: Callable[[], dict[int, float]] = lambda: {}  # rank -> when it wrote its error record
     capture_stacks: Callable[[], dict[int, str]] = lambda: {}
     release_spares: Callable[[], None] = lambda: None
     chaos: Callable[[ProgressTracker], None] = lambda tracker: None
@@ -165,6 +166,14 @@ class Supervisor:
 
         codes = self.group.poll()
         now = self.clock.now()  # after the poll: an exit is never later than the tick that saw it
+        if self.stop_requested_at is None:
+            # a rank that recorded its exception but cannot exit (e.g. a persist thread blocked in a
+            # collective with a lost peer keeps the interpreter alive) is a crash once the stop grace
+            # has passed: never left to the (checkpoint-phase) hang timeout
+            late = max(2.0, self.cfg.stop_grace_s)
+            for r, t in self.hooks.raised_since().items():
+                if codes.get(r, 0) is None and now - t >= late:
+                    codes = {**codes, r: 1}
         failed = {r: c for r, c in codes.items() if c not in (None, 0)}
         logs = {s.global_rank: s.log_path for s in self.specs}
         errors = (
