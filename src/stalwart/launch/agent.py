@@ -61,6 +61,7 @@ from .output import routes
 from .progress import ProgressTracker, detect_hang, durability_problem
 from .restart_policy import Failure, decide
 from .timeouts import hang_timeout
+from .warm import WarmPool, choose_path
 from .workers import WorkerGroup, WorkerSpec, describe_exit, tail, tail_lines
 from .world_size import plan_world
 
@@ -166,6 +167,17 @@ class Agent:
         handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        self._warm: WarmPool | None = None
+        if cfg.warm and not cfg.no_python:
+            self._warm = WarmPool(
+                python=cfg.python,
+                script=cfg.script,
+                module=cfg.module,
+                script_args=list(cfg.script_args),
+                env=WorkerEnv.strip(os.environ, CONFIG_SETTINGS),
+                cwd=os.getcwd(),
+            )
+            self._warm.launch()  # its imports overlap with the rendezvous
         try:
             return self._loop()
         except BaseException as exc:
@@ -181,6 +193,8 @@ class Agent:
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
             self._close_worker_store()
+            if self._warm is not None:
+                self._warm.close()
             self.ledger.close()
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -600,11 +614,13 @@ class Agent:
         block = control.ControlBlock(ctl, writable=True)
         receiver = Receiver()
         specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl)
-        group = WorkerGroup(self._argv(), specs)
+        warm, path_reason, forced = self._warm_path()
+        group = WorkerGroup(self._argv(), specs, warm=warm)
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
                 os.close(spec.ipc_fd)
+            self._path_taken(group, path_reason, forced)
             self.emit(
                 WorkersStarted(
                     ts=time.time(),
@@ -621,6 +637,42 @@ class Agent:
             group.close()
         self.emit(AttemptEnded(ts=time.time(), reason=outcome.status, **self._ctx()), show=False)
         return outcome
+
+    def _warm_path(self) -> tuple[WarmPool | None, str, bool]:
+        """Offer the fork server to this attempt's start, or say why it starts cold."""
+        cfg, pool = self.cfg, self._warm
+        forced = cfg.warm_fail_attempt == self.attempt
+        if pool is None:
+            choice = choose_path(enabled=cfg.warm, python_program=not cfg.no_python, server_state="none")
+            return None, choice.reason, False
+        changed = pool.changed()
+        state = pool.state()
+        if state == "ready" and not forced and not changed:
+            why = pool.ready()  # bounded wait for the imports of a server still starting
+            state = f"dead: {why}" if why else state
+        if forced:
+            pool.force_failure()
+        choice = choose_path(
+            enabled=True, python_program=True, server_state=state, changed=changed, forced_failure=forced
+        )
+        if changed:
+            pool.launch()  # a fresh server with the edited modules serves the next attempt
+        return (pool if choice.warm else None), choice.reason, forced
+
+    def _path_taken(self, group: WorkerGroup, reason: str, forced: bool) -> None:
+        """Write how the workers started (warm, or cold and why) to the ledger; replace a dead server."""
+        if group.path == "warm":
+            why = reason
+        elif group.cold_reason and group.cold_reason != "warm start not offered":
+            why = f"warm start failed ({group.cold_reason}); started cold" + (
+                " (forced by chaos)" if forced else ""
+            )
+        else:
+            why = reason
+        action = "start_warm" if group.path == "warm" else "start_cold"
+        self.emit(DecisionTaken(ts=time.time(), action=action, reason=f"{group.path}: {why}", **self._ctx()))
+        if self._warm is not None and self._warm.state() != "ready":
+            self._warm.launch()  # replaced in the background, ready for the next restart
 
     def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
         cfg = self.cfg
