@@ -176,6 +176,7 @@ class Agent:
                 script_args=list(cfg.script_args),
                 env=WorkerEnv.strip(os.environ, CONFIG_SETTINGS),
                 cwd=os.getcwd(),
+                label=f"stalwart-fork-server run_dir={self.run.root}",
             )
             self._warm.launch()  # its imports overlap with the rendezvous
         try:

@@ -81,6 +81,10 @@ class RunConsole:
             self.say(
                 f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
             )
+        elif isinstance(ev, DecisionTaken) and ev.action.startswith("start_"):
+            # how this attempt's workers started: warm (forked) or cold, and why (launch/warm.py)
+            colour = "green" if ev.action == "start_warm" else "yellow"
+            self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
         elif isinstance(ev, DecisionTaken):
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")

@@ -129,6 +129,7 @@ class ForkServer:
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 120.0,
         wait: bool = True,
+        label: str = "",
     ) -> None:
         if not become_subreaper():
             raise ForkServerError(
@@ -150,6 +151,7 @@ class ForkServer:
                 "from stalwart.launch.forkserver import _serve; _serve()",
                 str(child.fileno()),
                 json.dumps(preload),
+                label,  # not read: names the server in ps and /proc (e.g. its run directory)
             ],
             pass_fds=(child.fileno(),),
             env=env,

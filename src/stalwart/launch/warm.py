@@ -68,8 +68,10 @@ class WarmPool:
         script_args: list[str],
         env: dict[str, str],
         cwd: str,
+        label: str = "",
     ) -> None:
         self.python = python
+        self.label = label
         self.script, self.module, self.script_args = script, module, list(script_args)
         self.cwd = cwd
         self.env = dict(env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -83,7 +85,7 @@ class WarmPool:
         self.close()
         self.starts += 1
         try:
-            self.server = ForkServer(self.python, self.preload, env=self.env, wait=False)
+            self.server = ForkServer(self.python, self.preload, env=self.env, wait=False, label=self.label)
             self.failure = ""
         except (ForkServerError, OSError) as exc:
             self.server, self.failure = None, str(exc)
