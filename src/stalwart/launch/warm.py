@@ -19,6 +19,7 @@ from .forkserver import DEFAULT_PRELOAD, ForkServer, ForkServerError, WarmStart,
 
 SPAWN_TIMEOUT_S = 10.0  # one fork request; past it the attempt starts cold
 READY_TIMEOUT_S = 120.0  # the server's imports; past it the attempt starts cold
+MAX_SERVERS = 4  # servers started per job: one, plus replacements; then every start stays cold
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,12 @@ class WarmPool:
     def launch(self) -> None:
         """Start a fork server without waiting for its imports (they overlap with whatever runs)."""
         self.close()
+        if self.starts >= MAX_SERVERS:
+            if "staying cold" not in self.failure:
+                self.failure = (
+                    f"{self.starts} fork servers used up; staying cold (last: {self.failure or 'replaced'})"
+                )
+            return
         self.starts += 1
         try:
             self.server = ForkServer(self.python, self.preload, env=self.env, wait=False, label=self.label)
