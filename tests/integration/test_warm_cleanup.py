@@ -119,3 +119,6 @@ def test_no_fork_server_worker_or_shared_memory_left(tmp_path, mode, stop, code)
         starts = [e for e in evs if isinstance(e, DecisionTaken) and e.action.startswith("start_")]
         assert starts and all(e.action == "start_warm" for e in starts), [e.reason for e in starts]
         assert any(isinstance(e, JobEnded) for e in evs)
+    if mode == "raise":  # the warm worker's stderr went through the agent's pipes into the run log
+        logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+        assert "ValueError: a user bug" in logs and "Traceback" in logs

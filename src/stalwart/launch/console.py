@@ -31,6 +31,7 @@ class RunConsole:
         self._last_print = 0.0
         self._last_pct = -1
         self._line_open = False
+        self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
 
     def _clear_line(self) -> None:
         if self._line_open:
@@ -56,9 +57,11 @@ class RunConsole:
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
             self.say(f"{t} [green]resumed[/] at step {ev.step}")
+            self._recovered(ev)
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
+            self._recovering = {"onset": ev.onset, "detected": ev.ts}
             lat = ev.ts - ev.onset
             where = (
                 f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
@@ -85,7 +88,11 @@ class RunConsole:
             # how this attempt's workers started: warm (forked) or cold, and why (launch/warm.py)
             colour = "green" if ev.action == "start_warm" else "yellow"
             self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
+            if "decided" in self._recovering:
+                self._recovering.update(started=ev.ts, path=ev.action.removeprefix("start_"))
         elif isinstance(ev, DecisionTaken):
+            if ev.action == "restart" and "detected" in self._recovering:
+                self._recovering["decided"] = ev.ts
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
@@ -94,6 +101,19 @@ class RunConsole:
                 f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}",
                 always=True,
             )
+
+    def _recovered(self, ev: TrainingResumed) -> None:
+        """Once per recovery, at the first rank's resume: the path and the phases so far (the report
+        has them per interruption up to every rank's first step)."""
+        r, self._recovering = self._recovering, {}
+        if "started" not in r:
+            return
+        self.say(
+            f"  recovered on the {r['path']} path {ev.ts - float(r['onset']):.2f}s after the fault: detect "
+            f"{float(r['detected']) - float(r['onset']):.2f}s, stop and decide "
+            f"{float(r['decided']) - float(r['detected']):.2f}s, re-form {float(r['started']) - float(r['decided']):.2f}s, "
+            f"start and load {ev.ts - float(r['started']):.2f}s"
+        )
 
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")

@@ -44,8 +44,13 @@ DEFAULT_PRELOAD = (
     "torch.distributed",
     "torch.optim",
     "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.nn.parallel",
     "numpy",
     "stalwart.train",
+    "stalwart.train.session",  # what a Session imports lazily: the checkpoint engine, pydantic, sqlite
+    "stalwart.checkpoint.engine",
+    "stalwart.ledger",
 )
 
 
@@ -269,6 +274,7 @@ def _threads() -> int:
         return 1
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 _AGENT_PID = 0  # the server's parent: the agent that adopts its workers
 
 
@@ -278,6 +284,10 @@ def _serve() -> None:
     fd, preload = int(sys.argv[1]), json.loads(sys.argv[2])
     sock = socket.socket(fileno=fd)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the agent
+    # a Ctrl-C or a scheduler's signal to the whole process group is the agent's to handle; the server
+    # ends when the agent closes its socket or dies (PDEATHSIG). Workers get the defaults back.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     loaded, failed = [], {}
     for name in preload:
         try:
@@ -454,6 +464,8 @@ def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in _STOP_SIGNALS:  # what a fresh interpreter starts with
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         _match_threads(req["env"])
         _reseed()
         argv = list(req["argv"])
