@@ -142,3 +142,35 @@ def test_fork_server_refuses_when_an_import_started_a_thread(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert "refused:" in p.stdout and "thread" in p.stdout and "forking is unsafe" in p.stdout, p.stdout
+
+
+def test_warm_pool_drops_the_scripts_imports_when_one_starts_a_thread(tmp_path):
+    """The script's own import starts a thread: the pool serves warm with only the default preload."""
+    (tmp_path / "threadstarter.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+    )
+    (tmp_path / "train.py").write_text("import threadstarter\nprint('trained')\n")
+    driver = tmp_path / "pool.py"
+    driver.write_text(
+        textwrap.dedent("""
+        import os, sys
+        from stalwart.launch.forkserver import DEFAULT_PRELOAD
+        from stalwart.launch.warm import WarmPool
+        d = sys.argv[1]
+        env = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        pool = WarmPool(python=sys.executable, script=os.path.join(d, "train.py"), module=False,
+                        script_args=[], env=env, cwd=d)
+        assert "threadstarter" in pool.preload
+        pool.launch()
+        print("ready:", repr(pool.ready()), "default:", pool.preload == list(DEFAULT_PRELOAD), "starts:", pool.starts)
+        pid = pool.spawn(env, (), None)
+        print("exit:", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        pool.close()
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    assert "ready: '' default: True starts: 2" in p.stdout, p.stdout + p.stderr
+    assert "trained" in p.stdout and "exit: 0" in p.stdout

@@ -640,28 +640,31 @@ class Agent:
         return outcome
 
     def _warm_path(self) -> tuple[WarmPool | None, str, bool]:
-        """Offer the fork server to this attempt's start, or say why it starts cold."""
+        """Offer the fork server to this attempt's start, or say why it starts cold. A server that died
+        or imported modules since edited is replaced here, before the start, not in the background:
+        its imports would compete for the CPU with the cold workers of the attempt that found it dead."""
         cfg, pool = self.cfg, self._warm
         forced = cfg.warm_fail_attempt == self.attempt
         if pool is None:
             choice = choose_path(enabled=cfg.warm, python_program=not cfg.no_python, server_state="none")
             return None, choice.reason, False
-        changed = pool.changed()
+        changed = () if forced else pool.changed()
+        replaced = ""
+        if not forced and (changed or pool.state().startswith("dead")):
+            replaced = ", ".join(changed) + " changed" if changed else pool.state()[5:].strip()
+            pool.launch()
         state = pool.state()
-        if state == "ready" and not forced and not changed:
+        if state == "ready" and not forced:
             why = pool.ready()  # bounded wait for the imports of a server still starting
             state = f"dead: {why}" if why else state
         if forced:
             pool.force_failure()
-        choice = choose_path(
-            enabled=True, python_program=True, server_state=state, changed=changed, forced_failure=forced
-        )
-        if changed:
-            pool.launch()  # a fresh server with the edited modules serves the next attempt
-        return (pool if choice.warm else None), choice.reason, forced
+        choice = choose_path(enabled=True, python_program=True, server_state=state, forced_failure=forced)
+        reason = f"{choice.reason}; new fork server (previous: {replaced})" if replaced else choice.reason
+        return (pool if choice.warm else None), reason, forced
 
     def _path_taken(self, group: WorkerGroup, reason: str, forced: bool) -> None:
-        """Write how the workers started (warm, or cold and why) to the ledger; replace a dead server."""
+        """Write how the workers started (warm, or cold and why) to the ledger."""
         if group.path == "warm":
             why = reason
         elif group.cold_reason and group.cold_reason != "warm start not offered":
@@ -672,8 +675,6 @@ class Agent:
             why = reason
         action = "start_warm" if group.path == "warm" else "start_cold"
         self.emit(DecisionTaken(ts=time.time(), action=action, reason=f"{group.path}: {why}", **self._ctx()))
-        if self._warm is not None and self._warm.state() != "ready":
-            self._warm.launch()  # replaced in the background, ready for the next restart
 
     def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
         cfg = self.cfg

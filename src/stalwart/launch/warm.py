@@ -33,23 +33,18 @@ def choose_path(
     enabled: bool,
     python_program: bool,
     server_state: str,
-    changed: tuple[str, ...] = (),
     forced_failure: bool = False,
 ) -> PathChoice:
     """Warm or cold for the next start of the workers, and why.
 
-    ``server_state``: "ready" | "starting" | "dead: <why>" | "none"; ``changed``: the script's own
-    preloaded modules whose source changed since the server imported them."""
+    ``server_state``: "ready" | "dead: <why>" | "none" (after the agent replaced a server that died
+    or whose modules were edited, and waited, bounded, for its imports)."""
     if not enabled:
         return PathChoice(False, "warm start disabled (--no-warm)")
     if not python_program:
         return PathChoice(False, "--no-python: the workers are not a Python program the server can fork")
     if forced_failure:
         return PathChoice(True, "warm path forced to fail once (chaos): the fork server is killed first")
-    if changed:
-        return PathChoice(
-            False, f"{', '.join(changed)} changed since the fork server imported it: starting cold"
-        )
     if server_state.startswith("dead"):
         return PathChoice(False, f"fork server unavailable ({server_state[5:].strip() or 'dead'})")
     if server_state == "none":
@@ -125,6 +120,11 @@ class WarmPool:
             self.server.wait_ready(timeout_s)
         except ForkServerError as exc:
             self.failure, self.server = str(exc), None
+            if "thread" in self.failure and self.preload != list(DEFAULT_PRELOAD):
+                # one of the script's own imports started a thread: serve without them
+                self.preload = list(DEFAULT_PRELOAD)
+                self.launch()
+                return self.ready(timeout_s)
             return self.failure
         return ""
 
