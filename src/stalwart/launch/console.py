@@ -57,7 +57,6 @@ class RunConsole:
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
             self.say(f"{t} [green]resumed[/] at step {ev.step}")
-            self._recovered(ev)
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
@@ -102,26 +101,26 @@ class RunConsole:
                 always=True,
             )
 
-    def _recovered(self, ev: TrainingResumed) -> None:
-        """Once per recovery, at the first rank's resume: the path and the phases so far (the report
-        has them per interruption up to every rank's first step)."""
+    def _recovered(self, now: float) -> None:
+        """At the first step reported after a restart: the path and the phases of that recovery
+        (the report has the same per interruption, from the ledger, up to every rank's first step)."""
         r, self._recovering = self._recovering, {}
-        if "started" not in r:
-            return
+        onset, detected, decided, started = (float(r[k]) for k in ("onset", "detected", "decided", "started"))
         self.say(
-            f"  recovered on the {r['path']} path {ev.ts - float(r['onset']):.2f}s after the fault: detect "
-            f"{float(r['detected']) - float(r['onset']):.2f}s, stop and decide "
-            f"{float(r['decided']) - float(r['detected']):.2f}s, re-form {float(r['started']) - float(r['decided']):.2f}s, "
-            f"start and load {ev.ts - float(r['started']):.2f}s"
+            f"  recovered on the {r['path']} path {now - onset:.2f}s after the fault: detect "
+            f"{detected - onset:.2f}s, stop and decide {decided - detected:.2f}s, re-form "
+            f"{started - decided:.2f}s, start to first step {now - started:.2f}s"
         )
 
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
 
-    def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
+    def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if "started" in self._recovering:
+            self._recovered(now)
         if self.quiet:
             return
-        now = time.time()
         if self.tty:
             if now - self._last_print < 0.2:
                 return
