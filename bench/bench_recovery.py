@@ -83,9 +83,18 @@ def _mem_kb(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
+def _start_ticks(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 1 << 62
+
+
 class MemorySampler(threading.Thread):
-    """Every 0.5 s: the fork server's RSS/PSS (found by the run directory on its command line) and
-    the summed RSS/PSS of the run's workers (found by STALWART_W_RUN_DIR in their environment)."""
+    """Every 0.5 s: the fork server's RSS/PSS and the summed RSS/PSS of the run's workers. Warm
+    workers carry the server's command line (they are forks of it; /proc/<pid>/environ keeps the
+    server's too), so among the processes with the server's command line the oldest is the server
+    and the others are warm workers; cold workers have STALWART_W_RUN_DIR in their environment."""
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(daemon=True)
@@ -108,6 +117,8 @@ class MemorySampler(threading.Thread):
                         workers.append(int(entry))
                 except OSError:
                     continue
+            servers.sort(key=_start_ticks)
+            servers, workers = servers[:1], workers + servers[1:]
             for pids, acc in ((servers, self.server), (workers, self.workers)):
                 mem = [_mem_kb(p) for p in pids]
                 acc["rss_kb"] = max(acc["rss_kb"], sum(m[0] for m in mem))
