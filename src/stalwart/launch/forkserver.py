@@ -256,9 +256,12 @@ class ForkServer:
             self._sock.close()
         except OSError:
             pass
+        if grace_s <= 0 and self.proc.poll() is None:
+            self.proc.kill()  # not waited for: reaped by subprocess's own clean-up or at this process's exit
+            return
         if self.proc.poll() is None:
             try:
-                self.proc.wait(max(grace_s, 0.001))  # it exits when its socket closes
+                self.proc.wait(grace_s)  # it exits when its socket closes
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
