@@ -15,7 +15,14 @@ from pathlib import Path
 import torch
 
 from stalwart.account.goodput import compute
-from stalwart.events import AttemptStarted, FailureDetected, JobEnded, StepCompleted, TrainingResumed
+from stalwart.events import (
+    AttemptStarted,
+    FailureDetected,
+    JobEnded,
+    StepCompleted,
+    TrainingResumed,
+    WorkersStarted,
+)
 from stalwart.exit_codes import EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR
 from stalwart.ledger import read_merged
 
@@ -135,17 +142,18 @@ def test_healthy_job_without_sdk_runs_past_startup_timeout_and_long_eval_is_not_
 
 
 def _worker_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
+    """The live worker of ``rank``, from the agent's WorkersStarted event (a warm worker's
+    /proc/<pid>/environ is its fork server's, so the environment cannot tell)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
-            except OSError:
-                continue
-            if env.get("STALWART_W_RUN_DIR") == str(run_dir) and env.get("RANK") == str(rank):
-                return int(proc.name)
+        try:
+            started = [e for e in read_merged(run_dir) if isinstance(e, WorkersStarted)]
+        except Exception:  # noqa: BLE001 - the ledger may not exist yet
+            started = []
+        if started:
+            pid = dict(zip(started[-1].global_ranks, started[-1].pids, strict=True)).get(rank)
+            if pid is not None and Path(f"/proc/{pid}").exists():
+                return pid
         time.sleep(0.2)
     raise AssertionError(f"no worker of rank {rank} under {run_dir}")
 

@@ -11,6 +11,7 @@ from stalwart.events import (
     ChaosInjected,
     CheckpointCommitted,
     CheckpointStaged,
+    DecisionTaken,
     FailureDetected,
     JobEnded,
     StackCaptured,
@@ -35,6 +36,7 @@ def runs(tmp_path_factory):
     common = ["run", "-q", "--nproc-per-node", "4", "--hang-floor", str(FLOOR), "--max-restarts", "5"]
     ref = stalwart(
         *common,
+        "--no-warm",  # the reference starts cold: warm recoveries must end bit-identical to it
         "--run-dir",
         str(base / "ref"),
         *EXAMPLE,
@@ -72,6 +74,33 @@ def test_chaos_run_ends_bit_identical_to_uninterrupted(runs):
     failures = events(base / "chaos", FailureDetected)
     assert [f.failure for f in failures] == ["crash", "crash", "crash", "hang"]
     assert same_params(base / "ref.pt", base / "chaos.pt")
+    starts = [e for e in events(base / "chaos", DecisionTaken) if e.action.startswith("start_")]
+    assert [e.action for e in starts] == ["start_warm"] * 5, [e.reason for e in starts]
+    assert {e.action for e in events(base / "ref", DecisionTaken)} >= {"start_cold"}
+
+
+def test_cold_fallback_when_the_warm_path_fails_once_still_ends_bit_identical(runs, tmp_path):
+    """The fork server is killed before the second recovery's start: that attempt starts cold with the
+    reason in the ledger, a fresh server takes the later recoveries, and the result is unchanged."""
+    base, _ = runs
+    conf = tmp_path / "warmfail.toml"
+    conf.write_text("warm_fail_attempt = 2\n")
+    chaos = [f"--chaos=crash@rank={r},step={s}" for s, r in CRASHES.items()]
+    chaos.append(f"--chaos=hang@rank={HANG_RANK},step={HANG_STEP}")
+    run = stalwart(
+        "run", "-q", "--config", str(conf), "--nproc-per-node", "4", "--hang-floor", str(FLOOR),
+        "--max-restarts", "5", "--run-dir", str(tmp_path / "fallback"), *chaos, *EXAMPLE,
+        "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--out", str(tmp_path / "fallback.pt"),
+    )  # fmt: skip
+    assert run.code == 0, run.err + run.out
+    from .runner import events
+
+    starts = [e for e in events(tmp_path / "fallback", DecisionTaken) if e.action.startswith("start_")]
+    assert [(e.attempt, e.action) for e in starts] == [
+        (0, "start_warm"), (1, "start_warm"), (2, "start_cold"), (3, "start_warm"), (4, "start_warm")
+    ], [e.reason for e in starts]  # fmt: skip
+    assert "fork server is gone" in starts[2].reason and "forced by chaos" in starts[2].reason
+    assert same_params(base / "ref.pt", tmp_path / "fallback.pt")
 
 
 def test_hang_detected_within_bound_and_stack_recorded(runs):

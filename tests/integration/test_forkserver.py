@@ -19,7 +19,10 @@ WORKER = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
     mode = sys.argv[1]
     os.write(int(os.environ["IPC_FD"]), f"hello from {os.environ['RANK']}\\n".encode())
+    import signal
     print("torch preloaded:", "torch" in sys.modules, "argv:", sys.argv[1:], flush=True)
+    print("signals as fresh:", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+          and signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
     if mode == "gloo":
         dist.init_process_group("gloo")
         x = torch.ones(2) * (dist.get_rank() + 1)
@@ -93,6 +96,7 @@ def test_fork_server_starts_workers_warm_and_exact(tmp_path):
     assert out["loaded"] == ["torch", "torch.distributed"]
     assert out["gloo"] == [0, 0], out["gloo_log"]
     assert "torch preloaded: True argv: ['gloo']" in out["gloo_log"] and "sum 3.0" in out["gloo_log"]
+    assert "signals as fresh: True" in out["gloo_log"]
     assert out["ipc"] == ["hello from 0\n", "hello from 1\n"]
     assert out["raise"] == 1 and "KeyError: 'boom'" in out["raise_log"] and "Traceback" in out["raise_log"]
     assert out["exit"] == 7
@@ -138,3 +142,35 @@ def test_fork_server_refuses_when_an_import_started_a_thread(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert "refused:" in p.stdout and "thread" in p.stdout and "forking is unsafe" in p.stdout, p.stdout
+
+
+def test_warm_pool_drops_the_scripts_imports_when_one_starts_a_thread(tmp_path):
+    """The script's own import starts a thread: the pool serves warm with only the default preload."""
+    (tmp_path / "threadstarter.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+    )
+    (tmp_path / "train.py").write_text("import threadstarter\nprint('trained')\n")
+    driver = tmp_path / "pool.py"
+    driver.write_text(
+        textwrap.dedent("""
+        import os, sys
+        from stalwart.launch.forkserver import DEFAULT_PRELOAD
+        from stalwart.launch.warm import WarmPool
+        d = sys.argv[1]
+        env = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        pool = WarmPool(python=sys.executable, script=os.path.join(d, "train.py"), module=False,
+                        script_args=[], env=env, cwd=d)
+        assert "threadstarter" in pool.preload
+        pool.launch()
+        print("ready:", repr(pool.ready()), "default:", pool.preload == list(DEFAULT_PRELOAD), "starts:", pool.starts)
+        pid = pool.spawn(env, (), None)
+        print("exit:", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        pool.close()
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    assert "ready: '' default: True starts: 2" in p.stdout, p.stdout + p.stderr
+    assert "trained" in p.stdout and "exit: 0" in p.stdout

@@ -14,6 +14,7 @@ from ..diagnose.straggler_episodes import episodes
 from ..events import CheckpointRejected, IncidentRaised, StepCompleted
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
+from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
 
 
@@ -41,6 +42,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "ideal_step_s": gp.ideal_step_s,
         "buckets_s": {b: gp.buckets[b] for b in BUCKETS},
         "interruptions": [asdict(c) for c in gp.interruptions],
+        "recoveries": [dict(asdict(r), total_s=r.total_s) for r in recoveries(events)],
         "jobs": gp.jobs,
         "preemptions": list(gp.preemptions),
         "reliability": {
@@ -161,6 +163,7 @@ def render(rep: dict[str, Any], console=None) -> None:
                 _fmt_s(c["total_s"]),
             )
         con.print(it)
+    _render_recoveries(rep.get("recoveries", []), con)
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
@@ -219,6 +222,25 @@ def render(rep: dict[str, Any], console=None) -> None:
         con.print(dt)
     for n in rep["notes"]:
         say(f"note: {esc(n)}")
+
+
+def _render_recoveries(recs: list[dict[str, Any]], con) -> None:
+    """Each interruption's recovery path (warm / cold and why) and its phases (account/recovery.py)."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
+    if not recs:
+        return
+    t = Table(title="Recoveries (fault onset -> first step of the new attempt)")
+    for col in ("#", "path", "detect", "tear down", "decide", "re-form", "load", "first step", "total"):
+        t.add_column(col, justify="left" if col == "path" else "right")
+    for i, r in enumerate(recs, 1):
+        ph = r["phases"]
+        t.add_row(str(i), r["path"] or "-", *(_fmt_s(ph[k]) for k in ph), _fmt_s(r["total_s"]))
+    con.print(t)
+    for i, r in enumerate(recs, 1):
+        if r["path"] != "warm" and r["why"]:
+            con.print(f"  recovery {i} ({r['path']}): {esc(r['why'])}", soft_wrap=True)
 
 
 def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:

@@ -197,6 +197,11 @@ def register(app: typer.Typer) -> None:
             "--health-gate/--no-health-gate",
             help="Check this node before the first start and every restart (default on).",
         ),
+        warm: bool = typer.Option(
+            None,
+            "--warm/--no-warm",
+            help="Start workers from a fork server with torch preloaded (default on); see docs/fast-recovery.md.",
+        ),
         health_fixture: Path = typer.Option(
             None, "--health-fixture", help="Recorded telemetry to check instead of the live node (testing)."
         ),
@@ -315,6 +320,7 @@ def register(app: typer.Typer) -> None:
             "chaos_file": chaos_file,
             "quiet": quiet,
             "health_gate": health_gate,
+            "warm": warm,
             "health_fixture": health_fixture,
             "health_active": health_active,
             "health_backend": health_backend,

@@ -55,6 +55,7 @@ from .output import routes
 from .progress import ProgressTracker
 from .restart_policy import Failure, decide
 from .supervisor import Hooks, Supervisor
+from .warm import WarmPool, choose_path
 from .workers import WorkerGroup, WorkerSpec, tail_lines
 from .world_size import plan_world
 
@@ -147,9 +148,22 @@ class Agent:
         handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
-        self._memory = self._node_memory()
-        diagnosis = self._start_diagnosis()
-        try:
+        diagnosis = None
+        self._warm: WarmPool | None = None
+        try:  # everything started for the job is inside: the finally stops whatever did start
+            self._memory = self._node_memory()
+            diagnosis = self._start_diagnosis()
+            if cfg.warm and not cfg.no_python:
+                self._warm = WarmPool(
+                    python=cfg.python,
+                    script=cfg.script,
+                    module=cfg.module,
+                    script_args=list(cfg.script_args),
+                    env=WorkerEnv.strip(os.environ, CONFIG_SETTINGS),
+                    cwd=os.getcwd(),
+                    label=f"stalwart-fork-server run_dir={self.run.root}",
+                )
+                self._warm.launch()  # its imports overlap with the rendezvous
             return self._loop()
         except BaseException as exc:
             # an agent bug or an unexpected stop still leaves a verdict in the ledger
@@ -168,6 +182,8 @@ class Agent:
             self._close_worker_store()
             if self._memory is not None:
                 self._memory.close()  # the node's memory tier and peer copies go with the job
+            if self._warm is not None:
+                self._warm.close()
             self.ledger.close()
 
     def _node_memory(self):
@@ -623,11 +639,13 @@ class Agent:
         block = control.ControlBlock(ctl, writable=True)
         receiver = Receiver()
         specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl)
-        group = WorkerGroup(self._argv(), specs)
+        warm, path_reason, forced = self._warm_path()
+        group = WorkerGroup(self._argv(), specs, warm=warm)
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
                 os.close(spec.ipc_fd)
+            self._path_taken(group, path_reason, forced)
             self.emit(
                 WorkersStarted(
                     ts=time.time(),
@@ -644,6 +662,43 @@ class Agent:
             group.close()
         self.emit(AttemptEnded(ts=time.time(), reason=outcome.status, **self._ctx()), show=False)
         return outcome
+
+    def _warm_path(self) -> tuple[WarmPool | None, str, bool]:
+        """Offer the fork server to this attempt's start, or say why it starts cold. A server that died
+        or imported modules since edited is replaced here, before the start, not in the background:
+        its imports would compete for the CPU with the cold workers of the attempt that found it dead."""
+        cfg, pool = self.cfg, self._warm
+        forced = cfg.warm_fail_attempt == self.attempt
+        if pool is None:
+            choice = choose_path(enabled=cfg.warm, python_program=not cfg.no_python, server_state="none")
+            return None, choice.reason, False
+        changed = () if forced else pool.changed()
+        replaced = ""
+        if not forced and (changed or pool.state().startswith("dead")):
+            replaced = ", ".join(changed) + " changed" if changed else pool.state()[5:].strip()
+            pool.launch()
+        state = pool.state()
+        if state == "ready" and not forced:
+            why = pool.ready()  # bounded wait for the imports of a server still starting
+            state = f"dead: {why}" if why else state
+        if forced:
+            pool.force_failure()
+        choice = choose_path(enabled=True, python_program=True, server_state=state, forced_failure=forced)
+        reason = f"{choice.reason}; new fork server (previous: {replaced})" if replaced else choice.reason
+        return (pool if choice.warm else None), reason, forced
+
+    def _path_taken(self, group: WorkerGroup, reason: str, forced: bool) -> None:
+        """Write how the workers started (warm, or cold and why) to the ledger."""
+        if group.path == "warm":
+            why = reason
+        elif group.cold_reason and group.cold_reason != "warm start not offered":
+            why = f"warm start failed ({group.cold_reason}); started cold" + (
+                " (forced by chaos)" if forced else ""
+            )
+        else:
+            why = reason
+        action = "start_warm" if group.path == "warm" else "start_cold"
+        self.emit(DecisionTaken(ts=time.time(), action=action, reason=f"{group.path}: {why}", **self._ctx()))
 
     def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
         """One attempt's supervision: the monitors decide, the supervisor acts (launch/supervisor.py)."""

@@ -90,6 +90,10 @@ class RunConfig(BaseModel):
     chaos: list[str] = Field(default_factory=list)
     chaos_file: str = ""
     health_gate: bool = True
+    # warm starts (launch/warm.py): workers forked from a fork server; the attempt whose warm start is
+    # forced to fail (chaos/testing, STALWART_WARM_FAIL_ATTEMPT), -1 for none
+    warm: bool = True
+    warm_fail_attempt: int = Field(-1, ge=-1)
     health_fixture: Path | None = None
     health_active: bool = False
     health_backend: str = "local"

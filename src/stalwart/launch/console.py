@@ -33,6 +33,7 @@ class RunConsole:
         self._last_print = 0.0
         self._last_pct = -1
         self._line_open = False
+        self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
 
     def _clear_line(self) -> None:
         if self._line_open:
@@ -61,6 +62,7 @@ class RunConsole:
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
+            self._recovering = {"onset": ev.onset, "detected": ev.ts}
             lat = ev.ts - ev.onset
             where = (
                 f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
@@ -85,7 +87,15 @@ class RunConsole:
             )
         elif isinstance(ev, IncidentRaised):
             self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
+        elif isinstance(ev, DecisionTaken) and ev.action.startswith("start_"):
+            # how this attempt's workers started: warm (forked) or cold, and why (launch/warm.py)
+            colour = "green" if ev.action == "start_warm" else "yellow"
+            self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
+            if "decided" in self._recovering:
+                self._recovering.update(started=ev.ts, path=ev.action.removeprefix("start_"))
         elif isinstance(ev, DecisionTaken):
+            if ev.action == "restart" and "detected" in self._recovering:
+                self._recovering["decided"] = ev.ts
             colour = "yellow" if ev.action == "restart" else "red"
             self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
         elif isinstance(ev, JobEnded):
@@ -95,13 +105,26 @@ class RunConsole:
                 always=True,
             )
 
+    def _recovered(self, now: float) -> None:
+        """At the first step reported after a restart: the path and the phases of that recovery
+        (the report has the same per interruption, from the ledger, up to every rank's first step)."""
+        r, self._recovering = self._recovering, {}
+        onset, detected, decided, started = (float(r[k]) for k in ("onset", "detected", "decided", "started"))
+        self.say(
+            f"  recovered on the {r['path']} path {now - onset:.2f}s after the fault: detect "
+            f"{detected - onset:.2f}s, stop and decide {decided - detected:.2f}s, re-form "
+            f"{started - decided:.2f}s, start to first step {now - started:.2f}s"
+        )
+
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
 
-    def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
+    def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if "started" in self._recovering:
+            self._recovered(now)
         if self.quiet:
             return
-        now = time.time()
         if self.tty:
             if now - self._last_print < 0.2:
                 return

@@ -44,8 +44,13 @@ DEFAULT_PRELOAD = (
     "torch.distributed",
     "torch.optim",
     "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.nn.parallel",
     "numpy",
     "stalwart.train",
+    "stalwart.train.session",  # what a Session imports lazily: the checkpoint engine, pydantic, sqlite
+    "stalwart.checkpoint.engine",
+    "stalwart.ledger",
 )
 
 
@@ -84,12 +89,27 @@ def script_imports(script: str, module: bool) -> list[str]:
     except (OSError, SyntaxError, ValueError):
         return []
     names: list[str] = []
-    for node in tree.body:
+    for node in _module_level(tree.body):
         if isinstance(node, ast.Import):
             names.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
     return list(dict.fromkeys(n for n in names if n != "__future__"))
+
+
+def _module_level(body: list) -> list:
+    """Statements run at import time: the module body and the bodies of its top-level ``if``/``try``
+    blocks (``if __name__ == "__main__":`` included), not function or class bodies."""
+    import ast
+
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, ast.If):
+            out.extend(_module_level(node.body + node.orelse))
+        elif isinstance(node, ast.Try):
+            out.extend(_module_level(node.body + node.orelse + node.finalbody))
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,8 @@ class ForkServer:
         *,
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 120.0,
+        wait: bool = True,
+        label: str = "",
     ) -> None:
         if not become_subreaper():
             raise ForkServerError(
@@ -120,7 +142,13 @@ class ForkServer:
             )
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._buf = b""
-        started = time.monotonic()
+        self._ready_timeout_s = ready_timeout_s
+        self._ready = False
+        self.preloaded: list[str] = []
+        self.failed_imports: dict[str, str] = {}
+        self.files: dict[str, float] = {}  # the script's own preloaded modules and their mtimes
+        self.ready_s = 0.0
+        self._started = time.monotonic()
         self.proc = subprocess.Popen(
             [
                 python,
@@ -128,19 +156,33 @@ class ForkServer:
                 "from stalwart.launch.forkserver import _serve; _serve()",
                 str(child.fileno()),
                 json.dumps(preload),
+                label,  # not read: names the server in ps and /proc (e.g. its run directory)
             ],
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
         )
         child.close()
-        hello = self._reply(ready_timeout_s)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Wait (bounded) for the server's imports to finish; raise ForkServerError if it cannot serve."""
+        if self._ready:
+            return
+        try:
+            hello = self._reply(self._ready_timeout_s if timeout_s is None else timeout_s)
+        except ForkServerError:
+            self.close(grace_s=0.0)
+            raise
         if not hello.get("ok"):
             self.close()
             raise ForkServerError(f"fork server did not start: {hello.get('error', 'no reason given')}")
-        self.preloaded: list[str] = hello.get("loaded", [])
-        self.failed_imports: dict[str, str] = hello.get("failed", {})
-        self.ready_s = time.monotonic() - started
+        self.preloaded = hello.get("loaded", [])
+        self.failed_imports = hello.get("failed", {})
+        self.files = {str(k): float(v) for k, v in hello.get("files", {}).items()}
+        self.ready_s = time.monotonic() - self._started
+        self._ready = True
 
     def _reply(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -161,10 +203,21 @@ class ForkServer:
         except ValueError as exc:
             raise ForkServerError(f"fork server sent garbage: {line[:80]!r}") from exc
 
-    def spawn(self, start: WarmStart, *, fds: tuple[int, ...] = (), timeout_s: float = 10.0) -> int:
-        """Start one worker; return its pid (a child of this process once re-parented)."""
+    def spawn(
+        self,
+        start: WarmStart,
+        *,
+        fds: tuple[int, ...] = (),
+        stdio: tuple[int, int] | None = None,
+        timeout_s: float = 10.0,
+    ) -> int:
+        """Start one worker; return its pid (a child of this process once re-parented).
+
+        ``fds`` are descriptors the worker keeps at the same numbers (its IPC pipe); ``stdio`` are
+        the write ends that become its stdout and stderr (the agent's output pipes)."""
         if self.proc.poll() is not None:
             raise ForkServerError(f"fork server is gone (exit code {self.proc.returncode})")
+        self.wait_ready()
         msg = (
             json.dumps(
                 {
@@ -174,12 +227,13 @@ class ForkServer:
                     "cwd": start.cwd,
                     "log": start.log,
                     "fds": list(fds),
+                    "stdio": stdio is not None,
                 }
             ).encode()
             + b"\n"
         )
         try:
-            socket.send_fds(self._sock, [msg], list(fds))
+            socket.send_fds(self._sock, [msg], list(fds) + list(stdio or ()))
         except OSError as exc:
             raise ForkServerError(f"cannot reach the fork server: {exc}") from exc
         reply = self._reply(timeout_s)
@@ -190,12 +244,21 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill(self) -> None:
+        """SIGKILL the server (chaos: the warm path forced to fail); its workers are not its children."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def close(self, grace_s: float = 2.0) -> None:
         """Stop the server (its idle state holds memory and a process)."""
         try:
             self._sock.close()
         except OSError:
             pass
+        if grace_s <= 0 and self.proc.poll() is None:
+            self.proc.kill()  # not waited for: reaped by subprocess's own clean-up or at this process's exit
+            return
         if self.proc.poll() is None:
             try:
                 self.proc.wait(grace_s)  # it exits when its socket closes
@@ -214,6 +277,7 @@ def _threads() -> int:
         return 1
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 _AGENT_PID = 0  # the server's parent: the agent that adopts its workers
 
 
@@ -223,6 +287,10 @@ def _serve() -> None:
     fd, preload = int(sys.argv[1]), json.loads(sys.argv[2])
     sock = socket.socket(fileno=fd)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the agent
+    # a Ctrl-C or a scheduler's signal to the whole process group is the agent's to handle; the server
+    # ends when the agent closes its socket or dies (PDEATHSIG). Workers get the defaults back.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     loaded, failed = [], {}
     for name in preload:
         try:
@@ -230,6 +298,11 @@ def _serve() -> None:
             loaded.append(name)
         except BaseException as exc:  # noqa: BLE001 - a module that fails here fails in the worker, visibly
             failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+    if "torch" in loaded:
+        try:
+            _warm_up_torch()
+        except BaseException as exc:  # noqa: BLE001 - only a lost speed-up; the worker pays it instead
+            failed["(torch warm-up)"] = f"{type(exc).__name__}: {exc}"[:200]
     if _threads() > 1:
         _send(
             sock,
@@ -240,7 +313,7 @@ def _serve() -> None:
             },
         )
         return
-    _send(sock, {"ok": True, "loaded": loaded, "failed": failed})
+    _send(sock, {"ok": True, "loaded": loaded, "failed": failed, "files": _own_files(loaded)})
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     buf = b""
     pending_fds: list[int] = []
@@ -256,10 +329,43 @@ def _serve() -> None:
         while b"\n" in buf:
             line, _, buf = buf.partition(b"\n")
             req = json.loads(line)
-            mine, pending_fds = pending_fds[: len(req.get("fds", []))], pending_fds[len(req.get("fds", [])) :]
+            count = len(req.get("fds", [])) + (2 if req.get("stdio") else 0)
+            mine, pending_fds = pending_fds[:count], pending_fds[count:]
             _send(sock, _fork_worker(req, mine, sock))
             for f in mine:
                 os.close(f)
+
+
+def _warm_up_torch() -> None:
+    """Run one tiny CPU training step so torch's lazy imports happen here, once, not in every worker:
+    the first optimizer step imports torch._dynamo and sympy (~800 modules, seconds of CPU). Each
+    worker reseeds its generators after the fork (``_reseed``), as a fresh interpreter would."""
+    import torch
+
+    layer = torch.nn.Linear(4, 4)
+    for opt in (torch.optim.AdamW(layer.parameters()), torch.optim.SGD(layer.parameters(), lr=0.1)):
+        layer(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _own_files(loaded: list[str]) -> dict[str, float]:
+    """Source files of preloaded modules outside the interpreter's installation (the script's own
+    modules): the agent compares their mtimes before each warm start, so an edited one goes cold."""
+    prefixes = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    out: dict[str, float] = {}
+    for name in loaded:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(prefixes) or "site-packages" in real or "dist-packages" in real:
+            continue
+        try:
+            out[real] = os.stat(real).st_mtime
+        except OSError:
+            pass
+    return out
 
 
 def _send(sock: socket.socket, obj: dict) -> None:
@@ -269,6 +375,12 @@ def _send(sock: socket.socket, obj: dict) -> None:
 def _fork_worker(req: dict, fds: list[int], sock: socket.socket) -> dict:
     if _threads() > 1:
         return {"ok": False, "error": "the fork server has started threads; forking is unsafe"}
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return {
+            "ok": False,
+            "error": "CUDA was initialised in the fork server; a forked worker cannot use it",
+        }
     r, w = os.pipe()
     middle = os.fork()
     if middle == 0:  # the intermediate child: fork the worker, report its pid, exit
@@ -292,6 +404,28 @@ def _fork_worker(req: dict, fds: list[int], sock: socket.socket) -> dict:
     return {"ok": True, "pid": int(raw)}
 
 
+def _reseed() -> None:
+    """torch and numpy seed their default generators from the OS at import, so each fresh worker
+    draws its own numbers; forked ones would all share the server's state. Seed them from the OS
+    again (Python's ``random`` reseeds itself after a fork). A script that seeds is unaffected."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
+def _match_threads(env: dict[str, str]) -> None:
+    """torch read OMP_NUM_THREADS (1) when the server imported it; give the worker its own value."""
+    torch = sys.modules.get("torch")
+    want = env.get("OMP_NUM_THREADS", "")
+    if torch is None or not want.isdigit() or int(want) < 1:
+        return
+    if torch.get_num_threads() != int(want):
+        torch.set_num_threads(int(want))
+
+
 def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
     import runpy
 
@@ -305,12 +439,22 @@ def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if agent and os.getppid() != agent:
             os._exit(70)  # the agent died meanwhile
+        # move every received fd above the numbers in play first, so no dup2 below overwrites another
+        import fcntl
+
+        high = [fcntl.fcntl(f, fcntl.F_DUPFD, 1000) for f in fds]
+        for f in fds:
+            os.close(f)
+        wanted = list(req.get("fds", []))
         # the fds the worker expects (its IPC pipe) at the numbers named in its environment
-        for want, got in zip(req.get("fds", []), fds, strict=False):
-            if want != got:
-                os.dup2(got, want)
-                os.close(got)
-            os.set_inheritable(want, True)
+        for want, got in zip(wanted, high, strict=False):
+            os.dup2(got, want)
+        if req.get("stdio"):
+            out, err = high[len(wanted)], high[len(wanted) + 1]
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+        for f in high:
+            os.close(f)
         if req.get("log"):
             out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(out, 1)
@@ -323,6 +467,10 @@ def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in _STOP_SIGNALS:  # what a fresh interpreter starts with
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        _match_threads(req["env"])
+        _reseed()
         argv = list(req["argv"])
         sys.argv = argv[:]
         sys.path[0] = "" if req["module"] else os.path.dirname(os.path.abspath(argv[0]))

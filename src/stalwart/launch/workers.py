@@ -1,4 +1,11 @@
-"""Spawning, signalling and stopping the local worker processes (an actuator)."""
+"""Spawning, signalling and stopping the local worker processes (an actuator).
+
+Workers start warm (forked from the agent's fork server, see ``warm.py``) or cold (a fresh
+interpreter through ``subprocess.Popen``). Both give the same handle: ``poll``/``wait``/
+``send_signal``/``pid``/``returncode``, the same output pipes and pumps, the same exit codes
+(negative for a signal). A warm worker is the agent's child too (the agent is a child subreaper), so
+the agent reaps it itself with ``waitpid``.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -36,42 +44,123 @@ class WorkerSpec:
     role: str = "default"
 
 
+class WarmSpawner(Protocol):
+    """What starts a worker warm (``warm.WarmPool``): raises ``ForkServerError`` when it cannot."""
+
+    def spawn(self, env: dict[str, str], fds: tuple[int, ...], stdio: tuple[int, int] | None) -> int: ...
+
+
+class ForkedProc:
+    """A warm worker: forked by the fork server, re-parented to (and reaped by) this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                got, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not (or no longer) our child: it cannot be waited for
+                self.returncode = 255
+                return self.returncode
+            if got:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # reaped ones are never signalled: their pid may be reused
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 class WorkerGroup:
     def __init__(
-        self, argv: Sequence[str], specs: Sequence[WorkerSpec], *, sleep: Callable[[float], None] = time.sleep
+        self,
+        argv: Sequence[str],
+        specs: Sequence[WorkerSpec],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        warm: WarmSpawner | None = None,
     ):
         self.argv = list(argv)
         self.specs = list(specs)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen | ForkedProc] = {}
         self.exit_times: dict[int, float] = {}
         self._logs: list = []
         self._pumps: list[threading.Thread] = []
         self._sleep = sleep
+        self._warm = warm
+        self.warm_ranks: list[int] = []  # global ranks started warm
+        self.cold_reason = "" if warm is not None else "warm start not offered"
+
+    def _spawn(self, spec: WorkerSpec, fds: tuple[int, ...], piped: bool):
+        """Start one worker warm if offered and it works, else cold; return (proc, stdout, stderr)."""
+        if self._warm is not None:
+            from .forkserver import ForkServerError
+
+            pipes = (os.pipe(), os.pipe()) if piped else None
+            try:
+                pid = self._warm.spawn(spec.env, fds, (pipes[0][1], pipes[1][1]) if pipes else None)
+            except ForkServerError as exc:
+                self.cold_reason = str(exc)
+                self._warm = None  # the rest of the group goes cold too
+                for r, w in pipes or ():
+                    os.close(r)
+                    os.close(w)
+            else:
+                self.warm_ranks.append(spec.global_rank)
+                if pipes is None:
+                    return ForkedProc(pid), None, None
+                os.close(pipes[0][1])
+                os.close(pipes[1][1])
+                return ForkedProc(pid), os.fdopen(pipes[0][0], "rb"), os.fdopen(pipes[1][0], "rb")
+        if not piped:
+            # spawned from the agent's main thread: the worker's PDEATHSIG is tied to this thread
+            proc = subprocess.Popen(self.argv, env=spec.env, stdin=subprocess.DEVNULL, pass_fds=fds)
+            return proc, None, None
+        proc = subprocess.Popen(
+            self.argv,
+            env=spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=fds,
+        )
+        return proc, proc.stdout, proc.stderr
+
+    @property
+    def path(self) -> str:
+        """warm (every worker forked warm), cold, or mixed (the warm path failed part-way)."""
+        if len(self.warm_ranks) == len(self.procs) and self.procs:
+            return "warm"
+        return "mixed" if self.warm_ranks else "cold"
 
     def start(self) -> list[int]:
         for spec in self.specs:
             route = spec.route or OutputRoute(spec.log_path)
             fds = (spec.ipc_fd,) if spec.ipc_fd >= 0 else ()
             if route.log_path is None:
-                # spawned from the agent's main thread: the worker's PDEATHSIG is tied to this thread
-                self.procs[spec.global_rank] = subprocess.Popen(
-                    self.argv, env=spec.env, stdin=subprocess.DEVNULL, pass_fds=fds
-                )
+                self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
                 continue
             route.log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
             self._logs.append(log)
             lock = threading.Lock()
-            proc = subprocess.Popen(
-                self.argv,
-                env=spec.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=fds,
-            )
+            proc, out, err = self._spawn(spec, fds, piped=True)
             self.procs[spec.global_rank] = proc
-            for i, (pipe, console) in enumerate(((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))):
+            for i, (pipe, console) in enumerate(((out, sys.stdout), (err, sys.stderr))):
                 extra = None
                 if route.stream_files[i] is not None:
                     route.stream_files[i].parent.mkdir(parents=True, exist_ok=True)

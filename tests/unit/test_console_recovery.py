@@ -1,0 +1,43 @@
+"""The live console names each recovery's path and its phases, from the events it is shown."""
+
+from __future__ import annotations
+
+import io
+
+from stalwart.events import DecisionTaken, FailureDetected, TrainingResumed
+from stalwart.launch.console import RunConsole
+
+
+def _show(events) -> str:
+    out = io.StringIO()
+    con = RunConsole(stream=out)
+    for ev in events:
+        if isinstance(ev, tuple):  # a progress report: (now, step, attempt)
+            con.progress(ev[1], 40, ev[2], 1.0, now=ev[0])
+        else:
+            con.event(ev)
+    return out.getvalue()
+
+
+def test_path_and_phases_are_printed_once_per_recovery():
+    text = _show(
+        [
+            DecisionTaken(ts=1.0, action="start_warm", reason="warm: forked from the fork server", attempt=0),
+            TrainingResumed(ts=2.0, step=0, rank=0, attempt=0),
+            (2.5, 1, 0),  # a first start is no recovery
+            FailureDetected(ts=10.5, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
+            DecisionTaken(ts=10.75, action="restart", reason="restart: crash", attempt=0),
+            DecisionTaken(ts=11.0, action="start_cold", reason="cold: warm start failed (gone)", attempt=1),
+            TrainingResumed(ts=13.0, step=5, rank=0, attempt=1),
+            (13.5, 6, 1),
+            (14.0, 7, 1),
+        ]
+    )
+    assert "workers started warm: forked from the fork server" in text
+    assert "workers started cold: warm start failed (gone)" in text
+    lines = [ln for ln in text.splitlines() if "recovered on the" in ln]
+    assert len(lines) == 1, text
+    assert (
+        "cold path 3.50s after the fault: detect 0.50s, stop and decide 0.25s, re-form 0.25s, "
+        "start to first step 2.50s" in lines[0]
+    )

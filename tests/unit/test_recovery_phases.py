@@ -1,0 +1,60 @@
+"""Recovery path and phases per interruption, from hand-built ledger events."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.account.recovery import recoveries
+from stalwart.events import (
+    DecisionTaken,
+    FailureDetected,
+    StepCompleted,
+    TrainingResumed,
+    WorkersStarted,
+    WorkersStopped,
+)
+
+
+def _attempt(a: int, t0: float, path: str, why: str) -> list:
+    return [
+        DecisionTaken(ts=t0, action=f"start_{path}", reason=f"{path}: {why}", attempt=a),
+        WorkersStarted(ts=t0, pids=(1, 2), global_ranks=(0, 1), attempt=a),
+        TrainingResumed(ts=t0 + 1.0, step=5, rank=0, attempt=a),
+        TrainingResumed(ts=t0 + 1.5, step=5, rank=1, attempt=a),  # the last rank sets the phase end
+        StepCompleted(ts=t0 + 1.7, step=5, start=t0 + 1.5, duration=0.2, rank=0, attempt=a),
+        StepCompleted(ts=t0 + 1.8, step=5, start=t0 + 1.5, duration=0.3, rank=1, attempt=a),
+        StepCompleted(ts=t0 + 2.0, step=6, start=t0 + 1.8, duration=0.2, rank=1, attempt=a),
+    ]
+
+
+def test_phases_add_up_from_onset_to_the_first_step_of_every_rank():
+    evs = _attempt(0, 0.0, "warm", "forked")
+    evs += [
+        FailureDetected(ts=10.3, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
+        WorkersStopped(ts=10.4, reason="rank 1 killed", attempt=0),
+        DecisionTaken(ts=10.45, action="restart", reason="restart", attempt=0),
+    ]
+    evs += _attempt(1, 10.75, "cold", "warm start failed (fork server is gone); started cold")
+    [r] = recoveries(evs)
+    assert (r.attempt, r.failure, r.rank, r.path) == (0, "crash", 1, "cold")
+    assert "fork server is gone" in r.why
+    expect = {"detect": 0.3, "tear_down": 0.1, "decide": 0.05, "re_form": 0.3, "load": 1.5, "first_step": 0.3}
+    assert r.phases == pytest.approx(expect)
+    assert r.total_s == pytest.approx(12.55 - 10.0)
+
+
+def test_a_failure_that_stopped_the_run_is_no_recovery_and_missing_events_give_none():
+    stop = [
+        FailureDetected(ts=5.0, failure="user_error", evidence="x", onset=4.9, rank=0, attempt=0),
+        DecisionTaken(ts=5.1, action="stop", reason="stop", attempt=0),
+    ]
+    assert recoveries(stop) == []
+    nosdk = [
+        FailureDetected(ts=5.0, failure="crash", evidence="x", onset=4.9, rank=0, attempt=0),
+        DecisionTaken(ts=5.1, action="restart", reason="restart", attempt=0),
+        DecisionTaken(ts=5.2, action="start_warm", reason="warm: forked", attempt=1),
+        WorkersStarted(ts=5.2, pids=(1,), global_ranks=(0,), attempt=1),
+    ]
+    [r] = recoveries(nosdk)
+    assert r.path == "warm" and r.phases["tear_down"] is None and r.phases["load"] is None
+    assert r.phases["re_form"] == pytest.approx(0.1) and r.total_s is None
