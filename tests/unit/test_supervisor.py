@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from stalwart.diagnose.root_cause import ErrorRecord
 from stalwart.events import (
+    DecisionTaken,
     FailureDetected,
     IncidentRaised,
     StackCaptured,
@@ -232,6 +233,31 @@ def test_a_silent_rank_is_a_hang_with_stacks_captured_before_the_stop():
     assert w.of(IncidentRaised)[0].rule == "monitor:hang-heartbeat"
 
 
+def test_with_live_diagnosis_a_hang_is_left_to_it_and_a_user_exception_is_not():
+    # the collector joins a hang (or a communication failure) with the node's evidence into the one
+    # incident naming the cause; a user exception is its own cause and keeps the agent's incident
+    def hang(tick, w):
+        if tick < 8:
+            for r in (0, 1):
+                w.step(r, tick)
+        elif tick < 200:
+            w.step(0, tick)
+
+    w = World(hang, diagnose_interval_s=2.0)
+    assert w.sup.run().failure.kind == "hang"
+    assert w.of(FailureDetected) and not w.of(IncidentRaised)
+
+    def raised(tick, w):
+        training(100)(tick, w)
+        if tick == 6:
+            w.group.codes[1] = 1
+            w.group.exit_times[1] = w.clock.now()
+
+    w = World(raised, diagnose_interval_s=2.0)
+    assert w.sup.run().failure.kind == "exception"
+    assert [i.rule for i in w.of(IncidentRaised)] == ["monitor:worker-exits"]
+
+
 def test_a_rank_that_raised_but_is_slow_to_exit_is_a_crash_not_a_hang():
     def script(tick, w):
         if tick == 0:
@@ -292,9 +318,10 @@ def test_a_slowed_rank_is_recorded_as_a_straggler_while_training_goes_on():
     (sd,) = w.of(StragglerDetected)
     assert sd.rank == 2 and sd.score > 2.0
     # the straggler-action policy's verdict is recorded, observe only (never acted on)
-    (advice,) = w.of(IncidentRaised)
-    assert advice.rule == "policy:straggler-action" and advice.rank == 2 and not advice.action_taken
-    assert advice.nodes == ("n0",) and advice.action in ("keep", "exclude_quarantine")
+    (advice,) = w.of(DecisionTaken)
+    assert advice.action in ("observe_keep", "observe_exclude_quarantine")
+    assert "rank 2" in advice.reason and "observe only" in advice.reason
+    assert not w.of(IncidentRaised)
     assert w.group.stops == []
 
 

@@ -206,7 +206,14 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         root = next((f for f in g if f.failure != "peer_lost"), g[0])
         onset = min(f.onset for f in g)
         detected = min(f.ts for f in g)
-        decided = next((e.ts for e in evs if isinstance(e, DecisionTaken) and e.ts >= detected), None)
+        decided = next(
+            (
+                e.ts
+                for e in evs
+                if isinstance(e, DecisionTaken) and not e.action.startswith("observe_") and e.ts >= detected
+            ),
+            None,
+        )
         recovered = None
         after = decided if decided is not None else detected
         resumed = next((e for e in evs if isinstance(e, TrainingResumed) and e.ts >= after), None)

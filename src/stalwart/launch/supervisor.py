@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..diagnose.cross_layer import COMM_CODES
 from ..diagnose.root_cause import ErrorRecord
+from ..diagnose.signals import from_failure
 from ..events import (
+    DecisionTaken,
     FailureDetected,
     StackCaptured,
     StepCompleted,
@@ -318,9 +321,18 @@ class Supervisor:
                 StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.hooks.ctx())
             )
             self.stragglers.pop(rank, None)
-        ctx = self.hooks.ctx()
-        for incident in d.advice:  # observe only: what the straggler-action policy would do, and why
-            self.hooks.emit(incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
+        # observe only: what the straggler-action policy would do, and why. A decision record, not an
+        # incident: the straggler's cause (a cooling loop, a sick GPU) is the live diagnosis's incident
+        for advice in d.advice:
+            self.hooks.emit(
+                DecisionTaken(
+                    ts=advice.ts,
+                    action=f"observe_{advice.action}",
+                    reason=f"{advice.cause} (observe only, not acted on; {'; '.join(advice.evidence)})",
+                    **self.hooks.ctx(),
+                ),
+                show=False,
+            )
 
     def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         assert d.outcome is not None and d.outcome.failure is not None
@@ -333,21 +345,20 @@ class Supervisor:
         if shown:
             self.hooks.note(f"last lines of rank {root}:\n{shown}")
         ctx = self.hooks.ctx()
-        self.hooks.emit(
-            FailureDetected(
-                ts=d.outcome.detected_at,
-                failure=failure.kind,
-                evidence=failure.evidence,
-                onset=d.onset,
-                step=failure.step,
-                rank=root,
-                exit_code=d.exit_code,
-                signal=describe_exit(d.exit_code) if d.exit_code < 0 else "",
-                error_type=err.type if err else "",
-                error_message=err.message[:500] if err else "",
-                **ctx,
-            )
+        detected = FailureDetected(
+            ts=d.outcome.detected_at,
+            failure=failure.kind,
+            evidence=failure.evidence,
+            onset=d.onset,
+            step=failure.step,
+            rank=root,
+            exit_code=d.exit_code,
+            signal=describe_exit(d.exit_code) if d.exit_code < 0 else "",
+            error_type=err.type if err else "",
+            error_message=err.message[:500] if err else "",
+            **ctx,
         )
+        self.hooks.emit(detected)
         if text and failure.kind != "crash":
             self.hooks.emit(
                 StackCaptured(
@@ -359,7 +370,7 @@ class Supervisor:
                 ),
                 show=False,
             )
-        self._incident(d)
+        self._incident(d, detected)
         self.hooks.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"rank {root} {failure.evidence}", **ctx), show=False
         )
@@ -369,17 +380,16 @@ class Supervisor:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
         ctx = self.hooks.ctx()
-        self.hooks.emit(
-            FailureDetected(
-                ts=d.outcome.detected_at,
-                failure="hang",
-                evidence=d.reason,
-                onset=d.onset,
-                step=failure.step,
-                rank=d.rank,
-                **ctx,
-            )
+        detected = FailureDetected(
+            ts=d.outcome.detected_at,
+            failure="hang",
+            evidence=d.reason,
+            onset=d.onset,
+            step=failure.step,
+            rank=d.rank,
+            **ctx,
         )
+        self.hooks.emit(detected)
         # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
         stacks = self.hooks.capture_stacks() if snap.sdk_ranks else {}
         for rank, text in stacks.items():
@@ -389,14 +399,19 @@ class Supervisor:
                 show=rank == d.rank,
             )
         self.group.stop(0.0)
-        self._incident(d)
+        self._incident(d, detected)
         self.hooks.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
         )
         return d.outcome
 
-    def _incident(self, d: Decision) -> None:
+    def _incident(self, d: Decision, detected: FailureDetected) -> None:
+        """The decision's incident, unless the live diagnosis owns this failure: a communication
+        failure or a hang is a symptom it joins with the node's evidence into the one incident that
+        names the cause (diagnose/live.py), so the agent does not raise a second, symptom-level one."""
         if d.incident is None:
+            return
+        if getattr(self.cfg, "diagnose_interval_s", 0) and from_failure(detected).code in COMM_CODES:
             return
         ctx = self.hooks.ctx()
         self.hooks.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
