@@ -198,7 +198,13 @@ def render(rep: dict[str, Any], console=None) -> None:
         say(f"  {time.strftime('%H:%M:%S', time.localtime(inc['ts']))} {esc(inc['line'])}")
         for line in inc["evidence"][:4]:
             say(f"    [dim]{esc(line)}[/]")
-    if rep.get("detectors"):
+    dets = rep.get("detectors") or []
+    if dets and not any(d["faults"] or d["confirmed"] for d in dets):
+        # nothing to join the firings with (no injected faults, no confirming evidence): a table of
+        # 0% would call real faults false alarms
+        fired = ", ".join(f"{d['detector']} {d['firings']}" for d in dets)
+        say(f"detector firings: {fired} (no ground truth in this run to measure precision against)")
+    elif dets:
         dt = Table(title="Detector precision (firings joined with what followed)")
         dt.add_column("detector", no_wrap=True)
         for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
@@ -208,7 +214,7 @@ def render(rep: dict[str, Any], console=None) -> None:
         def pct(v: float | None) -> str:
             return "n/a" if v is None else f"{100 * v:.0f}%"
 
-        for d in rep["detectors"]:
+        for d in dets:
             dt.add_row(
                 d["detector"],
                 str(d["firings"]),

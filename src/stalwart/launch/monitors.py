@@ -112,7 +112,7 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
         rule="monitor:worker-exits",
         evidence=(f"rank {root}: {evidence}",)
         + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
-        + (f"step {step}",),
+        + ((f"step {step}",) if step >= 0 else ()),
         blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
     )
     return Decision(
