@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,8 +134,15 @@ def _get(url: str) -> str:
 
 
 def _metrics_probe(url: str, walk: Walk) -> None:
+    # the exporter reads ledgers in its own thread, so a scrape never waits on one: the first scrapes
+    # after start may come before its first read (bounded wait for the run's series)
+    series = f'stalwart_job_wall_seconds{{run="{walk.run_dir.name}"}}'
+    deadline = time.monotonic() + 60
     body = _get(url)
-    assert f'stalwart_job_wall_seconds{{run="{walk.run_dir.name}"}}' in body
+    while series not in body and time.monotonic() < deadline:
+        time.sleep(0.2)
+        body = _get(url)
+    assert series in body
     assert "stalwart_mfu" in body, "--model gives MFU"
 
 
