@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import sqlite3
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from stalwart.chaos.soak import (
     BETWEEN,
@@ -13,6 +16,7 @@ from stalwart.chaos.soak import (
     PlannedFault,
     RunResult,
     SoakConfig,
+    _damage_between,
     draw_plan,
     summarize,
 )
@@ -58,3 +62,15 @@ def test_summary_counts_problems_and_identical_ends():
     assert (s.false_verdicts, s.wrong_resumes, s.versions_lost, s.tool_hangs) == (1, 1, 2, 1)
     assert not s.clean
     assert summarize([a]).clean
+
+
+def test_a_damaged_side_ledger_counts_as_fired_and_names_no_checkpoint(tmp_path):
+    rng = random.Random(0)
+    assert _damage_between("corrupt-ledger", tmp_path, rng) == (False, None)  # nothing to damage
+    (tmp_path / "ledger").mkdir()
+    side = tmp_path / "ledger" / "worker-n0-a0-r0-p1.ledger"
+    with sqlite3.connect(side) as db:
+        db.execute("create table t (x)")
+    assert _damage_between("corrupt-ledger", tmp_path, rng) == (True, None)
+    with pytest.raises(sqlite3.DatabaseError), sqlite3.connect(side) as db:
+        db.execute("select * from t")

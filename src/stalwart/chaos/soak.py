@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..events import ChaosInjected
+
 INSIDE = ("crash", "exit", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
 LIVE = (
     "sigkill-worker",
@@ -321,12 +323,19 @@ class Soak:
                     break
                 after = good_versions(run_dir / "checkpoints")
                 self._check_job(run_dir, job, started, code, before, after, damaged, res)
+                # count this job's faults now: a side ledger damaged before the next job loses them
+                res.fired.update(
+                    ev.fault
+                    for ev in read_events(run_dir)
+                    if isinstance(ev, ChaosInjected) and ev.ts >= started
+                )
                 if code in REQUEUE_CODES or code == -signal.SIGKILL:
                     if between:  # damage files between jobs, as a failing node or a user might
                         f = between.pop(0)
-                        hit = _damage_between(f.kind, run_dir, self.rng)
-                        if hit is not None:
+                        fired, hit = _damage_between(f.kind, run_dir, self.rng)
+                        if fired:
                             res.fired[f.kind] += 1
+                        if hit is not None:
                             damaged.add(hit)
                     _free_filler(run_dir / "checkpoints")
                     continue
@@ -335,11 +344,6 @@ class Soak:
                 res.bit_identical = out.exists() and _same_params(ref, out)
                 if not res.bit_identical:
                     res.notes.append("final parameters differ from the clean run")
-            from ..events import ChaosInjected
-
-            for ev in read_events(run_dir):
-                if isinstance(ev, ChaosInjected):
-                    res.fired[ev.fault] += 1
         finally:
             _unmount(run_dir / "checkpoints")
         return res
@@ -423,7 +427,7 @@ class Soak:
         damaged: set[int],
         res: RunResult,
     ) -> None:
-        from ..events import ChaosInjected, JobEnded, TrainingResumed
+        from ..events import JobEnded, TrainingResumed
 
         evs = [e for e in read_events(run_dir) if e.ts >= started]
         for e in evs:  # versions the job's own chaos damaged on purpose are not "lost"
@@ -543,20 +547,21 @@ def _free_filler(path: Path) -> None:
     (path / _FILLER).unlink(missing_ok=True)
 
 
-def _damage_between(kind: str, run_dir: Path, rng: random.Random) -> int | None:
-    """Damage the newest committed checkpoint (or a side ledger) between jobs; return the step hit."""
+def _damage_between(kind: str, run_dir: Path, rng: random.Random) -> tuple[bool, int | None]:
+    """Damage the newest committed checkpoint (or a side ledger) between jobs; return whether
+    something was damaged and the checkpoint step hit (None for a ledger)."""
     if kind == "corrupt-ledger":
         files = sorted((run_dir / "ledger").glob("worker-*.ledger"))
         if not files:
-            return None
+            return False, None
         victim = rng.choice(files)
         with open(victim, "r+b") as fh:
             fh.seek(0)
             fh.write(b"garbage, not a sqlite database" * 8)
-        return None
+        return True, None
     versions = good_versions(run_dir / "checkpoints")
     if not versions:
-        return None
+        return False, None
     step = max(versions)
     path = versions[step]
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name != "MANIFEST.json")
@@ -569,5 +574,5 @@ def _damage_between(kind: str, run_dir: Path, rng: random.Random) -> int | None:
         with open(victim, "r+b") as fh:
             fh.truncate(max(0, victim.stat().st_size // 2))
     else:
-        return None
-    return step
+        return False, None
+    return True, step
