@@ -11,7 +11,10 @@ Flag syntax (``--chaos``, repeatable, or comma-separated)::
     corrupt-checkpoint@step=70    flip bytes in the newest committed checkpoint once step 70 is reached
     truncate-checkpoint@step=70   truncate a file of the newest committed checkpoint
 
-Faults fire once per run (a marker file in the run directory records it), except ``raise``,
+Checkpoint damage waits while a newer version is on its way (being written, or committed in the
+node memory tier and not yet on disk), or until the attempt fails: the version it damages is then
+the one a restart would read. Faults fire once per run (a marker file in the run directory
+records it), except ``raise``,
 which fires at every attempt because it models a deterministic bug.
 
 YAML: a list of mappings with ``fault:`` and the same keys, or ``{faults: [...]}``.

@@ -83,6 +83,11 @@ class NodeMemory:
             entries.append(Peer(node, host, int(port)))
         self.peers = tuple(entries)
 
+    @property
+    def versions_root(self) -> Path:
+        """Where this node's memory-tier versions (and the ones being written) are."""
+        return self.root / OWN
+
     def version_dir(self, name: str) -> Path | None:
         """This node's memory-tier copy of version ``name`` (``step-<N>``), if committed here."""
         path = self.root / OWN / name

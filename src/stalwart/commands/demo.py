@@ -17,9 +17,11 @@ DEMO_FAULTS = [
 ]
 
 
-# the engine stages a save in milliseconds and persists in the background, so frequent checkpoints
-# are cheap; every 5 steps bounds the work a crash loses to 5 steps (every 20 lost a quarter of the run)
-CHECKPOINT_EVERY = 5
+# measured on the 2-core VM (docs/benchmarks.md): staging takes ~20 ms, but a persist of the 4 ranks'
+# state to both tiers takes ~0.5 s of collectives, and a save waits for the previous persist. Every 5
+# steps (0.33 s) every save waited ~0.2 s (22% of the run); every 10 (0.65 s) outlasts the persist,
+# and a crash loses at most 10 steps (every 20 lost a quarter of the run to rolled-back work)
+CHECKPOINT_EVERY = 10
 
 
 def register(app: typer.Typer) -> None:

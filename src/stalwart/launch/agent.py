@@ -95,6 +95,7 @@ class Agent:
         self._round_store = None
         self._spares_waiting = False
         self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
+        self._chaos_done_step = -1  # the newest step done that agent-side chaos has seen
         self._memory = None  # the node memory tier and peer store (checkpoint/node_memory.py)
 
     # --- ledger ------------------------------------------------------------------------------
@@ -660,6 +661,8 @@ class Agent:
             receiver.close()
             block.close()
             group.close()
+        if outcome.status == "failed":  # a damage that waited on a persist the failure cut short
+            self._agent_chaos_at(self._chaos_done_step, settled=True)
         self.emit(AttemptEnded(ts=time.time(), reason=outcome.status, **self._ctx()), show=False)
         return outcome
 
@@ -806,8 +809,14 @@ class Agent:
     # --- chaos on the agent side -------------------------------------------------------------
 
     def _agent_chaos(self, tracker: ProgressTracker) -> None:
+        self._chaos_done_step = tracker.max_done_step
+        self._agent_chaos_at(tracker.max_done_step, settled=False)
+
+    def _agent_chaos_at(self, done_step: int, *, settled: bool) -> None:
+        """Agent-side faults due once step ``done_step + 1`` is reached. Checkpoint damage waits while a
+        newer version is still being persisted (``settled``: the workers are gone, nothing is)."""
         for fault in self.plan.agent_faults():
-            if fault.step is None or tracker.max_done_step + 1 < fault.step:
+            if fault.step is None or done_step + 1 < fault.step:
                 continue
             if fault.kind == "kill-agent":
                 if fault.node != self._group_rank or not claim(self.run.chaos, fault):
@@ -823,6 +832,9 @@ class Agent:
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self._group_rank == 0:
+                faster = [self._memory.versions_root] if self._memory is not None else []
+                if not settled and chaos_actions.persist_in_flight(self.run.checkpoints, faster):
+                    continue
                 target = chaos_actions.newest_checkpoint(self.run.checkpoints)
                 if target is None or not claim(self.run.chaos, fault):
                     continue

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..checkpoint.manifest import MANIFEST
+
+_PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
+_VERSION = re.compile(r"^step-(\d+)$")
 
 
 def newest_checkpoint(root: Path) -> Path | None:
@@ -13,6 +17,29 @@ def newest_checkpoint(root: Path) -> Path | None:
         return None
     dirs = sorted((p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).exists()), key=lambda p: p.name)
     return dirs[-1] if dirs else None
+
+
+def _steps(root: Path) -> tuple[list[int], list[int]]:
+    """(committed, being written) version steps under ``root``."""
+    if not root.is_dir():
+        return [], []
+    names = [p.name for p in root.iterdir() if p.is_dir()]
+    done = [int(m.group(1)) for n in names if (m := _VERSION.match(n)) and (root / n / MANIFEST).exists()]
+    return done, [int(m.group(1)) for n in names if (m := _PARTIAL.match(n))]
+
+
+def persist_in_flight(target: Path, others: list[Path]) -> bool:
+    """Whether a version newer than ``target``'s newest committed one is on its way there: being
+    written (a ``.step-<N>.partial`` directory) or already in a faster tier (``others``, e.g. the
+    node memory tier, which commits first). Damaging "the newest committed version" then would hit
+    one that the commit about to land supersedes, and the restart would never read the damage."""
+    done, writing = _steps(target)
+    newest = max(done, default=-1)
+    ahead = list(writing)
+    for root in others:
+        d, w = _steps(root)
+        ahead += d + w
+    return max(ahead, default=-1) > newest
 
 
 def _largest_file(ckpt: Path) -> Path:
