@@ -75,6 +75,15 @@ def test_epoch_trainer_standalone_with_redirects_matches_torchrun(tmp_path: Path
     assert len(logs) == 1 and "epoch 2 loss" in logs[0].read_text()
 
 
+def _outs(out: str) -> list[str]:
+    return ["--snapshot_path", f"{out}.snap", "--out", f"{out}.pt"]
+
+
+def _teardown_abort(stderr: str) -> bool:
+    """torchrun's summary names a rank that died of SIGABRT (exit code -6)."""
+    return "exitcode  : -6" in stderr and "(SIGABRT)" in stderr
+
+
 def test_snapshot_trainer_static_rendezvous_with_tee_matches_torchrun(tmp_path: Path):
     script = str(SCRIPTS / "snapshot_trainer.py")
     for tool, out in ((TORCHRUN, "torchrun"), (STALWART, "stalwart")):
@@ -99,13 +108,17 @@ def test_snapshot_trainer_static_rendezvous_with_tee_matches_torchrun(tmp_path: 
                 script,
                 "4",
                 "2",
-                "--snapshot_path",
-                f"{out}.snap",
-                "--out",
-                f"{out}.pt",
+                *_outs(out),
             ],
             tmp_path,
         )
+        if tool is TORCHRUN and p.returncode != 0 and _teardown_abort(p.stderr):
+            # the reference itself: torch's gloo teardown can abort a rank that finished every epoch
+            # when the machine is busy (seen in CI: local_rank 1 SIGABRT after epoch 3, torchrun exit
+            # 1). The reference is not what this test checks; take it again, once, from scratch
+            (tmp_path / f"{out}.snap").unlink(missing_ok=True)
+            static[static.index("--master-port") + 1] = str(_free_port())
+            p = _run([*tool, *static, "--tee", "3", script, "4", "2", *_outs(out)], tmp_path)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         assert "[default0]:[Rank0] Epoch 3" in p.stdout  # teed: on the console with torchrun's prefix
     assert _same(tmp_path / "torchrun.pt", tmp_path / "stalwart.pt")

@@ -42,7 +42,10 @@ def register(app: typer.Typer) -> None:
         if not token:
             print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
         done = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        # SIGINT explicitly too: a server started in the background by a script inherits SIGINT
+        # ignored, and Python then raises no KeyboardInterrupt; `kill -INT` must still stop it
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
         try:
             done.wait()
         except KeyboardInterrupt:
