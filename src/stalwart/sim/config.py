@@ -62,6 +62,8 @@ class FailureClass(BaseModel):
     per_1000_gpu_days: float = Field(ge=0, description="failures per 1000 GPU-days of exposure")
     node_loss: bool = True  # the node must be replaced (hot spare, shrink, or wait for repair)
     detect_s: float = Field(60.0, ge=0)
+    # "hang": detected by the agent's hang timeout (launch.timeouts) when SimConfig.step_s is set
+    kind: Literal["crash", "hang"] = "crash"
 
 
 def llama3_failure_mix(scale: float = 1.0) -> list[FailureClass]:
@@ -89,7 +91,7 @@ class CheckpointTier(BaseModel):
     survives_node_loss: bool = True
 
 
-Strategy = Literal["in_process", "in_job", "requeue"]
+Strategy = Literal["in_process", "in_job", "requeue", "replica"]
 
 
 class SimConfig(BaseModel):
@@ -124,6 +126,24 @@ class SimConfig(BaseModel):
     straggler_slowdown: float = Field(0.0, ge=0, description="0.3 = steps 30% slower while it lasts")
     straggler_mitigate_s: float = Field(1800.0, ge=0)
     gpu_hour_price: float = Field(2.0, ge=0)
+    # the agent's own policies (sim/policies.py asks them; see docs/simulator.md)
+    max_restarts: int | None = Field(
+        None, ge=0, le=100_000, description="restart budget of the agent; None: a cluster manager restarts"
+    )
+    step_s: float | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="step time; hang classes are detected by the hang timeout"
+    )
+    hang_multiplier: float = Field(3.0, gt=0, le=1000)
+    hang_floor_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
+    hang_cap_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    size_rule: Literal["multiple", "power_of_two"] = "multiple"
+    size_divisor: int = Field(1, ge=1, le=MAX_GPUS, description="world size must be a multiple of this")
+    # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
+    # group drops out and rejoins after its recovery while the others keep training
+    replica_groups: int = Field(8, ge=2, le=MAX_GPUS)
+    replica_rejoin_s: float = Field(
+        5.0, ge=0, le=MAX_SECONDS, description="whole-job pause while a group leaves or rejoins (per step)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:

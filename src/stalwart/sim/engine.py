@@ -1,30 +1,44 @@
 """Vectorised Monte Carlo of one training run, many trials at once (numpy).
 
-Each loop iteration advances every trial by one interruption: a recovery phase (detection, decision,
-restart, restore, waiting for nodes), which a further failure can interrupt, then a run phase until
-the next failure or the end of the horizon. Failures are Poisson (superposed classes plus planned
-maintenance), so the time to the next one is exponential and is redrawn at every phase boundary
-(memorylessness). The run phase follows a periodic checkpoint schedule that restarts at every resume:
-compute ``interval`` of the fastest tier, stall for every tier due at that point, repeat. A failure
-rolls back to the newest completed checkpoint of a tier that survives it. Lost nodes go to repair and
-come back after ``repair_hours``; hot spares replace them at no extra cost; without a spare the job
-either shrinks (``elastic``) or waits for a repaired node.
+A trial is a sequence of *cycles*. A cycle starts when the job begins to recover (or to start) and
+ends when the next failure has been detected and, if it cost a node, the job has a node to run on:
 
-Wall time of every trial is split into buckets that sum to the horizon: productive, degraded
-(throughput lost to stragglers or a shrunk job), checkpoint stall, lost work (compute later rolled
-back), detection + decision, restart + restore, waiting for nodes.
+    recovery (restart, restore)  ->  run (compute, checkpoint stalls)  ->  failure  ->  detection
+    ->  wait for a node (only when no spare is left and the job cannot shrink)
+
+Failures are Poisson (superposed classes plus planned maintenance), so the time from a cycle's start
+to its failure is one exponential draw; a failure during the recovery interrupts it (no run phase).
+Because the draws do not depend on the state, every cycle of every trial is drawn at once as a
+(trials x cycles) matrix and the buckets are sums over it; the only state that carries between
+cycles is the repair queue (nodes in repair, hot spares, elastic shrink). It is computed from the
+failure times with a vectorised sliding window; a trial whose job ever has to wait for a repaired
+node (which moves every later failure) is recomputed cycle by cycle, for those trials only.
+
+The run phase follows a periodic checkpoint schedule that restarts at every resume: compute
+``interval`` of the fastest tier, stall for every tier due at that point, repeat. A failure rolls back
+to the newest completed checkpoint of a tier that survives it.
+
+Policies are the agent's own (``sim/policies.py``): the restart budget, the hang timeout and the
+world-size / spare choice. Time is booked into the report's bucket names (``sim/buckets.py``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..launch.restart_policy import RestartBudget
+from ..launch.timeouts import HangTimeoutPolicy
+from ..launch.world_size import SizeRule
+from .buckets import SIM_BUCKETS
 from .config import SimConfig
+from .policies import WorldSizer, hang_detect_s, restart_period
 
-BUCKETS = ("productive", "degraded", "ckpt_stall", "lost_work", "detect", "restart", "wait_nodes")
+BUCKETS = SIM_BUCKETS
+CHUNK_CELLS = 1 << 20  # trials x cycles per chunk: bounds memory (about 20 arrays of 8 MiB)
 
 
 @dataclass(frozen=True)
@@ -74,9 +88,10 @@ class SimResult:
     interruptions: np.ndarray
     planned: np.ndarray
     by_class: dict[str, np.ndarray]
-    buckets: dict[str, np.ndarray]  # seconds
+    buckets: dict[str, np.ndarray]  # seconds, SIM_BUCKETS
     iterations: int
     extra: dict[str, float] = field(default_factory=dict)
+    trace: list[dict[str, float]] = field(default_factory=list)  # trial 0, cycle by cycle (trace=True)
 
     @property
     def lost_gpu_hours(self) -> np.ndarray:
@@ -120,152 +135,390 @@ class SimResult:
 MAX_EXPECTED_INTERRUPTIONS = 100_000  # per trial; a year at 100k GPUs of the Llama-3 mix is ~20k
 
 
-def simulate(cfg: SimConfig) -> SimResult:
-    rng = np.random.default_rng(cfg.seed)
-    n, horizon = cfg.trials, cfg.horizon_s
-    sch = _schedule(cfg)
+@dataclass(frozen=True)
+class _Model:
+    """Everything per failure class, with the policies' answers folded in."""
 
+    lam: float
+    cdf: np.ndarray
+    n_cls: int
+    node_loss: np.ndarray  # per class (+ planned)
+    detect: np.ndarray  # detection + decision per class
+    restart: np.ndarray  # restart after a failure of this class
+    restore: np.ndarray
+    plan_stall: np.ndarray  # the checkpoint a planned stop takes (counted into the next recovery)
+    first: tuple[float, float]  # (start-up, restore) of the first cycle
+    requeue: tuple[float, float]  # (requeue, restore) after the restart budget ran out
+    period: int | None  # infra failures after which the agent's restart policy stops the job
+    sizer: WorldSizer | None
+    repair_s: float
+    replica: bool
+
+
+def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
     classes = cfg.failures
-    lam_fail = cfg.failure_rate_per_s()
-    lam_plan = cfg.planned_rate_per_s()
-    lam = lam_fail + lam_plan
-    expected = lam * horizon
-    if expected > MAX_EXPECTED_INTERRUPTIONS:
-        raise ConfigError(
-            f"{expected:,.0f} interruptions expected per trial ({lam * 3600:.3g} per hour for "
-            f"{horizon / 86400:g} days); the simulator steps through each one and would not finish",
-            "lower --gpus, --days or --rate-scale; rates measured on a chaos run are far above a real fleet's",
-        )
-    # class index 0..C-1 are failures, C is "planned"
+    lam = cfg.failure_rate_per_s() + cfg.planned_rate_per_s()
     weights = np.array([f.per_1000_gpu_days for f in classes] + [cfg.planned_per_1000_gpu_days], float)
     cdf = np.cumsum(weights / weights.sum()) if lam > 0 else np.array([1.0])
     n_cls = len(classes)
     node_loss = np.array([f.node_loss for f in classes] + [False])
-    detect = np.array([f.detect_s + cfg.decide_s for f in classes] + [0.0])
-
-    if cfg.strategy == "in_process":
-        soft_restart, hard_restart = cfg.in_process_restart_s, cfg.job_restart_s
-    elif cfg.strategy == "in_job":
-        soft_restart = hard_restart = cfg.job_restart_s
-    else:
-        soft_restart = hard_restart = cfg.requeue_s
-
-    t = np.zeros(n)
-    b = {k: np.zeros(n) for k in BUCKETS}
-    counts = np.zeros((n, n_cls + 1), dtype=np.int64)
-    # recovery needed before the next run phase: initial start-up is a plain job start
-    recovery = np.full(n, cfg.job_restart_s + sch.restore_durable)
-    mult = np.ones(n)  # throughput of the next run phase (elastic shrink)
-    nodes = cfg.nodes
-    cap = 16
-    returns = np.full((n, cap), -np.inf)  # repair completion times of lost nodes
-    strag_rate = cfg.straggler_per_node_day * nodes / 86400.0
-    slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
-    active = np.ones(n, dtype=bool)
-    iterations = 0
-
-    def draw_class(size: int) -> np.ndarray:
-        return np.minimum(np.searchsorted(cdf, rng.random(size), side="right"), n_cls)
-
-    def exp(size: int) -> np.ndarray:
-        return rng.exponential(1.0 / lam, size) if lam > 0 else np.full(size, np.inf)
-
-    while active.any():
-        iterations += 1
-        # ---- recovery phase (can itself be interrupted) -------------------------------------
-        f1 = exp(n)
-        rec = np.minimum(recovery, horizon - t)
-        fail_in_rec = active & (f1 < rec)
-        spent = np.where(fail_in_rec, f1, rec)
-        b["restart"] += np.where(active, spent, 0.0)
-        t = np.where(active, t + spent, t)
-        done = active & ~fail_in_rec & (t >= horizon)
-        active &= ~done
-        # ---- run phase ----------------------------------------------------------------------
-        run = active & ~fail_in_rec
-        f2 = exp(n)
-        x = np.where(run, np.minimum(f2, horizon - t), 0.0)
-        fails_in_run = run & (f2 < horizon - t)
-        q = np.floor(x / sch.period_wall)
-        r = x - q * sch.period_wall
-        j = np.searchsorted(sch.stall_end, r, side="right")  # completed stalls in this super-cycle
-        compute_in = np.minimum(r - sch.stall_cum[j], (j + 1) * sch.base)
-        compute = q * sch.period_compute + compute_in
-        n_ckpt = q * len(sch.stall_end) + j  # completed base checkpoints
-        # which class hit (drawn for every trial; used where a failure happened)
-        cls = draw_class(n)
-        hit = fail_in_rec | fails_in_run
-        lost_node = hit & node_loss[cls]
-        committed_all = n_ckpt * sch.base
-        committed_durable = np.floor(n_ckpt / sch.durable_every) * sch.durable_every * sch.base
-        planned = cls == n_cls
-        kept = np.where(
-            ~fails_in_run | planned, compute, np.where(lost_node, committed_durable, committed_all)
+    hang_s = None
+    if cfg.step_s is not None:
+        policy = HangTimeoutPolicy(
+            multiplier=cfg.hang_multiplier,
+            floor_s=cfg.hang_floor_s,
+            cap_s=max(cfg.hang_cap_s, cfg.hang_floor_s),
         )
-        # stragglers: episodes during this run phase slow the whole job until mitigated
-        if strag_rate > 0 and slow_loss > 0:
-            episodes = rng.poisson(strag_rate * x)
-            slow_frac = np.where(
-                x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0
+        hang_s = hang_detect_s(cfg.step_s, policy)
+    detect = np.array(
+        [(hang_s if f.kind == "hang" and hang_s is not None else f.detect_s) + cfg.decide_s for f in classes]
+        + [0.0]
+    )
+    if cfg.strategy == "in_process":
+        soft, hard = cfg.in_process_restart_s, cfg.job_restart_s
+    elif cfg.strategy == "requeue":
+        soft = hard = cfg.requeue_s
+    else:  # in_job; replica: the failed group restarts like a job, from a peer replica's memory
+        soft = hard = cfg.job_restart_s
+    restart = np.where(node_loss, hard, soft)
+    if cfg.strategy == "replica":
+        restore = np.full(n_cls + 1, sch.restore_all)
+    else:
+        restore = np.where(node_loss, sch.restore_durable, sch.restore_all)
+    plan_stall = np.zeros(n_cls + 1)
+    plan_stall[n_cls] = sum(t.stall_s for t in cfg.tiers)
+    sizer = None
+    if cfg.spare_nodes is not None:
+        min_nodes = math.ceil(cfg.min_nodes_fraction * cfg.nodes) if cfg.elastic else cfg.nodes
+        rule = SizeRule(
+            "power_of_two" if cfg.size_rule == "power_of_two" else "multiple",
+            cfg.size_divisor,
+        )
+        sizer = WorldSizer(cfg.nodes, cfg.spare_nodes, cfg.gpus_per_node, max(1, min_nodes), rule)
+        if not sizer.share(0)[0] or sizer.initial_share < 1.0:
+            raise ConfigError(
+                f"{cfg.gpus:,} GPUs is not a valid world size under the size rule "
+                f"({cfg.size_rule}, divisor {cfg.size_divisor})",
+                "pick --gpus that the rule allows, or relax the size rule",
             )
-            m = mult * (1.0 - slow_frac * slow_loss)
-        else:
-            m = mult
-        b["productive"] += np.where(run, kept * m, 0.0)
-        b["degraded"] += np.where(run, kept * (1.0 - m), 0.0)
-        b["lost_work"] += np.where(run, compute - kept, 0.0)
-        b["ckpt_stall"] += np.where(run, x - compute, 0.0)
-        t = np.where(run, t + x, t)
-        # ---- the interruption itself ---------------------------------------------------------
-        counts[hit, cls[hit]] += 1
-        det = np.where(hit, np.minimum(detect[cls], horizon - t), 0.0)
-        b["detect"] += det
-        t = t + det
-        # lost nodes go to repair; spares replace them; otherwise shrink or wait
-        wait = np.zeros(n)
-        mult = np.where(hit, 1.0, mult)
-        if lost_node.any() and cfg.spare_nodes is not None:
-            if (np.min(returns, axis=1) > t).any():
-                returns = np.concatenate([returns, np.full((n, cap), -np.inf)], axis=1)
-                cap *= 2
-            rows = np.nonzero(lost_node)[0]
-            slot = np.argmin(returns[rows], axis=1)
-            returns[rows, slot] = t[rows] + cfg.repair_hours * 3600.0
-            out = (returns[rows] > t[rows, None]).sum(axis=1)
-            missing = np.maximum(0, out - cfg.spare_nodes)
-            short = missing > 0
-            if short.any():
-                r_rows = rows[short]
-                miss = missing[short]
-                allowed = cfg.elastic & (nodes - miss >= np.ceil(cfg.min_nodes_fraction * nodes))
-                mult[r_rows[allowed]] = (nodes - miss[allowed]) / nodes
-                w_rows, w_miss = r_rows[~allowed], miss[~allowed]
-                if len(w_rows):
-                    srt = np.sort(returns[w_rows], axis=1)  # ascending; the last `out` are pending
-                    need = srt.shape[1] - (out[short][~allowed]) + w_miss - 1
-                    wait[w_rows] = np.maximum(0.0, srt[np.arange(len(w_rows)), need] - t[w_rows])
-        wait = np.where(hit, np.minimum(wait, horizon - t), 0.0)
-        b["wait_nodes"] += wait
-        t = t + wait
-        restore = np.where(lost_node, sch.restore_durable, sch.restore_all)
-        restart = np.where(lost_node, hard_restart, soft_restart)
-        # a planned stop takes a checkpoint first (one stall of every tier) and loses no work
-        plan_stall = sum(tr.stall_s for tr in cfg.tiers)
-        recovery = np.where(hit, restart + restore + np.where(planned, plan_stall, 0.0), recovery)
-        done = active & (t >= horizon)
-        active &= ~done
-        if iterations > 10_000_000:  # pragma: no cover - guards a runaway configuration
-            break
+    budget = None if cfg.max_restarts is None else RestartBudget(max_restarts=cfg.max_restarts)
+    return _Model(
+        lam=lam,
+        cdf=cdf,
+        n_cls=n_cls,
+        node_loss=node_loss,
+        detect=detect,
+        restart=restart,
+        restore=restore,
+        plan_stall=plan_stall,
+        first=(cfg.job_restart_s, sch.restore_durable),
+        requeue=(cfg.requeue_s, sch.restore_durable),
+        period=restart_period(budget),
+        sizer=sizer,
+        repair_s=cfg.repair_hours * 3600.0,
+        replica=cfg.strategy == "replica",
+    )
 
-    ettr = b["productive"] / horizon
-    by_class = {f.name: counts[:, i] for i, f in enumerate(classes)}
+
+def _cycles(lam: float, horizon: float) -> int:
+    """Cycles per trial that are enough with overwhelming probability (checked after the fact)."""
+    if lam <= 0:
+        return 1
+    mu = lam * horizon
+    return int(mu + 8.0 * math.sqrt(mu) + 16)
+
+
+def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
+    rng = np.random.default_rng(cfg.seed)
+    horizon = cfg.horizon_s
+    sch = _schedule(cfg)
+    m = _model(cfg, sch)
+    expected = m.lam * horizon
+    if expected > MAX_EXPECTED_INTERRUPTIONS:
+        raise ConfigError(
+            f"{expected:,.0f} interruptions expected per trial ({m.lam * 3600:.3g} per hour for "
+            f"{horizon / 86400:g} days); that is not a training run any policy could make progress in",
+            "check the rates' units (per 1000 GPU-days) and --gpus/--days",
+        )
+    k = _cycles(m.lam, horizon)
+    n = cfg.trials
+    out_b = {b: np.zeros(n) for b in BUCKETS}
+    counts = np.zeros((n, m.n_cls + 1), dtype=np.int64)
+    passes = 0
+    rows_per_chunk = max(1, CHUNK_CELLS // k)
+    lo = 0
+    tr: list[dict[str, float]] = []
+    while lo < n:
+        hi = min(n, lo + rows_per_chunk)
+        kk = k
+        while True:
+            res = _chunk(cfg, sch, m, rng, hi - lo, kk, trace and lo == 0)
+            if res is not None:
+                break
+            kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
+        b, c, p, t0 = res
+        for name in BUCKETS:
+            out_b[name][lo:hi] = b[name]
+        counts[lo:hi] = c
+        passes = max(passes, p)
+        if t0:
+            tr = t0
+        lo = hi
+    ettr = out_b["productive"] / horizon
     return SimResult(
         config=cfg,
         ettr=ettr,
-        interruptions=counts[:, :n_cls].sum(axis=1),
-        planned=counts[:, n_cls],
-        by_class=by_class,
-        buckets=b,
-        iterations=iterations,
-        extra={"job_failure_rate_per_h": lam_fail * 3600.0},
+        interruptions=counts[:, : m.n_cls].sum(axis=1),
+        planned=counts[:, m.n_cls],
+        by_class={f.name: counts[:, i] for i, f in enumerate(cfg.failures)},
+        buckets=out_b,
+        iterations=passes,
+        extra={"job_failure_rate_per_h": cfg.failure_rate_per_s() * 3600.0},
+        trace=tr,
     )
+
+
+def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute seconds, completed base checkpoints, completed stall seconds) in ``x`` wall seconds of
+    a run phase; the rest of ``x`` is a stall still in progress."""
+    q = np.floor(x / sch.period_wall)
+    r = x - q * sch.period_wall
+    full = q * sch.stall_cum[-1]
+    if len(sch.stall_end) == 1:  # one tier: a stall ends every period; r < period_wall
+        return q * sch.period_compute + np.minimum(r, sch.base), q, full
+    j = np.searchsorted(sch.stall_end, r, side="right")
+    compute_in = np.minimum(r - sch.stall_cum[j], (j + 1) * sch.base)
+    return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j, full + sch.stall_cum[j]
+
+
+def _repair_queue(
+    m: _Model, spares: int, t_fail: np.ndarray, lost: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nodes in repair at each node-losing failure (no waiting assumed): (runnable, share, wait)."""
+    rows, cols = t_fail.shape
+    share = np.ones((rows, cols))
+    runnable = np.ones((rows, cols), dtype=bool)
+    wait = np.zeros((rows, cols))
+    if not lost.any():
+        return runnable, share, wait
+    cum = np.cumsum(lost, axis=1)  # node losses up to and including this cycle
+    # per row, the times of its node losses in order, flattened with an offset so rows do not mix
+    off = 2.0 * (float(np.nanmax(np.where(lost, t_fail, 0.0))) + m.repair_s + 1.0)
+    r_idx, c_idx = np.nonzero(lost)
+    times = t_fail[r_idx, c_idx] + r_idx * off
+    starts = np.concatenate([[0], np.cumsum(lost.sum(axis=1))[:-1]])
+    back = np.searchsorted(times, t_fail[r_idx, c_idx] - m.repair_s + r_idx * off, side="right")
+    returned = back - starts[r_idx]  # node losses of this row already back from repair
+    out = cum[r_idx, c_idx] - returned
+    sizer = m.sizer
+    assert sizer is not None
+    uniq = np.unique(out[out > spares])
+    ok = np.ones(len(out), dtype=bool)
+    sh = np.ones(len(out))
+    for u in uniq:
+        run_u, share_u = sizer.share(int(u))
+        sel = out == u
+        ok[sel] = run_u
+        sh[sel] = share_u
+    runnable[r_idx, c_idx] = ok
+    share[r_idx, c_idx] = sh
+    # where the job cannot run: wait for the (out - spares)-th earliest node still in repair
+    need = np.nonzero(~ok)[0]
+    if len(need):
+        first = starts[r_idx[need]] + returned[need] + (out[need] - spares) - 1
+        wait[r_idx[need], c_idx[need]] = (
+            times[first] - r_idx[need] * off + m.repair_s - t_fail[r_idx[need], c_idx[need]]
+        )
+    return runnable, share, wait
+
+
+def _sequential_waits(
+    m: _Model, spares: int, horizon: float, e: np.ndarray, det: np.ndarray, lost: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Waits and shares of trials whose job waited for a repaired node, cycle by cycle (each wait
+    moves every later failure, so the window cannot be taken at once)."""
+    rows, cols = e.shape
+    wait = np.zeros((rows, cols))
+    share = np.ones((rows, cols))
+    ret = np.full((rows, cols + 1), np.inf)  # repair completion times, in order, per row
+    head = np.zeros(rows, dtype=np.int64)  # first node loss not yet back
+    tail = np.zeros(rows, dtype=np.int64)
+    t = np.zeros(rows)
+    ar = np.arange(rows)
+    sizer = m.sizer
+    assert sizer is not None
+    for i in range(cols):
+        live = t < horizon
+        if not live.any():
+            break
+        tf = t + e[:, i] + det[:, i]
+        li = lost[:, i] & live & (e[:, i] < horizon - t)
+        ret[ar[li], tail[li]] = tf[li] + m.repair_s
+        tail += li
+        while True:
+            adv = (head < tail) & (ret[ar, np.minimum(head, cols)] <= tf)
+            if not adv.any():
+                break
+            head += adv
+        out = tail - head
+        w = np.zeros(rows)
+        for r in np.nonzero(li & (out > spares))[0]:
+            run_r, share_r = sizer.share(int(out[r]))
+            if run_r:
+                share[r, i] = share_r
+            else:
+                w[r] = ret[r, head[r] + out[r] - spares - 1] - tf[r]
+        wait[:, i] = w
+        t = np.where(live, tf + w, t)
+    return wait, share
+
+
+def _chunk(
+    cfg: SimConfig,
+    sch: _Schedule,
+    m: _Model,
+    rng: np.random.Generator,
+    rows: int,
+    cols: int,
+    want_trace: bool,
+) -> tuple[dict[str, np.ndarray], np.ndarray, int, list[dict[str, float]]] | None:
+    horizon = cfg.horizon_s
+    if m.lam > 0:
+        e = rng.exponential(1.0 / m.lam, (rows, cols))
+        cls = np.minimum(np.searchsorted(m.cdf, rng.random((rows, cols)), side="right"), m.n_cls)
+    else:
+        e = np.full((rows, cols), np.inf)
+        cls = np.full((rows, cols), m.n_cls)
+    planned = cls == m.n_cls
+    det = m.detect[cls]
+    lost = m.node_loss[cls]
+    # recovery before each cycle: from the previous cycle's failure (the first cycle is the start-up)
+    r_restart = np.empty((rows, cols))
+    r_restore = np.empty((rows, cols))
+    r_stall = np.zeros((rows, cols))
+    r_restart[:, 0], r_restore[:, 0] = m.first
+    r_restart[:, 1:] = m.restart[cls[:, :-1]]
+    r_restore[:, 1:] = m.restore[cls[:, :-1]]
+    r_stall[:, 1:] = m.plan_stall[cls[:, :-1]]
+    stopped = np.zeros((rows, cols), dtype=bool)  # the restart policy stopped the job: requeue
+    if m.period is not None:
+        infra_n = np.cumsum(~planned, axis=1)
+        stopped[:, 1:] = (~planned[:, :-1]) & (infra_n[:, :-1] % m.period == 0)
+        r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
+        r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
+    share = np.ones((rows, cols))
+    wait = np.zeros((rows, cols))
+    passes = 1
+    if m.replica:
+        # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
+        cyc = e + det + cfg.replica_rejoin_s
+    else:
+        cyc = e + det
+    if m.sizer is not None and not m.replica:
+        start = np.concatenate([np.zeros((rows, 1)), np.cumsum(cyc, axis=1)[:, :-1]], axis=1)
+        t_fail = start + e + det
+        in_h = e < horizon - start
+        runnable, share_f, wait = _repair_queue(m, cfg.spare_nodes or 0, t_fail, lost & in_h)
+        must_wait = (~runnable & in_h).any(axis=1)
+        if must_wait.any():
+            passes = 2
+            w_rows = np.nonzero(must_wait)[0]
+            w, s = _sequential_waits(m, cfg.spare_nodes or 0, horizon, e[w_rows], det[w_rows], lost[w_rows])
+            wait[w_rows] = w
+            share_f[w_rows] = s
+        share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+        cyc = cyc + wait
+    start = np.concatenate([np.zeros((rows, 1)), np.cumsum(cyc, axis=1)[:, :-1]], axis=1)
+    if (start[:, -1] + cyc[:, -1] < horizon).any():
+        return None
+    avail = np.maximum(horizon - start, 0.0)
+    hit = e < avail
+    rec = r_restart + r_restore + r_stall
+    b: dict[str, np.ndarray] = {name: np.zeros(rows) for name in BUCKETS}
+    away_rec = np.zeros((rows, cols))
+    if m.replica:  # only the start-up stops the whole job; later recoveries are one group's
+        away_rec[:, 1:] = rec[:, 1:]
+        r_restart[:, 1:] = r_restore[:, 1:] = r_stall[:, 1:] = 0.0
+        rec = r_restart + r_restore + r_stall
+    spent_rec = np.minimum(np.minimum(e, rec), avail)
+    x = np.where(e >= rec, np.maximum(np.minimum(e, avail) - rec, 0.0), 0.0)
+    fails_in_run = hit & (e >= rec)
+    compute, n_ckpt, stalled = _run_split(sch, x)
+    committed_all = n_ckpt * sch.base
+    committed_durable = np.floor(n_ckpt / sch.durable_every) * sch.durable_every * sch.base
+    if m.replica:
+        kept = compute  # survivors never roll back; the failed group takes a live replica's state
+    else:
+        kept = np.where(~fails_in_run | planned, compute, np.where(lost, committed_durable, committed_all))
+    # stragglers: episodes during a run phase slow the whole job until mitigated
+    strag_rate = cfg.straggler_per_node_day * cfg.nodes / 86400.0
+    slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
+    slow = np.zeros((rows, cols))
+    if strag_rate > 0 and slow_loss > 0:
+        episodes = rng.poisson(strag_rate * x)
+        slow = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0.0)
+        slow *= slow_loss
+    b["shrunk"] = (kept * (1.0 - share)).sum(axis=1)
+    b["straggler_slowdown"] = (kept * share * slow).sum(axis=1)
+    if m.replica:
+        # the previous failure's group is away for its recovery (and any wait): its share is lost
+        away = np.minimum(away_rec, x) / cfg.replica_groups
+        b["replica_away"] = np.minimum(away, kept * share * (1.0 - slow)).sum(axis=1)
+        b["productive"] = (kept * share * (1.0 - slow)).sum(axis=1) - b["replica_away"]
+    else:
+        b["productive"] = (kept * share * (1.0 - slow)).sum(axis=1)
+    # a save cut short by the failure never committed: its stall is lost work, as the report sees it
+    cut = np.where(fails_in_run, x - compute - stalled, 0.0)
+    b["lost_work"] = (compute - kept + cut).sum(axis=1)
+    b["checkpoint_stall"] = (x - compute - cut).sum(axis=1)
+    # the recovery: restart first, then restore, then (after a planned stop) the checkpoint it took;
+    # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
+    done = e >= rec
+    restart_part = np.where(done, np.minimum(spent_rec, r_restart), spent_rec)
+    restore_part = np.where(done, r_restore, 0.0)
+    stall_part = np.where(done, r_stall, 0.0)
+    restore_part = np.minimum(restore_part, np.maximum(spent_rec - restart_part, 0.0))
+    stall_part = np.minimum(stall_part, np.maximum(spent_rec - restart_part - restore_part, 0.0))
+    b["checkpoint_restore"] = restore_part.sum(axis=1)
+    b["checkpoint_stall"] += stall_part.sum(axis=1)
+    b["startup"] = restart_part[:, 0]
+    b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1)
+    b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1)
+    d = np.where(hit, np.minimum(det, avail - e), 0.0)
+    b["detection"] = d.sum(axis=1)
+    rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
+    if m.replica:
+        pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
+        b["restart"] += pause.sum(axis=1)
+    else:
+        b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1)
+    cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
+    flat = (np.arange(rows)[:, None] * (m.n_cls + 1) + cls)[hit]
+    cnt += np.bincount(flat, minlength=rows * (m.n_cls + 1)).reshape(rows, m.n_cls + 1)
+    tr: list[dict[str, float]] = []
+    if want_trace:
+        for i in range(cols):
+            if start[0, i] >= horizon:
+                break
+            c = int(cls[0, i])
+            tr.append(
+                {
+                    "start": float(start[0, i]),
+                    "until_failure": float(e[0, i]),
+                    "restart": float(restart_part[0, i]),
+                    "restore": float(restore_part[0, i]),
+                    "plan_stall": float(stall_part[0, i]),
+                    "run": float(x[0, i]),
+                    "compute": float(compute[0, i]),
+                    "checkpoints": float(n_ckpt[0, i]),
+                    "kept": float(kept[0, i]),
+                    "failed": bool(hit[0, i]),
+                    "class": cfg.failures[c].name if c < m.n_cls else "planned",
+                    "node_loss": bool(lost[0, i]),
+                    "detection": float(d[0, i]),
+                    "wait": float(np.minimum(wait, rest)[0, i]) if not m.replica else 0.0,
+                    "requeued": bool(stopped[0, i]),
+                    "recovered": bool(done[0, i] and rec[0, i] <= avail[0, i]),
+                }
+            )
+    return b, cnt, passes, tr
