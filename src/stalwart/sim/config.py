@@ -115,6 +115,9 @@ class SimConfig(BaseModel):
     strategy: Strategy = "in_job"
     in_process_restart_s: float = Field(60.0, ge=0)
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
+    startup_s: float | None = Field(
+        None, ge=0, le=MAX_SECONDS, description="job start to first step; None: job_restart_s"
+    )
     requeue_s: float = Field(1800.0, ge=0, description="back through the scheduler queue")
     spare_nodes: int | None = Field(
         None, ge=0, le=MAX_SPARES, description="hot spares; None: the wider pool always has a node"
@@ -190,6 +193,12 @@ class SimConfig(BaseModel):
                     f"{name} = {getattr(self, name):g} s is beyond any real run", "check the units"
                 )
         for t in self.tiers:
+            if t.stall_s >= t.interval_s:
+                raise ConfigError(
+                    f"tier {t.name} stalls {t.stall_s:,.6g} s per checkpoint, no less than its interval "
+                    f"of {t.interval_s:,.6g} s of training",
+                    "check the units: interval_s and stall_s are both seconds",
+                )
             if max(t.stall_s, t.restore_s) > MAX_SECONDS:
                 raise ConfigError(
                     f"tier {t.name}: stall/restore beyond any real run", "check the units (seconds)"

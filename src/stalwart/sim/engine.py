@@ -211,7 +211,7 @@ def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
         restart=restart,
         restore=restore,
         plan_stall=plan_stall,
-        first=(cfg.job_restart_s, sch.restore_durable),
+        first=(cfg.job_restart_s if cfg.startup_s is None else cfg.startup_s, sch.restore_durable),
         requeue=(cfg.requeue_s, sch.restore_durable),
         period=restart_period(budget),
         sizer=sizer,

@@ -1,0 +1,243 @@
+"""Fit a measured run: failure rates per node-hour by class (with exact Poisson confidence bounds),
+detection per class, recovery, checkpoint stall, restore and interval, step time.
+
+Rates are per node-hour of exposure, never per second of wall clock: a few minutes with two faults
+say "about 20 per node-hour, somewhere between 2.4 and 72", and at 2,000 nodes that is still a rate
+per node, not an extrapolation of the run's own seconds. The bounds are the exact (Garwood) interval
+of a Poisson count: honest for zero, one or a handful of events.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..account.goodput import compute as goodput_of
+from ..account.reliability import interruptions_from_events
+from ..errors import ConfigError, LedgerError
+from ..events import (
+    AttemptStarted,
+    ChaosInjected,
+    CheckpointCommitted,
+    CheckpointLoaded,
+    Event,
+    StepCompleted,
+)
+from .config import SimConfig
+from .units import duration
+
+NODE_LOSING = ("agent_lost",)  # the node itself went away: a spare or a repaired node is needed
+HANGS = ("hang",)
+NOT_A_FAULT = ("user_error", "preempted")
+CONFIDENCE = 0.95
+
+
+def _gamma_cdf(shape: int, x: float) -> float:
+    """P(Gamma(shape, 1) <= x) for a positive integer shape (= P(Poisson(x) >= shape))."""
+    if x <= 0:
+        return 0.0
+    term = math.exp(-x)
+    total = term
+    for i in range(1, shape):
+        term *= x / i
+        total += term
+    return max(0.0, min(1.0, 1.0 - total))
+
+
+def _gamma_quantile(shape: int, p: float) -> float:
+    lo, hi = 0.0, max(10.0, 4.0 * shape + 40.0)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _gamma_cdf(shape, mid) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def poisson_interval(count: int, exposure: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact two-sided interval for a Poisson rate (events per unit of ``exposure``)."""
+    if exposure <= 0:
+        raise ValueError("exposure must be positive")
+    a = (1.0 - confidence) / 2.0
+    low = 0.0 if count == 0 else _gamma_quantile(count, a) / exposure
+    high = _gamma_quantile(count + 1, 1.0 - a) / exposure
+    return low, high
+
+
+@dataclass(frozen=True)
+class ClassFit:
+    name: str  # the failure kind as the agent detected it: crash, hang, agent_lost, peer_lost
+    events: int
+    per_node_hour: float
+    low: float
+    high: float
+    detect_s: float
+    node_loss: bool
+    hang: bool
+
+
+@dataclass(frozen=True)
+class RunFit:
+    classes: tuple[ClassFit, ...]
+    node_hours: float
+    wall_s: float
+    gpus: int
+    gpus_per_node: int
+    injected: int  # faults that chaos injected
+    decide_s: float | None
+    recover_s: float | None  # decision -> first step of the new attempt (restore included)
+    startup_s: float | None  # job start -> first step
+    stall_s: float | None
+    restore_s: float | None
+    interval_s: float | None  # training seconds between checkpoints
+    step_s: float | None
+    goodput: float  # as the report measures it
+    buckets: dict[str, float]
+
+    @property
+    def failures(self) -> int:
+        return sum(c.events for c in self.classes)
+
+    @property
+    def per_node_hour(self) -> tuple[float, float, float]:
+        n = self.failures
+        low, high = poisson_interval(n, self.node_hours)
+        return n / self.node_hours, low, high
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fit_run(events: Sequence[Event]) -> RunFit:
+    run = interruptions_from_events(events)
+    if run.exposure.node_hours <= 0:
+        raise LedgerError(
+            "the ledger has no attempt with a world size, so there is no exposure to measure rates over",
+            "point at the run directory of a run that started workers",
+        )
+    stamps = [e.ts for e in events]
+    if stamps and max(stamps) > 1e11:
+        raise LedgerError(
+            "the ledger's timestamps look like milliseconds, not seconds since the epoch",
+            "write events with ts in seconds",
+        )
+    faults = [i for i in run.interruptions if i.failure not in NOT_A_FAULT]
+    kinds = sorted({i.failure for i in faults})
+    classes = []
+    for k in kinds:
+        group = [i for i in faults if i.failure == k]
+        low, high = poisson_interval(len(group), run.exposure.node_hours)
+        classes.append(
+            ClassFit(
+                name=k,
+                events=len(group),
+                per_node_hour=len(group) / run.exposure.node_hours,
+                low=low,
+                high=high,
+                detect_s=statistics.fmean(i.detect_s for i in group),
+                node_loss=k in NODE_LOSING,
+                hang=k in HANGS,
+            )
+        )
+    attempts = [e for e in events if isinstance(e, AttemptStarted)]
+    gpus = max(a.world_size for a in attempts)
+    nodes = max(max(1, a.num_nodes) for a in attempts)
+    decides = [i.decide_s for i in faults if i.decide_s is not None]
+    recovers = [i.recover_s for i in faults if i.recover_s is not None]
+    commits = sorted(
+        (e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0 and not e.emergency),
+        key=lambda e: e.ts,
+    )
+    stalls = [c.stall_s for c in commits]
+    loads = [e.duration_s for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
+    steps = [e for e in events if isinstance(e, StepCompleted) and e.rank <= 0]
+    step_s = _median([s.duration for s in steps])
+    gaps = []
+    for a, b in zip(commits, commits[1:], strict=False):
+        if (a.node, a.attempt) == (b.node, b.attempt) and b.step > a.step:
+            gaps.append(b.ts - a.ts - b.stall_s)
+    g = goodput_of(events)
+    first = min((s.start for s in steps), default=None)
+    return RunFit(
+        classes=tuple(classes),
+        node_hours=run.exposure.node_hours,
+        wall_s=g.wall_s,
+        gpus=gpus,
+        gpus_per_node=max(1, gpus // nodes),
+        injected=sum(1 for e in events if isinstance(e, ChaosInjected)),
+        decide_s=statistics.fmean(decides) if decides else None,
+        recover_s=statistics.fmean(recovers) if recovers else None,
+        startup_s=(first - g.job_start) if first is not None else None,
+        stall_s=statistics.fmean(stalls) if stalls else None,
+        restore_s=statistics.fmean(loads) if loads else None,
+        interval_s=_median(gaps),
+        step_s=step_s,
+        goodput=g.goodput,
+        buckets=dict(g.buckets),
+    )
+
+
+def sim_failures(fit: RunFit, *, hang_by_timeout: bool = False) -> list[dict[str, object]]:
+    """The fitted classes as simulator failure classes (rates per 1000 GPU-days)."""
+    per_gpu = 24.0 * 1000.0 / fit.gpus_per_node  # per node-hour -> per 1000 GPU-days
+    return [
+        {
+            "name": c.name,
+            "per_1000_gpu_days": c.per_node_hour * per_gpu,
+            "node_loss": c.node_loss,
+            "detect_s": c.detect_s,
+            "kind": "hang" if c.hang and hang_by_timeout else "crash",
+        }
+        for c in fit.classes
+    ]
+
+
+def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[str, object]:
+    """Simulator settings that replay the measured run: its size, length, rates and times."""
+    values = dict(base)
+    interval = fit.interval_s if fit.interval_s and fit.interval_s > 0 else fit.wall_s
+    values.update(
+        gpus=fit.gpus,
+        gpus_per_node=fit.gpus_per_node,
+        days=fit.wall_s / 86400.0,
+        trials=trials,
+        failures=sim_failures(fit),
+        planned_per_1000_gpu_days=0.0,
+        decide_s=fit.decide_s or 0.0,
+        job_restart_s=fit.recover_s if fit.recover_s is not None else values.get("job_restart_s", 300.0),
+        startup_s=fit.startup_s,
+        spare_nodes=None,
+        tiers=[
+            {
+                "name": "measured",
+                "interval_s": min(interval, fit.wall_s),
+                "stall_s": fit.stall_s or 0.0,
+                "restore_s": 0.0 if fit.recover_s is not None else (fit.restore_s or 0.0),
+            }
+        ],
+    )
+    return values
+
+
+def check_feasible(cfg: SimConfig, source: str) -> None:
+    """Refuse rates under which the job could never run: a failure expected sooner than the time one
+    failure takes to detect and recover from."""
+    lam = cfg.failure_rate_per_s()
+    if lam <= 0:
+        return
+    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(
+        f.per_1000_gpu_days for f in cfg.failures
+    )
+    down = det + cfg.decide_s + cfg.job_restart_s + min(t.restore_s for t in cfg.tiers)
+    if lam * down >= 1.0:
+        raise ConfigError(
+            f"at {cfg.gpus:,} GPUs the {source} rate means a failure every {duration(1.0 / lam)}, sooner "
+            f"than the {duration(down)} each one takes to detect and recover from: the job would never "
+            "make progress",
+            "plan a smaller --gpus, or check that the failure rates are real (per 1000 GPU-days) and "
+            "not injected",
+        )
