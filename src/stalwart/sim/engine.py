@@ -244,26 +244,50 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
     n = cfg.trials
     out_b = {b: np.zeros(n) for b in BUCKETS}
     counts = np.zeros((n, m.n_cls + 1), dtype=np.int64)
-    passes = 0
+    passes = 1
     rows_per_chunk = max(1, CHUNK_CELLS // k)
-    lo = 0
     tr: list[dict[str, float]] = []
-    while lo < n:
+    deferred: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # width -> (rows, e, cls)
+
+    def store(
+        rows: np.ndarray, res: tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]
+    ) -> None:
+        nonlocal tr
+        b, c, t0 = res
+        for name in BUCKETS:
+            out_b[name][rows] = b[name]
+        counts[rows] = c
+        if t0:
+            tr = t0
+
+    for lo in range(0, n, rows_per_chunk):
         hi = min(n, lo + rows_per_chunk)
         kk = k
         while True:
-            res = _chunk(cfg, sch, m, rng, hi - lo, kk, trace and lo == 0)
-            if res is not None:
+            e, cls = _draw(m, rng, hi - lo, kk)
+            if (np.sum(e + m.detect[cls], axis=1) >= horizon).all():
                 break
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
-        b, c, p, t0 = res
-        for name in BUCKETS:
-            out_b[name][lo:hi] = b[name]
-        counts[lo:hi] = c
-        passes = max(passes, p)
-        if t0:
-            tr = t0
-        lo = hi
+        rows = np.arange(lo, hi)
+        wait, share, must = _queue(cfg, m, e, cls)
+        if must.any():  # these trials waited for a repaired node: every later cycle moves
+            deferred.setdefault(kk, []).append((rows[must], e[must], cls[must]))
+            keep = ~must
+            rows, e, cls, wait, share = rows[keep], e[keep], cls[keep], wait[keep], share[keep]
+        if len(rows):
+            store(rows, _finish(cfg, sch, m, rng, e, cls, wait, share, trace and rows[0] == 0))
+    for parts in deferred.values():
+        passes = 2
+        rows = np.concatenate([p[0] for p in parts])
+        e = np.concatenate([p[1] for p in parts])
+        cls = np.concatenate([p[2] for p in parts])
+        wait, share = _sequential_waits(m, cfg.spare_nodes or 0, horizon, e, m.detect[cls], m.node_loss[cls])
+        for lo in range(0, len(rows), rows_per_chunk):
+            sl = slice(lo, lo + rows_per_chunk)
+            store(
+                rows[sl],
+                _finish(cfg, sch, m, rng, e[sl], cls[sl], wait[sl], share[sl], trace and rows[sl][0] == 0),
+            )
     ettr = out_b["productive"] / horizon
     return SimResult(
         config=cfg,
@@ -276,6 +300,40 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         extra={"job_failure_rate_per_h": cfg.failure_rate_per_s() * 3600.0},
         trace=tr,
     )
+
+
+def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Time from each cycle's start to its failure, and the failure's class (n_cls = planned)."""
+    if m.lam <= 0:
+        return np.full((rows, cols), np.inf), np.full((rows, cols), m.n_cls, dtype=np.int16)
+    e = rng.standard_exponential((rows, cols))
+    e *= 1.0 / m.lam
+    cls = np.searchsorted(m.cdf, rng.random((rows, cols)), side="right").astype(np.int16)
+    np.minimum(cls, m.n_cls, out=cls)
+    return e, cls
+
+
+def _queue(
+    cfg: SimConfig, m: _Model, e: np.ndarray, cls: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wait, share of the job that runs in each cycle, trials that must wait for a repaired node)."""
+    rows, cols = e.shape
+    wait = np.zeros((rows, cols))
+    share = np.ones((rows, cols))
+    must = np.zeros(rows, dtype=bool)
+    if m.sizer is None or m.replica:
+        return wait, share, must
+    det = m.detect[cls]
+    lost = m.node_loss[cls]
+    cyc = e + det
+    start = np.cumsum(cyc, axis=1)
+    start[:, 1:] = start[:, :-1]
+    start[:, 0] = 0.0
+    in_h = e < cfg.horizon_s - start
+    runnable, share_f, wait = _repair_queue(m, cfg.spare_nodes or 0, start + cyc, lost & in_h)
+    must = (~runnable & in_h).any(axis=1)
+    share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    return wait, share, must
 
 
 def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,6 +349,16 @@ def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j, full + sch.stall_cum[j]
 
 
+def _lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The world-size policy's answer for every count of nodes in repair that occurs in ``values``."""
+    top = int(values.max()) if len(values) else 0
+    run = np.ones(top + 1, dtype=bool)
+    share = np.ones(top + 1)
+    for v in np.nonzero(np.bincount(values, minlength=top + 1))[0]:
+        run[v], share[v] = sizer.share(int(v))
+    return run, share
+
+
 def _repair_queue(
     m: _Model, spares: int, t_fail: np.ndarray, lost: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -299,96 +367,104 @@ def _repair_queue(
     share = np.ones((rows, cols))
     runnable = np.ones((rows, cols), dtype=bool)
     wait = np.zeros((rows, cols))
-    if not lost.any():
-        return runnable, share, wait
-    cum = np.cumsum(lost, axis=1)  # node losses up to and including this cycle
-    # per row, the times of its node losses in order, flattened with an offset so rows do not mix
-    off = 2.0 * (float(np.nanmax(np.where(lost, t_fail, 0.0))) + m.repair_s + 1.0)
     r_idx, c_idx = np.nonzero(lost)
-    times = t_fail[r_idx, c_idx] + r_idx * off
-    starts = np.concatenate([[0], np.cumsum(lost.sum(axis=1))[:-1]])
-    back = np.searchsorted(times, t_fail[r_idx, c_idx] - m.repair_s + r_idx * off, side="right")
-    returned = back - starts[r_idx]  # node losses of this row already back from repair
-    out = cum[r_idx, c_idx] - returned
+    if not len(r_idx):
+        return runnable, share, wait
+    tf = t_fail[r_idx, c_idx]
+    starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
+    ordinal = np.arange(len(r_idx)) - starts[r_idx]
+    # per row, node-loss times in order, flattened with an offset so that rows do not mix
+    key = tf + r_idx * (2.0 * (float(tf.max()) + m.repair_s + 1.0))
+    returned = np.searchsorted(key, key - m.repair_s, side="right") - starts[r_idx]
+    out = ordinal + 1 - returned  # nodes in repair, this one included
+    over = np.nonzero(out > spares)[0]
+    if not len(over):
+        return runnable, share, wait
     sizer = m.sizer
     assert sizer is not None
-    uniq = np.unique(out[out > spares])
-    ok = np.ones(len(out), dtype=bool)
-    sh = np.ones(len(out))
-    for u in uniq:
-        run_u, share_u = sizer.share(int(u))
-        sel = out == u
-        ok[sel] = run_u
-        sh[sel] = share_u
-    runnable[r_idx, c_idx] = ok
-    share[r_idx, c_idx] = sh
-    # where the job cannot run: wait for the (out - spares)-th earliest node still in repair
-    need = np.nonzero(~ok)[0]
-    if len(need):
+    lut_run, lut_share = _lut(sizer, out[over])
+    ok = lut_run[out[over]]
+    runnable[r_idx[over], c_idx[over]] = ok
+    share[r_idx[over], c_idx[over]] = lut_share[out[over]]
+    need = over[~ok]
+    if len(need):  # wait for the (out - spares)-th earliest node still in repair
         first = starts[r_idx[need]] + returned[need] + (out[need] - spares) - 1
-        wait[r_idx[need], c_idx[need]] = (
-            times[first] - r_idx[need] * off + m.repair_s - t_fail[r_idx[need], c_idx[need]]
-        )
+        wait[r_idx[need], c_idx[need]] = tf[first] + m.repair_s - tf[need]
     return runnable, share, wait
 
 
 def _sequential_waits(
     m: _Model, spares: int, horizon: float, e: np.ndarray, det: np.ndarray, lost: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Waits and shares of trials whose job waited for a repaired node, cycle by cycle (each wait
-    moves every later failure, so the window cannot be taken at once)."""
+    """(wait, share of each cycle) of trials whose job waited for a repaired node, cycle by cycle (a
+    wait moves every later failure, so the window cannot be taken at once)."""
     rows, cols = e.shape
-    wait = np.zeros((rows, cols))
-    share = np.ones((rows, cols))
-    ret = np.full((rows, cols + 1), np.inf)  # repair completion times, in order, per row
-    head = np.zeros(rows, dtype=np.int64)  # first node loss not yet back
+    e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
+    wait_t = np.zeros((cols, rows))
+    share_t = np.ones((cols, rows))
+    cap = 64
+    ret = np.full((rows, cap), np.inf)  # ring of repair completion times, in order, per row
+    head = np.zeros(rows, dtype=np.int64)  # counters; positions are modulo cap
     tail = np.zeros(rows, dtype=np.int64)
     t = np.zeros(rows)
     ar = np.arange(rows)
     sizer = m.sizer
     assert sizer is not None
+    lut_run, lut_share = _lut(sizer, np.array([spares + 1]))
     for i in range(cols):
-        live = t < horizon
-        if not live.any():
+        if i % 64 == 0 and (t >= horizon).all():
             break
-        tf = t + e[:, i] + det[:, i]
-        li = lost[:, i] & live & (e[:, i] < horizon - t)
-        ret[ar[li], tail[li]] = tf[li] + m.repair_s
-        tail += li
+        tf = t + e_t[i] + d_t[i]
+        li = l_t[i] & (e_t[i] < horizon - t)
+        if li.any():
+            if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
+                new = np.full((rows, 2 * cap), np.inf)
+                for k in range(cap):
+                    idx = head + k
+                    new[ar, idx % (2 * cap)] = ret[ar, idx % cap]
+                ret, cap = new, 2 * cap
+            ret[ar[li], tail[li] % cap] = tf[li] + m.repair_s
+            tail += li
         while True:
-            adv = (head < tail) & (ret[ar, np.minimum(head, cols)] <= tf)
+            adv = (head < tail) & (ret[ar, head % cap] <= tf)
             if not adv.any():
                 break
+            ret[ar[adv], head[adv] % cap] = np.inf
             head += adv
         out = tail - head
-        w = np.zeros(rows)
-        for r in np.nonzero(li & (out > spares))[0]:
-            run_r, share_r = sizer.share(int(out[r]))
-            if run_r:
-                share[r, i] = share_r
-            else:
-                w[r] = ret[r, head[r] + out[r] - spares - 1] - tf[r]
-        wait[:, i] = w
-        t = np.where(live, tf + w, t)
-    return wait, share
+        over = li & (out > spares)
+        if over.any():
+            r = np.nonzero(over)[0]
+            o = out[r]
+            if int(o.max()) >= len(lut_run):
+                lut_run, lut_share = _lut(sizer, np.arange(int(o.max()) + 1))
+            ok = lut_run[o]
+            share_t[i, r[ok]] = lut_share[o[ok]]
+            w_rows = r[~ok]
+            if len(w_rows):
+                w = ret[w_rows, (head[w_rows] + out[w_rows] - spares - 1) % cap] - tf[w_rows]
+                wait_t[i, w_rows] = w
+                tf[w_rows] += w
+        t = tf
+    share = np.ones((rows, cols))
+    share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    return np.ascontiguousarray(wait_t.T), share
 
 
-def _chunk(
+def _finish(
     cfg: SimConfig,
     sch: _Schedule,
     m: _Model,
     rng: np.random.Generator,
-    rows: int,
-    cols: int,
+    e: np.ndarray,
+    cls: np.ndarray,
+    wait: np.ndarray,
+    share: np.ndarray,
     want_trace: bool,
-) -> tuple[dict[str, np.ndarray], np.ndarray, int, list[dict[str, float]]] | None:
+) -> tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]:
+    """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
     horizon = cfg.horizon_s
-    if m.lam > 0:
-        e = rng.exponential(1.0 / m.lam, (rows, cols))
-        cls = np.minimum(np.searchsorted(m.cdf, rng.random((rows, cols)), side="right"), m.n_cls)
-    else:
-        e = np.full((rows, cols), np.inf)
-        cls = np.full((rows, cols), m.n_cls)
+    rows, cols = e.shape
     planned = cls == m.n_cls
     det = m.detect[cls]
     lost = m.node_loss[cls]
@@ -406,31 +482,14 @@ def _chunk(
         stopped[:, 1:] = (~planned[:, :-1]) & (infra_n[:, :-1] % m.period == 0)
         r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
         r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
-    share = np.ones((rows, cols))
-    wait = np.zeros((rows, cols))
-    passes = 1
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
         cyc = e + det + cfg.replica_rejoin_s
     else:
-        cyc = e + det
-    if m.sizer is not None and not m.replica:
-        start = np.concatenate([np.zeros((rows, 1)), np.cumsum(cyc, axis=1)[:, :-1]], axis=1)
-        t_fail = start + e + det
-        in_h = e < horizon - start
-        runnable, share_f, wait = _repair_queue(m, cfg.spare_nodes or 0, t_fail, lost & in_h)
-        must_wait = (~runnable & in_h).any(axis=1)
-        if must_wait.any():
-            passes = 2
-            w_rows = np.nonzero(must_wait)[0]
-            w, s = _sequential_waits(m, cfg.spare_nodes or 0, horizon, e[w_rows], det[w_rows], lost[w_rows])
-            wait[w_rows] = w
-            share_f[w_rows] = s
-        share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
-        cyc = cyc + wait
-    start = np.concatenate([np.zeros((rows, 1)), np.cumsum(cyc, axis=1)[:, :-1]], axis=1)
-    if (start[:, -1] + cyc[:, -1] < horizon).any():
-        return None
+        cyc = e + det + wait
+    start = np.cumsum(cyc, axis=1)
+    start[:, 1:] = start[:, :-1]
+    start[:, 0] = 0.0
     avail = np.maximum(horizon - start, 0.0)
     hit = e < avail
     rec = r_restart + r_restore + r_stall
@@ -521,4 +580,4 @@ def _chunk(
                     "recovered": bool(done[0, i] and rec[0, i] <= avail[0, i]),
                 }
             )
-    return b, cnt, passes, tr
+    return b, cnt, tr
