@@ -66,3 +66,13 @@ def test_ledger_needs_a_step_that_divides_the_interval():
     r = simulate(_cfg(), trace=True)
     with pytest.raises(ConfigError, match="divide"):
         events_of(r, step_s=7.0)
+
+
+def test_failures_only_while_training_also_read_back_exactly(tmp_path):
+    r = simulate(_cfg(fail_in_recovery=False, seed=21), trace=True)
+    assert all(c["recovered"] for c in r.trace[:-1])  # no recovery is ever cut short
+    write(r, tmp_path, step_s=5.0)
+    report = compute(read_merged(tmp_path))
+    sim = to_report({b: float(v[0]) for b, v in r.buckets.items()})
+    for name in REPORT_BUCKETS:
+        assert report.buckets[name] == pytest.approx(sim[name], abs=1e-3), name

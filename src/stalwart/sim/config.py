@@ -115,6 +115,8 @@ class SimConfig(BaseModel):
     strategy: Strategy = "in_job"
     in_process_restart_s: float = Field(60.0, ge=0)
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
+    # False: failures strike only while training (chaos faults fire at steps), never during a recovery
+    fail_in_recovery: bool = True
     startup_s: float | None = Field(
         None, ge=0, le=MAX_SECONDS, description="job start to first step; None: job_restart_s"
     )

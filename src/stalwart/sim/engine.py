@@ -265,7 +265,7 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         kk = k
         while True:
             e, cls = _draw(m, rng, hi - lo, kk)
-            if (np.sum(e + m.detect[cls], axis=1) >= horizon).all():
+            if (np.sum(_fail_at(cfg, m, e, cls) + m.detect[cls], axis=1) >= horizon).all():
                 break
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
         rows = np.arange(lo, hi)
@@ -281,7 +281,8 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         rows = np.concatenate([p[0] for p in parts])
         e = np.concatenate([p[1] for p in parts])
         cls = np.concatenate([p[2] for p in parts])
-        wait, share = _sequential_waits(m, cfg.spare_nodes or 0, horizon, e, m.detect[cls], m.node_loss[cls])
+        at = _fail_at(cfg, m, e, cls)
+        wait, share = _sequential_waits(m, cfg.spare_nodes or 0, horizon, at, m.detect[cls], m.node_loss[cls])
         for lo in range(0, len(rows), rows_per_chunk):
             sl = slice(lo, lo + rows_per_chunk)
             store(
@@ -325,6 +326,7 @@ def _queue(
         return wait, share, must
     det = m.detect[cls]
     lost = m.node_loss[cls]
+    e = _fail_at(cfg, m, e, cls)
     cyc = e + det
     start = np.cumsum(cyc, axis=1)
     start[:, 1:] = start[:, :-1]
@@ -451,6 +453,37 @@ def _sequential_waits(
     return np.ascontiguousarray(wait_t.T), share
 
 
+def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(restart, restore, planned-stop stall, requeued) of the recovery that starts each cycle: from
+    the previous cycle's failure; the first cycle is the start-up."""
+    rows, cols = cls.shape
+    r_restart = np.empty((rows, cols))
+    r_restore = np.empty((rows, cols))
+    r_stall = np.zeros((rows, cols))
+    r_restart[:, 0], r_restore[:, 0] = m.first
+    r_restart[:, 1:] = m.restart[cls[:, :-1]]
+    r_restore[:, 1:] = m.restore[cls[:, :-1]]
+    if m.plan_stall[-1] > 0:
+        r_stall[:, 1:] = m.plan_stall[cls[:, :-1]]
+    stopped = np.zeros((rows, cols), dtype=bool)  # the restart policy stopped the job: requeue
+    if m.period is not None:
+        infra = cls != m.n_cls
+        infra_n = np.cumsum(infra, axis=1)
+        stopped[:, 1:] = infra[:, :-1] & (infra_n[:, :-1] % m.period == 0)
+        r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
+        r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
+    return r_restart, r_restore, r_stall, stopped
+
+
+def _fail_at(cfg: SimConfig, m: _Model, e: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """Offset of each cycle's failure from the cycle's start: the draw itself, or (failures only while
+    training) the draw after the recovery."""
+    if cfg.fail_in_recovery or m.replica:
+        return e
+    r_restart, r_restore, r_stall, _ = _recovery(m, cls)
+    return e + r_restart + r_restore + r_stall
+
+
 def _finish(
     cfg: SimConfig,
     sch: _Schedule,
@@ -468,20 +501,8 @@ def _finish(
     planned = cls == m.n_cls
     det = m.detect[cls]
     lost = m.node_loss[cls]
-    # recovery before each cycle: from the previous cycle's failure (the first cycle is the start-up)
-    r_restart = np.empty((rows, cols))
-    r_restore = np.empty((rows, cols))
-    r_stall = np.zeros((rows, cols))
-    r_restart[:, 0], r_restore[:, 0] = m.first
-    r_restart[:, 1:] = m.restart[cls[:, :-1]]
-    r_restore[:, 1:] = m.restore[cls[:, :-1]]
-    r_stall[:, 1:] = m.plan_stall[cls[:, :-1]]
-    stopped = np.zeros((rows, cols), dtype=bool)  # the restart policy stopped the job: requeue
-    if m.period is not None:
-        infra_n = np.cumsum(~planned, axis=1)
-        stopped[:, 1:] = (~planned[:, :-1]) & (infra_n[:, :-1] % m.period == 0)
-        r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
-        r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
+    r_restart, r_restore, r_stall, stopped = _recovery(m, cls)
+    e = _fail_at(cfg, m, e, cls)
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
         cyc = e + det + cfg.replica_rejoin_s
