@@ -193,8 +193,8 @@ def _print(d: dict) -> None:
     if m:
         say(
             f"[bold]measured run:[/bold] {m['gpus']:,} GPUs for {duration(m['wall_s'])} "
-            f"({number(m['node_hours'])} node-hours), {m['failures']} failures"
-            + (f", {m['injected']} injected by chaos" if m["injected"] else "")
+            f"({number(m['node_hours'])} node-hours{' of training' if m['injected'] else ''}), "
+            f"{m['failures']} failures" + (f", {m['injected']} injected by chaos" if m["injected"] else "")
         )
         rows = [
             [

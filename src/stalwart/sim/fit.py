@@ -82,7 +82,7 @@ class ClassFit:
 @dataclass(frozen=True)
 class RunFit:
     classes: tuple[ClassFit, ...]
-    node_hours: float
+    node_hours: float  # exposure: wall time, or training time when chaos injected the faults
     wall_s: float
     gpus: int
     gpus_per_node: int
@@ -127,15 +127,25 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         )
     faults = [i for i in run.interruptions if i.failure not in NOT_A_FAULT]
     kinds = sorted({i.failure for i in faults})
+    g = goodput_of(events)
+    attempts = [e for e in events if isinstance(e, AttemptStarted)]
+    nodes = max(max(1, a.num_nodes) for a in attempts)
+    injected = sum(1 for e in events if isinstance(e, ChaosInjected))
+    # chaos fires at steps: its faults are a rate per hour of training, not of wall time
+    exposure = run.exposure.node_hours
+    if injected:
+        exposure = nodes * sum(s.last_end - s.first_start for s in g.segments) / 3600.0
+        if exposure <= 0:
+            raise LedgerError("the run never trained, so there is no exposure to measure rates over")
     classes = []
     for k in kinds:
         group = [i for i in faults if i.failure == k]
-        low, high = poisson_interval(len(group), run.exposure.node_hours)
+        low, high = poisson_interval(len(group), exposure)
         classes.append(
             ClassFit(
                 name=k,
                 events=len(group),
-                per_node_hour=len(group) / run.exposure.node_hours,
+                per_node_hour=len(group) / exposure,
                 low=low,
                 high=high,
                 detect_s=statistics.fmean(i.detect_s for i in group),
@@ -143,9 +153,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
                 hang=k in HANGS,
             )
         )
-    attempts = [e for e in events if isinstance(e, AttemptStarted)]
     gpus = max(a.world_size for a in attempts)
-    nodes = max(max(1, a.num_nodes) for a in attempts)
     decides = [i.decide_s for i in faults if i.decide_s is not None]
     recovers = [i.recover_s for i in faults if i.recover_s is not None]
     commits = sorted(
@@ -160,15 +168,14 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     for a, b in zip(commits, commits[1:], strict=False):
         if (a.node, a.attempt) == (b.node, b.attempt) and b.step > a.step:
             gaps.append(b.ts - a.ts - b.stall_s)
-    g = goodput_of(events)
     first = min((s.start for s in steps), default=None)
     return RunFit(
         classes=tuple(classes),
-        node_hours=run.exposure.node_hours,
+        node_hours=exposure,
         wall_s=g.wall_s,
         gpus=gpus,
         gpus_per_node=max(1, gpus // nodes),
-        injected=sum(1 for e in events if isinstance(e, ChaosInjected)),
+        injected=injected,
         decide_s=statistics.fmean(decides) if decides else None,
         recover_s=statistics.fmean(recovers) if recovers else None,
         startup_s=(first - g.job_start) if first is not None else None,
@@ -210,6 +217,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         decide_s=fit.decide_s or 0.0,
         job_restart_s=fit.recover_s if fit.recover_s is not None else values.get("job_restart_s", 300.0),
         startup_s=fit.startup_s,
+        fail_in_recovery=not fit.injected,
         spare_nodes=None,
         tiers=[
             {
