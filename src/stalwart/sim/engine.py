@@ -533,20 +533,24 @@ def _finish(
     # stragglers: episodes during a run phase slow the whole job until mitigated
     strag_rate = cfg.straggler_per_node_day * cfg.nodes / 86400.0
     slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
-    slow = np.zeros((rows, cols))
+    slow = None
     if strag_rate > 0 and slow_loss > 0:
         episodes = rng.poisson(strag_rate * x)
         slow = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0.0)
         slow *= slow_loss
-    b["shrunk"] = (kept * (1.0 - share)).sum(axis=1)
-    b["straggler_slowdown"] = (kept * share * slow).sum(axis=1)
+    uniform = m.sizer is None or m.replica  # the job always runs at full size
+    good = kept if uniform else kept * share
+    if not uniform:
+        b["shrunk"] = (kept - good).sum(axis=1)
+    if strag_rate > 0 and slow_loss > 0:
+        b["straggler_slowdown"] = (good * slow).sum(axis=1)
+        good = good - good * slow
     if m.replica:
         # the previous failure's group is away for its recovery (and any wait): its share is lost
-        away = np.minimum(away_rec, x) / cfg.replica_groups
-        b["replica_away"] = np.minimum(away, kept * share * (1.0 - slow)).sum(axis=1)
-        b["productive"] = (kept * share * (1.0 - slow)).sum(axis=1) - b["replica_away"]
-    else:
-        b["productive"] = (kept * share * (1.0 - slow)).sum(axis=1)
+        away = np.minimum(np.minimum(away_rec, x) / cfg.replica_groups, good)
+        b["replica_away"] = away.sum(axis=1)
+        good = good - away
+    b["productive"] = good.sum(axis=1)
     # a save cut short by the failure never committed: its stall is lost work, as the report sees it
     cut = np.where(fails_in_run, x - compute - stalled, 0.0)
     b["lost_work"] = (compute - kept + cut).sum(axis=1)
@@ -555,22 +559,27 @@ def _finish(
     # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
     done = e >= rec
     restart_part = np.where(done, np.minimum(spent_rec, r_restart), spent_rec)
-    restore_part = np.where(done, r_restore, 0.0)
-    stall_part = np.where(done, r_stall, 0.0)
-    restore_part = np.minimum(restore_part, np.maximum(spent_rec - restart_part, 0.0))
-    stall_part = np.minimum(stall_part, np.maximum(spent_rec - restart_part - restore_part, 0.0))
+    left = spent_rec - restart_part  # >= 0; zero where the recovery was cut short
+    restore_part = np.minimum(r_restore, left)
     b["checkpoint_restore"] = restore_part.sum(axis=1)
-    b["checkpoint_stall"] += stall_part.sum(axis=1)
+    if m.plan_stall[-1] > 0:
+        stall_part = np.minimum(r_stall, left - restore_part)
+        b["checkpoint_stall"] += stall_part.sum(axis=1)
+    else:
+        stall_part = r_stall
     b["startup"] = restart_part[:, 0]
-    b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1)
-    b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1)
+    if m.period is not None:
+        b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1)
+        b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1)
+    else:
+        b["restart"] = restart_part[:, 1:].sum(axis=1)
     d = np.where(hit, np.minimum(det, avail - e), 0.0)
     b["detection"] = d.sum(axis=1)
     rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
     if m.replica:
         pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
         b["restart"] += pause.sum(axis=1)
-    else:
+    elif not uniform:
         b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1)
     cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
     flat = (np.arange(rows)[:, None] * (m.n_cls + 1) + cls)[hit]
