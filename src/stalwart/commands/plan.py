@@ -69,6 +69,10 @@ def register(app: typer.Typer) -> None:
         if ledger is not None:
             measured = _replay(ledger, values, trials)
             cfg, notes = _measured(ledger, cfg)
+            if interval is None and measured["interval_s"] and len(cfg.tiers) == 1:
+                tier = {**cfg.tiers[0].model_dump(), "interval_s": measured["interval_s"]}
+                cfg = make_config(**{**cfg.model_dump(), "tiers": [tier]})
+                notes.append("current checkpoint interval: the run's own (median between commits)")
             from ..sim.fit import check_feasible
 
             check_feasible(cfg, "measured" if not measured["injected"] else "default")
@@ -172,8 +176,8 @@ def _print(d: dict) -> None:
 
     c = Console(highlight=False)
 
-    def say(text: str) -> None:  # prose: never cut by rich, the terminal wraps it
-        c.print(text, soft_wrap=True)
+    def say(text: str) -> None:  # prose: wrapped at the terminal's width (80 when not a terminal)
+        c.print(text)
 
     def table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
         # no vertical rules, each column as wide as its widest value: numbers are never cut at 80 columns

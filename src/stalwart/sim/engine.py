@@ -141,6 +141,8 @@ class _Model:
 
     lam: float
     cdf: np.ndarray
+    alias_p: np.ndarray  # Walker's alias table over the classes (+ planned): one uniform per draw
+    alias_i: np.ndarray
     n_cls: int
     node_loss: np.ndarray  # per class (+ planned)
     detect: np.ndarray  # detection + decision per class
@@ -202,9 +204,12 @@ def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
                 "pick --gpus that the rule allows, or relax the size rule",
             )
     budget = None if cfg.max_restarts is None else RestartBudget(max_restarts=cfg.max_restarts)
+    alias_p, alias_i = _alias(weights if lam > 0 else np.array([0.0] * n_cls + [1.0]))
     return _Model(
         lam=lam,
         cdf=cdf,
+        alias_p=alias_p,
+        alias_i=alias_i,
         n_cls=n_cls,
         node_loss=node_loss,
         detect=detect,
@@ -218,6 +223,22 @@ def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
     )
+
+
+def _alias(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vose's alias table: draw slot k uniformly, keep it with probability p[k], else take i[k]."""
+    n = len(weights)
+    q = weights / weights.sum() * n
+    p = np.ones(n)
+    i = np.arange(n, dtype=np.int16)
+    small = [k for k in range(n) if q[k] < 1.0]
+    large = [k for k in range(n) if q[k] >= 1.0]
+    while small and large:
+        s, g = small.pop(), large.pop()
+        p[s], i[s] = q[s], g
+        q[g] -= 1.0 - q[s]
+        (small if q[g] < 1.0 else large).append(g)
+    return p, i
 
 
 def _cycles(lam: float, horizon: float) -> int:
@@ -309,8 +330,11 @@ def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np
         return np.full((rows, cols), np.inf), np.full((rows, cols), m.n_cls, dtype=np.int16)
     e = rng.standard_exponential((rows, cols))
     e *= 1.0 / m.lam
-    cls = np.searchsorted(m.cdf, rng.random((rows, cols)), side="right").astype(np.int16)
-    np.minimum(cls, m.n_cls, out=cls)
+    u = rng.random((rows, cols))
+    u *= len(m.alias_p)
+    slot = u.astype(np.int16)
+    u -= slot  # the fraction is a second uniform, independent of the slot
+    cls = np.where(u < m.alias_p[slot], slot, m.alias_i[slot])
     return e, cls
 
 
