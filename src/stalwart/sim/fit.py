@@ -210,7 +210,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
     values.update(
         gpus=fit.gpus,
         gpus_per_node=fit.gpus_per_node,
-        days=fit.wall_s / 86400.0,
+        days=max(fit.wall_s - fit.buckets.get("shutdown", 0.0), 1.0) / 86400.0,
         trials=trials,
         failures=sim_failures(fit),
         planned_per_1000_gpu_days=0.0,
@@ -222,7 +222,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         tiers=[
             {
                 "name": "measured",
-                "interval_s": min(interval, fit.wall_s),
+                "interval_s": min(interval, max(fit.wall_s - fit.buckets.get("shutdown", 0.0), 1.0)),
                 "stall_s": fit.stall_s or 0.0,
                 "restore_s": 0.0 if fit.recover_s is not None else (fit.restore_s or 0.0),
             }
