@@ -103,7 +103,8 @@ def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
 
 @pytest.mark.parametrize("elastic", [False, True])
 def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
-    from stalwart.sim.engine import _queue, _sequential_waits
+    from stalwart.sim.engine import _queue
+    from stalwart.sim.repair_queue import sequential_waits
 
     rng = np.random.default_rng(4)
     rows, cols, horizon, repair = 6, 300, 40 * 3600.0, 5 * 3600.0
@@ -127,7 +128,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
 
     m = _model(cfg, _schedule(cfg))
     det, lost = m.detect[cls], m.node_loss[cls]
-    sw, ss = _sequential_waits(m, 1, horizon, e, det, lost)
+    sw, ss = sequential_waits(m.sizer, m.repair_s, 1, horizon, e, det, lost)
     vw, vs, must = _queue(cfg, m, e, cls)
     for r in range(rows):
         rw, rs = _reference_queue(m.sizer, 1, repair, horizon, e[r], det[r], lost[r])

@@ -36,6 +36,7 @@ from ..launch.world_size import SizeRule
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
 from .policies import WorldSizer, hang_detect_s, restart_period
+from .repair_queue import repair_queue, sequential_waits
 
 BUCKETS = SIM_BUCKETS
 CHUNK_CELLS = 1 << 20  # trials x cycles per chunk: bounds memory (about 20 arrays of 8 MiB)
@@ -303,7 +304,9 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         e = np.concatenate([p[1] for p in parts])
         cls = np.concatenate([p[2] for p in parts])
         at = _fail_at(cfg, m, e, cls)
-        wait, share = _sequential_waits(m, cfg.spare_nodes or 0, horizon, at, m.detect[cls], m.node_loss[cls])
+        wait, share = sequential_waits(
+            m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, at, m.detect[cls], m.node_loss[cls]
+        )
         for lo in range(0, len(rows), rows_per_chunk):
             sl = slice(lo, lo + rows_per_chunk)
             store(
@@ -356,7 +359,9 @@ def _queue(
     start[:, 1:] = start[:, :-1]
     start[:, 0] = 0.0
     in_h = e < cfg.horizon_s - start
-    runnable, share_f, wait = _repair_queue(m, cfg.spare_nodes or 0, start + cyc, lost & in_h)
+    runnable, share_f, wait = repair_queue(
+        m.sizer, m.repair_s, cfg.spare_nodes or 0, start + cyc, lost & in_h
+    )
     must = (~runnable & in_h).any(axis=1)
     share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
     return wait, share, must
@@ -373,108 +378,6 @@ def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     j = np.searchsorted(sch.stall_end, r, side="right")
     compute_in = np.minimum(r - sch.stall_cum[j], (j + 1) * sch.base)
     return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j, full + sch.stall_cum[j]
-
-
-def _lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The world-size policy's answer for every count of nodes in repair that occurs in ``values``."""
-    top = int(values.max()) if len(values) else 0
-    run = np.ones(top + 1, dtype=bool)
-    share = np.ones(top + 1)
-    for v in np.nonzero(np.bincount(values, minlength=top + 1))[0]:
-        run[v], share[v] = sizer.share(int(v))
-    return run, share
-
-
-def _repair_queue(
-    m: _Model, spares: int, t_fail: np.ndarray, lost: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nodes in repair at each node-losing failure (no waiting assumed): (runnable, share, wait)."""
-    rows, cols = t_fail.shape
-    share = np.ones((rows, cols))
-    runnable = np.ones((rows, cols), dtype=bool)
-    wait = np.zeros((rows, cols))
-    r_idx, c_idx = np.nonzero(lost)
-    if not len(r_idx):
-        return runnable, share, wait
-    tf = t_fail[r_idx, c_idx]
-    starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
-    ordinal = np.arange(len(r_idx)) - starts[r_idx]
-    # per row, node-loss times in order, flattened with an offset so that rows do not mix
-    key = tf + r_idx * (2.0 * (float(tf.max()) + m.repair_s + 1.0))
-    returned = np.searchsorted(key, key - m.repair_s, side="right") - starts[r_idx]
-    out = ordinal + 1 - returned  # nodes in repair, this one included
-    over = np.nonzero(out > spares)[0]
-    if not len(over):
-        return runnable, share, wait
-    sizer = m.sizer
-    assert sizer is not None
-    lut_run, lut_share = _lut(sizer, out[over])
-    ok = lut_run[out[over]]
-    runnable[r_idx[over], c_idx[over]] = ok
-    share[r_idx[over], c_idx[over]] = lut_share[out[over]]
-    need = over[~ok]
-    if len(need):  # wait for the (out - spares)-th earliest node still in repair
-        first = starts[r_idx[need]] + returned[need] + (out[need] - spares) - 1
-        wait[r_idx[need], c_idx[need]] = tf[first] + m.repair_s - tf[need]
-    return runnable, share, wait
-
-
-def _sequential_waits(
-    m: _Model, spares: int, horizon: float, e: np.ndarray, det: np.ndarray, lost: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(wait, share of each cycle) of trials whose job waited for a repaired node, cycle by cycle (a
-    wait moves every later failure, so the window cannot be taken at once)."""
-    rows, cols = e.shape
-    e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
-    wait_t = np.zeros((cols, rows))
-    share_t = np.ones((cols, rows))
-    cap = 64
-    ret = np.full((rows, cap), np.inf)  # ring of repair completion times, in order, per row
-    head = np.zeros(rows, dtype=np.int64)  # counters; positions are modulo cap
-    tail = np.zeros(rows, dtype=np.int64)
-    t = np.zeros(rows)
-    ar = np.arange(rows)
-    sizer = m.sizer
-    assert sizer is not None
-    lut_run, lut_share = _lut(sizer, np.array([spares + 1]))
-    for i in range(cols):
-        if i % 64 == 0 and (t >= horizon).all():
-            break
-        tf = t + e_t[i] + d_t[i]
-        li = l_t[i] & (e_t[i] < horizon - t)
-        if li.any():
-            if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
-                new = np.full((rows, 2 * cap), np.inf)
-                for k in range(cap):
-                    idx = head + k
-                    new[ar, idx % (2 * cap)] = ret[ar, idx % cap]
-                ret, cap = new, 2 * cap
-            ret[ar[li], tail[li] % cap] = tf[li] + m.repair_s
-            tail += li
-        while True:
-            adv = (head < tail) & (ret[ar, head % cap] <= tf)
-            if not adv.any():
-                break
-            ret[ar[adv], head[adv] % cap] = np.inf
-            head += adv
-        out = tail - head
-        over = li & (out > spares)
-        if over.any():
-            r = np.nonzero(over)[0]
-            o = out[r]
-            if int(o.max()) >= len(lut_run):
-                lut_run, lut_share = _lut(sizer, np.arange(int(o.max()) + 1))
-            ok = lut_run[o]
-            share_t[i, r[ok]] = lut_share[o[ok]]
-            w_rows = r[~ok]
-            if len(w_rows):
-                w = ret[w_rows, (head[w_rows] + out[w_rows] - spares - 1) % cap] - tf[w_rows]
-                wait_t[i, w_rows] = w
-                tf[w_rows] += w
-        t = tf
-    share = np.ones((rows, cols))
-    share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
-    return np.ascontiguousarray(wait_t.T), share
 
 
 def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

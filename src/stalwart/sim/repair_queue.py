@@ -1,0 +1,118 @@
+"""The repair queue of the simulated job: nodes in repair, hot spares, shrinking or waiting.
+
+A lost node is in repair for ``repair_s``; at every node-losing failure the world-size policy says
+whether the job can run with the nodes in repair (spares step in, an elastic job shrinks) or must
+wait for the earliest repair that makes it runnable. ``repair_queue`` takes the window over all
+cycles at once (exact while nobody waits); ``sequential_waits`` walks the cycles of the trials that
+did wait, since a wait moves every later failure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .policies import WorldSizer
+
+
+def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The world-size policy's answer for every count of nodes in repair that occurs in ``values``."""
+    top = int(values.max()) if len(values) else 0
+    run = np.ones(top + 1, dtype=bool)
+    share = np.ones(top + 1)
+    for v in np.nonzero(np.bincount(values, minlength=top + 1))[0]:
+        run[v], share[v] = sizer.share(int(v))
+    return run, share
+
+
+def repair_queue(
+    sizer: WorldSizer, repair_s: float, spares: int, t_fail: np.ndarray, lost: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nodes in repair at each node-losing failure (no waiting assumed): (runnable, share, wait)."""
+    rows, cols = t_fail.shape
+    share = np.ones((rows, cols))
+    runnable = np.ones((rows, cols), dtype=bool)
+    wait = np.zeros((rows, cols))
+    r_idx, c_idx = np.nonzero(lost)
+    if not len(r_idx):
+        return runnable, share, wait
+    tf = t_fail[r_idx, c_idx]
+    starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
+    ordinal = np.arange(len(r_idx)) - starts[r_idx]
+    # per row, node-loss times in order, flattened with an offset so that rows do not mix
+    key = tf + r_idx * (2.0 * (float(tf.max()) + repair_s + 1.0))
+    returned = np.searchsorted(key, key - repair_s, side="right") - starts[r_idx]
+    out = ordinal + 1 - returned  # nodes in repair, this one included
+    over = np.nonzero(out > spares)[0]
+    if not len(over):
+        return runnable, share, wait
+    lut_run, lut_share = lut(sizer, out[over])
+    ok = lut_run[out[over]]
+    runnable[r_idx[over], c_idx[over]] = ok
+    share[r_idx[over], c_idx[over]] = lut_share[out[over]]
+    need = over[~ok]
+    if len(need):  # wait for the (out - spares)-th earliest node still in repair
+        first = starts[r_idx[need]] + returned[need] + (out[need] - spares) - 1
+        wait[r_idx[need], c_idx[need]] = tf[first] + repair_s - tf[need]
+    return runnable, share, wait
+
+
+def sequential_waits(
+    sizer: WorldSizer,
+    repair_s: float,
+    spares: int,
+    horizon: float,
+    e: np.ndarray,
+    det: np.ndarray,
+    lost: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(wait, share of each cycle) of trials whose job waited for a repaired node, cycle by cycle (a
+    wait moves every later failure, so the window cannot be taken at once)."""
+    rows, cols = e.shape
+    e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
+    wait_t = np.zeros((cols, rows))
+    share_t = np.ones((cols, rows))
+    cap = 64
+    ret = np.full((rows, cap), np.inf)  # ring of repair completion times, in order, per row
+    head = np.zeros(rows, dtype=np.int64)  # counters; positions are modulo cap
+    tail = np.zeros(rows, dtype=np.int64)
+    t = np.zeros(rows)
+    ar = np.arange(rows)
+    lut_run, lut_share = lut(sizer, np.array([spares + 1]))
+    for i in range(cols):
+        if i % 64 == 0 and (t >= horizon).all():
+            break
+        tf = t + e_t[i] + d_t[i]
+        li = l_t[i] & (e_t[i] < horizon - t)
+        if li.any():
+            if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
+                new = np.full((rows, 2 * cap), np.inf)
+                for k in range(cap):
+                    idx = head + k
+                    new[ar, idx % (2 * cap)] = ret[ar, idx % cap]
+                ret, cap = new, 2 * cap
+            ret[ar[li], tail[li] % cap] = tf[li] + repair_s
+            tail += li
+        while True:
+            adv = (head < tail) & (ret[ar, head % cap] <= tf)
+            if not adv.any():
+                break
+            ret[ar[adv], head[adv] % cap] = np.inf
+            head += adv
+        out = tail - head
+        over = li & (out > spares)
+        if over.any():
+            r = np.nonzero(over)[0]
+            o = out[r]
+            if int(o.max()) >= len(lut_run):
+                lut_run, lut_share = lut(sizer, np.arange(int(o.max()) + 1))
+            ok = lut_run[o]
+            share_t[i, r[ok]] = lut_share[o[ok]]
+            w_rows = r[~ok]
+            if len(w_rows):
+                w = ret[w_rows, (head[w_rows] + out[w_rows] - spares - 1) % cap] - tf[w_rows]
+                wait_t[i, w_rows] = w
+                tf[w_rows] += w
+        t = tf
+    share = np.ones((rows, cols))
+    share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    return np.ascontiguousarray(wait_t.T), share
