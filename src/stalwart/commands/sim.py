@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
         stall: float = typer.Option(None, help="Seconds the loop is blocked per checkpoint (single tier)."),
         restore: float = typer.Option(None, help="Seconds to load the checkpoint on restart (single tier)."),
         restart: float = typer.Option(None, help="Seconds of an in-job restart (rendezvous, init, warm-up)."),
-        strategy: str = typer.Option(None, help="in_process | in_job | requeue."),
+        strategy: str = typer.Option(None, help="in_process | in_job | requeue | replica."),
         spares: int = typer.Option(None, help="Hot spare nodes (default: the pool always has one)."),
         elastic: bool = typer.Option(None, "--elastic/--no-elastic", help="Shrink when no spare is left."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate (1.0 = Llama 3 mix)."),
