@@ -82,4 +82,4 @@ def test_rates_that_leave_no_time_to_run_are_refused():
 
 def test_stall_longer_than_the_interval_is_a_units_error():
     with pytest.raises(ConfigError, match="units"):
-        make_config(tiers=[{"name": "a", "interval_s": 30, "stall_s": 30000}])
+        make_config(tiers=[{"name": "a", "interval_s": 30, "stall_s": 30000}])  # ms for s

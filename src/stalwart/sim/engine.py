@@ -39,7 +39,7 @@ from .policies import WorldSizer, hang_detect_s, restart_period
 from .repair_queue import repair_queue, sequential_waits
 
 BUCKETS = SIM_BUCKETS
-CHUNK_CELLS = 1 << 20  # trials x cycles per chunk: bounds memory (about 20 arrays of 8 MiB)
+CHUNK_CELLS = 1 << 16  # trials x cycles per chunk: about 30 arrays of 512 KiB stay in the CPU cache
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class _Schedule:
     durable_every: int  # every how many base checkpoints a node-loss-surviving tier commits
     restore_all: float  # restore time of the fastest tier (software faults)
     restore_durable: float  # restore time of the fastest surviving tier (node loss)
+    persist: float  # background persist of the fastest surviving tier
 
 
 def _schedule(cfg: SimConfig) -> _Schedule:
@@ -77,6 +78,7 @@ def _schedule(cfg: SimConfig) -> _Schedule:
         int(round(fastest_durable.interval_s / base)),
         fastest.restore_s,
         fastest_durable.restore_s,
+        fastest_durable.persist_s,
     )
 
 
@@ -442,8 +444,9 @@ def _finish(
     hit = e < avail
     rec = r_restart + r_restore + r_stall
     b: dict[str, np.ndarray] = {name: np.zeros(rows) for name in BUCKETS}
-    away_rec = np.zeros((rows, cols))
+    away_rec = None
     if m.replica:  # only the start-up stops the whole job; later recoveries are one group's
+        away_rec = np.zeros((rows, cols))
         away_rec[:, 1:] = rec[:, 1:]
         r_restart[:, 1:] = r_restore[:, 1:] = r_stall[:, 1:] = 0.0
         rec = r_restart + r_restore + r_stall
@@ -451,12 +454,17 @@ def _finish(
     x = np.where(e >= rec, np.maximum(np.minimum(e, avail) - rec, 0.0), 0.0)
     fails_in_run = hit & (e >= rec)
     compute, n_ckpt, stalled = _run_split(sch, x)
-    committed_all = n_ckpt * sch.base
-    committed_durable = np.floor(n_ckpt / sch.durable_every) * sch.durable_every * sch.base
+    committed_n = n_ckpt
+    if sch.persist > 0:  # a checkpoint counts once its background persist has finished
+        committed_n = _run_split(sch, np.maximum(x - sch.persist, 0.0))[1]
+    committed = committed_n * sch.base
+    if sch.durable_every > 1:  # a node loss rolls back further, to the newest durable checkpoint
+        durable = np.floor(committed_n / sch.durable_every) * sch.durable_every * sch.base
+        committed = np.where(lost, durable, committed)
     if m.replica:
         kept = compute  # survivors never roll back; the failed group takes a live replica's state
     else:
-        kept = np.where(~fails_in_run | planned, compute, np.where(lost, committed_durable, committed_all))
+        kept = np.where(fails_in_run & ~planned, committed, compute)
     # stragglers: episodes during a run phase slow the whole job until mitigated
     strag_rate = cfg.straggler_per_node_day * cfg.nodes / 86400.0
     slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
@@ -474,14 +482,16 @@ def _finish(
         good = good - good * slow
     if m.replica:
         # the previous failure's group is away for its recovery (and any wait): its share is lost
+        assert away_rec is not None
         away = np.minimum(np.minimum(away_rec, x) / cfg.replica_groups, good)
         b["replica_away"] = away.sum(axis=1)
         good = good - away
     b["productive"] = good.sum(axis=1)
     # a save cut short by the failure never committed: its stall is lost work, as the report sees it
-    cut = np.where(fails_in_run, x - compute - stalled, 0.0)
-    b["lost_work"] = (compute - kept + cut).sum(axis=1)
-    b["checkpoint_stall"] = (x - compute - cut).sum(axis=1)
+    cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1)
+    sum_compute = compute.sum(axis=1)
+    b["lost_work"] = sum_compute - kept.sum(axis=1) + cut
+    b["checkpoint_stall"] = x.sum(axis=1) - sum_compute - cut
     # the recovery: restart first, then restore, then (after a planned stop) the checkpoint it took;
     # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
     done = e >= rec

@@ -22,6 +22,7 @@ from ..events import (
     ChaosInjected,
     CheckpointCommitted,
     CheckpointLoaded,
+    CheckpointStaged,
     Event,
     StepCompleted,
 )
@@ -93,6 +94,7 @@ class RunFit:
     stall_s: float | None
     restore_s: float | None
     interval_s: float | None  # training seconds between checkpoints
+    persist_s: float  # snapshot -> the checkpoint is committed in every tier (0: synchronous saves)
     step_s: float | None
     goodput: float  # as the report measures it
     buckets: dict[str, float]
@@ -156,18 +158,29 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     gpus = max(a.world_size for a in attempts)
     decides = [i.decide_s for i in faults if i.decide_s is not None]
     recovers = [i.recover_s for i in faults if i.recover_s is not None]
-    commits = sorted(
-        (e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0 and not e.emergency),
-        key=lambda e: e.ts,
-    )
-    stalls = [c.stall_s for c in commits]
+    commits = [e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0 and not e.emergency]
+    staged = [e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0]
+    # the stall of one checkpoint: every tier's stall at that step (staging, else a synchronous save)
+    per_ckpt: dict[tuple[str, int, int], float] = {}
+    for e in staged or commits:
+        key = (e.node, e.attempt, e.step)
+        per_ckpt[key] = per_ckpt.get(key, 0.0) + e.stall_s
+    stalls = list(per_ckpt.values())
+    # persist: from the snapshot (end of staging) to the last tier's commit of that checkpoint
+    snap = {(e.node, e.attempt, e.step): e.ts for e in staged}
+    done: dict[tuple[str, int, int], float] = {}
+    for c in commits:
+        key = (c.node, c.attempt, c.step)
+        if key in snap:
+            done[key] = max(done.get(key, 0.0), c.ts - snap[key])
+    persist = statistics.fmean(done.values()) if done else 0.0
     loads = [e.duration_s for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
     steps = [e for e in events if isinstance(e, StepCompleted) and e.rank <= 0]
     step_s = _median([s.duration for s in steps])
-    gaps = []
-    for a, b in zip(commits, commits[1:], strict=False):
-        if (a.node, a.attempt) == (b.node, b.attempt) and b.step > a.step:
-            gaps.append(b.ts - a.ts - b.stall_s)
+    # the interval in training seconds: steps between consecutive checkpoints x the median step
+    ckpt_steps = sorted({k[2] for k in per_ckpt})
+    gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:], strict=False) if b > a]
+    interval = _median(gaps) * step_s if gaps and step_s else None
     first = min((s.start for s in steps), default=None)
     return RunFit(
         classes=tuple(classes),
@@ -181,7 +194,8 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         startup_s=(first - g.job_start) if first is not None else None,
         stall_s=statistics.fmean(stalls) if stalls else None,
         restore_s=statistics.fmean(loads) if loads else None,
-        interval_s=_median(gaps),
+        interval_s=interval,
+        persist_s=persist,
         step_s=step_s,
         goodput=g.goodput,
         buckets=dict(g.buckets),
@@ -225,6 +239,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
                 "interval_s": min(interval, max(fit.wall_s - fit.buckets.get("shutdown", 0.0), 1.0)),
                 "stall_s": fit.stall_s or 0.0,
                 "restore_s": 0.0 if fit.recover_s is not None else (fit.restore_s or 0.0),
+                "persist_s": fit.persist_s,
             }
         ],
     )

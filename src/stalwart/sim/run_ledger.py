@@ -45,6 +45,8 @@ def _check(result: SimResult, step_s: float) -> None:
         raise ConfigError("the simulation has no trace", "run simulate(cfg, trace=True)")
     if len(cfg.tiers) != 1:
         raise ConfigError("a simulated run can be written as a ledger for one checkpoint tier only")
+    if any(t.persist_s > 0 for t in cfg.tiers):
+        raise ConfigError("a simulation with a background persist cannot be written as a ledger yet")
     if cfg.strategy == "replica":
         raise ConfigError("a replica-level simulation cannot be written as a ledger")
     if cfg.straggler_per_node_day > 0 and cfg.straggler_slowdown > 0:
