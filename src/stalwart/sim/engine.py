@@ -25,7 +25,7 @@ world-size / spare choice. Time is booked into the report's bucket names (``sim/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -135,6 +135,9 @@ class SimResult:
         }
 
 
+# above this many trials x cycles, per-cycle quantities are float32 (a few ms per cycle; times and sums
+# stay float64): half the memory traffic. Smaller runs and traced ones are float64 throughout.
+FLOAT32_CELLS = 1 << 22
 MAX_EXPECTED_INTERRUPTIONS = 100_000  # per trial; a year at 100k GPUs of the Llama-3 mix is ~20k
 
 
@@ -158,6 +161,7 @@ class _Model:
     sizer: WorldSizer | None
     repair_s: float
     replica: bool
+    ft: type = np.float64  # dtype of per-cycle quantities
 
 
 def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
@@ -266,6 +270,16 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         )
     k = _cycles(m.lam, horizon)
     n = cfg.trials
+    if not trace and n * k > FLOAT32_CELLS:
+        f = np.float32
+        m = replace(
+            m,
+            detect=m.detect.astype(f),
+            restart=m.restart.astype(f),
+            restore=m.restore.astype(f),
+            plan_stall=m.plan_stall.astype(f),
+            ft=f,
+        )
     out_b = {b: np.zeros(n) for b in BUCKETS}
     counts = np.zeros((n, m.n_cls + 1), dtype=np.int64)
     passes = 1
@@ -332,10 +346,10 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
 def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Time from each cycle's start to its failure, and the failure's class (n_cls = planned)."""
     if m.lam <= 0:
-        return np.full((rows, cols), np.inf), np.full((rows, cols), m.n_cls, dtype=np.int16)
-    e = rng.standard_exponential((rows, cols))
+        return np.full((rows, cols), np.inf, dtype=m.ft), np.full((rows, cols), m.n_cls, dtype=np.int16)
+    e = rng.standard_exponential((rows, cols), dtype=m.ft)
     e *= 1.0 / m.lam
-    u = rng.random((rows, cols))
+    u = rng.random((rows, cols), dtype=m.ft)
     u *= len(m.alias_p)
     slot = u.astype(np.int16)
     u -= slot  # the fraction is a second uniform, independent of the slot
@@ -357,7 +371,7 @@ def _queue(
     lost = m.node_loss[cls]
     e = _fail_at(cfg, m, e, cls)
     cyc = e + det
-    start = np.cumsum(cyc, axis=1)
+    start = np.cumsum(cyc, axis=1, dtype=np.float64)
     start[:, 1:] = start[:, :-1]
     start[:, 0] = 0.0
     in_h = e < cfg.horizon_s - start
@@ -374,21 +388,22 @@ def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     a run phase; the rest of ``x`` is a stall still in progress."""
     q = np.floor(x / sch.period_wall)
     r = x - q * sch.period_wall
-    full = q * sch.stall_cum[-1]
+    full = q * float(sch.stall_cum[-1])
     if len(sch.stall_end) == 1:  # one tier: a stall ends every period; r < period_wall
         return q * sch.period_compute + np.minimum(r, sch.base), q, full
     j = np.searchsorted(sch.stall_end, r, side="right")
-    compute_in = np.minimum(r - sch.stall_cum[j], (j + 1) * sch.base)
-    return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j, full + sch.stall_cum[j]
+    cum = sch.stall_cum.astype(x.dtype)[j]
+    compute_in = np.minimum(r - cum, (j + 1).astype(x.dtype) * sch.base)
+    return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j.astype(x.dtype), full + cum
 
 
 def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(restart, restore, planned-stop stall, requeued) of the recovery that starts each cycle: from
     the previous cycle's failure; the first cycle is the start-up."""
     rows, cols = cls.shape
-    r_restart = np.empty((rows, cols))
-    r_restore = np.empty((rows, cols))
-    r_stall = np.zeros((rows, cols))
+    r_restart = np.empty((rows, cols), dtype=m.ft)
+    r_restore = np.empty((rows, cols), dtype=m.ft)
+    r_stall = np.zeros((rows, cols), dtype=m.ft)
     r_restart[:, 0], r_restore[:, 0] = m.first
     r_restart[:, 1:] = m.restart[cls[:, :-1]]
     r_restore[:, 1:] = m.restore[cls[:, :-1]]
@@ -436,11 +451,12 @@ def _finish(
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
         cyc = e + det + cfg.replica_rejoin_s
     else:
+        wait = wait.astype(m.ft, copy=False)
         cyc = e + det + wait
-    start = np.cumsum(cyc, axis=1)
+    start = np.cumsum(cyc, axis=1, dtype=np.float64)
     start[:, 1:] = start[:, :-1]
     start[:, 0] = 0.0
-    avail = np.maximum(horizon - start, 0.0)
+    avail = np.maximum(horizon - start, 0.0).astype(m.ft, copy=False)
     hit = e < avail
     rec = r_restart + r_restore + r_stall
     b: dict[str, np.ndarray] = {name: np.zeros(rows) for name in BUCKETS}
@@ -474,50 +490,50 @@ def _finish(
         slow = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0.0)
         slow *= slow_loss
     uniform = m.sizer is None or m.replica  # the job always runs at full size
-    good = kept if uniform else kept * share
+    good = kept if uniform else kept * share.astype(m.ft, copy=False)
     if not uniform:
-        b["shrunk"] = (kept - good).sum(axis=1)
+        b["shrunk"] = (kept - good).sum(axis=1, dtype=np.float64)
     if strag_rate > 0 and slow_loss > 0:
-        b["straggler_slowdown"] = (good * slow).sum(axis=1)
+        b["straggler_slowdown"] = (good * slow).sum(axis=1, dtype=np.float64)
         good = good - good * slow
     if m.replica:
         # the previous failure's group is away for its recovery (and any wait): its share is lost
         assert away_rec is not None
         away = np.minimum(np.minimum(away_rec, x) / cfg.replica_groups, good)
-        b["replica_away"] = away.sum(axis=1)
+        b["replica_away"] = away.sum(axis=1, dtype=np.float64)
         good = good - away
-    b["productive"] = good.sum(axis=1)
+    b["productive"] = good.sum(axis=1, dtype=np.float64)
     # a save cut short by the failure never committed: its stall is lost work, as the report sees it
-    cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1)
-    sum_compute = compute.sum(axis=1)
-    b["lost_work"] = sum_compute - kept.sum(axis=1) + cut
-    b["checkpoint_stall"] = x.sum(axis=1) - sum_compute - cut
+    cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1, dtype=np.float64)
+    sum_compute = compute.sum(axis=1, dtype=np.float64)
+    b["lost_work"] = sum_compute - kept.sum(axis=1, dtype=np.float64) + cut
+    b["checkpoint_stall"] = x.sum(axis=1, dtype=np.float64) - sum_compute - cut
     # the recovery: restart first, then restore, then (after a planned stop) the checkpoint it took;
     # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
     done = e >= rec
     restart_part = np.where(done, np.minimum(spent_rec, r_restart), spent_rec)
     left = spent_rec - restart_part  # >= 0; zero where the recovery was cut short
     restore_part = np.minimum(r_restore, left)
-    b["checkpoint_restore"] = restore_part.sum(axis=1)
+    b["checkpoint_restore"] = restore_part.sum(axis=1, dtype=np.float64)
     if m.plan_stall[-1] > 0:
         stall_part = np.minimum(r_stall, left - restore_part)
-        b["checkpoint_stall"] += stall_part.sum(axis=1)
+        b["checkpoint_stall"] += stall_part.sum(axis=1, dtype=np.float64)
     else:
         stall_part = r_stall
     b["startup"] = restart_part[:, 0]
     if m.period is not None:
-        b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1)
-        b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1)
+        b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1, dtype=np.float64)
+        b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1, dtype=np.float64)
     else:
-        b["restart"] = restart_part[:, 1:].sum(axis=1)
+        b["restart"] = restart_part[:, 1:].sum(axis=1, dtype=np.float64)
     d = np.where(hit, np.minimum(det, avail - e), 0.0)
-    b["detection"] = d.sum(axis=1)
+    b["detection"] = d.sum(axis=1, dtype=np.float64)
     rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
     if m.replica:
         pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
-        b["restart"] += pause.sum(axis=1)
+        b["restart"] += pause.sum(axis=1, dtype=np.float64)
     elif not uniform:
-        b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1)
+        b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1, dtype=np.float64)
     cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
     flat = (np.arange(rows)[:, None] * (m.n_cls + 1) + cls)[hit]
     cnt += np.bincount(flat, minlength=rows * (m.n_cls + 1)).reshape(rows, m.n_cls + 1)
