@@ -250,7 +250,7 @@ def check_feasible(cfg: SimConfig, source: str) -> None:
     """Refuse rates under which the job could never run: a failure expected sooner than the time one
     failure takes to detect and recover from."""
     lam = cfg.failure_rate_per_s()
-    if lam <= 0:
+    if lam <= 0 or not cfg.fail_in_recovery:  # failures only while training: every recovery finishes
         return
     det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(
         f.per_1000_gpu_days for f in cfg.failures
