@@ -87,7 +87,11 @@ def _sim_table(out: str, walk: Walk) -> None:
 
 def _plan_plots(out: str, walk: Walk) -> None:
     charts = walk.cwd / "charts"
-    assert sorted(p.name for p in charts.iterdir()) == ["ettr_vs_gpus.svg", "ettr_vs_interval.svg"]
+    assert sorted(p.name for p in charts.iterdir()) == [
+        "cost_vs_gpus.svg",
+        "ettr_vs_gpus.svg",
+        "ettr_vs_interval.svg",
+    ]
     assert "100,000" in out or "100000" in out  # the --scale-to row
 
 
