@@ -309,6 +309,7 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         rows = np.arange(lo, hi)
         wait, share, must = _queue(cfg, m, e, cls)
         if must.any():  # these trials waited for a repaired node: every later cycle moves
+            assert wait is not None and share is not None
             deferred.setdefault(kk, []).append((rows[must], e[must], cls[must]))
             keep = ~must
             rows, e, cls, wait, share = rows[keep], e[keep], cls[keep], wait[keep], share[keep]
@@ -362,11 +363,10 @@ def _queue(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(wait, share of the job that runs in each cycle, trials that must wait for a repaired node)."""
     rows, cols = e.shape
-    wait = np.zeros((rows, cols))
-    share = np.ones((rows, cols))
     must = np.zeros(rows, dtype=bool)
-    if m.sizer is None or m.replica:
-        return wait, share, must
+    if m.sizer is None or m.replica:  # nobody waits, the job always runs at full size
+        return None, None, must
+    share = np.ones((rows, cols), dtype=m.ft)
     det = m.detect[cls]
     lost = m.node_loss[cls]
     e = _fail_at(cfg, m, e, cls)
@@ -435,8 +435,8 @@ def _finish(
     rng: np.random.Generator,
     e: np.ndarray,
     cls: np.ndarray,
-    wait: np.ndarray,
-    share: np.ndarray,
+    wait: np.ndarray | None,
+    share: np.ndarray | None,
     want_trace: bool,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]:
     """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
@@ -450,9 +450,11 @@ def _finish(
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
         cyc = e + det + cfg.replica_rejoin_s
-    else:
+    elif wait is not None:
         wait = wait.astype(m.ft, copy=False)
         cyc = e + det + wait
+    else:
+        cyc = e + det
     start = np.cumsum(cyc, axis=1, dtype=np.float64)
     start[:, 1:] = start[:, :-1]
     start[:, 0] = 0.0
@@ -490,7 +492,7 @@ def _finish(
         slow = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0.0)
         slow *= slow_loss
     uniform = m.sizer is None or m.replica  # the job always runs at full size
-    good = kept if uniform else kept * share.astype(m.ft, copy=False)
+    good = kept if uniform or share is None else kept * share.astype(m.ft, copy=False)
     if not uniform:
         b["shrunk"] = (kept - good).sum(axis=1, dtype=np.float64)
     if strag_rate > 0 and slow_loss > 0:
@@ -532,7 +534,7 @@ def _finish(
     if m.replica:
         pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
         b["restart"] += pause.sum(axis=1, dtype=np.float64)
-    elif not uniform:
+    elif wait is not None:
         b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1, dtype=np.float64)
     cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
     flat = (np.arange(rows)[:, None] * (m.n_cls + 1) + cls)[hit]
@@ -558,7 +560,7 @@ def _finish(
                     "class": cfg.failures[c].name if c < m.n_cls else "planned",
                     "node_loss": bool(lost[0, i]),
                     "detection": float(d[0, i]),
-                    "wait": float(np.minimum(wait, rest)[0, i]) if not m.replica else 0.0,
+                    "wait": float(min(wait[0, i], rest[0, i])) if wait is not None and not m.replica else 0.0,
                     "requeued": bool(stopped[0, i]),
                     "recovered": bool(done[0, i] and rec[0, i] <= avail[0, i]),
                 }

@@ -69,14 +69,14 @@ def sequential_waits(
     wait moves every later failure, so the window cannot be taken at once)."""
     rows, cols = e.shape
     e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
-    wait_t = np.zeros((cols, rows))
-    share_t = np.ones((cols, rows))
-    cap = 64
-    ret = np.full((rows, cap), np.inf)  # ring of repair completion times, in order, per row
-    head = np.zeros(rows, dtype=np.int64)  # counters; positions are modulo cap
+    wait_t = np.zeros((cols, rows), dtype=e.dtype)
+    share_t = np.ones((cols, rows), dtype=e.dtype)
+    cap = 64  # a power of two: ring positions are counters & (cap - 1)
+    ret = np.full(rows * cap, np.inf)  # per row a ring of repair completion times, in order (flat)
+    head = np.zeros(rows, dtype=np.int64)  # counters of node losses back from repair / in total
     tail = np.zeros(rows, dtype=np.int64)
     t = np.zeros(rows)
-    ar = np.arange(rows)
+    base = np.arange(rows) * cap
     lut_run, lut_share = lut(sizer, np.array([spares + 1]))
     for i in range(cols):
         if i % 64 == 0 and (t >= horizon).all():
@@ -85,34 +85,38 @@ def sequential_waits(
         li = l_t[i] & (e_t[i] < horizon - t)
         if li.any():
             if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
-                new = np.full((rows, 2 * cap), np.inf)
+                new = np.full(rows * 2 * cap, np.inf)
+                new_base = np.arange(rows) * 2 * cap
                 for k in range(cap):
                     idx = head + k
-                    new[ar, idx % (2 * cap)] = ret[ar, idx % cap]
-                ret, cap = new, 2 * cap
-            ret[ar[li], tail[li] % cap] = tf[li] + repair_s
-            tail += li
-        while True:
-            adv = (head < tail) & (ret[ar, head % cap] <= tf)
+                    new[new_base + (idx & (2 * cap - 1))] = ret[base + (idx & (cap - 1))]
+                ret, cap, base = new, 2 * cap, new_base
+            r = np.nonzero(li)[0]
+            ret[base[r] + (tail[r] & (cap - 1))] = tf[r] + repair_s
+            tail[r] += 1
+        while True:  # slots outside [head, tail) hold inf, so no bounds check is needed
+            pos = base + (head & (cap - 1))
+            adv = ret[pos] <= tf
             if not adv.any():
                 break
-            ret[ar[adv], head[adv] % cap] = np.inf
+            ret[pos[adv]] = np.inf
             head += adv
-        out = tail - head
-        over = li & (out > spares)
-        if over.any():
-            r = np.nonzero(over)[0]
-            o = out[r]
-            if int(o.max()) >= len(lut_run):
-                lut_run, lut_share = lut(sizer, np.arange(int(o.max()) + 1))
-            ok = lut_run[o]
-            share_t[i, r[ok]] = lut_share[o[ok]]
-            w_rows = r[~ok]
-            if len(w_rows):
-                w = ret[w_rows, (head[w_rows] + out[w_rows] - spares - 1) % cap] - tf[w_rows]
-                wait_t[i, w_rows] = w
-                tf[w_rows] += w
+        if li.any():
+            out = tail - head
+            over = li & (out > spares)
+            if over.any():
+                r = np.nonzero(over)[0]
+                o = out[r]
+                if int(o.max()) >= len(lut_run):
+                    lut_run, lut_share = lut(sizer, np.arange(int(o.max()) + 1))
+                ok = lut_run[o]
+                share_t[i, r[ok]] = lut_share[o[ok]]
+                w_rows = r[~ok]
+                if len(w_rows):
+                    w = ret[base[w_rows] + ((head[w_rows] + o[~ok] - spares - 1) & (cap - 1))] - tf[w_rows]
+                    wait_t[i, w_rows] = w
+                    tf[w_rows] += w
         t = tf
-    share = np.ones((rows, cols))
+    share = np.ones((rows, cols), dtype=e.dtype)
     share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
     return np.ascontiguousarray(wait_t.T), share
