@@ -129,7 +129,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
     m = _model(cfg, _schedule(cfg))
     det, lost = m.detect[cls], m.node_loss[cls]
     sw, ss = sequential_waits(m.sizer, m.repair_s, 1, horizon, e, det, lost)
-    vw, vs, must = _queue(cfg, m, e, cls)
+    vs, must = _queue(cfg, m, e, det, cls, np.cumsum(e + det, axis=1))
     for r in range(rows):
         rw, rs = _reference_queue(m.sizer, 1, repair, horizon, e[r], det[r], lost[r])
         np.testing.assert_allclose(sw[r], rw, atol=1e-6)

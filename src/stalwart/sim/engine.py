@@ -303,32 +303,47 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         kk = k
         while True:
             e, cls = _draw(m, rng, hi - lo, kk)
-            if (np.sum(_fail_at(cfg, m, e, cls) + m.detect[cls], axis=1) >= horizon).all():
+            e = _fail_at(cfg, m, e, cls)  # from here on: offset of the failure from the cycle's start
+            det = m.detect[cls]
+            end = np.cumsum(e + det, axis=1, dtype=np.float64)  # when each cycle ends, without waits
+            if (end[:, -1] >= horizon).all():
                 break
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
         rows = np.arange(lo, hi)
-        wait, share, must = _queue(cfg, m, e, cls)
+        share, must = _queue(cfg, m, e, det, cls, end)
         if must.any():  # these trials waited for a repaired node: every later cycle moves
-            assert wait is not None and share is not None
+            assert share is not None
             deferred.setdefault(kk, []).append((rows[must], e[must], cls[must]))
             keep = ~must
-            rows, e, cls, wait, share = rows[keep], e[keep], cls[keep], wait[keep], share[keep]
+            rows, e, det, cls, share, end = rows[keep], e[keep], det[keep], cls[keep], share[keep], end[keep]
         if len(rows):
-            store(rows, _finish(cfg, sch, m, rng, e, cls, wait, share, trace and rows[0] == 0))
+            store(rows, _finish(cfg, sch, m, rng, e, det, cls, None, share, end, trace and rows[0] == 0))
     for parts in deferred.values():
         passes = 2
         rows = np.concatenate([p[0] for p in parts])
         e = np.concatenate([p[1] for p in parts])
         cls = np.concatenate([p[2] for p in parts])
-        at = _fail_at(cfg, m, e, cls)
+        det = m.detect[cls]
         wait, share = sequential_waits(
-            m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, at, m.detect[cls], m.node_loss[cls]
+            m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, e, det, m.node_loss[cls]
         )
         for lo in range(0, len(rows), rows_per_chunk):
             sl = slice(lo, lo + rows_per_chunk)
             store(
                 rows[sl],
-                _finish(cfg, sch, m, rng, e[sl], cls[sl], wait[sl], share[sl], trace and rows[sl][0] == 0),
+                _finish(
+                    cfg,
+                    sch,
+                    m,
+                    rng,
+                    e[sl],
+                    det[sl],
+                    cls[sl],
+                    wait[sl],
+                    share[sl],
+                    None,
+                    trace and rows[sl][0] == 0,
+                ),
             )
     ettr = out_b["productive"] / horizon
     return SimResult(
@@ -359,28 +374,23 @@ def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np
 
 
 def _queue(
-    cfg: SimConfig, m: _Model, e: np.ndarray, cls: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(wait, share of the job that runs in each cycle, trials that must wait for a repaired node)."""
+    cfg: SimConfig, m: _Model, e: np.ndarray, det: np.ndarray, cls: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(share of the job that runs in each cycle, trials that must wait for a repaired node); a trial
+    that is not deferred never waits."""
     rows, cols = e.shape
     must = np.zeros(rows, dtype=bool)
     if m.sizer is None or m.replica:  # nobody waits, the job always runs at full size
-        return None, None, must
-    share = np.ones((rows, cols), dtype=m.ft)
-    det = m.detect[cls]
-    lost = m.node_loss[cls]
-    e = _fail_at(cfg, m, e, cls)
-    cyc = e + det
-    start = np.cumsum(cyc, axis=1, dtype=np.float64)
-    start[:, 1:] = start[:, :-1]
+        return None, must
+    start = np.empty_like(end)
     start[:, 0] = 0.0
+    start[:, 1:] = end[:, :-1]
     in_h = e < cfg.horizon_s - start
-    runnable, share_f, wait = repair_queue(
-        m.sizer, m.repair_s, cfg.spare_nodes or 0, start + cyc, lost & in_h
-    )
-    must = (~runnable & in_h).any(axis=1)
+    share_f = np.ones((rows, cols), dtype=m.ft)
+    must = repair_queue(m.sizer, m.repair_s, cfg.spare_nodes or 0, end, m.node_loss[cls] & in_h, share_f)
+    share = np.ones((rows, cols), dtype=m.ft)
     share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
-    return wait, share, must
+    return share, must
 
 
 def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -434,30 +444,29 @@ def _finish(
     m: _Model,
     rng: np.random.Generator,
     e: np.ndarray,
+    det: np.ndarray,
     cls: np.ndarray,
     wait: np.ndarray | None,
     share: np.ndarray | None,
+    end: np.ndarray | None,
     want_trace: bool,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]:
     """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
     horizon = cfg.horizon_s
     rows, cols = e.shape
     planned = cls == m.n_cls
-    det = m.detect[cls]
     lost = m.node_loss[cls]
     r_restart, r_restore, r_stall, stopped = _recovery(m, cls)
-    e = _fail_at(cfg, m, e, cls)
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
-        cyc = e + det + cfg.replica_rejoin_s
+        end = np.cumsum(e + det + cfg.replica_rejoin_s, axis=1, dtype=np.float64)
     elif wait is not None:
         wait = wait.astype(m.ft, copy=False)
-        cyc = e + det + wait
-    else:
-        cyc = e + det
-    start = np.cumsum(cyc, axis=1, dtype=np.float64)
-    start[:, 1:] = start[:, :-1]
+        end = np.cumsum(e + det + wait, axis=1, dtype=np.float64)
+    assert end is not None
+    start = np.empty_like(end)
     start[:, 0] = 0.0
+    start[:, 1:] = end[:, :-1]
     avail = np.maximum(horizon - start, 0.0).astype(m.ft, copy=False)
     hit = e < avail
     rec = r_restart + r_restore + r_stall

@@ -25,35 +25,32 @@ def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def repair_queue(
-    sizer: WorldSizer, repair_s: float, spares: int, t_fail: np.ndarray, lost: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nodes in repair at each node-losing failure (no waiting assumed): (runnable, share, wait)."""
+    sizer: WorldSizer, repair_s: float, spares: int, t_fail: np.ndarray, lost: np.ndarray, share: np.ndarray
+) -> np.ndarray:
+    """Nodes in repair at each node-losing failure, assuming nobody waits: writes the share of the job
+    that runs after each failure into ``share`` (same shape as ``t_fail``) and returns, per trial,
+    whether its job ever had to wait for a repaired node (then the assumption fails for it)."""
     rows, cols = t_fail.shape
-    share = np.ones((rows, cols))
-    runnable = np.ones((rows, cols), dtype=bool)
-    wait = np.zeros((rows, cols))
-    r_idx, c_idx = np.nonzero(lost)
-    if not len(r_idx):
-        return runnable, share, wait
-    tf = t_fail[r_idx, c_idx]
+    must = np.zeros(rows, dtype=bool)
+    flat = np.flatnonzero(lost)
+    if not len(flat):
+        return must
+    r_idx = flat // cols
+    tf = t_fail.ravel()[flat]
     starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
-    ordinal = np.arange(len(r_idx)) - starts[r_idx]
+    ordinal = np.arange(len(flat)) - starts[r_idx]
     # per row, node-loss times in order, flattened with an offset so that rows do not mix
     key = tf + r_idx * (2.0 * (float(tf.max()) + repair_s + 1.0))
     returned = np.searchsorted(key, key - repair_s, side="right") - starts[r_idx]
     out = ordinal + 1 - returned  # nodes in repair, this one included
-    over = np.nonzero(out > spares)[0]
+    over = np.flatnonzero(out > spares)
     if not len(over):
-        return runnable, share, wait
-    lut_run, lut_share = lut(sizer, out[over])
-    ok = lut_run[out[over]]
-    runnable[r_idx[over], c_idx[over]] = ok
-    share[r_idx[over], c_idx[over]] = lut_share[out[over]]
-    need = over[~ok]
-    if len(need):  # wait for the (out - spares)-th earliest node still in repair
-        first = starts[r_idx[need]] + returned[need] + (out[need] - spares) - 1
-        wait[r_idx[need], c_idx[need]] = tf[first] + repair_s - tf[need]
-    return runnable, share, wait
+        return must
+    o = out[over]
+    lut_run, lut_share = lut(sizer, o)
+    share.ravel()[flat[over]] = lut_share[o]
+    must[r_idx[over[~lut_run[o]]]] = True
+    return must
 
 
 def sequential_waits(
