@@ -477,9 +477,11 @@ def _finish(
         away_rec[:, 1:] = rec[:, 1:]
         r_restart[:, 1:] = r_restore[:, 1:] = r_stall[:, 1:] = 0.0
         rec = r_restart + r_restore + r_stall
-    spent_rec = np.minimum(np.minimum(e, rec), avail)
-    x = np.where(e >= rec, np.maximum(np.minimum(e, avail) - rec, 0.0), 0.0)
-    fails_in_run = hit & (e >= rec)
+    until = np.minimum(e, avail)  # the cycle's time before its failure or the horizon
+    spent_rec = np.minimum(until, rec)
+    x = np.maximum(until - rec, 0.0)  # zero when the failure came during the recovery
+    done = e >= rec
+    fails_in_run = hit & done
     compute, n_ckpt, stalled = _run_split(sch, x)
     committed_n = n_ckpt
     if sch.persist > 0:  # a checkpoint counts once its background persist has finished
@@ -521,7 +523,6 @@ def _finish(
     b["checkpoint_stall"] = x.sum(axis=1, dtype=np.float64) - sum_compute - cut
     # the recovery: restart first, then restore, then (after a planned stop) the checkpoint it took;
     # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
-    done = e >= rec
     restart_part = np.where(done, np.minimum(spent_rec, r_restart), spent_rec)
     left = spent_rec - restart_part  # >= 0; zero where the recovery was cut short
     restore_part = np.minimum(r_restore, left)
@@ -537,7 +538,7 @@ def _finish(
         b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1, dtype=np.float64)
     else:
         b["restart"] = restart_part[:, 1:].sum(axis=1, dtype=np.float64)
-    d = np.where(hit, np.minimum(det, avail - e), 0.0)
+    d = np.minimum(det, np.maximum(avail - e, 0.0))  # zero where no failure came before the horizon
     b["detection"] = d.sum(axis=1, dtype=np.float64)
     rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
     if m.replica:
