@@ -39,7 +39,7 @@ from .policies import WorldSizer, hang_detect_s, restart_period
 from .repair_queue import repair_queue, sequential_waits
 
 BUCKETS = SIM_BUCKETS
-CHUNK_CELLS = 1 << 16  # trials x cycles per chunk: about 30 arrays of 512 KiB stay in the CPU cache
+CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
 
 
 @dataclass(frozen=True)
