@@ -64,8 +64,9 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
                     label=opt,  # type: ignore[arg-type]
                 )
             ax.set_xscale("log")
-            if key == "ettr":
-                ax.set_ylim(0, 100)
+            if key == "ettr":  # zoomed to the data, so that close options stay apart
+                low = min(100.0 * float(r["ettr"]) for r in p.options)  # type: ignore[arg-type]
+                ax.set_ylim(max(0.0, low - 5.0), 100.5)
             else:
                 ax.set_yscale("log")
             ax.set_xlabel("GPUs (log scale; interval re-optimised at each size)")
