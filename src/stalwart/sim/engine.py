@@ -467,9 +467,12 @@ def _finish(
     start = np.empty_like(end)
     start[:, 0] = 0.0
     start[:, 1:] = end[:, :-1]
-    avail = np.maximum(horizon - start, 0.0).astype(m.ft, copy=False)
+    avail = np.subtract(horizon, start, dtype=m.ft, casting="same_kind")
+    np.maximum(avail, 0.0, out=avail)
     hit = e < avail
-    rec = r_restart + r_restore + r_stall
+    rec = r_restart + r_restore
+    if m.plan_stall[-1] > 0:
+        rec += r_stall
     b: dict[str, np.ndarray] = {name: np.zeros(rows) for name in BUCKETS}
     away_rec = None
     if m.replica:  # only the start-up stops the whole job; later recoveries are one group's
@@ -547,7 +550,7 @@ def _finish(
     elif wait is not None:
         b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1, dtype=np.float64)
     cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
-    flat = (np.arange(rows)[:, None] * (m.n_cls + 1) + cls)[hit]
+    flat = (np.arange(rows, dtype=np.int32)[:, None] * (m.n_cls + 1) + cls)[hit]
     cnt += np.bincount(flat, minlength=rows * (m.n_cls + 1)).reshape(rows, m.n_cls + 1)
     tr: list[dict[str, float]] = []
     if want_trace:
