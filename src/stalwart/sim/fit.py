@@ -228,8 +228,10 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         trials=trials,
         failures=sim_failures(fit),
         planned_per_1000_gpu_days=0.0,
-        decide_s=fit.decide_s or 0.0,
-        job_restart_s=fit.recover_s if fit.recover_s is not None else values.get("job_restart_s", 300.0),
+        # the report books the decision into restart (detected -> next first step), so does the replay
+        decide_s=0.0,
+        job_restart_s=(fit.decide_s or 0.0)
+        + (fit.recover_s if fit.recover_s is not None else float(values.get("job_restart_s", 300.0))),
         startup_s=fit.startup_s,
         fail_in_recovery=not fit.injected,
         spare_nodes=None,
