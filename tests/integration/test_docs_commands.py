@@ -87,8 +87,16 @@ def _sim_table(out: str, walk: Walk) -> None:
 
 def _plan_plots(out: str, walk: Walk) -> None:
     charts = walk.cwd / "charts"
-    assert sorted(p.name for p in charts.iterdir()) == ["ettr_vs_gpus.svg", "ettr_vs_interval.svg"]
+    assert sorted(p.name for p in charts.iterdir()) == [
+        "cost_vs_gpus.svg",
+        "ettr_vs_gpus.svg",
+        "ettr_vs_interval.svg",
+    ]
     assert "100,000" in out or "100000" in out  # the --scale-to row
+
+
+def _ledger_written(walk: Walk) -> None:
+    assert (walk.cwd / "runs" / "sim" / "ledger" / "sim.ledger").is_file()
 
 
 def _plan_ledger(out: str, walk: Walk) -> None:
@@ -273,9 +281,19 @@ ENTRIES = [
     ),
     Entry(
         "simulator.md",
-        "stalwart plan --ledger runs/r1 --json",
-        "stalwart plan --ledger {run} --json",
-        "runs/r1 stands for a run directory: the run above",
+        "stalwart sim --gpus 8 --days 0.5 --trials 2 --rate-scale 5000 --write-ledger runs/sim --step 10",
+        check=lambda out, walk: _ledger_written(walk),
+    ),
+    Entry(
+        "simulator.md",
+        "stalwart plan --ledger runs/sim --gpus 8 --days 2 --json",
+        "stalwart plan --ledger runs/sim --gpus 8 --days 2 --trials 10 --json",
+        "200 trials per candidate take a while on 2 cores; 10 go through the same planning. The docs walk's "
+        "own run had no failure, which plan --ledger refuses (no rate to fit): a simulated run has some",
+        before=(
+            "stalwart sim --gpus 8 --days 0.5 --trials 2 --rate-scale 5000 --write-ledger runs/sim --step 10",
+            0,
+        ),
         check=_plan_ledger,
     ),
 ]

@@ -96,6 +96,19 @@ def test_plan_scale_table_fits_80_columns_with_every_number_whole(capsys, monkey
     )
     out = capsys.readouterr().out.splitlines()
     row = next(line for line in out if line.lstrip().startswith("100,000"))
-    assert row.split() == ["100,000", "196", "0.51", "311", "0.543", "0.533", "2,356", "59.3M", "122.6M"]
+    # durations with their unit (MTBF 0.51 h = 31 min, interval 311 s = 5.2 min), ETTR in percent
+    assert row.split() == [
+        "100,000",
+        "196",
+        "31",
+        "min",
+        "5.2",
+        "min",
+        "54.3%",
+        "53.3%",
+        "2,356",
+        "59.3M",
+        "122.6M",
+    ]
     table = out[out.index(next(line for line in out if "predicted at scale" in line)) :][:6]
     assert all(len(line) <= 80 for line in table), table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import typer
 
 from .sim import build_values, load_config_file
@@ -64,8 +65,17 @@ def register(app: typer.Typer) -> None:
         )
         cfg = make_config(**values)
         notes: list[str] = []
+        measured = None
         if ledger is not None:
+            measured = _replay(ledger, values, trials)
             cfg, notes = _measured(ledger, cfg)
+            if interval is None and measured["interval_s"] and len(cfg.tiers) == 1:
+                tier = {**cfg.tiers[0].model_dump(), "interval_s": measured["interval_s"]}
+                cfg = make_config(**{**cfg.model_dump(), "tiers": [tier]})
+                notes.append("current checkpoint interval: the run's own (median between commits)")
+            from ..sim.fit import check_feasible
+
+            check_feasible(cfg, "measured" if not measured["injected"] else "default")
         result = plan(cfg, scale_to=scale_to, trials=trials)
         written = []
         if plot is not None:
@@ -75,6 +85,7 @@ def register(app: typer.Typer) -> None:
         data = result.as_dict()
         data["notes"] = list(data["notes"]) + notes
         data["plots"] = written
+        data["measured"] = measured
         if json_out:
             print(json.dumps(data, indent=2, default=str))
             return
@@ -109,6 +120,50 @@ def _measured(ledger: Path, base):
     return cfg, notes
 
 
+def _replay(ledger: Path, values: dict, trials: int) -> dict:
+    """Fit the run in ``ledger`` (rates per node-hour with 95% bounds, times) and simulate that run
+    itself: the prediction to compare with what the report measured."""
+    from ..errors import LedgerError
+    from ..ledger import read_merged
+    from ..sim import simulate
+    from ..sim.buckets import to_report
+    from ..sim.config import make_config
+    from ..sim.fit import check_feasible, fit_run, run_config
+
+    fit = fit_run(read_merged(ledger))
+    if fit.failures == 0:
+        raise LedgerError(
+            f"the run in {ledger} had no failure, so there is no failure rate to fit",
+            "plan without --ledger (default fleet rates), or point at a run that had failures",
+        )
+    cfg = make_config(**run_config(fit, values, trials))
+    check_feasible(cfg, "measured")
+    r = simulate(cfg)
+    rate, low, high = fit.per_node_hour
+    # the simulated horizon ends at the last step; the run's shutdown (final save, exit) is added back
+    predicted = to_report({b: float(a.mean()) for b, a in r.buckets.items()})
+    predicted["shutdown"] += fit.buckets.get("shutdown", 0.0)
+    ettr = r.buckets["productive"] / fit.wall_s
+    return {
+        "gpus": fit.gpus,
+        "wall_s": fit.wall_s,
+        "node_hours": fit.node_hours,
+        "injected": fit.injected,
+        "failures": fit.failures,
+        "per_node_hour": rate,
+        "per_node_hour_95": [low, high],
+        "classes": [c.__dict__ for c in fit.classes],
+        "recover_s": fit.recover_s,
+        "stall_s": fit.stall_s,
+        "interval_s": fit.interval_s,
+        "goodput_measured": fit.goodput,
+        "goodput_predicted": float(ettr.mean()),
+        "goodput_predicted_p5_p95": [float(q) for q in np.percentile(ettr, [5, 95])],
+        "buckets_measured_s": fit.buckets,
+        "buckets_predicted_s": predicted,
+    }
+
+
 def compact(x: float) -> str:
     """A count short enough for an 80-column table: 99,999 as is, then 123k, 4.5M, 1.2B."""
     for scale, suffix in ((1e9, "B"), (1e6, "M")):
@@ -124,8 +179,8 @@ def _print(d: dict) -> None:
 
     c = Console(highlight=False)
 
-    def say(text: str) -> None:  # prose: never cut by rich, the terminal wraps it
-        c.print(text, soft_wrap=True)
+    def say(text: str) -> None:  # prose: wrapped at the terminal's width (80 when not a terminal)
+        c.print(text)
 
     def table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
         # no vertical rules, each column as wide as its widest value: numbers are never cut at 80 columns
@@ -139,11 +194,59 @@ def _print(d: dict) -> None:
             t.add_row(*r)
         return t
 
+    from ..sim.units import duration, number, percent
+
+    m = d.get("measured")
+    if m:
+        say(
+            f"[bold]measured run:[/bold] {m['gpus']:,} GPUs for {duration(m['wall_s'])} "
+            f"({number(m['node_hours'])} node-hours{' of training' if m['injected'] else ''}), "
+            f"{m['failures']} failures" + (f", {m['injected']} injected by chaos" if m["injected"] else "")
+        )
+        rows = [
+            [
+                k["name"],
+                str(k["events"]),
+                number(k["per_node_hour"]),
+                f"{number(k['low'])} - {number(k['high'])}",
+                duration(k["detect_s"]),
+            ]
+            for k in m["classes"]
+        ]
+        lo, hi = m["per_node_hour_95"]
+        rows.append(
+            ["all", str(m["failures"]), number(m["per_node_hour"]), f"{number(lo)} - {number(hi)}", ""]
+        )
+        c.print(
+            table(
+                "failure rates fitted per node-hour (95% Poisson bounds)",
+                ["failure", "count", "per\nnode-h", "95% bounds", "detect"],
+                rows,
+            )
+        )
+        p5, p95 = m["goodput_predicted_p5_p95"]
+        say(
+            f"goodput: measured {percent(m['goodput_measured'])}, simulated from the fitted rates and "
+            f"times {percent(m['goodput_predicted'])} (5-95%: {percent(p5)} - {percent(p95)})"
+        )
+        wall = m["wall_s"] or 1.0
+        rows = [
+            [b, percent(m["buckets_measured_s"].get(b, 0.0) / wall), percent(v / wall)]
+            for b, v in m["buckets_predicted_s"].items()
+            if v > 0 or m["buckets_measured_s"].get(b, 0.0) > 0
+        ]
+        c.print(
+            table(
+                "this run: measured and simulated, share of wall time",
+                ["bucket", "measured", "simulated"],
+                rows,
+            )
+        )
     rows = [
-        [a["name"], f"{a['current_s']:,.0f}", f"{a['closed_form_s']:,.0f}", f"{a['recommended_s']:,.0f}"]
+        [a["name"], duration(a["current_s"]), duration(a["closed_form_s"]), duration(a["recommended_s"])]
         for a in d["tiers"]
     ]
-    c.print(table("checkpoint interval per tier", ["tier", "current s", "Daly s", "recommended s"], rows))
+    c.print(table("checkpoint interval per tier", ["tier", "current", "Daly", "recommended"], rows))
     for a in d["tiers"]:
         say(f"why: {a['reason']}")
     say(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
@@ -152,10 +255,10 @@ def _print(d: dict) -> None:
         [
             f"{p['gpus']:,}",
             "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
-            f"{p['job_mtbf_h']:.2f}",
-            f"{p['interval_s']:,.0f}",
-            f"{p['ettr_mean']:.3f}",
-            f"{p['ettr_p5']:.3f}",
+            duration(p["job_mtbf_h"] * 3600.0),
+            duration(p["interval_s"]),
+            percent(p["ettr_mean"]),
+            percent(p["ettr_p5"]),
             compact(p["interruptions_mean"]),
             compact(p["lost_gpu_hours_mean"]),
             compact(p["cost_mean"]),
@@ -168,8 +271,8 @@ def _print(d: dict) -> None:
             [
                 "GPUs",
                 "spares",
-                "MTBF\nh",
-                "ckpt\ns",
+                "job\nMTBF",
+                "ckpt\nevery",
                 "ETTR\nmean",
                 "ETTR\np5",
                 "inter-\nrupts",
@@ -180,10 +283,24 @@ def _print(d: dict) -> None:
         )
     )
     say(
-        "(interval re-optimised and spares scaled with the fleet; MTBF h: the job's mean time between "
-        "failures in hours; ckpt s: checkpoint interval; cost: of the lost GPU-hours; k/M/B: thousands, "
+        "(interval re-optimised and spares scaled with the fleet; job MTBF: the job's mean time between "
+        "failures; ckpt every: checkpoint interval; cost: of the lost GPU-hours; k/M/B: thousands, "
         "millions, billions)"
     )
+    opts = d.get("options") or []
+    if opts:
+        from ..sim.planner import OPTIONS
+
+        sizes = sorted({o["gpus"] for o in opts})
+        by = {(o["option"], o["gpus"]): o for o in opts}
+        rows = [[name] + [percent(by[(name, g)]["ettr"]) for g in sizes] for name in OPTIONS]
+        c.print(table("ETTR by recovery option and GPUs", ["option"] + [compact(g) for g in sizes], rows))
+        say(
+            "(cold: restart every process, restore from storage; warm: restart in place; peer: restore "
+            "from a healthy peer's memory; replica: the failed replica group drops out and rejoins while "
+            "the others train; hot_spares: pre-initialised spare nodes (at least 1 per 256) step in; elastic: shrink instead of "
+            "waiting for a repaired node)"
+        )
     for n in d["notes"]:
         say(f"note: {n}")
     for p in d["plots"]:

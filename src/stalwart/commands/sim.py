@@ -97,13 +97,17 @@ def register(app: typer.Typer) -> None:
         stall: float = typer.Option(None, help="Seconds the loop is blocked per checkpoint (single tier)."),
         restore: float = typer.Option(None, help="Seconds to load the checkpoint on restart (single tier)."),
         restart: float = typer.Option(None, help="Seconds of an in-job restart (rendezvous, init, warm-up)."),
-        strategy: str = typer.Option(None, help="in_process | in_job | requeue."),
+        strategy: str = typer.Option(None, help="in_process | in_job | requeue | replica."),
         spares: int = typer.Option(None, help="Hot spare nodes (default: the pool always has one)."),
         elastic: bool = typer.Option(None, "--elastic/--no-elastic", help="Shrink when no spare is left."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate (1.0 = Llama 3 mix)."),
         price: float = typer.Option(None, help="Cost of one GPU-hour (default 2.0)."),
         config: Path = typer.Option(None, help="YAML file of simulator settings (see docs/simulator.md)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+        write_ledger: Path = typer.Option(
+            None, "--write-ledger", help="Write trial 0 as a run directory that 'stalwart report' reads."
+        ),
+        step: float = typer.Option(10.0, "--step", help="Step time, s, of the written ledger's steps."),
     ) -> None:
         """Simulate a training run with failures: ETTR distribution, interruptions, lost GPU-hours, cost."""
         from ..sim import simulate
@@ -126,7 +130,11 @@ def register(app: typer.Typer) -> None:
             rate_scale=rate_scale,
             price=price,
         )
-        result = simulate(make_config(**values))
+        result = simulate(make_config(**values), trace=write_ledger is not None)
+        if write_ledger is not None:
+            from ..sim.run_ledger import write
+
+            write(result, write_ledger, step)
         summary = result.summary()
         if json_out:
             print(json.dumps(summary, indent=2))
@@ -165,5 +173,7 @@ def print_summary(s: dict[str, Any]) -> None:
     total = sum(s["buckets_hours_mean"].values()) or 1.0
     b.add_column("share", justify="right")
     for k, v in s["buckets_hours_mean"].items():
+        if v <= 0:
+            continue
         b.add_row(k, f"{v:,.1f}", f"{100 * v / total:.1f}%")
     console.print(b)

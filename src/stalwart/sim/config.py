@@ -62,6 +62,8 @@ class FailureClass(BaseModel):
     per_1000_gpu_days: float = Field(ge=0, description="failures per 1000 GPU-days of exposure")
     node_loss: bool = True  # the node must be replaced (hot spare, shrink, or wait for repair)
     detect_s: float = Field(60.0, ge=0)
+    # "hang": detected by the agent's hang timeout (launch.timeouts) when SimConfig.step_s is set
+    kind: Literal["crash", "hang"] = "crash"
 
 
 def llama3_failure_mix(scale: float = 1.0) -> list[FailureClass]:
@@ -86,10 +88,13 @@ class CheckpointTier(BaseModel):
     )
     stall_s: float = Field(ge=0, description="seconds the training loop is blocked per checkpoint")
     restore_s: float = Field(60.0, ge=0, description="seconds to load this tier on restart")
+    persist_s: float = Field(
+        0.0, ge=0, le=MAX_SECONDS, description="after the stall, until the checkpoint can be resumed from"
+    )
     survives_node_loss: bool = True
 
 
-Strategy = Literal["in_process", "in_job", "requeue"]
+Strategy = Literal["in_process", "in_job", "requeue", "replica"]
 
 
 class SimConfig(BaseModel):
@@ -113,6 +118,11 @@ class SimConfig(BaseModel):
     strategy: Strategy = "in_job"
     in_process_restart_s: float = Field(60.0, ge=0)
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
+    # False: failures strike only while training (chaos faults fire at steps), never during a recovery
+    fail_in_recovery: bool = True
+    startup_s: float | None = Field(
+        None, ge=0, le=MAX_SECONDS, description="job start to first step; None: job_restart_s"
+    )
     requeue_s: float = Field(1800.0, ge=0, description="back through the scheduler queue")
     spare_nodes: int | None = Field(
         None, ge=0, le=MAX_SPARES, description="hot spares; None: the wider pool always has a node"
@@ -124,6 +134,24 @@ class SimConfig(BaseModel):
     straggler_slowdown: float = Field(0.0, ge=0, description="0.3 = steps 30% slower while it lasts")
     straggler_mitigate_s: float = Field(1800.0, ge=0)
     gpu_hour_price: float = Field(2.0, ge=0)
+    # the agent's own policies (sim/policies.py asks them; see docs/simulator.md)
+    max_restarts: int | None = Field(
+        None, ge=0, le=100_000, description="restart budget of the agent; None: a cluster manager restarts"
+    )
+    step_s: float | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="step time; hang classes are detected by the hang timeout"
+    )
+    hang_multiplier: float = Field(3.0, gt=0, le=1000)
+    hang_floor_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
+    hang_cap_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    size_rule: Literal["multiple", "power_of_two"] = "multiple"
+    size_divisor: int = Field(1, ge=1, le=MAX_GPUS, description="world size must be a multiple of this")
+    # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
+    # group drops out and rejoins after its recovery while the others keep training
+    replica_groups: int = Field(8, ge=2, le=MAX_GPUS)
+    replica_rejoin_s: float = Field(
+        5.0, ge=0, le=MAX_SECONDS, description="whole-job pause while a group leaves or rejoins (per step)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -170,6 +198,12 @@ class SimConfig(BaseModel):
                     f"{name} = {getattr(self, name):g} s is beyond any real run", "check the units"
                 )
         for t in self.tiers:
+            if t.stall_s > 10.0 * t.interval_s:
+                raise ConfigError(
+                    f"tier {t.name} stalls {t.stall_s:,.6g} s per checkpoint, more than ten times its "
+                    f"interval of {t.interval_s:,.6g} s of training",
+                    "check the units: interval_s and stall_s are both seconds",
+                )
             if max(t.stall_s, t.restore_s) > MAX_SECONDS:
                 raise ConfigError(
                     f"tier {t.name}: stall/restore beyond any real run", "check the units (seconds)"
@@ -184,8 +218,18 @@ class SimConfig(BaseModel):
         return self
 
     def memory_estimate_bytes(self) -> int:
-        """The engine's working set: ~60 float64 arrays of ``trials`` plus the per-class counters."""
-        return self.trials * 8 * (60 + len(self.failures) + 1)
+        """The engine's working set: per trial ~20 float64 results plus the per-class counters; a
+        bounded chunk of the trial x cycle matrix (~40 arrays of 128K cells); and, when the job may
+        have to wait for a repaired node (finite spares, no shrinking), up to ~40 bytes per trial
+        and cycle for the trials recomputed cycle by cycle."""
+        per_trial = self.trials * 8 * (20 + len(self.failures) + 1)
+        chunk = 40 * (1 << 17) * 8
+        waits = 0
+        if self.spare_nodes is not None and not self.elastic and self.strategy != "replica":
+            lam = self.failure_rate_per_s() + self.planned_rate_per_s()
+            mu = lam * self.horizon_s
+            waits = self.trials * int(mu + 8.0 * math.sqrt(mu) + 16) * 40
+        return per_trial + chunk + waits
 
     @property
     def nodes(self) -> int:

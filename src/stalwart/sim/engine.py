@@ -1,30 +1,45 @@
 """Vectorised Monte Carlo of one training run, many trials at once (numpy).
 
-Each loop iteration advances every trial by one interruption: a recovery phase (detection, decision,
-restart, restore, waiting for nodes), which a further failure can interrupt, then a run phase until
-the next failure or the end of the horizon. Failures are Poisson (superposed classes plus planned
-maintenance), so the time to the next one is exponential and is redrawn at every phase boundary
-(memorylessness). The run phase follows a periodic checkpoint schedule that restarts at every resume:
-compute ``interval`` of the fastest tier, stall for every tier due at that point, repeat. A failure
-rolls back to the newest completed checkpoint of a tier that survives it. Lost nodes go to repair and
-come back after ``repair_hours``; hot spares replace them at no extra cost; without a spare the job
-either shrinks (``elastic``) or waits for a repaired node.
+A trial is a sequence of *cycles*. A cycle starts when the job begins to recover (or to start) and
+ends when the next failure has been detected and, if it cost a node, the job has a node to run on:
 
-Wall time of every trial is split into buckets that sum to the horizon: productive, degraded
-(throughput lost to stragglers or a shrunk job), checkpoint stall, lost work (compute later rolled
-back), detection + decision, restart + restore, waiting for nodes.
+    recovery (restart, restore)  ->  run (compute, checkpoint stalls)  ->  failure  ->  detection
+    ->  wait for a node (only when no spare is left and the job cannot shrink)
+
+Failures are Poisson (superposed classes plus planned maintenance), so the time from a cycle's start
+to its failure is one exponential draw; a failure during the recovery interrupts it (no run phase).
+Because the draws do not depend on the state, every cycle of every trial is drawn at once as a
+(trials x cycles) matrix and the buckets are sums over it; the only state that carries between
+cycles is the repair queue (nodes in repair, hot spares, elastic shrink). It is computed from the
+failure times with a vectorised sliding window; a trial whose job ever has to wait for a repaired
+node (which moves every later failure) is recomputed cycle by cycle, for those trials only.
+
+The run phase follows a periodic checkpoint schedule that restarts at every resume: compute
+``interval`` of the fastest tier, stall for every tier due at that point, repeat. A failure rolls back
+to the newest completed checkpoint of a tier that survives it.
+
+Policies are the agent's own (``sim/policies.py``): the restart budget, the hang timeout and the
+world-size / spare choice. Time is booked into the report's bucket names (``sim/buckets.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..launch.restart_policy import RestartBudget
+from ..launch.timeouts import HangTimeoutPolicy
+from ..launch.world_size import SizeRule
+from .buckets import SIM_BUCKETS
 from .config import SimConfig
+from .policies import WorldSizer, hang_detect_s, restart_period
+from .repair_queue import repair_queue, sequential_waits
 
-BUCKETS = ("productive", "degraded", "ckpt_stall", "lost_work", "detect", "restart", "wait_nodes")
+BUCKETS = SIM_BUCKETS
+CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,7 @@ class _Schedule:
     durable_every: int  # every how many base checkpoints a node-loss-surviving tier commits
     restore_all: float  # restore time of the fastest tier (software faults)
     restore_durable: float  # restore time of the fastest surviving tier (node loss)
+    persist: float  # background persist of the fastest surviving tier
 
 
 def _schedule(cfg: SimConfig) -> _Schedule:
@@ -62,6 +78,7 @@ def _schedule(cfg: SimConfig) -> _Schedule:
         int(round(fastest_durable.interval_s / base)),
         fastest.restore_s,
         fastest_durable.restore_s,
+        fastest_durable.persist_s,
     )
 
 
@@ -74,9 +91,10 @@ class SimResult:
     interruptions: np.ndarray
     planned: np.ndarray
     by_class: dict[str, np.ndarray]
-    buckets: dict[str, np.ndarray]  # seconds
+    buckets: dict[str, np.ndarray]  # seconds, SIM_BUCKETS
     iterations: int
     extra: dict[str, float] = field(default_factory=dict)
+    trace: list[dict[str, float]] = field(default_factory=list)  # trial 0, cycle by cycle (trace=True)
 
     @property
     def lost_gpu_hours(self) -> np.ndarray:
@@ -117,155 +135,447 @@ class SimResult:
         }
 
 
+# above this many trials x cycles, per-cycle quantities are float32 (a few ms per cycle; times and sums
+# stay float64): half the memory traffic. Smaller runs and traced ones are float64 throughout.
+FLOAT32_CELLS = 1 << 22
 MAX_EXPECTED_INTERRUPTIONS = 100_000  # per trial; a year at 100k GPUs of the Llama-3 mix is ~20k
 
 
-def simulate(cfg: SimConfig) -> SimResult:
-    rng = np.random.default_rng(cfg.seed)
-    n, horizon = cfg.trials, cfg.horizon_s
-    sch = _schedule(cfg)
+@dataclass(frozen=True)
+class _Model:
+    """Everything per failure class, with the policies' answers folded in."""
 
+    lam: float
+    cdf: np.ndarray
+    alias_p: np.ndarray  # Walker's alias table over the classes (+ planned): one uniform per draw
+    alias_i: np.ndarray
+    n_cls: int
+    node_loss: np.ndarray  # per class (+ planned)
+    detect: np.ndarray  # detection + decision per class
+    restart: np.ndarray  # restart after a failure of this class
+    restore: np.ndarray
+    plan_stall: np.ndarray  # the checkpoint a planned stop takes (counted into the next recovery)
+    first: tuple[float, float]  # (start-up, restore) of the first cycle
+    requeue: tuple[float, float]  # (requeue, restore) after the restart budget ran out
+    period: int | None  # infra failures after which the agent's restart policy stops the job
+    sizer: WorldSizer | None
+    repair_s: float
+    replica: bool
+    ft: type = np.float64  # dtype of per-cycle quantities
+
+
+def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
     classes = cfg.failures
-    lam_fail = cfg.failure_rate_per_s()
-    lam_plan = cfg.planned_rate_per_s()
-    lam = lam_fail + lam_plan
-    expected = lam * horizon
-    if expected > MAX_EXPECTED_INTERRUPTIONS:
-        raise ConfigError(
-            f"{expected:,.0f} interruptions expected per trial ({lam * 3600:.3g} per hour for "
-            f"{horizon / 86400:g} days); the simulator steps through each one and would not finish",
-            "lower --gpus, --days or --rate-scale; rates measured on a chaos run are far above a real fleet's",
-        )
-    # class index 0..C-1 are failures, C is "planned"
+    lam = cfg.failure_rate_per_s() + cfg.planned_rate_per_s()
     weights = np.array([f.per_1000_gpu_days for f in classes] + [cfg.planned_per_1000_gpu_days], float)
     cdf = np.cumsum(weights / weights.sum()) if lam > 0 else np.array([1.0])
     n_cls = len(classes)
     node_loss = np.array([f.node_loss for f in classes] + [False])
-    detect = np.array([f.detect_s + cfg.decide_s for f in classes] + [0.0])
-
-    if cfg.strategy == "in_process":
-        soft_restart, hard_restart = cfg.in_process_restart_s, cfg.job_restart_s
-    elif cfg.strategy == "in_job":
-        soft_restart = hard_restart = cfg.job_restart_s
-    else:
-        soft_restart = hard_restart = cfg.requeue_s
-
-    t = np.zeros(n)
-    b = {k: np.zeros(n) for k in BUCKETS}
-    counts = np.zeros((n, n_cls + 1), dtype=np.int64)
-    # recovery needed before the next run phase: initial start-up is a plain job start
-    recovery = np.full(n, cfg.job_restart_s + sch.restore_durable)
-    mult = np.ones(n)  # throughput of the next run phase (elastic shrink)
-    nodes = cfg.nodes
-    cap = 16
-    returns = np.full((n, cap), -np.inf)  # repair completion times of lost nodes
-    strag_rate = cfg.straggler_per_node_day * nodes / 86400.0
-    slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
-    active = np.ones(n, dtype=bool)
-    iterations = 0
-
-    def draw_class(size: int) -> np.ndarray:
-        return np.minimum(np.searchsorted(cdf, rng.random(size), side="right"), n_cls)
-
-    def exp(size: int) -> np.ndarray:
-        return rng.exponential(1.0 / lam, size) if lam > 0 else np.full(size, np.inf)
-
-    while active.any():
-        iterations += 1
-        # ---- recovery phase (can itself be interrupted) -------------------------------------
-        f1 = exp(n)
-        rec = np.minimum(recovery, horizon - t)
-        fail_in_rec = active & (f1 < rec)
-        spent = np.where(fail_in_rec, f1, rec)
-        b["restart"] += np.where(active, spent, 0.0)
-        t = np.where(active, t + spent, t)
-        done = active & ~fail_in_rec & (t >= horizon)
-        active &= ~done
-        # ---- run phase ----------------------------------------------------------------------
-        run = active & ~fail_in_rec
-        f2 = exp(n)
-        x = np.where(run, np.minimum(f2, horizon - t), 0.0)
-        fails_in_run = run & (f2 < horizon - t)
-        q = np.floor(x / sch.period_wall)
-        r = x - q * sch.period_wall
-        j = np.searchsorted(sch.stall_end, r, side="right")  # completed stalls in this super-cycle
-        compute_in = np.minimum(r - sch.stall_cum[j], (j + 1) * sch.base)
-        compute = q * sch.period_compute + compute_in
-        n_ckpt = q * len(sch.stall_end) + j  # completed base checkpoints
-        # which class hit (drawn for every trial; used where a failure happened)
-        cls = draw_class(n)
-        hit = fail_in_rec | fails_in_run
-        lost_node = hit & node_loss[cls]
-        committed_all = n_ckpt * sch.base
-        committed_durable = np.floor(n_ckpt / sch.durable_every) * sch.durable_every * sch.base
-        planned = cls == n_cls
-        kept = np.where(
-            ~fails_in_run | planned, compute, np.where(lost_node, committed_durable, committed_all)
+    hang_s = None
+    if cfg.step_s is not None:
+        policy = HangTimeoutPolicy(
+            multiplier=cfg.hang_multiplier,
+            floor_s=cfg.hang_floor_s,
+            cap_s=max(cfg.hang_cap_s, cfg.hang_floor_s),
         )
-        # stragglers: episodes during this run phase slow the whole job until mitigated
-        if strag_rate > 0 and slow_loss > 0:
-            episodes = rng.poisson(strag_rate * x)
-            slow_frac = np.where(
-                x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0
+        hang_s = hang_detect_s(cfg.step_s, policy)
+    detect = np.array(
+        [(hang_s if f.kind == "hang" and hang_s is not None else f.detect_s) + cfg.decide_s for f in classes]
+        + [0.0]
+    )
+    if cfg.strategy == "in_process":
+        soft, hard = cfg.in_process_restart_s, cfg.job_restart_s
+    elif cfg.strategy == "requeue":
+        soft = hard = cfg.requeue_s
+    else:  # in_job; replica: the failed group restarts like a job, from a peer replica's memory
+        soft = hard = cfg.job_restart_s
+    restart = np.where(node_loss, hard, soft)
+    if cfg.strategy == "replica":
+        restore = np.full(n_cls + 1, sch.restore_all)
+    else:
+        restore = np.where(node_loss, sch.restore_durable, sch.restore_all)
+    plan_stall = np.zeros(n_cls + 1)
+    plan_stall[n_cls] = sum(t.stall_s for t in cfg.tiers)
+    sizer = None
+    if cfg.spare_nodes is not None:
+        min_nodes = math.ceil(cfg.min_nodes_fraction * cfg.nodes) if cfg.elastic else cfg.nodes
+        rule = SizeRule(
+            "power_of_two" if cfg.size_rule == "power_of_two" else "multiple",
+            cfg.size_divisor,
+        )
+        sizer = WorldSizer(cfg.nodes, cfg.spare_nodes, cfg.gpus_per_node, max(1, min_nodes), rule)
+        if not sizer.share(0)[0] or sizer.initial_share < 1.0:
+            raise ConfigError(
+                f"{cfg.gpus:,} GPUs is not a valid world size under the size rule "
+                f"({cfg.size_rule}, divisor {cfg.size_divisor})",
+                "pick --gpus that the rule allows, or relax the size rule",
             )
-            m = mult * (1.0 - slow_frac * slow_loss)
-        else:
-            m = mult
-        b["productive"] += np.where(run, kept * m, 0.0)
-        b["degraded"] += np.where(run, kept * (1.0 - m), 0.0)
-        b["lost_work"] += np.where(run, compute - kept, 0.0)
-        b["ckpt_stall"] += np.where(run, x - compute, 0.0)
-        t = np.where(run, t + x, t)
-        # ---- the interruption itself ---------------------------------------------------------
-        counts[hit, cls[hit]] += 1
-        det = np.where(hit, np.minimum(detect[cls], horizon - t), 0.0)
-        b["detect"] += det
-        t = t + det
-        # lost nodes go to repair; spares replace them; otherwise shrink or wait
-        wait = np.zeros(n)
-        mult = np.where(hit, 1.0, mult)
-        if lost_node.any() and cfg.spare_nodes is not None:
-            if (np.min(returns, axis=1) > t).any():
-                returns = np.concatenate([returns, np.full((n, cap), -np.inf)], axis=1)
-                cap *= 2
-            rows = np.nonzero(lost_node)[0]
-            slot = np.argmin(returns[rows], axis=1)
-            returns[rows, slot] = t[rows] + cfg.repair_hours * 3600.0
-            out = (returns[rows] > t[rows, None]).sum(axis=1)
-            missing = np.maximum(0, out - cfg.spare_nodes)
-            short = missing > 0
-            if short.any():
-                r_rows = rows[short]
-                miss = missing[short]
-                allowed = cfg.elastic & (nodes - miss >= np.ceil(cfg.min_nodes_fraction * nodes))
-                mult[r_rows[allowed]] = (nodes - miss[allowed]) / nodes
-                w_rows, w_miss = r_rows[~allowed], miss[~allowed]
-                if len(w_rows):
-                    srt = np.sort(returns[w_rows], axis=1)  # ascending; the last `out` are pending
-                    need = srt.shape[1] - (out[short][~allowed]) + w_miss - 1
-                    wait[w_rows] = np.maximum(0.0, srt[np.arange(len(w_rows)), need] - t[w_rows])
-        wait = np.where(hit, np.minimum(wait, horizon - t), 0.0)
-        b["wait_nodes"] += wait
-        t = t + wait
-        restore = np.where(lost_node, sch.restore_durable, sch.restore_all)
-        restart = np.where(lost_node, hard_restart, soft_restart)
-        # a planned stop takes a checkpoint first (one stall of every tier) and loses no work
-        plan_stall = sum(tr.stall_s for tr in cfg.tiers)
-        recovery = np.where(hit, restart + restore + np.where(planned, plan_stall, 0.0), recovery)
-        done = active & (t >= horizon)
-        active &= ~done
-        if iterations > 10_000_000:  # pragma: no cover - guards a runaway configuration
-            break
+    budget = None if cfg.max_restarts is None else RestartBudget(max_restarts=cfg.max_restarts)
+    alias_p, alias_i = _alias(weights if lam > 0 else np.array([0.0] * n_cls + [1.0]))
+    return _Model(
+        lam=lam,
+        cdf=cdf,
+        alias_p=alias_p,
+        alias_i=alias_i,
+        n_cls=n_cls,
+        node_loss=node_loss,
+        detect=detect,
+        restart=restart,
+        restore=restore,
+        plan_stall=plan_stall,
+        first=(cfg.job_restart_s if cfg.startup_s is None else cfg.startup_s, sch.restore_durable),
+        requeue=(cfg.requeue_s, sch.restore_durable),
+        period=restart_period(budget),
+        sizer=sizer,
+        repair_s=cfg.repair_hours * 3600.0,
+        replica=cfg.strategy == "replica",
+    )
 
-    ettr = b["productive"] / horizon
-    by_class = {f.name: counts[:, i] for i, f in enumerate(classes)}
+
+def _alias(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vose's alias table: draw slot k uniformly, keep it with probability p[k], else take i[k]."""
+    n = len(weights)
+    q = weights / weights.sum() * n
+    p = np.ones(n)
+    i = np.arange(n, dtype=np.int16)
+    small = [k for k in range(n) if q[k] < 1.0]
+    large = [k for k in range(n) if q[k] >= 1.0]
+    while small and large:
+        s, g = small.pop(), large.pop()
+        p[s], i[s] = q[s], g
+        q[g] -= 1.0 - q[s]
+        (small if q[g] < 1.0 else large).append(g)
+    return p, i
+
+
+def _cycles(lam: float, horizon: float) -> int:
+    """Cycles per trial that are enough with overwhelming probability (checked after the fact)."""
+    if lam <= 0:
+        return 1
+    mu = lam * horizon
+    return int(mu + 8.0 * math.sqrt(mu) + 16)
+
+
+def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
+    rng = np.random.default_rng(cfg.seed)
+    horizon = cfg.horizon_s
+    sch = _schedule(cfg)
+    m = _model(cfg, sch)
+    expected = m.lam * horizon
+    if expected > MAX_EXPECTED_INTERRUPTIONS:
+        raise ConfigError(
+            f"{expected:,.0f} interruptions expected per trial ({m.lam * 3600:.3g} per hour for "
+            f"{horizon / 86400:g} days); that is not a training run any policy could make progress in",
+            "check the rates' units (per 1000 GPU-days) and --gpus/--days",
+        )
+    k = _cycles(m.lam, horizon)
+    n = cfg.trials
+    if not trace and n * k > FLOAT32_CELLS:
+        f = np.float32
+        m = replace(
+            m,
+            detect=m.detect.astype(f),
+            restart=m.restart.astype(f),
+            restore=m.restore.astype(f),
+            plan_stall=m.plan_stall.astype(f),
+            ft=f,
+        )
+    out_b = {b: np.zeros(n) for b in BUCKETS}
+    counts = np.zeros((n, m.n_cls + 1), dtype=np.int64)
+    passes = 1
+    rows_per_chunk = max(1, CHUNK_CELLS // k)
+    tr: list[dict[str, float]] = []
+    deferred: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # width -> (rows, e, cls)
+
+    def store(
+        rows: np.ndarray, res: tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]
+    ) -> None:
+        nonlocal tr
+        b, c, t0 = res
+        for name in BUCKETS:
+            out_b[name][rows] = b[name]
+        counts[rows] = c
+        if t0:
+            tr = t0
+
+    for lo in range(0, n, rows_per_chunk):
+        hi = min(n, lo + rows_per_chunk)
+        kk = k
+        while True:
+            e, cls = _draw(m, rng, hi - lo, kk)
+            e = _fail_at(cfg, m, e, cls)  # from here on: offset of the failure from the cycle's start
+            det = m.detect[cls]
+            end = np.cumsum(e + det, axis=1, dtype=np.float64)  # when each cycle ends, without waits
+            if (end[:, -1] >= horizon).all():
+                break
+            kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
+        rows = np.arange(lo, hi)
+        share, must = _queue(cfg, m, e, det, cls, end)
+        if must.any():  # these trials waited for a repaired node: every later cycle moves
+            assert share is not None
+            deferred.setdefault(kk, []).append((rows[must], e[must], cls[must]))
+            keep = ~must
+            rows, e, det, cls, share, end = rows[keep], e[keep], det[keep], cls[keep], share[keep], end[keep]
+        if len(rows):
+            store(rows, _finish(cfg, sch, m, rng, e, det, cls, None, share, end, trace and rows[0] == 0))
+    for parts in deferred.values():
+        passes = 2
+        rows = np.concatenate([p[0] for p in parts])
+        e = np.concatenate([p[1] for p in parts])
+        cls = np.concatenate([p[2] for p in parts])
+        det = m.detect[cls]
+        wait, share = sequential_waits(
+            m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, e, det, m.node_loss[cls]
+        )
+        for lo in range(0, len(rows), rows_per_chunk):
+            sl = slice(lo, lo + rows_per_chunk)
+            store(
+                rows[sl],
+                _finish(
+                    cfg,
+                    sch,
+                    m,
+                    rng,
+                    e[sl],
+                    det[sl],
+                    cls[sl],
+                    wait[sl],
+                    share[sl],
+                    None,
+                    trace and rows[sl][0] == 0,
+                ),
+            )
+    ettr = out_b["productive"] / horizon
     return SimResult(
         config=cfg,
         ettr=ettr,
-        interruptions=counts[:, :n_cls].sum(axis=1),
-        planned=counts[:, n_cls],
-        by_class=by_class,
-        buckets=b,
-        iterations=iterations,
-        extra={"job_failure_rate_per_h": lam_fail * 3600.0},
+        interruptions=counts[:, : m.n_cls].sum(axis=1),
+        planned=counts[:, m.n_cls],
+        by_class={f.name: counts[:, i] for i, f in enumerate(cfg.failures)},
+        buckets=out_b,
+        iterations=passes,
+        extra={"job_failure_rate_per_h": cfg.failure_rate_per_s() * 3600.0},
+        trace=tr,
     )
+
+
+def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Time from each cycle's start to its failure, and the failure's class (n_cls = planned)."""
+    if m.lam <= 0:
+        return np.full((rows, cols), np.inf, dtype=m.ft), np.full((rows, cols), m.n_cls, dtype=np.int16)
+    e = rng.standard_exponential((rows, cols), dtype=m.ft)
+    e *= 1.0 / m.lam
+    u = rng.random((rows, cols), dtype=m.ft)
+    u *= len(m.alias_p)
+    slot = u.astype(np.int16)
+    u -= slot  # the fraction is a second uniform, independent of the slot
+    cls = np.where(u < m.alias_p[slot], slot, m.alias_i[slot])
+    return e, cls
+
+
+def _queue(
+    cfg: SimConfig, m: _Model, e: np.ndarray, det: np.ndarray, cls: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(share of the job that runs in each cycle, trials that must wait for a repaired node); a trial
+    that is not deferred never waits."""
+    rows, cols = e.shape
+    must = np.zeros(rows, dtype=bool)
+    if m.sizer is None or m.replica:  # nobody waits, the job always runs at full size
+        return None, must
+    start = np.empty_like(end)
+    start[:, 0] = 0.0
+    start[:, 1:] = end[:, :-1]
+    in_h = e < cfg.horizon_s - start
+    share_f = np.ones((rows, cols), dtype=m.ft)
+    must = repair_queue(m.sizer, m.repair_s, cfg.spare_nodes or 0, end, m.node_loss[cls] & in_h, share_f)
+    share = np.ones((rows, cols), dtype=m.ft)
+    share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    return share, must
+
+
+def _run_split(sch: _Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute seconds, completed base checkpoints, completed stall seconds) in ``x`` wall seconds of
+    a run phase; the rest of ``x`` is a stall still in progress."""
+    q = np.floor(x / sch.period_wall)
+    r = x - q * sch.period_wall
+    full = q * float(sch.stall_cum[-1])
+    if len(sch.stall_end) == 1:  # one tier: a stall ends every period; r < period_wall
+        return q * sch.period_compute + np.minimum(r, sch.base), q, full
+    j = np.searchsorted(sch.stall_end, r, side="right")
+    cum = sch.stall_cum.astype(x.dtype)[j]
+    compute_in = np.minimum(r - cum, (j + 1).astype(x.dtype) * sch.base)
+    return q * sch.period_compute + compute_in, q * len(sch.stall_end) + j.astype(x.dtype), full + cum
+
+
+def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(restart, restore, planned-stop stall, requeued) of the recovery that starts each cycle: from
+    the previous cycle's failure; the first cycle is the start-up."""
+    rows, cols = cls.shape
+    r_restart = np.empty((rows, cols), dtype=m.ft)
+    r_restore = np.empty((rows, cols), dtype=m.ft)
+    r_stall = np.zeros((rows, cols), dtype=m.ft)
+    r_restart[:, 0], r_restore[:, 0] = m.first
+    r_restart[:, 1:] = m.restart[cls[:, :-1]]
+    r_restore[:, 1:] = m.restore[cls[:, :-1]]
+    if m.plan_stall[-1] > 0:
+        r_stall[:, 1:] = m.plan_stall[cls[:, :-1]]
+    stopped = np.zeros((rows, cols), dtype=bool)  # the restart policy stopped the job: requeue
+    if m.period is not None:
+        infra = cls != m.n_cls
+        infra_n = np.cumsum(infra, axis=1)
+        stopped[:, 1:] = infra[:, :-1] & (infra_n[:, :-1] % m.period == 0)
+        r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
+        r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
+    return r_restart, r_restore, r_stall, stopped
+
+
+def _fail_at(cfg: SimConfig, m: _Model, e: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """Offset of each cycle's failure from the cycle's start: the draw itself, or (failures only while
+    training) the draw after the recovery."""
+    if cfg.fail_in_recovery or m.replica:
+        return e
+    r_restart, r_restore, r_stall, _ = _recovery(m, cls)
+    return e + r_restart + r_restore + r_stall
+
+
+def _finish(
+    cfg: SimConfig,
+    sch: _Schedule,
+    m: _Model,
+    rng: np.random.Generator,
+    e: np.ndarray,
+    det: np.ndarray,
+    cls: np.ndarray,
+    wait: np.ndarray | None,
+    share: np.ndarray | None,
+    end: np.ndarray | None,
+    want_trace: bool,
+) -> tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]:
+    """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
+    horizon = cfg.horizon_s
+    rows, cols = e.shape
+    planned = cls == m.n_cls
+    lost = m.node_loss[cls]
+    r_restart, r_restore, r_stall, stopped = _recovery(m, cls)
+    if m.replica:
+        # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
+        end = np.cumsum(e + det + cfg.replica_rejoin_s, axis=1, dtype=np.float64)
+    elif wait is not None:
+        wait = wait.astype(m.ft, copy=False)
+        end = np.cumsum(e + det + wait, axis=1, dtype=np.float64)
+    assert end is not None
+    start = np.empty_like(end)
+    start[:, 0] = 0.0
+    start[:, 1:] = end[:, :-1]
+    avail = np.subtract(horizon, start, dtype=m.ft, casting="same_kind")
+    np.maximum(avail, 0.0, out=avail)
+    hit = e < avail
+    rec = r_restart + r_restore
+    if m.plan_stall[-1] > 0:
+        rec += r_stall
+    b: dict[str, np.ndarray] = {name: np.zeros(rows) for name in BUCKETS}
+    away_rec = None
+    if m.replica:  # only the start-up stops the whole job; later recoveries are one group's
+        away_rec = np.zeros((rows, cols))
+        away_rec[:, 1:] = rec[:, 1:]
+        r_restart[:, 1:] = r_restore[:, 1:] = r_stall[:, 1:] = 0.0
+        rec = r_restart + r_restore + r_stall
+    until = np.minimum(e, avail)  # the cycle's time before its failure or the horizon
+    spent_rec = np.minimum(until, rec)
+    x = np.maximum(until - rec, 0.0)  # zero when the failure came during the recovery
+    done = e >= rec
+    fails_in_run = hit & done
+    compute, n_ckpt, stalled = _run_split(sch, x)
+    committed_n = n_ckpt
+    if sch.persist > 0:  # a checkpoint counts once its background persist has finished
+        committed_n = _run_split(sch, np.maximum(x - sch.persist, 0.0))[1]
+    committed = committed_n * sch.base
+    if sch.durable_every > 1:  # a node loss rolls back further, to the newest durable checkpoint
+        durable = np.floor(committed_n / sch.durable_every) * sch.durable_every * sch.base
+        committed = np.where(lost, durable, committed)
+    if m.replica:
+        kept = compute  # survivors never roll back; the failed group takes a live replica's state
+    else:
+        kept = np.where(fails_in_run & ~planned, committed, compute)
+    # stragglers: episodes during a run phase slow the whole job until mitigated
+    strag_rate = cfg.straggler_per_node_day * cfg.nodes / 86400.0
+    slow_loss = cfg.straggler_slowdown / (1.0 + cfg.straggler_slowdown)
+    slow = None
+    if strag_rate > 0 and slow_loss > 0:
+        episodes = rng.poisson(strag_rate * x)
+        slow = np.where(x > 0, np.minimum(x, episodes * cfg.straggler_mitigate_s) / np.maximum(x, 1e-9), 0.0)
+        slow *= slow_loss
+    uniform = m.sizer is None or m.replica  # the job always runs at full size
+    good = kept if uniform or share is None else kept * share.astype(m.ft, copy=False)
+    if not uniform:
+        b["shrunk"] = (kept - good).sum(axis=1, dtype=np.float64)
+    if strag_rate > 0 and slow_loss > 0:
+        b["straggler_slowdown"] = (good * slow).sum(axis=1, dtype=np.float64)
+        good = good - good * slow
+    if m.replica:
+        # the previous failure's group is away for its recovery (and any wait): its share is lost
+        assert away_rec is not None
+        away = np.minimum(np.minimum(away_rec, x) / cfg.replica_groups, good)
+        b["replica_away"] = away.sum(axis=1, dtype=np.float64)
+        good = good - away
+    b["productive"] = good.sum(axis=1, dtype=np.float64)
+    # a save cut short by the failure never committed: its stall is lost work, as the report sees it
+    cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1, dtype=np.float64)
+    sum_compute = compute.sum(axis=1, dtype=np.float64)
+    b["lost_work"] = sum_compute - kept.sum(axis=1, dtype=np.float64) + cut
+    b["checkpoint_stall"] = x.sum(axis=1, dtype=np.float64) - sum_compute - cut
+    # the recovery: restart first, then restore, then (after a planned stop) the checkpoint it took;
+    # a restore cut short by a failure never finished, so it is restart time (as the report sees it)
+    restart_part = np.where(done, np.minimum(spent_rec, r_restart), spent_rec)
+    left = spent_rec - restart_part  # >= 0; zero where the recovery was cut short
+    restore_part = np.minimum(r_restore, left)
+    b["checkpoint_restore"] = restore_part.sum(axis=1, dtype=np.float64)
+    if m.plan_stall[-1] > 0:
+        stall_part = np.minimum(r_stall, left - restore_part)
+        b["checkpoint_stall"] += stall_part.sum(axis=1, dtype=np.float64)
+    else:
+        stall_part = r_stall
+    b["startup"] = restart_part[:, 0]
+    if m.period is not None:
+        b["queue"] = np.where(stopped, restart_part, 0.0).sum(axis=1, dtype=np.float64)
+        b["restart"] = np.where(stopped[:, 1:], 0.0, restart_part[:, 1:]).sum(axis=1, dtype=np.float64)
+    else:
+        b["restart"] = restart_part[:, 1:].sum(axis=1, dtype=np.float64)
+    d = np.minimum(det, np.maximum(avail - e, 0.0))  # zero where no failure came before the horizon
+    b["detection"] = d.sum(axis=1, dtype=np.float64)
+    rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
+    if m.replica:
+        pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
+        b["restart"] += pause.sum(axis=1, dtype=np.float64)
+    elif wait is not None:
+        b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1, dtype=np.float64)
+    cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
+    flat = (np.arange(rows, dtype=np.int32)[:, None] * (m.n_cls + 1) + cls)[hit]
+    cnt += np.bincount(flat, minlength=rows * (m.n_cls + 1)).reshape(rows, m.n_cls + 1)
+    tr: list[dict[str, float]] = []
+    if want_trace:
+        for i in range(cols):
+            if start[0, i] >= horizon:
+                break
+            c = int(cls[0, i])
+            tr.append(
+                {
+                    "start": float(start[0, i]),
+                    "until_failure": float(e[0, i]),
+                    "restart": float(restart_part[0, i]),
+                    "restore": float(restore_part[0, i]),
+                    "plan_stall": float(stall_part[0, i]),
+                    "run": float(x[0, i]),
+                    "compute": float(compute[0, i]),
+                    "checkpoints": float(n_ckpt[0, i]),
+                    "kept": float(kept[0, i]),
+                    "failed": bool(hit[0, i]),
+                    "class": cfg.failures[c].name if c < m.n_cls else "planned",
+                    "node_loss": bool(lost[0, i]),
+                    "detection": float(d[0, i]),
+                    "wait": float(min(wait[0, i], rest[0, i])) if wait is not None and not m.replica else 0.0,
+                    "requeued": bool(stopped[0, i]),
+                    "recovered": bool(done[0, i] and rec[0, i] <= avail[0, i]),
+                }
+            )
+    return b, cnt, tr

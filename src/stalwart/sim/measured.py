@@ -10,6 +10,7 @@ from ..errors import LedgerError
 from ..events import CheckpointCommitted, CheckpointLoaded, Event
 from ..ledger import read_merged
 from .config import CheckpointTier, FailureClass, SimConfig, make_config
+from .units import duration, number
 
 NOT_INFRA = ("user", "planned")
 
@@ -34,19 +35,19 @@ def config_from_events(events: Sequence[Event], base: SimConfig) -> tuple[SimCon
             for f in base.failures
         ]
         notes.append(
-            f"failure rate {measured:.3g} per 1000 GPU-days from {len(infra)} interruptions in "
+            f"failure rate {number(measured)} per 1000 GPU-days from {len(infra)} interruptions in "
             f"{run.exposure.gpu_hours:,.1f} GPU-hours (class mix kept from the default table)"
         )
         m = mttr(infra)
         if m.detect_s is not None:
             values["failures"] = [{**f, "detect_s": m.detect_s} for f in values["failures"]]
-            notes.append(f"detection latency {m.detect_s:.1f} s (measured mean, all classes)")
+            notes.append(f"detection latency {duration(m.detect_s)} (measured mean, all classes)")
         if m.decide_s is not None:
             values["decide_s"] = m.decide_s
         if m.recover_s is not None:
             values["job_restart_s"] = m.recover_s
             notes.append(
-                f"restart {m.recover_s:.1f} s (measured mean decision -> first step, restore included)"
+                f"restart {duration(m.recover_s)} (measured mean decision -> first step, restore included)"
             )
     else:
         notes.append("no infrastructure failure in the ledger: keeping the default failure rates")
@@ -57,7 +58,7 @@ def config_from_events(events: Sequence[Event], base: SimConfig) -> tuple[SimCon
     repl = {}
     if stalls:
         repl["stall_s"] = sum(stalls) / len(stalls)
-        notes.append(f"checkpoint stall {repl['stall_s']:.3f} s (mean of {len(stalls)} commits)")
+        notes.append(f"checkpoint stall {duration(repl['stall_s'])} (mean of {len(stalls)} commits)")
     if values["job_restart_s"] != base.job_restart_s or (infra and mttr(infra).recover_s is not None):
         # the measured restart (decision -> first step) already includes the restore
         repl["restore_s"] = 0.0

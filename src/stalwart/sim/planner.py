@@ -14,10 +14,40 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..account.ettr import daly_ettr, daly_interval
-from .config import CheckpointTier, SimConfig
+from .config import MAX_GPUS, CheckpointTier, SimConfig
 from .engine import simulate
+from .units import duration
 
 STRATEGIES = ("in_process", "in_job", "requeue")
+# recovery options compared at every size (docs/simulator.md says what each one changes)
+OPTIONS = ("cold", "warm", "peer", "replica", "hot_spares", "elastic")
+PEER_RESTORE_S = 30.0  # loading state from a healthy peer's memory instead of shared storage
+
+
+def option_config(cfg: SimConfig, option: str) -> SimConfig:
+    """``cfg`` with one recovery option applied; every option keeps ``cfg``'s hot spares except
+    ``hot_spares`` (at least one per 256 nodes, pre-initialised) and ``elastic`` (none: it shrinks)."""
+    if option == "cold":
+        return _with(cfg, strategy="in_job")
+    if option == "warm":
+        return _with(cfg, strategy="in_process")
+    if option == "peer":
+        tiers = [
+            {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
+            for t in cfg.tiers
+        ]
+        return _with(cfg, strategy="in_process", tiers=tiers)
+    if option == "replica":
+        return _with(cfg, strategy="replica")
+    if option == "hot_spares":
+        # a hot spare is already initialised: even a node loss costs only the in-place restart
+        n = max(cfg.spare_nodes or 0, math.ceil(cfg.nodes / 256))
+        return _with(
+            cfg, strategy="in_process", spare_nodes=n, job_restart_s=cfg.in_process_restart_s, elastic=False
+        )
+    if option == "elastic":
+        return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
+    raise ValueError(f"unknown recovery option {option!r}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +90,8 @@ class Plan:
     scale: tuple[ScalePoint, ...]
     sweep: tuple[dict[str, float], ...]  # ETTR against the durable interval (closed form + simulated)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    current_interval_s: float = 0.0
+    options: tuple[dict[str, object], ...] = ()  # per recovery option and size: gpus, ettr, cost
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -103,7 +135,9 @@ def closed_form_intervals(cfg: SimConfig) -> list[TierAdvice]:
         else:
             rate, what = lam_soft, "faults that leave the node usable"
         if rate <= 0 or t.stall_s <= 0:
-            raw.append((t, t.interval_s, f"{t.name}: no {what} or no stall; keeping {t.interval_s:g} s"))
+            raw.append(
+                (t, t.interval_s, f"{t.name}: no {what} or no stall; keeping {duration(t.interval_s)}")
+            )
             continue
         m = 1.0 / rate
         tau = daly_interval(t.stall_s, m)
@@ -111,8 +145,8 @@ def closed_form_intervals(cfg: SimConfig) -> list[TierAdvice]:
             (
                 t,
                 tau,
-                f"{t.name}: Daly optimum for a {t.stall_s:g} s stall against {what} "
-                f"(job MTBF {m / 3600:.2f} h) is {tau:,.0f} s",
+                f"{t.name}: Daly optimum for a {duration(t.stall_s)} stall against {what} "
+                f"(job MTBF {duration(m)}) is {duration(tau)}",
             )
         )
     base = min(tau for _, tau, _ in raw)
@@ -174,8 +208,11 @@ def plan(
     sweep = []
     if lam > 0:
         single = _with(tuned, tiers=[durable.model_dump()])
-        for factor in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
-            tau = max(60.0, durable.interval_s * factor)
+        current = min(t.interval_s for t in cfg.tiers if t.survives_node_loss)
+        taus = sorted({max(1.0, durable.interval_s * f) for f in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)} | {current})
+        for tau in taus:
+            if tau > tuned.horizon_s:
+                continue
             e, _, _ = _score(_apply(single, {durable.name: tau}))
             sweep.append(
                 {
@@ -186,7 +223,7 @@ def plan(
             )
         notes.append(
             "Daly's curve assumes every fault restarts from the durable tier with the mean downtime "
-            f"({restart:,.0f} s); the simulator also models detection per class and repair queues"
+            f"({duration(restart)}); the simulator also models detection per class and repair queues"
         )
 
     # 3. spares: most productive GPU-hours per reserved GPU-hour
@@ -202,7 +239,7 @@ def plan(
         float(top["ettr"]),
         float(top["cost"]),
         f"{top['spares']} hot spare nodes give the most productive GPU-hours per reserved GPU-hour "
-        f"({float(top['goodput_per_reserved_gpu']):.3f}); repair takes {tuned.repair_hours:g} h",
+        f"({float(top['goodput_per_reserved_gpu']):.3f}); repair takes {duration(tuned.repair_hours * 3600)}",
         tuple(rows),
     )
     tuned = _with(tuned, spare_nodes=int(top["spares"]))
@@ -220,13 +257,15 @@ def plan(
         float(sbest["cost"]),
         f"{sbest['strategy']} restarts give ETTR {float(sbest['ettr']):.3f} against "
         f"{float(worst['ettr']):.3f} for {worst['strategy']} (restart "
-        f"{tuned.in_process_restart_s:g}/{tuned.job_restart_s:g}/{tuned.requeue_s:g} s)",
+        f"{duration(tuned.in_process_restart_s)} / {duration(tuned.job_restart_s)} / "
+        f"{duration(tuned.requeue_s)})",
         tuple(srows),
     )
     tuned = _with(tuned, strategy=str(sbest["strategy"]))
 
-    # 5. scale-up prediction, intervals re-optimised at every size
-    sizes = sorted({tuned.gpus, *[int(g) for g in scale_to]})
+    # 5. scale-up prediction, intervals re-optimised at every size; without --scale-to, four sizes
+    extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
+    sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
     points = []
     for g in sizes:
         g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
@@ -248,4 +287,18 @@ def plan(
                 cost_mean=float(r.cost.mean()),
             )
         )
-    return Plan(tiers, best, spares, strategy, tuple(points), tuple(sweep), tuple(notes))
+    options = []
+    for g in sizes:
+        g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
+        spares_g = None if tuned.spare_nodes is None else math.ceil(tuned.spare_nodes * g / tuned.gpus)
+        c = _with(tuned, gpus=g, spare_nodes=spares_g)
+        c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
+        for opt in OPTIONS:
+            r = simulate(option_config(c, opt))
+            options.append(
+                {"option": opt, "gpus": g, "ettr": float(r.ettr.mean()), "cost": float(r.cost.mean())}
+            )
+    current = min(t.interval_s for t in cfg.tiers if t.survives_node_loss)
+    return Plan(
+        tiers, best, spares, strategy, tuple(points), tuple(sweep), tuple(notes), current, tuple(options)
+    )

@@ -1,11 +1,13 @@
-"""Charts of a plan: ETTR against checkpoint interval and against cluster size (matplotlib, `plot` extra)."""
+"""Charts of a plan (matplotlib, `plot` extra): ETTR against the checkpoint interval with the current
+and recommended intervals marked, and ETTR and cost against cluster size with one line per recovery
+option. A chart needs at least two points; a plan always has several sizes and intervals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigError
-from .planner import Plan
+from .planner import OPTIONS, Plan
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -20,7 +22,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 
 def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
-    """Write ``ettr_vs_interval.<fmt>`` and ``ettr_vs_gpus.<fmt>`` into ``out_dir``; return the paths."""
+    """Write ``ettr_vs_interval``, ``ettr_vs_gpus`` and ``cost_vs_gpus`` (``.<fmt>``) into ``out_dir``."""
     if fmt not in ("png", "svg"):
         raise ConfigError(f"unknown plot format {fmt!r}", "use png or svg")
     plt = _pyplot()
@@ -30,34 +32,54 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
     except OSError as exc:
         raise ConfigError(f"cannot create plot directory {out}: {exc.strerror}") from exc
     written = []
-    if p.sweep:
+    if len(p.sweep) >= 2:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs = [row["interval_s"] / 60.0 for row in p.sweep]
-        ax.plot(xs, [row["ettr_daly"] for row in p.sweep], "-", label="Daly (2006) closed form")
-        ax.plot(xs, [row["ettr_sim"] for row in p.sweep], "o--", label="simulated (mean)")
+        ax.plot(xs, [100 * row["ettr_daly"] for row in p.sweep], "-", label="Daly (2006) closed form")
+        ax.plot(xs, [100 * row["ettr_sim"] for row in p.sweep], "o--", label="simulated (mean)")
+        durable = p.tiers[-1] if p.tiers else None
+        if p.current_interval_s > 0:
+            ax.axvline(p.current_interval_s / 60.0, color="grey", ls=":", label="current")
+        if durable is not None:
+            rec = max(t.recommended_s for t in p.tiers)
+            ax.axvline(rec / 60.0, color="green", ls="-.", label="recommended")
         ax.set_xscale("log")
-        ax.set_xlabel("durable checkpoint interval (minutes of training)")
-        ax.set_ylabel("ETTR")
+        ax.set_xlabel("checkpoint interval (minutes of training, log scale)")
+        ax.set_ylabel("effective training time ratio (%)")
         ax.set_title("ETTR against checkpoint interval")
         written.append(_finish(plt, fig, ax, out / f"ettr_vs_interval.{fmt}"))
-    if p.scale:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        gs = [pt.gpus for pt in p.scale]
-        ax.plot(gs, [pt.ettr_mean for pt in p.scale], "o-", label="mean ETTR")
-        ax.plot(gs, [pt.ettr_p5 for pt in p.scale], "v:", label="5th percentile")
-        ax.set_xscale("log")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("GPUs (interval re-optimised at each size)")
-        ax.set_ylabel("ETTR")
-        ax.set_title("ETTR against cluster size")
-        written.append(_finish(plt, fig, ax, out / f"ettr_vs_gpus.{fmt}"))
+    sizes = sorted({int(r["gpus"]) for r in p.options})  # type: ignore[call-overload]
+    if len(sizes) >= 2:
+        for key, label, name, scale in (
+            ("ettr", "effective training time ratio (%)", "ettr_vs_gpus", 100.0),
+            ("cost", "cost of lost GPU-hours and spares (per run)", "cost_vs_gpus", 1.0),
+        ):
+            fig, ax = plt.subplots(figsize=(7, 4.2))
+            for opt in OPTIONS:
+                rows = sorted((r for r in p.options if r["option"] == opt), key=lambda r: r["gpus"])  # type: ignore[arg-type,return-value]
+                ax.plot(
+                    [r["gpus"] for r in rows],
+                    [scale * float(r[key]) for r in rows],
+                    "o-",
+                    label=opt,  # type: ignore[arg-type]
+                )
+            ax.set_xscale("log")
+            if key == "ettr":  # zoomed to the data, so that close options stay apart
+                low = min(100.0 * float(r["ettr"]) for r in p.options)  # type: ignore[arg-type]
+                ax.set_ylim(max(0.0, low - 5.0), 100.5)
+            else:
+                ax.set_yscale("log")
+            ax.set_xlabel("GPUs (log scale; interval re-optimised at each size)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{'ETTR' if key == 'ettr' else 'Cost'} against cluster size, by recovery option")
+            written.append(_finish(plt, fig, ax, out / f"{name}.{fmt}"))
     return written
 
 
 def _finish(plt, fig, ax, path: Path) -> Path:
     """Grid, legend, tight layout; write the chart and free the figure."""
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

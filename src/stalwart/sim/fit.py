@@ -1,0 +1,268 @@
+"""Fit a measured run: failure rates per node-hour by class (with exact Poisson confidence bounds),
+detection per class, recovery, checkpoint stall, restore and interval, step time.
+
+Rates are per node-hour of exposure, never per second of wall clock: a few minutes with two faults
+say "about 20 per node-hour, somewhere between 2.4 and 72", and at 2,000 nodes that is still a rate
+per node, not an extrapolation of the run's own seconds. The bounds are the exact (Garwood) interval
+of a Poisson count: honest for zero, one or a handful of events.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..account.goodput import compute as goodput_of
+from ..account.reliability import interruptions_from_events
+from ..errors import ConfigError, LedgerError
+from ..events import (
+    AttemptStarted,
+    ChaosInjected,
+    CheckpointCommitted,
+    CheckpointLoaded,
+    CheckpointStaged,
+    Event,
+    StepCompleted,
+)
+from .config import SimConfig
+from .units import duration
+
+NODE_LOSING = ("agent_lost",)  # the node itself went away: a spare or a repaired node is needed
+HANGS = ("hang",)
+NOT_A_FAULT = ("user_error", "preempted")
+CONFIDENCE = 0.95
+
+
+def _gamma_cdf(shape: int, x: float) -> float:
+    """P(Gamma(shape, 1) <= x) for a positive integer shape (= P(Poisson(x) >= shape))."""
+    if x <= 0:
+        return 0.0
+    term = math.exp(-x)
+    total = term
+    for i in range(1, shape):
+        term *= x / i
+        total += term
+    return max(0.0, min(1.0, 1.0 - total))
+
+
+def _gamma_quantile(shape: int, p: float) -> float:
+    lo, hi = 0.0, max(10.0, 4.0 * shape + 40.0)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _gamma_cdf(shape, mid) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def poisson_interval(count: int, exposure: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact two-sided interval for a Poisson rate (events per unit of ``exposure``)."""
+    if exposure <= 0:
+        raise ValueError("exposure must be positive")
+    a = (1.0 - confidence) / 2.0
+    low = 0.0 if count == 0 else _gamma_quantile(count, a) / exposure
+    high = _gamma_quantile(count + 1, 1.0 - a) / exposure
+    return low, high
+
+
+@dataclass(frozen=True)
+class ClassFit:
+    name: str  # the failure kind as the agent detected it: crash, hang, agent_lost, peer_lost
+    events: int
+    per_node_hour: float
+    low: float
+    high: float
+    detect_s: float
+    node_loss: bool
+    hang: bool
+
+
+@dataclass(frozen=True)
+class RunFit:
+    classes: tuple[ClassFit, ...]
+    node_hours: float  # exposure: wall time, or training time when chaos injected the faults
+    wall_s: float
+    gpus: int
+    gpus_per_node: int
+    injected: int  # faults that chaos injected
+    decide_s: float | None
+    recover_s: float | None  # decision -> first step of the new attempt (restore included)
+    startup_s: float | None  # job start -> first step
+    stall_s: float | None
+    restore_s: float | None
+    interval_s: float | None  # training seconds between checkpoints
+    persist_s: float  # snapshot -> the checkpoint is committed in every tier (0: synchronous saves)
+    step_s: float | None
+    goodput: float  # as the report measures it
+    buckets: dict[str, float]
+
+    @property
+    def failures(self) -> int:
+        return sum(c.events for c in self.classes)
+
+    @property
+    def per_node_hour(self) -> tuple[float, float, float]:
+        n = self.failures
+        low, high = poisson_interval(n, self.node_hours)
+        return n / self.node_hours, low, high
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fit_run(events: Sequence[Event]) -> RunFit:
+    run = interruptions_from_events(events)
+    if run.exposure.node_hours <= 0:
+        raise LedgerError(
+            "the ledger has no attempt with a world size, so there is no exposure to measure rates over",
+            "point at the run directory of a run that started workers",
+        )
+    stamps = [e.ts for e in events]
+    if stamps and max(stamps) > 1e11:
+        raise LedgerError(
+            "the ledger's timestamps look like milliseconds, not seconds since the epoch",
+            "write events with ts in seconds",
+        )
+    faults = [i for i in run.interruptions if i.failure not in NOT_A_FAULT]
+    kinds = sorted({i.failure for i in faults})
+    g = goodput_of(events)
+    attempts = [e for e in events if isinstance(e, AttemptStarted)]
+    nodes = max(max(1, a.num_nodes) for a in attempts)
+    injected = sum(1 for e in events if isinstance(e, ChaosInjected))
+    # chaos fires at steps: its faults are a rate per hour of training, not of wall time
+    exposure = run.exposure.node_hours
+    if injected:
+        exposure = nodes * sum(s.last_end - s.first_start for s in g.segments) / 3600.0
+        if exposure <= 0:
+            raise LedgerError("the run never trained, so there is no exposure to measure rates over")
+    classes = []
+    for k in kinds:
+        group = [i for i in faults if i.failure == k]
+        low, high = poisson_interval(len(group), exposure)
+        classes.append(
+            ClassFit(
+                name=k,
+                events=len(group),
+                per_node_hour=len(group) / exposure,
+                low=low,
+                high=high,
+                detect_s=statistics.fmean(i.detect_s for i in group),
+                node_loss=k in NODE_LOSING,
+                hang=k in HANGS,
+            )
+        )
+    gpus = max(a.world_size for a in attempts)
+    decides = [i.decide_s for i in faults if i.decide_s is not None]
+    recovers = [i.recover_s for i in faults if i.recover_s is not None]
+    commits = [e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0 and not e.emergency]
+    staged = [e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0]
+    # the stall of one checkpoint: every tier's stall at that step (staging, else a synchronous save)
+    per_ckpt: dict[tuple[str, int, int], float] = {}
+    for e in staged or commits:
+        key = (e.node, e.attempt, e.step)
+        per_ckpt[key] = per_ckpt.get(key, 0.0) + e.stall_s
+    stalls = list(per_ckpt.values())
+    # persist: from the snapshot (end of staging) to the last tier's commit of that checkpoint
+    snap = {(e.node, e.attempt, e.step): e.ts for e in staged}
+    done: dict[tuple[str, int, int], float] = {}
+    for c in commits:
+        key = (c.node, c.attempt, c.step)
+        if key in snap:
+            done[key] = max(done.get(key, 0.0), c.ts - snap[key])
+    persist = statistics.fmean(done.values()) if done else 0.0
+    loads = [e.duration_s for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
+    steps = [e for e in events if isinstance(e, StepCompleted) and e.rank <= 0]
+    step_s = _median([s.duration for s in steps])
+    # the interval in training seconds: steps between consecutive checkpoints x the median step
+    ckpt_steps = sorted({k[2] for k in per_ckpt})
+    gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:], strict=False) if b > a]
+    interval = _median(gaps) * step_s if gaps and step_s else None
+    first = min((s.start for s in steps), default=None)
+    return RunFit(
+        classes=tuple(classes),
+        node_hours=exposure,
+        wall_s=g.wall_s,
+        gpus=gpus,
+        gpus_per_node=max(1, gpus // nodes),
+        injected=injected,
+        decide_s=statistics.fmean(decides) if decides else None,
+        recover_s=statistics.fmean(recovers) if recovers else None,
+        startup_s=(first - g.job_start) if first is not None else None,
+        stall_s=statistics.fmean(stalls) if stalls else None,
+        restore_s=statistics.fmean(loads) if loads else None,
+        interval_s=interval,
+        persist_s=persist,
+        step_s=step_s,
+        goodput=g.goodput,
+        buckets=dict(g.buckets),
+    )
+
+
+def sim_failures(fit: RunFit, *, hang_by_timeout: bool = False) -> list[dict[str, object]]:
+    """The fitted classes as simulator failure classes (rates per 1000 GPU-days)."""
+    per_gpu = 24.0 * 1000.0 / fit.gpus_per_node  # per node-hour -> per 1000 GPU-days
+    return [
+        {
+            "name": c.name,
+            "per_1000_gpu_days": c.per_node_hour * per_gpu,
+            "node_loss": c.node_loss,
+            "detect_s": c.detect_s,
+            "kind": "hang" if c.hang and hang_by_timeout else "crash",
+        }
+        for c in fit.classes
+    ]
+
+
+def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[str, object]:
+    """Simulator settings that replay the measured run: its size, length, rates and times."""
+    values = dict(base)
+    interval = fit.interval_s if fit.interval_s and fit.interval_s > 0 else fit.wall_s
+    values.update(
+        gpus=fit.gpus,
+        gpus_per_node=fit.gpus_per_node,
+        days=max(fit.wall_s - fit.buckets.get("shutdown", 0.0), 1.0) / 86400.0,
+        trials=trials,
+        failures=sim_failures(fit),
+        planned_per_1000_gpu_days=0.0,
+        # the report books the decision into restart (detected -> next first step), so does the replay
+        decide_s=0.0,
+        job_restart_s=(fit.decide_s or 0.0)
+        + (fit.recover_s if fit.recover_s is not None else float(values.get("job_restart_s", 300.0))),
+        startup_s=fit.startup_s,
+        fail_in_recovery=not fit.injected,
+        spare_nodes=None,
+        tiers=[
+            {
+                "name": "measured",
+                "interval_s": min(interval, max(fit.wall_s - fit.buckets.get("shutdown", 0.0), 1.0)),
+                "stall_s": fit.stall_s or 0.0,
+                "restore_s": 0.0 if fit.recover_s is not None else (fit.restore_s or 0.0),
+                "persist_s": fit.persist_s,
+            }
+        ],
+    )
+    return values
+
+
+def check_feasible(cfg: SimConfig, source: str) -> None:
+    """Refuse rates under which the job could never run: a failure expected sooner than the time one
+    failure takes to detect and recover from."""
+    lam = cfg.failure_rate_per_s()
+    if lam <= 0 or not cfg.fail_in_recovery:  # failures only while training: every recovery finishes
+        return
+    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(
+        f.per_1000_gpu_days for f in cfg.failures
+    )
+    down = det + cfg.decide_s + cfg.job_restart_s + min(t.restore_s for t in cfg.tiers)
+    if lam * down >= 1.0:
+        raise ConfigError(
+            f"at {cfg.gpus:,} GPUs the {source} rate means a failure every {duration(1.0 / lam)}, sooner "
+            f"than the {duration(down)} each one takes to detect and recover from: the job would never "
+            "make progress",
+            "plan a smaller --gpus, or check that the failure rates are real (per 1000 GPU-days) and "
+            "not injected",
+        )

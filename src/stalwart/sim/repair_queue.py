@@ -1,0 +1,119 @@
+"""The repair queue of the simulated job: nodes in repair, hot spares, shrinking or waiting.
+
+A lost node is in repair for ``repair_s``; at every node-losing failure the world-size policy says
+whether the job can run with the nodes in repair (spares step in, an elastic job shrinks) or must
+wait for the earliest repair that makes it runnable. ``repair_queue`` takes the window over all
+cycles at once (exact while nobody waits); ``sequential_waits`` walks the cycles of the trials that
+did wait, since a wait moves every later failure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .policies import WorldSizer
+
+
+def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The world-size policy's answer for every count of nodes in repair that occurs in ``values``."""
+    top = int(values.max()) if len(values) else 0
+    run = np.ones(top + 1, dtype=bool)
+    share = np.ones(top + 1)
+    for v in np.nonzero(np.bincount(values, minlength=top + 1))[0]:
+        run[v], share[v] = sizer.share(int(v))
+    return run, share
+
+
+def repair_queue(
+    sizer: WorldSizer, repair_s: float, spares: int, t_fail: np.ndarray, lost: np.ndarray, share: np.ndarray
+) -> np.ndarray:
+    """Nodes in repair at each node-losing failure, assuming nobody waits: writes the share of the job
+    that runs after each failure into ``share`` (same shape as ``t_fail``) and returns, per trial,
+    whether its job ever had to wait for a repaired node (then the assumption fails for it)."""
+    rows, cols = t_fail.shape
+    must = np.zeros(rows, dtype=bool)
+    flat = np.flatnonzero(lost)
+    if not len(flat):
+        return must
+    r_idx = flat // cols
+    tf = t_fail.ravel()[flat]
+    starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
+    ordinal = np.arange(len(flat)) - starts[r_idx]
+    # per row, node-loss times in order, flattened with an offset so that rows do not mix
+    key = tf + r_idx * (2.0 * (float(tf.max()) + repair_s + 1.0))
+    returned = np.searchsorted(key, key - repair_s, side="right") - starts[r_idx]
+    out = ordinal + 1 - returned  # nodes in repair, this one included
+    over = np.flatnonzero(out > spares)
+    if not len(over):
+        return must
+    o = out[over]
+    lut_run, lut_share = lut(sizer, o)
+    share.ravel()[flat[over]] = lut_share[o]
+    must[r_idx[over[~lut_run[o]]]] = True
+    return must
+
+
+def sequential_waits(
+    sizer: WorldSizer,
+    repair_s: float,
+    spares: int,
+    horizon: float,
+    e: np.ndarray,
+    det: np.ndarray,
+    lost: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(wait, share of each cycle) of trials whose job waited for a repaired node, cycle by cycle (a
+    wait moves every later failure, so the window cannot be taken at once)."""
+    rows, cols = e.shape
+    e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
+    wait_t = np.zeros((cols, rows), dtype=e.dtype)
+    share_t = np.ones((cols, rows), dtype=e.dtype)
+    cap = 64  # a power of two: ring positions are counters & (cap - 1)
+    ret = np.full(rows * cap, np.inf)  # per row a ring of repair completion times, in order (flat)
+    head = np.zeros(rows, dtype=np.int64)  # counters of node losses back from repair / in total
+    tail = np.zeros(rows, dtype=np.int64)
+    t = np.zeros(rows)
+    base = np.arange(rows) * cap
+    lut_run, lut_share = lut(sizer, np.array([spares + 1]))
+    for i in range(cols):
+        if i % 64 == 0 and (t >= horizon).all():
+            break
+        tf = t + e_t[i] + d_t[i]
+        li = l_t[i] & (e_t[i] < horizon - t)
+        if li.any():
+            if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
+                new = np.full(rows * 2 * cap, np.inf)
+                new_base = np.arange(rows) * 2 * cap
+                for k in range(cap):
+                    idx = head + k
+                    new[new_base + (idx & (2 * cap - 1))] = ret[base + (idx & (cap - 1))]
+                ret, cap, base = new, 2 * cap, new_base
+            r = np.nonzero(li)[0]
+            ret[base[r] + (tail[r] & (cap - 1))] = tf[r] + repair_s
+            tail[r] += 1
+        while True:  # slots outside [head, tail) hold inf, so no bounds check is needed
+            pos = base + (head & (cap - 1))
+            adv = ret[pos] <= tf
+            if not adv.any():
+                break
+            ret[pos[adv]] = np.inf
+            head += adv
+        if li.any():
+            out = tail - head
+            over = li & (out > spares)
+            if over.any():
+                r = np.nonzero(over)[0]
+                o = out[r]
+                if int(o.max()) >= len(lut_run):
+                    lut_run, lut_share = lut(sizer, np.arange(int(o.max()) + 1))
+                ok = lut_run[o]
+                share_t[i, r[ok]] = lut_share[o[ok]]
+                w_rows = r[~ok]
+                if len(w_rows):
+                    w = ret[base[w_rows] + ((head[w_rows] + o[~ok] - spares - 1) & (cap - 1))] - tf[w_rows]
+                    wait_t[i, w_rows] = w
+                    tf[w_rows] += w
+        t = tf
+    share = np.ones((rows, cols), dtype=e.dtype)
+    share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    return np.ascontiguousarray(wait_t.T), share

@@ -1,0 +1,88 @@
+"""``stalwart plan --ledger``: a sensible answer with its uncertainty, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stalwart import cli
+from stalwart.events import AttemptStarted, JobEnded, JobStarted, StepCompleted
+from stalwart.ledger import LedgerWriter
+from stalwart.sim import CheckpointTier, FailureClass, SimConfig, simulate
+from stalwart.sim.run_ledger import write
+
+
+def _simulated_run(tmp_path, per_1000=3000.0, days=0.1, seed=3):
+    cfg = SimConfig(
+        gpus=8,
+        days=days,
+        trials=2,
+        seed=seed,
+        failures=[FailureClass(name="x", per_1000_gpu_days=per_1000, node_loss=False, detect_s=5.0)],
+        planned_per_1000_gpu_days=0.0,
+        decide_s=1.0,
+        job_restart_s=20.0,
+        tiers=[CheckpointTier(name="fs", interval_s=60.0, stall_s=2.0, restore_s=3.0)],
+    )
+    r = simulate(cfg, trace=True)
+    write(r, tmp_path, step_s=2.0)
+    return r
+
+
+def _one_error_line(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stalwart: error:"), err
+    return err[0]
+
+
+def test_plan_from_a_short_run_gives_rates_with_bounds_and_the_run_replayed(tmp_path, capsys):
+    r = _simulated_run(tmp_path)
+    assert r.interruptions[0] >= 3
+    cli.main(["plan", "--ledger", str(tmp_path), "--gpus", "64", "--days", "2", "--trials", "20", "--json"])
+    m = json.loads(capsys.readouterr().out)["measured"]
+    low, high = m["per_node_hour_95"]
+    assert low < m["per_node_hour"] < high
+    assert m["failures"] == int(r.interruptions[0])
+    assert abs(m["goodput_predicted"] - m["goodput_measured"]) < 0.1
+
+
+def test_plan_tables_fit_80_columns(tmp_path, capsys, monkeypatch):
+    _simulated_run(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    cli.main(["plan", "--ledger", str(tmp_path), "--gpus", "64", "--days", "2", "--trials", "20"])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "e-0" not in out and "0.0348" not in out  # durations are formatted, not raw floats
+
+
+def test_ledger_without_failures_is_one_line(tmp_path, capsys):
+    t = 1_700_000_000.0
+    with LedgerWriter(tmp_path / "ledger" / "a.ledger") as w:
+        w.extend(
+            [
+                JobStarted(ts=t, script="x"),
+                AttemptStarted(ts=t, world_size=8, num_nodes=1, node="a", attempt=0),
+                StepCompleted(ts=t + 10, step=0, start=t, duration=10, rank=0),
+                JobEnded(ts=t + 60, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False),
+            ]
+        )
+    line = _one_error_line(capsys, ["plan", "--ledger", str(tmp_path)])
+    assert "no failure" in line
+
+
+def test_rates_that_leave_no_time_to_run_are_one_line(tmp_path, capsys):
+    _simulated_run(tmp_path, per_1000=3000.0)
+    # the measured rate is a real one (no chaos): at a million GPUs a failure comes every few seconds
+    line = _one_error_line(capsys, ["plan", "--ledger", str(tmp_path), "--gpus", "1000000", "--days", "1"])
+    assert "never make progress" in line
+
+
+def test_mismatched_units_are_one_line(tmp_path, capsys):
+    line = _one_error_line(
+        capsys, ["plan", "--interval", "30", "--stall", "30000", "--gpus", "64", "--days", "1"]
+    )
+    assert "units" in line

@@ -1,0 +1,143 @@
+"""The simulator asks the agent's own policies: changing a policy's configuration changes the outcome."""
+
+import numpy as np
+import pytest
+
+from stalwart.launch.restart_policy import RestartBudget
+from stalwart.launch.timeouts import HangTimeoutPolicy, hang_timeout
+from stalwart.launch.world_size import SizeRule
+from stalwart.sim import CheckpointTier, FailureClass, SimConfig, simulate
+from stalwart.sim.policies import WorldSizer, restart_period
+
+
+def _cfg(**kw):
+    values = dict(
+        gpus=64,
+        days=2.0,
+        trials=50,
+        seed=3,
+        failures=[FailureClass(name="x", per_1000_gpu_days=100.0, node_loss=False, detect_s=30.0)],
+        planned_per_1000_gpu_days=0.0,
+        decide_s=0.0,
+        tiers=[CheckpointTier(name="fs", interval_s=600.0, stall_s=5.0, restore_s=30.0)],
+    )
+    values.update(kw)
+    return SimConfig(**values)
+
+
+@pytest.mark.parametrize("budget,period", [(0, 1), (3, 4), (10, 11)])
+def test_restart_period_is_where_the_shipped_policy_stops(budget, period):
+    assert restart_period(RestartBudget(max_restarts=budget)) == period
+    assert restart_period(None) is None
+
+
+def test_a_smaller_restart_budget_sends_the_job_back_through_the_queue_more_often():
+    free = simulate(_cfg(requeue_s=1800.0))
+    tight = simulate(_cfg(requeue_s=1800.0, max_restarts=1))
+    loose = simulate(_cfg(requeue_s=1800.0, max_restarts=5))
+    assert free.buckets["queue"].sum() == 0
+    # every 2nd (6th) infrastructure failure exhausts the budget; the requeue replaces that restart
+    ratio_tight = tight.buckets["queue"].sum() / (1800.0 * tight.interruptions.sum())
+    ratio_loose = loose.buckets["queue"].sum() / (1800.0 * loose.interruptions.sum())
+    assert 0.4 < ratio_tight < 0.55 and 0.1 < ratio_loose < 0.2
+    assert tight.ettr.mean() < loose.ettr.mean() < free.ettr.mean()
+
+
+@pytest.mark.parametrize("step_s,multiplier", [(2.0, 3.0), (30.0, 3.0), (30.0, 5.0), (400.0, 3.0)])
+def test_hangs_are_detected_after_the_shipped_hang_timeout(step_s, multiplier):
+    hang = [FailureClass(name="h", per_1000_gpu_days=100.0, node_loss=False, detect_s=999.0, kind="hang")]
+    r = simulate(_cfg(failures=hang, step_s=step_s, hang_multiplier=multiplier, days=20.0))
+    expect = hang_timeout([step_s] * 5, HangTimeoutPolicy(multiplier=multiplier)).seconds
+    # every detection is the timeout, except one the horizon cuts short
+    per = r.buckets["detection"] / np.maximum(r.interruptions, 1)
+    assert np.all(per <= expect + 1e-9)
+    assert np.median(per) == pytest.approx(expect)
+
+
+def test_world_size_rule_decides_how_far_an_elastic_job_shrinks():
+    any_size = WorldSizer(nodes=100, spares=2, gpus_per_node=8, min_nodes=50, rule=SizeRule("multiple", 1))
+    by_16 = WorldSizer(nodes=100, spares=2, gpus_per_node=8, min_nodes=50, rule=SizeRule("multiple", 80))
+    assert any_size.share(2) == (True, 1.0)  # spares step in
+    assert any_size.share(5) == (True, 0.97)
+    assert by_16.share(5) == (True, 0.9)  # 97 nodes x 8 is not a multiple of 80; 90 x 8 is
+    strict = WorldSizer(nodes=100, spares=2, gpus_per_node=8, min_nodes=100, rule=SizeRule())
+    assert strict.share(3)[0] is False  # cannot shrink: wait for a repaired node
+
+
+def test_changing_the_size_rule_changes_the_simulated_outcome():
+    lossy = [FailureClass(name="gpu", per_1000_gpu_days=2.0, node_loss=True, detect_s=30.0)]
+    base = dict(
+        gpus=800,
+        failures=lossy,
+        spare_nodes=0,
+        elastic=True,
+        min_nodes_fraction=0.5,
+        repair_hours=12.0,
+        days=20.0,
+    )
+    free = simulate(_cfg(**base))
+    coarse = simulate(_cfg(size_divisor=80, **base))
+    assert free.buckets["shrunk"].mean() > 0
+    assert coarse.buckets["shrunk"].mean() > 2 * free.buckets["shrunk"].mean()
+    assert coarse.ettr.mean() < free.ettr.mean()
+
+
+def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
+    """One trial, one cycle at a time, in plain Python: the repair queue the engine vectorises."""
+    t, pending, waits, shares = 0.0, [], [], []
+    for ei, di, li in zip(e, det, lost, strict=True):
+        tf = t + ei + di
+        w, share = 0.0, 1.0
+        if li and ei < horizon - t:
+            pending.append(tf + repair_s)
+        pending = [r for r in pending if r > tf]
+        if li and ei < horizon - t and len(pending) > spares:
+            ok, share = sizer.share(len(pending))
+            if not ok:
+                w, share = sorted(pending)[len(pending) - spares - 1] - tf, 1.0
+        waits.append(w)
+        shares.append(share)
+        t = tf + w
+    return np.array(waits), np.array([1.0] + shares[:-1])
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
+    from stalwart.sim.engine import _queue
+    from stalwart.sim.repair_queue import sequential_waits
+
+    rng = np.random.default_rng(4)
+    rows, cols, horizon, repair = 6, 300, 40 * 3600.0, 5 * 3600.0
+    e = rng.exponential(1800.0, (rows, cols))
+    cls = (rng.random((rows, cols)) < 0.3).astype(np.int16)  # class 1 (30% of cycles) loses a node
+    cfg = SimConfig(
+        gpus=80,
+        days=horizon / 86400,
+        trials=rows,
+        failures=[
+            FailureClass(name="a", per_1000_gpu_days=1.0, node_loss=False, detect_s=20.0),
+            FailureClass(name="b", per_1000_gpu_days=1.0, node_loss=True, detect_s=50.0),
+        ],
+        spare_nodes=1,
+        elastic=elastic,
+        min_nodes_fraction=0.3 if elastic else 1.0,
+        repair_hours=repair / 3600,
+        tiers=[CheckpointTier(name="fs", interval_s=600.0, stall_s=5.0)],
+    )
+    from stalwart.sim.engine import _model, _schedule
+
+    m = _model(cfg, _schedule(cfg))
+    det, lost = m.detect[cls], m.node_loss[cls]
+    sw, ss = sequential_waits(m.sizer, m.repair_s, 1, horizon, e, det, lost)
+    vs, must = _queue(cfg, m, e, det, cls, np.cumsum(e + det, axis=1))
+    for r in range(rows):
+        rw, rs = _reference_queue(m.sizer, 1, repair, horizon, e[r], det[r], lost[r])
+        np.testing.assert_allclose(sw[r], rw, atol=1e-6)
+        np.testing.assert_allclose(ss[r], rs, atol=1e-12)
+        if not must[r]:  # the vectorised window agrees wherever nobody waited
+            np.testing.assert_allclose(vs[r], rs, atol=1e-12)
+            assert not rw.any()
+    if elastic:  # shrinking instead of waiting, checked against the reference above
+        assert (~must).any() and (vs[~must] < 1).any()
+    else:
+        assert must.any()
