@@ -152,3 +152,11 @@ def test_an_unknown_mode_is_a_config_error():
 
     with pytest.raises(ConfigError, match="observe, auto, act"):
         straggler_gate("always", None)
+
+
+def test_a_node_that_cannot_leave_never_acts():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    for mode in ("auto", "act"):
+        g = straggler_gate(mode, _stats(10, 10), cannot_leave="this agent hosts the rendezvous store")
+        assert g.mode == "observe" and "hosts the rendezvous store" in g.reason

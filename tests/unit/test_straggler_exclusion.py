@@ -63,3 +63,24 @@ def test_quarantine_is_recorded_in_the_node_records_like_a_failed_check(tmp_path
     kinds = [e.kind for e in store.events()]
     assert "HealthChecked" not in kinds, "no health check ran: none is recorded (it would count as one)"
     assert kinds == ["NodeDrained", "NodeStateChanged"]
+
+
+def test_listens_on_tells_a_port_this_process_listens_on_from_one_it_does_not():
+    import socket
+
+    from stalwart.launch.straggler_exclusion import listens_on
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        assert listens_on(port) is True
+        with socket.socket() as other:  # a port bound but not listening is not a store
+            other.bind(("127.0.0.1", 0))
+            assert listens_on(other.getsockname()[1]) is False
+
+
+def test_listens_on_says_it_cannot_tell_without_proc(tmp_path):
+    from stalwart.launch.straggler_exclusion import listens_on
+
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "tcp").write_text("header\n  0: 0100007F:1F90 00000000:0000 0A 0 0 0 0 0 0 12345\n")
+    assert listens_on(0x1F90, proc=tmp_path) is None  # a listener exists, but no fd table to look in

@@ -146,6 +146,7 @@ def straggler_gate(
     *,
     min_precision: float = 0.9,
     min_firings: int = 5,
+    cannot_leave: str = "",
 ) -> GateDecision:
     """Whether the straggler policy's ``exclude`` is carried out this attempt, and why (pure).
 
@@ -157,6 +158,9 @@ def straggler_gate(
       least ``min_precision`` (:func:`stalwart.diagnose.precision.precision_gate`);
     - ``act``: act, unless the measured precision is below ``min_precision`` over at least
       ``min_firings`` firings: measured evidence against the detector overrides the setting.
+
+    ``cannot_leave``: why this node cannot leave the job at all (e.g. its agent hosts the c10d
+    rendezvous store); then nothing is carried out, whatever the mode.
     """
     if mode not in STRAGGLER_MODES:
         raise ConfigError(f"--straggler-action {mode!r} must be one of {', '.join(STRAGGLER_MODES)}")
@@ -164,6 +168,8 @@ def straggler_gate(
         return GateDecision(
             "straggler", "observe", "straggler action: observe only (--straggler-action observe)"
         )
+    if cannot_leave:
+        return GateDecision("straggler", "observe", f"straggler action: observe only, {cannot_leave}")
     s = stats or DetectorStats("straggler", 0, 0, 0, 0)
     measured = precision_gate(s, min_precision, min_firings)
     if mode == "auto":

@@ -746,10 +746,17 @@ class Agent:
         """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's
         precision measured over the history before this attempt (read only when not observe-only)."""
         from ..diagnose.straggler_action import straggler_gate
-        from .straggler_exclusion import straggler_precision
+        from .straggler_exclusion import listens_on, straggler_precision
 
         cfg = self.cfg
-        stats = None
+        stats, cannot_leave = None, ""
+        if cfg.straggler_action != "observe" and self._rdzv is not None:
+            port = int(cfg.rdzv_endpoint.rpartition(":")[2])
+            if listens_on(port):
+                cannot_leave = (
+                    f"this agent hosts the c10d rendezvous store ({cfg.rdzv_endpoint}): leaving would end "
+                    "the job for every node"
+                )
         if cfg.straggler_action != "observe":
             stats, unread = straggler_precision(
                 self.run.root, cfg.straggler_history, cfg.run_id, self.attempt
@@ -761,6 +768,7 @@ class Agent:
             stats,
             min_precision=cfg.straggler_act_min_precision,
             min_firings=cfg.straggler_act_min_firings,
+            cannot_leave=cannot_leave,
         )
 
     def _quarantine(self, node: str, reason: str) -> str:

@@ -97,3 +97,32 @@ def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, back
     )
     store.append(node, out)
     return f"{new.state.value} ({tr.action}: {be.name})"
+
+
+def listens_on(port: int, proc: Path = Path("/proc")) -> bool | None:
+    """Whether this process holds a listening TCP socket on ``port`` (Linux ``/proc``); None when it
+    cannot tell. The agent that hosts the c10d rendezvous store must not leave the job: the store,
+    and with it the rendezvous of every other node, would go with it."""
+    inodes = set()
+    try:
+        for table in ("tcp", "tcp6"):
+            path = proc / "net" / table
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines()[1:]:
+                cols = line.split()
+                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rpartition(":")[2], 16) == port:
+                    inodes.add(cols[9])
+        if not inodes:
+            return False
+        fds = proc / "self" / "fd"
+        for fd in fds.iterdir():
+            try:
+                target = (fds / fd.name).readlink()
+            except OSError:
+                continue  # closed meanwhile
+            if str(target).startswith("socket:[") and str(target)[8:-1] in inodes:
+                return True
+        return False
+    except (OSError, ValueError):
+        return None
