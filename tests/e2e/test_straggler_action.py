@@ -89,7 +89,7 @@ def test_a_costly_straggler_is_excluded_and_a_mild_one_kept(tmp_path):
     assert ends["n1"].outcome == "node_excluded" and "straggler" in ends["n1"].verdict
     decisions = events(tmp_path, DecisionTaken)
     (excl,) = [d for d in decisions if d.action == "exclude_quarantine"]
-    assert excl.node == "n1" and "rank 3" in excl.reason and "GPU-h" in excl.reason, excl.reason
+    assert excl.node == "n1" and "rank 3" in excl.reason and "costs" in excl.reason, excl.reason
     (inc,) = [e for e in events(tmp_path, IncidentRaised) if e.component == "straggler"]
     assert inc.node == "n1" and inc.action_taken and inc.ranks == (3,)
     assert HealthStore(tmp_path / "health").record("n1").state.value == "quarantined"
@@ -104,4 +104,4 @@ def test_a_costly_straggler_is_excluded_and_a_mild_one_kept(tmp_path):
     # the mild one, earlier: kept, with the costs as the reason, before the exclusion
     (kept,) = [d for d in decisions if d.action == "keep"]
     assert kept.node == "n1" and kept.ts < excl.ts, decisions
-    assert "rank 3" in kept.reason and "keep going" in kept.reason and "GPU-h" in kept.reason, kept.reason
+    assert "rank 3" in kept.reason and "keep going" in kept.reason and "costs" in kept.reason, kept.reason

@@ -160,3 +160,11 @@ def test_a_node_that_cannot_leave_never_acts():
     for mode in ("auto", "act"):
         g = straggler_gate(mode, _stats(10, 10), cannot_leave="this agent hosts the rendezvous store")
         assert g.mode == "observe" and "hosts the rendezvous store" in g.reason
+
+
+def test_costs_read_in_gpu_seconds_below_a_tenth_of_a_gpu_hour():
+    from stalwart.diagnose.straggler_action import gpu_time
+
+    assert gpu_time(90.4) == "90 GPU-s" and gpu_time(359) == "359 GPU-s"
+    assert gpu_time(360) == "0.1 GPU-h" and gpu_time(7_200_000) == "2,000.0 GPU-h"
+    assert gpu_time(float("inf")) == "unbounded"

@@ -94,7 +94,7 @@ def decide_straggler(
     else:
         excl = float("inf")
         how = "no valid world size without it"
-    costs = f"continuing slow costs {cont / 3600:,.1f} GPU-h, restarting without {case.node} {excl / 3600:,.1f} GPU-h ({how})"
+    costs = f"continuing slow costs {gpu_time(cont)}, restarting without {case.node} {gpu_time(excl)} ({how})"
     if case.slowdown < c.min_slowdown:
         action, why = "keep", f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
     elif case.confidence < c.min_confidence:
@@ -126,6 +126,14 @@ def decide_straggler(
         cost_gpu_s=slowdown_cost_gpu_s(gpus, case.slowdown, max(0.0, now - case.since)),
     )
     return StragglerDecision(action, why, cont, excl, nxt if nxt.runnable else None, incident)
+
+
+def gpu_time(gpu_s: float) -> str:
+    """GPU time for a reason line: GPU-hours from 0.1 GPU-h on, GPU-seconds below (a short run's
+    costs would all read 0.0 GPU-h)."""
+    if gpu_s == float("inf"):
+        return "unbounded"
+    return f"{gpu_s / 3600:,.1f} GPU-h" if gpu_s >= 360 else f"{gpu_s:,.0f} GPU-s"
 
 
 def confidence_from_windows(flagged: int, seen: int, k: int) -> float:
