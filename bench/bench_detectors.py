@@ -156,7 +156,7 @@ def main() -> None:
                     "incidents": 0,
                 }
                 near = {"runs": 0, "caught": 0}
-                stall = {"runs": 0, "false_hang": 0, "false_failure": 0, "false_straggler": 0}
+                stall = {"runs": 0, "false_hang": 0, "false_failure": 0, "false_straggler": 0, "stalled": 0}
                 walls, labelled, loads = [], 0, []
                 runs = corpus(
                     args.fault_runs,
@@ -192,6 +192,8 @@ def main() -> None:
                         )
                         stall["false_failure"] += sum(isinstance(e, FailureDetected) for e in evs)
                         stall["false_straggler"] += sum(isinstance(e, StragglerDetected) for e in evs)
+                        longest = max((e.duration for e in evs if e.kind == "StepCompleted"), default=0.0)
+                        stall["stalled"] += longest >= args.stall_s  # the pause did happen
                     elif not chaos:
                         healthy["runs"] += 1
                         healthy["false_straggler"] += sum(isinstance(e, StragglerDetected) for e in evs)
@@ -247,7 +249,8 @@ def main() -> None:
             )
         if st["runs"]:
             print(
-                f"short stalls ({args.stall_s:g} s, below the 3 s hang floor): {st['runs']}; hang fired "
+                f"short stalls ({args.stall_s:g} s, below the 3 s hang floor): {st['runs']} "
+                f"({st['stalled']} with a step that long); hang fired "
                 f"{st['false_hang']}, any failure {st['false_failure']}, stragglers {st['false_straggler']}"
             )
     if args.json:
