@@ -1,6 +1,7 @@
 """Precision and recall per detector over a labelled corpus of real ``stalwart run`` runs (issue 14).
 
     .venv/bin/python bench/bench_detectors.py [--fault-runs N] [--slow-runs N] [--healthy-runs N]
+                                              [--near-runs N] [--stall-runs N]
                                               [--conditions idle,load] [--json FILE]
 
 Every run is a real ``stalwart run`` of ``bench/detector_worker.py`` (2 ranks, gloo, timed sections,
@@ -10,7 +11,12 @@ a checkpoint every 5 steps), with the live diagnosis collector on (its default):
   ``exit`` (exit 1) at step 12, ``hang`` at step 18, ``raise`` at step 24 (a deterministic bug: it
   fires again in the retry, so two labelled faults); ranks alternate between runs;
 - a *slow run* slows one rank 3x from step 3 (the straggler detector should catch it);
-- a *healthy run* injects nothing: every firing there is false.
+- a *healthy run* injects nothing: every firing there is false;
+- harder cases: a *near run* slows one rank only ``--near-factor`` (1.6x: with two ranks the
+  per-step median is their mean, so its score is about 1.23, just above the 1.2 threshold); a
+  *stall run* pauses one rank once for ``--stall-s`` seconds (1.5 s, half the 3 s hang floor): a
+  stall shorter than the hang timeout, which must NOT fire as a hang (its label expects silence, so
+  it is kept out of the recall columns and reported on its own line).
 
 ``load`` runs the same corpus beside ``stress --cpu 2`` (a CPU hog on this 2-core machine).
 Ground truth: the ``ChaosInjected`` events the workers write; ``slow`` writes none, so the bench
@@ -36,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "bench" / "detector_worker.py")
 
 
-def run_one(run_dir: Path, steps: int, chaos: list[str]) -> tuple[int, float]:
+def run_one(run_dir: Path, steps: int, chaos: list[str], extra: tuple[str, ...] = ()) -> tuple[int, float]:
     cmd = [
         sys.executable,
         "-m",
@@ -59,22 +65,35 @@ def run_one(run_dir: Path, steps: int, chaos: list[str]) -> tuple[int, float]:
     ]
     for c in chaos:
         cmd += ["--chaos", c]
-    cmd += [WORKER, str(steps)]
+    cmd += [WORKER, str(steps), *extra]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return p.returncode, time.perf_counter() - t0
 
 
-def corpus(fault_runs: int, slow_runs: int, healthy_runs: int) -> list[tuple[str, list[str], int]]:
+def corpus(
+    fault_runs: int,
+    slow_runs: int,
+    healthy_runs: int,
+    near_runs: int = 0,
+    stall_runs: int = 0,
+    near_factor: float = 1.6,
+    stall_s: float = 1.5,
+) -> list[tuple[str, list[str], int, tuple[str, ...]]]:
+    """(name, chaos faults, steps, extra worker arguments) per run."""
     out = []
     for i in range(fault_runs):
         a, b = i % 2, 1 - i % 2
         plan = [f"crash@rank={a},step=6", f"exit@rank={b},step=12", f"hang@rank={a},step=18"]
-        out.append((f"faults-{i}", [*plan, f"raise@rank={b},step=24"], 30))
+        out.append((f"faults-{i}", [*plan, f"raise@rank={b},step=24"], 30, ()))
     for i in range(slow_runs):
-        out.append((f"slow-{i}", [f"slow@rank={i % 2},factor=3,from=3"], 40))
+        out.append((f"slow-{i}", [f"slow@rank={i % 2},factor=3,from=3"], 40, ()))
+    for i in range(near_runs):
+        out.append((f"near-{i}", [f"slow@rank={i % 2},factor={near_factor:g},from=3"], 40, ()))
+    for i in range(stall_runs):
+        out.append((f"stall-{i}", [], 40, (f"pause={i % 2}:20:{stall_s:g}",)))
     for i in range(healthy_runs):
-        out.append((f"healthy-{i}", [], 40))
+        out.append((f"healthy-{i}", [], 40, ()))
     return out
 
 
@@ -112,6 +131,10 @@ def main() -> None:
     ap.add_argument("--fault-runs", type=int, default=10)
     ap.add_argument("--slow-runs", type=int, default=5)
     ap.add_argument("--healthy-runs", type=int, default=10)
+    ap.add_argument("--near-runs", type=int, default=0)
+    ap.add_argument("--stall-runs", type=int, default=0)
+    ap.add_argument("--near-factor", type=float, default=1.6)
+    ap.add_argument("--stall-s", type=float, default=1.5)
     ap.add_argument("--conditions", default="idle,load")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -132,10 +155,21 @@ def main() -> None:
                     "false_failure": 0,
                     "incidents": 0,
                 }
+                near = {"runs": 0, "caught": 0}
+                stall = {"runs": 0, "false_hang": 0, "false_failure": 0, "false_straggler": 0, "stalled": 0}
                 walls, labelled, loads = [], 0, []
-                for name, chaos, steps in corpus(args.fault_runs, args.slow_runs, args.healthy_runs):
+                runs = corpus(
+                    args.fault_runs,
+                    args.slow_runs,
+                    args.healthy_runs,
+                    args.near_runs,
+                    args.stall_runs,
+                    args.near_factor,
+                    args.stall_s,
+                )
+                for name, chaos, steps, extra in runs:
                     rd = Path(tmp) / cond / name
-                    code, wall = run_one(rd, steps, chaos)
+                    code, wall = run_one(rd, steps, chaos, extra)
                     walls.append(wall)
                     loads.append(os.getloadavg()[0])  # the machine is shared: say how busy it was
                     evs = labelled_events(rd, chaos)
@@ -146,7 +180,21 @@ def main() -> None:
                         row[1] += s.confirmed
                         row[2] += s.faults
                         row[3] += s.caught
-                    if not chaos:
+                    if name.startswith("near-"):
+                        near["runs"] += 1
+                        near["caught"] += sum(
+                            s.caught for s in detector_stats(evs) if s.detector == "straggler"
+                        )
+                    if extra:  # a stall shorter than the hang timeout: any firing is false
+                        stall["runs"] += 1
+                        stall["false_hang"] += sum(
+                            isinstance(e, FailureDetected) and e.failure == "hang" for e in evs
+                        )
+                        stall["false_failure"] += sum(isinstance(e, FailureDetected) for e in evs)
+                        stall["false_straggler"] += sum(isinstance(e, StragglerDetected) for e in evs)
+                        longest = max((e.duration for e in evs if e.kind == "StepCompleted"), default=0.0)
+                        stall["stalled"] += longest >= args.stall_s  # the pause did happen
+                    elif not chaos:
                         healthy["runs"] += 1
                         healthy["false_straggler"] += sum(isinstance(e, StragglerDetected) for e in evs)
                         healthy["false_hang"] += sum(
@@ -170,6 +218,8 @@ def main() -> None:
                     for d, v in sorted(sums.items())
                 },
                 "healthy": healthy,
+                "near_threshold": near,
+                "short_stall": stall,
             }
 
     def pct(a: int, b: int) -> str:
@@ -192,6 +242,17 @@ def main() -> None:
             f"healthy runs: {h['runs']}; false stragglers {h['false_straggler']}, false hangs {h['false_hang']}, "
             f"any failure {h['false_failure']}, incidents {h['incidents']}"
         )
+        n, st = r["near_threshold"], r["short_stall"]
+        if n["runs"]:
+            print(
+                f"near-threshold slow runs ({args.near_factor:g}x): {n['runs']}; straggler caught {n['caught']}"
+            )
+        if st["runs"]:
+            print(
+                f"short stalls ({args.stall_s:g} s, below the 3 s hang floor): {st['runs']} "
+                f"({st['stalled']} with a step that long); hang fired "
+                f"{st['false_hang']}, any failure {st['false_failure']}, stragglers {st['false_straggler']}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -102,3 +102,69 @@ def test_confidence_from_windows():
     assert confidence_from_windows(2, 5, 3) == 0.0
     assert confidence_from_windows(3, 5, 3) == pytest.approx(0.8)
     assert confidence_from_windows(5, 5, 3) == pytest.approx(1.0)
+
+
+# --- the precision gate ---------------------------------------------------------------------------
+
+
+def _stats(firings, confirmed):
+    from stalwart.diagnose.precision import DetectorStats
+
+    return DetectorStats("straggler", firings, confirmed, 0, 0)
+
+
+def test_observe_mode_never_acts_whatever_the_precision():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    for stats in (None, _stats(20, 20)):
+        g = straggler_gate("observe", stats)
+        assert g.mode == "observe" and "observe only" in g.reason
+
+
+def test_auto_mode_starts_observe_only_and_acts_once_precision_is_measured_and_passes():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    g = straggler_gate("auto", None)
+    assert g.mode == "observe" and "0 firing(s) < 5" in g.reason
+    g = straggler_gate("auto", _stats(4, 4))  # too few firings to know
+    assert g.mode == "observe"
+    g = straggler_gate("auto", _stats(10, 8), min_precision=0.9)  # measured, below the threshold
+    assert g.mode == "observe" and "0.80 (8/10) < 0.9" in g.reason
+    g = straggler_gate("auto", _stats(10, 9), min_precision=0.9)
+    assert g.mode == "act" and "0.90 (9/10) >= 0.9" in g.reason
+
+
+def test_act_mode_acts_without_data_but_measured_low_precision_overrides_it():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    g = straggler_gate("act", None)
+    assert g.mode == "act" and "not measured yet (0 firing(s)" in g.reason
+    g = straggler_gate("act", _stats(3, 0))  # too few firings to count against the setting
+    assert g.mode == "act"
+    g = straggler_gate("act", _stats(6, 3), min_precision=0.9, min_firings=5)
+    assert g.mode == "observe" and "overridden" in g.reason and "0.50 (3/6)" in g.reason
+    g = straggler_gate("act", _stats(6, 6))
+    assert g.mode == "act" and "1.00 (6/6)" in g.reason
+
+
+def test_an_unknown_mode_is_a_config_error():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    with pytest.raises(ConfigError, match="observe, auto, act"):
+        straggler_gate("always", None)
+
+
+def test_a_node_that_cannot_leave_never_acts():
+    from stalwart.diagnose.straggler_action import straggler_gate
+
+    for mode in ("auto", "act"):
+        g = straggler_gate(mode, _stats(10, 10), cannot_leave="this agent hosts the rendezvous store")
+        assert g.mode == "observe" and "hosts the rendezvous store" in g.reason
+
+
+def test_costs_read_in_gpu_seconds_below_a_tenth_of_a_gpu_hour():
+    from stalwart.diagnose.straggler_action import gpu_time
+
+    assert gpu_time(90.4) == "90 GPU-s" and gpu_time(359) == "359 GPU-s"
+    assert gpu_time(360) == "0.1 GPU-h" and gpu_time(7_200_000) == "2,000.0 GPU-h"
+    assert gpu_time(float("inf")) == "unbounded"

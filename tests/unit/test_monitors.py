@@ -265,15 +265,95 @@ def test_the_straggler_action_policy_weighs_a_new_straggler_without_acting():
     slow = steps(30, {2: 2.5})
     # a long run left and a spare to step in: a restart costs less than 10,000 steps 2.5x slower
     d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=10_000, max_done_step=29))
-    (inc,) = d.advice
+    (adv,) = d.advice
+    assert d.kind == "stragglers" and adv.action == "observe_exclude_quarantine" and not adv.acted
+    inc = adv.incident
     assert inc.action == "exclude_quarantine" and not inc.action_taken and inc.blast_radius.ranks == (2,)
     # nearly done: keep going
     d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=31, max_done_step=29))
-    assert d.advice[0].action == "keep" and "keep going" in d.advice[0].evidence[0]
+    assert d.advice[0].action == "observe_keep" and "keep going" in d.advice[0].reason
     # no spare: the run would go on at half the size, which costs more than the straggler
     halved = WorldPlan(("n0", "n1"), (), 4, "two nodes")
     d = mon(snap(recent_steps=slow, straggler_step=29, world=halved, total_steps=10_000, max_done_step=29))
-    assert d.advice[0].action == "keep"
+    assert d.advice[0].action == "observe_keep"
     # without a world plan, or without the policy configured, detection only
     assert mon(snap(recent_steps=slow, straggler_step=29)).advice == ()
     assert STRAG(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=10_000)).advice == ()
+
+
+def _acting_monitor(mode="act", **policy):
+    from stalwart.diagnose.precision import GateDecision
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+
+    gate = GateDecision("straggler", mode, f"gate says {mode}")
+    return StragglerMonitor(
+        action=StragglerActionConfig(recovery_s=60.0, **policy), min_nodes=1, max_nodes=3, gate=gate
+    )
+
+
+def test_an_open_gate_turns_a_costly_straggler_into_an_exclusion_that_ends_the_attempt():
+    from stalwart.launch.world_size import WorldPlan
+
+    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    s = snap(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
+    d = _acting_monitor()(s)
+    assert d.kind == "exclude_straggler" and d.ends_attempt and d.rank == 2
+    assert d.outcome.status == "excluded" and d.outcome.detail == d.reason
+    assert "exclude n0 and quarantine it" in d.reason and " GPU-" in d.reason and "gate says act" in d.reason
+    assert d.incident.action == "exclude_quarantine" and d.incident.action_taken
+    (adv,) = d.advice
+    assert adv.action == "exclude_quarantine" and adv.acted and d.detected[0][0] == 2
+    # the same straggler with the gate closed: recorded, not acted on, and the gate's reason given
+    d = _acting_monitor("observe")(s)
+    assert d.kind == "stragglers" and d.advice[0].action == "observe_exclude_quarantine"
+    assert "gate says observe" in d.advice[0].reason
+
+
+def test_an_open_gate_keeps_a_mild_straggler_with_the_costs_as_reason():
+    from stalwart.launch.world_size import WorldPlan
+
+    # no spare: excluding n0 halves the world, which costs more than a 1.5x straggler
+    world = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    d = _acting_monitor()(
+        snap(recent_steps=steps(30, {2: 1.5}), straggler_step=29, world=world, total_steps=10_000)
+    )
+    assert d.kind == "stragglers" and not d.ends_tick
+    (adv,) = d.advice
+    assert adv.action == "keep" and adv.acted and "keep going" in adv.reason and " GPU-" in adv.reason
+
+
+def test_no_exclusion_while_a_worker_failed_or_a_stop_is_under_way():
+    from stalwart.launch.world_size import WorldPlan
+
+    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    base = dict(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
+    ranks = tuple(rank(r) for r in range(4))
+    failed = snap(ranks=ranks, codes={0: None, 1: 1, 2: None, 3: None}, **base)
+    stopping = snap(ranks=ranks, codes={r: None for r in range(4)}, stop_requested_at=T0 + 9.0, **base)
+    for s in (failed, stopping):
+        d = _acting_monitor()(s)
+        assert d.kind == "stragglers" and d.advice[0].action == "observe_exclude_quarantine"
+
+
+def test_job_slowdown_is_the_step_time_with_the_straggler_over_the_time_without_it():
+    from stalwart.launch.monitors import job_slowdown
+
+    # data parallel: every rank's step lasts as long as the slowest's; rank 1 works 0.3 s, the others
+    # 0.1 s and wait the difference in the all-reduce; the collective itself takes 0.05 s
+    evs = []
+    for step in range(10):
+        for r, own in ((0, 0.1), (1, 0.3), (2, 0.1)):
+            comm = 0.35 - own
+            evs.append(
+                StepCompleted(
+                    ts=T0 + step,
+                    rank=r,
+                    step=step,
+                    start=T0 + step,
+                    duration=0.35,
+                    sections={"forward": own, "backward": comm},
+                )
+            )
+    slowdown, healthy = job_slowdown(evs, 1)
+    assert abs(healthy - 0.15) < 1e-9 and abs(slowdown - 0.35 / 0.15) < 1e-9
+    assert job_slowdown([e for e in evs if e.rank == 1], 1) == (None, 0.0)  # nobody to compare with

@@ -128,3 +128,15 @@ def test_a_fault_for_a_rank_the_job_lacks_is_refused():
 
     with pytest.raises(FaultPlanError, match="targets rank 3, but the job has ranks 0..1"):
         build({**SCRIPT, "nproc_per_node": 2, "chaos": ["crash@rank=3,step=1"]}, env={})
+
+
+def test_straggler_action_settings_default_to_observe_and_reject_bad_values(tmp_path):
+    cfg = build(dict(SCRIPT), env={})
+    assert cfg.straggler_action == "observe" and cfg.straggler_act_min_precision == 0.9
+    assert cfg.straggler_policy.recovery_s == 300.0 and cfg.straggler_policy.margin == 1.5
+    cfg = build({**SCRIPT, "straggler_action": "act", "straggler_recovery_s": 20}, env={})
+    assert cfg.straggler_policy.recovery_s == 20.0
+    with pytest.raises(ConfigError, match="must be observe, auto, act"):
+        build({**SCRIPT, "straggler_action": "always"}, env={})
+    with pytest.raises(ConfigError, match="straggler-history .* does not exist"):
+        build({**SCRIPT, "straggler_history": tmp_path / "none"}, env={})

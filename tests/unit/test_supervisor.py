@@ -98,6 +98,7 @@ class World:
         raised_since=None,
         stacks=None,
         world=None,
+        straggler_gate=None,
         **cfg_kw,
     ):
         self.clock = ManualClock(T0)
@@ -106,6 +107,7 @@ class World:
         self.block = FakeBlock()
         self.events: list = []
         self.spares_released = 0
+        self.quarantined: list[tuple[str, str]] = []
         self.tick = 0
         self.script = script
         self.signal_at = signal_at
@@ -136,6 +138,7 @@ class World:
             release_spares=release,
             chaos=chaos,
             read_proc=lambda pid: None,
+            quarantine=lambda node, reason: self.quarantined.append((node, reason)) or "quarantined",
         )
         self.sup = Supervisor(
             cfg=cfg(**cfg_kw),
@@ -148,6 +151,7 @@ class World:
             attempt=1,
             node="n0",
             world=world,
+            straggler_gate=straggler_gate,
         )
 
     def send(self, *msgs):
@@ -372,3 +376,93 @@ def test_the_agent_asks_its_monitors_in_the_documented_priority_order():
     }
     got = tuple(names.get(type(m)) or m.__name__ for m in default_monitors(cfg()))
     assert got == PRIORITY
+
+
+def _ddp_steps(slow_own: float, finish_at: int = 60):
+    """Four ranks train; rank 2 works ``slow_own`` s per step, the others 0.1 s; everyone's step lasts
+    as long as the slowest (the others wait in the all-reduce); every rank finishes at ``finish_at``."""
+    from stalwart.protocol import LoopStarted
+
+    def script(tick, w):
+        now = w.clock.now()
+        if tick == 0:
+            w.send(*(LoopStarted(r, 0, 10_000, now) for r in range(4)))
+        if tick < finish_at:
+            dur = max(slow_own, 0.1) + 0.05
+            for r in range(4):
+                own = slow_own if r == 2 else 0.1
+                w.send(
+                    StepBegan(r, tick, now - dur),
+                    StepDone(r, tick, now - dur, dur, {"forward": own, "backward": dur - own}),
+                )
+        elif tick == finish_at:
+            w.group.codes.update({r: 0 for r in w.group.codes})
+
+    return script
+
+
+def _gate(mode):
+    from stalwart.diagnose.precision import GateDecision
+
+    return GateDecision("straggler", mode, f"test gate: {mode}")
+
+
+def test_an_allowed_exclusion_quarantines_this_node_and_stops_its_workers_at_once():
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+
+    spare = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    w = World(
+        _ddp_steps(0.6),
+        ranks=4,
+        world=spare,
+        straggler_gate=_gate("act"),
+        straggler_policy=StragglerActionConfig(recovery_s=30.0),
+    )
+    out = w.sup.run()
+    assert out.status == "excluded" and "exclude n0 and quarantine it" in out.detail
+    assert w.group.stops == [0.0], "stopped at once: the job goes on without this node"
+    ((node, reason),) = w.quarantined
+    assert node == "n0" and reason == out.detail
+    (sd,) = w.of(StragglerDetected)
+    assert sd.rank == 2
+    (dt,) = w.of(DecisionTaken)
+    assert dt.action == "exclude_quarantine" and " GPU-" in dt.reason and "test gate: act" in dt.reason
+    (inc,) = w.of(IncidentRaised)
+    assert inc.action_taken and inc.action == "exclude_quarantine" and inc.ranks == (2,)
+    assert "node state: quarantined" in inc.evidence
+    assert "n0 excluded" in w.of(WorkersStopped)[0].reason
+    assert w.clock.now() < T0 + 40, "acted at the first detection (step 29), not at the end"
+
+
+def test_a_mild_straggler_is_kept_with_its_costs_and_training_finishes():
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+
+    halved = WorldPlan(("n0", "n1"), (), 4, "two nodes, no spare")
+    w = World(
+        _ddp_steps(0.2),
+        ranks=4,
+        world=halved,
+        straggler_gate=_gate("act"),
+        straggler_policy=StragglerActionConfig(recovery_s=30.0),
+    )
+    assert w.sup.run().status == "succeeded"
+    (dt,) = w.of(DecisionTaken)
+    assert dt.action == "keep" and "keep going" in dt.reason and " GPU-" in dt.reason
+    assert w.quarantined == [] and w.group.stops == []
+
+
+def test_a_closed_gate_records_the_exclusion_it_would_make_and_keeps_training():
+    spare = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+
+    w = World(
+        _ddp_steps(0.6),
+        ranks=4,
+        world=spare,
+        straggler_gate=_gate("observe"),
+        straggler_policy=StragglerActionConfig(recovery_s=30.0),
+    )
+    assert w.sup.run().status == "succeeded"
+    (dt,) = w.of(DecisionTaken)
+    assert dt.action == "observe_exclude_quarantine" and "test gate: observe" in dt.reason
+    assert w.quarantined == [] and w.group.stops == []

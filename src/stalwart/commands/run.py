@@ -258,6 +258,25 @@ def register(app: typer.Typer) -> None:
         diagnose_interval: float = typer.Option(
             None, "--diagnose-interval", help="Seconds between live diagnosis rounds (default 2; 0 = off)."
         ),
+        straggler_action: str = typer.Option(
+            None,
+            "--straggler-action",
+            help="observe (default): record the straggler policy's verdicts; auto: act once the detector's "
+            "measured precision passes; act: exclude a costly straggler's node unless measured precision fails.",
+        ),
+        straggler_min_precision: float = typer.Option(
+            None, "--straggler-min-precision", help="Precision the straggler detector needs to act (0.9)."
+        ),
+        straggler_history: Path = typer.Option(
+            None,
+            "--straggler-history",
+            help="Run dir or ledger whose straggler firings add to the measured precision.",
+        ),
+        straggler_recovery: float = typer.Option(
+            None,
+            "--straggler-recovery",
+            help="Seconds a restart without the straggler's node costs, restart to first step (300).",
+        ),
         notify: list[str] = typer.Option(
             None,
             "--notify",
@@ -336,6 +355,10 @@ def register(app: typer.Typer) -> None:
             "kernel_log": kernel_log,
             "node_telemetry": node_telemetry,
             "diagnose_interval_s": diagnose_interval,
+            "straggler_action": straggler_action,
+            "straggler_act_min_precision": straggler_min_precision,
+            "straggler_history": straggler_history,
+            "straggler_recovery_s": straggler_recovery,
         }
         for key, value in pet_defaults(os.environ).items():  # torchrun's PET_* variables: defaults for flags
             if flags.get(key) is None:

@@ -9,6 +9,7 @@ Every function here is pure: observations, config and ``now`` in, a decision wit
   incidents, and which faulty nodes to drain (topology from ``topology.load_topology``, facility
   signals from ``facility.load_facility_file`` / ``facility.fetch_prometheus``);
 - ``straggler.relative_stragglers(steps)`` then ``straggler_action.decide_straggler(case, work, now)``;
+  ``straggler_action.straggler_gate(mode, stats)``: whether an exclusion is carried out this attempt;
 - ``precision.detector_stats(events)``, ``precision.precision_gate(stats)``, ``precision.precision_table``;
 - ``watchers.silent_watchers(sources, now)``; ``route_around.route_incident(incident, hca, env)``;
 - ``hang.attribute_hang(positions, now, timeout_s)``: the culprit of a hang;

@@ -119,7 +119,7 @@ class RelativeReport:
     reason: str
 
 
-def _own_work(s: StepCompleted) -> float:
+def own_work(s: StepCompleted) -> float:
     if not s.sections:
         return s.duration
     comm = sum(v for k, v in s.sections.items() if k in COMM_SECTIONS)
@@ -152,7 +152,7 @@ def relative_stragglers(
         )
     by_step: dict[int, dict[int, float]] = {}
     for s in steps:
-        by_step.setdefault(s.step, {})[s.rank] = _own_work(s)
+        by_step.setdefault(s.step, {})[s.rank] = own_work(s)
     ratios: dict[int, dict[int, list[float]]] = {}  # window -> rank -> ratios
     for step, per_rank in by_step.items():
         if len(per_rank) < min_ranks:

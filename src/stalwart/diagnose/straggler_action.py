@@ -10,7 +10,9 @@ extra second of wall clock):
   comes from :func:`stalwart.launch.world_size.replace_failed`.
 
 It acts only when the detection is confident enough, the slowdown is above the noise floor, and
-excluding is cheaper by a margin; otherwise it keeps going and says why.
+excluding is cheaper by a margin; otherwise it keeps going and says why. Whether its ``exclude`` is
+carried out is the gate's call (:func:`straggler_gate`): observe-only by default, or enabled by the
+detector's measured precision (the issue's "automatic actions start in observe-only mode").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import ConfigError
 from ..launch.world_size import SizeRule, WorldPlan, replace_failed
 from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
+from .precision import DetectorStats, GateDecision, precision_gate
 
 
 class StragglerActionConfig(BaseModel):
@@ -91,7 +94,7 @@ def decide_straggler(
     else:
         excl = float("inf")
         how = "no valid world size without it"
-    costs = f"continuing slow costs {cont / 3600:,.1f} GPU-h, restarting without {case.node} {excl / 3600:,.1f} GPU-h ({how})"
+    costs = f"continuing slow costs {gpu_time(cont)}, restarting without {case.node} {gpu_time(excl)} ({how})"
     if case.slowdown < c.min_slowdown:
         action, why = "keep", f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
     elif case.confidence < c.min_confidence:
@@ -125,8 +128,71 @@ def decide_straggler(
     return StragglerDecision(action, why, cont, excl, nxt if nxt.runnable else None, incident)
 
 
+def gpu_time(gpu_s: float) -> str:
+    """GPU time for a reason line: GPU-hours from 0.1 GPU-h on, GPU-seconds below (a short run's
+    costs would all read 0.0 GPU-h)."""
+    if gpu_s == float("inf"):
+        return "unbounded"
+    return f"{gpu_s / 3600:,.1f} GPU-h" if gpu_s >= 360 else f"{gpu_s:,.0f} GPU-s"
+
+
 def confidence_from_windows(flagged: int, seen: int, k: int) -> float:
     """A detector confidence from k-of-n debouncing: 0 below k, rising to 1 when every window agrees."""
     if seen <= 0 or flagged < k:
         return 0.0
     return round(0.5 + 0.5 * flagged / seen, 4)
+
+
+# --- the precision gate: may the policy's "exclude" be carried out? -------------------------------
+
+STRAGGLER_MODES = ("observe", "auto", "act")
+
+
+def straggler_gate(
+    mode: str,
+    stats: DetectorStats | None,
+    *,
+    min_precision: float = 0.9,
+    min_firings: int = 5,
+    cannot_leave: str = "",
+) -> GateDecision:
+    """Whether the straggler policy's ``exclude`` is carried out this attempt, and why (pure).
+
+    ``stats`` is the straggler detector's measured precision over the history before this attempt
+    (None: no firing in it). Modes:
+
+    - ``observe``: never act (the default);
+    - ``auto``: observe-only until the detector has fired ``min_firings`` times with precision at
+      least ``min_precision`` (:func:`stalwart.diagnose.precision.precision_gate`);
+    - ``act``: act, unless the measured precision is below ``min_precision`` over at least
+      ``min_firings`` firings: measured evidence against the detector overrides the setting.
+
+    ``cannot_leave``: why this node cannot leave the job at all (e.g. its agent hosts the c10d
+    rendezvous store); then nothing is carried out, whatever the mode.
+    """
+    if mode not in STRAGGLER_MODES:
+        raise ConfigError(f"--straggler-action {mode!r} must be one of {', '.join(STRAGGLER_MODES)}")
+    if mode == "observe":
+        return GateDecision(
+            "straggler", "observe", "straggler action: observe only (--straggler-action observe)"
+        )
+    if cannot_leave:
+        return GateDecision("straggler", "observe", f"straggler action: observe only, {cannot_leave}")
+    s = stats or DetectorStats("straggler", 0, 0, 0, 0)
+    measured = precision_gate(s, min_precision, min_firings)
+    if mode == "auto":
+        return GateDecision("straggler", measured.mode, f"--straggler-action auto: {measured.reason}")
+    if s.firings >= min_firings and s.precision is not None and s.precision < min_precision:
+        return GateDecision(
+            "straggler",
+            "observe",
+            f"--straggler-action act, overridden: {measured.reason} in the history",
+        )
+    if measured.mode == "act":
+        return GateDecision("straggler", "act", f"--straggler-action act: {measured.reason}")
+    return GateDecision(
+        "straggler",
+        "act",
+        f"--straggler-action act: precision not measured yet ({s.firings} firing(s) in the history, "
+        f"{min_firings} needed); acting as asked",
+    )

@@ -96,6 +96,7 @@ class Agent:
         self._spares_waiting = False
         self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
         self._chaos_done_step = -1  # the newest step done that agent-side chaos has seen
+        self._left = False  # this node left the job (excluded): the rendezvous stays open for the others
         self._memory = None  # the node memory tier and peer store (checkpoint/node_memory.py)
 
     # --- ledger ------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class Agent:
                 diagnosis.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
-            if self._rdzv is not None:
+            if self._rdzv is not None and not self._left:  # closing it would end the job for every node
                 try:
                     self._rdzv.shutdown()
                 except Exception:  # noqa: BLE001 - best effort on the way out
@@ -274,6 +275,7 @@ class Agent:
         )
         if res.passed:
             return ""
+        self._left = True
         self.emit(
             DecisionTaken(
                 ts=self.clock.now(),
@@ -379,6 +381,14 @@ class Agent:
                 )
             if outcome.status == "interrupted":
                 return self._end("aborted", "interrupted by the operator", EXIT_INTERRUPTED)
+            if outcome.status == "excluded":
+                self._left = True
+                return self._end(
+                    "node_excluded",
+                    f"node {self.cfg.node_name} excluded as a straggler and quarantined: {outcome.detail}; "
+                    "the other nodes continue without it",
+                    EXIT_INFRA,
+                )
             if outcome.status == "membership":
                 self.emit(
                     DecisionTaken(
@@ -719,6 +729,7 @@ class Agent:
             capture_stacks=lambda: self._capture_stacks(group),
             release_spares=self._release_spares,
             chaos=self._agent_chaos,
+            quarantine=self._quarantine,
         )
         return Supervisor(
             cfg=self.cfg,
@@ -731,7 +742,48 @@ class Agent:
             attempt=self.attempt,
             node=self.cfg.node_name,
             world=self._plan,
+            straggler_gate=self._straggler_gate(),
         ).run()
+
+    def _straggler_gate(self):
+        """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's
+        precision measured over the history before this attempt (read only when not observe-only)."""
+        from ..diagnose.straggler_action import straggler_gate
+        from .straggler_exclusion import listens_on, straggler_precision
+
+        cfg = self.cfg
+        stats, cannot_leave = None, ""
+        if cfg.straggler_action != "observe" and self._rdzv is not None:
+            port = int(cfg.rdzv_endpoint.rpartition(":")[2])
+            if listens_on(port):
+                cannot_leave = (
+                    f"this agent hosts the c10d rendezvous store ({cfg.rdzv_endpoint}): leaving would end "
+                    "the job for every node"
+                )
+        if cfg.straggler_action != "observe":
+            stats, unread = straggler_precision(
+                self.run.root, cfg.straggler_history, cfg.run_id, self.attempt
+            )
+            for why in unread[:3]:
+                self._note(f"straggler precision: history not read: {why}")
+        return straggler_gate(
+            cfg.straggler_action,
+            stats,
+            min_precision=cfg.straggler_act_min_precision,
+            min_firings=cfg.straggler_act_min_firings,
+            cannot_leave=cannot_leave,
+        )
+
+    def _quarantine(self, node: str, reason: str) -> str:
+        from .straggler_exclusion import quarantine_node
+
+        return quarantine_node(
+            node,
+            reason,
+            now=self.clock.now(),
+            state_dir=self.cfg.health_state_dir or self.run.root / "health",
+            backend=self.cfg.health_backend,
+        )
 
     def _release_spares(self) -> None:
         """Tell hot spares the job is done (they poll every 0.5 s; keep the store up that long)."""

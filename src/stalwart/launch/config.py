@@ -113,6 +113,14 @@ class RunConfig(BaseModel):
     kernel_log: Path | None = None
     node_telemetry: Path | None = None
     diagnose_interval_s: float = Field(2.0, ge=0)
+    # straggler -> action (diagnose/straggler_action.py): observe | auto | act, the precision gate, costs
+    straggler_action: str = "observe"
+    straggler_act_min_precision: float = Field(0.9, ge=0, le=1)
+    straggler_act_min_firings: int = Field(5, ge=1)
+    straggler_history: Path | None = None  # a run dir or ledger file whose firings add to the precision
+    straggler_recovery_s: float = Field(300.0, ge=0)
+    straggler_margin: float = Field(1.5, ge=1)
+    straggler_min_confidence: float = Field(0.8, ge=0, le=1)
 
     @field_validator("nnodes")
     @classmethod
@@ -205,6 +213,26 @@ class RunConfig(BaseModel):
                 )
         return v
 
+    @field_validator("straggler_action")
+    @classmethod
+    def _straggler_action(cls, v: str) -> str:
+        from ..diagnose.straggler_action import STRAGGLER_MODES
+
+        if v not in STRAGGLER_MODES:
+            raise ValueError(f"--straggler-action {v!r} must be {', '.join(STRAGGLER_MODES)}")
+        return v
+
+    @property
+    def straggler_policy(self):
+        """The straggler-action policy's settings (diagnose/straggler_action.py)."""
+        from ..diagnose.straggler_action import StragglerActionConfig
+
+        return StragglerActionConfig(
+            min_confidence=self.straggler_min_confidence,
+            margin=self.straggler_margin,
+            recovery_s=self.straggler_recovery_s,
+        )
+
     @field_validator("health_backend")
     @classmethod
     def _backend(cls, v: str) -> str:
@@ -233,6 +261,11 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         if self.topology or self.facility or self.facility_query or self.kernel_log or self.node_telemetry:
             self.diagnosis_sources()  # a bad topology or facility source stops the run before it starts
+        if self.straggler_history is not None and not self.straggler_history.exists():
+            raise ValueError(
+                f"--straggler-history {self.straggler_history} does not exist: give a run directory or a "
+                ".ledger file"
+            )
         if self.run_dir is not None:
             validate_run_dir(self.run_dir)  # not /, /proc, /sys, /dev or a file
         if self.node_name:

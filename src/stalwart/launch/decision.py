@@ -14,6 +14,7 @@ from .restart_policy import Failure
 class AttemptOutcome:
     status: (
         str  # succeeded | final_unsaved | failed | membership | preempted | preempted_unsaved | interrupted
+        # | excluded (this node left the job as a straggler)
     )
     failure: Failure | None = None
     detected_at: float = 0.0
@@ -32,6 +33,7 @@ ENDING = frozenset(
         "pass_stop",  # a stop for a script without the SDK: stop the group within its grace
         "deadline",  # the emergency save ran out of time: stop within grace; saved or not
         "membership",  # a node waits to join: stop within grace and re-form
+        "exclude_straggler",  # this node is the straggler to exclude: quarantine it, stop at once, leave
     }
 )
 CONTINUING = frozenset(
@@ -41,6 +43,19 @@ CONTINUING = frozenset(
         "stragglers",  # record stragglers that appeared or cleared (observe only)
     }
 )
+
+
+@dataclass(frozen=True)
+class StragglerAdvice:
+    """The straggler-action policy's verdict on one new straggler, as the ledger records it."""
+
+    action: str  # observe_keep | observe_exclude_quarantine (observe only) | keep | exclude_quarantine
+    reason: str  # the policy's reason with its costs, and the gate's
+    incident: Incident
+
+    @property
+    def acted(self) -> bool:
+        return not self.action.startswith("observe_")
 
 
 @dataclass(frozen=True)
@@ -57,7 +72,7 @@ class Decision:
     detected: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) newly slow
     cleared: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) no longer slow
     evidence: str = ""  # stragglers: the detector's reason
-    advice: tuple[Incident, ...] = ()  # stragglers: the straggler-action policy's verdicts (observe only)
+    advice: tuple[StragglerAdvice, ...] = ()  # stragglers: the straggler-action policy's verdicts
 
     def __post_init__(self) -> None:
         if self.kind not in ENDING and self.kind not in CONTINUING:

@@ -9,29 +9,35 @@
   or, without the SDK, CPU progress; a hang incident;
 - :func:`membership`: a node waits to join: re-form the group;
 - :class:`StragglerMonitor`: ranks compared within the same steps, debounced over windows
-  (:func:`stalwart.diagnose.straggler.relative_stragglers`); observe only.
+  (:func:`stalwart.diagnose.straggler.relative_stragglers`); the straggler-action policy's verdict,
+  carried out (exclude this node) only when the attempt's precision gate allows.
 
 :data:`PRIORITY` is the order the supervisor asks them in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal as _signal
+import statistics
 from dataclasses import dataclass
 
 from ..diagnose.incident import BlastRadius, Incident
+from ..diagnose.precision import GateDecision
 from ..diagnose.root_cause import classify, component_class, incident_class
-from ..diagnose.straggler import RelativeStraggler, relative_stragglers
+from ..diagnose.straggler import RelativeStraggler, own_work, relative_stragglers
 from ..diagnose.straggler_action import (
     StragglerActionConfig,
     StragglerCase,
+    StragglerDecision,
     Workload,
     confidence_from_windows,
     decide_straggler,
 )
+from ..events import StepCompleted
 from ..exit_codes import EXIT_PREEMPTED
 from .cpu_progress import detect_cpu_stall
-from .decision import AttemptOutcome, Decision
+from .decision import AttemptOutcome, Decision, StragglerAdvice
 from .progress import detect_hang_in, durability_problem_in
 from .restart_policy import Failure
 from .snapshot import RankView, Snapshot
@@ -313,8 +319,14 @@ def membership(s: Snapshot) -> Decision | None:
 
 @dataclass(frozen=True)
 class StragglerMonitor:
-    """Observe only: ranks slower than the others *at the same steps*, in ``k`` of the last ``n``
-    windows of ``window`` steps, so a machine-wide slowdown or one slow window flags nobody."""
+    """Ranks slower than the others *at the same steps*, in ``k`` of the last ``n`` windows of
+    ``window`` steps, so a machine-wide slowdown or one slow window flags nobody.
+
+    With ``action`` set, each new straggler is weighed by the straggler-action policy
+    (:func:`stalwart.diagnose.straggler_action.decide_straggler`); ``gate`` (this attempt's
+    :func:`~stalwart.diagnose.straggler_action.straggler_gate`) says whether its ``exclude`` is carried
+    out. Acting ends the attempt (``exclude_straggler``): this node is quarantined and leaves, the
+    others continue without it. Without a gate, or with an observe-only one, it only records."""
 
     threshold: float = 1.2
     window: int = 10
@@ -325,6 +337,7 @@ class StragglerMonitor:
     min_nodes: int = 1
     max_nodes: int = 1
     rule: SizeRule = SizeRule()
+    gate: GateDecision | None = None  # None: observe only
 
     @property
     def steps_kept(self) -> int:
@@ -348,44 +361,95 @@ class StragglerMonitor:
         if not detected and not cleared:
             return None
         new = {r for r, _ in detected}
-        advice = tuple(self._advise(s, r) for r in rep.stragglers if r.rank in new)
+        verdicts = [v for v in (self._weigh(s, r) for r in rep.stragglers if r.rank in new) if v is not None]
+        acting = self.gate is not None and self.gate.mode == "act"
+        # a failed worker or a stop under way comes first: the other monitors own this tick
+        busy = bool(s.failed) or s.stop_requested_at is not None
+        advice = tuple(self._advice(v, acting and not busy) for v in verdicts)
+        exclude = next((a for a in advice if a.action == "exclude_quarantine"), None)
+        common = dict(detected=detected, cleared=cleared, evidence=rep.reason, advice=advice)
+        if exclude is None:
+            return Decision("stragglers", rep.reason, **common)
+        inc = dataclasses.replace(exclude.incident, action_taken=True)
         return Decision(
-            "stragglers",
-            rep.reason,
-            detected=detected,
-            cleared=cleared,
-            evidence=rep.reason,
-            advice=tuple(a for a in advice if a is not None),
+            "exclude_straggler",
+            exclude.reason,
+            AttemptOutcome("excluded", detected_at=s.now, detail=exclude.reason),
+            inc,
+            rank=inc.blast_radius.ranks[0],
+            onset=inc.onset,
+            **common,
         )
 
-    def _advise(self, s: Snapshot, st: RelativeStraggler) -> Incident | None:
-        """The straggler-action policy's verdict on a new straggler: observe only, never acted on."""
+    def _advice(self, v: StragglerDecision, acting: bool) -> StragglerAdvice:
+        gate = self.gate.reason if self.gate is not None else "observe only"
+        if acting:
+            return StragglerAdvice(v.action, f"{v.incident.cause}: {v.reason} ({gate})", v.incident)
+        return StragglerAdvice(
+            f"observe_{v.action}",
+            f"{v.incident.cause} (observe only, not acted on: {gate}; {'; '.join(v.incident.evidence)})",
+            v.incident,
+        )
+
+    def _weigh(self, s: Snapshot, st: RelativeStraggler) -> StragglerDecision | None:
+        """The straggler-action policy's verdict on a new straggler."""
         if self.action is None or s.world is None or not s.world.runnable:
             return None
         mine = [e for e in s.recent_steps if e.step >= st.first_step]
         since = min((e.start for e in mine), default=s.now)
-        durations = sorted(e.duration for e in s.recent_steps)
-        step_time = durations[len(durations) // 2] if durations else 0.0
+        slowdown, step_time = job_slowdown(mine, st.rank)
+        if slowdown is None:  # no step with both the straggler and another rank: the detector's ratio
+            durations = sorted(e.duration for e in s.recent_steps)
+            slowdown, step_time = st.ratio, durations[len(durations) // 2] if durations else 0.0
         remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
         case = StragglerCase(
             node=s.node,
             rank=st.rank,
-            slowdown=max(st.ratio, 1e-9),
+            slowdown=max(slowdown, 1e-9),
             confidence=confidence_from_windows(st.flagged, st.seen, self.k),
             since=since,
         )
         work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
-        return decide_straggler(case, work, s.now, self.action).incident
+        return decide_straggler(case, work, s.now, self.action)
 
 
-def default_monitors(cfg) -> tuple:
-    """The monitors of a run configuration, in :data:`PRIORITY` order."""
+def job_slowdown(steps, rank: int) -> tuple[float | None, float]:
+    """How much slower the job runs because of ``rank``, and its step time without it (pure).
+
+    Per step: the job's step time is its slowest rank's (every rank waits for it in the collective);
+    without the straggler it would be shorter by the straggler's extra own work over the others'
+    median. The medians over the steps; ``(None, 0.0)`` when no step has the straggler and another
+    rank."""
+    by_step: dict[int, dict[int, StepCompleted]] = {}
+    for e in steps:
+        by_step.setdefault(e.step, {})[e.rank] = e
+    ratios, healthy = [], []
+    for per in by_step.values():
+        me = per.get(rank)
+        others = [own_work(e) for r, e in per.items() if r != rank]
+        if me is None or not others:
+            continue
+        job = max(e.duration for e in per.values())
+        without = job - max(0.0, own_work(me) - statistics.median(others))
+        if without > 0:
+            ratios.append(job / without)
+            healthy.append(without)
+    if not ratios:
+        return None, 0.0
+    return statistics.median(ratios), statistics.median(healthy)
+
+
+def default_monitors(cfg, straggler_gate: GateDecision | None = None) -> tuple:
+    """The monitors of a run configuration, in :data:`PRIORITY` order; ``straggler_gate``: whether
+    this attempt may act on the straggler policy's verdicts (None: observe only)."""
+    policy = getattr(cfg, "straggler_policy", None)
     return (
         StragglerMonitor(
-            action=StragglerActionConfig(),
+            action=policy if policy is not None else StragglerActionConfig(),
             min_nodes=cfg.min_nodes,
             max_nodes=cfg.max_nodes,
             rule=cfg.size_rule,
+            gate=straggler_gate,
         ),
         worker_exits,
         durability,
@@ -395,7 +459,8 @@ def default_monitors(cfg) -> tuple:
     )
 
 
-# stragglers are observed first (they never end a tick), then exits before anything a signal or a
+# stragglers are observed first (they end a tick only to exclude this node, never with a failed worker
+# or a stop under way), then exits before anything a signal or a
 # silence could suggest (a worker that exited says more than one that is quiet), then the stop a
 # signal asks for (while it runs, hangs and membership wait), then hangs, then a joining node
 PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "membership")

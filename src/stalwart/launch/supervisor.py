@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..diagnose.cross_layer import COMM_CODES
+from ..diagnose.precision import GateDecision
 from ..diagnose.root_cause import ErrorRecord
 from ..diagnose.signals import from_failure
 from ..events import (
@@ -84,6 +85,8 @@ class Hooks:
     capture_stacks: Callable[[], dict[int, str]] = lambda: {}
     release_spares: Callable[[], None] = lambda: None
     chaos: Callable[[ProgressTracker], None] = lambda tracker: None
+    # quarantine(node, reason) -> the node state it ended in (the node records, like other quarantines)
+    quarantine: Callable[[str, str], str] = lambda node, reason: "not recorded (no node state)"
     read_proc: Callable[[int], ProcSample | None] = read_proc
 
 
@@ -102,6 +105,7 @@ class Supervisor:
         node: str,
         monitors: Sequence[Callable[[Snapshot], Decision | None]] | None = None,
         world: WorldPlan | None = None,
+        straggler_gate: GateDecision | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -113,7 +117,9 @@ class Supervisor:
         self.clock = clock
         self.attempt = attempt
         self.node = node
-        self.monitors = tuple(monitors) if monitors is not None else default_monitors(cfg)
+        self.monitors = (
+            tuple(monitors) if monitors is not None else default_monitors(cfg, straggler_gate=straggler_gate)
+        )
         self.hangs = next((m for m in self.monitors if isinstance(m, HangMonitor)), None)
         strag = next((m for m in self.monitors if isinstance(m, StragglerMonitor)), StragglerMonitor())
         ranks = [s.global_rank for s in self.specs]
@@ -274,6 +280,8 @@ class Supervisor:
         grace = self.cfg.stop_grace_s
         if d.kind == "stragglers":
             self._stragglers(d, snap)
+        elif d.kind == "exclude_straggler":
+            return self._exclude(d, snap)
         elif d.kind == "request_stop":
             self.stop_requested_at = snap.now
             self.block.request_stop(d.stop_step)
@@ -321,18 +329,39 @@ class Supervisor:
                 StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.hooks.ctx())
             )
             self.stragglers.pop(rank, None)
-        # observe only: what the straggler-action policy would do, and why. A decision record, not an
-        # incident: the straggler's cause (a cooling loop, a sick GPU) is the live diagnosis's incident
+        # the straggler-action policy's verdicts with their reasons (costs, and the gate's word): a
+        # decision record, not an incident; the straggler's cause (a cooling loop, a sick GPU) is the
+        # live diagnosis's incident. Observe-only verdicts are recorded as observe_<action>
         for advice in d.advice:
             self.hooks.emit(
                 DecisionTaken(
-                    ts=advice.ts,
-                    action=f"observe_{advice.action}",
-                    reason=f"{advice.cause} (observe only, not acted on; {'; '.join(advice.evidence)})",
-                    **self.hooks.ctx(),
+                    ts=advice.incident.ts, action=advice.action, reason=advice.reason, **self.hooks.ctx()
                 ),
-                show=False,
+                show=advice.acted,
             )
+
+    def _exclude(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+        """This node is the straggler to exclude: record it, quarantine the node, stop the workers at
+        once (the job goes on without them: nothing to save here) and leave; the other agents see
+        their peers go and re-form at the next valid world size, or with a hot spare."""
+        assert d.outcome is not None and d.incident is not None
+        self._stragglers(d, snap)
+        ctx = self.hooks.ctx()
+        try:
+            state = self.hooks.quarantine(self.node, d.reason)
+        except Exception as exc:  # noqa: BLE001 - the node still leaves this job; say why it is not recorded
+            state = f"not recorded in the node state ({type(exc).__name__}: {exc})"
+        self.hooks.note(f"excluding this node ({self.node}) as a straggler: {d.reason}; node state: {state}")
+        self.group.stop(0.0)
+        inc = dataclasses.replace(d.incident, evidence=d.incident.evidence + (f"node state: {state}",))
+        self.hooks.emit(inc.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
+        self.hooks.emit(
+            WorkersStopped(
+                ts=self.clock.now(), reason=f"straggler rank {d.rank}: node {self.node} excluded", **ctx
+            ),
+            show=False,
+        )
+        return d.outcome
 
     def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         assert d.outcome is not None and d.outcome.failure is not None
