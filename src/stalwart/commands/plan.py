@@ -283,10 +283,17 @@ def _print(d: dict) -> None:
         )
     )
     say(
-        "(interval re-optimised and spares scaled with the fleet; job MTBF: the job's mean time between "
-        "failures; ckpt every: checkpoint interval; cost: of the lost GPU-hours; k/M/B: thousands, "
-        "millions, billions)"
+        "(interval re-optimised and spares re-chosen at each size for the most productive GPU-hours per "
+        "reserved GPU-hour; job MTBF: the job's mean time between failures; ckpt every: checkpoint "
+        "interval; cost: of the lost GPU-hours and the spares; k/M/B: thousands, millions, billions)"
     )
+    for p in d["scale"]:
+        if p.get("wait_share", 0.0) >= 0.0005:
+            say(
+                f"(at {p['gpus']:,} GPUs the job waits {percent(p['wait_share'])} of the time for a "
+                f"repaired node: all {p['spare_nodes']} spares are in repair; the larger spare counts "
+                "tried cost more GPU-hours than they save)"
+            )
     opts = d.get("options") or []
     if opts:
         from ..sim.planner import OPTIONS
@@ -296,10 +303,11 @@ def _print(d: dict) -> None:
         rows = [[name] + [percent(by[(name, g)]["ettr"]) for g in sizes] for name in OPTIONS]
         c.print(table("ETTR by recovery option and GPUs", ["option"] + [compact(g) for g in sizes], rows))
         say(
-            "(cold: restart every process, restore from storage; warm: restart in place; peer: restore "
-            "from a healthy peer's memory; replica: the failed replica group drops out and rejoins while "
-            "the others train; hot_spares: pre-initialised spare nodes (at least 1 per 256) step in; elastic: shrink instead of "
-            "waiting for a repaired node)"
+            "(same failures for every option; cold: restart every process, restore from storage; warm: "
+            "restart in place (never slower than cold); peer: restore from a healthy peer's memory; "
+            "replica: the failed replica group drops out and rejoins while the others train; hot_spares: "
+            "pre-initialised spare nodes (at least 1 per 256) step in; elastic: no spares, shrink instead "
+            "of waiting for a repaired node, so it trains on fewer GPUs but reserves none)"
         )
     for n in d["notes"]:
         say(f"note: {n}")

@@ -184,7 +184,9 @@ def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
         + [0.0]
     )
     if cfg.strategy == "in_process":
-        soft, hard = cfg.in_process_restart_s, cfg.job_restart_s
+        # restarting in place skips work a job restart does, so it is never slower than one (a measured
+        # job restart of 0.5 s must not be beaten by the 60 s default guess for an in-place restart)
+        soft, hard = min(cfg.in_process_restart_s, cfg.job_restart_s), cfg.job_restart_s
     elif cfg.strategy == "requeue":
         soft = hard = cfg.requeue_s
     else:  # in_job; replica: the failed group restarts like a job, from a peer replica's memory

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..account.ettr import daly_ettr, daly_interval
 from .config import MAX_GPUS, CheckpointTier, SimConfig
-from .engine import simulate
+from .engine import SimResult, simulate
 from .units import duration
 
 STRATEGIES = ("in_process", "in_job", "requeue")
@@ -41,10 +41,10 @@ def option_config(cfg: SimConfig, option: str) -> SimConfig:
         return _with(cfg, strategy="replica")
     if option == "hot_spares":
         # a hot spare is already initialised: even a node loss costs only the in-place restart
-        n = max(cfg.spare_nodes or 0, math.ceil(cfg.nodes / 256))
-        return _with(
-            cfg, strategy="in_process", spare_nodes=n, job_restart_s=cfg.in_process_restart_s, elastic=False
-        )
+        # (with no spare count, the pool always has a node: fewer hot spares would only add waits)
+        n = None if cfg.spare_nodes is None else max(cfg.spare_nodes, math.ceil(cfg.nodes / 256))
+        restart = min(cfg.in_process_restart_s, cfg.job_restart_s)
+        return _with(cfg, strategy="in_process", spare_nodes=n, job_restart_s=restart, elastic=False)
     if option == "elastic":
         return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
     raise ValueError(f"unknown recovery option {option!r}")
@@ -79,6 +79,7 @@ class ScalePoint:
     interruptions_mean: float
     lost_gpu_hours_mean: float
     cost_mean: float
+    wait_share: float = 0.0  # share of the wall clock spent waiting for a repaired node (spares all used)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,28 @@ def _apply(cfg: SimConfig, intervals: Mapping[str, float]) -> SimConfig:
 def _score(cfg: SimConfig) -> tuple[float, float, float]:
     r = simulate(cfg)
     return float(r.ettr.mean()), float(r.cost.mean()), float(r.interruptions.mean())
+
+
+def _at_size(tuned: SimConfig, gpus: int, spare_candidates: Sequence[int]) -> tuple[SimConfig, SimResult]:
+    """``tuned`` at ``gpus`` GPUs with the interval re-optimised and the spare count re-chosen by the
+    same rule as at the run's own size (most productive GPU-hours per reserved GPU-hour). Scaling the
+    spares in proportion is wrong for a small fleet: nodes in repair fluctuate like a Poisson count,
+    so 2 spares for 128 nodes run out far more often than 32 for 2,048 and the job waits for repairs."""
+    c = _with(tuned, gpus=gpus)
+    c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
+    if tuned.spare_nodes is None:  # the wider pool always has a node
+        return c, simulate(c)
+    scaled = math.ceil(tuned.spare_nodes * gpus / tuned.gpus)
+    cands = sorted({*spare_candidates, *(math.ceil(scaled * f) for f in (0.5, 1.0, 1.5, 2.0, 3.0))})
+    best: tuple[float, int, SimConfig, SimResult] | None = None
+    for s in cands:
+        cs = _with(c, spare_nodes=s)
+        r = simulate(cs)
+        per_reserved = round(float(r.ettr.mean()) * cs.gpus / (cs.gpus + s * cs.gpus_per_node), 4)
+        if best is None or per_reserved > best[0]:
+            best = (per_reserved, s, cs, r)
+    assert best is not None
+    return best[2], best[3]
 
 
 def plan(
@@ -257,22 +280,21 @@ def plan(
         float(sbest["cost"]),
         f"{sbest['strategy']} restarts give ETTR {float(sbest['ettr']):.3f} against "
         f"{float(worst['ettr']):.3f} for {worst['strategy']} (restart "
-        f"{duration(tuned.in_process_restart_s)} / {duration(tuned.job_restart_s)} / "
+        f"{duration(min(tuned.in_process_restart_s, tuned.job_restart_s))} / {duration(tuned.job_restart_s)} / "
         f"{duration(tuned.requeue_s)})",
         tuple(srows),
     )
     tuned = _with(tuned, strategy=str(sbest["strategy"]))
 
-    # 5. scale-up prediction, intervals re-optimised at every size; without --scale-to, four sizes
+    # 5. scale-up prediction, intervals re-optimised and spares re-chosen at every size; without
+    # --scale-to, four sizes
     extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
     points = []
+    options = []
     for g in sizes:
         g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
-        spares_g = None if tuned.spare_nodes is None else math.ceil(tuned.spare_nodes * g / tuned.gpus)
-        c = _with(tuned, gpus=g, spare_nodes=spares_g)  # spares scale with the fleet
-        c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
-        r = simulate(c)
+        c, r = _at_size(tuned, g, spare_candidates)
         lam_g, _ = _rates(c)
         points.append(
             ScalePoint(
@@ -285,18 +307,14 @@ def plan(
                 interruptions_mean=float(r.interruptions.mean()),
                 lost_gpu_hours_mean=float(r.lost_gpu_hours.mean()),
                 cost_mean=float(r.cost.mean()),
+                wait_share=float(r.buckets["wait_nodes"].mean()) / c.horizon_s,
             )
         )
-    options = []
-    for g in sizes:
-        g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
-        spares_g = None if tuned.spare_nodes is None else math.ceil(tuned.spare_nodes * g / tuned.gpus)
-        c = _with(tuned, gpus=g, spare_nodes=spares_g)
-        c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
+        # every option at this size draws the same failures (same seed and rate): common random numbers
         for opt in OPTIONS:
-            r = simulate(option_config(c, opt))
+            ro = simulate(option_config(c, opt))
             options.append(
-                {"option": opt, "gpus": g, "ettr": float(r.ettr.mean()), "cost": float(r.cost.mean())}
+                {"option": opt, "gpus": g, "ettr": float(ro.ettr.mean()), "cost": float(ro.cost.mean())}
             )
     current = min(t.interval_s for t in cfg.tiers if t.survives_node_loss)
     return Plan(
