@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stalwart.checkpoint.manifest import MANIFEST
-from stalwart.launch.chaos_actions import damage, newest_checkpoint, persist_in_flight
+from stalwart.launch.chaos_actions import committed, damage, newest_checkpoint, newest_on_its_way
 
 
 def _version(root: Path, step: int, *, committed: bool = True) -> Path:
@@ -18,23 +18,23 @@ def _version(root: Path, step: int, *, committed: bool = True) -> Path:
     return d
 
 
-def test_a_newer_version_on_its_way_holds_the_damage_back(tmp_path):
+def test_the_newest_version_on_its_way_is_pinned_until_it_commits(tmp_path):
     disk, mem = tmp_path / "disk", tmp_path / "mem"
+    assert newest_on_its_way(disk, [mem, tmp_path / "absent"]) == -1  # nothing anywhere
     _version(disk, 8)
     _version(mem, 8)
-    assert not persist_in_flight(disk, [mem, tmp_path / "absent"])  # a missing root holds nothing
+    assert newest_on_its_way(disk, [mem]) == 8
     _version(mem, 12, committed=False)  # the memory tier is written first
-    assert persist_in_flight(disk, [mem])
+    assert newest_on_its_way(disk, [mem]) == 12
+    assert committed(disk, 12) is None  # not on disk yet: the damage waits
     (mem / ".step-000000012.partial").rename(mem / "step-000000012")
     (mem / "step-000000012" / MANIFEST).write_text("{}")
-    assert persist_in_flight(disk, [mem])  # committed in memory: the disk commit is still to come
     _version(disk, 12, committed=False)
-    assert persist_in_flight(disk, [mem])
+    assert newest_on_its_way(disk, [mem]) == 12 and committed(disk, 12) is None
     (disk / ".step-000000012.partial").rename(disk / "step-000000012")
     (disk / "step-000000012" / MANIFEST).write_text("{}")
-    assert not persist_in_flight(disk, [mem])
-    _version(disk, 4, committed=False)  # a leftover partial older than the newest commit
-    assert not persist_in_flight(disk, [mem])
+    assert committed(disk, 12) == disk / "step-000000012"
+    assert committed(disk, 8) == disk / "step-000000008"
 
 
 def test_damage_hits_the_newest_committed_version(tmp_path):

@@ -15,6 +15,7 @@ from stalwart.chaos.soak import (
     REQUEUERS,
     PlannedFault,
     RunResult,
+    Soak,
     SoakConfig,
     _damage_between,
     draw_plan,
@@ -74,3 +75,23 @@ def test_a_damaged_side_ledger_counts_as_fired_and_names_no_checkpoint(tmp_path)
     assert _damage_between("corrupt-ledger", tmp_path, rng) == (True, None)
     with pytest.raises(sqlite3.DatabaseError), sqlite3.connect(side) as db:
         db.execute("select * from t")
+
+
+def _ckpt(root: Path, step: int) -> None:
+    (root / "checkpoints" / f"step-{step:09d}").mkdir(parents=True)
+
+
+def test_a_version_deleted_for_a_damaged_newer_one_is_not_lost_but_one_deleted_early_is(tmp_path):
+    soak = Soak(SoakConfig(workdir=tmp_path / "w", keep=3), log=lambda _: None)
+    run_dir = tmp_path / "run"
+    (run_dir / "ledger").mkdir(parents=True)
+    for step in (16, 20, 24):  # retention kept these three; 16 was damaged by the run's own chaos
+        _ckpt(run_dir, step)
+    before = {4: Path("4"), 12: Path("12"), 16: Path("16")}
+    after = {20: Path("20"), 24: Path("24")}  # 16 no longer verifies
+    res = RunResult(0, ())
+    soak._check_job(run_dir, 1, 0.0, 1, before, after, {16}, res)
+    assert res.lost_versions == []
+    res = RunResult(0, ())  # the same end with nothing damaged on purpose: 16 went bad, 4 and 12 early
+    soak._check_job(run_dir, 1, 0.0, 1, before, after, set(), res)
+    assert sorted(int(v.split()[3]) for v in res.lost_versions) == [4, 12, 16]

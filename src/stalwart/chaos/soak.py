@@ -15,7 +15,8 @@ the agent, exactly as ``sbatch --requeue`` would. Faults come from two places:
 What is counted for every run (``RunResult``) and summed (``SoakSummary``): faults by kind that
 actually fired, runs, bit-identical ends, wrong resumes (a job that did not resume from the newest
 good checkpoint on disk when it started), committed good versions lost (a verified version that
-vanished or went bad while fewer than ``keep`` newer good versions exist, and the harness did not
+vanished or went bad while fewer than ``keep`` newer versions are held (good ones, and ones the
+run's chaos damaged on purpose, which retention keeps like any other), and the harness did not
 damage it), false verdicts (exit 76 without a committed emergency checkpoint; exit 0 without a
 committed good checkpoint of the final step; a crash of the tool itself), and tool hangs (a job
 that outlived its time limit).
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checkpoint.store import step_name
 from ..events import ChaosInjected
 
 INSIDE = ("crash", "exit", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
@@ -441,7 +443,10 @@ class Soak:
                 res.wrong_resumes.append(
                     f"job {job} resumed from step {first.step}, newest good on disk was {expect}"
                 )
-        newer = sorted(after, reverse=True)
+        # retention keeps the newest `keep` versions on disk, good or not: a version this run's chaos
+        # damaged on purpose still holds a slot, so an older good one may rightly be deleted for it
+        held = {s for s in damaged if (run_dir / "checkpoints" / step_name(s)).is_dir()}
+        newer = sorted(set(after) | held, reverse=True)
         for step in before:
             if step in after or step in damaged:
                 continue

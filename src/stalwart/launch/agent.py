@@ -96,6 +96,7 @@ class Agent:
         self._spares_waiting = False
         self._plan = None  # this attempt's world plan (the straggler-action policy weighs it)
         self._chaos_done_step = -1  # the newest step done that agent-side chaos has seen
+        self._chaos_targets: dict[str, int] = {}  # checkpoint damage: the version step each aims at
         self._left = False  # this node left the job (excluded): the rendezvous stays open for the others
         self._memory = None  # the node memory tier and peer store (checkpoint/node_memory.py)
 
@@ -865,8 +866,9 @@ class Agent:
         self._agent_chaos_at(tracker.max_done_step, settled=False)
 
     def _agent_chaos_at(self, done_step: int, *, settled: bool) -> None:
-        """Agent-side faults due once step ``done_step + 1`` is reached. Checkpoint damage waits while a
-        newer version is still being persisted (``settled``: the workers are gone, nothing is)."""
+        """Agent-side faults due once step ``done_step + 1`` is reached. Checkpoint damage aims at the
+        newest version when it is due, committed or still being persisted, and waits for that one's
+        commit (``settled``: the workers are gone and nothing more will commit: the newest that did)."""
         for fault in self.plan.agent_faults():
             if fault.step is None or done_step + 1 < fault.step:
                 continue
@@ -884,10 +886,18 @@ class Agent:
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self._group_rank == 0:
+                disk = self.run.checkpoints
                 faster = [self._memory.versions_root] if self._memory is not None else []
-                if not settled and chaos_actions.persist_in_flight(self.run.checkpoints, faster):
-                    continue
-                target = chaos_actions.newest_checkpoint(self.run.checkpoints)
+                key = fault.describe()
+                if key not in self._chaos_targets:  # pin the newest version, committed or on its way
+                    newest = chaos_actions.newest_on_its_way(disk, faster)
+                    if newest >= 0:
+                        self._chaos_targets[key] = newest
+                pinned = self._chaos_targets.get(key, -1)
+                target = chaos_actions.committed(disk, pinned) if pinned >= 0 else None
+                if target is None and not settled:
+                    continue  # not on disk yet: wait for its commit (or for the attempt to fail)
+                target = target or chaos_actions.newest_checkpoint(disk)
                 if target is None or not claim(self.run.chaos, fault):
                     continue
                 detail = chaos_actions.damage(target, fault.kind)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from ..checkpoint.manifest import MANIFEST
+from ..checkpoint.store import step_name
 
 _PARTIAL = re.compile(r"^\.step-(\d+)\.partial$")
 _VERSION = re.compile(r"^step-(\d+)$")
@@ -28,18 +29,22 @@ def _steps(root: Path) -> tuple[list[int], list[int]]:
     return done, [int(m.group(1)) for n in names if (m := _PARTIAL.match(n))]
 
 
-def persist_in_flight(target: Path, others: list[Path]) -> bool:
-    """Whether a version newer than ``target``'s newest committed one is on its way there: being
-    written (a ``.step-<N>.partial`` directory) or already in a faster tier (``others``, e.g. the
-    node memory tier, which commits first). Damaging "the newest committed version" then would hit
-    one that the commit about to land supersedes, and the restart would never read the damage."""
-    done, writing = _steps(target)
-    newest = max(done, default=-1)
-    ahead = list(writing)
-    for root in others:
-        d, w = _steps(root)
-        ahead += d + w
-    return max(ahead, default=-1) > newest
+def newest_on_its_way(target: Path, others: list[Path]) -> int:
+    """The newest version step committed or being written (a ``.step-<N>.partial`` directory) in
+    ``target`` or a faster tier (``others``, e.g. the node memory tier, which commits first); -1 if
+    none. Damage aimed at "the newest version" pins this step: a version still in flight when the
+    fault is due is the one a restart would read once it commits."""
+    steps: list[int] = []
+    for root in (target, *others):
+        done, writing = _steps(root)
+        steps += done + writing
+    return max(steps, default=-1)
+
+
+def committed(root: Path, step: int) -> Path | None:
+    """``root``'s committed version of ``step``, if it is there."""
+    path = root / step_name(step)
+    return path if (path / MANIFEST).exists() else None
 
 
 def _largest_file(ckpt: Path) -> Path:
