@@ -90,8 +90,12 @@ def test_a_costly_straggler_is_excluded_and_a_mild_one_kept(tmp_path):
     decisions = events(tmp_path, DecisionTaken)
     (excl,) = [d for d in decisions if d.action == "exclude_quarantine"]
     assert excl.node == "n1" and "rank 3" in excl.reason and "costs" in excl.reason, excl.reason
-    (inc,) = [e for e in events(tmp_path, IncidentRaised) if e.component == "straggler"]
-    assert inc.node == "n1" and inc.action_taken and inc.ranks == (3,)
+    raised = events(tmp_path, IncidentRaised)
+    (inc,) = [e for e in raised if e.rule == "policy:straggler-action"]
+    assert inc.node == "n1" and inc.component == "straggler" and inc.action_taken and inc.ranks == (3,)
+    # the survivor's lost peer is explained by the exclusion, not left as a cause-less comm failure
+    assert not [e for e in raised if e.rule == "cross_layer:no-cause"], raised
+    assert [e for e in raised if e.rule == "cross_layer:node-excluded" and e.nodes == ("n1",)], raised
     assert HealthStore(tmp_path / "health").record("n1").state.value == "quarantined"
 
     # the job went on without it at the next valid size and finished

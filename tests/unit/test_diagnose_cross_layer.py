@@ -205,3 +205,31 @@ def test_garbage_kernel_log_explains_nothing():
     klog = read_kernel_log_file(DERIVED / "garbage_kmsg" / "kmsg.txt")
     inc = diagnose_comm_failure(symptoms_on_every_rank(), from_kernel_log(klog, "n1", T0 - 1), now=T0)
     assert inc.rule == "cross_layer:no-cause"
+
+
+def _peer_lost(node: str, rank: int, ts: float) -> Signal:
+    return from_failure(
+        FailureDetected(ts=ts + 1, node=node, rank=rank, failure="peer_lost", onset=ts, evidence="n1 left")
+    )
+
+
+def test_a_peer_lost_just_after_its_agent_excluded_it_is_the_exclusions_cascade():
+    from stalwart.diagnose.pipeline import evidence_signals
+    from stalwart.events import DecisionTaken
+
+    def decision(action: str, ts: float) -> DecisionTaken:
+        return DecisionTaken(ts=ts, node="n1", action=action, reason="exclude n1 and quarantine it: costs")
+
+    symptoms = [_peer_lost("n0", 0, T0), _peer_lost("n0", 1, T0)]
+    ev = evidence_signals([decision("exclude_quarantine", T0 - 10)])
+    inc = diagnose_comm_failure(symptoms, ev, now=T0 + 5, gpus=4)
+    assert inc is not None and inc.rule == "cross_layer:node-excluded", inc
+    assert inc.component == Component.STRAGGLER and "n1" in inc.cause and "excluded" in inc.cause
+    assert inc.blast_radius.nodes == ("n1",)
+    # an observe-only record excluded nothing; an exclusion long before is not this failure's cause
+    for late in (
+        evidence_signals([decision("observe_exclude_quarantine", T0 - 10)]),
+        evidence_signals([decision("exclude_quarantine", T0 - 600)]),
+    ):
+        inc = diagnose_comm_failure(symptoms, late, now=T0 + 5, gpus=4)
+        assert inc is not None and inc.rule == "cross_layer:no-cause", inc

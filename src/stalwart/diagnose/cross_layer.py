@@ -46,6 +46,8 @@ class CrossRule(BaseModel):
     confidence: float = Field(ge=0.0, le=1.0)
     action: str
     same_node: bool = False
+    # only signals at most this long before the first symptom count (None: the table's window)
+    within_s: float | None = Field(None, ge=0)
 
 
 class Window(BaseModel):
@@ -129,6 +131,8 @@ def diagnose_comm_failure(
     cost = gpus * max(0.0, now - t0)
     for rule in table.rules:
         hits = [s for s in inside if any(m.hits(s) for m in rule.match)]
+        if rule.within_s is not None:
+            hits = [s for s in hits if s.ts >= t0 - rule.within_s]
         if rule.same_node:
             hits = [s for s in hits if s.node in symptom_nodes]
         if not hits:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from ..events import AttemptStarted, DecisionTaken, Event, FailureDetected, StragglerDetected
 from .cross_layer import CrossRules, diagnose_comm_failure
 from .incident import Incident
-from .signals import Signal, from_failure, from_health_event, from_straggler
+from .signals import Signal, from_exclusion, from_failure, from_health_event, from_straggler
 
 
 def interruptions(events: Sequence[Event]) -> list[list[FailureDetected]]:
@@ -40,6 +40,8 @@ def evidence_signals(events: Iterable[Event]) -> tuple[Signal, ...]:
             out.extend(from_health_event(e))
         elif isinstance(e, StragglerDetected):
             out.append(from_straggler(e))
+        elif isinstance(e, DecisionTaken) and (sig := from_exclusion(e)) is not None:
+            out.append(sig)
     return tuple(out)
 
 

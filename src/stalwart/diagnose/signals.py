@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, FailureDetected, StragglerDetected
+from ..events import DecisionTaken, Event, FailureDetected, StragglerDetected
 from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
 from .root_cause import COMM_TEXT, COMM_TYPES
@@ -67,6 +67,20 @@ def from_failure(ev: FailureDetected) -> Signal:
         text=line,
         rank=ev.rank,
         evidence=evidence,
+    )
+
+
+def from_exclusion(ev: DecisionTaken) -> Signal | None:
+    """An agent that excluded its own node (a straggler worth more out than in): its peers lose it,
+    and their communication failure is that exclusion's cascade. Observe-only records are not."""
+    if ev.action != "exclude_quarantine":
+        return None
+    return Signal(
+        ts=ev.ts,
+        node=ev.node,
+        code="agent.node_excluded",
+        subject=ev.node,
+        text=f"the agent of {ev.node} excluded its node: {ev.reason[:200]}",
     )
 
 
