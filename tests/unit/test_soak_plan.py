@@ -95,3 +95,16 @@ def test_a_version_deleted_for_a_damaged_newer_one_is_not_lost_but_one_deleted_e
     res = RunResult(0, ())  # the same end with nothing damaged on purpose: 16 went bad, 4 and 12 early
     soak._check_job(run_dir, 1, 0.0, 1, before, after, set(), res)
     assert sorted(int(v.split()[3]) for v in res.lost_versions) == [4, 12, 16]
+
+
+def test_a_final_version_damaged_by_the_runs_own_chaos_is_no_false_success(tmp_path):
+    soak = Soak(SoakConfig(workdir=tmp_path / "w", steps=24, every=4), log=lambda _: None)
+    run_dir = tmp_path / "run"
+    (run_dir / "ledger").mkdir(parents=True)
+    after = {16: Path("16"), 20: Path("20")}  # 24 committed, then the plan's corrupt-checkpoint hit it
+    res = RunResult(0, ())
+    soak._check_job(run_dir, 0, 0.0, 0, {}, after, {24}, res)
+    assert res.false_verdicts == []
+    res = RunResult(0, ())
+    soak._check_job(run_dir, 0, 0.0, 0, {}, after, set(), res)
+    assert res.false_verdicts and "final step 24" in res.false_verdicts[0]

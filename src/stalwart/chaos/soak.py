@@ -461,7 +461,9 @@ class Soak:
                     f"job {job}: exit 76 (preempted, saved) but the step it names has no good checkpoint "
                     f"({this_job.verdict if this_job else 'no verdict in the ledger'})"
                 )
-        if code == 0 and self.cfg.every and self.cfg.steps not in after:
+        # the final version is owed unless this run's own chaos damaged it after it committed (the
+        # agent's damage aims at the newest version when it is due, which can be the final one)
+        if code == 0 and self.cfg.every and self.cfg.steps not in after and self.cfg.steps not in damaged:
             res.false_verdicts.append(
                 f"job {job}: exit 0 but the final step {self.cfg.steps} has no good "
                 f"checkpoint (newest good: {max(after, default=None)})"
