@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from stalwart.errors import LedgerError
 from stalwart.ledger import read_merged
 
 EXAMPLE = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-every", "0"]
@@ -39,6 +40,15 @@ def stalwart(*args: str, timeout: float = 600, cwd: Path | None = None) -> Resul
 def events(run_dir: Path, kind: type | None = None) -> list:
     evs = read_merged(run_dir)
     return [e for e in evs if kind is None or isinstance(e, kind)]
+
+
+def events_so_far(run_dir: Path, kind: type | None = None) -> list:
+    """``events`` for polling a run still starting: none yet while its ledger directory exists but
+    its first file does not (or has no tables yet), instead of the error a finished run deserves."""
+    try:
+        return events(run_dir, kind)
+    except LedgerError:
+        return []
 
 
 def same_params(a: Path, b: Path) -> bool:

@@ -21,7 +21,7 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
 
-from .runner import EXAMPLE, events, wait_listening
+from .runner import EXAMPLE, events, events_so_far, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +105,7 @@ def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
     wait_listening(port, a)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # n0 trains alone in round 0 before n1 exists
-        if (tmp_path / "ledger").exists() and any(e.kind == "StepCompleted" for e in events(tmp_path)):
+        if any(e.kind == "StepCompleted" for e in events_so_far(tmp_path)):
             break
         assert a.poll() is None, a.communicate()[0]
         time.sleep(0.5)
@@ -141,8 +141,7 @@ def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 180
     while time.time() < deadline:  # wait for training to be under way
-        logs = list((tmp_path / "ledger").glob("agent-*.ledger")) if (tmp_path / "ledger").exists() else []
-        if logs and any(getattr(e, "step", -1) >= 5 for e in events(tmp_path) if e.kind == "StepCompleted"):
+        if any(getattr(e, "step", -1) >= 5 for e in events_so_far(tmp_path) if e.kind == "StepCompleted"):
             break
         time.sleep(0.5)
     t0 = time.time()
@@ -204,7 +203,7 @@ def test_sigterm_during_worker_startup_still_ends_promptly_with_a_checkpoint(tmp
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:  # the workers exist but have not trained yet
-        if (tmp_path / "ledger").exists() and events(tmp_path, AttemptStarted):
+        if events_so_far(tmp_path, AttemptStarted):
             break
         time.sleep(0.2)
     assert not [e for e in events(tmp_path) if e.kind == "StepCompleted"], (

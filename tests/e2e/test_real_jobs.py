@@ -26,7 +26,7 @@ from stalwart.events import (
 from stalwart.exit_codes import EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR
 from stalwart.ledger import read_merged
 
-from .runner import EXAMPLE, events
+from .runner import EXAMPLE, events, events_so_far
 
 SCRIPTS = Path(__file__).parent / "user_scripts"
 STALWART = [sys.executable, "-m", "stalwart.cli", "run", "--no-health-gate"]
@@ -159,10 +159,7 @@ def _worker_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
     /proc/<pid>/environ is its fork server's, so the environment cannot tell)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        try:
-            started = [e for e in read_merged(run_dir) if isinstance(e, WorkersStarted)]
-        except Exception:  # noqa: BLE001 - the ledger may not exist yet
-            started = []
+        started = events_so_far(run_dir, WorkersStarted)
         if started:
             pid = dict(zip(started[-1].global_ranks, started[-1].pids, strict=True)).get(rank)
             if pid is not None and Path(f"/proc/{pid}").exists():
@@ -247,7 +244,7 @@ def test_preempted_run_resumes_when_the_identical_command_runs_again(tmp_path: P
             dirs = list((tmp_path / "stalwart-runs").glob("*/ledger/agent-*.ledger"))
             if dirs:
                 run = dirs[0].parent.parent
-                if any(e.step >= 5 for e in events(run, StepCompleted)):
+                if any(e.step >= 5 for e in events_so_far(run, StepCompleted)):
                     break
             time.sleep(0.5)
         first.send_signal(signal.SIGTERM)
