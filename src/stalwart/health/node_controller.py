@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..events import Event
 from .backends import NodeBackend
 from .events import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
-from .lifecycle import CheckOutcome, LifecyclePolicy, Transition, transition
+from .lifecycle import CheckOutcome, LifecyclePolicy, NodeRecord, Transition, transition
 from .node_store import HealthStore
 from .rules import Verdict
 
@@ -16,6 +16,26 @@ from .rules import Verdict
 class Applied:
     transition: Transition
     read_back: str = ""
+
+
+def state_changed(node: str, before: NodeRecord, tr: Transition, now: float) -> NodeStateChanged:
+    """The ledger record of one lifecycle transition of ``node`` (from ``before`` to ``tr.record``)."""
+    new = tr.record
+    return NodeStateChanged(
+        ts=now,
+        node=node,
+        from_state=before.state.value,
+        to_state=new.state.value,
+        action=tr.action,
+        reason=tr.reason,
+        state_reason=new.reason,
+        fault_key=new.fault_key,
+        recoverable=new.recoverable,
+        needs_human=new.needs_human,
+        strikes=new.strikes,
+        readmitted_at=new.readmitted_at,
+        readmitted_fault=new.readmitted_fault,
+    )
 
 
 def outcome_of(verdict: Verdict, revalidation: bool) -> CheckOutcome:
@@ -40,10 +60,7 @@ def apply_verdict(
     duration_s: float = 0.0,
 ) -> Applied:
     events = store.events()
-    rec = store.records(events).get(node)
-    from .lifecycle import NodeRecord
-
-    rec = rec or NodeRecord(node=node, since=now)
+    rec = store.records(events).get(node) or NodeRecord(node=node, since=now)
     sched = backend.view(node)
     drains = store.recent_auto_drains(now, policy.drain_window_s, events)
     tr = transition(rec, outcome_of(verdict, level == "active"), sched, policy, now, drains)
@@ -79,23 +96,7 @@ def apply_verdict(
         out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
     new = tr.record
     if new != rec or tr.action != "none":
-        out.append(
-            NodeStateChanged(
-                ts=now,
-                node=node,
-                from_state=rec.state.value,
-                to_state=new.state.value,
-                action=tr.action,
-                reason=tr.reason,
-                state_reason=new.reason,
-                fault_key=new.fault_key,
-                recoverable=new.recoverable,
-                needs_human=new.needs_human,
-                strikes=new.strikes,
-                readmitted_at=new.readmitted_at,
-                readmitted_fault=new.readmitted_fault,
-            )
-        )
+        out.append(state_changed(node, rec, tr, now))
     if verdict.status == "pass" and tr.action == "none" and new == rec:
         # a routine pass changes nothing: not recorded, so the ledger grows with incidents, not with
         # the check interval (HealthCheckProgram may run every few seconds on every node)

@@ -57,8 +57,9 @@ def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, back
     The lifecycle decides as for a failed check (blast-radius cap included: past the cap the node is
     only suspect and a human is paged); no ``HealthChecked`` is written, since no health check ran."""
     from ..health.backends import make_backend
-    from ..health.events import HealthAlert, NodeDrained, NodeStateChanged
+    from ..health.events import HealthAlert, NodeDrained
     from ..health.lifecycle import CheckOutcome, LifecyclePolicy, NodeRecord, transition
+    from ..health.node_controller import state_changed
     from ..health.node_store import HealthStore
 
     store = HealthStore(state_dir)
@@ -78,23 +79,7 @@ def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, back
     elif tr.action == "alert":
         out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
     new = tr.record
-    out.append(
-        NodeStateChanged(
-            ts=now,
-            node=node,
-            from_state=rec.state.value,
-            to_state=new.state.value,
-            action=tr.action,
-            reason=tr.reason,
-            state_reason=new.reason,
-            fault_key=new.fault_key,
-            recoverable=new.recoverable,
-            needs_human=new.needs_human,
-            strikes=new.strikes,
-            readmitted_at=new.readmitted_at,
-            readmitted_fault=new.readmitted_fault,
-        )
-    )
+    out.append(state_changed(node, rec, tr, now))
     store.append(node, out)
     return f"{new.state.value} ({tr.action}: {be.name})"
 
