@@ -3,6 +3,7 @@ agent, injected node and facility evidence; the incidents must name the real cau
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -131,6 +132,42 @@ def _ib_down(root: Path) -> Path:
     }.items():
         (port / name).write_text(value + "\n")
     return root
+
+
+def test_a_comm_failure_beside_a_down_ib_port_restarts_routed_around_it(tmp_path):
+    """Issue 14, route around a sick link: the restart leaves the HCA out through NCCL_IB_HCA, the
+    incident and a decision say so, and the node is flagged for repair without leaving the job."""
+    rd, seen = tmp_path / "run", tmp_path / "nccl-env.txt"
+    run = stalwart(
+        "run",
+        "--no-health-gate",
+        "--nproc-per-node",
+        "2",
+        "--node-name",
+        "n0",
+        "--max-restarts",
+        "1",
+        "--run-dir",
+        str(rd),
+        "--node-telemetry",
+        str(_ib_down(tmp_path / "tele")),
+        SCRIPT,
+        "20",
+        "1",
+        str(seen),
+        timeout=400,
+    )
+    assert run.code == 0, run.out[-3000:]
+    assert seen.read_text().splitlines() == ["0 -", "1 ^=mlx5_0:1"], "attempt 1 runs without the sick HCA"
+    (inc,) = [i for i in events(rd, IncidentRaised) if i.rule == "cross_layer:ib-link"]
+    assert inc.component == "ib_link" and inc.action == "route_around_hca" and inc.nodes == ("n0",)
+    assert inc.env == {"NCCL_IB_HCA": "^=mlx5_0:1"} and "next attempt routes around mlx5_0/1" in inc.cause
+    (dec,) = [d for d in events(rd, DecisionTaken) if d.action == "route_around_hca"]
+    assert dec.attempt == 1 and "NCCL_IB_HCA=^=mlx5_0:1" in dec.reason and "suspect" in dec.reason
+    nodes = stalwart("nodes", "--state-dir", str(rd / "health"), "--json")
+    assert nodes.code == 0, nodes.err
+    (rec,) = [r for r in json.loads(nodes.out) if r["node"] == "n0"]
+    assert rec["state"] == "suspect" and "routed around" in rec["reason"], rec
 
 
 def test_faults_on_three_nodes_under_one_leaf_switch_are_one_shared_cause_and_no_mass_drain(tmp_path):

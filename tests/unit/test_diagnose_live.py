@@ -201,3 +201,54 @@ def test_a_facility_source_that_breaks_mid_run_is_one_collector_incident(tmp_pat
     assert [(e.rule, e.component) for e in new] == [("policy:collector-error", "collector")]
     assert "flux_capacitor" in new[0].cause and new[0].onset == T0 + 2
     assert d.poll(T0 + 4) == ()  # the same error is not raised again
+
+
+def _ib_down(root: Path, mtime: float) -> Path:
+    """Node telemetry recorded at ``mtime``: the H100 snapshot and InfiniBand port mlx5_0/1 down."""
+    root.mkdir(parents=True)
+    shutil.copy(FIX / "h100" / "nvml_snapshot.json", root / "nvml_snapshot.json")
+    port = root / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    for name, value in {
+        "state": "1: DOWN",
+        "phys_state": "3: Disabled",
+        "rate": "400 Gb/sec (4X NDR)",
+    }.items():
+        (port / name).write_text(value + "\n")
+    for p in root.rglob("*"):
+        if p.is_file():
+            os.utime(p, (mtime, mtime))
+    return root
+
+
+def test_a_comm_failure_beside_a_down_ib_port_routes_the_next_attempt_around_it_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("NCCL_IB_HCA", raising=False)
+    run = RunDir(tmp_path / "run").create()
+    write(run, [AttemptStarted(ts=T0 - 60, world_size=2, **ctx()), comm_failure()])
+    d = live(run, node_telemetry=_ib_down(tmp_path / "tele", T0 - 30))
+    assert d.route_env() == {}
+    new = d.refresh()  # what the agent calls before a restart
+    assert [e.rule for e in new] == ["cross_layer:ib-link"] and new[0].action == "route_around_hca"
+    assert new[0].env == {"NCCL_IB_HCA": "^=mlx5_0:1"} and "routes around mlx5_0/1" in new[0].cause
+    assert d.route_env() == {"NCCL_IB_HCA": "^=mlx5_0:1"}
+    assert d.poll(T0 + 9) == () and d.route_env() == {"NCCL_IB_HCA": "^=mlx5_0:1"}  # decided once
+
+
+def test_a_down_ib_port_that_is_the_jobs_only_hca_is_a_drain_not_a_route(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_IB_HCA", "=mlx5_0:1")  # the user pinned NCCL to that one port
+    run = RunDir(tmp_path / "run").create()
+    write(run, [AttemptStarted(ts=T0 - 60, world_size=2, **ctx()), comm_failure()])
+    d = live(run, node_telemetry=_ib_down(tmp_path / "tele", T0 - 30))
+    (inc,) = d.poll(T0 + 5)
+    assert inc.rule == "cross_layer:ib-link" and inc.action == "drain_check_link" and inc.env == {}
+    assert any("only HCA" in line for line in inc.evidence) and d.route_env() == {}
+
+
+def test_this_nodes_down_ib_port_is_routed_around_when_the_failure_surfaced_on_a_peer(tmp_path, monkeypatch):
+    monkeypatch.delenv("NCCL_IB_HCA", raising=False)
+    run = RunDir(tmp_path / "run").create()
+    write(run, [AttemptStarted(ts=T0 - 60, world_size=2, **ctx()), comm_failure(node="n2")])
+    d = live(run, node="n1", node_telemetry=_ib_down(tmp_path / "tele", T0 - 30))
+    (inc,) = d.poll(T0 + 5)
+    assert inc.rule == "cross_layer:ib-link" and inc.nodes == ("n1",)  # the port is n1's, not n2's
+    assert inc.env == {"NCCL_IB_HCA": "^=mlx5_0:1"} and d.route_env() == dict(inc.env)

@@ -155,6 +155,7 @@ def diagnose_comm_failure(
             evidence=(head, *(s.line() for s in hits[:8])),
             blast_radius=BlastRadius(nodes=(top.node,), ranks=ranks),
             cost_gpu_s=cost,
+            subject=top.subject,
         )
     what = "hang" if all(s.code == "process.hang" for s in comm) else "communication failure"
     return Incident(

@@ -76,6 +76,7 @@ class Incident:
     cost_gpu_s: float = 0.0
     action_taken: bool = False
     env: tuple[tuple[str, str], ...] = ()  # environment changes for the next attempt (route around)
+    subject: str = ""  # the part the evidence names (mlx5_0/1, gpu3, /data), when one signal names it
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.confidence <= 1.0):

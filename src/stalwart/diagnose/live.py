@@ -10,7 +10,10 @@ Started by the agent for the job and stopped when it ends. Every ``interval_s`` 
 3. runs the pure diagnoses (:func:`~stalwart.diagnose.pipeline.incidents_from_events`,
    :func:`~stalwart.diagnose.seams.cooling_seams`, :func:`~stalwart.diagnose.seams.blast_radius`),
 4. raises each new incident once as an ``IncidentRaised`` event, in its own ledger file (so it never
-   shares a writer with the agent's thread) and on the console.
+   shares a writer with the agent's thread) and on the console,
+5. routes around a sick link of its own node: an incident whose action is ``route_around_hca``
+   gets the NCCL environment change for the next attempt (:mod:`~stalwart.diagnose.route_around`);
+   the agent takes :meth:`LiveDiagnosis.route_env` into its workers' environment on the next start.
 
 "Once" holds across the agents of a run that share the run directory: an incident claims a marker
 file (``incidents/<key>``) with an atomic exclusive create before it is raised.
@@ -37,6 +40,7 @@ from ..run_dir import RunDir
 from .facility import FacilitySample, PrometheusFacility, fetch_prometheus, load_facility_file
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .pipeline import evidence_signals, incidents_from_events
+from .route_around import route_incident
 from .seams import NodeFault, SeamConfig, SlowRank, blast_radius, cooling_seams
 from .signals import Signal, from_findings, from_kernel_log
 from .topology import Topology, load_topology
@@ -241,6 +245,9 @@ class LiveDiagnosis:
         self._telemetry: tuple[Signal, ...] = ()
         self.errors: list[str] = []
         self._failing: dict[str, float] = {}  # error text -> when first seen
+        self._lock = threading.Lock()  # one round at a time: the thread's, or the agent's refresh
+        self._job_env = dict(os.environ)  # what the workers inherit (a user's own NCCL_IB_HCA)
+        self._route: dict[str, str] = {}  # environment changes decided by route-around incidents
 
     # --- evidence ----------------------------------------------------------------------------
 
@@ -310,16 +317,49 @@ class LiveDiagnosis:
                     abs(t - inc.onset) <= 1 for t in explained
                 ):
                     continue
-            ev = inc.to_event(run_id=self.run_id, node=self.node, attempt=self.attempt())
-            key = incident_key(ev)
+            key = incident_key(inc.to_event(run_id=self.run_id, node=self.node))
             if key in self.raised or not self._claim(key):
                 self.raised.add(key)
                 continue
             self.raised.add(key)
+            ev = self._routed(inc).to_event(run_id=self.run_id, node=self.node, attempt=self.attempt())
             self._write(ev)
             new.append(ev)
             self.events.append(ev)
         return tuple(new)
+
+    def _routed(self, inc: Incident) -> Incident:
+        """A new incident that asks to route around an HCA of this node, with the environment change
+        the next attempt takes (or, when no path is left, the drain it needs instead)."""
+        if inc.action != "route_around_hca" or inc.blast_radius.nodes != (self.node,):
+            return inc
+        try:
+            routed = route_incident(inc, inc.subject, {**self._job_env, **self._route})
+        except ConfigError as exc:  # the evidence names no HCA this can exclude
+            return dataclasses.replace(
+                inc,
+                action="drain_check_link",
+                evidence=(*inc.evidence, f"cannot route around: {exc.message}"),
+            )
+        self._route.update(routed.env)
+        return routed
+
+    def route_env(self) -> dict[str, str]:
+        """The environment changes this node's next workers take (empty until a link is routed around)."""
+        with self._lock:
+            return dict(self._route)
+
+    def refresh(self) -> tuple[IncidentRaised, ...]:
+        """One round now (the agent, before a restart: a failure just detected is diagnosed, and
+        its route-around applies to the very next attempt); never raises."""
+        try:
+            with self._lock:
+                return self.poll()
+        except Exception as exc:  # noqa: BLE001 - the collector must never take the job down
+            msg = f"diagnosis round failed: {type(exc).__name__}: {exc}"
+            if msg not in self.errors:
+                self.errors.append(msg)
+            return ()
 
     def _source_failed(self, what: str, exc: Exception, now: float) -> Incident:
         """Watching the watchers: a collector source that fails is an incident (raised once per
@@ -367,7 +407,8 @@ class LiveDiagnosis:
     def _run(self) -> None:
         while not self._stop.wait(self.src.interval_s):
             try:
-                self.poll()
+                with self._lock:
+                    self.poll()
             except Exception as exc:  # noqa: BLE001 - the collector must never take the job down
                 msg = f"diagnosis round failed: {type(exc).__name__}: {exc}"
                 if msg not in self.errors:
@@ -385,12 +426,14 @@ class LiveDiagnosis:
             self._thread.join(timeout_s)
         if self._thread is None or not self._thread.is_alive():
             try:
-                new = self.poll(final=True)
+                with self._lock:
+                    new = self.poll(final=True)
                 if self.topology is not None and node_faults(new):
                     # other agents may be raising their nodes' faults right now: one more look, so a
                     # shared cause is seen even when every node stops at once
                     time.sleep(min(self.src.interval_s, 2.0))
-                    self.poll(final=True)
+                    with self._lock:
+                        self.poll(final=True)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         if self._writer is not None:

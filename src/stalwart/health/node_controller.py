@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..events import Event
 from .backends import NodeBackend
@@ -103,3 +104,29 @@ def apply_verdict(
         return Applied(tr, read_back)
     store.append(node, out)
     return Applied(tr, read_back)
+
+
+def record_outcome(node: str, outcome: CheckOutcome, *, now: float, state_dir: Path, backend: str) -> str:
+    """Apply an outcome that no health check produced (a straggler's quarantine, a link flagged for
+    repair) to ``node``'s record through the lifecycle and the backend, as a check's verdict would be
+    (blast-radius cap included); returns the state it ended in. No ``HealthChecked`` is written."""
+    from .backends import make_backend
+
+    store = HealthStore(state_dir)
+    events = store.events()
+    rec = store.records(events).get(node) or NodeRecord(node=node, since=now)
+    be = make_backend(backend)
+    policy = LifecyclePolicy()
+    drains = store.recent_auto_drains(now, policy.drain_window_s, events)
+    tr = transition(rec, outcome, be.view(node), policy, now, drains)
+    out: list[Event] = []
+    if tr.action == "drain":
+        read_back = be.drain(node, tr.drain_reason)
+        out.append(
+            NodeDrained(ts=now, node=node, backend=be.name, reason=tr.drain_reason, read_back=read_back)
+        )
+    elif tr.action == "alert":
+        out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
+    out.append(state_changed(node, rec, tr, now))
+    store.append(node, out)
+    return f"{tr.record.state.value} ({tr.action}: {be.name})"

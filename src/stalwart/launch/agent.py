@@ -24,7 +24,7 @@ from pathlib import Path
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
 from ..diagnose.root_cause import ErrorRecord, error_from_log, read_elastic_error, read_error
-from ..errors import CheckpointError, ConfigError, LedgerFullError
+from ..errors import CheckpointError, ConfigError, LedgerFullError, StalwartError
 from ..events import (
     AttemptEnded,
     AttemptStarted,
@@ -151,11 +151,12 @@ class Agent:
         handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
-        diagnosis = None
+        self._diagnosis = None
+        self._routed: dict[str, str] = {}
         self._warm: WarmPool | None = None
         try:  # everything started for the job is inside: the finally stops whatever did start
             self._memory = self._node_memory()
-            diagnosis = self._start_diagnosis()
+            self._diagnosis = self._start_diagnosis()
             if cfg.warm and not cfg.no_python:
                 self._warm = WarmPool(
                     python=cfg.python,
@@ -173,8 +174,8 @@ class Agent:
             self._end("agent_error", f"agent error: {type(exc).__name__}: {exc}", EXIT_INFRA)
             raise
         finally:
-            if diagnosis is not None:
-                diagnosis.stop()
+            if self._diagnosis is not None:
+                self._diagnosis.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
             if self._rdzv is not None and not self._left:  # closing it would end the job for every node
@@ -545,7 +546,14 @@ class Agent:
     # --- one attempt -------------------------------------------------------------------------
 
     def _worker_specs(
-        self, group_rank: int, num_nodes: int, addr: str, port: int, receiver, ctl: Path
+        self,
+        group_rank: int,
+        num_nodes: int,
+        addr: str,
+        port: int,
+        receiver,
+        ctl: Path,
+        route: dict[str, str] | None = None,
     ) -> list[WorkerSpec]:
         cfg = self.cfg
         world = num_nodes * cfg.nproc_per_node
@@ -567,7 +575,7 @@ class Agent:
         for local in range(cfg.nproc_per_node):
             rank = group_rank * cfg.nproc_per_node + local
             fd = receiver.new_channel()
-            env = dict(inherited)
+            env = {**inherited, **(route or {})}
             env.update(
                 elastic_env(
                     rank=rank,
@@ -650,7 +658,7 @@ class Agent:
         control.create(ctl, slots=cfg.nproc_per_node)
         block = control.ControlBlock(ctl, writable=True)
         receiver = Receiver()
-        specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl)
+        specs = self._worker_specs(group_rank, num_nodes, addr, port, receiver, ctl, self._route_around())
         warm, path_reason, forced = self._warm_path()
         group = WorkerGroup(self._argv(), specs, warm=warm)
         try:
@@ -774,6 +782,51 @@ class Agent:
             min_firings=cfg.straggler_act_min_firings,
             cannot_leave=cannot_leave,
         )
+
+    def _route_around(self) -> dict[str, str]:
+        """The NCCL environment changes this node's workers start with once a sick link of the node
+        was routed around (decided by the live collector, asked for one more round here so a failure
+        just detected counts for this very start). A new change is recorded as a decision and flags
+        the node for repair: it stays in the job, suspect, until re-validated."""
+        from ..health.lifecycle import CheckOutcome
+
+        if self._diagnosis is None:
+            return {}
+        if self.attempt > 0:  # the first start has no failure to diagnose yet
+            self._diagnosis.refresh()
+        route = self._diagnosis.route_env()
+        if route != self._routed:
+            change = " ".join(f"{k}={v}" for k, v in sorted(route.items()))
+            state = self._flag_node(
+                CheckOutcome(
+                    status="warn", reason=f"repair: a sick link routed around ({change})", fault_key="link"
+                )
+            )
+            self.emit(
+                DecisionTaken(
+                    ts=self.clock.now(),
+                    action="route_around_hca",
+                    reason=f"{self.cfg.node_name}'s workers start with {change}, leaving the sick link out; "
+                    f"node flagged for repair: {state}",
+                    **self._ctx(),
+                )
+            )
+            self._routed = route
+        return route
+
+    def _flag_node(self, outcome) -> str:
+        from ..health.node_controller import record_outcome
+
+        try:
+            return record_outcome(
+                self.cfg.node_name,
+                outcome,
+                now=self.clock.now(),
+                state_dir=self.cfg.health_state_dir or self.run.root / "health",
+                backend=self.cfg.health_backend,
+            )
+        except (StalwartError, OSError) as exc:  # the job goes on; the decision says the flag did not stick
+            return f"not recorded ({getattr(exc, 'message', None) or exc})"
 
     def _quarantine(self, node: str, reason: str) -> str:
         from .straggler_exclusion import quarantine_node

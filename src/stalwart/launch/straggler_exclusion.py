@@ -56,32 +56,11 @@ def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, back
 
     The lifecycle decides as for a failed check (blast-radius cap included: past the cap the node is
     only suspect and a human is paged); no ``HealthChecked`` is written, since no health check ran."""
-    from ..health.backends import make_backend
-    from ..health.events import HealthAlert, NodeDrained
-    from ..health.lifecycle import CheckOutcome, LifecyclePolicy, NodeRecord, transition
-    from ..health.node_controller import state_changed
-    from ..health.node_store import HealthStore
+    from ..health.lifecycle import CheckOutcome
+    from ..health.node_controller import record_outcome
 
-    store = HealthStore(state_dir)
-    events = store.events()
-    rec = store.records(events).get(node) or NodeRecord(node=node, since=now)
-    be = make_backend(backend)
-    policy = LifecyclePolicy()
-    drains = store.recent_auto_drains(now, policy.drain_window_s, events)
     outcome = CheckOutcome(status="fail", reason=f"straggler: {reason}", fault_key="straggler")
-    tr = transition(rec, outcome, be.view(node), policy, now, drains)
-    out: list[Event] = []
-    if tr.action == "drain":
-        read_back = be.drain(node, tr.drain_reason)
-        out.append(
-            NodeDrained(ts=now, node=node, backend=be.name, reason=tr.drain_reason, read_back=read_back)
-        )
-    elif tr.action == "alert":
-        out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
-    new = tr.record
-    out.append(state_changed(node, rec, tr, now))
-    store.append(node, out)
-    return f"{new.state.value} ({tr.action}: {be.name})"
+    return record_outcome(node, outcome, now=now, state_dir=state_dir, backend=backend)
 
 
 def listens_on(port: int, proc: Path = Path("/proc")) -> bool | None:
