@@ -1,17 +1,23 @@
 """The agent's own policies, asked by the simulator (an adapter, no re-implementation).
 
 The vectorised engine cannot call a Python policy once per trial and failure (a year at 100,000 GPUs
-is 20 million failures per 1,000 trials), so it asks each shipped policy once per *distinct* situation
+is 20 million failures per 1,000 trials), so it asks the agent once per *distinct* situation (cached)
 and vectorises the answers:
 
-* restart decision (``launch.restart_policy.decide``): fed a history of k infrastructure failures for
-  k = 1, 2, ... until it says stop; the first k that stops is the period after which the job exits
-  with ``infra_exhausted`` and goes back through the scheduler (the simulator then charges a requeue
-  and the budget starts again, as for a requeued job);
-* hang timeout (``launch.timeouts.hang_timeout``): calibrated on the simulated step time; it is the
-  detection latency of every failure class of kind ``hang``;
-* world size and hot spares (``launch.world_size.plan_world`` / ``replace_failed``): for k nodes in
-  repair, whether the job can run and at what fraction of its world size (a spare steps in, the job
+* restart decision: successive infrastructure failures (a rank that had progressed is killed) run
+  through the agent's supervisor and monitors on a manual clock (``sim/agent_probe.py``), and after
+  each the agent's own call, ``launch.restart_policy.decide`` over the job's failure history, until it
+  says stop; that failure's number is the period after which the job exits with ``infra_exhausted``
+  and goes back through the scheduler (the simulator then charges a requeue and the budget starts
+  again, as for a requeued job);
+* hang detection latency: the supervisor and its monitors watch ranks completing steps of the
+  simulated step time (which calibrates ``launch.timeouts.hang_timeout``), then one rank falls silent;
+  the time from its last progress to the monitors' ``hang`` decision (the timeout less one monitor
+  tick: the hang monitor declares up to a tick early, never late) is the detection latency of every
+  failure class of kind ``hang``;
+* world size and hot spares (``launch.world_size.plan_world`` / ``replace_failed``, asked directly:
+  the supervisor has no path for them, the agent re-plans its world at the rendezvous): for k nodes
+  in repair, whether the job can run and at what fraction of its world size (a spare steps in, the job
   re-plans at a smaller valid size when elastic, or it cannot run and waits for a repaired node).
 """
 
@@ -19,29 +25,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..launch.restart_policy import Failure, RestartBudget, decide
-from ..launch.timeouts import HangTimeoutPolicy, hang_timeout
+from ..launch.restart_policy import RestartBudget
+from ..launch.timeouts import HangTimeoutPolicy
 from ..launch.world_size import SizeRule, WorldPlan, plan_world, replace_failed
-
-MAX_BUDGET_PROBE = 100_000
+from .agent_probe import MONITOR_INTERVAL_S, hang_latency, restart_stop
 
 
 def restart_period(budget: RestartBudget | None) -> int | None:
-    """The number of consecutive infrastructure failures after which the shipped policy stops the job
-    (the last of them stops it); ``None`` when it never stops (no budget: a cluster manager restarts)."""
-    if budget is None:
-        return None
-    history: list[Failure] = []
-    for k in range(1, MAX_BUDGET_PROBE + 1):
-        history.append(Failure(kind="crash", attempt=k - 1, step=k, rank=0, evidence="sim", progressed=True))
-        if decide(history, budget).action == "stop":
-            return k
-    return None
+    """The number of consecutive infrastructure failures after which the agent stops the job (the
+    last of them stops it); ``None`` when it never stops (no budget: a cluster manager restarts)."""
+    return restart_stop(budget).period
 
 
-def hang_detect_s(step_s: float, policy: HangTimeoutPolicy) -> float:
-    """The hang timeout the agent would use once calibrated on steps of ``step_s`` seconds."""
-    return hang_timeout([step_s] * max(policy.min_samples, 1), policy).seconds
+def hang_detect_s(
+    step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: float = MONITOR_INTERVAL_S
+) -> float:
+    """How long after a rank's last progress the agent's monitors decide it hung, for steps of
+    ``step_s`` seconds (the calibrated hang timeout less at most one monitor tick)."""
+    return hang_latency(float(step_s), policy, monitor_interval_s).latency_s
 
 
 @dataclass
