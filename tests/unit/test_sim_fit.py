@@ -83,3 +83,112 @@ def test_rates_that_leave_no_time_to_run_are_refused():
 def test_stall_longer_than_the_interval_is_a_units_error():
     with pytest.raises(ConfigError, match="units"):
         make_config(tiers=[{"name": "a", "interval_s": 30, "stall_s": 30000}])  # ms for s
+
+
+def _recovering_ledger(paths, step_s=1.0):
+    """A hand-written two-rank run: each entry of ``paths`` is a failure followed by a restart that
+    took (path, re-form, load, first step) seconds; every attempt trains five steps of ``step_s``."""
+    from stalwart.events import (
+        AttemptStarted,
+        DecisionTaken,
+        FailureDetected,
+        JobEnded,
+        JobStarted,
+        StepCompleted,
+        TrainingResumed,
+        WorkersStarted,
+        WorkersStopped,
+    )
+
+    t, evs, step = 1_700_000_000.0, [], 0
+
+    def ctx(a):
+        return dict(run_id="r", node="n0", attempt=a)
+
+    def train(a, t, n=5):
+        nonlocal step
+        for _ in range(n):
+            for r in (0, 1):
+                evs.append(
+                    StepCompleted(ts=t + step_s, rank=r, step=step, start=t, duration=step_s, **ctx(a))
+                )
+            t, step = t + step_s, step + 1
+        return t
+
+    evs.append(JobStarted(ts=t, script="train.py", nproc_per_node=2, max_restarts=9, **ctx(0)))
+    evs.append(AttemptStarted(ts=t, world_size=2, num_nodes=1, **ctx(0)))
+    evs.append(WorkersStarted(ts=t, pids=(1, 2), global_ranks=(0, 1), **ctx(0)))
+    t = train(0, t)
+    for a, (path, re_form, load, first) in enumerate(paths):
+        evs.append(
+            FailureDetected(ts=t + 3.0, failure="crash", evidence="SIGKILL", onset=t, rank=1, **ctx(a))
+        )
+        evs.append(WorkersStopped(ts=t + 4.0, reason="rank 1 killed", **ctx(a)))
+        evs.append(DecisionTaken(ts=t + 5.0, action="restart", reason="restart: crash", **ctx(a)))
+        t += 5.0
+        if path != "unknown":
+            evs.append(DecisionTaken(ts=t + 0.1, action=f"start_{path}", reason=f"{path}: why", **ctx(a + 1)))
+        evs.append(AttemptStarted(ts=t + 0.1, world_size=2, num_nodes=1, **ctx(a + 1)))
+        evs.append(WorkersStarted(ts=t + re_form, pids=(3, 4), global_ranks=(0, 1), **ctx(a + 1)))
+        for r in (0, 1):
+            evs.append(TrainingResumed(ts=t + re_form + load, rank=r, step=step, **ctx(a + 1)))
+        t += re_form + load + first
+        for r in (0, 1):
+            evs.append(StepCompleted(ts=t, rank=r, step=step, start=t - first, duration=first, **ctx(a + 1)))
+        step += 1
+        t = train(a + 1, t)
+    evs.append(JobEnded(ts=t + 1.0, verdict="done", outcome="succeeded", exit_code=0, requeue_helps=False))
+    return evs
+
+
+def test_recovery_is_fitted_per_path_with_counts_and_the_mix_weighted_mean():
+    from stalwart.sim.fit import mix_weighted_recover_s, recovery_paths
+
+    evs = _recovering_ledger(
+        [("warm", 2.0, 3.0, 1.0), ("cold", 20.0, 30.0, 4.0), ("warm", 4.0, 5.0, 1.0), ("unknown", 1, 1, 1)]
+    )
+    paths = {p.path: p for p in recovery_paths(evs)}
+    assert set(paths) == {"warm", "cold", "unknown"}
+    warm, cold = paths["warm"], paths["cold"]
+    assert (warm.count, cold.count, paths["unknown"].count) == (2, 1, 1)
+    assert warm.recover_s == pytest.approx((6.0 + 10.0) / 2) and cold.recover_s == pytest.approx(54.0)
+    assert warm.phases == pytest.approx({"re_form": 3.0, "load": 4.0, "first_step": 1.0})
+    assert list(paths)[0] == "warm"  # most frequent first
+    assert mix_weighted_recover_s(list(paths.values())) == pytest.approx((6 + 54 + 10 + 3) / 4)
+    fit = fit_run(evs)
+    assert {p.path: p.count for p in fit.recover_paths} == {"warm": 2, "cold": 1, "unknown": 1}
+    # the one recovery time the simulator keeps is the mix-weighted mean of the paths
+    assert fit.recover_s == pytest.approx(mix_weighted_recover_s(fit.recover_paths))
+
+
+def test_a_recovery_without_its_first_step_is_not_fitted():
+    from stalwart.events import StepCompleted
+    from stalwart.sim.fit import recovery_paths
+
+    evs = _recovering_ledger([("cold", 20.0, 30.0, 4.0)])
+    # the run ended during the load: no step of attempt 1 was ever completed
+    cut = [e for e in evs if not (isinstance(e, StepCompleted) and e.attempt == 1)]
+    assert recovery_paths(cut) == ()
+    assert [p.count for p in recovery_paths(evs)] == [1]
+
+
+def test_plan_from_a_ledger_reports_recovery_per_path(tmp_path, capsys, monkeypatch):
+    import json
+
+    from stalwart import cli
+    from stalwart.ledger import LedgerWriter
+
+    paths = [("warm", 2.0, 3.0, 1.0), ("cold", 20.0, 30.0, 4.0)] + [("warm", 2.0, 2.0, 1.0)] * 3
+    with LedgerWriter(tmp_path / "ledger" / "a.ledger") as w:
+        w.extend(_recovering_ledger(paths, step_s=60.0))
+    argv = ["plan", "--ledger", str(tmp_path), "--gpus", "8", "--gpus-per-node", "2", "--days", "1"]
+    cli.main([*argv, "--trials", "5", "--json"])
+    m = json.loads(capsys.readouterr().out)["measured"]
+    got = {p["path"]: (p["count"], p["recover_s"]) for p in m["recover_paths"]}
+    assert got == {"warm": (4, pytest.approx((6.0 + 5.0 * 3) / 4)), "cold": (1, pytest.approx(54.0))}
+    monkeypatch.setenv("COLUMNS", "80")
+    cli.main([*argv, "--trials", "5"])
+    out = capsys.readouterr().out
+    assert "recovery per path" in out
+    warm = next(line for line in out.splitlines() if line.strip().startswith("warm"))
+    assert warm.split()[1:3] == ["4", "80.0%"]

@@ -154,6 +154,10 @@ def _replay(ledger: Path, values: dict, trials: int) -> dict:
         "per_node_hour_95": [low, high],
         "classes": [c.__dict__ for c in fit.classes],
         "recover_s": fit.recover_s,
+        "recover_paths": [
+            {"path": p.path, "count": p.count, "recover_s": p.recover_s, "phases": p.phases}
+            for p in fit.recover_paths
+        ],
         "stall_s": fit.stall_s,
         "interval_s": fit.interval_s,
         "goodput_measured": fit.goodput,
@@ -224,6 +228,22 @@ def _print(d: dict) -> None:
                 rows,
             )
         )
+        paths = m.get("recover_paths") or []
+        if paths:
+            total = sum(p["count"] for p in paths)
+            rows = [
+                [p["path"], str(p["count"]), percent(p["count"] / total), duration(p["recover_s"])]
+                for p in paths
+            ]
+            if m["recover_s"] is not None:
+                rows.append(["all (the simulated mean)", "", "", duration(m["recover_s"])])
+            c.print(
+                table(
+                    "recovery per path (restart decision -> first step)",
+                    ["path", "count", "share", "mean"],
+                    rows,
+                )
+            )
         p5, p95 = m["goodput_predicted_p5_p95"]
         say(
             f"goodput: measured {percent(m['goodput_measured'])}, simulated from the fitted rates and "

@@ -1,5 +1,14 @@
 """Fit a measured run: failure rates per node-hour by class (with exact Poisson confidence bounds),
-detection per class, recovery, checkpoint stall, restore and interval, step time.
+detection per class, recovery (overall and per recovery path), checkpoint stall, restore and
+interval, step time.
+
+Recovery by path: each restart's path as the agent recorded it (``account/recovery.py``: ``warm``
+when the workers were forked from standbys, ``cold`` when spawned afresh, ``mixed`` when the nodes
+disagreed, ``unknown`` when the ledger has no start record) with the mean of its phases from the
+restart decision to every rank's first step (re-form, load, first step), and how often each path
+was taken. The simulator keeps one recovery time: the measured mean over every recovery, which is the
+per-path means weighted by the measured mix. Where the state was loaded from (a peer's memory or
+storage) is not a path of its own in the records: it is inside the load phase.
 
 Rates are per node-hour of exposure, never per second of wall clock: a few minutes with two faults
 say "about 20 per node-hour, somewhere between 2.4 and 72", and at 2,000 nodes that is still a rate
@@ -15,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..account.goodput import compute as goodput_of
+from ..account.recovery import recoveries
 from ..account.reliability import interruptions_from_events
 from ..errors import ConfigError, LedgerError
 from ..events import (
@@ -80,6 +90,46 @@ class ClassFit:
     hang: bool
 
 
+RECOVER_PHASES = ("re_form", "load", "first_step")  # the restart decision -> every rank's first step
+
+
+@dataclass(frozen=True)
+class PathFit:
+    """The recoveries that took one path: how many, and their mean time and phases (seconds)."""
+
+    path: str  # warm | cold | mixed | unknown (no start record in the ledger)
+    count: int
+    recover_s: float  # mean: the restart decision -> every rank's first step of the new attempt
+    phases: dict[str, float]  # mean per phase of RECOVER_PHASES
+
+
+def recovery_paths(events: Sequence[Event]) -> tuple[PathFit, ...]:
+    """Recoveries grouped by path (most frequent first); a recovery with a phase missing (no SDK, or
+    the run ended before its first step) is left out, since its time is not known."""
+    groups: dict[str, list[dict[str, float]]] = {}
+    for r in recoveries(list(events)):
+        phases = {p: r.phases.get(p) for p in RECOVER_PHASES}
+        if any(v is None for v in phases.values()):
+            continue
+        groups.setdefault(r.path or "unknown", []).append({p: float(v or 0.0) for p, v in phases.items()})
+    fits = [
+        PathFit(
+            path=path,
+            count=len(rows),
+            recover_s=statistics.fmean(sum(row.values()) for row in rows),
+            phases={p: statistics.fmean(row[p] for row in rows) for p in RECOVER_PHASES},
+        )
+        for path, rows in groups.items()
+    ]
+    return tuple(sorted(fits, key=lambda f: (-f.count, f.path)))
+
+
+def mix_weighted_recover_s(paths: Sequence[PathFit]) -> float | None:
+    """The mean recovery over every path, each weighted by how often it was taken."""
+    n = sum(p.count for p in paths)
+    return sum(p.recover_s * p.count for p in paths) / n if n else None
+
+
 @dataclass(frozen=True)
 class RunFit:
     classes: tuple[ClassFit, ...]
@@ -98,6 +148,7 @@ class RunFit:
     step_s: float | None
     goodput: float  # as the report measures it
     buckets: dict[str, float]
+    recover_paths: tuple[PathFit, ...] = ()  # recovery per path (warm, cold, ...), most frequent first
 
     @property
     def failures(self) -> int:
@@ -199,6 +250,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         step_s=step_s,
         goodput=g.goodput,
         buckets=dict(g.buckets),
+        recover_paths=recovery_paths(events),
     )
 
 
