@@ -28,21 +28,29 @@ from dataclasses import dataclass, field
 from ..launch.restart_policy import RestartBudget
 from ..launch.timeouts import HangTimeoutPolicy
 from ..launch.world_size import SizeRule, WorldPlan, plan_world, replace_failed
-from .agent_probe import MONITOR_INTERVAL_S, hang_latency, restart_stop
+
+# sim/agent_probe.py (the supervisor and its monitors, the launch configuration's defaults) is imported
+# on first use: a simulation without a restart budget or a step time never pays for it
 
 
 def restart_period(budget: RestartBudget | None) -> int | None:
     """The number of consecutive infrastructure failures after which the agent stops the job (the
     last of them stops it); ``None`` when it never stops (no budget: a cluster manager restarts)."""
+    if budget is None:
+        return None
+    from .agent_probe import restart_stop
+
     return restart_stop(budget).period
 
 
-def hang_detect_s(
-    step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: float = MONITOR_INTERVAL_S
-) -> float:
+def hang_detect_s(step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: float | None = None) -> float:
     """How long after a rank's last progress the agent's monitors decide it hung, for steps of
-    ``step_s`` seconds (the calibrated hang timeout less at most one monitor tick)."""
-    return hang_latency(float(step_s), policy, monitor_interval_s).latency_s
+    ``step_s`` seconds (the calibrated hang timeout less at most one monitor tick; the tick is the
+    agent's default unless given)."""
+    from .agent_probe import MONITOR_INTERVAL_S, hang_latency
+
+    tick = MONITOR_INTERVAL_S if monitor_interval_s is None else monitor_interval_s
+    return hang_latency(float(step_s), policy, tick).latency_s
 
 
 @dataclass
