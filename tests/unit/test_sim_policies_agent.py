@@ -142,3 +142,11 @@ def test_a_probe_that_cannot_stop_reports_no_period():
     # a budget larger than the probe looks for: no stop found, the same as no budget
     huge = dataclasses.replace(RestartBudget(), max_restarts=10**9)
     assert restart_stop(huge, supervised=2).period is None
+
+
+def test_a_hang_floor_the_agent_would_refuse_is_one_clear_error():
+    from stalwart.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hang floor 0.04s is not above the agent's monitor interval"):
+        simulate(_small(step_s=0.001, hang_floor_s=0.04))
+    assert simulate(_small(step_s=0.001, hang_floor_s=0.06)).ettr.mean() > 0  # above the tick: fine

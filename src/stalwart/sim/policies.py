@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
 from ..launch.restart_policy import RestartBudget
 from ..launch.timeouts import HangTimeoutPolicy
 from ..launch.world_size import SizeRule, WorldPlan, plan_world, replace_failed
@@ -50,6 +51,12 @@ def hang_detect_s(step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: 
     from .agent_probe import MONITOR_INTERVAL_S, hang_latency
 
     tick = MONITOR_INTERVAL_S if monitor_interval_s is None else monitor_interval_s
+    if not policy.floor_s > tick:  # the agent refuses this order of timeouts (launch/timeouts.py)
+        raise ConfigError(
+            f"hang floor {policy.floor_s:g}s is not above the agent's monitor interval {tick:g}s, "
+            "so the agent would refuse it",
+            f"set hang_floor_s above {tick:g}",
+        )
     return hang_latency(float(step_s), policy, tick).latency_s
 
 
