@@ -87,9 +87,11 @@ def test_stall_longer_than_the_interval_is_a_units_error():
 
 def _recovering_ledger(paths, step_s=1.0):
     """A hand-written two-rank run: each entry of ``paths`` is a failure followed by a restart that
-    took (path, re-form, load, first step) seconds; every attempt trains five steps of ``step_s``."""
+    took (path, re-form, load, first step) seconds (path "warm+peer": warm, state loaded from a peer);
+    every attempt trains five steps of ``step_s``."""
     from stalwart.events import (
         AttemptStarted,
+        CheckpointLoaded,
         DecisionTaken,
         FailureDetected,
         JobEnded,
@@ -126,8 +128,11 @@ def _recovering_ledger(paths, step_s=1.0):
         evs.append(WorkersStopped(ts=t + 4.0, reason="rank 1 killed", **ctx(a)))
         evs.append(DecisionTaken(ts=t + 5.0, action="restart", reason="restart: crash", **ctx(a)))
         t += 5.0
+        path, _, source = path.partition("+")
         if path != "unknown":
             evs.append(DecisionTaken(ts=t + 0.1, action=f"start_{path}", reason=f"{path}: why", **ctx(a + 1)))
+        read = dict(step=step, path="ckpt", duration_s=load / 2, tier=source or "disk", **ctx(a + 1))
+        evs.append(CheckpointLoaded(ts=t + re_form + load / 2, rank=0, **read))
         evs.append(AttemptStarted(ts=t + 0.1, world_size=2, num_nodes=1, **ctx(a + 1)))
         evs.append(WorkersStarted(ts=t + re_form, pids=(3, 4), global_ranks=(0, 1), **ctx(a + 1)))
         for r in (0, 1):
@@ -145,18 +150,30 @@ def test_recovery_is_fitted_per_path_with_counts_and_the_mix_weighted_mean():
     from stalwart.sim.fit import mix_weighted_recover_s, recovery_paths
 
     evs = _recovering_ledger(
-        [("warm", 2.0, 3.0, 1.0), ("cold", 20.0, 30.0, 4.0), ("warm", 4.0, 5.0, 1.0), ("unknown", 1, 1, 1)]
+        [
+            ("warm", 2.0, 3.0, 1.0),
+            ("cold", 20.0, 30.0, 4.0),
+            ("warm", 4.0, 5.0, 1.0),
+            ("warm+peer", 2.0, 9.0, 1.0),
+            ("unknown", 1, 1, 1),  # last: recovery.py takes the next start record of any later attempt
+        ]
     )
     paths = {p.path: p for p in recovery_paths(evs)}
-    assert set(paths) == {"warm", "cold", "unknown"}
+    assert set(paths) == {"warm", "cold", "unknown", "warm+peer"}
+    assert (paths["warm+peer"].count, paths["warm+peer"].recover_s) == (1, pytest.approx(12.0))
     warm, cold = paths["warm"], paths["cold"]
     assert (warm.count, cold.count, paths["unknown"].count) == (2, 1, 1)
     assert warm.recover_s == pytest.approx((6.0 + 10.0) / 2) and cold.recover_s == pytest.approx(54.0)
     assert warm.phases == pytest.approx({"re_form": 3.0, "load": 4.0, "first_step": 1.0})
     assert list(paths)[0] == "warm"  # most frequent first
-    assert mix_weighted_recover_s(list(paths.values())) == pytest.approx((6 + 54 + 10 + 3) / 4)
+    assert mix_weighted_recover_s(list(paths.values())) == pytest.approx((6 + 54 + 10 + 3 + 12) / 5)
     fit = fit_run(evs)
-    assert {p.path: p.count for p in fit.recover_paths} == {"warm": 2, "cold": 1, "unknown": 1}
+    assert {p.path: p.count for p in fit.recover_paths} == {
+        "warm": 2,
+        "cold": 1,
+        "unknown": 1,
+        "warm+peer": 1,
+    }
     # the one recovery time the simulator keeps is the mix-weighted mean of the paths
     assert fit.recover_s == pytest.approx(mix_weighted_recover_s(fit.recover_paths))
 

@@ -4,16 +4,11 @@ interval, step time.
 
 Recovery by path: each restart's path as the agent recorded it (``account/recovery.py``: ``warm``
 when the workers were forked from standbys, ``cold`` when spawned afresh, ``mixed`` when the nodes
-disagreed, ``unknown`` when the ledger has no start record) with the mean of its phases from the
-restart decision to every rank's first step (re-form, load, first step), and how often each path
-was taken. The simulator keeps one recovery time: the measured mean over every recovery, which is the
-per-path means weighted by the measured mix. Where the state was loaded from (a peer's memory or
-storage) is not a path of its own in the records: it is inside the load phase.
-
-Rates are per node-hour of exposure, never per second of wall clock: a few minutes with two faults
-say "about 20 per node-hour, somewhere between 2.4 and 72", and at 2,000 nodes that is still a rate
-per node, not an extrapolation of the run's own seconds. The bounds are the exact (Garwood) interval
-of a Poisson count: honest for zero, one or a handful of events.
+disagreed, ``unknown`` when the ledger has no start record), marked ``+peer`` when the new attempt
+loaded state from a peer node's memory (a ``CheckpointLoaded`` of tier ``peer``), with the mean of its
+phases from the restart decision to every rank's first step (re-form, load, first step), and how
+often each path was taken. The simulator keeps one recovery time: the measured mean over every
+recovery, which is the per-path means weighted by the measured mix.
 """
 
 from __future__ import annotations
@@ -97,7 +92,7 @@ RECOVER_PHASES = ("re_form", "load", "first_step")  # the restart decision -> ev
 class PathFit:
     """The recoveries that took one path: how many, and their mean time and phases (seconds)."""
 
-    path: str  # warm | cold | mixed | unknown (no start record in the ledger)
+    path: str  # warm | cold | mixed | unknown (no start record), + "+peer" when state came from a peer
     count: int
     recover_s: float  # mean: the restart decision -> every rank's first step of the new attempt
     phases: dict[str, float]  # mean per phase of RECOVER_PHASES
@@ -106,12 +101,15 @@ class PathFit:
 def recovery_paths(events: Sequence[Event]) -> tuple[PathFit, ...]:
     """Recoveries grouped by path (most frequent first); a recovery with a phase missing (no SDK, or
     the run ended before its first step) is left out, since its time is not known."""
+    # the attempt after a restart decision is the next one (the agent counts attempts up by one)
+    from_peer = {e.attempt for e in events if isinstance(e, CheckpointLoaded) and e.tier == "peer"}
     groups: dict[str, list[dict[str, float]]] = {}
     for r in recoveries(list(events)):
         phases = {p: r.phases.get(p) for p in RECOVER_PHASES}
         if any(v is None for v in phases.values()):
             continue
-        groups.setdefault(r.path or "unknown", []).append({p: float(v or 0.0) for p, v in phases.items()})
+        path = (r.path or "unknown") + ("+peer" if r.attempt + 1 in from_peer else "")
+        groups.setdefault(path, []).append({p: float(v or 0.0) for p, v in phases.items()})
     fits = [
         PathFit(
             path=path,
