@@ -204,7 +204,9 @@ def hang_latency(
 
     lo, hi = last, last + max(policy.cap_s, policy.startup_s, cfg.startup_timeout_s) + 2 * monitor_interval_s
     if hung(lo) or not hung(hi):
-        raise RuntimeError("probe: the hang monitor is not monotone over the silence")
+        raise RuntimeError(
+            "probe: the monitors decide a hang with no silence, or none after the longest timeout"
+        )
     for _ in range(BISECT_ROUNDS):
         mid = (lo + hi) / 2
         if mid in (lo, hi):
