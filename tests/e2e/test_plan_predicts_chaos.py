@@ -67,18 +67,7 @@ def test_plan_predicts_the_measured_goodput_within_3_points(chaos_run):
     def share(which: str, *buckets: str) -> float:
         return sum(m[f"buckets_{which}_s"][b] for b in buckets) / wall
 
-    # bucket by bucket within 5 points, two pairs taken together:
-    # - the measured recovery includes the restore, so the simulator books both as restart (restore
-    #   is split out only when measured separately);
-    # - lost work with checkpoint stall: the simulator's failures land anywhere in time, some inside a
-    #   save, whose stall it then books as lost work (the save never committed); chaos faults fire
-    #   between steps, never inside a save. Where saves are short the two splits agree; beside a CPU
-    #   hog a save took 57% of the cycle and the split differed by 5.1 points while the sum agreed
-    #   to 0.7 (docs/simulator.md, limits)
-    for buckets in (
-        ("productive",),
-        ("lost_work", "checkpoint_stall"),
-        ("detection",),
-        ("restart", "checkpoint_restore"),
-    ):
+    # bucket by bucket within 5 points; the measured recovery includes the restore, so the simulator
+    # books both as restart (restore is split out only when measured separately)
+    for buckets in (("productive",), ("lost_work",), ("detection",), ("restart", "checkpoint_restore")):
         assert abs(share("measured", *buckets) - share("predicted", *buckets)) <= 0.05, (buckets, m)

@@ -120,6 +120,9 @@ class SimConfig(BaseModel):
     job_restart_s: float = Field(300.0, ge=0, description="re-rendezvous, re-init, warm-up")
     # False: failures strike only while training (chaos faults fire at steps), never during a recovery
     fail_in_recovery: bool = True
+    # False: failures come between steps (chaos faults again), so never inside a save: one drawn there
+    # comes when the save ends
+    fail_in_save: bool = True
     startup_s: float | None = Field(
         None, ge=0, le=MAX_SECONDS, description="job start to first step; None: job_restart_s"
     )

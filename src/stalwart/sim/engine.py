@@ -305,7 +305,7 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         kk = k
         while True:
             e, cls = _draw(m, rng, hi - lo, kk)
-            e = _fail_at(cfg, m, e, cls)  # from here on: offset of the failure from the cycle's start
+            e = _fail_at(cfg, sch, m, e, cls)  # from here on: offset of the failure from the cycle's start
             det = m.detect[cls]
             end = np.cumsum(e + det, axis=1, dtype=np.float64)  # when each cycle ends, without waits
             if (end[:, -1] >= horizon).all():
@@ -431,13 +431,24 @@ def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return r_restart, r_restore, r_stall, stopped
 
 
-def _fail_at(cfg: SimConfig, m: _Model, e: np.ndarray, cls: np.ndarray) -> np.ndarray:
+def _fail_at(cfg: SimConfig, sch: _Schedule, m: _Model, e: np.ndarray, cls: np.ndarray) -> np.ndarray:
     """Offset of each cycle's failure from the cycle's start: the draw itself, or (failures only while
-    training) the draw after the recovery."""
-    if cfg.fail_in_recovery or m.replica:
+    training) the draw after the recovery; with failures only between steps, one drawn inside a save
+    comes when that save ends (chaos faults fire at steps, never inside a save)."""
+    if (cfg.fail_in_recovery and cfg.fail_in_save) or m.replica:
         return e
     r_restart, r_restore, r_stall, _ = _recovery(m, cls)
-    return e + r_restart + r_restore + r_stall
+    rec = r_restart + r_restore + r_stall
+    at = e if cfg.fail_in_recovery else e + rec
+    if not cfg.fail_in_save:
+        x = np.maximum(at - rec, 0.0)  # into the run phase (0: the failure came during the recovery)
+        compute, _, stalled = _run_split(sch, x)
+        q = np.floor(x / sch.period_wall)
+        r = x - q * sch.period_wall
+        j = np.minimum(np.searchsorted(sch.stall_end, r, side="right"), len(sch.stall_end) - 1)
+        inside = (x - compute - stalled) > 0
+        at = np.where(inside, at + (sch.stall_end.astype(at.dtype)[j] - r), at)
+    return at.astype(e.dtype, copy=False)
 
 
 def _finish(

@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..account.goodput import Segment
 from ..account.goodput import compute as goodput_of
 from ..account.recovery import recoveries
 from ..account.reliability import interruptions_from_events
@@ -163,6 +164,19 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _training_s(segments: Sequence[Segment], onsets: Sequence[float]) -> float:
+    """Seconds at risk of a chaos fault: each attempt from its first step's start until the fault that
+    ended it (its onset: the step it struck, after any save that followed the last completed step),
+    or its last step's end. The simulator's failures strike anywhere in that time."""
+    segs = sorted(segments, key=lambda x: x.first_start)
+    total = 0.0
+    for i, seg in enumerate(segs):
+        nxt = segs[i + 1].first_start if i + 1 < len(segs) else math.inf
+        ends = [t for t in onsets if seg.last_end <= t < nxt]
+        total += (min(ends) if ends else seg.last_end) - seg.first_start
+    return total
+
+
 def fit_run(events: Sequence[Event]) -> RunFit:
     run = interruptions_from_events(events)
     if run.exposure.node_hours <= 0:
@@ -185,7 +199,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     # chaos fires at steps: its faults are a rate per hour of training, not of wall time
     exposure = run.exposure.node_hours
     if injected:
-        exposure = nodes * sum(s.last_end - s.first_start for s in g.segments) / 3600.0
+        exposure = nodes * _training_s(g.segments, [i.onset for i in faults]) / 3600.0
         if exposure <= 0:
             raise LedgerError("the run never trained, so there is no exposure to measure rates over")
     classes = []
@@ -284,6 +298,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         + (fit.recover_s if fit.recover_s is not None else float(values.get("job_restart_s", 300.0))),
         startup_s=fit.startup_s,
         fail_in_recovery=not fit.injected,
+        fail_in_save=not fit.injected,
         spare_nodes=None,
         tiers=[
             {
