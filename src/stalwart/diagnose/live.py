@@ -350,8 +350,8 @@ class LiveDiagnosis:
             return dict(self._route)
 
     def refresh(self) -> tuple[IncidentRaised, ...]:
-        """One round now (the agent, before a restart: a failure just detected is diagnosed, and
-        its route-around applies to the very next attempt); never raises."""
+        """One round now, never raising: the thread's rounds, and the agent's before a restart (a
+        failure just detected is diagnosed, and its route-around applies to the very next attempt)."""
         try:
             with self._lock:
                 return self.poll()
@@ -406,13 +406,7 @@ class LiveDiagnosis:
 
     def _run(self) -> None:
         while not self._stop.wait(self.src.interval_s):
-            try:
-                with self._lock:
-                    self.poll()
-            except Exception as exc:  # noqa: BLE001 - the collector must never take the job down
-                msg = f"diagnosis round failed: {type(exc).__name__}: {exc}"
-                if msg not in self.errors:
-                    self.errors.append(msg)
+            self.refresh()
 
     def start(self) -> LiveDiagnosis:
         self._thread = threading.Thread(target=self._run, name="stalwart-diagnosis", daemon=True)
