@@ -1,5 +1,6 @@
-"""A marked evaluation phase longer than the hang timeout is not a hang; a hang inside it is caught
-once the phase's budget runs out, and the evaluating rank (not the waiting one) is blamed."""
+"""A marked evaluation phase, or a script's own work after its loop, longer than the hang timeout is not a
+hang; a hang inside an evaluation is caught once the phase's budget runs out, and the evaluating rank
+(not the waiting one) is blamed."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ RUN = [
 def test_an_evaluation_longer_than_the_hang_timeout_is_not_a_hang(tmp_path: Path):
     p = subprocess.run(
         [*RUN, "--run-dir", str(tmp_path), SCRIPT, "--eval-seconds", "6", "--budget", "60"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert events(tmp_path, FailureDetected) == [] and len(events(tmp_path, AttemptStarted)) == 1
+
+
+def test_work_after_the_loop_longer_than_the_hang_timeout_is_not_a_hang(tmp_path: Path):
+    # rank 0 spends 6 s after its last step (3x the hang cap) without marking a phase
+    p = subprocess.run(
+        [*RUN, "--run-dir", str(tmp_path), SCRIPT, "--eval-at", "-1", "--after-loop-seconds", "6"],
         capture_output=True,
         text=True,
         timeout=300,

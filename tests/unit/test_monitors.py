@@ -187,6 +187,19 @@ def test_before_any_step_the_start_up_timeout_applies():
     assert HANGS(snap(now=T0 + 600, ranks=ranks)).rank == 0
 
 
+def test_after_the_loop_the_scripts_own_wrap_up_gets_the_start_up_budget():
+    # the script saves its model and tears down its process group after the last step: the step
+    # times say nothing of how long that takes, so the 10 s training timeout must not call it a hang
+    times = tuple([0.5] * 10)
+    done = (rank(0, T0 + 5, step=9, loop_done=True), rank(1, T0 + 5, step=9, loop_done=True))
+    assert HANGS(snap(now=T0 + 500, ranks=done, step_times=times)) is None
+    d = HANGS(snap(now=T0 + 605, ranks=done, step_times=times))
+    assert d is not None and d.kind == "hang" and "wrap-up" in d.reason
+    # a rank that finished no longer counts; the one still in its loop gets the training timeout
+    mixed = (rank(0, T0 + 5, step=9, loop_done=True, finished=True), rank(1, T0 + 5, step=8))
+    assert HANGS(snap(now=T0 + 15, ranks=mixed, step_times=times)).rank == 1
+
+
 def test_without_the_sdk_the_hang_comes_from_cpu_progress():
     ranks = (RankView(0, T0), RankView(1, T0))
     cpu = {0: CpuMark(T0 + 2), 1: CpuMark(T0 + 5)}

@@ -59,6 +59,23 @@ def test_checkpoint_time_is_measured_from_section_to_commit():
     assert list(tr.ckpt_times) == [2.5] and not tr.progress[0].in_checkpoint
 
 
+def test_a_rank_past_its_last_step_or_its_final_save_is_wrapping_up():
+    tr = tracker()
+    observe(tr, {"k": "start", "r": 0, "s": 0, "n": 3}, T0)
+    observe(tr, {"k": "start", "r": 1, "s": 0, "n": 3}, T0)
+    observe(tr, {"k": "done", "r": 0, "s": 1, "t0": T0, "d": 0.5}, T0 + 1)
+    assert not tr.progress[0].loop_done  # step 1 of 0..2: still in the loop
+    observe(tr, {"k": "done", "r": 0, "s": 2, "t0": T0 + 1, "d": 0.5}, T0 + 2)
+    assert tr.progress[0].loop_done and not tr.progress[1].loop_done
+    # the final save says so too (a script whose loop the tracker did not see announced)
+    observe(tr, {"k": "ckpt", "r": 1, "s": 3, "ok": True, "kind": "final"}, T0 + 3)
+    assert tr.progress[1].loop_done
+    # an emergency save is not the end of the loop; a new loop (next attempt's tracker) starts afresh
+    tr2 = tracker()
+    observe(tr2, {"k": "ckpt", "r": 0, "s": 2, "ok": True, "kind": "emergency"}, T0 + 3)
+    assert not tr2.progress[0].loop_done
+
+
 def test_fin_and_signals():
     tr = tracker()
     observe(tr, {"k": "fin", "r": 1, "s": 9, "pre": True}, T0 + 1)

@@ -224,7 +224,11 @@ class HangMonitor:
     def phase(self, s: Snapshot) -> str:
         if not s.steps_seen:
             return "start-up"
-        return "checkpoint" if s.in_checkpoint else "training"
+        if s.in_checkpoint:
+            return "checkpoint"
+        # after the loop the script runs code of its own (saving the model, a last evaluation, tearing
+        # down the process group) whose length the step times do not predict: the start-up budget applies
+        return "wrap-up" if s.wrapping_up else "training"
 
     def timeout(self, s: Snapshot) -> tuple[HangTimeout, float]:
         """The calibrated hang timeout, and the silence allowed in the snapshot's phase."""

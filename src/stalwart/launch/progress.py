@@ -30,6 +30,7 @@ class RankProgress:
     done_steps: int = 0  # steps completed in this attempt
     finished: bool = False
     in_checkpoint: bool = False
+    loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
     beat_t: float = 0.0  # time of the newest shared-memory heartbeat seen
     ckpt_t0: float = 0.0
     sdk: bool = False  # the worker announced that it uses the SDK (its heartbeats count)
@@ -86,6 +87,8 @@ class ProgressTracker:
         elif isinstance(msg, CheckpointDone):
             if msg.durable is not None:
                 self.durability[msg.rank] = msg
+            if msg.kind == "final":
+                p.loop_done = True
             if p.in_checkpoint:
                 self.ckpt_times.append(p.last_msg - p.ckpt_t0)
             p.in_checkpoint = False
@@ -97,11 +100,14 @@ class ProgressTracker:
             p.section = None
             self.step_times.append(rec.duration)
             self.max_done_step = max(self.max_done_step, rec.step)
+            if self.total_steps and rec.step + 1 >= self.total_steps:
+                p.loop_done = True
             return rec
         elif isinstance(msg, Hello):
             p.sdk = True
         elif isinstance(msg, LoopStarted):
             p.sdk = True
+            p.loop_done = False
             self.first_step = msg.first_step
             self.total_steps = msg.total_steps
         elif isinstance(msg, PhaseChanged):

@@ -41,6 +41,7 @@ class RankView:
     phase: str = ""
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
+    loop_done: bool = False
 
     @classmethod
     def of(cls, p: RankProgress) -> RankView:
@@ -56,6 +57,7 @@ class RankView:
             p.phase,
             p.phase_budget_s,
             p.phase_t0,
+            p.loop_done,
         )
 
 
@@ -115,6 +117,11 @@ class Snapshot:
     @property
     def in_checkpoint(self) -> bool:
         return any(r.in_checkpoint for r in self.ranks)
+
+    @property
+    def wrapping_up(self) -> bool:
+        """A live rank is past its loop's last step: the script's own code after the loop runs."""
+        return any(r.loop_done for r in self.ranks if not r.finished)
 
     @property
     def max_step_in_progress(self) -> int:

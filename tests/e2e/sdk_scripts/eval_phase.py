@@ -1,4 +1,5 @@
-"""A small SDK trainer whose rank 0 evaluates inside the loop, marked as a phase."""
+"""A small SDK trainer whose rank 0 evaluates inside the loop, marked as a phase, and may spend a while
+after the loop on work of its own, unmarked (as a script saving its model would)."""
 
 import argparse
 import time
@@ -15,6 +16,7 @@ parser.add_argument("--eval-at", type=int, default=15)
 parser.add_argument("--eval-seconds", type=float, default=6.0)
 parser.add_argument("--budget", type=float, default=30.0)
 parser.add_argument("--hang-in-eval", action="store_true")
+parser.add_argument("--after-loop-seconds", type=float, default=0.0)
 args = parser.parse_args()
 
 session = Session()
@@ -37,5 +39,7 @@ for step in session.loop(args.steps, {"model": model, "optimizer": opt}, checkpo
             end = time.time() + args.eval_seconds
             while args.hang_in_eval or time.time() < end:
                 time.sleep(0.1)
+if dist.get_rank() == 0:
+    time.sleep(args.after_loop_seconds)  # e.g. torch.save of the whole model, after the last step
 session.finish()
 dist.destroy_process_group()
