@@ -135,6 +135,18 @@ def test_same_seed_same_result():
     np.testing.assert_array_equal(a.ettr, b.ettr)
 
 
+@pytest.mark.parametrize("spares", [None, 2])  # 2 spares: trials wait for repairs (the second pass)
+def test_the_result_does_not_depend_on_the_number_of_threads(spares):
+    cfg = SimConfig(gpus=16384, trials=1000, days=20, seed=3, spare_nodes=spares, straggler_per_node_day=0.01)
+    one = simulate(cfg, workers=1)
+    assert one.iterations == (2 if spares else 1)  # the cases this test is for: several chunks, two passes
+    for n in (2, 3):
+        many = simulate(cfg, workers=n)
+        for b in BUCKETS:
+            np.testing.assert_array_equal(one.buckets[b], many.buckets[b], err_msg=f"{b} with {n} threads")
+        np.testing.assert_array_equal(one.interruptions, many.interruptions)
+
+
 @pytest.mark.parametrize(
     "values,match",
     [

@@ -103,8 +103,9 @@ def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
     return np.array(waits), np.array([1.0] + shares[:-1])
 
 
+@pytest.mark.parametrize("spares", [1, 3])
 @pytest.mark.parametrize("elastic", [False, True])
-def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
+def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares):
     from stalwart.sim.engine import _queue
     from stalwart.sim.repair_queue import sequential_waits
 
@@ -120,7 +121,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
             FailureClass(name="a", per_1000_gpu_days=1.0, node_loss=False, detect_s=20.0),
             FailureClass(name="b", per_1000_gpu_days=1.0, node_loss=True, detect_s=50.0),
         ],
-        spare_nodes=1,
+        spare_nodes=spares,
         elastic=elastic,
         min_nodes_fraction=0.3 if elastic else 1.0,
         repair_hours=repair / 3600,
@@ -130,10 +131,10 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic):
 
     m = _model(cfg, _schedule(cfg))
     det, lost = m.detect[cls], m.node_loss[cls]
-    sw, ss = sequential_waits(m.sizer, m.repair_s, 1, horizon, e, det, lost)
+    sw, ss = sequential_waits(m.sizer, m.repair_s, spares, horizon, e, det, lost)
     vs, must = _queue(cfg, m, e, det, cls, np.cumsum(e + det, axis=1))
     for r in range(rows):
-        rw, rs = _reference_queue(m.sizer, 1, repair, horizon, e[r], det[r], lost[r])
+        rw, rs = _reference_queue(m.sizer, spares, repair, horizon, e[r], det[r], lost[r])
         np.testing.assert_allclose(sw[r], rw, atol=1e-6)
         np.testing.assert_allclose(ss[r], rs, atol=1e-12)
         if not must[r]:  # the vectorised window agrees wherever nobody waited

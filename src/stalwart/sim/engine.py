@@ -25,6 +25,8 @@ world-size / spare choice. Time is booked into the report's bucket names (``sim/
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -40,6 +42,7 @@ from .repair_queue import repair_queue, sequential_waits
 
 BUCKETS = SIM_BUCKETS
 CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
+MAX_WORKERS = 8  # threads over the chunks (numpy's loops run without the GIL)
 
 
 @dataclass(frozen=True)
@@ -258,8 +261,27 @@ def _cycles(lam: float, horizon: float) -> int:
     return int(mu + 8.0 * math.sqrt(mu) + 16)
 
 
-def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
-    rng = np.random.default_rng(cfg.seed)
+def _workers() -> int:
+    """Threads for the chunks: numpy releases the GIL in its array loops, so chunks run in parallel."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_WORKERS))
+
+
+def _in_parallel(fn, items: list, workers: int) -> list:
+    """``[fn(x) for x in items]``, spread over ``workers`` threads (results in order)."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as ex:
+        return list(ex.map(fn, items))
+
+
+def simulate(cfg: SimConfig, *, trace: bool = False, workers: int | None = None) -> SimResult:
+    """Every trial of ``cfg``; ``workers`` threads share the chunks (default: the CPUs this process
+    may use, at most ``MAX_WORKERS``). Each chunk draws from its own stream of the seed, so the result
+    does not depend on the number of threads."""
     horizon = cfg.horizon_s
     sch = _schedule(cfg)
     m = _model(cfg, sch)
@@ -282,12 +304,13 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
             plan_stall=m.plan_stall.astype(f),
             ft=f,
         )
+    threads = _workers() if workers is None else max(1, workers)
     out_b = {b: np.zeros(n) for b in BUCKETS}
     counts = np.zeros((n, m.n_cls + 1), dtype=np.int64)
-    passes = 1
     rows_per_chunk = max(1, CHUNK_CELLS // k)
     tr: list[dict[str, float]] = []
-    deferred: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # width -> (rows, e, cls)
+    chunks = [(lo, min(n, lo + rows_per_chunk)) for lo in range(0, n, rows_per_chunk)]
+    streams = np.random.SeedSequence(cfg.seed).spawn(len(chunks) + 1)  # the last: deferred trials
 
     def store(
         rows: np.ndarray, res: tuple[dict[str, np.ndarray], np.ndarray, list[dict[str, float]]]
@@ -295,13 +318,15 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
         nonlocal tr
         b, c, t0 = res
         for name in BUCKETS:
-            out_b[name][rows] = b[name]
+            out_b[name][rows] = b[name]  # chunks hold disjoint rows: threads never write the same cell
         counts[rows] = c
         if t0:
             tr = t0
 
-    for lo in range(0, n, rows_per_chunk):
-        hi = min(n, lo + rows_per_chunk)
+    def run_chunk(i: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Simulate chunk ``i``; returns the trials that waited for a repaired node, for a second pass."""
+        lo, hi = chunks[i]
+        rng = np.random.default_rng(streams[i])
         kk = k
         while True:
             e, cls = _draw(m, rng, hi - lo, kk)
@@ -313,40 +338,49 @@ def simulate(cfg: SimConfig, *, trace: bool = False) -> SimResult:
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
         rows = np.arange(lo, hi)
         share, must = _queue(cfg, m, e, det, cls, end)
+        waited = None
         if must.any():  # these trials waited for a repaired node: every later cycle moves
             assert share is not None
-            deferred.setdefault(kk, []).append((rows[must], e[must], cls[must]))
+            waited = (kk, rows[must], e[must], cls[must])
             keep = ~must
             rows, e, det, cls, share, end = rows[keep], e[keep], det[keep], cls[keep], share[keep], end[keep]
         if len(rows):
             store(rows, _finish(cfg, sch, m, rng, e, det, cls, None, share, end, trace and rows[0] == 0))
+        return waited
+
+    deferred: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # width -> (rows, e, cls)
+    for part in _in_parallel(run_chunk, list(range(len(chunks))), threads):
+        if part is not None:
+            deferred.setdefault(part[0], []).append(part[1:])
+    passes = 2 if deferred else 1
+    jobs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for parts in deferred.values():
-        passes = 2
         rows = np.concatenate([p[0] for p in parts])
         e = np.concatenate([p[1] for p in parts])
         cls = np.concatenate([p[2] for p in parts])
         det = m.detect[cls]
-        wait, share = sequential_waits(
-            m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, e, det, m.node_loss[cls]
-        )
+        # the cycle-by-cycle walk costs per cycle, not per trial: split the trials between the threads
+        cuts = np.array_split(np.arange(len(rows)), min(threads, len(rows)))
+
+        def walk(ix: np.ndarray, e=e, det=det, cls=cls) -> tuple[np.ndarray, np.ndarray]:
+            return sequential_waits(
+                m.sizer, m.repair_s, cfg.spare_nodes or 0, horizon, e[ix], det[ix], m.node_loss[cls[ix]]
+            )
+
+        walked = _in_parallel(walk, cuts, threads)
+        wait = np.concatenate([w for w, _ in walked])
+        share = np.concatenate([s for _, s in walked])
         for lo in range(0, len(rows), rows_per_chunk):
             sl = slice(lo, lo + rows_per_chunk)
-            store(
-                rows[sl],
-                _finish(
-                    cfg,
-                    sch,
-                    m,
-                    rng,
-                    e[sl],
-                    det[sl],
-                    cls[sl],
-                    wait[sl],
-                    share[sl],
-                    None,
-                    trace and rows[sl][0] == 0,
-                ),
-            )
+            jobs.append((rows[sl], e[sl], det[sl], cls[sl], wait[sl], share[sl]))
+    fin_streams = streams[-1].spawn(len(jobs)) if jobs else []
+
+    def finish_deferred(j: int) -> None:
+        rows, e, det, cls, wait, share = jobs[j]
+        rng = np.random.default_rng(fin_streams[j])
+        store(rows, _finish(cfg, sch, m, rng, e, det, cls, wait, share, None, trace and rows[0] == 0))
+
+    _in_parallel(finish_deferred, list(range(len(jobs))), threads)
     ettr = out_b["productive"] / horizon
     return SimResult(
         config=cfg,

@@ -35,18 +35,23 @@ def repair_queue(
     flat = np.flatnonzero(lost)
     if not len(flat):
         return must
+    if len(flat) <= spares:
+        return must
     r_idx = flat // cols
     tf = t_fail.ravel()[flat]
-    starts = np.concatenate([[0], np.cumsum(np.bincount(r_idx, minlength=rows))[:-1]])
-    ordinal = np.arange(len(flat)) - starts[r_idx]
-    # per row, node-loss times in order, flattened with an offset so that rows do not mix
+    # per row, node-loss times in order, flattened with an offset so that rows do not mix (a gap
+    # longer than any time plus the repair lies between rows)
     key = tf + r_idx * (2.0 * (float(tf.max()) + repair_s + 1.0))
-    returned = np.searchsorted(key, key - repair_s, side="right") - starts[r_idx]
-    out = ordinal + 1 - returned  # nodes in repair, this one included
-    over = np.flatnonzero(out > spares)
+    back = key - repair_s  # a loss at or before this time is back from repair at this loss
+    # more than ``spares`` nodes in repair at loss i <=> the loss ``spares`` places earlier is still in
+    # repair (times are in order within a row; the gap keeps an earlier row's losses out): a window
+    # test at every loss, and the exact count only where it passes
+    i = np.arange(spares, len(flat))
+    over = i[key[i - spares] > back[i]]
     if not len(over):
         return must
-    o = out[over]
+    returned = np.searchsorted(key, back[over], side="right")  # losses back by then, this row and earlier
+    o = over + 1 - returned  # nodes in repair, this one included (> spares)
     lut_run, lut_share = lut(sizer, o)
     share.ravel()[flat[over]] = lut_share[o]
     must[r_idx[over[~lut_run[o]]]] = True
