@@ -37,12 +37,13 @@ from ..launch.timeouts import HangTimeoutPolicy
 from ..launch.world_size import SizeRule
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
-from .policies import WorldSizer, hang_detect_s, restart_period
+from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
 from .repair_queue import repair_queue, sequential_waits
 
 BUCKETS = SIM_BUCKETS
 CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
 MAX_WORKERS = 8  # threads over the chunks (numpy's loops run without the GIL)
+BACKOFF_PASSES = 64  # the longest streak of failures without progress that back-off alone makes
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class _Model:
     first: tuple[float, float]  # (start-up, restore) of the first cycle
     requeue: tuple[float, float]  # (requeue, restore) after the restart budget ran out
     period: int | None  # infra failures after which the agent's restart policy stops the job
+    backoff: np.ndarray | None  # the agent's wait after s failures in a row without progress (index s)
     sizer: WorldSizer | None
     repair_s: float
     replica: bool
@@ -231,6 +233,7 @@ def _model(cfg: SimConfig, sch: _Schedule) -> _Model:
         first=(cfg.job_restart_s if cfg.startup_s is None else cfg.startup_s, sch.restore_durable),
         requeue=(cfg.requeue_s, sch.restore_durable),
         period=restart_period(budget),
+        backoff=restart_backoff(budget) if cfg.fail_in_recovery else None,  # else every attempt progresses
         sizer=sizer,
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
@@ -340,10 +343,10 @@ def simulate(cfg: SimConfig, *, trace: bool = False, workers: int | None = None)
         share, must = _queue(cfg, m, e, det, cls, end)
         waited = None
         if must.any():  # these trials waited for a repaired node: every later cycle moves
-            assert share is not None
             waited = (kk, rows[must], e[must], cls[must])
             keep = ~must
-            rows, e, det, cls, share, end = rows[keep], e[keep], det[keep], cls[keep], share[keep], end[keep]
+            rows, e, det, cls, end = rows[keep], e[keep], det[keep], cls[keep], end[keep]
+            share = share[keep] if share is not None else None
         if len(rows):
             store(rows, _finish(cfg, sch, m, rng, e, det, cls, None, share, end, trace and rows[0] == 0))
         return waited
@@ -412,20 +415,26 @@ def _draw(m: _Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np
 def _queue(
     cfg: SimConfig, m: _Model, e: np.ndarray, det: np.ndarray, cls: np.ndarray, end: np.ndarray
 ) -> tuple[np.ndarray | None, np.ndarray]:
-    """(share of the job that runs in each cycle, trials that must wait for a repaired node); a trial
-    that is not deferred never waits."""
+    """(share of the job that runs in each cycle, None where it is full everywhere; trials that must
+    wait for a repaired node); a trial that is not deferred never waits."""
     rows, cols = e.shape
     must = np.zeros(rows, dtype=bool)
     if m.sizer is None or m.replica:  # nobody waits, the job always runs at full size
         return None, must
-    start = np.empty_like(end)
-    start[:, 0] = 0.0
-    start[:, 1:] = end[:, :-1]
-    in_h = e < cfg.horizon_s - start
-    share_f = np.ones((rows, cols), dtype=m.ft)
-    must = repair_queue(m.sizer, m.repair_s, cfg.spare_nodes or 0, end, m.node_loss[cls] & in_h, share_f)
+    flat = np.flatnonzero(m.node_loss[cls])
+    col = flat % cols
+    ends = end.ravel()
+    start = np.where(col > 0, ends[flat - 1], 0.0)  # when each node loss's cycle started
+    flat = flat[e.ravel()[flat] < cfg.horizon_s - start]  # losses after the horizon never happen
+    must, over, values = repair_queue(
+        m.sizer, m.repair_s, cfg.spare_nodes or 0, ends[flat], flat // cols, rows
+    )
+    at = flat[over]
+    if not len(at):
+        return None, must
     share = np.ones((rows, cols), dtype=m.ft)
-    share[:, 1:] = share_f[:, :-1]  # a shrunk job runs the next cycle at the smaller size
+    nxt = at % cols < cols - 1  # a shrunk job runs the next cycle at the smaller size
+    share.ravel()[at[nxt] + 1] = values[nxt]
     return share, must
 
 
@@ -463,6 +472,33 @@ def _recovery(m: _Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
         r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
         r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])
     return r_restart, r_restore, r_stall, stopped
+
+
+def _backoff(m: _Model, e: np.ndarray, rec: np.ndarray, cls: np.ndarray, stopped: np.ndarray) -> np.ndarray:
+    """The agent's back-off added to each cycle's restart: after failures in a row whose attempts made
+    no progress (the failure came during the recovery), it waits before the next attempt. Waiting
+    lengthens the next recovery, which can make its failure one without progress too, so the waits are
+    a fixed point, found by passes that only lengthen streaks (one cycle per pass at most; a streak
+    that the back-off alone makes longer than ``BACKOFF_PASSES`` cycles is cut there). A planned stop
+    is no failure and a requeue starts a new job: both end a streak."""
+    rows, cols = e.shape
+    assert m.backoff is not None
+    table = m.backoff.astype(rec.dtype)
+    top = len(table) - 1
+    ix = np.arange(cols)
+    progress = cls == m.n_cls  # planned stops never extend a streak
+    wait = np.zeros_like(rec)
+    for _ in range(BACKOFF_PASSES):
+        stuck = (e < rec + wait) & ~progress  # failures of attempts that made no progress
+        last = np.where(stuck, -1, ix)  # cycles that end a streak
+        last[:, :-1] = np.where(stopped[:, 1:], ix[:-1], last[:, :-1])  # the next cycle is a new job
+        streak = ix - np.maximum.accumulate(last, axis=1)  # failures in a row without progress
+        new = np.zeros_like(rec)
+        new[:, 1:] = np.where(stopped[:, 1:], 0.0, table[np.minimum(streak[:, :-1], top)])
+        if np.array_equal(new, wait):
+            break
+        wait = new
+    return wait
 
 
 def _fail_at(cfg: SimConfig, sch: _Schedule, m: _Model, e: np.ndarray, cls: np.ndarray) -> np.ndarray:
@@ -504,6 +540,8 @@ def _finish(
     planned = cls == m.n_cls
     lost = m.node_loss[cls]
     r_restart, r_restore, r_stall, stopped = _recovery(m, cls)
+    if m.backoff is not None and not m.replica:
+        r_restart = r_restart + _backoff(m, e, r_restart + r_restore + r_stall, cls, stopped)
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
         end = np.cumsum(e + det + cfg.replica_rejoin_s, axis=1, dtype=np.float64)

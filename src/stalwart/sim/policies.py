@@ -10,6 +10,9 @@ and vectorises the answers:
   says stop; that failure's number is the period after which the job exits with ``infra_exhausted``
   and goes back through the scheduler (the simulator then charges a requeue and the budget starts
   again, as for a requeued job);
+* restart back-off: after ``s`` failures in a row whose attempts made no progress, the agent waits
+  before its next attempt; ``launch.restart_policy.decide`` is asked over such a history, once per
+  ``s`` until the answer stops growing (it is capped);
 * hang detection latency: the supervisor and its monitors watch ranks completing steps of the
   simulated step time (which calibrates ``launch.timeouts.hang_timeout``), then one rank falls silent;
   the time from its last progress to the monitors' ``hang`` decision (the timeout less one monitor
@@ -23,10 +26,12 @@ and vectorises the answers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ..errors import ConfigError
-from ..launch.restart_policy import RestartBudget
+from ..launch.restart_policy import Failure, RestartBudget, decide
 from ..launch.timeouts import HangTimeoutPolicy
 from ..launch.world_size import SizeRule, WorldPlan, plan_world, replace_failed
 
@@ -42,6 +47,26 @@ def restart_period(budget: RestartBudget | None) -> int | None:
     from .agent_probe import restart_stop
 
     return restart_stop(budget).period
+
+
+def restart_backoff(budget: RestartBudget | None, limit: int = 64) -> np.ndarray | None:
+    """The agent's wait before its next attempt after ``s`` failures in a row without progress, at index
+    ``s`` (0, 1, 2, ... up to where the policy's answer stops growing; longer streaks wait as long as
+    the last entry). ``None`` when the agent never waits (no budget, or a zero back-off)."""
+    if budget is None:
+        return None
+    waits = [0.0]
+    for s in range(1, limit + 1):
+        history = [
+            Failure(kind="crash", attempt=i, step=-1, rank=0, evidence="probe", progressed=False)
+            for i in range(s)
+        ]
+        # a budget wide enough that the policy restarts: when it stops is the restart period's business
+        d = decide(history, replace(budget, max_restarts=max(budget.max_restarts, s)))
+        waits.append(d.backoff_s)
+        if s > 2 and waits[-1] == waits[-2]:  # capped: every longer streak waits as long
+            break
+    return np.array(waits) if any(waits) else None
 
 
 def hang_detect_s(step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: float | None = None) -> float:

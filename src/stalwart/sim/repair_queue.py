@@ -25,37 +25,37 @@ def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def repair_queue(
-    sizer: WorldSizer, repair_s: float, spares: int, t_fail: np.ndarray, lost: np.ndarray, share: np.ndarray
-) -> np.ndarray:
-    """Nodes in repair at each node-losing failure, assuming nobody waits: writes the share of the job
-    that runs after each failure into ``share`` (same shape as ``t_fail``) and returns, per trial,
-    whether its job ever had to wait for a repaired node (then the assumption fails for it)."""
-    rows, cols = t_fail.shape
+    sizer: WorldSizer, repair_s: float, spares: int, t_loss: np.ndarray, row: np.ndarray, rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nodes in repair at each node-losing failure, assuming nobody waits. ``t_loss`` holds the times of
+    the node losses, trial by trial and in time order within a trial; ``row`` each one's trial.
+
+    Returns (per trial, whether its job ever had to wait for a repaired node, so that the assumption
+    fails for it; the positions in ``t_loss`` after which the job runs at a smaller share; those
+    shares)."""
     must = np.zeros(rows, dtype=bool)
-    flat = np.flatnonzero(lost)
-    if not len(flat):
-        return must
-    if len(flat) <= spares:
-        return must
-    r_idx = flat // cols
-    tf = t_fail.ravel()[flat]
-    # per row, node-loss times in order, flattened with an offset so that rows do not mix (a gap
-    # longer than any time plus the repair lies between rows)
-    key = tf + r_idx * (2.0 * (float(tf.max()) + repair_s + 1.0))
+    none = np.zeros(0, dtype=np.int64)
+    if len(t_loss) <= spares:
+        return must, none, np.zeros(0)
+    # one flat axis with a gap between trials longer than any time plus the repair, so they never mix
+    key = t_loss + row * (2.0 * (float(t_loss.max()) + repair_s + 1.0))
     back = key - repair_s  # a loss at or before this time is back from repair at this loss
     # more than ``spares`` nodes in repair at loss i <=> the loss ``spares`` places earlier is still in
-    # repair (times are in order within a row; the gap keeps an earlier row's losses out): a window
-    # test at every loss, and the exact count only where it passes
-    i = np.arange(spares, len(flat))
+    # repair (times are in order within a trial; the gap keeps an earlier trial's losses out): a
+    # window test at every loss, the exact count only where it passes
+    i = np.arange(spares, len(t_loss))
     over = i[key[i - spares] > back[i]]
     if not len(over):
-        return must
-    returned = np.searchsorted(key, back[over], side="right")  # losses back by then, this row and earlier
-    o = over + 1 - returned  # nodes in repair, this one included (> spares)
+        return must, none, np.zeros(0)
+    first_run, _ = sizer.share(spares + 1)
+    if not first_run:  # fewer nodes never run where more do not: every window over the spares waits
+        must[row[over]] = True
+        return must, none, np.zeros(0)
+    o = over + 1 - np.searchsorted(key, back[over], side="right")  # nodes in repair, this one included
     lut_run, lut_share = lut(sizer, o)
-    share.ravel()[flat[over]] = lut_share[o]
-    must[r_idx[over[~lut_run[o]]]] = True
-    return must
+    must[row[over[~lut_run[o]]]] = True
+    runs = lut_run[o]
+    return must, over[runs], lut_share[o[runs]]
 
 
 def sequential_waits(
