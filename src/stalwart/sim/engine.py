@@ -628,11 +628,15 @@ def _finish(
         b["restart"] = restart_part[:, 1:].sum(axis=1, dtype=np.float64)
     d = np.minimum(det, np.maximum(avail - e, 0.0))  # zero where no failure came before the horizon
     b["detection"] = d.sum(axis=1, dtype=np.float64)
-    rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
+    rest = None  # what is left of the cycle after the detection (a rejoin or a wait ends within it)
+    if m.replica or wait is not None:
+        rest = np.where(hit, np.maximum(avail - e - d, 0.0), 0.0)
     if m.replica:
+        assert rest is not None
         pause = np.where(hit, np.minimum(cfg.replica_rejoin_s, rest), 0.0)
         b["restart"] += pause.sum(axis=1, dtype=np.float64)
     elif wait is not None:
+        assert rest is not None
         b["wait_nodes"] = np.where(hit, np.minimum(wait, rest), 0.0).sum(axis=1, dtype=np.float64)
     cnt = np.zeros((rows, m.n_cls + 1), dtype=np.int64)
     flat = (np.arange(rows, dtype=np.int32)[:, None] * (m.n_cls + 1) + cls)[hit]
@@ -658,7 +662,9 @@ def _finish(
                     "class": cfg.failures[c].name if c < m.n_cls else "planned",
                     "node_loss": bool(lost[0, i]),
                     "detection": float(d[0, i]),
-                    "wait": float(min(wait[0, i], rest[0, i])) if wait is not None and not m.replica else 0.0,
+                    "wait": float(min(wait[0, i], rest[0, i]))
+                    if wait is not None and rest is not None and not m.replica
+                    else 0.0,
                     "requeued": bool(stopped[0, i]),
                     "recovered": bool(done[0, i] and rec[0, i] <= avail[0, i]),
                 }

@@ -98,6 +98,9 @@ class WorldSizer:
     _cache: dict[int, tuple[bool, float]] = field(default_factory=dict)
     _plan: WorldPlan | None = None
     _names: list[str] = field(default_factory=list)
+    _table: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.zeros(0, dtype=bool), np.zeros(0), np.zeros(0, dtype=bool))
+    )
 
     def __post_init__(self) -> None:
         self._names = [f"n{i}" for i in range(self.nodes + self.spares)]
@@ -107,6 +110,26 @@ class WorldSizer:
     def initial_share(self) -> float:
         assert self._plan is not None
         return len(self._plan.active) / self.nodes
+
+    def table(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(runnable, share) as arrays indexed by the count of nodes in repair, filled at least for every
+        count in ``counts`` (the policy is asked once per count; the tables are kept between calls)."""
+        run, share, known = self._table
+        top = int(counts.max()) if len(counts) else 0
+        if len(run) <= top:
+            grow = top + 1 - len(run)
+            run = np.concatenate([run, np.ones(grow, dtype=bool)])
+            share = np.concatenate([share, np.ones(grow)])
+            known = np.concatenate([known, np.zeros(grow, dtype=bool)])
+        present = np.bincount(counts, minlength=len(run)) > 0 if len(counts) else np.zeros(len(run), bool)
+        missing = np.flatnonzero(present & ~known)
+        if len(missing):
+            run, share, known = run.copy(), share.copy(), known.copy()
+            for k in missing:
+                run[k], share[k] = self.share(int(k))
+            known[missing] = True
+        self._table = (run, share, known)  # one assignment: a thread sees the old tables or the new ones
+        return run, share
 
     def share(self, out: int) -> tuple[bool, float]:
         """(runnable, active nodes / configured nodes) with ``out`` nodes in repair."""

@@ -15,13 +15,9 @@ from .policies import WorldSizer
 
 
 def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The world-size policy's answer for every count of nodes in repair that occurs in ``values``."""
-    top = int(values.max()) if len(values) else 0
-    run = np.ones(top + 1, dtype=bool)
-    share = np.ones(top + 1)
-    for v in np.nonzero(np.bincount(values, minlength=top + 1))[0]:
-        run[v], share[v] = sizer.share(int(v))
-    return run, share
+    """The world-size policy's answer (runnable, share) for every count of nodes in repair that occurs in
+    ``values``, as arrays indexed by the count (the sizer keeps them between calls)."""
+    return sizer.table(values)
 
 
 def repair_queue(
@@ -79,7 +75,8 @@ def sequential_waits(
     tail = np.zeros(rows, dtype=np.int64)
     t = np.zeros(rows)
     base = np.arange(rows) * cap
-    lut_run, lut_share = lut(sizer, np.array([spares + 1]))
+    top = spares + 1  # the tables are filled for every count up to here
+    lut_run, lut_share = lut(sizer, np.arange(top + 1))
     for i in range(cols):
         if i % 64 == 0 and (t >= horizon).all():
             break
@@ -109,8 +106,9 @@ def sequential_waits(
             if over.any():
                 r = np.nonzero(over)[0]
                 o = out[r]
-                if int(o.max()) >= len(lut_run):
-                    lut_run, lut_share = lut(sizer, np.arange(int(o.max()) + 1))
+                if int(o.max()) > top:
+                    top = int(o.max())
+                    lut_run, lut_share = lut(sizer, np.arange(top + 1))
                 ok = lut_run[o]
                 share_t[i, r[ok]] = lut_share[o[ok]]
                 w_rows = r[~ok]
