@@ -82,7 +82,9 @@ def sequential_waits(
             break
         tf = t + e_t[i] + d_t[i]
         li = l_t[i] & (e_t[i] < horizon - t)
-        if li.any():
+        # np.count_nonzero, not .any(): this loop runs once per cycle, and the call's overhead counts
+        losses = np.count_nonzero(li)
+        if losses:
             if int((tail - head).max()) >= cap:  # grow the ring, keeping every row's order
                 new = np.full(rows * 2 * cap, np.inf)
                 new_base = np.arange(rows) * 2 * cap
@@ -90,21 +92,21 @@ def sequential_waits(
                     idx = head + k
                     new[new_base + (idx & (2 * cap - 1))] = ret[base + (idx & (cap - 1))]
                 ret, cap, base = new, 2 * cap, new_base
-            r = np.nonzero(li)[0]
+            r = np.flatnonzero(li)
             ret[base[r] + (tail[r] & (cap - 1))] = tf[r] + repair_s
             tail[r] += 1
         while True:  # slots outside [head, tail) hold inf, so no bounds check is needed
             pos = base + (head & (cap - 1))
             adv = ret[pos] <= tf
-            if not adv.any():
+            if not np.count_nonzero(adv):
                 break
             ret[pos[adv]] = np.inf
             head += adv
-        if li.any():
+        if losses:
             out = tail - head
             over = li & (out > spares)
-            if over.any():
-                r = np.nonzero(over)[0]
+            if np.count_nonzero(over):
+                r = np.flatnonzero(over)
                 o = out[r]
                 if int(o.max()) > top:
                     top = int(o.max())
