@@ -23,6 +23,8 @@ WORKER = textwrap.dedent("""
     print("torch preloaded:", "torch" in sys.modules, "argv:", sys.argv[1:], flush=True)
     print("signals as fresh:", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
           and signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+    import gc  # the preloaded objects are frozen out of the collector's full passes; it still runs
+    print("frozen:", gc.get_freeze_count() > 10000, "collector on:", gc.isenabled(), flush=True)
     if mode == "gloo":
         dist.init_process_group("gloo")
         x = torch.ones(2) * (dist.get_rank() + 1)
@@ -97,6 +99,7 @@ def test_fork_server_starts_workers_warm_and_exact(tmp_path):
     assert out["gloo"] == [0, 0], out["gloo_log"]
     assert "torch preloaded: True argv: ['gloo']" in out["gloo_log"] and "sum 3.0" in out["gloo_log"]
     assert "signals as fresh: True" in out["gloo_log"]
+    assert "frozen: True collector on: True" in out["gloo_log"]
     assert out["ipc"] == ["hello from 0\n", "hello from 1\n"]
     assert out["raise"] == 1 and "KeyError: 'boom'" in out["raise_log"] and "Traceback" in out["raise_log"]
     assert out["exit"] == 7
