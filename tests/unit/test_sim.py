@@ -172,3 +172,15 @@ def test_the_result_does_not_depend_on_the_number_of_threads(spares):
 def test_bad_config_is_one_config_error(values, match):
     with pytest.raises(ConfigError, match=match):
         make_config(**values)
+
+
+def test_the_commands_allocator_setting_applies_on_glibc_and_leaves_results_alone():
+    import platform
+
+    from stalwart.sim.alloc import keep_freed_memory
+
+    cfg = SimConfig(trials=50, days=5, seed=4, spare_nodes=2)
+    before = simulate(cfg)
+    applied = keep_freed_memory()
+    assert applied == (platform.libc_ver()[0] == "glibc")
+    np.testing.assert_array_equal(simulate(cfg).ettr, before.ettr)

@@ -36,8 +36,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Recommend checkpoint intervals, hot spares and a restart strategy; predict ETTR at scale."""
         from ..errors import ConfigError
+        from ..sim.alloc import keep_freed_memory
         from ..sim.config import make_config
         from ..sim.planner import plan
+
+        keep_freed_memory()
 
         if plot_format not in ("png", "svg"):
             raise ConfigError(f"unknown plot format {plot_format!r}", "use png or svg")

@@ -111,8 +111,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a training run with failures: ETTR distribution, interruptions, lost GPU-hours, cost."""
         from ..sim import simulate
+        from ..sim.alloc import keep_freed_memory
         from ..sim.config import make_config
 
+        keep_freed_memory()
         values = build_values(
             load_config_file(config),
             gpus=gpus,
