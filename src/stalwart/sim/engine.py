@@ -488,10 +488,10 @@ def _backoff(m: _Model, e: np.ndarray, rec: np.ndarray, cls: np.ndarray, stopped
     table = m.backoff.astype(rec.dtype)
     top = len(table) - 1
     ix = np.arange(cols)
-    progress = cls == m.n_cls  # planned stops never extend a streak
+    planned = cls == m.n_cls  # a planned stop is no failure: it never extends a streak
     wait = np.zeros_like(rec)
     for _ in range(BACKOFF_PASSES):
-        stuck = (e < rec + wait) & ~progress  # failures of attempts that made no progress
+        stuck = (e < rec + wait) & ~planned  # failures of attempts that made no progress
         last = np.where(stuck, -1, ix)  # cycles that end a streak
         last[:, :-1] = np.where(stopped[:, 1:], ix[:-1], last[:, :-1])  # the next cycle is a new job
         streak = ix - np.maximum.accumulate(last, axis=1)  # failures in a row without progress
