@@ -14,12 +14,6 @@ import numpy as np
 from .policies import WorldSizer
 
 
-def lut(sizer: WorldSizer, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The world-size policy's answer (runnable, share) for every count of nodes in repair that occurs in
-    ``values``, as arrays indexed by the count (the sizer keeps them between calls)."""
-    return sizer.table(values)
-
-
 def repair_queue(
     sizer: WorldSizer, repair_s: float, spares: int, t_loss: np.ndarray, row: np.ndarray, rows: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -48,7 +42,7 @@ def repair_queue(
         must[row[over]] = True
         return must, none, np.zeros(0)
     o = over + 1 - np.searchsorted(key, back[over], side="right")  # nodes in repair, this one included
-    lut_run, lut_share = lut(sizer, o)
+    lut_run, lut_share = sizer.table(o)
     must[row[over[~lut_run[o]]]] = True
     runs = lut_run[o]
     return must, over[runs], lut_share[o[runs]]
@@ -76,7 +70,7 @@ def sequential_waits(
     t = np.zeros(rows)
     base = np.arange(rows) * cap
     top = spares + 1  # the tables are filled for every count up to here
-    lut_run, lut_share = lut(sizer, np.arange(top + 1))
+    lut_run, lut_share = sizer.table(np.arange(top + 1))
     for i in range(cols):
         if i % 64 == 0 and (t >= horizon).all():
             break
@@ -110,7 +104,7 @@ def sequential_waits(
                 o = out[r]
                 if int(o.max()) > top:
                     top = int(o.max())
-                    lut_run, lut_share = lut(sizer, np.arange(top + 1))
+                    lut_run, lut_share = sizer.table(np.arange(top + 1))
                 ok = lut_run[o]
                 share_t[i, r[ok]] = lut_share[o[ok]]
                 w_rows = r[~ok]
