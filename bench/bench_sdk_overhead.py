@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from stalwart.launch.progress import ProgressTracker
+from stalwart.protocol.pipe import Receiver
 from stalwart.train import Session, control
-from stalwart.train.ipc import Receiver
 
 SECTIONS = ("data", "forward", "backward", "optimizer")
 

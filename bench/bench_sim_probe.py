@@ -26,8 +26,8 @@ def median_ms(fn) -> float:
 
 
 def main() -> None:
-    from stalwart.launch.restart_policy import Failure, RestartBudget, decide
-    from stalwart.launch.timeouts import HangTimeoutPolicy, hang_timeout
+    from stalwart.policy.restart_policy import Failure, RestartBudget, decide
+    from stalwart.policy.timeouts import HangTimeoutPolicy, hang_timeout
     from stalwart.sim import SimConfig, simulate
 
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ import pytest
 
 from stalwart.events import FailureDetected, JobEnded
 from stalwart.exit_codes import EXIT_USER_ERROR
-from stalwart.run_dir import RunDir
+from stalwart.protocol.run_dir import RunDir
 
 from .runner import events
 

@@ -259,7 +259,7 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
 
     # tokens/s and MFU from --metrics-model: the report's ideal step time through the account functions
     from stalwart.account.mfu import mfu_from_step
-    from stalwart.serve.snapshot import parse_model_spec
+    from stalwart.account.mfu import parse_model_spec
 
     spec = parse_model_spec(MODEL)
     (tps,) = _query(base, f'last_over_time(stalwart_tokens_per_second{{run="{RUN_ID}"}}[10m])')

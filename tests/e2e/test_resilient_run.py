@@ -18,7 +18,7 @@ from stalwart.events import (
     StepCompleted,
     TrainingResumed,
 )
-from stalwart.launch.timeouts import p99
+from stalwart.policy.timeouts import p99
 
 from .runner import EXAMPLE, same_params, stalwart
 

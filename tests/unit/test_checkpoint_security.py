@@ -308,7 +308,7 @@ def test_dtypes_and_sizes_are_allowed():
 
 
 def test_a_run_directory_made_under_umask_002_gives_a_private_checkpoint_dir(tmp_path):
-    from stalwart.run_dir import RunDir
+    from stalwart.protocol.run_dir import RunDir
 
     old = os.umask(0o002)
     try:

@@ -8,9 +8,8 @@ import struct
 
 import pytest
 
-from stalwart.protocol import CheckpointDone, Finished, StepBegan, StepDone, encode
-from stalwart.train import control
-from stalwart.train.ipc import Receiver, Sender
+from stalwart.protocol import CheckpointDone, Finished, StepBegan, StepDone, control, encode
+from stalwart.protocol.pipe import Receiver, Sender
 
 
 def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):

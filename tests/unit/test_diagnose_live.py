@@ -12,7 +12,7 @@ from stalwart.diagnose.live import LedgerTail, LiveDiagnosis, LiveSources, parse
 from stalwart.errors import ConfigError
 from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, StepCompleted, StragglerDetected
 from stalwart.ledger import LedgerWriter, read_merged
-from stalwart.run_dir import RunDir
+from stalwart.protocol.run_dir import RunDir
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 T0 = 1_700_000_000.0

@@ -12,7 +12,7 @@ from stalwart.diagnose.straggler_action import (
     decide_straggler,
 )
 from stalwart.errors import ConfigError
-from stalwart.launch.world_size import SizeRule, plan_world
+from stalwart.policy.world_size import SizeRule, plan_world
 
 NODES = [f"n{i}" for i in range(8)]
 

@@ -17,7 +17,7 @@ from stalwart.launch.monitors import (
     worker_exits,
 )
 from stalwart.launch.snapshot import CpuMark, RankView, Snapshot
-from stalwart.launch.timeouts import HangTimeoutPolicy
+from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.protocol import CheckpointDone
 
 T0 = 1000.0
@@ -271,7 +271,7 @@ def test_a_flagged_rank_that_recovered_is_cleared_and_one_still_slow_is_not_repe
 
 def test_the_straggler_action_policy_weighs_a_new_straggler_without_acting():
     from stalwart.diagnose.straggler_action import StragglerActionConfig
-    from stalwart.launch.world_size import WorldPlan
+    from stalwart.policy.world_size import WorldPlan
 
     mon = StragglerMonitor(action=StragglerActionConfig(recovery_s=60.0), min_nodes=1, max_nodes=2)
     world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
@@ -305,7 +305,7 @@ def _acting_monitor(mode="act", **policy):
 
 
 def test_an_open_gate_turns_a_costly_straggler_into_an_exclusion_that_ends_the_attempt():
-    from stalwart.launch.world_size import WorldPlan
+    from stalwart.policy.world_size import WorldPlan
 
     world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
     s = snap(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
@@ -323,7 +323,7 @@ def test_an_open_gate_turns_a_costly_straggler_into_an_exclusion_that_ends_the_a
 
 
 def test_an_open_gate_keeps_a_mild_straggler_with_the_costs_as_reason():
-    from stalwart.launch.world_size import WorldPlan
+    from stalwart.policy.world_size import WorldPlan
 
     # no spare: excluding n0 halves the world, which costs more than a 1.5x straggler
     world = WorldPlan(("n0", "n1"), (), 4, "two nodes")
@@ -336,7 +336,7 @@ def test_an_open_gate_keeps_a_mild_straggler_with_the_costs_as_reason():
 
 
 def test_no_exclusion_while_a_worker_failed_or_a_stop_is_under_way():
-    from stalwart.launch.world_size import WorldPlan
+    from stalwart.policy.world_size import WorldPlan
 
     world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
     base = dict(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)

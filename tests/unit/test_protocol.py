@@ -82,7 +82,7 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
 def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
     from stalwart.launch.agent import Agent
     from stalwart.launch.config import build
-    from stalwart.train.ipc import Receiver
+    from stalwart.protocol.pipe import Receiver
 
     script = tmp_path / "train.py"
     script.write_text("pass\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.exit_codes import EXIT_INFRA, EXIT_USER_ERROR
-from stalwart.launch.restart_policy import Failure, RestartBudget, decide
+from stalwart.policy.restart_policy import Failure, RestartBudget, decide
 
 BUDGET = RestartBudget(max_restarts=3, max_user_error_restarts=1, backoff_base_s=1.0, backoff_max_s=30.0)
 

@@ -197,7 +197,7 @@ def test_tokens_per_second_and_mfu_use_the_account_functions(tmp_path):
 
     from stalwart.account.mfu import mfu_from_step
     from stalwart.errors import ConfigError
-    from stalwart.serve.snapshot import parse_model_spec
+    from stalwart.account.mfu import parse_model_spec
 
     spec = parse_model_spec(
         "params=7e9,layers=32,heads=32,head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100"

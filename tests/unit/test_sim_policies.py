@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from stalwart.launch.restart_policy import RestartBudget
-from stalwart.launch.timeouts import HangTimeoutPolicy, hang_timeout
-from stalwart.launch.world_size import SizeRule
+from stalwart.policy.restart_policy import RestartBudget
+from stalwart.policy.timeouts import HangTimeoutPolicy, hang_timeout
+from stalwart.policy.world_size import SizeRule
 from stalwart.sim import CheckpointTier, FailureClass, SimConfig, simulate
 from stalwart.sim.agent_probe import MONITOR_INTERVAL_S
 from stalwart.sim.policies import WorldSizer, restart_period
@@ -151,7 +151,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares)
 
 
 def test_backoff_table_is_the_shipped_policys_answer_per_streak():
-    from stalwart.launch.restart_policy import Failure, decide
+    from stalwart.policy.restart_policy import Failure, decide
     from stalwart.sim.policies import restart_backoff
 
     budget = RestartBudget(max_restarts=3, backoff_base_s=1.0, backoff_max_s=30.0)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import stalwart.sim.engine as engine
-from stalwart.launch.restart_policy import Failure, RestartBudget, decide
-from stalwart.launch.timeouts import HangTimeoutPolicy, hang_timeout
+from stalwart.policy.restart_policy import Failure, RestartBudget, decide
+from stalwart.policy.timeouts import HangTimeoutPolicy, hang_timeout
 from stalwart.sim import FailureClass, SimConfig, simulate
 from stalwart.sim.agent_probe import (
     MONITOR_INTERVAL_S,

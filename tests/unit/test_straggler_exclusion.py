@@ -7,7 +7,7 @@ from stalwart.events import ChaosInjected, StragglerDetected
 from stalwart.health.node_store import HealthStore
 from stalwart.launch.straggler_exclusion import quarantine_node, straggler_precision
 from stalwart.ledger import LedgerWriter
-from stalwart.run_dir import RunDir
+from stalwart.protocol.run_dir import RunDir
 
 T0 = 1_000_000.0
 

@@ -21,8 +21,8 @@ from stalwart.launch.clock import ManualClock
 from stalwart.launch.monitors import SignalMonitor, durability, membership, worker_exits
 from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.launch.supervisor import Hooks, Supervisor, decide
-from stalwart.launch.timeouts import HangTimeoutPolicy
-from stalwart.launch.world_size import SizeRule, WorldPlan
+from stalwart.policy.timeouts import HangTimeoutPolicy
+from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
 
 T0 = 1_000_000.0

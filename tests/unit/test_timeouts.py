@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.timeouts import HangTimeoutPolicy, hang_timeout, p99, validate_hierarchy
+from stalwart.policy.timeouts import HangTimeoutPolicy, hang_timeout, p99, validate_hierarchy
 
 POLICY = HangTimeoutPolicy(multiplier=3.0, floor_s=10.0, cap_s=600.0, startup_s=300.0, min_samples=5)
 

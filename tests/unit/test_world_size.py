@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.world_size import SizeRule, plan_world, replace_failed
+from stalwart.policy.world_size import SizeRule, plan_world, replace_failed
 
 NODES = ["n1", "n2", "n3", "n4"]
 

@@ -99,3 +99,56 @@ def mfu_from_step(
     if not step_s > 0:
         raise ConfigError(f"step time must be positive seconds, got {step_s!r}")
     return mfu(dims, global_batch_tokens / step_s, num_gpus, peak_flops_per_gpu, causal=causal)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What MFU needs besides step times: model dimensions, tokens per step, GPUs and their peak."""
+
+    dims: ModelDims
+    tokens_per_step: float
+    num_gpus: int
+    peak_flops_per_gpu: float
+
+
+_SPEC_KEYS = {
+    "params",
+    "layers",
+    "heads",
+    "head_dim",
+    "seq_len",
+    "tokens_per_step",
+    "gpus",
+    "device",
+    "dtype",
+}
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """``params=7e9,layers=32,heads=32,head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100``
+    (``dtype`` defaults to bf16): what ``stalwart metrics serve --model`` takes."""
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in _SPEC_KEYS:
+            raise ConfigError(
+                f"--model: bad item {part!r}", f"use key=value with keys {', '.join(sorted(_SPEC_KEYS))}"
+            )
+        fields[key] = value
+    missing = _SPEC_KEYS - {"dtype"} - set(fields)
+    if missing:
+        raise ConfigError(f"--model: missing {', '.join(sorted(missing))}")
+    try:
+        dims = ModelDims(
+            float(fields["params"]),
+            int(fields["layers"]),
+            int(fields["heads"]),
+            int(fields["head_dim"]),
+            int(fields["seq_len"]),
+        )
+        tokens, gpus = float(fields["tokens_per_step"]), int(fields["gpus"])
+    except ValueError as exc:
+        raise ConfigError(f"--model: {exc}", "numbers like 7e9 for params, integers for the rest") from None
+    if tokens <= 0 or gpus <= 0:
+        raise ConfigError("--model: tokens_per_step and gpus must be positive")
+    return ModelSpec(dims, tokens, gpus, peak_flops(fields["device"], fields.get("dtype", "bf16")))

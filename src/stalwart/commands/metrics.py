@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if interval <= 0:
             raise ConfigError("--interval must be positive seconds")
-        from ..serve.snapshot import parse_model_spec
+        from ..account.mfu import parse_model_spec
 
         spec = parse_model_spec(model) if model else None
         exp = RunExporter(

@@ -36,7 +36,7 @@ from ..errors import ConfigError, StalwartError
 from ..events import AttemptStarted, Event, IncidentRaised, StragglerCleared, StragglerDetected
 from ..ledger import LedgerWriter, ledger_files
 from ..ledger.store import _connect_read, _decode_row
-from ..run_dir import RunDir
+from ..protocol.run_dir import RunDir
 from .facility import FacilitySample, PrometheusFacility, fetch_prometheus, load_facility_file
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .pipeline import evidence_signals, incidents_from_events

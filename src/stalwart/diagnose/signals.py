@@ -15,7 +15,7 @@ from typing import Any
 from ..events import DecisionTaken, Event, FailureDetected, StragglerDetected
 from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
-from .root_cause import COMM_TEXT, COMM_TYPES
+from ..protocol.error_record import COMM_TEXT, COMM_TYPES
 
 # The comm test of the crash classifier, plus the PyTorch watchdog's words.
 _WATCHDOG = re.compile(r"\bwatchdog\b", re.IGNORECASE)

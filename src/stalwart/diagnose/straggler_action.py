@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
-from ..launch.world_size import SizeRule, WorldPlan, replace_failed
+from ..policy.world_size import SizeRule, WorldPlan, replace_failed
 from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
 from .precision import DetectorStats, GateDecision, precision_gate
 

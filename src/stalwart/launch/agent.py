@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan, build_plan
-from ..diagnose.root_cause import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..errors import CheckpointError, ConfigError, LedgerFullError, StalwartError
 from ..events import (
     AttemptEnded,
@@ -44,20 +43,20 @@ from ..exit_codes import (
     REQUEUE_HELPS,
 )
 from ..ledger import LedgerWriter
-from ..protocol import WorkerEnv, elastic_env
-from ..run_dir import RunDir
-from ..train import control
+from ..policy.restart_policy import Failure, decide
+from ..policy.world_size import plan_world
+from ..protocol import WorkerEnv, control, elastic_env
+from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
+from ..protocol.run_dir import RunDir
 from . import chaos_actions
 from .clock import Clock, SystemClock
 from .config import CONFIG_SETTINGS, RunConfig
 from .decision import AttemptOutcome
 from .output import routes
 from .progress import ProgressTracker
-from .restart_policy import Failure, decide
 from .supervisor import Hooks, Supervisor
 from .warm import WarmPool, choose_path
 from .workers import WorkerGroup, WorkerSpec, tail_lines
-from .world_size import plan_world
 
 
 class Agent:
@@ -639,7 +638,7 @@ class Agent:
         return head + list(cfg.script_args)
 
     def _run_attempt(self, group_rank: int, num_nodes: int, addr: str, port: int) -> AttemptOutcome:
-        from ..train.ipc import Receiver
+        from ..protocol.pipe import Receiver
 
         cfg = self.cfg
         self._group_rank = group_rank

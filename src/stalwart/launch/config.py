@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file, validate_run_dir
 from ..node_name import validate_node_name
+from ..policy.restart_policy import RestartBudget
+from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..protocol import (
     DEFAULT_HANG_CAP_S,
     DEFAULT_HANG_FLOOR_S,
@@ -29,8 +31,6 @@ from ..protocol import (
     DEFAULT_STARTUP_TIMEOUT_S,
 )
 from .output import parse_streams
-from .restart_policy import RestartBudget
-from .timeouts import HangTimeoutPolicy, validate_hierarchy
 
 
 class RunConfig(BaseModel):
@@ -138,8 +138,8 @@ class RunConfig(BaseModel):
     @classmethod
     def _model_spec(cls, v: str) -> str:
         if v:
+            from ..account.mfu import parse_model_spec
             from ..errors import ConfigError
-            from ..serve.snapshot import parse_model_spec
 
             try:
                 parse_model_spec(v)
@@ -250,7 +250,7 @@ class RunConfig(BaseModel):
 
     @property
     def size_rule(self):
-        from .world_size import SizeRule
+        from ..policy.world_size import SizeRule
 
         kind, _, n = self.valid_sizes.partition(":")
         if kind == "pow2":

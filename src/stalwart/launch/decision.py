@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnose.incident import Incident
-from ..diagnose.root_cause import ErrorRecord
-from .restart_policy import Failure
+from ..policy.restart_policy import Failure
+from ..protocol.error_record import ErrorRecord
 
 
 @dataclass(frozen=True)

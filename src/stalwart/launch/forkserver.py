@@ -23,7 +23,6 @@ descriptors (its IPC pipe) travel with the request as SCM_RIGHTS.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -36,8 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
+from ..protocol.lifetime import become_subreaper, die_with_parent
+
 DEFAULT_PRELOAD = (
     "torch",
     "torch.nn",
@@ -57,18 +56,6 @@ DEFAULT_PRELOAD = (
 
 class ForkServerError(RuntimeError):
     """The warm path failed; the caller falls back to a cold start."""
-
-
-def _prctl(option: int, arg: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def become_subreaper() -> bool:
-    """Make this process adopt orphaned descendants (Linux >= 3.4)."""
-    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def script_imports(script: str, module: bool) -> list[str]:
@@ -287,7 +274,7 @@ def _serve() -> None:
     _AGENT_PID = os.getppid()
     fd, preload = int(sys.argv[1]), json.loads(sys.argv[2])
     sock = socket.socket(fileno=fd)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the agent
+    die_with_parent()  # never outlive the agent
     # a Ctrl-C or a scheduler's signal to the whole process group is the agent's to handle; the server
     # ends when the agent closes its socket or dies (PDEATHSIG). Workers get the defaults back.
     for sig in _STOP_SIGNALS:
@@ -443,7 +430,7 @@ def _become_worker(req: dict, fds: list[int], sock: socket.socket) -> None:
         deadline = time.monotonic() + 5.0
         while agent and os.getppid() != agent and time.monotonic() < deadline:
             time.sleep(0.001)  # wait to be adopted by the agent (the subreaper)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent()
         if agent and os.getppid() != agent:
             os._exit(70)  # the agent died meanwhile
         # move every received fd above the numbers in play first, so no dup2 below overwrites another

@@ -36,14 +36,14 @@ from ..diagnose.straggler_action import (
 )
 from ..events import StepCompleted
 from ..exit_codes import EXIT_PREEMPTED
+from ..policy.restart_policy import Failure
+from ..policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
+from ..policy.world_size import SizeRule
 from .cpu_progress import detect_cpu_stall
 from .decision import AttemptOutcome, Decision, StragglerAdvice
 from .progress import detect_hang_in, durability_problem_in
-from .restart_policy import Failure
 from .snapshot import RankView, Snapshot
-from .timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from .workers import describe_exit
-from .world_size import SizeRule
 
 # how sure a crash's root cause is, by kind: an error record names the exception; a signal death
 # says what killed the rank but not why; a lost peer says the cause is elsewhere

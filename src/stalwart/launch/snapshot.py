@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..diagnose.root_cause import ErrorRecord
 from ..events import StepCompleted
+from ..policy.world_size import WorldPlan
 from ..protocol import CheckpointDone
+from ..protocol.error_record import ErrorRecord
 from .cpu_progress import CpuProgress
 from .progress import ProgressTracker, RankProgress
-from .world_size import WorldPlan
 
 _EMPTY: Mapping = MappingProxyType({})
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from ..diagnose.cross_layer import COMM_CODES
 from ..diagnose.precision import GateDecision
-from ..diagnose.root_cause import ErrorRecord
 from ..diagnose.signals import from_failure
 from ..events import (
     DecisionTaken,
@@ -31,7 +30,9 @@ from ..events import (
     TimeoutsCalibrated,
     WorkersStopped,
 )
+from ..policy.world_size import WorldPlan
 from ..protocol import LoopStarted, Note
+from ..protocol.error_record import ErrorRecord
 from .clock import Clock
 from .cpu_progress import CpuProgress, ProcSample, read_proc
 from .decision import AttemptOutcome, Decision
@@ -39,7 +40,6 @@ from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .progress import ProgressTracker
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .workers import describe_exit, tail, tail_lines
-from .world_size import WorldPlan
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
 STRAGGLER_EVERY = 10  # steps between two straggler checks

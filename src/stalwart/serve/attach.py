@@ -28,7 +28,7 @@ class Observability:
         exporter = None
         if cfg.metrics_port is not None:
             from .exporter import RunExporter
-            from .snapshot import parse_model_spec
+            from ..account.mfu import parse_model_spec
 
             exporter = RunExporter(
                 cfg.run_dir,

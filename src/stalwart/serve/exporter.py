@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .file_sd import slurm_labels, write_target
 from .metrics import MetricsServer
-from .snapshot import ModelSpec
+from ..account.mfu import ModelSpec
 from .watcher import RunWatcher
 
 

@@ -44,11 +44,11 @@ from ..events import FailureDetected
 from ..launch.clock import ManualClock
 from ..launch.config import RunConfig
 from ..launch.decision import AttemptOutcome
-from ..launch.restart_policy import Failure, RestartBudget, RestartDecision
-from ..launch.restart_policy import decide as restart_decide
 from ..launch.supervisor import Hooks, Supervisor, decide
-from ..launch.timeouts import HangTimeoutPolicy
-from ..launch.world_size import SizeRule
+from ..policy.restart_policy import Failure, RestartBudget, RestartDecision
+from ..policy.restart_policy import decide as restart_decide
+from ..policy.timeouts import HangTimeoutPolicy
+from ..policy.world_size import SizeRule
 from ..protocol import StepBegan, StepDone
 
 T0 = 1_000_000.0

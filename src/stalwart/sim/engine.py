@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
-from ..launch.restart_policy import RestartBudget
-from ..launch.timeouts import HangTimeoutPolicy
-from ..launch.world_size import SizeRule
+from ..policy.restart_policy import RestartBudget
+from ..policy.timeouts import HangTimeoutPolicy
+from ..policy.world_size import SizeRule
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period

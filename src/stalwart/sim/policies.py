@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
-from ..launch.restart_policy import Failure, RestartBudget, decide
-from ..launch.timeouts import HangTimeoutPolicy
-from ..launch.world_size import SizeRule, WorldPlan, plan_world, replace_failed
+from ..policy.restart_policy import Failure, RestartBudget, decide
+from ..policy.timeouts import HangTimeoutPolicy
+from ..policy.world_size import SizeRule, WorldPlan, plan_world, replace_failed
 
 # sim/agent_probe.py (the supervisor and its monitors, the launch configuration's defaults) is imported
 # on first use: a simulation without a restart budget or a step time never pays for it

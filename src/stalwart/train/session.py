@@ -22,16 +22,13 @@ the stop request is read from a memory-mapped control block.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import faulthandler
-import json
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -65,11 +62,11 @@ from ..protocol import (
     StepDone,
     WorkerEnv,
 )
-from ..run_dir import RunDir
-from .control import ControlBlock
-from .ipc import Sender
-
-_PR_SET_PDEATHSIG = 1
+from ..protocol.control import ControlBlock
+from ..protocol.error_record import write_error
+from ..protocol.lifetime import die_with_parent
+from ..protocol.pipe import Sender
+from ..protocol.run_dir import RunDir
 
 
 def _env_int(env: dict[str, str], *names: str, default: int) -> int:
@@ -135,14 +132,10 @@ class Session:
     def _install_process_hooks(self) -> None:
         if self.under_agent:
             # die with the agent: a worker orphaned by a killed agent must not keep a stale group alive
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                wenv = self.worker_env
-                if wenv is not None and wenv.agent_pid and os.getppid() != wenv.agent_pid:
-                    os._exit(70)
-            except (OSError, AttributeError):
-                pass
+            die_with_parent()
+            wenv = self.worker_env
+            if wenv is not None and wenv.agent_pid and os.getppid() != wenv.agent_pid:
+                os._exit(70)
         if self.run_dir is not None:
             self.run_dir.stacks.mkdir(parents=True, exist_ok=True)
             path = self.run_dir.stack_file(self.node, self.attempt, self.rank)
@@ -168,17 +161,8 @@ class Session:
     def _write_error(self, etype: type, value: BaseException, tb: Any) -> None:
         if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
             return
-        self.run_dir.errors.mkdir(parents=True, exist_ok=True)
-        record = {
-            "type": f"{etype.__module__}.{etype.__qualname__}",
-            "message": str(value)[:2000],
-            "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
-            "step": self._step,
-            "rank": self.rank,
-            "ts": time.time(),
-        }
         path = self.run_dir.error_file(self.node, self.attempt, self.rank)
-        path.write_text(json.dumps(record))
+        write_error(path, etype, value, tb, step=self._step, rank=self.rank)
 
     def emit(self, ev: Event) -> None:
         """Write an event to this worker's own ledger file (not on the hot path)."""

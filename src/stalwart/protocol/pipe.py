@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from ..protocol import Message, decode, encode
+from . import Message, decode, encode
 
 
 class Sender:
