@@ -6,15 +6,11 @@ discovered here so packages never edit this file to add a command.
 
 from __future__ import annotations
 
-from .process_clock import process_start  # noqa: E402 - light, no dependencies
+import importlib
+import pkgutil
+import sys
 
-PROCESS_START = process_start()  # the job's wall clock starts with the process
-
-import importlib  # noqa: E402
-import pkgutil  # noqa: E402
-import sys  # noqa: E402
-
-import typer  # noqa: E402
+import typer
 
 try:  # typer >= 0.29 vendors click and does not install it
     from typer._click import exceptions as _cx

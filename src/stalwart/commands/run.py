@@ -389,10 +389,10 @@ def register(app: typer.Typer) -> None:
 
 def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     """Run the agent with live console output; optionally print the report; exit with the verdict's code."""
-    from .. import cli
     from ..launch.agent import Agent
     from ..launch.config import claim_run_dir
     from ..launch.console import RunConsole
+    from ..process_clock import process_start
 
     if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
         raise ConfigError(f"python interpreter {cfg.python!r} not found")
@@ -407,7 +407,7 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
         cfg,
         notify=observe.chain(console.event),
         progress=console.progress,
-        started=cli.PROCESS_START,
+        started=process_start(),  # the process start, read from /proc
         note=console.note,
     )
     console.say(f"run dir: {cfg.run_dir}")

@@ -27,8 +27,8 @@ class Observability:
     def from_config(cls, cfg, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
         if cfg.metrics_port is not None:
-            from .exporter import RunExporter
             from ..account.mfu import parse_model_spec
+            from .exporter import RunExporter
 
             exporter = RunExporter(
                 cfg.run_dir,

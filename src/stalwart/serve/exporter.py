@@ -7,9 +7,9 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..account.mfu import ModelSpec
 from .file_sd import slurm_labels, write_target
 from .metrics import MetricsServer
-from ..account.mfu import ModelSpec
 from .watcher import RunWatcher
 
 

@@ -1,0 +1,1 @@
+"""Checkpoints: staging, tiers, manifest and checksums, atomic commit, fallback, retention."""
