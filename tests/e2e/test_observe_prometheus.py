@@ -258,8 +258,7 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
     assert abs(float(g["value"][1]) - rep["goodput"]) <= (SCRAPE_S + WATCH_S + 1.0) / rep["wall_s"]
 
     # tokens/s and MFU from --metrics-model: the report's ideal step time through the account functions
-    from stalwart.account.mfu import mfu_from_step
-    from stalwart.account.mfu import parse_model_spec
+    from stalwart.account.mfu import mfu_from_step, parse_model_spec
 
     spec = parse_model_spec(MODEL)
     (tps,) = _query(base, f'last_over_time(stalwart_tokens_per_second{{run="{RUN_ID}"}}[10m])')

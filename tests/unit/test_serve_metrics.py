@@ -195,9 +195,8 @@ def test_loading_ends_only_when_the_snapshot_covers_the_whole_ledger(tmp_path):
 def test_tokens_per_second_and_mfu_use_the_account_functions(tmp_path):
     import pytest
 
-    from stalwart.account.mfu import mfu_from_step
+    from stalwart.account.mfu import mfu_from_step, parse_model_spec
     from stalwart.errors import ConfigError
-    from stalwart.account.mfu import parse_model_spec
 
     spec = parse_model_spec(
         "params=7e9,layers=32,heads=32,head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100"
