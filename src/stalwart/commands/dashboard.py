@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
-import threading
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
+from ..serve import LOOPBACK
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def dashboard(
         location: Path = typer.Argument(..., help="A run directory, or a directory holding run directories."),
         port: int = typer.Option(8470, "--port", help="Port to listen on (0 = any free port)."),
-        addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
+        addr: str = typer.Option(LOOPBACK, "--addr", help="Address to bind (loopback by default)."),
         token: str = typer.Option(
             None,
             "--token",
@@ -29,6 +27,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Web UI and JSON API over the ledgers; updates live while a run is going."""
         from ..serve.dashboard import Dashboard
+        from ..serve.httpd import serve_until_signal
 
         if not location.is_dir():
             raise ConfigError(f"{location} is not a directory", "pass a run directory or a directory of runs")
@@ -41,15 +40,4 @@ def register(app: typer.Typer) -> None:
         print(f"dashboard: {dash.url}", flush=True)
         if not token:
             print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
-        done = threading.Event()
-        # SIGINT explicitly too: a server started in the background by a script inherits SIGINT
-        # ignored, and Python then raises no KeyboardInterrupt; `kill -INT` must still stop it
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        try:
-            done.wait()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            dash.stop()
-        os._exit(0)
+        serve_until_signal(dash.stop)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
+from ..serve import LOOPBACK
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +20,7 @@ def register(app: typer.Typer) -> None:
     def serve(
         run_dir: Path = typer.Argument(..., help="Run directory of 'stalwart run' (live or finished)."),
         port: int = typer.Option(9400, "--port", help="Port for /metrics (0 = any free port)."),
-        addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
+        addr: str = typer.Option(LOOPBACK, "--addr", help="Address to bind (loopback by default)."),
         interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
         model: str = typer.Option(
             None,
@@ -36,6 +34,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve /metrics for RUN_DIR until interrupted."""
         from ..serve.exporter import RunExporter
+        from ..serve.httpd import serve_until_signal
 
         if not run_dir.is_dir():
             raise ConfigError(
@@ -52,18 +51,7 @@ def register(app: typer.Typer) -> None:
             run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir, model=spec
         ).start()
         print(f"serving {exp.url} for {run_dir}", flush=True)
-        done = threading.Event()
-        # SIGINT explicitly too: a server started in the background by a script inherits SIGINT
-        # ignored, and Python then raises no KeyboardInterrupt; `kill -INT` must still stop it
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        try:
-            done.wait()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            exp.stop()
-        os._exit(0)
+        serve_until_signal(exp.stop)
 
     @metrics.command("rules")
     def rules() -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-
 import typer
 
 from ..errors import ConfigError
+from ..serve import LOOPBACK
 
 
 def register(app: typer.Typer) -> None:
@@ -20,11 +17,12 @@ def register(app: typer.Typer) -> None:
         slack: list[str] = typer.Option(None, "--slack", help="Slack-compatible webhook URL (repeatable)."),
         generic: list[str] = typer.Option(None, "--generic", help="URL that gets plain JSON (repeatable)."),
         port: int = typer.Option(9401, "--port", help="Port to listen on (0 = any free port)."),
-        addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (loopback by default)."),
+        addr: str = typer.Option(LOOPBACK, "--addr", help="Address to bind (loopback by default)."),
         retries: int = typer.Option(3, "--retries", help="Retries per message and target."),
         timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP post."),
     ) -> None:
         """Listen for Alertmanager webhooks (POST /alertmanager) and forward them until interrupted."""
+        from ..serve.httpd import serve_until_signal
         from ..serve.notify import Poster, Target
         from ..serve.receiver import NotifyReceiver
 
@@ -41,15 +39,4 @@ def register(app: typer.Typer) -> None:
             targets, addr=addr, port=port, poster=Poster(targets, retries=retries, timeout_s=timeout)
         ).start()
         print(f"receiving Alertmanager webhooks on {rx.url}", flush=True)
-        done = threading.Event()
-        # SIGINT explicitly too: a server started in the background by a script inherits SIGINT
-        # ignored, and Python then raises no KeyboardInterrupt; `kill -INT` must still stop it
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        try:
-            done.wait()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            rx.stop()
-        os._exit(0)
+        serve_until_signal(rx.stop)

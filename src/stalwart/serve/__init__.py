@@ -2,3 +2,5 @@
 
 Everything here reads ledgers and never writes them; servers bind to loopback by default.
 """
+
+LOOPBACK = "127.0.0.1"  # the address every server binds unless told otherwise

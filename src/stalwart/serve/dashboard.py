@@ -1,6 +1,6 @@
 """``stalwart dashboard``: a web UI and JSON API over the ledgers of one run or a directory of runs.
 
-Stdlib only (ThreadingHTTPServer). Loopback by default. Every read is served from a watcher's latest
+Served by :mod:`.httpd` (loopback by default; its timeouts, connection cap and body limit). Every read is served from a watcher's latest
 snapshot (a background thread per run follows its ledgers), so a request never parses a ledger. The
 only write (an annotation on a run) needs the token: ``Authorization: Bearer <token>``. Bad query
 parameters get a 400 with a one-line JSON ``error``; a corrupt ledger becomes an ``error`` field that
@@ -16,24 +16,19 @@ import re
 import threading
 import time
 from dataclasses import asdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import ConfigError
+from .httpd import LOOPBACK, HttpError, HttpServer, Limits, Reply, Request
 from .snapshot import RunSnapshot
 from .watcher import RunWatcher
 
 STATIC = Path(__file__).with_name("static")
 MAX_BODY = 64 * 1024
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
-
-
-class BadRequest(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def discover(root: Path) -> dict[str, Path]:
@@ -97,7 +92,7 @@ class Dashboard:
         root: str | Path,
         *,
         token: str,
-        addr: str = "127.0.0.1",
+        addr: str = LOOPBACK,
         port: int = 0,
         interval_s: float = 1.0,
     ) -> None:
@@ -112,75 +107,21 @@ class Dashboard:
         self.interval_s = interval_s
         self._watchers: dict[str, RunWatcher] = {}
         self._lock = threading.Lock()
-        dash = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Cache-Control", "no-store")
-                self.send_header("X-Content-Type-Options", "nosniff")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _json(self, code: int, obj: Any) -> None:
-                self._send(code, json.dumps(obj, default=str).encode(), "application/json")
-
-            def _handle(self, method: str) -> None:
-                try:
-                    code, obj = dash.route(
-                        method, self.path, self.headers, self._body() if method == "POST" else b""
-                    )
-                except BadRequest as exc:
-                    self._json(exc.code, {"error": str(exc)})
-                    return
-                except Exception as exc:  # noqa: BLE001 - answer with JSON, never a stack trace page
-                    self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-                    return
-                if isinstance(obj, tuple):  # static file: (bytes, content type)
-                    self._send(code, *obj)
-                else:
-                    self._json(code, obj)
-
-            def _body(self) -> bytes:
-                try:
-                    n = int(self.headers.get("Content-Length", "0"))
-                except ValueError:
-                    raise BadRequest(400, "bad Content-Length") from None
-                if n < 0 or n > MAX_BODY:
-                    raise BadRequest(413, f"body must be at most {MAX_BODY} bytes")
-                return self.rfile.read(n)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._handle("GET")
-
-            def do_POST(self) -> None:  # noqa: N802
-                self._handle("POST")
-
-        try:
-            self.httpd = ThreadingHTTPServer((addr, port), Handler)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {addr}:{port}: {exc.strerror}", "choose a free --port"
-            ) from exc
-        self.httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self.server = HttpServer(
+            self.handle, addr=addr, port=port, limits=Limits(max_body=MAX_BODY), name="stalwart-dashboard"
+        )
 
     # --- runs ----------------------------------------------------------------------------------
 
     def watcher(self, run_id: str) -> RunWatcher:
         if not _RUN_ID.match(run_id):
-            raise BadRequest(400, f"run id {run_id!r} is not valid (letters, digits, . _ -)")
+            raise HttpError(400, f"run id {run_id!r} is not valid (letters, digits, . _ -)")
         with self._lock:
             w = self._watchers.get(run_id)
             if w is None:
                 runs = discover(self.root)
                 if run_id not in runs:
-                    raise BadRequest(404, f"no run {run_id!r} under {self.root}")
+                    raise HttpError(404, f"no run {run_id!r} under {self.root}")
                 w = self._watchers[run_id] = RunWatcher(runs[run_id], interval_s=self.interval_s).start()
             return w
 
@@ -209,23 +150,29 @@ class Dashboard:
 
     # --- routing -------------------------------------------------------------------------------
 
-    def route(self, method: str, raw_path: str, headers: Any, body: bytes) -> tuple[int, Any]:
-        parts = urlsplit(raw_path)
+    def handle(self, req: Request) -> Reply:
+        """One request: the page and its assets, or the JSON API."""
+        parts = urlsplit(req.target)
         path = parts.path
         try:
             query = parse_qs(
                 parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), max_num_fields=20
             )
         except ValueError as exc:
-            raise BadRequest(400, f"malformed query string: {exc}") from None
-        if method == "GET" and (path == "/" or path.startswith("/static/")):
+            raise HttpError(400, f"malformed query string: {exc}") from None
+        if req.method == "GET" and (path == "/" or path.startswith("/static/")):
             return self._static("index.html" if path == "/" else unquote(path[len("/static/") :]))
         segs = [unquote(s) for s in path.split("/") if s]  # split first: %2F never separates
         if not segs or segs[0] != "api":
-            raise BadRequest(404, f"no page {path}")
-        if method == "POST":
-            self._check_token(headers)
-        api = segs[1:]
+            raise HttpError(404, f"no page {path}")
+        if req.method == "POST":
+            self._check_token(req.headers)
+        code, obj = self._api(req.method, path, segs[1:], query, req.body)
+        return Reply.json(code, obj)
+
+    def _api(
+        self, method: str, path: str, api: list[str], query: dict[str, list[str]], body: bytes
+    ) -> tuple[int, Any]:
         if method == "GET" and api == ["runs"]:
             return 200, {"root": str(self.root), "runs": self.runs()}
         if method == "GET" and api == ["cluster"]:
@@ -240,24 +187,24 @@ class Dashboard:
                 if method == "POST":
                     return 201, self.annotate(w, body)
                 return 200, {"annotations": self.annotations(w)}
-        raise BadRequest(404 if method == "GET" else 405, f"no {method} endpoint {path}")
+        raise HttpError(404 if method == "GET" else 405, f"no {method} endpoint {path}")
 
-    def _check_token(self, headers: Any) -> None:
-        auth = headers.get("Authorization", "") if headers is not None else ""
+    def _check_token(self, headers: Message) -> None:
+        auth = headers.get("Authorization", "")
         given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
         if not given:
-            raise BadRequest(401, "this request changes state: send 'Authorization: Bearer <token>'")
+            raise HttpError(401, "this request changes state: send 'Authorization: Bearer <token>'")
         if not hmac.compare_digest(given.encode(), self.token.encode()):
-            raise BadRequest(403, "wrong token")
+            raise HttpError(403, "wrong token")
 
-    def _static(self, name: str) -> tuple[int, Any]:
+    def _static(self, name: str) -> Reply:
         if not re.fullmatch(r"[a-z0-9_-]+\.(html|js|css|svg)", name):
-            raise BadRequest(404, f"no asset {name}")
+            raise HttpError(404, f"no asset {name}")
         f = STATIC / name
         if not f.is_file():
-            raise BadRequest(404, f"no asset {name}")
+            raise HttpError(404, f"no asset {name}")
         ctype = (mimetypes.guess_type(name)[0] or "application/octet-stream") + "; charset=utf-8"
-        return 200, (f.read_bytes(), ctype)
+        return Reply(200, f.read_bytes(), ctype)
 
     def cluster(self) -> dict[str, Any]:
         nodes: dict[str, dict[str, Any]] = {}
@@ -280,22 +227,22 @@ class Dashboard:
         try:
             v = int(vals[-1])
         except ValueError:
-            raise BadRequest(400, f"query parameter {name}={vals[-1]!r} must be an integer") from None
+            raise HttpError(400, f"query parameter {name}={vals[-1]!r} must be an integer") from None
         if not lo <= v <= hi:
-            raise BadRequest(400, f"query parameter {name}={v} must be between {lo} and {hi}")
+            raise HttpError(400, f"query parameter {name}={v} must be between {lo} and {hi}")
         return v
 
     def events(self, w: RunWatcher, query: dict[str, list[str]]) -> dict[str, Any]:
         unknown = set(query) - {"limit", "offset", "kind"}
         if unknown:
-            raise BadRequest(
+            raise HttpError(
                 400, f"unknown query parameter(s): {', '.join(sorted(unknown))} (use limit, offset, kind)"
             )
         limit = self._int(query, "limit", 100, 1, 1000)
         offset = self._int(query, "offset", 0, 0, 10**9)
         kind = (query.get("kind") or [""])[-1]
         if kind and not re.fullmatch(r"[A-Za-z]{1,64}", kind):
-            raise BadRequest(
+            raise HttpError(
                 400, f"query parameter kind={kind!r} must be an event kind such as FailureDetected"
             )
         evs = w.tail.events()
@@ -326,10 +273,10 @@ class Dashboard:
         try:
             data = json.loads(body or b"null")
         except ValueError:
-            raise BadRequest(400, 'the body must be JSON like {"text": "..."}') from None
+            raise HttpError(400, 'the body must be JSON like {"text": "..."}') from None
         text = data.get("text") if isinstance(data, dict) else None
         if not isinstance(text, str) or not 0 < len(text.strip()) <= 2000:
-            raise BadRequest(400, "'text' must be a non-empty string of at most 2000 characters")
+            raise HttpError(400, "'text' must be a non-empty string of at most 2000 characters")
         note = {"ts": time.time(), "text": text.strip()}
         with self._lock, self._annotations_file(w).open("a") as f:
             f.write(json.dumps(note) + "\n")
@@ -339,22 +286,13 @@ class Dashboard:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return self.server.url("/")
 
     def start(self) -> Dashboard:
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="stalwart-dashboard",
-            daemon=True,
-        )
-        self._thread.start()
+        self.server.start()
         return self
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self.httpd.shutdown()  # blocks until serve_forever returns: only call it when it runs
-        self.httpd.server_close()
+        self.server.stop()
         for w in self._watchers.values():
             w.stop()
