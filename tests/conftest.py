@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+import netutil
+
 
 @pytest.fixture
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (tests that need several: ``netutil``)."""
+    return netutil.free_port()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from netutil import free_port
 from stalwart.events import DecisionTaken, FailureDetected, IncidentRaised
 
 from .runner import events, stalwart
@@ -112,12 +112,6 @@ def test_a_comm_timeout_with_xid79_on_its_node_is_a_gpu_off_the_bus_incident(tmp
     assert "fell off the bus" in run.out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ib_down(root: Path) -> Path:
     """Node telemetry: the recorded H100 snapshot plus one InfiniBand port that went down."""
     root.mkdir(parents=True)
@@ -175,7 +169,7 @@ def test_faults_on_three_nodes_under_one_leaf_switch_are_one_shared_cause_and_no
         "node,rack,leaf_switch,pdu,cooling_loop\nn1,r1,sw1,p1,l1\nn2,r1,sw1,p2,l1\nn3,r2,sw1,p3,l2\n"
         "n4,r2,sw2,p4,l2\n"
     )
-    rd, port = tmp_path / "run", _free_port()
+    rd, port = tmp_path / "run", free_port()
     procs = []
     for i, node in enumerate(("n1", "n2", "n3")):
         cmd = [

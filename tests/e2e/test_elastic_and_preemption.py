@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from netutil import free_port
 from stalwart.checkpoint.manifest import verify
 from stalwart.events import (
     AttemptStarted,
@@ -24,12 +24,6 @@ from stalwart.exit_codes import EXIT_PREEMPTED
 from .runner import EXAMPLE, events, events_so_far, wait_listening
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agent(run_dir, node, port, steps, *extra):
@@ -64,7 +58,7 @@ def _agent(run_dir, node, port, steps, *extra):
 
 
 def test_survivor_continues_after_an_agent_is_killed(tmp_path):
-    port, steps = _free_port(), 40
+    port, steps = free_port(), 40
     # the first round must hold both nodes: on a busy machine the second agent can take tens of
     # seconds to start (importing torch), longer than the default 3 s last call after the first node
     plan = ["--chaos", "kill-agent@node=1,step=15", "--rdzv-conf", "last_call_timeout=30"]
@@ -100,7 +94,7 @@ def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
     """A replacement or late node joins a 1:2 job whose first node is already training alone. torch's
     shared rendezvous store left the newcomer waiting for a MASTER_ADDR the old rank 0 never wrote
     again (rendezvous_failed on both nodes); the agent opts out of that sharing."""
-    port, steps = _free_port(), 150
+    port, steps = free_port(), 150
     a = _agent(tmp_path, "n0", port, steps)
     wait_listening(port, a)
     deadline = time.monotonic() + 300

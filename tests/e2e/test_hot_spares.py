@@ -4,13 +4,13 @@ and the spare steps in when another node fails. Plus the health gate excluding a
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from netutil import free_port
 from stalwart.checkpoint.manifest import verify
 from stalwart.events import AttemptStarted, DecisionTaken, JobEnded
 
@@ -20,14 +20,8 @@ pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu" / "h100_derived"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_spare_steps_in_at_a_valid_world_size(tmp_path):
-    port, steps = _free_port(), 40
+    port, steps = free_port(), 40
     chaos = ["--chaos", "kill-agent@node=3,step=10", "--chaos", "kill-agent@node=1,step=25"]
     procs = {}
     for i in range(4):

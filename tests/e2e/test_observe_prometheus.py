@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from netutil import free_ports
 from stalwart.account.report import build as build_report
 from stalwart.events import DecisionTaken
 from stalwart.serve.rules import rules_path
@@ -42,18 +42,6 @@ def _bin(*names: str) -> str:
         if shutil.which(n):
             return shutil.which(n)
     pytest.skip(f"{' / '.join(names)} not installed (Debian packages prometheus, prometheus-alertmanager)")
-
-
-def _ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _get(url: str) -> dict:
@@ -102,7 +90,7 @@ class Sink:
 def stack(tmp_path):
     prom_bin = _bin("prometheus")
     am_bin = _bin("prometheus-alertmanager", "alertmanager")
-    metrics, prom, am, rx = _ports(4)
+    metrics, prom, am, rx = free_ports(4)
     sink = Sink()
     (tmp_path / "am.yml").write_text(
         json.dumps(

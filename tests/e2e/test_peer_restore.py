@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from netutil import free_port
 from stalwart.checkpoint.events import PeerReplicated
 from stalwart.events import AttemptStarted, CheckpointCommitted, CheckpointLoaded, JobEnded
 
@@ -21,12 +21,6 @@ from .runner import EXAMPLE, events, events_so_far, same_params, stalwart
 
 pytestmark = pytest.mark.e2e
 STEPS = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agent(tmp_path, node: str, port: int):
@@ -85,7 +79,7 @@ def test_a_replaced_node_restores_from_its_peer_and_the_run_is_bit_identical(tmp
         "--steps", str(STEPS), "--checkpoint-every", "5", "--out", str(tmp_path / "ref.pt"),
     )  # fmt: skip
     assert ref.code == 0, ref.out + ref.err
-    run, port = tmp_path / "run", _free_port()
+    run, port = tmp_path / "run", free_port()
     a = _agent(tmp_path, "n0", port)
     time.sleep(1.0)  # n0 hosts the rendezvous store
     b = _agent(tmp_path, "n1", port)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from netutil import free_port
 from stalwart.account.goodput import compute
 from stalwart.events import (
     AttemptStarted,
@@ -41,12 +41,6 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 def _same(a: Path, b: Path) -> bool:
     x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_epoch_trainer_standalone_with_redirects_matches_torchrun(tmp_path: Path):
@@ -105,7 +99,7 @@ def test_snapshot_trainer_static_rendezvous_with_tee_matches_torchrun(tmp_path: 
 
         def argv(tool=tool, out=out) -> list[str]:
             static = ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
-            port = ["--master-port", str(_free_port()), "--nproc-per-node", "2"]
+            port = ["--master-port", str(free_port()), "--nproc-per-node", "2"]
             return [*tool, *static, *port, "--tee", "3", script, "4", "2", *_outs(out)]
 
         if tool is TORCHRUN:

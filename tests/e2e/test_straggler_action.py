@@ -12,13 +12,13 @@ assertion: detection is debounced over windows of steps."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from netutil import free_port
 from stalwart.checkpoint.manifest import verify
 from stalwart.events import AttemptStarted, DecisionTaken, IncidentRaised, JobEnded
 from stalwart.exit_codes import EXIT_INFRA
@@ -31,14 +31,8 @@ SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "checkpointed.py")
 STEPS = 250
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_costly_straggler_is_excluded_and_a_mild_one_kept(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = {}
     for i in range(2):
         cmd = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -18,20 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from netutil import free_ports
+
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "srun")
 NODES = ("node1", "node2", "node3", "node4")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass
@@ -139,7 +128,7 @@ def start_cluster(root: Path, extra_conf: str = "") -> SlurmCluster:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(128))
     os.chmod(key, 0o600)
-    ports = _free_ports(5)
+    ports = free_ports(5)
     conf = root / "slurm.conf"
     conf.write_text(_conf(root, ports[0], ports[1:], munge_socket, extra_conf))
     env = dict(os.environ, SLURM_CONF=str(conf))

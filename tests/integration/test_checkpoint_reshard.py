@@ -5,13 +5,14 @@ Run as a script, this file is one rank of a phase (see ``_worker``)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
+from netutil import free_port
 
 HERE = Path(__file__).resolve()
 
@@ -98,14 +99,8 @@ def _worker(phase: str, src: str, dst: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Path) -> None:
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(ws):
         env = dict(

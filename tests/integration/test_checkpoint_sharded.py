@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -14,21 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from netutil import free_port
+
 pytest.importorskip("torchdata")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "fsdp_train.py"
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world: int, *args: str, attempt: int = 0) -> list[tuple[int, str]]:
     """Start ``world`` ranks of the script the way torchrun does (env://) and wait for them."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(world):
         env = dict(
@@ -219,7 +214,7 @@ def test_fsdp2_kill_9_of_every_rank_never_resumes_from_a_torn_version(tmp_path):
     import torch
 
     ck = tmp_path / "ck"
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(2):
         env = dict(

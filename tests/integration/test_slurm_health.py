@@ -8,17 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_cluster import _free_ports, slurm_factory  # noqa: F401  (fixture)
+from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
+
+from netutil import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 GOOD = FIX / "h100"
 BAD = FIX / "h100_derived" / "xid48_kmsg"  # recoverable: drain, reset, re-validate
-
-
-def _free_port() -> int:
-    return _free_ports(1)[0]
 
 
 def check(cluster, node: str, fixture: Path, state: Path, *extra: str):
@@ -76,7 +74,7 @@ def test_drain_continue_resume_and_operator_drains_are_left_alone(slurm_factory,
     ]
 
     # cross-node all-reduce bus bandwidth: one process per Slurm node (all on this host here)
-    port = _free_port()
+    port = free_port()
     probe = c.run(
         "srun",
         "-N2",
