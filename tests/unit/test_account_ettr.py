@@ -89,3 +89,15 @@ def test_bad_input_is_a_config_error(args):
 def test_zero_nodes_is_an_error():
     with pytest.raises(ConfigError, match="nodes"):
         ettr.job_mtbf_s(0, 0.01)
+
+
+def test_one_copy_of_the_interval_arithmetic():
+    # the accounting checks its inputs, the checkpoint advisor does not: both run the policy's formula
+    from stalwart.checkpoint import advisor
+    from stalwart.policy import checkpoint_interval
+
+    assert advisor.daly_interval is checkpoint_interval.daly_interval
+    assert advisor.young_interval is checkpoint_interval.young_interval
+    for delta, mtbf in ((300.0, 86400.0), (7300.0, 3600.0), (0.05, 10800.0)):
+        assert ettr.daly_interval(delta, mtbf) == checkpoint_interval.daly_interval(delta, mtbf)
+        assert ettr.young_interval(delta, mtbf) == checkpoint_interval.young_interval(delta, mtbf)

@@ -1,5 +1,8 @@
 """Closed forms for checkpoint/restart: optimum intervals, expected ETTR, expected lost work.
 
+The optimum intervals' arithmetic is :mod:`stalwart.policy.checkpoint_interval`'s; here its inputs
+are checked (a bad one is a :class:`ConfigError` naming it).
+
 All times are in seconds. Failures are a Poisson process with mean time between failures ``mtbf_s``
 (the *job's* MTBF: the whole job stops when any part fails). Sources:
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
+from ..policy import checkpoint_interval
 
 SECONDS_PER_DAY = 86400.0
 
@@ -41,19 +45,12 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
 
 def young_interval(ckpt_s: float, mtbf_s: float) -> float:
     """Young (1974) first-order optimum compute time between checkpoints: sqrt(2 delta M)."""
-    d = _positive("checkpoint time", ckpt_s)
-    m = _positive("MTBF", mtbf_s)
-    return math.sqrt(2.0 * d * m)
+    return checkpoint_interval.young_interval(_positive("checkpoint time", ckpt_s), _positive("MTBF", mtbf_s))
 
 
 def daly_interval(ckpt_s: float, mtbf_s: float) -> float:
     """Daly (2006) higher-order optimum compute time between checkpoints."""
-    d = _positive("checkpoint time", ckpt_s)
-    m = _positive("MTBF", mtbf_s)
-    if d >= 2.0 * m:
-        return m
-    x = d / (2.0 * m)
-    return math.sqrt(2.0 * d * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - d
+    return checkpoint_interval.daly_interval(_positive("checkpoint time", ckpt_s), _positive("MTBF", mtbf_s))
 
 
 def daly_wall_time(work_s: float, interval_s: float, ckpt_s: float, restart_s: float, mtbf_s: float) -> float:

@@ -1,7 +1,8 @@
 """Interval advisor: how often to checkpoint each tier, from measured costs and the MTBF.
 
 With two-phase saves the training loop pays only the stall per checkpoint, so the stall is the
-checkpoint cost delta in Young's and Daly's formulas:
+checkpoint cost delta in Young's and Daly's formulas (their arithmetic is
+:mod:`stalwart.policy.checkpoint_interval`'s, shared with :mod:`stalwart.account.ettr`):
 
 * Young (1974): ``T = sqrt(2 * delta * M)``
 * Daly (2006), for ``delta < 2M``: ``T = sqrt(2 delta M) * (1 + sqrt(delta/(2M))/3 + (delta/(2M))/9) - delta``;
@@ -17,25 +18,24 @@ applies the advice to an engine when the user opts in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from ..events import Event
+from ..policy.checkpoint_interval import daly_interval, young_interval
 from .events import CheckpointIntervalAdvised
 
-
-def young_interval(cost_s: float, mtbf_s: float) -> float:
-    return math.sqrt(2.0 * cost_s * mtbf_s)
-
-
-def daly_interval(cost_s: float, mtbf_s: float) -> float:
-    if cost_s >= 2.0 * mtbf_s:
-        return mtbf_s
-    r = cost_s / (2.0 * mtbf_s)
-    return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(r) / 3.0 + r / 9.0) - cost_s
+__all__ = [
+    "AutoInterval",
+    "IntervalAdvice",
+    "advise",
+    "advise_tier",
+    "daly_interval",
+    "tier_mtbf",
+    "young_interval",
+]
 
 
 @dataclass(frozen=True)
