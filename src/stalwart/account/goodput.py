@@ -207,45 +207,18 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     commits = sorted(
         (e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts
     )
-    staged = {
-        (e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0
-    }
-    loads = [e for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
     reliability = interruptions_from_events(events)
-    intervals: list[tuple[float, float, str]] = []
-    # the stall ends when staging ends; with a background persist the commit comes later
-    snapshot_at: dict[tuple[str, int, int], float] = {}
-    for key, st in staged.items():
-        intervals.append((st.ts - st.stall_s, st.ts, "checkpoint_stall"))
-        snapshot_at[key] = st.ts
-    for c in commits:
-        key = (c.node, c.attempt, c.step)
-        if key not in staged and c.stall_s > 0:  # a synchronous save: the commit ends the stall
-            intervals.append((c.ts - c.stall_s, c.ts, "checkpoint_stall"))
-        snapshot_at.setdefault(key, c.ts)
-    for ld in loads:
-        intervals.append((ld.ts - ld.duration_s, ld.ts, "checkpoint_restore"))
-    for seg in segs:
-        intervals.append((seg.first_start, seg.last_end, "productive"))
-    for s in steps:
-        if ideal > 0 and s.duration > slow_factor * ideal:
-            intervals.append((s.start + ideal, s.start + s.duration, "straggler_slowdown"))
-    for a, b in zip(segs, segs[1:], strict=False):
-        intervals.append((a.last_end, b.first_start, "restart"))
-    if segs:
-        intervals.append((t0, segs[0].first_start, "startup"))
-        intervals.append((segs[-1].last_end, t1, "shutdown"))
-    else:
-        intervals.append((t0, t1, "startup"))
+    intervals, snapshot_at = _checkpoint_intervals(events, commits)
+    intervals += _step_intervals(steps, segs, ideal, slow_factor, t0, t1)
     resumes = sorted((e for e in events if isinstance(e, TrainingResumed)), key=lambda e: e.ts)
     costs = []
     attempt_starts = sorted(e.ts for e in events if isinstance(e, AttemptStarted))
     for it in reliability.interruptions:
-        seg = next((s for s in reversed(segs) if s.first_start <= it.onset), None)
+        failed = next((s for s in reversed(segs) if s.first_start <= it.onset), None)
         began = max((t for t in attempt_starts if t <= it.onset), default=None)
-        if seg is not None and began is not None and began > seg.last_end:
-            seg = None  # the failing attempt never completed a step: it had no work to lose
-        safe = _surviving_until(seg, segs, it, resumes, commits, snapshot_at)
+        if failed is not None and began is not None and began > failed.last_end:
+            failed = None  # the failing attempt never completed a step: it had no work to lose
+        safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
         intervals.append((it.onset, it.detected, "detection"))
         nxt = next((s for s in segs if s.first_start > it.detected), None)
@@ -272,6 +245,48 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         jobs=len(windows),
         preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")),
     )
+
+
+def _checkpoint_intervals(
+    events: Sequence[Event], commits: list[CheckpointCommitted]
+) -> tuple[list[tuple[float, float, str]], dict[tuple[str, int, int], float]]:
+    """Checkpoint stalls and restores as intervals, and when each checkpoint's snapshot was taken."""
+    staged = {
+        (e.node, e.attempt, e.step): e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0
+    }
+    intervals: list[tuple[float, float, str]] = []
+    # the stall ends when staging ends; with a background persist the commit comes later
+    snapshot_at: dict[tuple[str, int, int], float] = {}
+    for key, st in staged.items():
+        intervals.append((st.ts - st.stall_s, st.ts, "checkpoint_stall"))
+        snapshot_at[key] = st.ts
+    for c in commits:
+        key = (c.node, c.attempt, c.step)
+        if key not in staged and c.stall_s > 0:  # a synchronous save: the commit ends the stall
+            intervals.append((c.ts - c.stall_s, c.ts, "checkpoint_stall"))
+        snapshot_at.setdefault(key, c.ts)
+    for ld in events:
+        if isinstance(ld, CheckpointLoaded) and ld.rank <= 0:
+            intervals.append((ld.ts - ld.duration_s, ld.ts, "checkpoint_restore"))
+    return intervals, snapshot_at
+
+
+def _step_intervals(
+    steps: list[StepCompleted], segs: list[Segment], ideal: float, slow_factor: float, t0: float, t1: float
+) -> list[tuple[float, float, str]]:
+    """Productive segments, slow steps' excess, and the start-up, restarts and shutdown around them."""
+    intervals = [(seg.first_start, seg.last_end, "productive") for seg in segs]
+    for s in steps:
+        if ideal > 0 and s.duration > slow_factor * ideal:
+            intervals.append((s.start + ideal, s.start + s.duration, "straggler_slowdown"))
+    for a, b in zip(segs, segs[1:], strict=False):
+        intervals.append((a.last_end, b.first_start, "restart"))
+    if segs:
+        intervals.append((t0, segs[0].first_start, "startup"))
+        intervals.append((segs[-1].last_end, t1, "shutdown"))
+    else:
+        intervals.append((t0, t1, "startup"))
+    return intervals
 
 
 def job_windows(starts: Sequence[JobStarted], ends: Sequence[JobEnded]) -> list[tuple[float, float]]:

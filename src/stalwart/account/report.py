@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape as esc
 
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
@@ -16,6 +19,9 @@ from ..ledger import read_available
 from .goodput import BUCKETS, compute
 from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def build(location: str | os.PathLike[str]) -> dict[str, Any]:
@@ -115,22 +121,31 @@ def _fmt_s(x: float | None) -> str:
     return f"{x:.2f}s" if x < 120 else f"{x / 60:.1f}m"
 
 
-def render(rep: dict[str, Any], console=None) -> None:
-    from rich.console import Console
-    from rich.markup import escape as esc
-    from rich.table import Table
+def render(rep: dict[str, Any], console: Console | None = None) -> None:
+    from rich.console import Console as RichConsole
 
-    con = console or Console(highlight=False)
+    con = console or RichConsole(highlight=False)
 
     def say(text: str) -> None:  # prose is never broken mid-phrase by rich; the terminal wraps it
         con.print(text, soft_wrap=True)
 
-    wall = rep["wall_s"]
+    _render_summary(rep, con, say)
+    _render_buckets(rep, con)
+    _render_interruptions(rep["interruptions"], con)
+    _render_recoveries(rep.get("recoveries", []), con)
+    _render_reliability(rep, say)
+    _render_findings(rep, say)
+    _render_detectors(rep.get("detectors") or [], con, say)
+    for n in rep["notes"]:
+        say(f"note: {esc(n)}")
+
+
+def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None]) -> None:
     say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(
-        f"wall {_fmt_s(wall)}, {rep['steps_completed']} steps, ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, "
-        f"[bold]goodput {100 * rep['goodput']:.1f}%[/]"
+        f"wall {_fmt_s(rep['wall_s'])}, {rep['steps_completed']} steps, "
+        f"ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, [bold]goodput {100 * rep['goodput']:.1f}%[/]"
     )
     if rep["jobs"] > 1 or rep["preemptions"]:
         when = ", ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in rep["preemptions"]) or "none"
@@ -138,6 +153,12 @@ def render(rep: dict[str, Any], console=None) -> None:
             f"{rep['jobs']} jobs in this run; preempted at {when}; queue between jobs "
             f"{_fmt_s(rep['buckets_s']['queue'])} (not productive)"
         )
+
+
+def _render_buckets(rep: dict[str, Any], con: Console) -> None:
+    from rich.table import Table
+
+    wall = rep["wall_s"]
     t = Table(title="Where the wall time went", show_lines=False)
     t.add_column("bucket")
     t.add_column("time", justify="right")
@@ -147,23 +168,31 @@ def render(rep: dict[str, Any], console=None) -> None:
             t.add_row(name.replace("_", " "), _fmt_s(secs), f"{100 * secs / wall:.1f}%" if wall else "-")
     t.add_row("[bold]total[/]", _fmt_s(sum(rep["buckets_s"].values())), "100.0%")
     con.print(t)
-    if rep["interruptions"]:
-        it = Table(title="Interruptions")
-        for col in ("#", "failure", "rank", "step", "detect", "lost work", "recovery", "total cost"):
-            it.add_column(col, justify="right" if col not in ("failure",) else "left")
-        for i, c in enumerate(rep["interruptions"], 1):
-            it.add_row(
-                str(i),
-                c["failure"],
-                str(c["rank"]),
-                str(c["step"]),
-                _fmt_s(c["detection_s"]),
-                _fmt_s(c["lost_work_s"]),
-                _fmt_s(c["recovery_s"]),
-                _fmt_s(c["total_s"]),
-            )
-        con.print(it)
-    _render_recoveries(rep.get("recoveries", []), con)
+
+
+def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> None:
+    from rich.table import Table
+
+    if not interruptions:
+        return
+    it = Table(title="Interruptions")
+    for col in ("#", "failure", "rank", "step", "detect", "lost work", "recovery", "total cost"):
+        it.add_column(col, justify="right" if col not in ("failure",) else "left")
+    for i, c in enumerate(interruptions, 1):
+        it.add_row(
+            str(i),
+            c["failure"],
+            str(c["rank"]),
+            str(c["step"]),
+            _fmt_s(c["detection_s"]),
+            _fmt_s(c["lost_work_s"]),
+            _fmt_s(c["recovery_s"]),
+            _fmt_s(c["total_s"]),
+        )
+    con.print(it)
+
+
+def _render_reliability(rep: dict[str, Any], say: Callable[[str], None]) -> None:
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
@@ -175,6 +204,10 @@ def render(rep: dict[str, Any], console=None) -> None:
     for sk in rep.get("skipped", ()):
         what = f"{sk['rows']} row(s) of" if sk["rows"] else "ledger"
         say(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
+
+
+def _render_findings(rep: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Stragglers, rejected checkpoints and incidents, one line each."""
     spans = rep["stragglers"]["spans"]
     say(f"stragglers (as detected live): {len(spans) or 'none'}")
     for sp in spans:
@@ -198,41 +231,44 @@ def render(rep: dict[str, Any], console=None) -> None:
         say(f"  {time.strftime('%H:%M:%S', time.localtime(inc['ts']))} {esc(inc['line'])}")
         for line in inc["evidence"][:4]:
             say(f"    [dim]{esc(line)}[/]")
-    dets = rep.get("detectors") or []
-    if dets and not any(d["faults"] or d["confirmed"] for d in dets):
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]) -> None:
+    from rich.table import Table
+
+    if not dets:
+        return
+    if not any(d["faults"] or d["confirmed"] for d in dets):
         # nothing to join the firings with (no injected faults, no confirming evidence): a table of
         # 0% would call real faults false alarms
         fired = ", ".join(f"{d['detector']} {d['firings']}" for d in dets)
         say(f"detector firings: {fired} (no ground truth in this run to measure precision against)")
-    elif dets:
-        dt = Table(title="Detector precision (firings joined with what followed)")
-        dt.add_column("detector", no_wrap=True)
-        for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
-            dt.add_column(col, justify="right")
-        dt.add_column("mode")
-
-        def pct(v: float | None) -> str:
-            return "n/a" if v is None else f"{100 * v:.0f}%"
-
-        for d in dets:
-            dt.add_row(
-                d["detector"],
-                str(d["firings"]),
-                str(d["confirmed"]),
-                pct(d["precision"]),
-                str(d["faults"]),
-                str(d["caught"]),
-                pct(d["recall"]),
-                d["mode"],
-            )
-        con.print(dt)
-    for n in rep["notes"]:
-        say(f"note: {esc(n)}")
+        return
+    dt = Table(title="Detector precision (firings joined with what followed)")
+    dt.add_column("detector", no_wrap=True)
+    for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
+        dt.add_column(col, justify="right")
+    dt.add_column("mode")
+    for d in dets:
+        dt.add_row(
+            d["detector"],
+            str(d["firings"]),
+            str(d["confirmed"]),
+            _pct(d["precision"]),
+            str(d["faults"]),
+            str(d["caught"]),
+            _pct(d["recall"]),
+            d["mode"],
+        )
+    con.print(dt)
 
 
-def _render_recoveries(recs: list[dict[str, Any]], con) -> None:
+def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
     """Each interruption's recovery path (warm / cold and why) and its phases (account/recovery.py)."""
-    from rich.markup import escape as esc
     from rich.table import Table
 
     if not recs:
