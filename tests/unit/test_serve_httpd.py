@@ -109,11 +109,11 @@ def test_bad_limits_are_refused():
 
 
 SERVE = """
-import sys
 from stalwart.serve.httpd import HttpServer, Reply, serve_until_signal
 srv = HttpServer(lambda req: Reply(200, b"ok")).start()
-print(srv.url(), flush=True)
-serve_until_signal(lambda: (srv.stop(), print("stopped", flush=True)))
+serve_until_signal(
+    lambda: (srv.stop(), print("stopped", flush=True)), ready=lambda: print(srv.url(), flush=True)
+)
 """
 
 

@@ -33,10 +33,12 @@ class Prices(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_hour: float = Field(2.0, ge=0, description="cost of one GPU-hour (amortised or rented)")
-    opportunity_gpu_hour: float = Field(0.0, ge=0, description="margin lost per idle reserved GPU-hour")
-    engineer_hour: float = Field(150.0, ge=0, description="loaded cost of one responder-hour")
-    slip_per_day: float = Field(0.0, ge=0, description="cost of delaying the run's end by one day")
+    gpu_hour: float = Field(default=2.0, ge=0, description="cost of one GPU-hour (amortised or rented)")
+    opportunity_gpu_hour: float = Field(
+        default=0.0, ge=0, description="margin lost per idle reserved GPU-hour"
+    )
+    engineer_hour: float = Field(default=150.0, ge=0, description="loaded cost of one responder-hour")
+    slip_per_day: float = Field(default=0.0, ge=0, description="cost of delaying the run's end by one day")
     currency: str = "USD"
 
 

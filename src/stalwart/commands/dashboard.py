@@ -37,7 +37,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError("--interval must be positive seconds")
         tok = token or secrets.token_urlsafe(24)
         dash = Dashboard(location, token=tok, addr=addr, port=port, interval_s=interval).start()
-        print(f"dashboard: {dash.url}", flush=True)
-        if not token:
-            print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
-        serve_until_signal(dash.stop)
+
+        def ready() -> None:
+            print(f"dashboard: {dash.url}", flush=True)
+            if not token:
+                print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
+
+        serve_until_signal(dash.stop, ready)

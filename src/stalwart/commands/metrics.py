@@ -50,8 +50,7 @@ def register(app: typer.Typer) -> None:
         exp = RunExporter(
             run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir, model=spec
         ).start()
-        print(f"serving {exp.url} for {run_dir}", flush=True)
-        serve_until_signal(exp.stop)
+        serve_until_signal(exp.stop, lambda: print(f"serving {exp.url} for {run_dir}", flush=True))
 
     @metrics.command("rules")
     def rules() -> None:

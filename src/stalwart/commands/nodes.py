@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
                 f"{hint}; 'stalwart nodes' without --backend lists Stalwart's own records",
             ) from None
         sched = {s.node: s for s in listed}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in sorted(set(records) | set(sched)):
             rec, s = records.get(name), sched.get(name)
             owner = "-"

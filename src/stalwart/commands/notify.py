@@ -38,5 +38,4 @@ def register(app: typer.Typer) -> None:
         rx = NotifyReceiver(
             targets, addr=addr, port=port, poster=Poster(targets, retries=retries, timeout_s=timeout)
         ).start()
-        print(f"receiving Alertmanager webhooks on {rx.url}", flush=True)
-        serve_until_signal(rx.stop)
+        serve_until_signal(rx.stop, lambda: print(f"receiving Alertmanager webhooks on {rx.url}", flush=True))

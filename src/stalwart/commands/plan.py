@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
             written = [str(p) for p in write_plots(result, plot, plot_format)]
         data = result.as_dict()
-        data["notes"] = list(data["notes"]) + notes
+        data["notes"] = [*result.notes, *notes]
         data["plots"] = written
         data["measured"] = measured
         if json_out:

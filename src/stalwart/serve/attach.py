@@ -10,21 +10,25 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..events import Event
 from .notify import RunNotifier, Target
+
+if TYPE_CHECKING:
+    from .exporter import RunExporter  # imported when a port is asked for (prometheus-client)
 
 FILE_SD_ENV = "STALWART_METRICS_FILE_SD_DIR"  # under Slurm: where to write the file_sd target
 
 
 @dataclass
 class Observability:
-    exporter: object | None = None
+    exporter: RunExporter | None = None
     notifier: RunNotifier | None = None
     say: Callable[[str], None] = print
 
     @classmethod
-    def from_config(cls, cfg, *, say: Callable[[str], None] = print) -> Observability:
+    def from_config(cls, cfg: Any, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
         if cfg.metrics_port is not None:
             from ..account.mfu import parse_model_spec

@@ -12,12 +12,10 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from .snapshot import Checkpoints, RunSnapshot
-
-NODE_STATES = ("healthy", "suspect", "quarantined", "probation", "unknown")
-
+from .snapshot import Checkpoints, NodeHealth, RunSnapshot
 
 Family = Metric  # what a collector yields
+Labelled = GaugeMetricFamily | CounterMetricFamily
 
 
 def families(snap: RunSnapshot, now: float) -> Iterator[Family]:
@@ -55,7 +53,7 @@ def _counter(name: str, doc: str, run: str, value: float) -> Family:
     return fam
 
 
-def _by_label(fam: Family, run: str, values: Mapping[str, float | None], *, skip: str = "") -> Family:
+def _by_label(fam: Labelled, run: str, values: Mapping[str, float | None], *, skip: str = "") -> Family:
     """One sample per (label value, value) of ``values``, leaving out None and ``skip``."""
     for key, v in values.items():
         if v is not None and key != skip:
@@ -256,8 +254,8 @@ def _node_families(snap: RunSnapshot) -> Iterator[Family]:
         labels=["run", "node", "subject"],
     )
     for n in snap.nodes:
-        for st in NODE_STATES:
-            state.add_metric([run, n.node, st], 1.0 if n.state == st else 0.0)
+        for st in NodeHealth:
+            state.add_metric([run, n.node, st.value], 1.0 if n.state == st else 0.0)
         drained.add_metric([run, n.node], 1.0 if n.drained else 0.0)
         for sev in ("info", "warn", "fail"):
             findings.add_metric([run, n.node, sev], sum(1 for f in n.findings if f.get("severity") == sev))

@@ -220,18 +220,21 @@ class HttpServer:
             self._thread.join(5.0)
 
 
-def serve_until_signal(stop: Callable[[], None]) -> NoReturn:
+def serve_until_signal(stop: Callable[[], None], ready: Callable[[], None] | None = None) -> NoReturn:
     """Block until SIGTERM or SIGINT, then call ``stop`` and end the process with status 0.
 
     SIGINT is handled explicitly, not left to KeyboardInterrupt: a server started in the background by
     a script inherits SIGINT ignored, Python then raises no KeyboardInterrupt, and ``kill -INT`` must
-    still stop it. ``os._exit`` after ``stop``: a daemon thread still answering a request must not
-    hold the process open.
+    still stop it. ``ready`` (which prints the server's address) runs once the handlers are in place,
+    so a script that waits for that line and then signals is never ignored. ``os._exit`` after
+    ``stop``: a daemon thread still answering a request must not hold the process open.
     """
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     try:
+        if ready is not None:
+            ready()
         done.wait()
     except KeyboardInterrupt:
         pass

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
 
-from ..account.goodput import BUCKETS, compute
+from ..account.goodput import BUCKETS, InterruptionCost, compute
 from ..account.mfu import ModelSpec, mfu_from_step
 from ..account.reliability import interruptions_from_events, mtbf, mttr
 from ..diagnose.straggler import score_ranks
@@ -43,6 +45,20 @@ HW_SLOWDOWN_CODES = (
 LINK_ERROR_PREFIXES = ("ib.", "gpu.nvlink.", "gpu.pcie.")
 
 
+class NodeHealth(str, Enum):
+    """A node's health as the dashboard and ``stalwart_node_state`` show it: the lifecycle's states
+    (:class:`stalwart.health.lifecycle.NodeState`) and ``unknown`` before any check."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    QUARANTINED = "quarantined"
+    PROBATION = "probation"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class RankState:
     rank: int
@@ -59,7 +75,7 @@ class RankState:
 @dataclass(frozen=True)
 class NodeState:
     node: str
-    state: str  # healthy | suspect | quarantined | probation | unknown
+    state: str  # a NodeHealth value (the lifecycle's state as the ledger wrote it)
     reason: str
     drained: bool
     drain_reason: str
@@ -145,7 +161,8 @@ def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
         if not e.node:
             continue
         n = info.setdefault(
-            e.node, {"state": "unknown", "reason": "", "drained": False, "drain_reason": "", "findings": ()}
+            e.node,
+            {"state": NodeHealth.UNKNOWN, "reason": "", "drained": False, "drain_reason": "", "findings": ()},
         )
         if isinstance(e, NodeStateChanged):
             n["state"], n["reason"] = e.to_state, e.state_reason or e.reason
@@ -155,8 +172,8 @@ def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
             n["drained"], n["drain_reason"] = False, ""
         elif isinstance(e, HealthChecked):
             n["findings"] = tuple(e.findings)
-            if n["state"] == "unknown":
-                n["state"] = "healthy" if e.status == "pass" else "suspect"
+            if n["state"] == NodeHealth.UNKNOWN:
+                n["state"] = NodeHealth.HEALTHY if e.status == "pass" else NodeHealth.SUSPECT
     out = []
     for node, n in sorted(info.items()):
         fs = n["findings"]
@@ -219,24 +236,24 @@ def take(
     starts = [e for e in events if isinstance(e, JobStarted)]
     run_id = starts[0].run_id if starts else (events[0].run_id if events else "")
     steps = [e for e in events if isinstance(e, StepCompleted)]
-    base = {
-        "run_id": run_id,
-        "now": now,
-        "events": len(events),
-        "started": bool(starts),
-        "finished": any(isinstance(e, JobEnded) for e in events),
-        "ranks": _ranks(steps),
-        "nodes": _nodes(events),
-        "checkpoints": _checkpoints(events),
-        "restarts_by_cause": _restarts(events),
-    }
+    base = RunSnapshot(
+        run_id=run_id,
+        now=now,
+        events=len(events),
+        started=bool(starts),
+        finished=any(isinstance(e, JobEnded) for e in events),
+        ranks=_ranks(steps),
+        nodes=_nodes(events),
+        checkpoints=_checkpoints(events),
+        restarts_by_cause=_restarts(events),
+    )
     if not starts:
-        return RunSnapshot(**base, error="no JobStarted event yet" if events else "")
+        return replace(base, error="no JobStarted event yet" if events else "")
     try:
         gp = compute(events)
         rel = interruptions_from_events(events)
     except StalwartError as exc:
-        return RunSnapshot(**base, error=str(exc))
+        return replace(base, error=str(exc))
     n = len(rel.interruptions)
     by_cause: dict[str, int] = {}
     by_class: dict[str, int] = {}
@@ -251,8 +268,8 @@ def take(
             model.dims, model.tokens_per_step, gp.ideal_step_s, model.num_gpus, model.peak_flops_per_gpu
         )
     series = goodput_series(events, gp.job_start, gp.job_end, series_points) if series_points else ()
-    return RunSnapshot(
-        **base,
+    return replace(
+        base,
         outcome=gp.outcome,
         verdict=gp.verdict,
         job_start=gp.job_start,
@@ -278,7 +295,7 @@ def take(
     )
 
 
-def _interruption_dict(c) -> dict:
+def _interruption_dict(c: InterruptionCost) -> dict[str, Any]:
     return {
         "onset": c.onset,
         "detected": c.detected,

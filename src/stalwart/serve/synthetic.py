@@ -46,10 +46,15 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
     """The events of ``spec`` in time order."""
     from ..health.events import HealthChecked
 
-    ctx = {"run_id": spec.run_id, "node": spec.node}
+    rid, node = spec.run_id, spec.node
     t = spec.t0
     yield JobStarted(
-        ts=t, script="train.py", nproc_per_node=spec.ranks, max_restarts=len(spec.crash_steps), **ctx
+        ts=t,
+        script="train.py",
+        nproc_per_node=spec.ranks,
+        max_restarts=len(spec.crash_steps),
+        run_id=rid,
+        node=node,
     )
     status = "warn" if spec.health_findings else "pass"
     yield HealthChecked(
@@ -59,12 +64,13 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
         action="none",
         reason="synthetic",
         findings=spec.health_findings,
-        **ctx,
+        run_id=rid,
+        node=node,
     )
     attempt, step, last_ckpt = 0, 0, -1
     crashes = list(spec.crash_steps)
     t += 0.5
-    yield AttemptStarted(ts=t, attempt=attempt, world_size=spec.ranks, **ctx)
+    yield AttemptStarted(ts=t, attempt=attempt, world_size=spec.ranks, run_id=rid, node=node)
     while step < spec.steps:
         t += 0.2  # per-attempt start-up
         for rank in range(spec.ranks):
@@ -78,7 +84,8 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
                 start=t,
                 duration=spec.step_s if rank != spec.straggler_rank else dur,
                 sections={"forward": own, "allreduce": dur - own},
-                **ctx,
+                run_id=rid,
+                node=node,
             )
         t += spec.step_s
         if spec.checkpoint_every and (step + 1) % spec.checkpoint_every == 0:
@@ -92,7 +99,8 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
                 stall_s=0.02,
                 persist_s=0.05,
                 bytes=1 << 20,
-                **ctx,
+                run_id=rid,
+                node=node,
             )
             last_ckpt = step
         if crashes and step == crashes[0]:
@@ -108,7 +116,8 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
                 evidence="rank 0 exited with SIGKILL",
                 exit_code=-9,
                 signal="SIGKILL",
-                **ctx,
+                run_id=rid,
+                node=node,
             )
             yield DecisionTaken(
                 ts=onset + 0.35,
@@ -117,11 +126,12 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
                 reason="restart: rank 0 crashed",
                 restarts_used=attempt + 1,
                 restarts_allowed=len(spec.crash_steps),
-                **ctx,
+                run_id=rid,
+                node=node,
             )
             attempt += 1
             t = onset + 0.5
-            yield AttemptStarted(ts=t, attempt=attempt, world_size=spec.ranks, **ctx)
+            yield AttemptStarted(ts=t, attempt=attempt, world_size=spec.ranks, run_id=rid, node=node)
             step = last_ckpt + 1
             yield CheckpointLoaded(
                 ts=t + 0.1,
@@ -130,9 +140,10 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
                 step=last_ckpt,
                 path=f"ckpt/step-{last_ckpt}",
                 duration_s=0.05,
-                **ctx,
+                run_id=rid,
+                node=node,
             )
-            yield TrainingResumed(ts=t + 0.15, rank=0, attempt=attempt, step=step, **ctx)
+            yield TrainingResumed(ts=t + 0.15, rank=0, attempt=attempt, step=step, run_id=rid, node=node)
             t += 0.15
             continue
         step += 1
@@ -144,7 +155,8 @@ def events(spec: SyntheticRun) -> Iterator[Event]:
             exit_code=0,
             requeue_helps=False,
             attempt=attempt,
-            **ctx,
+            run_id=rid,
+            node=node,
         )
 
 
