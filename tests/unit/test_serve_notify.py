@@ -158,3 +158,15 @@ def test_receiver_forwards_and_refuses_bad_bodies():
     finally:
         r.stop()
     assert rec.calls and "restart storm" in rec.calls[0][1]["text"]
+
+
+def test_a_target_style_is_slack_or_generic_and_picks_the_body():
+    from stalwart.serve.notify import Severity, TargetStyle
+
+    assert Target("http://h/x", "generic").style is TargetStyle.GENERIC
+    with pytest.raises(ValueError):
+        Target("http://h/x", "teams")
+    msg = Message("disk full", ("node n1",), Severity.CRITICAL)
+    assert msg.body(TargetStyle.SLACK)["blocks"][0]["text"]["text"] == ":rotating_light: *disk full*"
+    generic = json.loads(json.dumps(msg.body(TargetStyle.GENERIC)))
+    assert generic["severity"] == "critical" and generic["text"] == "disk full\nnode n1"

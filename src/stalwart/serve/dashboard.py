@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import asdict
 from email.message import Message
+from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -29,6 +30,24 @@ from .watcher import RunWatcher
 STATIC = Path(__file__).with_name("static")
 MAX_BODY = 64 * 1024
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+
+
+class Listing(str, Enum):
+    """What the run list shows instead of a job outcome while it cannot show one."""
+
+    LOADING = "loading"  # the watcher has not read the whole ledger yet
+    UNREADABLE = "unreadable"  # no JobStarted could be read
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _listed_outcome(loading: bool, snap: RunSnapshot) -> str:
+    if loading:
+        return Listing.LOADING
+    if snap.error and not snap.started:
+        return Listing.UNREADABLE
+    return snap.outcome
 
 
 def discover(root: Path) -> dict[str, Path]:
@@ -134,9 +153,7 @@ class Dashboard:
                 {
                     "id": run_id,
                     "run_id": s.run_id,
-                    "outcome": "loading"
-                    if w.loading
-                    else ("unreadable" if s.error and not s.started else s.outcome),
+                    "outcome": _listed_outcome(w.loading, s),
                     "goodput": s.goodput,
                     "steps_completed": s.steps_completed,
                     "interruptions": len(s.interruptions),

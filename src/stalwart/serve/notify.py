@@ -15,7 +15,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..events import DecisionTaken, Event, FailureDetected, JobEnded
@@ -23,15 +26,49 @@ from ..events import DecisionTaken, Event, FailureDetected, JobEnded
 GENERIC_PREFIX = "generic:"
 
 
+class TargetStyle(str, Enum):
+    """What a target expects: Slack-compatible blocks, or plain JSON."""
+
+    SLACK = "slack"
+    GENERIC = "generic"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Severity(str, Enum):
+    """The severities this module decides on; an Alertmanager label may carry any other word."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    RESOLVED = "resolved"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ICONS: dict[str, str] = {
+    Severity.CRITICAL: ":rotating_light:",
+    Severity.WARNING: ":warning:",
+    Severity.RESOLVED: ":white_check_mark:",
+}
+
+
 @dataclass(frozen=True)
 class Target:
     url: str
-    style: str  # slack | generic
+    style: TargetStyle
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "style", TargetStyle(self.style))  # "slack" -> TargetStyle.SLACK
 
     @classmethod
     def parse(cls, spec: str) -> Target:
         style, url = (
-            ("generic", spec[len(GENERIC_PREFIX) :]) if spec.startswith(GENERIC_PREFIX) else ("slack", spec)
+            (TargetStyle.GENERIC, spec[len(GENERIC_PREFIX) :])
+            if spec.startswith(GENERIC_PREFIX)
+            else (TargetStyle.SLACK, spec)
         )
         if not url.startswith(("http://", "https://")):
             raise ConfigError(
@@ -47,7 +84,7 @@ class Message:
 
     title: str
     lines: tuple[str, ...]
-    severity: str = "info"  # info | warning | critical | resolved
+    severity: str = Severity.INFO  # a Severity, or an Alertmanager alert's own severity label
     fields: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -55,9 +92,7 @@ class Message:
         return "\n".join((self.title, *self.lines))
 
     def slack(self) -> dict[str, Any]:
-        icon = {"critical": ":rotating_light:", "warning": ":warning:", "resolved": ":white_check_mark:"}.get(
-            self.severity, ":information_source:"
-        )
+        icon = _ICONS.get(self.severity, ":information_source:")
         blocks: list[dict[str, Any]] = [
             {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{self.title}*"}}
         ]
@@ -79,8 +114,14 @@ class Message:
             "text": self.text,
         }
 
-    def body(self, style: str) -> dict[str, Any]:
-        return self.slack() if style == "slack" else self.generic()
+    def body(self, style: TargetStyle) -> dict[str, Any]:
+        match style:
+            case TargetStyle.SLACK:
+                return self.slack()
+            case TargetStyle.GENERIC:
+                return self.generic()
+            case _:
+                assert_never(style)
 
 
 # --- Alertmanager payloads -----------------------------------------------------------------
@@ -100,7 +141,7 @@ def from_alertmanager(payload: Mapping[str, Any]) -> list[Message]:
         ann = a.get("annotations") or {}
         status = a.get("status", payload.get("status", "firing"))
         name = labels.get("alertname", "alert")
-        sev = "resolved" if status == "resolved" else labels.get("severity", "warning")
+        sev = Severity.RESOLVED if status == "resolved" else labels.get("severity", Severity.WARNING)
         title = f"[{status.upper()}] {name}: {ann.get('summary', '')}".rstrip(": ")
         lines = tuple(x for x in (ann.get("description", ""),) if x)
         fields = {
@@ -153,7 +194,7 @@ class RunNotifier:
             return Message(
                 title,
                 (f.evidence, ev.reason),
-                "warning" if ev.action == "restart" else "critical",
+                Severity.WARNING if ev.action == "restart" else Severity.CRITICAL,
                 {
                     "run": ev.run_id,
                     "rank": f.rank,
@@ -166,7 +207,7 @@ class RunNotifier:
                 },
             )
         if isinstance(ev, JobEnded):
-            sev = "resolved" if ev.outcome == "succeeded" else "critical"
+            sev = Severity.RESOLVED if ev.outcome == "succeeded" else Severity.CRITICAL
             return Message(
                 f"run {ev.run_id}: {ev.outcome} (exit {ev.exit_code})",
                 (ev.verdict,),
