@@ -60,14 +60,12 @@ def bench_scrape(tmp: Path, repeat: int) -> None:
         render(w.snapshot(), time.time())
         render_s = time.perf_counter() - t0
         srv = MetricsServer(w, port=0)
-        srv.httpd_thread = threading.Thread(target=srv.httpd.serve_forever, daemon=True)
-        srv.httpd_thread.start()
+        srv.server.start()  # the endpoint only: no watcher thread polling during the measurement
         body = get(srv.url)
         ms = median_ms(lambda url=srv.url: get(url), repeat)
         series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
         rows.append((ranks, ms, series, len(body), snap_s, render_s))
-        srv.httpd.shutdown()
-        srv.httpd.server_close()
+        srv.server.stop()
     base = rows[0][1]
     print("\n## one /metrics scrape (HTTP GET, median of", repeat, ")")
     print(
