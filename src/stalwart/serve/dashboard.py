@@ -4,7 +4,8 @@ Served by :mod:`.httpd` (loopback by default; its timeouts, connection cap and b
 read is served from a watcher's latest snapshot (a background thread per run follows its ledgers),
 so a request never parses a ledger. The only write (an annotation on a run) needs the token:
 ``Authorization: Bearer <token>``. Bad query parameters get a 400 with a one-line JSON ``error``; a
-corrupt ledger becomes an ``error`` field that the UI shows as a banner. Every asset is served from the package (no CDN).
+corrupt ledger becomes an ``error`` field that the UI shows as a banner. Every asset is served from
+the package (no CDN).
 """
 
 from __future__ import annotations
