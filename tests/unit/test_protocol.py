@@ -76,7 +76,8 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
     from stalwart.train.session import Session
 
     assert RunConfig(script="x.py").pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
-    assert Session(env={}).pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+    with Session(env={}) as session:
+        assert session.pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
 
 
 def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
