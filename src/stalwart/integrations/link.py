@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import CheckpointCommitted, TrainingFinished, TrainingResumed
-from ..protocol import CheckpointDone, LoopStarted
+from ..protocol import CHECKPOINT_SECTION, CheckpointDone, DurableKind, LoopStarted
 from ..train.session import Session
 
 EVALUATION = "evaluation"
@@ -110,7 +110,7 @@ class StepLink:
 
     def checkpoint_begin(self) -> float:
         t0 = self.session.clock.now()
-        self.session._beat(self.completed, "checkpoint", t0)
+        self.session._beat(self.completed, CHECKPOINT_SECTION, t0)
         return t0
 
     def checkpoint_end(self, t0: float, path: str | Path, *, emergency: bool = False) -> None:
@@ -133,7 +133,7 @@ class StepLink:
             )
         # the framework's own save returned: its files are written, so an emergency save is committed
         if emergency:
-            s._send(CheckpointDone(s.rank, s.completed, s.clock.now(), True, "", "emergency"))
+            s._send(CheckpointDone(s.rank, s.completed, s.clock.now(), True, "", DurableKind.EMERGENCY))
         else:
             s._send(CheckpointDone(s.rank, s.completed, s.clock.now()))
 

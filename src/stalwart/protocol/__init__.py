@@ -22,6 +22,7 @@ import json
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 PREFIX = "STALWART_W_"
@@ -38,6 +39,8 @@ MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # The agent asks a worker for every thread's Python stack (faulthandler in the worker writes them).
 STACK_DUMP_SIGNAL = signal.SIGUSR2
+# The section a worker beats with while it saves or waits for a persist: checkpoint time, not a hang.
+CHECKPOINT_SECTION = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,14 @@ class StepDone:
         return self.t0 + self.duration
 
 
+class DurableKind(str, Enum):
+    """Which save a ``CheckpointDone`` with an outcome reports."""
+
+    STAGED = ""  # a save was staged; no outcome yet
+    EMERGENCY = "emergency"  # the save on a stop request
+    FINAL = "final"  # the state when the loop ends
+
+
 @dataclass(frozen=True)
 class CheckpointDone:
     """A save was staged (``durable`` None), or the outcome of making a step durable: the
@@ -239,7 +250,10 @@ class CheckpointDone:
     t: float
     durable: bool | None = None  # None: staged only; True/False: committed to a durable tier or not
     reason: str = ""  # why not, when durable is False
-    kind: str = ""  # "emergency" | "final" when durable is set
+    kind: DurableKind = DurableKind.STAGED  # EMERGENCY or FINAL when durable is set
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DurableKind(self.kind))  # from the wire: an unknown kind is garbled
 
 
 @dataclass(frozen=True)

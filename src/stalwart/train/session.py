@@ -42,8 +42,10 @@ from ..checkpoint.events import CheckpointPersistFailed
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..protocol import (
+    CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
     CheckpointDone,
+    DurableKind,
     Finished,
     Hello,
     LoopStarted,
@@ -251,7 +253,7 @@ class Session:
         """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
         tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them.
         Returns once staged; whether the persist committed is :meth:`make_durable`'s business."""
-        self._link.beat(self._completed, "checkpoint", self._now())
+        self._link.beat(self._completed, CHECKPOINT_SECTION, self._now())
         self._ckpt.save(state, self._completed, emergency=emergency)
         self._send(CheckpointDone(self.rank, self._completed, self._now()))
 
@@ -272,7 +274,7 @@ class Session:
                 self._clock.sleep(min(2.0, float(2 ** (attempt - 1))))
             if attempt or loaded_only or ck.last_saved != done:
                 self.save(state, emergency=emergency)
-            self._link.beat(done, "checkpoint", self._now())  # waiting on the persist is not a hang
+            self._link.beat(done, CHECKPOINT_SECTION, self._now())  # waiting on the persist is not a hang
             why = ck.wait_durable(done)
             if not why:
                 return ""
@@ -300,7 +302,9 @@ class Session:
                 self._stop(state)
         if checkpoint_every:
             why = self.make_durable(state, emergency=False)
-            self._send(CheckpointDone(self.rank, self._completed, self._now(), not why, why, "final"))
+            self._send(
+                CheckpointDone(self.rank, self._completed, self._now(), not why, why, DurableKind.FINAL)
+            )
         else:
             self._ckpt.wait()
         if self.rank == 0:
@@ -309,7 +313,9 @@ class Session:
     def _stop(self, state: dict[str, Any]) -> None:
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
         why = self.make_durable(state, emergency=True)
-        self._send(CheckpointDone(self.rank, self._completed, self._now(), not why, why, "emergency"))
+        self._send(
+            CheckpointDone(self.rank, self._completed, self._now(), not why, why, DurableKind.EMERGENCY)
+        )
         self.finish(preempted=True)
         raise SystemExit(EXIT_PREEMPTED if not why else EXIT_PREEMPTED_UNSAVED)
 
