@@ -282,3 +282,22 @@ def test_a_slow_fault_stretches_the_first_section_by_the_unslowed_step_time(tmp_
         hook.step_ended(step, 2.0 + first)  # the step's own work takes 2 s
     assert spent == [0.0, 1.0, 1.0, 0.0]  # (1.5 - 1) x 2 s, on steps 1-2 only
     assert clock.slept == [1.0, 1.0] and hook.base_step_s == 2.0
+
+
+def test_a_guard_that_cannot_install_everything_undoes_the_rest(tmp_path, own_handlers):
+    import threading
+
+    hook, failed = sys.excepthook, []
+    guard = ProcessGuard(on_signal=lambda s: None, on_error=lambda *exc: None, stack_file=tmp_path / "s.txt")
+
+    def install():  # signal handlers can only be set from the main thread
+        try:
+            guard.install()
+        except ValueError as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=install)
+    t.start()
+    t.join()
+    assert failed and not guard.installed
+    assert sys.excepthook is hook and signal.getsignal(signal.SIGTERM) is mine

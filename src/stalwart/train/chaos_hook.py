@@ -84,9 +84,9 @@ class ChaosHook:
                     **self._context,
                 )
             )
-            self._fire(fault, step)
+            self._inject(fault, step)
 
-    def _fire(self, fault: Fault, step: int) -> None:
+    def _inject(self, fault: Fault, step: int) -> None:
         match fault.kind:
             case "crash":
                 self._actions.crash()

@@ -60,6 +60,14 @@ class ProcessGuard:
         if self.installed:
             return self
         self.installed = True
+        try:
+            self._install()
+        except BaseException:  # e.g. signal handlers from a thread other than the main one: undo the rest
+            self.close()
+            raise
+        return self
+
+    def _install(self) -> None:
         if self._agent_pid is not None:
             self._tie_to_agent(self._agent_pid)
         if self._stack_path is not None:
@@ -72,7 +80,6 @@ class ProcessGuard:
             sys.excepthook = self._excepthook
         for sig in STOP_SIGNALS:
             self._signals[sig] = signal.signal(sig, self._handle)
-        return self
 
     def _tie_to_agent(self, agent_pid: int) -> None:
         previous = parent_death_signal()
