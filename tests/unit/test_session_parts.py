@@ -301,3 +301,35 @@ def test_a_guard_that_cannot_install_everything_undoes_the_rest(tmp_path, own_ha
     t.join()
     assert failed and not guard.installed
     assert sys.excepthook is hook and signal.getsignal(signal.SIGTERM) is mine
+
+
+def test_a_framework_loop_reports_through_the_step_link_on_the_sessions_clock(tmp_path, own_handlers):
+    from stalwart.integrations.link import StepLink
+
+    clock = FakeClock(100.0)
+    rx = Receiver()
+    env = {"STALWART_W_IPC": str(rx.new_channel()), "STALWART_W_RUN_DIR": str(tmp_path)}
+    try:
+        with Session(env, clock=clock) as session:
+            link = StepLink(session)
+            link.started(4, 10, from_checkpoint="ckpt-4")
+            assert link.last_saved == 4 and link.completed == 4
+            link.begin_step(4)
+            link.section_begin("forward")
+            clock.t += 1.0
+            link.end_step(4)
+            t0 = link.checkpoint_begin()
+            clock.t += 0.25
+            link.checkpoint_end(t0, tmp_path / "missing.ckpt", emergency=True)
+            assert link.last_saved == 5
+            link.finish(preempted=True)
+        msgs = rx.drain()
+    finally:
+        rx.close()
+    (done,) = [m for m in msgs if isinstance(m, protocol.StepDone)]
+    assert (done.step, done.t0, done.duration, done.sections) == (4, 100.0, 1.0, {"forward": 1.0})
+    ckpt = [m for m in msgs if isinstance(m, protocol.CheckpointDone)]
+    assert [(c.step, c.t, c.durable, c.kind) for c in ckpt] == [
+        (5, 101.25, True, protocol.DurableKind.EMERGENCY)
+    ]
+    assert any(isinstance(m, protocol.SectionBegan) and m.name == protocol.CHECKPOINT_SECTION for m in msgs)
