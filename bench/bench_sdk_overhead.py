@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 
 from stalwart.launch.progress import ProgressTracker
+from stalwart.protocol import control
 from stalwart.protocol.pipe import Receiver
-from stalwart.train import Session, control
+from stalwart.train import Session
 
 SECTIONS = ("data", "forward", "backward", "optimizer")
 
@@ -182,7 +183,7 @@ def measure(target_ms: float, rounds: int, tmp: Path) -> dict[str, float]:
         "ratio_proc": ap / b,
         "overhead_us": (a - b) * 1e6,
         "overhead_proc_us": (ap - b) * 1e6,
-        "dropped": agent_session._ipc.dropped + proc_session._ipc.dropped,
+        "dropped": agent_session._link.dropped + proc_session._link.dropped,
         "messages": reader.messages,
         "steps_seen": reader.tracker.progress[0].done_steps,
     }

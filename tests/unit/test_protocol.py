@@ -18,6 +18,7 @@ MESSAGES = [
     protocol.SectionBegan(1, 7, "forward", 3.5),
     protocol.StepDone(2, 7, 3.0, 0.5, {"forward": 0.25, "backward": 0.125}),
     protocol.CheckpointDone(0, 50, 9.0),
+    protocol.CheckpointDone(1, 50, 9.5, False, "local: disk full", protocol.DurableKind.EMERGENCY),
     protocol.PhaseChanged(0, "eval", 120.0, 10.0),
     protocol.Finished(1, 100, True, 11.0),
     protocol.SignalSeen(0, 15, 12.0),
@@ -33,7 +34,15 @@ def test_every_message_round_trips_as_one_short_line(msg):
 
 
 def test_garbled_and_unknown_lines_decode_to_none():
-    for line in (b"", b"not json", b'{"k":"step"}', b'{"k":"mystery","r":0,"t":1}', b"D 1 x", b"[1,2]"):
+    for line in (
+        b"",
+        b"not json",
+        b'{"k":"step"}',
+        b'{"k":"mystery","r":0,"t":1}',
+        b"D 1 x",
+        b"[1,2]",
+        b'{"k":"ckpt","r":0,"t":1,"s":2,"kind":"sometime"}',
+    ):
         assert protocol.decode(line) is None
 
 
@@ -76,7 +85,8 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
     from stalwart.train.session import Session
 
     assert RunConfig(script="x.py").pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
-    assert Session(env={}).pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+    with Session(env={}) as session:
+        assert session.pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
 
 
 def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
@@ -120,3 +130,42 @@ def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path
     assert env["TORCHELASTIC_ERROR_FILE"].endswith("n0-a0-r1.elastic.json")
     wenv = WorkerEnv.from_env(env)
     assert wenv is not None and wenv.run_dir == str(tmp_path / "run") and wenv.ipc_fd == specs[1].ipc_fd
+
+
+def test_a_workers_place_is_read_back_from_the_variables_the_agent_writes():
+    env = protocol.elastic_env(
+        rank=5,
+        local_rank=1,
+        world=8,
+        local_world=4,
+        group_rank=1,
+        group_world=2,
+        role="default",
+        master_addr="10.0.0.1",
+        master_port=29500,
+        restart_count=2,
+        max_restarts=3,
+        run_id="r",
+        error_file="/e",
+    )
+    place = protocol.WorkerPlace.from_env(env)
+    assert place == protocol.WorkerPlace(
+        rank=5, world_size=8, local_rank=1, local_world_size=4, group_rank=1, attempt=2, has_master=True
+    )
+    # Stalwart's own attempt counter wins over torch elastic's restart count
+    wenv = WorkerEnv(run_dir="/r", run_id="r", node="n", attempt=7).to_env()
+    assert protocol.WorkerPlace.from_env({**env, **wenv}).attempt == 7
+    # a plain `python train.py`: rank 0 of 1, no rendezvous; empty values count as unset
+    assert protocol.WorkerPlace.from_env({"RANK": ""}) == protocol.WorkerPlace()
+    assert protocol.WorkerPlace.from_env({"WORLD_SIZE": "3"}).local_world_size == 3
+
+
+def test_the_node_memory_layout_is_the_one_the_checkpoint_tier_uses(tmp_path):
+    from stalwart.checkpoint.node_tier import HELD, OWN
+    from stalwart.protocol.run_dir import MemDir
+
+    mem = MemDir(tmp_path)
+    assert (mem.own, mem.held) == (tmp_path / OWN, tmp_path / HELD)
+    secret = bytes(range(32))
+    assert WorkerEnv(run_dir="", run_id="", node="n", attempt=0, peer_secret=secret.hex()).peer_key == secret
+    assert WorkerEnv(run_dir="", run_id="", node="n", attempt=0).peer_key == b""

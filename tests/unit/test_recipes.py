@@ -3,10 +3,7 @@ same recipe run without interruption (in-process, world size 1, no agent)."""
 
 from __future__ import annotations
 
-import faulthandler
 import itertools
-import signal
-import sys
 
 import pytest
 import torch
@@ -19,22 +16,6 @@ from stalwart.train import Session
 
 class Crash(Exception):
     pass
-
-
-@pytest.fixture
-def hooks():
-    """Session installs signal handlers, an excepthook and faulthandler: undo them after the test."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    hook = sys.excepthook
-    sessions: list[Session] = []
-    yield sessions
-    for s, h in saved.items():
-        signal.signal(s, h)
-    sys.excepthook = hook
-    faulthandler.unregister(signal.SIGUSR2)
-    for sess in sessions:
-        if sess._stack_file is not None:
-            sess._stack_file.close()
 
 
 def model_and_opt(seed: int):
@@ -119,15 +100,14 @@ def ddp_module(sess: Session, seed: int, crash_at: int | None):
     return model
 
 
-def run(recipe, tmp_path, hooks, *, seed: int, crash_at: int | None = None, name: str = "run"):
-    sess = Session({"STALWART_W_RUN_DIR": str(tmp_path / name)})
-    hooks.append(sess)
-    try:
-        return recipe(sess, seed, crash_at)
-    except Crash:
-        return None
-    finally:
-        sess.finish()
+def run(recipe, tmp_path, *, seed: int, crash_at: int | None = None, name: str = "run"):
+    with Session({"STALWART_W_RUN_DIR": str(tmp_path / name)}) as sess:  # restores its process hooks
+        try:
+            return recipe(sess, seed, crash_at)
+        except Crash:
+            return None
+        finally:
+            sess.finish()
 
 
 @pytest.fixture
@@ -142,20 +122,20 @@ def process_group():
     [(epoch_loader, 13), (grad_accumulation, 7), (mixed_precision, 5)],
     ids=["epoch-loader", "grad-accumulation", "mixed-precision"],
 )
-def test_recipe_resumes_bit_identical(recipe, crash_at, tmp_path, hooks):
-    reference = run(recipe, tmp_path, hooks, seed=0, name="reference")
-    assert run(recipe, tmp_path, hooks, seed=0, crash_at=crash_at) is None
-    resumed = run(recipe, tmp_path, hooks, seed=99)  # a fresh process: other initial weights
+def test_recipe_resumes_bit_identical(recipe, crash_at, tmp_path):
+    reference = run(recipe, tmp_path, seed=0, name="reference")
+    assert run(recipe, tmp_path, seed=0, crash_at=crash_at) is None
+    resumed = run(recipe, tmp_path, seed=99)  # a fresh process: other initial weights
     for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
         assert torch.equal(a, b)
     if recipe is mixed_precision:
         assert resumed.scale == reference.scale and reference.scale != 2.0**8  # the scale moved and resumed
 
 
-def test_ddp_recipe_resumes_bit_identical(tmp_path, hooks, process_group):
-    reference = run(ddp_module, tmp_path, hooks, seed=0, name="reference")
-    assert run(ddp_module, tmp_path, hooks, seed=0, crash_at=5) is None
-    resumed = run(ddp_module, tmp_path, hooks, seed=99)
+def test_ddp_recipe_resumes_bit_identical(tmp_path, process_group):
+    reference = run(ddp_module, tmp_path, seed=0, name="reference")
+    assert run(ddp_module, tmp_path, seed=0, crash_at=5) is None
+    resumed = run(ddp_module, tmp_path, seed=99)
     for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
         assert torch.equal(a, b)
 
@@ -185,7 +165,7 @@ def own_snapshot_trainer(sess: Session, seed: int, crash_at: int | None, snap, s
     return model
 
 
-def test_own_snapshot_and_sdk_checkpoint_the_sdk_wins(tmp_path, hooks):
+def test_own_snapshot_and_sdk_checkpoint_the_sdk_wins(tmp_path):
     """The script's snapshot is newer (7 steps) than the SDK's checkpoint (6 steps): the SDK's
     checkpoint wins, step 6 is trained again from the SDK's state, and the run ends bit-identical to
     one without a crash."""
@@ -194,7 +174,7 @@ def test_own_snapshot_and_sdk_checkpoint_the_sdk_wins(tmp_path, hooks):
         def recipe(sess, seed, crash_at):
             return own_snapshot_trainer(sess, seed, crash_at, tmp_path / f"{name}-snapshot.pt", seen)
 
-        return run(recipe, tmp_path, hooks, seed=seed, crash_at=crash_at, name=name)
+        return run(recipe, tmp_path, seed=seed, crash_at=crash_at, name=name)
 
     reference = go(0, name="reference", seen=[])
     assert go(0, crash_at=7, seen=[]) is None
@@ -239,7 +219,7 @@ def handed_over_trainer(sess: Session | None, seed: int, crash_at: int | None, s
     return model
 
 
-def test_handing_over_an_own_snapshot_to_the_sdk_resumes_bit_identical(tmp_path, hooks):
+def test_handing_over_an_own_snapshot_to_the_sdk_resumes_bit_identical(tmp_path):
     snap = tmp_path / "snapshot.pt"
     reference = handed_over_trainer(None, 0, None, tmp_path / "reference-snapshot.pt")
     handed_over_trainer(None, 0, 4, snap)  # the old script ran 4 steps and stopped
@@ -247,9 +227,9 @@ def test_handing_over_an_own_snapshot_to_the_sdk_resumes_bit_identical(tmp_path,
     def with_sdk(sess, seed, crash_at):
         return handed_over_trainer(sess, seed, crash_at, snap)
 
-    assert run(with_sdk, tmp_path, hooks, seed=99, crash_at=7) is None  # first SDK run: saves at 6, dies at 7
+    assert run(with_sdk, tmp_path, seed=99, crash_at=7) is None  # first SDK run: saves at 6, dies at 7
     assert torch.load(snap, weights_only=True)["step"] == 4  # the snapshot is left as it was
-    resumed = run(with_sdk, tmp_path, hooks, seed=98)
+    resumed = run(with_sdk, tmp_path, seed=98)
     for a, b in zip(resumed.parameters(), reference.parameters(), strict=True):
         assert torch.equal(a, b)
 
@@ -288,13 +268,13 @@ def prefetching_trainer(sess: Session, seed: int, crash_at: int | None, *, fetch
 
 
 @pytest.mark.parametrize("fetch", ["after", "before"])
-def test_batch_fetched_after_the_resume_is_exact_before_is_not(fetch, tmp_path, hooks):
+def test_batch_fetched_after_the_resume_is_exact_before_is_not(fetch, tmp_path):
     def recipe(sess, seed, crash_at):
         return prefetching_trainer(sess, seed, crash_at, fetch=fetch)
 
-    reference = run(recipe, tmp_path, hooks, seed=0, name="reference")
+    reference = run(recipe, tmp_path, seed=0, name="reference")
     # checkpoint after 4 steps, crash at step 6: the resume starts at step 4, whose batch is not step 0's
-    assert run(recipe, tmp_path, hooks, seed=0, crash_at=6) is None
-    resumed = run(recipe, tmp_path, hooks, seed=99)
+    assert run(recipe, tmp_path, seed=0, crash_at=6) is None
+    resumed = run(recipe, tmp_path, seed=99)
     same = all(torch.equal(a, b) for a, b in zip(resumed.parameters(), reference.parameters(), strict=True))
     assert same is (fetch == "after")

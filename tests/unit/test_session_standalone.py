@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
-import signal
-import sys
-
-import pytest
 import torch
 
 from stalwart.events import CheckpointCommitted, CheckpointLoaded, TrainingFinished, TrainingResumed
@@ -14,22 +9,6 @@ from stalwart.ledger import read_merged
 from stalwart.train import Session
 
 TOTAL = 8
-
-
-@pytest.fixture
-def process_hooks():
-    """Session installs signal handlers, an excepthook and faulthandler: undo them after the test."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    hook = sys.excepthook
-    sessions: list[Session] = []
-    yield sessions
-    for s, h in saved.items():
-        signal.signal(s, h)
-    sys.excepthook = hook
-    faulthandler.unregister(signal.SIGUSR2)
-    for sess in sessions:
-        if sess._stack_file is not None:
-            sess._stack_file.close()
 
 
 class Boom(Exception):
@@ -64,37 +43,36 @@ def reference_params() -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def run_session(env, hooks, seed: int, crash_at: int | None = None):
-    sess = Session(env)
-    hooks.append(sess)
-    model, opt, sched = make_state(seed)
-    data = {"pos": 0}
-    state = {"model": model, "optimizer": opt, "scheduler": sched, "data": data}
-    try:
-        for step in sess.loop(TOTAL, state, checkpoint_every=2):
-            if step == crash_at:
-                raise Boom(step)
-            with sess.section("data"):
-                pass
-            with sess.section("forward"):
-                train_step(model, opt, sched, data)
-    except Boom:
-        pass
-    finally:
-        sess.finish()
+def run_session(env, seed: int, crash_at: int | None = None):
+    with Session(env) as sess:  # restores the process hooks it installed on leaving
+        model, opt, sched = make_state(seed)
+        data = {"pos": 0}
+        state = {"model": model, "optimizer": opt, "scheduler": sched, "data": data}
+        try:
+            for step in sess.loop(TOTAL, state, checkpoint_every=2):
+                if step == crash_at:
+                    raise Boom(step)
+                with sess.section("data"):
+                    pass
+                with sess.section("forward"):
+                    train_step(model, opt, sched, data)
+        except Boom:
+            pass
+        finally:
+            sess.finish()
     return sess, model, data
 
 
-def test_resume_after_a_crash_is_bit_identical_to_an_uninterrupted_run(tmp_path, process_hooks):
+def test_resume_after_a_crash_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
     ref = reference_params()
 
-    first, _, _ = run_session(env, process_hooks, seed=0, crash_at=5)
+    first, _, _ = run_session(env, seed=0, crash_at=5)
     assert not first.under_agent and first.world_size == 1 and first.rank == 0
     assert first.completed == 5  # steps 0-4 ran; the last checkpoint holds 4 steps
 
     # a fresh process would build the model from another seed: resume must overwrite all of it
-    second, model, data = run_session(env, process_hooks, seed=123)
+    second, model, data = run_session(env, seed=123)
     assert second.completed == TOTAL and data["pos"] == 4 * TOTAL
     got = list(model.parameters())
     assert len(got) == len(ref)
@@ -113,17 +91,17 @@ def test_resume_after_a_crash_is_bit_identical_to_an_uninterrupted_run(tmp_path,
     assert [e.step for e in events if isinstance(e, TrainingFinished)] == [TOTAL]
 
 
-def test_uninterrupted_session_matches_the_plain_loop(tmp_path, process_hooks):
+def test_uninterrupted_session_matches_the_plain_loop(tmp_path):
     env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
-    _, model, _ = run_session(env, process_hooks, seed=0)
+    _, model, _ = run_session(env, seed=0)
     for a, b in zip(model.parameters(), reference_params(), strict=True):
         assert torch.equal(a.detach(), b)
 
 
-def test_a_finished_run_resumes_to_nothing(tmp_path, process_hooks):
+def test_a_finished_run_resumes_to_nothing(tmp_path):
     env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
-    run_session(env, process_hooks, seed=0)
-    again, model, data = run_session(env, process_hooks, seed=7)
+    run_session(env, seed=0)
+    again, model, data = run_session(env, seed=7)
     assert again.completed == TOTAL and data["pos"] == 4 * TOTAL  # restored, no step re-run
     # the final state was loaded from a durable tier: nothing to save again, no "not committed" retry
     events = read_merged(tmp_path / "run" / "ledger")

@@ -74,7 +74,7 @@ class StalwartCallback(TrainerCallback):
         if not self.preempted and self.link.stop_requested():
             self.preempted = True
             control.should_training_stop = True
-            if self.link.session._last_saved != self.link.completed:
+            if self.link.last_saved != self.link.completed:
                 control.should_save = True
         if control.should_save:
             self._save_t0 = self.link.checkpoint_begin()

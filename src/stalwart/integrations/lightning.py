@@ -86,7 +86,7 @@ class StalwartCallback(Callback):
         if self.every and done % self.every == 0:
             self._save(trainer, emergency=False)
         if not self.preempted and self.link.stop_requested():
-            if self.link.session._last_saved != done:
+            if self.link.last_saved != done:
                 self._save(trainer, emergency=True)
             self.preempted = True
             trainer.should_stop = True

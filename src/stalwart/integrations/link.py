@@ -7,13 +7,11 @@ need from the SDK goes through here, so a change to ``Session`` is absorbed in t
 
 from __future__ import annotations
 
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from ..events import CheckpointCommitted, TrainingFinished, TrainingResumed
-from ..protocol import CheckpointDone, LoopStarted
+from ..protocol import CHECKPOINT_SECTION, CheckpointDone, DurableKind, LoopStarted
 from ..train.session import Session
 
 EVALUATION = "evaluation"
@@ -49,8 +47,7 @@ class StepLink:
 
         Under the agent a signal only asks for a coordinated stop: every rank stops after the same
         step and saves an emergency checkpoint, instead of the framework exiting on its own."""
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self.session._on_signal)
+        self.session._reclaim_signals()
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -58,12 +55,14 @@ class StepLink:
         """The loop starts (or resumes) at ``first_step`` of ``total_steps``."""
         s = self.session
         s._completed = first_step
-        s._last_saved = first_step if from_checkpoint else -1
+        s._ckpt.last_saved = first_step if from_checkpoint else -1
         if s.rank == 0:
             s.emit(
-                TrainingResumed(ts=time.time(), step=first_step, from_checkpoint=from_checkpoint, **s._ctx())
+                TrainingResumed(
+                    ts=s.clock.now(), step=first_step, from_checkpoint=from_checkpoint, **s._ctx()
+                )
             )
-        s._send(LoopStarted(s.rank, first_step, total_steps, time.time()))
+        s._send(LoopStarted(s.rank, first_step, total_steps, s.clock.now()))
 
     def begin_step(self, step: int) -> None:
         if self._in_step:  # a step the framework skipped ending (e.g. a skipped optimizer step)
@@ -92,7 +91,7 @@ class StepLink:
     def beat(self, phase: str = EVALUATION) -> None:
         """A heartbeat outside a training step (evaluation): progress, not a hang."""
         s = self.session
-        s._beat(s.completed, phase, time.time())
+        s._beat(s.completed, phase, s.clock.now())
 
     def stop_requested(self) -> bool:
         """True once the agent (or a signal) asked every rank to stop after the current step."""
@@ -102,22 +101,27 @@ class StepLink:
     def completed(self) -> int:
         return self.session.completed
 
+    @property
+    def last_saved(self) -> int:
+        """The step count of the newest checkpoint this process saved or resumed from (-1: none)."""
+        return self.session._ckpt.last_saved
+
     # --- checkpoints written by the framework -----------------------------------------------
 
     def checkpoint_begin(self) -> float:
-        t0 = time.time()
-        self.session._beat(self.completed, "checkpoint", t0)
+        t0 = self.session.clock.now()
+        self.session._beat(self.completed, CHECKPOINT_SECTION, t0)
         return t0
 
     def checkpoint_end(self, t0: float, path: str | Path, *, emergency: bool = False) -> None:
         s = self.session
-        stall = time.time() - t0
-        s._last_saved = s.completed
+        stall = s.clock.now() - t0
+        s._ckpt.last_saved = s.completed
         if s.rank == 0:
             size = _size(Path(path))
             s.emit(
                 CheckpointCommitted(
-                    ts=time.time(),
+                    ts=s.clock.now(),
                     step=s.completed,
                     path=str(path),
                     stall_s=stall,
@@ -129,15 +133,15 @@ class StepLink:
             )
         # the framework's own save returned: its files are written, so an emergency save is committed
         if emergency:
-            s._send(CheckpointDone(s.rank, s.completed, time.time(), True, "", "emergency"))
+            s._send(CheckpointDone(s.rank, s.completed, s.clock.now(), True, "", DurableKind.EMERGENCY))
         else:
-            s._send(CheckpointDone(s.rank, s.completed, time.time()))
+            s._send(CheckpointDone(s.rank, s.completed, s.clock.now()))
 
     def finish(self, *, preempted: bool = False) -> None:
         s = self.session
         self.end_step(s.completed)
         if s.rank == 0 and not preempted:
-            s.emit(TrainingFinished(ts=time.time(), step=s.completed, **s._ctx()))
+            s.emit(TrainingFinished(ts=s.clock.now(), step=s.completed, **s._ctx()))
         s.finish(preempted=preempted)
 
 

@@ -10,14 +10,19 @@ Both sides import this module and nothing else of each other:
 * the **messages** a worker sends over its pipe: frozen records, one line each (``encode``/``decode``).
   A line is JSON keyed by ``k``, except the per-step record, a compact text line (``D ...``):
   JSON's float encoding costs ~40 us per record, the text line a few.
-* every **path** goes through :class:`stalwart.run_dir.RunDir`.
+* the **signals** that cross the boundary: the stop request (``STOP_SIGNALS``, from the agent or a
+  scheduler) and the request for every thread's stack (``STACK_DUMP_SIGNAL``);
+* every **path** goes through :class:`stalwart.protocol.run_dir.RunDir` (and the agent's node memory
+  directory through :class:`stalwart.protocol.run_dir.MemDir`).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 PREFIX = "STALWART_W_"
@@ -29,6 +34,13 @@ DEFAULT_HANG_FLOOR_S = 10.0
 DEFAULT_HANG_CAP_S = 300.0
 
 MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
+
+# A stop request: the agent forwards these (as torchrun does), a scheduler sends them before preemption.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# The agent asks a worker for every thread's Python stack (faulthandler in the worker writes them).
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+# The section a worker beats with while it saves or waits for a persist: checkpoint time, not a hang.
+CHECKPOINT_SECTION = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -87,12 +99,51 @@ class WorkerEnv:
         except ValueError:
             return None
 
+    @property
+    def peer_key(self) -> bytes:
+        """The per-run secret for the peer stores as bytes (empty when there is none)."""
+        return bytes.fromhex(self.peer_secret) if self.peer_secret else b""
+
     @staticmethod
     def strip(env: Mapping[str, str], settings: set[str]) -> dict[str, str]:
         """``env`` without the agent's own worker variables and without ``STALWART_<SETTING>``
         variables that configure a run: what a worker inherits from the agent's environment."""
         config = {f"STALWART_{s.upper()}" for s in settings}
         return {k: v for k, v in env.items() if not k.startswith(PREFIX) and k not in config}
+
+
+def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
+    for name in names:
+        if env.get(name, "") != "":
+            return int(env[name])
+    return default
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where a worker sits in the job, read back from the variables :func:`elastic_env` writes (and
+    the attempt from ``WorkerEnv``); a plain ``python train.py`` is rank 0 of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    group_rank: int = 0
+    attempt: int = 0
+    has_master: bool = False  # MASTER_ADDR is set: a process group can rendezvous
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerPlace:
+        world = _env_int(env, "WORLD_SIZE", default=1)
+        return cls(
+            rank=_env_int(env, "RANK", default=0),
+            world_size=world,
+            local_rank=_env_int(env, "LOCAL_RANK", default=0),
+            local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", default=world),
+            group_rank=_env_int(env, "GROUP_RANK", default=0),
+            attempt=_env_int(env, f"{PREFIX}ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0),
+            has_master="MASTER_ADDR" in env,
+        )
 
 
 def elastic_env(
@@ -181,6 +232,14 @@ class StepDone:
         return self.t0 + self.duration
 
 
+class DurableKind(str, Enum):
+    """Which save a ``CheckpointDone`` with an outcome reports."""
+
+    STAGED = ""  # a save was staged; no outcome yet
+    EMERGENCY = "emergency"  # the save on a stop request
+    FINAL = "final"  # the state when the loop ends
+
+
 @dataclass(frozen=True)
 class CheckpointDone:
     """A save was staged (``durable`` None), or the outcome of making a step durable: the
@@ -191,7 +250,10 @@ class CheckpointDone:
     t: float
     durable: bool | None = None  # None: staged only; True/False: committed to a durable tier or not
     reason: str = ""  # why not, when durable is False
-    kind: str = ""  # "emergency" | "final" when durable is set
+    kind: DurableKind = DurableKind.STAGED  # EMERGENCY or FINAL when durable is set
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DurableKind(self.kind))  # from the wire: an unknown kind is garbled
 
 
 @dataclass(frozen=True)

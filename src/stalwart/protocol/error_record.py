@@ -126,15 +126,17 @@ def write_error(
     *,
     step: int | None,
     rank: int,
+    ts: float | None = None,
 ) -> None:
-    """The SDK's record of an exception that ends a worker (the excepthook calls it)."""
+    """The SDK's record of an exception that ends a worker (the excepthook calls it); ``ts``: when
+    (now, unless given)."""
     record = {
         "type": f"{etype.__module__}.{etype.__qualname__}",
         "message": str(value)[:2000],
         "traceback": "".join(traceback.format_exception(etype, value, tb))[-8000:],
         "step": step,
         "rank": rank,
-        "ts": time.time(),
+        "ts": time.time() if ts is None else ts,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))

@@ -90,3 +90,21 @@ class RunDir:
         for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs):
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self
+
+
+@dataclass(frozen=True)
+class MemDir:
+    """The agent's private node-memory directory (``WorkerEnv.mem_dir``, tmpfs): this node's memory
+    tier and the copies its agent holds for the other nodes."""
+
+    root: Path
+
+    @property
+    def own(self) -> Path:
+        """This node's memory-tier versions."""
+        return self.root / "ckpt"
+
+    @property
+    def held(self) -> Path:
+        """Other nodes' files that this node's agent keeps (its peer store)."""
+        return self.root / "held"

@@ -10,25 +10,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import torch
-
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy is a core dependency
-    np = None
 
 
 def capture() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if np is not None:
-        name, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = (
-            str(name),
-            torch.from_numpy(keys.astype(np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(gauss),
-        )
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state["numpy"] = (
+        str(name),
+        torch.from_numpy(np.asarray(keys).astype(np.int64)),
+        int(pos),
+        int(has_gauss),
+        float(gauss),
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -38,7 +33,7 @@ def restore(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
-    if np is not None and "numpy" in state:
+    if "numpy" in state:
         name, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():

@@ -16,64 +16,58 @@ emergency checkpoints.
 steps (so checkpoint stall is never counted as step time), and stops with an emergency checkpoint
 when the agent asks (SIGTERM/SIGUSR1 on the agent, or a scheduler preemption notice).
 
-The hot path never blocks: per-step records go to the agent over a non-blocking datagram socket;
-the stop request is read from a memory-mapped control block.
+The hot path never blocks: per-step records go to the agent over a non-blocking pipe; the stop
+request is read from a memory-mapped control block.
+
+``Session`` is a facade over small parts: the :class:`~stalwart.train.worker_link.WorkerLink` (the
+pipe and control block to the agent), the :class:`~stalwart.train.process_guard.ProcessGuard` (signal
+handlers, excepthook, faulthandler, parent-death signal: :meth:`Session.close` or ``with Session()
+as s:`` restores exactly what it installed), the :class:`~stalwart.train.checkpoints.Checkpoints`, and
+optional :class:`~stalwart.train.step_hooks.StepHook`s (chaos is one, loaded only when the agent
+passed a fault plan). Time comes from an injected :class:`~stalwart.train.clock.Clock`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import os
-import signal
-import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
-from ..chaos.once import claim
-from ..chaos.plan import Fault, FaultPlan
 from ..checkpoint.events import CheckpointPersistFailed
-from ..events import (
-    ChaosInjected,
-    CheckpointLoaded,
-    CheckpointRejected,
-    Event,
-    TrainingFinished,
-    TrainingResumed,
-)
+from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..protocol import (
+    CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
-    PREFIX,
     CheckpointDone,
+    DurableKind,
     Finished,
     Hello,
     LoopStarted,
     Message,
     Note,
     PhaseChanged,
-    SectionBegan,
     SignalSeen,
-    StepBegan,
     StepDone,
     WorkerEnv,
+    WorkerPlace,
 )
-from ..protocol.control import ControlBlock
 from ..protocol.error_record import write_error
-from ..protocol.lifetime import die_with_parent
-from ..protocol.pipe import Sender
 from ..protocol.run_dir import RunDir
+from .checkpoints import Checkpoints
+from .clock import SYSTEM_CLOCK, Clock
+from .process_guard import ProcessGuard
+from .step_hooks import StepHook
+from .worker_link import WorkerLink
 
-
-def _env_int(env: dict[str, str], *names: str, default: int) -> int:
-    for n in names:
-        if n in env and env[n] != "":
-            return int(env[n])
-    return default
+if TYPE_CHECKING:
+    from ..checkpoint.engine import CheckpointEngine
+    from ..ledger import LedgerWriter
 
 
 class Session:
@@ -85,84 +79,120 @@ class Session:
         *,
         checkpoint_dir: str | None = None,
         keep_checkpoints: int = 3,
-        tiers: tuple = (),
+        tiers: tuple[Any, ...] = (),
         memory_tier: bool = True,
+        clock: Clock | None = None,
+        hooks: Sequence[StepHook] = (),
     ) -> None:
         env = dict(os.environ if env is None else env)
         self.env = env
-        self.rank = _env_int(env, "RANK", default=0)
-        self.world_size = _env_int(env, "WORLD_SIZE", default=1)
-        self.local_rank = _env_int(env, "LOCAL_RANK", default=0)
+        self._place = place = WorkerPlace.from_env(env)
+        self.rank, self.world_size, self.local_rank = place.rank, place.world_size, place.local_rank
         wenv = WorkerEnv.from_env(env)
         self.worker_env = wenv
-        self.attempt = _env_int(env, f"{PREFIX}ATTEMPT", "TORCHELASTIC_RESTART_COUNT", default=0)
+        self.attempt = place.attempt
         self.node = wenv.node if wenv else "local"
         self.run_id = wenv.run_id if wenv else ""
         self.run_dir = RunDir(Path(wenv.run_dir)) if wenv and wenv.run_dir else None
-        self.under_agent = wenv is not None and wenv.ipc_fd >= 0
-        self._ipc = Sender(wenv.ipc_fd) if wenv is not None and wenv.ipc_fd >= 0 else None
-        self._control = ControlBlock(wenv.control, slot=self.local_rank) if wenv and wenv.control else None
-        plan = FaultPlan.from_json(wenv.chaos) if wenv and wenv.chaos else FaultPlan()
-        self._faults: tuple[Fault, ...] = plan.for_rank(self.rank)
-        self._ledger = None
-        self._ckpt_dir = checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints")
-        self._keep = keep_checkpoints
-        self._tiers = tuple(tiers)  # extra checkpoint tiers (stalwart.checkpoint.tiers.TierConfig)
-        self._memory_tier = memory_tier  # under the agent: the node's memory tier, replicated to a peer
+        self.pg_timeout_s = wenv.pg_timeout_s if wenv else DEFAULT_PG_TIMEOUT_S
+        self._clock = clock or SYSTEM_CLOCK
+        self._now = self._clock.now
+        self._link = WorkerLink(wenv, rank=self.rank, local_rank=self.local_rank)
+        self.under_agent = self._link.connected
+        self._ckpt = Checkpoints(
+            place=place,
+            node=self.node,
+            worker_env=wenv,
+            directory=checkpoint_dir or (str(self.run_dir.checkpoints) if self.run_dir else "checkpoints"),
+            keep=keep_checkpoints,
+            tiers=tuple(tiers),
+            memory_tier=memory_tier,
+            sink=self.emit,
+        )
+        self._ledger: LedgerWriter | None = None
         self._emit_lock = threading.Lock()
-        self._checkpointer = None
         self._step: int | None = None
         self._step_start = 0.0
         self._sections: dict[str, float] = {}
         self._signal: int | None = None
         self._completed = 0
-        self._last_saved = -1
-        self._durable_step = -1  # a step known to be on a durable tier: loaded from one, or committed
-        self._loaded_step = -1  # the step this process resumed at (loaded, not saved by it)
-        self._stack_file = None
-        self._slow_pending = False
-        self._slow_extra = 0.0
-        self._base_step_s = 0.0
-        self.pg_timeout_s = wenv.pg_timeout_s if wenv else DEFAULT_PG_TIMEOUT_S
-        self._install_process_hooks()
-        self._send(Hello(self.rank, time.time()))  # the agent's SDK timers apply to this worker from now on
+        self._hooks: tuple[StepHook, ...] = (*hooks, *self._chaos(wenv))
+        self._guard = self._process_guard(wenv)
+        self._guard.install()
+        self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
 
-    # --- process set-up --------------------------------------------------------------------
+    # --- parts --------------------------------------------------------------------------------
 
-    def _install_process_hooks(self) -> None:
-        if self.under_agent:
+    def _chaos(self, wenv: WorkerEnv | None) -> tuple[StepHook, ...]:
+        """This rank's faults from the agent's fault plan, if there is one (else chaos is never imported)."""
+        if wenv is None or not wenv.chaos:
+            return ()
+        from .chaos_hook import ChaosHook
+
+        hook = ChaosHook.from_plan(
+            wenv.chaos,
+            rank=self.rank,
+            chaos_dir=self.run_dir.chaos if self.run_dir else Path(".stalwart-chaos"),
+            emit=self.emit,
+            context=self._ctx(),
+            clock=self._clock,
+        )
+        return (hook,) if hook is not None else ()
+
+    def _process_guard(self, wenv: WorkerEnv | None) -> ProcessGuard:
+        run_dir = self.run_dir
+        return ProcessGuard(
+            on_signal=self._on_signal,
+            on_error=self._write_error if run_dir is not None else None,
+            stack_file=run_dir.stack_file(self.node, self.attempt, self.rank)
+            if run_dir is not None
+            else None,
             # die with the agent: a worker orphaned by a killed agent must not keep a stale group alive
-            die_with_parent()
-            wenv = self.worker_env
-            if wenv is not None and wenv.agent_pid and os.getppid() != wenv.agent_pid:
-                os._exit(70)
-        if self.run_dir is not None:
-            self.run_dir.stacks.mkdir(parents=True, exist_ok=True)
-            path = self.run_dir.stack_file(self.node, self.attempt, self.rank)
-            self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
-            faulthandler.register(signal.SIGUSR2, file=self._stack_file, all_threads=True)
-            previous = sys.excepthook
+            agent_pid=wenv.agent_pid if wenv is not None and self.under_agent else None,
+        )
 
-            def hook(etype, value, tb):  # record the exception for the agent's restart policy
-                self._write_error(etype, value, tb)
-                previous(etype, value, tb)
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
-            sys.excepthook = hook
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
+    def close(self) -> None:
+        """Undo what this session did to the process: restore the signal handlers, excepthook,
+        faulthandler and parent-death signal it installed, wait for checkpoint persists and close
+        its files and its end of the agent link. It does not tell the agent that training finished
+        (that is :meth:`finish`). ``with Session() as session:`` calls it on leaving."""
+        self._ckpt.close()
+        self._close_ledger()
+        self._guard.close()
+        self._link.close()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, etype: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _on_signal(self, signum: int) -> None:
         self._signal = signum
-        if self._ipc is not None:
-            self._ipc.send(SignalSeen(self.rank, signum, time.time()))
+        if self._link.connected:
+            self._send(SignalSeen(self.rank, signum, self._now()))
         elif self._step is None and self._completed == 0:
             raise SystemExit(EXIT_PREEMPTED)
 
-    def _write_error(self, etype: type, value: BaseException, tb: Any) -> None:
+    def _reclaim_signals(self) -> None:
+        self._guard.reclaim_signals()
+
+    def _write_error(
+        self, etype: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        """Record an uncaught exception for the agent's restart policy."""
         if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
             return
         path = self.run_dir.error_file(self.node, self.attempt, self.rank)
-        write_error(path, etype, value, tb, step=self._step, rank=self.rank)
+        write_error(path, etype, value, tb, step=self._step, rank=self.rank, ts=self._now())
+
+    # --- events -------------------------------------------------------------------------------
 
     def emit(self, ev: Event) -> None:
         """Write an event to this worker's own ledger file (not on the hot path)."""
@@ -170,20 +200,9 @@ class Session:
             return
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
-        if isinstance(ev, CheckpointLoaded) and ev.tier == "peer":  # worth showing live: state from a peer
-            self._send(
-                Note(self.rank, f"checkpoint of step {ev.step} restored from a peer's copy", time.time())
-            )
-        if isinstance(ev, CheckpointRejected):  # worth showing live: a fallback to an older checkpoint
-            self._send(Note(self.rank, f"checkpoint {Path(ev.path).name} rejected: {ev.reason}", time.time()))
-        elif isinstance(ev, CheckpointPersistFailed):  # and a save that did not commit
-            self._send(
-                Note(
-                    self.rank,
-                    f"checkpoint of step {ev.step} not committed to {ev.tier}: {ev.reason}",
-                    time.time(),
-                )
-            )
+        note = _live_note(ev)
+        if note:
+            self._send(Note(self.rank, note, self._now()))
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
                 from ..ledger import LedgerWriter
@@ -192,6 +211,12 @@ class Session:
                 self._ledger = LedgerWriter(path, writer=f"rank {self.rank}")
             self._ledger.append(ev)
 
+    def _close_ledger(self) -> None:
+        with self._emit_lock:
+            if self._ledger is not None:
+                self._ledger.close()
+                self._ledger = None
+
     def _ctx(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "rank": self.rank}
 
@@ -199,141 +224,60 @@ class Session:
         """``torch.distributed.init_process_group`` with the agent's validated timeout."""
         import torch.distributed as dist
 
-        if self.world_size <= 1 and "MASTER_ADDR" not in self.env:
+        if self.world_size <= 1 and not self._place.has_master:
             return
         kwargs.setdefault("timeout", timedelta(seconds=self.pg_timeout_s))
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **kwargs)
 
+    # --- resume and save --------------------------------------------------------------------
+
     @property
-    def checkpointer(self):
+    def checkpointer(self) -> CheckpointEngine:
         """The checkpoint engine (every rank): saves stall only for staging; the persist runs in the
         background; loads verify, fall back to older versions and reshard to this world size."""
-        if self._checkpointer is None:
-            from ..checkpoint.engine import CheckpointEngine
-            from ..checkpoint.tiers import TierConfig
-            from ..errors import CheckpointError
-
-            if self._keep < 1:
-                raise CheckpointError(
-                    f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1"
-                )
-            local = TierConfig(name="local", kind="local", location=str(self._ckpt_dir), keep=self._keep)
-            tiers, link = [local, *self._tiers], None
-            wenv = self.worker_env
-            if self._memory_tier and wenv is not None and wenv.mem_dir:
-                tiers, link = self._node_memory(tiers, wenv)
-            self._checkpointer = CheckpointEngine(
-                tiers,
-                rank=self.rank,
-                world_size=self.world_size,
-                sink=self.emit,
-                on_busy="wait",
-                link=link,
-            )
-        return self._checkpointer
-
-    def _node_memory(self, tiers: list, wenv: WorkerEnv) -> tuple[list, Any]:
-        """The agent's node memory tier (newest version only) and this rank's link to the peers."""
-        from ..checkpoint.node_tier import HELD, OWN, NodeLink
-        from ..checkpoint.peer_store import PeerClient, parse_peers
-        from ..checkpoint.tiers import TierConfig
-
-        if any(t.kind == "memory" for t in tiers):  # the script configured its own memory tier
-            return tiers, None
-        mem = TierConfig(
-            name="memory", kind="memory", location=str(Path(wenv.mem_dir) / OWN), keep=1, node_local=True
-        )
-        peers = parse_peers(wenv.peers) if wenv.peers else ()
-        client = PeerClient(bytes.fromhex(wenv.peer_secret)) if peers and wenv.peer_secret else None
-        link = NodeLink(
-            local_rank=self.local_rank,
-            local_world=_env_int(self.env, "LOCAL_WORLD_SIZE", default=self.world_size),
-            node_index=_env_int(self.env, "GROUP_RANK", default=0),
-            node=self.node,
-            peers=peers,
-            held=Path(wenv.mem_dir) / HELD,
-            client=client,
-        )
-        return [*tiers, mem], link
-
-    # --- resume and save --------------------------------------------------------------------
+        return self._ckpt.engine
 
     def resume(self, state: dict[str, Any]) -> int:
         """Load the newest good checkpoint into ``state``; return the number of steps already done.
         Collective: models and optimizers load resharded to this world size (see train/state.py)."""
-        from . import state as state_io
-
-        targets = state_io.load_targets(state)
-        found = self.checkpointer.load_latest(targets.tensors)
-        if found is None:
-            state_io.forget_init(targets.fresh)
-            self._completed = 0
-            if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
-                self.emit(TrainingResumed(ts=time.time(), step=0, from_checkpoint="", **self._ctx()))
-            return 0
-        own = found.rank_state_from == self.rank and found.world_size == self.world_size
-        state_io.apply(state, targets, found.rank_state or {}, own_rng=own)
-        self._completed = found.step
-        self._last_saved = found.step
-        self._loaded_step = found.step
-        tiers = {t.name: t for t in self.checkpointer.tiers}
-        if found.tier in tiers and tiers[found.tier].durable:
-            self._durable_step = found.step  # resumed at the end: nothing new to make durable
-        if self.rank == 0:
+        found = self._ckpt.resume(state)
+        self._completed = found.step if found is not None else 0
+        if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
+            origin = str(found.path) if found is not None else ""
             self.emit(
-                TrainingResumed(
-                    ts=time.time(), step=found.step, from_checkpoint=str(found.path), **self._ctx()
-                )
+                TrainingResumed(ts=self._now(), step=self._completed, from_checkpoint=origin, **self._ctx())
             )
-        return found.step
+        return self._completed
 
     def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
         """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
         tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them.
         Returns once staged; whether the persist committed is :meth:`make_durable`'s business."""
-        from . import state as state_io
-
-        self._beat(self._completed, "checkpoint", time.time())
-        cap = state_io.capture(state)
-        self.checkpointer.save(self._completed, cap.sharded, cap.extras, force=True, emergency=emergency)
-        self._last_saved = self._completed
-        self._send(CheckpointDone(self.rank, self._completed, time.time()))
+        self._link.beat(self._completed, CHECKPOINT_SECTION, self._now())
+        self._ckpt.save(state, self._completed, emergency=emergency)
+        self._send(CheckpointDone(self.rank, self._completed, self._now()))
 
     def make_durable(self, state: dict[str, Any], *, emergency: bool, attempts: int = 3) -> str:
         """Collective: make the state after ``completed`` steps durable, saving it if it was not
         staged and re-saving with backoff (1 s, 2 s) while a persist fails (a full disk that frees
         up, a flaky mount). Returns "" once a durable tier committed it, else the last reason."""
-        if self._durable_step == self._completed:
+        ck, done = self._ckpt, self._completed
+        if ck.durable_step == done:
             return ""
         # loaded from a non-durable tier (node memory, a peer) at this step: nothing pending to wait for
-        loaded_only = self._loaded_step == self._last_saved == self._completed
+        loaded_only = ck.loaded_step == ck.last_saved == done
         why = ""
         for attempt in range(max(1, attempts)):
             if attempt:
-                self._send(
-                    Note(
-                        self.rank,
-                        f"checkpoint of step {self._completed} not committed ({why}); "
-                        f"retrying ({attempt + 1}/{attempts})",
-                        time.time(),
-                    )
-                )
-                time.sleep(min(2.0, float(2 ** (attempt - 1))))
-            if attempt or loaded_only or self._last_saved != self._completed:
+                text = f"checkpoint of step {done} not committed ({why}); retrying ({attempt + 1}/{attempts})"
+                self._send(Note(self.rank, text, self._now()))
+                self._clock.sleep(min(2.0, float(2 ** (attempt - 1))))
+            if attempt or loaded_only or ck.last_saved != done:
                 self.save(state, emergency=emergency)
-            self._beat(self._completed, "checkpoint", time.time())  # waiting on the persist is not a hang
-            res = self.checkpointer.wait()
-            if (
-                res is not None
-                and res.step == self._completed
-                and any(self.checkpointer.tier(name).durable for name in res.committed)
-            ):
-                self._durable_step = self._completed
+            self._link.beat(done, CHECKPOINT_SECTION, self._now())  # waiting on the persist is not a hang
+            why = ck.wait_durable(done)
+            if not why:
                 return ""
-            if res is None:
-                why = "nothing was persisted"
-            else:
-                why = "; ".join(f"{c.tier}: {c.reason}" for c in res.commits if not c.ok) or "no durable tier"
         return why
 
     @property
@@ -347,7 +291,7 @@ class Session:
     ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
         start = self.resume(state) if resume else 0
-        self._send(LoopStarted(self.rank, start, total_steps, time.time()))
+        self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         for step in range(start, total_steps):
             self._begin_step(step)
             yield step
@@ -355,41 +299,46 @@ class Session:
             if checkpoint_every and self._completed % checkpoint_every == 0:
                 self.save(state)
             if self._stop_requested():
-                why = self.make_durable(state, emergency=True)
-                self._send(CheckpointDone(self.rank, self._completed, time.time(), not why, why, "emergency"))
-                self.finish(preempted=True)
-                raise SystemExit(EXIT_PREEMPTED if not why else EXIT_PREEMPTED_UNSAVED)
+                self._stop(state)
         if checkpoint_every:
             why = self.make_durable(state, emergency=False)
-            self._send(CheckpointDone(self.rank, self._completed, time.time(), not why, why, "final"))
-        elif self._checkpointer is not None:
-            self._checkpointer.wait()
+            self._send(
+                CheckpointDone(self.rank, self._completed, self._now(), not why, why, DurableKind.FINAL)
+            )
+        else:
+            self._ckpt.wait()
         if self.rank == 0:
-            self.emit(TrainingFinished(ts=time.time(), step=self._completed, **self._ctx()))
+            self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
+
+    def _stop(self, state: dict[str, Any]) -> None:
+        """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
+        why = self.make_durable(state, emergency=True)
+        self._send(
+            CheckpointDone(self.rank, self._completed, self._now(), not why, why, DurableKind.EMERGENCY)
+        )
+        self.finish(preempted=True)
+        raise SystemExit(EXIT_PREEMPTED if not why else EXIT_PREEMPTED_UNSAVED)
 
     def _stop_requested(self) -> bool:
-        if self._control is not None:
-            stop = self._control.stop_after()
+        stop = self._link.stop_after()
+        if stop is not None:
             return 0 <= stop <= self._completed
         return self._signal is not None
 
     def _begin_step(self, step: int) -> None:
         self._step = step
         self._sections = {}
-        self._step_start = time.time()
-        self._beat(step, "", self._step_start)
-        if self._faults:
-            self._inject(step)
+        self._step_start = t = self._now()
+        self._link.beat(step, "", t)
+        for hook in self._hooks:
+            hook.step_began(step)
 
     def _end_step(self, step: int) -> None:
-        end = time.time()
-        unslowed = end - self._step_start - self._slow_extra
-        self._base_step_s = unslowed if self._base_step_s == 0 else 0.8 * self._base_step_s + 0.2 * unslowed
-        self._slow_extra = 0.0
-        if self._ipc is not None:
-            self._ipc.send(
-                StepDone(self.rank, step, self._step_start, end - self._step_start, self._sections)
-            )
+        seconds = self._now() - self._step_start
+        for hook in self._hooks:
+            hook.step_ended(step, seconds)
+        if self._link.connected:
+            self._link.send(StepDone(self.rank, step, self._step_start, seconds, self._sections))
         self._completed = step + 1
         self._step = None
 
@@ -406,72 +355,39 @@ class Session:
         return _Phase(self, name, float(budget_s))
 
     def _section_done(self, name: str, t0: float) -> None:
-        self._sections[name] = self._sections.get(name, 0.0) + (time.time() - t0)
-        if self._slow_pending:
-            self._slow(name)
+        self._sections[name] = self._sections.get(name, 0.0) + (self._now() - t0)
+        if self._hooks:
+            step = self._step if self._step is not None else -1
+            for hook in self._hooks:
+                spent = hook.section_ended(step, name)
+                if spent:
+                    self._sections[name] += spent
 
     def _beat(self, step: int, section: str, t: float) -> None:
-        """Heartbeat: a store into this worker's shared-memory slot (a pipe message without an agent block)."""
-        if self._control is not None and self._control.slot is not None:
-            self._control.beat(t, step, section)
-        elif section:
-            self._send(SectionBegan(self.rank, step, section, t))
-        else:
-            self._send(StepBegan(self.rank, step, t))
+        """Heartbeat: a store into this worker's shared-memory slot (a pipe message without one)."""
+        self._link.beat(step, section, t)
 
     def _send(self, msg: Message) -> None:
-        if self._ipc is not None:
-            self._ipc.send(msg)
+        self._link.send(msg)
 
     def finish(self, *, preempted: bool = False) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()  # waits for background persists
-            self._checkpointer = None
-        self._send(Finished(self.rank, self._completed, preempted, time.time()))
-        if self._ledger is not None:
-            self._ledger.close()
-            self._ledger = None
+        """Wait for checkpoint persists, tell the agent this worker finished, close the ledger.
+        The process hooks stay until :meth:`close` (or process exit): an exception or a hang after
+        ``finish`` is still recorded."""
+        self._ckpt.close()  # waits for background persists
+        self._send(Finished(self.rank, self._completed, preempted, self._now()))
+        self._close_ledger()
 
-    # --- chaos --------------------------------------------------------------------------------
 
-    def _inject(self, step: int) -> None:
-        self._slow_pending = any(f.kind == "slow" for f in self._faults)
-        chaos_dir = self.run_dir.chaos if self.run_dir else Path(".stalwart-chaos")
-        for fault in self._faults:
-            if fault.kind == "slow" or fault.step != step:
-                continue
-            if not claim(chaos_dir, fault):
-                continue
-            self.emit(
-                ChaosInjected(
-                    ts=time.time(), fault=fault.kind, step=step, detail=fault.describe(), **self._ctx()
-                )
-            )
-            if fault.kind == "crash":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "exit":
-                os._exit(1)
-            elif fault.kind == "raise":
-                raise RuntimeError(f"injected bug at step {step} (chaos: raise@rank={self.rank},step={step})")
-            elif fault.kind == "hang":
-                while True:
-                    time.sleep(3600)
-
-    def _slow(self, section: str) -> None:
-        """A slowed rank spends (factor - 1) x its own unslowed step time extra in the step's first section."""
-        self._slow_pending = False
-        step = self._step if self._step is not None else -1
-        for fault in self._faults:
-            if (
-                fault.kind == "slow"
-                and step >= fault.start
-                and (fault.stop is None or step <= fault.stop)
-                and self._base_step_s > 0
-            ):
-                extra = (fault.factor - 1.0) * self._base_step_s
-                time.sleep(extra)
-                self._sections[section] += extra
-                self._slow_extra += extra
+def _live_note(ev: Event) -> str:
+    """A line worth showing live on the agent's console for a checkpoint event, or ""."""
+    if isinstance(ev, CheckpointLoaded) and ev.tier == "peer":  # state from a peer
+        return f"checkpoint of step {ev.step} restored from a peer's copy"
+    if isinstance(ev, CheckpointRejected):  # a fallback to an older checkpoint
+        return f"checkpoint {Path(ev.path).name} rejected: {ev.reason}"
+    if isinstance(ev, CheckpointPersistFailed):  # and a save that did not commit
+        return f"checkpoint of step {ev.step} not committed to {ev.tier}: {ev.reason}"
+    return ""
 
 
 class _Phase:
@@ -484,11 +400,11 @@ class _Phase:
 
     def __enter__(self) -> None:
         s = self._session
-        s._send(PhaseChanged(s.rank, self._name, self._budget, time.time()))
+        s._send(PhaseChanged(s.rank, self._name, self._budget, s._now()))
 
     def __exit__(self, *exc: object) -> None:
         s = self._session
-        s._send(PhaseChanged(s.rank, "", 0.0, time.time()))
+        s._send(PhaseChanged(s.rank, "", 0.0, s._now()))
 
 
 class _Section:
@@ -503,8 +419,8 @@ class _Section:
 
     def __enter__(self) -> None:
         s = self._session
-        self._t0 = time.time()
-        s._beat(s._step if s._step is not None else s._completed, self._name, self._t0)
+        self._t0 = t = s._now()
+        s._link.beat(s._step if s._step is not None else s._completed, self._name, t)
 
     def __exit__(self, *exc: object) -> None:
         self._session._section_done(self._name, self._t0)

@@ -1,0 +1,118 @@
+"""Chaos in a worker: the run's fault plan for this rank, fired at step boundaries (a step hook).
+
+Imported only when the agent passed a fault plan (``stalwart run --chaos``), so a run without one
+neither imports :mod:`stalwart.chaos` nor pays a per-step call for it.
+
+* ``crash``/``exit``/``raise``/``hang`` fire once per run at the start of their step (a marker file
+  in the run directory, so a restart does not repeat them);
+* ``slow`` makes every step in its span ``factor`` times as long: the first section of each step
+  spends (factor - 1) x this rank's own unslowed step time extra.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..chaos.once import claim
+from ..chaos.plan import Fault, FaultPlan
+from ..events import ChaosInjected, Event
+from .clock import SYSTEM_CLOCK, Clock
+
+
+class FaultActions:
+    """What a fired fault does to this process (a test passes its own)."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+
+    def crash(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def exit(self) -> None:
+        os._exit(1)
+
+    def hang(self) -> None:
+        while True:
+            self._clock.sleep(3600)
+
+
+class ChaosHook:
+    def __init__(
+        self,
+        faults: tuple[Fault, ...],
+        *,
+        rank: int,
+        chaos_dir: Path,
+        emit: Callable[[Event], None],
+        context: dict[str, Any],
+        clock: Clock = SYSTEM_CLOCK,
+        actions: FaultActions | None = None,
+    ) -> None:
+        self.rank = rank
+        self._at_step = tuple(f for f in faults if f.kind != "slow")
+        self._slow = tuple(f for f in faults if f.kind == "slow")
+        self._chaos_dir = chaos_dir
+        self._emit = emit
+        self._context = context
+        self._clock = clock
+        self._actions = actions or FaultActions(clock)
+        self._pending = False  # a slow fault may apply in the step's first section
+        self._extra = 0.0  # seconds slept this step
+        self.base_step_s = 0.0  # this rank's unslowed step time (moving average)
+
+    @classmethod
+    def from_plan(cls, plan_json: str, *, rank: int, **kwargs: Any) -> ChaosHook | None:
+        """The hook for ``rank``'s faults in the plan, or None when it has none."""
+        faults = FaultPlan.from_json(plan_json).for_rank(rank)
+        return cls(faults, rank=rank, **kwargs) if faults else None
+
+    def step_began(self, step: int) -> None:
+        self._pending = bool(self._slow)
+        for fault in self._at_step:
+            if fault.step != step or not claim(self._chaos_dir, fault):
+                continue
+            self._emit(
+                ChaosInjected(
+                    ts=self._clock.now(),
+                    fault=fault.kind,
+                    step=step,
+                    detail=fault.describe(),
+                    **self._context,
+                )
+            )
+            self._inject(fault, step)
+
+    def _inject(self, fault: Fault, step: int) -> None:
+        match fault.kind:
+            case "crash":
+                self._actions.crash()
+            case "exit":
+                self._actions.exit()
+            case "raise":
+                raise RuntimeError(f"injected bug at step {step} (chaos: raise@rank={self.rank},step={step})")
+            case "hang":
+                self._actions.hang()
+            case _:  # a fault the agent fires (kill-agent, storage faults): nothing to do in a worker
+                pass
+
+    def section_ended(self, step: int, name: str) -> float:
+        if not self._pending:
+            return 0.0
+        self._pending = False
+        spent = 0.0
+        for fault in self._slow:
+            if step >= fault.start and (fault.stop is None or step <= fault.stop) and self.base_step_s > 0:
+                extra = (fault.factor - 1.0) * self.base_step_s
+                self._clock.sleep(extra)
+                spent += extra
+        self._extra += spent
+        return spent
+
+    def step_ended(self, step: int, seconds: float) -> None:
+        unslowed = seconds - self._extra
+        self.base_step_s = unslowed if self.base_step_s == 0 else 0.8 * self.base_step_s + 0.2 * unslowed
+        self._extra = 0.0
