@@ -59,13 +59,16 @@ class TierAdvice:
     reason: str
 
 
+Row = dict[str, float | str]  # one row of a choice's table or of the options by size (JSON-ready)
+
+
 @dataclass(frozen=True)
 class Choice:
     value: object
     ettr: float
     cost: float
     reason: str
-    table: tuple[dict[str, object], ...] = ()
+    table: tuple[Row, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Plan:
     sweep: tuple[dict[str, float], ...]  # ETTR against the durable interval (closed form + simulated)
     notes: tuple[str, ...] = field(default_factory=tuple)
     current_interval_s: float = 0.0
-    options: tuple[dict[str, object], ...] = ()  # per recovery option and size: gpus, ettr, cost
+    options: tuple[Row, ...] = ()  # per recovery option and size: gpus, ettr, cost
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -250,7 +253,7 @@ def plan(
         )
 
     # 3. spares: most productive GPU-hours per reserved GPU-hour
-    rows = []
+    rows: list[Row] = []
     for s in spare_candidates:
         c = _with(tuned, spare_nodes=s)
         e, cost, _ = _score(c)
@@ -268,10 +271,10 @@ def plan(
     tuned = _with(tuned, spare_nodes=int(top["spares"]))
 
     # 4. restart strategy
-    srows = []
-    for s in STRATEGIES:
-        e, cost, _ = _score(_with(tuned, strategy=s))
-        srows.append({"strategy": s, "ettr": e, "cost": cost})
+    srows: list[Row] = []
+    for strat in STRATEGIES:
+        e, cost, _ = _score(_with(tuned, strategy=strat))
+        srows.append({"strategy": strat, "ettr": e, "cost": cost})
     sbest = max(srows, key=lambda r: float(r["ettr"]))
     worst = min(srows, key=lambda r: float(r["ettr"]))
     strategy = Choice(
@@ -291,7 +294,7 @@ def plan(
     extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
     points = []
-    options = []
+    options: list[Row] = []
     for g in sizes:
         g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
         c, r = _at_size(tuned, g, spare_candidates)
