@@ -35,19 +35,22 @@ from ..events import (
 
 FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
 
+# chaos fault kind -> the detectors that should catch it
+EXPECTED_DETECTORS: dict[str, tuple[str, ...]] = {
+    "crash": ("crash",),
+    "exit": ("crash",),
+    "raise": ("exception",),  # the agent's failure kind for an uncaught exception
+    "hang": ("hang",),
+    "slow": ("straggler",),
+    "kill-agent": ("agent_lost",),
+}
+
 
 class PrecisionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    window_s: float = Field(300.0, gt=0, description="how far a confirmation may be from the firing")
+    window_s: float = Field(default=300.0, gt=0, description="how far a confirmation may be from the firing")
     expected: dict[str, tuple[str, ...]] = Field(
-        default_factory=lambda: {
-            "crash": ("crash",),
-            "exit": ("crash",),
-            "raise": ("exception",),  # the agent's failure kind for an uncaught exception
-            "hang": ("hang",),
-            "slow": ("straggler",),
-            "kill-agent": ("agent_lost",),
-        },
+        default_factory=lambda: dict(EXPECTED_DETECTORS),
         description="chaos fault kind -> the detectors that should catch it",
     )
 

@@ -29,10 +29,16 @@ from .precision import DetectorStats, GateDecision, precision_gate
 
 class StragglerActionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_confidence: float = Field(0.8, ge=0, le=1, description="act only on detections at least this sure")
-    min_slowdown: float = Field(1.1, ge=1, description="below this the slowdown is noise: never act")
-    margin: float = Field(1.5, ge=1, description="continuing must cost this many times more than excluding")
-    recovery_s: float = Field(300.0, ge=0, description="restart + reload until the first productive step")
+    min_confidence: float = Field(
+        default=0.8, ge=0, le=1, description="act only on detections at least this sure"
+    )
+    min_slowdown: float = Field(default=1.1, ge=1, description="below this the slowdown is noise: never act")
+    margin: float = Field(
+        default=1.5, ge=1, description="continuing must cost this many times more than excluding"
+    )
+    recovery_s: float = Field(
+        default=300.0, ge=0, description="restart + reload until the first productive step"
+    )
 
 
 @dataclass(frozen=True)
