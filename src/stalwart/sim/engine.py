@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple, TypeVar
 
 import numpy as np
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..policy.restart_policy import RestartBudget
@@ -161,14 +162,17 @@ def _recovery_costs(
     cfg: SimConfig, sch: Schedule, node_loss: np.ndarray, n_cls: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(restart, restore) seconds after a failure of each class (+ planned), by strategy."""
-    if cfg.strategy == "in_process":
-        # restarting in place skips work a job restart does, so it is never slower than one (a measured
-        # job restart of 0.5 s must not be beaten by the 60 s default guess for an in-place restart)
-        soft, hard = min(cfg.in_process_restart_s, cfg.job_restart_s), cfg.job_restart_s
-    elif cfg.strategy == "requeue":
-        soft = hard = cfg.requeue_s
-    else:  # in_job; replica: the failed group restarts like a job, from a peer replica's memory
-        soft = hard = cfg.job_restart_s
+    match cfg.strategy:
+        case "in_process":
+            # restarting in place skips work a job restart does, so it is never slower than one (a
+            # measured job restart of 0.5 s must not be beaten by the 60 s default in-place guess)
+            soft, hard = min(cfg.in_process_restart_s, cfg.job_restart_s), cfg.job_restart_s
+        case "requeue":
+            soft = hard = cfg.requeue_s
+        case "in_job" | "replica":  # replica: the failed group restarts like a job, from a peer's memory
+            soft = hard = cfg.job_restart_s
+        case _:
+            assert_never(cfg.strategy)
     restart = np.where(node_loss, hard, soft)
     if cfg.strategy == "replica":
         restore = np.full(n_cls + 1, sch.restore_all)

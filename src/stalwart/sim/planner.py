@@ -7,11 +7,13 @@ queues and multi-tier restore. Each recommendation carries a one-line reason.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from typing_extensions import assert_never
 
 from ..account.ettr import daly_ettr, daly_interval
 from .config import MAX_GPUS, CheckpointTier, SimConfig
@@ -19,35 +21,57 @@ from .engine import SimResult, simulate
 from .units import duration
 
 STRATEGIES = ("in_process", "in_job", "requeue")
-# recovery options compared at every size (docs/simulator.md says what each one changes)
-OPTIONS = ("cold", "warm", "peer", "replica", "hot_spares", "elastic")
+
+
+class RecoveryOption(str, enum.Enum):
+    """The recovery options compared at every size (docs/simulator.md says what each one changes);
+    the values name them in the plan's JSON and tables."""
+
+    COLD = "cold"
+    WARM = "warm"
+    PEER = "peer"
+    REPLICA = "replica"
+    HOT_SPARES = "hot_spares"
+    ELASTIC = "elastic"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+OPTIONS = tuple(o.value for o in RecoveryOption)  # their names, in this order
 PEER_RESTORE_S = 30.0  # loading state from a healthy peer's memory instead of shared storage
 
 
-def option_config(cfg: SimConfig, option: str) -> SimConfig:
+def option_config(cfg: SimConfig, option: str | RecoveryOption) -> SimConfig:
     """``cfg`` with one recovery option applied; every option keeps ``cfg``'s hot spares except
     ``hot_spares`` (at least one per 256 nodes, pre-initialised) and ``elastic`` (none: it shrinks)."""
-    if option == "cold":
-        return _with(cfg, strategy="in_job")
-    if option == "warm":
-        return _with(cfg, strategy="in_process")
-    if option == "peer":
-        tiers = [
-            {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
-            for t in cfg.tiers
-        ]
-        return _with(cfg, strategy="in_process", tiers=tiers)
-    if option == "replica":
-        return _with(cfg, strategy="replica")
-    if option == "hot_spares":
-        # a hot spare is already initialised: even a node loss costs only the in-place restart
-        # (with no spare count, the pool always has a node: fewer hot spares would only add waits)
-        n = None if cfg.spare_nodes is None else max(cfg.spare_nodes, math.ceil(cfg.nodes / 256))
-        restart = min(cfg.in_process_restart_s, cfg.job_restart_s)
-        return _with(cfg, strategy="in_process", spare_nodes=n, job_restart_s=restart, elastic=False)
-    if option == "elastic":
-        return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
-    raise ValueError(f"unknown recovery option {option!r}")
+    try:
+        opt = RecoveryOption(option)
+    except ValueError:
+        raise ValueError(f"unknown recovery option {option!r}") from None
+    match opt:
+        case RecoveryOption.COLD:
+            return _with(cfg, strategy="in_job")
+        case RecoveryOption.WARM:
+            return _with(cfg, strategy="in_process")
+        case RecoveryOption.PEER:
+            tiers = [
+                {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
+                for t in cfg.tiers
+            ]
+            return _with(cfg, strategy="in_process", tiers=tiers)
+        case RecoveryOption.REPLICA:
+            return _with(cfg, strategy="replica")
+        case RecoveryOption.HOT_SPARES:
+            # a hot spare is already initialised: even a node loss costs only the in-place restart
+            # (with no spare count, the pool always has a node: fewer hot spares would only add waits)
+            n = None if cfg.spare_nodes is None else max(cfg.spare_nodes, math.ceil(cfg.nodes / 256))
+            restart = min(cfg.in_process_restart_s, cfg.job_restart_s)
+            return _with(cfg, strategy="in_process", spare_nodes=n, job_restart_s=restart, elastic=False)
+        case RecoveryOption.ELASTIC:
+            return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
+        case _:
+            assert_never(opt)
 
 
 @dataclass(frozen=True)
