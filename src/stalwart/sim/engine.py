@@ -20,6 +20,11 @@ to the newest completed checkpoint of a tier that survives it.
 
 Policies are the agent's own (``sim/policies.py``): the restart budget, the hang timeout and the
 world-size / spare choice. Time is booked into the report's bucket names (``sim/buckets.py``).
+
+Where each part lives: ``model.py`` (the checkpoint schedule and the per-class model), this module
+(the policies asked, the chunks of trials run on threads, the second pass), ``cycles.py`` (the
+per-cycle arrays: draws, failure times, recoveries, back-off, the repair queue's shares) and
+``book.py`` (the buckets, the counts and the trace of trial 0).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 from .planner import OPTIONS, Plan
 
 
-def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, an optional module
+def _pyplot():  # -> matplotlib.pyplot (an optional dependency, untyped)
     try:
         import matplotlib
 
