@@ -168,3 +168,27 @@ def test_costs_read_in_gpu_seconds_below_a_tenth_of_a_gpu_hour():
     assert gpu_time(90.4) == "90 GPU-s" and gpu_time(359) == "359 GPU-s"
     assert gpu_time(360) == "0.1 GPU-h" and gpu_time(7_200_000) == "2,000.0 GPU-h"
     assert gpu_time(float("inf")) == "unbounded"
+
+
+def test_actions_and_modes_are_enums_whose_values_stay_the_ledgers_words():
+    from stalwart.diagnose.precision import GateMode
+    from stalwart.diagnose.straggler_action import (
+        STRAGGLER_MODES,
+        StragglerAction,
+        StragglerMode,
+        straggler_gate,
+    )
+
+    assert [a.value for a in StragglerAction] == ["keep", "exclude_quarantine"]
+    assert STRAGGLER_MODES == ("observe", "auto", "act")
+    assert [m.value for m in GateMode] == ["act", "observe"]
+    d = decide_straggler(StragglerCase("n3", 27, slowdown=3.0, confidence=0.95, since=0.0), work(), now=600.0)
+    assert d.action is StragglerAction.EXCLUDE_QUARANTINE
+    # the incident carries the plain word into the ledger; f-strings and str() print the word too
+    assert type(d.incident.action) is str and d.incident.action == "exclude_quarantine"
+    assert f"observe_{d.action}" == "observe_exclude_quarantine" and str(GateMode.ACT) == "act"
+    # the gate takes the flag's word or the enum, and answers with the enum
+    assert straggler_gate(StragglerMode.ACT, None).mode is GateMode.ACT
+    assert straggler_gate("observe", None).mode is GateMode.OBSERVE
+    with pytest.raises(ConfigError, match="must be one of"):
+        straggler_gate(None, None)  # type: ignore[arg-type]

@@ -155,3 +155,15 @@ def test_scale_rechooses_spares_so_a_small_fleet_does_not_wait_for_repairs():
     assert small.wait_share < float(starved.buckets["wait_nodes"].mean()) / cfg.horizon_s
     # what is left of the wait is reported, and it explains the gap to the big fleet
     assert small.ettr_mean + small.wait_share >= big.ettr_mean - 0.01
+
+
+def test_recovery_options_are_an_enum_with_the_plans_words():
+    from stalwart.sim.planner import OPTIONS, RecoveryOption, option_config
+
+    assert OPTIONS == ("cold", "warm", "peer", "replica", "hot_spares", "elastic")
+    base = SimConfig(gpus=1024, days=7, trials=10, spare_nodes=16)
+    for word, opt in zip(OPTIONS, RecoveryOption, strict=True):
+        assert option_config(base, word) == option_config(base, opt)  # the word or the enum
+    assert option_config(base, "elastic").elastic and option_config(base, "replica").strategy == "replica"
+    with pytest.raises(ValueError, match="unknown recovery option 'lukewarm'"):
+        option_config(base, "lukewarm")

@@ -106,7 +106,7 @@ def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
 @pytest.mark.parametrize("spares", [1, 3])
 @pytest.mark.parametrize("elastic", [False, True])
 def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares):
-    from stalwart.sim.engine import _queue
+    from stalwart.sim.cycles import shares as _queue
     from stalwart.sim.repair_queue import sequential_waits
 
     rng = np.random.default_rng(4)
@@ -176,7 +176,7 @@ def _streak_model(table):
 
 
 def test_backoff_follows_streaks_of_failures_without_progress():
-    from stalwart.sim.engine import _backoff
+    from stalwart.sim.cycles import backoff as _backoff
 
     m = _streak_model([0.0, 0.0, 10.0, 20.0])
     rec = np.full((1, 8), 100.0)
@@ -200,7 +200,7 @@ def test_backoff_follows_streaks_of_failures_without_progress():
 
 
 def test_a_backoff_that_outlasts_the_next_failure_makes_that_attempt_one_without_progress_too():
-    from stalwart.sim.engine import _backoff
+    from stalwart.sim.cycles import backoff as _backoff
 
     m = _streak_model([0.0, 0.0, 10.0, 20.0])
     rec = np.full((1, 5), 100.0)

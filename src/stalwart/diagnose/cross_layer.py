@@ -47,19 +47,19 @@ class CrossRule(BaseModel):
     action: str
     same_node: bool = False
     # only signals at most this long before the first symptom count (None: the table's window)
-    within_s: float | None = Field(None, ge=0)
+    within_s: float | None = Field(default=None, ge=0)
 
 
 class Window(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    before_s: float = Field(900.0, ge=0)
-    after_s: float = Field(120.0, ge=0)
+    before_s: float = Field(default=900.0, ge=0)
+    after_s: float = Field(default=120.0, ge=0)
 
 
 class CrossRules(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     window: Window = Window()
-    other_node_factor: float = Field(0.9, ge=0.0, le=1.0)
+    other_node_factor: float = Field(default=0.9, ge=0.0, le=1.0)
     rules: tuple[CrossRule, ...] = Field(min_length=1)
 
 

@@ -91,7 +91,7 @@ class PrometheusFacility(BaseModel):
     url: str = Field(description="base URL, e.g. http://prometheus:9090")
     queries: dict[str, str] = Field(description="metric name -> PromQL, e.g. inlet_temp_c: cdu_inlet_celsius")
     loop_label: str = "loop"
-    timeout_s: float = Field(5.0, gt=0, le=60)
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
 
     def model_post_init(self, _ctx: object) -> None:
         bad = set(self.queries) - set(METRICS)
@@ -174,8 +174,10 @@ class CoolingTrend:
 
 class CoolingThresholds(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    inlet_rise_c: float = Field(3.0, gt=0, description="inlet temperature rise that counts as 'rising'")
-    flow_drop_fraction: float = Field(0.2, gt=0, le=1, description="relative fall of coolant flow")
+    inlet_rise_c: float = Field(
+        default=3.0, gt=0, description="inlet temperature rise that counts as 'rising'"
+    )
+    flow_drop_fraction: float = Field(default=0.2, gt=0, le=1, description="relative fall of coolant flow")
 
 
 def cooling_trend(

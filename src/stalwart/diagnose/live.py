@@ -59,7 +59,7 @@ class LiveSources(BaseModel):
     facility_queries: dict[str, str] = Field(default_factory=dict)  # metric -> PromQL (Prometheus only)
     kernel_log: Path | None = None  # a file with dmesg-style lines ([seconds since boot] ...)
     node_telemetry: Path | None = None  # a directory in the health fixture format
-    interval_s: float = Field(2.0, gt=0)
+    interval_s: float = Field(default=2.0, gt=0)
 
     def prometheus(self) -> PrometheusFacility | None:
         if not self.facility.startswith(("http://", "https://")):

@@ -18,6 +18,7 @@ the chaos faults: each fault kind names the detectors that should catch it.
 from __future__ import annotations
 
 import bisect
+import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,19 +36,22 @@ from ..events import (
 
 FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
 
+# chaos fault kind -> the detectors that should catch it
+EXPECTED_DETECTORS: dict[str, tuple[str, ...]] = {
+    "crash": ("crash",),
+    "exit": ("crash",),
+    "raise": ("exception",),  # the agent's failure kind for an uncaught exception
+    "hang": ("hang",),
+    "slow": ("straggler",),
+    "kill-agent": ("agent_lost",),
+}
+
 
 class PrecisionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    window_s: float = Field(300.0, gt=0, description="how far a confirmation may be from the firing")
+    window_s: float = Field(default=300.0, gt=0, description="how far a confirmation may be from the firing")
     expected: dict[str, tuple[str, ...]] = Field(
-        default_factory=lambda: {
-            "crash": ("crash",),
-            "exit": ("crash",),
-            "raise": ("exception",),  # the agent's failure kind for an uncaught exception
-            "hang": ("hang",),
-            "slow": ("straggler",),
-            "kill-agent": ("agent_lost",),
-        },
+        default_factory=lambda: dict(EXPECTED_DETECTORS),
         description="chaos fault kind -> the detectors that should catch it",
     )
 
@@ -173,10 +177,20 @@ def detector_stats(events: Iterable[Event], cfg: PrecisionConfig | None = None) 
     return tuple(out)
 
 
+class GateMode(str, enum.Enum):
+    """Whether a detector's automatic action may be carried out (the value is what reports print)."""
+
+    ACT = "act"
+    OBSERVE = "observe"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
 @dataclass(frozen=True)
 class GateDecision:
     detector: str
-    mode: str  # act | observe
+    mode: GateMode
     reason: str
 
 
@@ -186,20 +200,20 @@ def precision_gate(stats: DetectorStats, threshold: float = 0.9, min_firings: in
     if stats.firings < min_firings or p is None:
         return GateDecision(
             stats.detector,
-            "observe",
+            GateMode.OBSERVE,
             f"{stats.detector}: observe only, {stats.firings} firing(s) < {min_firings} needed "
             f"to measure precision",
         )
     if p < threshold:
         return GateDecision(
             stats.detector,
-            "observe",
+            GateMode.OBSERVE,
             f"{stats.detector}: observe only, precision {p:.2f} ({stats.confirmed}/{stats.firings}) "
             f"< {threshold:g}",
         )
     return GateDecision(
         stats.detector,
-        "act",
+        GateMode.ACT,
         f"{stats.detector}: may act, precision {p:.2f} ({stats.confirmed}/{stats.firings}) >= {threshold:g}",
     )
 

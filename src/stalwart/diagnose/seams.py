@@ -42,11 +42,17 @@ class SlowRank:
 
 class SeamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    window_s: float = Field(900.0, gt=0, description="how far back thermal and facility signals count")
+    window_s: float = Field(
+        default=900.0, gt=0, description="how far back thermal and facility signals count"
+    )
     cooling: CoolingThresholds = CoolingThresholds()
-    shared_window_s: float = Field(300.0, gt=0, description="faults this close in time may share a cause")
-    shared_min_nodes: int = Field(3, ge=2, description="nodes under one domain that make a shared cause")
-    max_drains: int = Field(2, ge=0, description="automatic drains allowed per decision")
+    shared_window_s: float = Field(
+        default=300.0, gt=0, description="faults this close in time may share a cause"
+    )
+    shared_min_nodes: int = Field(
+        default=3, ge=2, description="nodes under one domain that make a shared cause"
+    )
+    max_drains: int = Field(default=2, ge=0, description="automatic drains allowed per decision")
 
 
 def cooling_seams(

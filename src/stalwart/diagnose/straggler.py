@@ -90,13 +90,14 @@ def slow_spans(
     spans = []
     for rank, wins in flagged.items():
         start, prev, best = wins[0][0], wins[0][0], wins[0][1]
-        for w, score in wins[1:] + [(None, 0.0)]:
-            if w is not None and w == prev + 1:
-                prev, best = w, max(best, score)
+        tail: list[tuple[int | None, float]] = [*wins[1:], (None, 0.0)]  # None: close the last span
+        for nxt, score in tail:
+            if nxt is not None and nxt == prev + 1:
+                prev, best = nxt, max(best, score)
                 continue
             spans.append(SlowSpan(rank, start * window, (prev + 1) * window - 1, best))
-            if w is not None:
-                start, prev, best = w, w, score
+            if nxt is not None:
+                start, prev, best = nxt, nxt, score
     return tuple(sorted(spans, key=lambda sp: (sp.first_step, sp.rank)))
 
 

@@ -17,22 +17,51 @@ detector's measured precision (the issue's "automatic actions start in observe-o
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..policy.world_size import SizeRule, WorldPlan, replace_failed
 from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
-from .precision import DetectorStats, GateDecision, precision_gate
+from .precision import DetectorStats, GateDecision, GateMode, precision_gate
+
+
+class StragglerAction(str, enum.Enum):
+    """What the straggler policy advises (the value goes into incidents and the ledger)."""
+
+    KEEP = "keep"
+    EXCLUDE_QUARANTINE = "exclude_quarantine"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class StragglerMode(str, enum.Enum):
+    """``--straggler-action``: whether the policy's exclusion may be carried out."""
+
+    OBSERVE = "observe"  # never act (the default)
+    AUTO = "auto"  # act once the detector's measured precision allows it
+    ACT = "act"  # act, unless measured precision says otherwise
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 class StragglerActionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_confidence: float = Field(0.8, ge=0, le=1, description="act only on detections at least this sure")
-    min_slowdown: float = Field(1.1, ge=1, description="below this the slowdown is noise: never act")
-    margin: float = Field(1.5, ge=1, description="continuing must cost this many times more than excluding")
-    recovery_s: float = Field(300.0, ge=0, description="restart + reload until the first productive step")
+    min_confidence: float = Field(
+        default=0.8, ge=0, le=1, description="act only on detections at least this sure"
+    )
+    min_slowdown: float = Field(default=1.1, ge=1, description="below this the slowdown is noise: never act")
+    margin: float = Field(
+        default=1.5, ge=1, description="continuing must cost this many times more than excluding"
+    )
+    recovery_s: float = Field(
+        default=300.0, ge=0, description="restart + reload until the first productive step"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +92,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class StragglerDecision:
-    action: str  # exclude_quarantine | keep
+    action: StragglerAction
     reason: str
     continue_cost_gpu_s: float
     exclude_cost_gpu_s: float
@@ -72,7 +101,7 @@ class StragglerDecision:
 
     @property
     def exclude(self) -> bool:
-        return self.action == "exclude_quarantine"
+        return self.action is StragglerAction.EXCLUDE_QUARANTINE
 
 
 def decide_straggler(
@@ -95,29 +124,14 @@ def decide_straggler(
         excl = float("inf")
         how = "no valid world size without it"
     costs = f"continuing slow costs {gpu_time(cont)}, restarting without {case.node} {gpu_time(excl)} ({how})"
-    if case.slowdown < c.min_slowdown:
-        action, why = "keep", f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
-    elif case.confidence < c.min_confidence:
-        action, why = (
-            "keep",
-            (
-                f"keep going (observe): detection confidence {case.confidence:.2f} "
-                f"< {c.min_confidence:g}; {costs}"
-            ),
-        )
-    elif not nxt.runnable:
-        action, why = "keep", f"keep going: {nxt.reason}"
-    elif cont > c.margin * excl:
-        action, why = "exclude_quarantine", f"exclude {case.node} and quarantine it: {costs}"
-    else:
-        action, why = "keep", f"keep going: {costs}; excluding pays off only above {c.margin:g}x"
+    action, why = _weigh(case, c, nxt, cont, excl, costs)
     lead = f"rank {case.rank} on {case.node} makes the job {case.slowdown:.2f}x slower"
     incident = Incident(
         cause=f"straggler: {lead}",
         fault_class=FaultClass.UNKNOWN,
         component=Component.STRAGGLER,
         confidence=case.confidence,
-        action=action,
+        action=action.value,
         ts=now,
         onset=case.since,
         rule="policy:straggler-action",
@@ -126,6 +140,25 @@ def decide_straggler(
         cost_gpu_s=slowdown_cost_gpu_s(gpus, case.slowdown, max(0.0, now - case.since)),
     )
     return StragglerDecision(action, why, cont, excl, nxt if nxt.runnable else None, incident)
+
+
+def _weigh(
+    case: StragglerCase, c: StragglerActionConfig, nxt: WorldPlan, cont: float, excl: float, costs: str
+) -> tuple[StragglerAction, str]:
+    """Keep going or exclude, and why: the noise floor, the detection's confidence, a valid world
+    without the node, then the costs with their margin."""
+    keep = StragglerAction.KEEP
+    if case.slowdown < c.min_slowdown:
+        return keep, f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
+    if case.confidence < c.min_confidence:
+        return keep, (
+            f"keep going (observe): detection confidence {case.confidence:.2f} < {c.min_confidence:g}; {costs}"
+        )
+    if not nxt.runnable:
+        return keep, f"keep going: {nxt.reason}"
+    if cont > c.margin * excl:
+        return StragglerAction.EXCLUDE_QUARANTINE, f"exclude {case.node} and quarantine it: {costs}"
+    return keep, f"keep going: {costs}; excluding pays off only above {c.margin:g}x"
 
 
 def gpu_time(gpu_s: float) -> str:
@@ -145,11 +178,11 @@ def confidence_from_windows(flagged: int, seen: int, k: int) -> float:
 
 # --- the precision gate: may the policy's "exclude" be carried out? -------------------------------
 
-STRAGGLER_MODES = ("observe", "auto", "act")
+STRAGGLER_MODES = tuple(m.value for m in StragglerMode)  # the flag's values, in this order
 
 
 def straggler_gate(
-    mode: str,
+    mode: str | StragglerMode,
     stats: DetectorStats | None,
     *,
     min_precision: float = 0.9,
@@ -170,29 +203,51 @@ def straggler_gate(
     ``cannot_leave``: why this node cannot leave the job at all (e.g. its agent hosts the c10d
     rendezvous store); then nothing is carried out, whatever the mode.
     """
-    if mode not in STRAGGLER_MODES:
-        raise ConfigError(f"--straggler-action {mode!r} must be one of {', '.join(STRAGGLER_MODES)}")
-    if mode == "observe":
-        return GateDecision(
-            "straggler", "observe", "straggler action: observe only (--straggler-action observe)"
-        )
-    if cannot_leave:
-        return GateDecision("straggler", "observe", f"straggler action: observe only, {cannot_leave}")
-    s = stats or DetectorStats("straggler", 0, 0, 0, 0)
+    try:
+        m = StragglerMode(mode)
+    except ValueError:
+        raise ConfigError(
+            f"--straggler-action {mode!r} must be one of {', '.join(STRAGGLER_MODES)}"
+        ) from None
+    match m:
+        case StragglerMode.OBSERVE:
+            return GateDecision(
+                "straggler", GateMode.OBSERVE, "straggler action: observe only (--straggler-action observe)"
+            )
+        case StragglerMode.AUTO | StragglerMode.ACT if cannot_leave:
+            return GateDecision(
+                "straggler", GateMode.OBSERVE, f"straggler action: observe only, {cannot_leave}"
+            )
+        case StragglerMode.AUTO:
+            measured = precision_gate(stats or _UNSEEN, min_precision, min_firings)
+            return GateDecision("straggler", measured.mode, f"--straggler-action auto: {measured.reason}")
+        case StragglerMode.ACT:
+            return _act(stats or _UNSEEN, min_precision, min_firings)
+        case _:
+            assert_never(m)
+
+
+_UNSEEN = DetectorStats("straggler", 0, 0, 0, 0)  # no firing in the history
+
+
+def _act(s: DetectorStats, min_precision: float, min_firings: int) -> GateDecision:
+    """``act``: act, unless the measured precision is against the detector."""
     measured = precision_gate(s, min_precision, min_firings)
-    if mode == "auto":
-        return GateDecision("straggler", measured.mode, f"--straggler-action auto: {measured.reason}")
     if s.firings >= min_firings and s.precision is not None and s.precision < min_precision:
         return GateDecision(
             "straggler",
-            "observe",
+            GateMode.OBSERVE,
             f"--straggler-action act, overridden: {measured.reason} in the history",
         )
-    if measured.mode == "act":
-        return GateDecision("straggler", "act", f"--straggler-action act: {measured.reason}")
-    return GateDecision(
-        "straggler",
-        "act",
-        f"--straggler-action act: precision not measured yet ({s.firings} firing(s) in the history, "
-        f"{min_firings} needed); acting as asked",
-    )
+    match measured.mode:
+        case GateMode.ACT:
+            return GateDecision("straggler", GateMode.ACT, f"--straggler-action act: {measured.reason}")
+        case GateMode.OBSERVE:
+            return GateDecision(
+                "straggler",
+                GateMode.ACT,
+                f"--straggler-action act: precision not measured yet ({s.firings} firing(s) in the history, "
+                f"{min_firings} needed); acting as asked",
+            )
+        case _:
+            assert_never(measured.mode)

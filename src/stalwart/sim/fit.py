@@ -243,7 +243,8 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     # the interval in training seconds: steps between consecutive checkpoints x the median step
     ckpt_steps = sorted({k[2] for k in per_ckpt})
     gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:], strict=False) if b > a]
-    interval = _median(gaps) * step_s if gaps and step_s else None
+    gap = _median(gaps)
+    interval = gap * step_s if gap is not None and step_s else None
     first = min((s.start for s in steps), default=None)
     return RunFit(
         classes=tuple(classes),
@@ -295,7 +296,7 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         # the report books the decision into restart (detected -> next first step), so does the replay
         decide_s=0.0,
         job_restart_s=(fit.decide_s or 0.0)
-        + (fit.recover_s if fit.recover_s is not None else float(values.get("job_restart_s", 300.0))),
+        + (fit.recover_s if fit.recover_s is not None else _seconds(values.get("job_restart_s"), 300.0)),
         startup_s=fit.startup_s,
         fail_in_recovery=not fit.injected,
         fail_in_save=not fit.injected,
@@ -311,6 +312,15 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         ],
     )
     return values
+
+
+def _seconds(value: object, default: float) -> float:
+    """A number of seconds from the caller's settings (a number or its text), or ``default``."""
+    if value is None:
+        return default
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise ConfigError(f"job_restart_s must be a number of seconds, not {value!r}")
 
 
 def check_feasible(cfg: SimConfig, source: str) -> None:

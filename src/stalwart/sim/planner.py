@@ -7,11 +7,13 @@ queues and multi-tier restore. Each recommendation carries a one-line reason.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from typing_extensions import assert_never
 
 from ..account.ettr import daly_ettr, daly_interval
 from .config import MAX_GPUS, CheckpointTier, SimConfig
@@ -19,35 +21,57 @@ from .engine import SimResult, simulate
 from .units import duration
 
 STRATEGIES = ("in_process", "in_job", "requeue")
-# recovery options compared at every size (docs/simulator.md says what each one changes)
-OPTIONS = ("cold", "warm", "peer", "replica", "hot_spares", "elastic")
+
+
+class RecoveryOption(str, enum.Enum):
+    """The recovery options compared at every size (docs/simulator.md says what each one changes);
+    the values name them in the plan's JSON and tables."""
+
+    COLD = "cold"
+    WARM = "warm"
+    PEER = "peer"
+    REPLICA = "replica"
+    HOT_SPARES = "hot_spares"
+    ELASTIC = "elastic"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+OPTIONS = tuple(o.value for o in RecoveryOption)  # their names, in this order
 PEER_RESTORE_S = 30.0  # loading state from a healthy peer's memory instead of shared storage
 
 
-def option_config(cfg: SimConfig, option: str) -> SimConfig:
+def option_config(cfg: SimConfig, option: str | RecoveryOption) -> SimConfig:
     """``cfg`` with one recovery option applied; every option keeps ``cfg``'s hot spares except
     ``hot_spares`` (at least one per 256 nodes, pre-initialised) and ``elastic`` (none: it shrinks)."""
-    if option == "cold":
-        return _with(cfg, strategy="in_job")
-    if option == "warm":
-        return _with(cfg, strategy="in_process")
-    if option == "peer":
-        tiers = [
-            {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
-            for t in cfg.tiers
-        ]
-        return _with(cfg, strategy="in_process", tiers=tiers)
-    if option == "replica":
-        return _with(cfg, strategy="replica")
-    if option == "hot_spares":
-        # a hot spare is already initialised: even a node loss costs only the in-place restart
-        # (with no spare count, the pool always has a node: fewer hot spares would only add waits)
-        n = None if cfg.spare_nodes is None else max(cfg.spare_nodes, math.ceil(cfg.nodes / 256))
-        restart = min(cfg.in_process_restart_s, cfg.job_restart_s)
-        return _with(cfg, strategy="in_process", spare_nodes=n, job_restart_s=restart, elastic=False)
-    if option == "elastic":
-        return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
-    raise ValueError(f"unknown recovery option {option!r}")
+    try:
+        opt = RecoveryOption(option)
+    except ValueError:
+        raise ValueError(f"unknown recovery option {option!r}") from None
+    match opt:
+        case RecoveryOption.COLD:
+            return _with(cfg, strategy="in_job")
+        case RecoveryOption.WARM:
+            return _with(cfg, strategy="in_process")
+        case RecoveryOption.PEER:
+            tiers = [
+                {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
+                for t in cfg.tiers
+            ]
+            return _with(cfg, strategy="in_process", tiers=tiers)
+        case RecoveryOption.REPLICA:
+            return _with(cfg, strategy="replica")
+        case RecoveryOption.HOT_SPARES:
+            # a hot spare is already initialised: even a node loss costs only the in-place restart
+            # (with no spare count, the pool always has a node: fewer hot spares would only add waits)
+            n = None if cfg.spare_nodes is None else max(cfg.spare_nodes, math.ceil(cfg.nodes / 256))
+            restart = min(cfg.in_process_restart_s, cfg.job_restart_s)
+            return _with(cfg, strategy="in_process", spare_nodes=n, job_restart_s=restart, elastic=False)
+        case RecoveryOption.ELASTIC:
+            return _with(cfg, strategy="in_job", spare_nodes=0, elastic=True)
+        case _:
+            assert_never(opt)
 
 
 @dataclass(frozen=True)
@@ -59,13 +83,16 @@ class TierAdvice:
     reason: str
 
 
+Row = dict[str, float | str]  # one row of a choice's table or of the options by size (JSON-ready)
+
+
 @dataclass(frozen=True)
 class Choice:
     value: object
     ettr: float
     cost: float
     reason: str
-    table: tuple[dict[str, object], ...] = ()
+    table: tuple[Row, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,7 +119,7 @@ class Plan:
     sweep: tuple[dict[str, float], ...]  # ETTR against the durable interval (closed form + simulated)
     notes: tuple[str, ...] = field(default_factory=tuple)
     current_interval_s: float = 0.0
-    options: tuple[dict[str, object], ...] = ()  # per recovery option and size: gpus, ettr, cost
+    options: tuple[Row, ...] = ()  # per recovery option and size: gpus, ettr, cost
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -250,7 +277,7 @@ def plan(
         )
 
     # 3. spares: most productive GPU-hours per reserved GPU-hour
-    rows = []
+    rows: list[Row] = []
     for s in spare_candidates:
         c = _with(tuned, spare_nodes=s)
         e, cost, _ = _score(c)
@@ -268,10 +295,10 @@ def plan(
     tuned = _with(tuned, spare_nodes=int(top["spares"]))
 
     # 4. restart strategy
-    srows = []
-    for s in STRATEGIES:
-        e, cost, _ = _score(_with(tuned, strategy=s))
-        srows.append({"strategy": s, "ettr": e, "cost": cost})
+    srows: list[Row] = []
+    for strat in STRATEGIES:
+        e, cost, _ = _score(_with(tuned, strategy=strat))
+        srows.append({"strategy": strat, "ettr": e, "cost": cost})
     sbest = max(srows, key=lambda r: float(r["ettr"]))
     worst = min(srows, key=lambda r: float(r["ettr"]))
     strategy = Choice(
@@ -291,7 +318,7 @@ def plan(
     extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
     points = []
-    options = []
+    options: list[Row] = []
     for g in sizes:
         g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
         c, r = _at_size(tuned, g, spare_candidates)

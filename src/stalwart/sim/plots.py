@@ -10,7 +10,7 @@ from ..errors import ConfigError
 from .planner import OPTIONS, Plan
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot():  # -> matplotlib.pyplot (an optional dependency, untyped)
     try:
         import matplotlib
 
@@ -48,7 +48,7 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
         ax.set_ylabel("effective training time ratio (%)")
         ax.set_title("ETTR against checkpoint interval")
         written.append(_finish(plt, fig, ax, out / f"ettr_vs_interval.{fmt}"))
-    sizes = sorted({int(r["gpus"]) for r in p.options})  # type: ignore[call-overload]
+    sizes = sorted({int(r["gpus"]) for r in p.options})
     if len(sizes) >= 2:
         for key, label, name, scale in (
             ("ettr", "effective training time ratio (%)", "ettr_vs_gpus", 100.0),
@@ -56,16 +56,16 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
         ):
             fig, ax = plt.subplots(figsize=(7, 4.2))
             for opt in OPTIONS:
-                rows = sorted((r for r in p.options if r["option"] == opt), key=lambda r: r["gpus"])  # type: ignore[arg-type,return-value]
+                rows = sorted((r for r in p.options if r["option"] == opt), key=lambda r: float(r["gpus"]))
                 ax.plot(
                     [r["gpus"] for r in rows],
                     [scale * float(r[key]) for r in rows],
                     "o-",
-                    label=opt,  # type: ignore[arg-type]
+                    label=opt,
                 )
             ax.set_xscale("log")
             if key == "ettr":  # zoomed to the data, so that close options stay apart
-                low = min(100.0 * float(r["ettr"]) for r in p.options)  # type: ignore[arg-type]
+                low = min(100.0 * float(r["ettr"]) for r in p.options)
                 ax.set_ylim(max(0.0, low - 5.0), 100.5)
             else:
                 ax.set_yscale("log")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from ..errors import ConfigError
 from ..events import (
@@ -32,11 +33,20 @@ from ..events import (
     TrainingResumed,
 )
 from ..ledger import LedgerWriter
+from .book import TraceRow
 from .engine import SimResult
 
 NODE = "sim-0"
 RUN_ID = "simulated"
 EPOCH = 1_700_000_000.0  # an arbitrary wall-clock origin; the report only uses differences
+
+
+class _Ids(TypedDict):
+    """Who an attempt's events belong to."""
+
+    run_id: str
+    node: str
+    attempt: int
 
 
 def _check(result: SimResult, step_s: float) -> None:
@@ -65,17 +75,16 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
     cfg = result.config
     tier = cfg.tiers[0]
     horizon = cfg.horizon_s
-    world = dict(run_id=RUN_ID, node=NODE)
     evs: list[Event] = [
-        JobStarted(ts=EPOCH, script="simulated.py", nproc_per_node=cfg.gpus_per_node, **world)
+        JobStarted(
+            ts=EPOCH, script="simulated.py", nproc_per_node=cfg.gpus_per_node, run_id=RUN_ID, node=NODE
+        )
     ]
     step = 0  # steps completed and committed; a failure rolls back to the newest commit
     for attempt, cyc in enumerate(result.trace):
         t = EPOCH + cyc["start"]
-        a = dict(attempt=attempt, **world)
-        evs.append(
-            AttemptStarted(ts=t, world_size=cfg.gpus, num_nodes=cfg.nodes, **a)  # type: ignore[arg-type]
-        )
+        a: _Ids = {"run_id": RUN_ID, "node": NODE, "attempt": attempt}
+        evs.append(AttemptStarted(ts=t, world_size=cfg.gpus, num_nodes=cfg.nodes, **a))
         if cyc["recovered"]:
             t += cyc["restart"] + cyc["restore"]
             evs.append(CheckpointLoaded(ts=t, step=step, path="sim", duration_s=cyc["restore"], rank=0, **a))
@@ -109,7 +118,8 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
             outcome="succeeded",
             exit_code=0,
             requeue_helps=False,
-            **world,
+            run_id=RUN_ID,
+            node=NODE,
         )
     )
     return sorted(evs, key=lambda e: e.ts)
@@ -117,10 +127,10 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
 
 def _run(
     evs: list[Event],
-    a: dict[str, object],
+    a: _Ids,
     t: float,
     step: int,
-    cyc: dict[str, float],
+    cyc: TraceRow,
     interval: float,
     stall: float,
     step_s: float,
@@ -133,13 +143,13 @@ def _run(
     while left > 1e-9:
         n_full = min(per_block, int(math.floor(left / step_s + 1e-9)))
         for _ in range(n_full):
-            evs.append(StepCompleted(ts=t + step_s, step=step, start=t, duration=step_s, rank=0, **a))  # type: ignore[arg-type]
+            evs.append(StepCompleted(ts=t + step_s, step=step, start=t, duration=step_s, rank=0, **a))
             t += step_s
             step += 1
         left = max(0.0, left - n_full * step_s)
         if n_full < per_block:  # the run phase ends inside this interval
             if left > 1e-9:  # its last step, cut short by the failure or the end of the horizon
-                evs.append(StepCompleted(ts=t + left, step=step, start=t, duration=left, rank=0, **a))  # type: ignore[arg-type]
+                evs.append(StepCompleted(ts=t + left, step=step, start=t, duration=left, rank=0, **a))
                 t += left
                 step += 1
             break
@@ -147,11 +157,11 @@ def _run(
         s = min(stall, max(end - t, 0.0))
         if s >= stall - 1e-9:
             t += stall
-            evs.append(CheckpointCommitted(ts=t, step=step, path="sim", stall_s=stall, rank=0, **a))  # type: ignore[arg-type]
+            evs.append(CheckpointCommitted(ts=t, step=step, path="sim", stall_s=stall, rank=0, **a))
             committed = step
         else:
             if not cyc["failed"] and s > 0:  # the horizon ends inside a save that is being staged
-                evs.append(CheckpointStaged(ts=t + s, step=step, stall_s=s, rank=0, **a))  # type: ignore[arg-type]
+                evs.append(CheckpointStaged(ts=t + s, step=step, stall_s=s, rank=0, **a))
             t += s
             break
     return t, (committed if cyc["failed"] and cyc["class"] != "planned" else step)
