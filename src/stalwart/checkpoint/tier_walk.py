@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..errors import CheckpointError
 from ..events import CheckpointLoaded, CheckpointRejected
 from .manifest import Manifest, read_manifest, verify_files
-from .node_tier import assemble
+from .node_tier import RestoreSource, assemble
 from .outcomes import EngineLoad, EngineParts
 from .persist import describe
 from .safe_reader import SafeLoad, UnsafeCheckpoint, check_metadata, load_torch_file, refusal_line
@@ -94,7 +94,8 @@ class TierWalk:
         if mine is None:
             return Path(), "", "", f"no result from this node's leader (local rank 0) for rank {p.rank}"
         sources = {g.source for g in gathered if g is not None and not g.reason}
-        return Path(mine.path), "peer" if "peer" in sources else "memory", mine.source, mine.reason
+        job = RestoreSource.PEER if RestoreSource.PEER in sources else RestoreSource.MEMORY
+        return Path(mine.path), job.value, mine.source.value if mine.source else "", mine.reason
 
     def _verify(self, step: int, tier: str, loc: str, node_local: bool) -> _Verified:
         """This rank's share of checking one candidate (its stride of the files)."""
@@ -146,7 +147,9 @@ class TierWalk:
                 self._reject(rejected, step, tier, loc, why)
                 continue
             dt = p.clock() - t0
-            if p.rank == 0 or (p.link.leader and got.node_source == "peer"):  # a node that fetched says so
+            if p.rank == 0 or (
+                p.link.leader and got.node_source == RestoreSource.PEER.value
+            ):  # a node that fetched says so
                 p.sink(
                     CheckpointLoaded(
                         ts=p.wall(),
