@@ -22,8 +22,9 @@ import math
 import os
 import re
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,8 +40,8 @@ from pydantic import (
 from ..errors import CheckpointError
 
 MANIFEST = "MANIFEST.json"
-FORMAT = "stalwart-checkpoint"
-VERSION = 2
+FORMAT: Final = "stalwart-checkpoint"
+VERSION: Final = 2
 KEY_ENV = "STALWART_CHECKPOINT_KEY"
 KEY_FILE_ENV = "STALWART_CHECKPOINT_KEY_FILE"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest of 100k files is ~15 MB; anything larger is not ours
@@ -166,10 +167,10 @@ class Manifest(BaseModel):
             raise ValueError(f"malformed manifest at {where}: {first['msg']}{more}") from None
 
 
-def configured_key(env: dict[str, str] | None = None) -> bytes | None:
+def configured_key(env: Mapping[str, str] | None = None) -> bytes | None:
     """The checkpoint MAC key from the environment, or None. A key file wins over the variable."""
-    env = os.environ if env is None else env
-    if path := env.get(KEY_FILE_ENV):
+    values: Mapping[str, str] = os.environ if env is None else env
+    if path := values.get(KEY_FILE_ENV):
         try:
             key = Path(path).read_bytes().strip()
         except OSError as exc:
@@ -178,7 +179,7 @@ def configured_key(env: dict[str, str] | None = None) -> bytes | None:
                 f"make {KEY_FILE_ENV} name a readable file or unset it",
             ) from None
         source = f"key file {path}"
-    elif value := env.get(KEY_ENV):
+    elif value := values.get(KEY_ENV):
         key, source = value.encode(), KEY_ENV
     else:
         return None

@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from .manifest import MANIFEST, Manifest, encode, parse_checked, read_manifest, verify_files, write_durable
@@ -116,10 +117,21 @@ def send_manifest(link: NodeLink, version: Path) -> str:
     return ""
 
 
+class RestoreSource(str, Enum):
+    """Where a node-local version was assembled from: this node's memory alone, or with files (or
+    the manifest) fetched from peers. The values are written to the ledger."""
+
+    MEMORY = "memory"
+    PEER = "peer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Assembled:
     path: str
-    source: str  # "memory" | "peer"; "" when not assembled
+    source: RestoreSource | None  # None when not assembled
     reason: str = ""
     fetched: tuple[str, ...] = ()  # "file from node" for each file that crossed the network
     duration_s: float = 0.0
@@ -168,7 +180,7 @@ def assemble(link: NodeLink, store: FileStore, step: int, clock=time.perf_counte
     if manifest is None:
         manifest, data, came_from, reason = _fetch_manifest(link, step, store.key)
         if manifest is None:
-            return Assembled("", "", f"{why}; {reason}")
+            return Assembled("", None, f"{why}; {reason}")
         if came_from:
             fetched.append(f"{MANIFEST} from {came_from}")
         work = store.begin(step)
@@ -203,8 +215,11 @@ def assemble(link: NodeLink, store: FileStore, step: int, clock=time.perf_counte
             (work / name).unlink(missing_ok=True)
             if work != final:
                 store.discard(step)
-            return Assembled("", "", f"{name}: " + ("; ".join(problems) or "no copy on this node or a peer"))
+            return Assembled(
+                "", None, f"{name}: " + ("; ".join(problems) or "no copy on this node or a peer")
+            )
     if work != final:
         write_durable(work / MANIFEST, data or encode(manifest, store.key), fsync=False)
         os.replace(work, final)
-    return Assembled(str(final), "peer" if fetched else "memory", "", tuple(fetched), clock() - t0)
+    source = RestoreSource.PEER if fetched else RestoreSource.MEMORY
+    return Assembled(str(final), source, "", tuple(fetched), clock() - t0)

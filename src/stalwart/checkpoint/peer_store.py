@@ -129,7 +129,9 @@ class PeerStore:
 
         self._server = ThreadingHTTPServer((host, port), Handler, bind_and_activate=True)
         self._server.daemon_threads = True
-        self.host, self.port = self._server.server_address[:2]
+        bound_host, bound_port = self._server.server_address[:2]
+        self.host: str = bound_host if isinstance(bound_host, str) else bytes(bound_host).decode()
+        self.port: int = bound_port
         self._thread: threading.Thread | None = None
 
     def start(self) -> PeerStore:

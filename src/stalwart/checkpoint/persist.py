@@ -88,6 +88,21 @@ class Persister:
         but holds only its own ranks' files (and rank 0's metadata). Default: one directory, rank 0."""
         node_local = leader is not None
         leader = self.rank == 0 if leader is None else leader
+        self._begin(snap, store, leader)
+        gathered = self.comm.all_gather(self._write_shards(snap, tier, store.partial(snap.step)))
+        errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
+        if errs:
+            if leader:
+                store.discard(snap.step)
+            self.comm.barrier()
+            raise PersistError(errs[0])
+        if node_local:
+            return self._commit_nodes(snap, store, gathered, leader, emergency)
+        return self._commit_one(snap, store, gathered, emergency)
+
+    def _begin(self, snap: Snapshot, store: FileStore, leader: bool) -> None:
+        """Collective: the leader creates the partial directory; refuse a state that only a full
+        unpickle could read back (it would be refused on load: fail the save instead)."""
         err = ""
         if leader:
             try:
@@ -98,12 +113,14 @@ class Persister:
                 err = str(exc)
         if err := self._gather_errors(err):
             raise PersistError(err)
-        work = store.partial(snap.step)
-        # a value only a full unpickle could read back would be refused on load: fail the save instead
         if err := self._gather_errors(unsafe_values(snap.state)):
             if leader:
                 store.discard(snap.step)
             raise PersistError(f"{err}; keep tensors, numbers, strings, lists and dicts in the state")
+
+    def _write_shards(self, snap: Snapshot, tier: TierConfig, work: Path) -> tuple[str, dict[str, FileEntry]]:
+        """Collective (DCP): write this rank's shards and extras into ``work``; returns (error, the
+        files this rank wrote with their sizes and digests)."""
         entries: dict[str, FileEntry] = {}
         try:
             dcp.save(
@@ -122,30 +139,15 @@ class Persister:
                 f = work / name
                 entries[name] = FileEntry(size=f.stat().st_size, sha256=sha256_file(f))
         except (Exception, CheckpointException) as exc:  # every failure must reach the other ranks
-            err = describe(exc)
-        gathered = self.comm.all_gather((err, entries))
-        errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
-        if errs:
-            if leader:
-                store.discard(snap.step)
-            self.comm.barrier()
-            raise PersistError(errs[0])
-        if node_local:
-            return self._commit_nodes(snap, store, gathered, leader, emergency)
+            return describe(exc), entries
+        return "", entries
+
+    def _commit_one(self, snap: Snapshot, store: FileStore, gathered: list[Any], emergency: bool) -> Path:
+        """Rank 0 writes the manifest and commits the one directory; every rank hears the outcome."""
         outcome = ""
         if self.rank == 0:
-            files: dict[str, FileEntry] = {}
-            for _, ent in gathered:
-                files.update(ent)
             try:  # a step the manifest cannot hold (e.g. not a plain int) fails here, on rank 0 only
-                manifest = Manifest(
-                    step=snap.step,
-                    world_size=self.world_size,
-                    files=files,
-                    created=self.clock(),
-                    meta={"emergency": emergency, "bytes": snap.bytes},
-                )
-                store.commit(snap.step, manifest)
+                store.commit(snap.step, self._manifest(snap, gathered, emergency))
             except (OSError, ValueError) as exc:
                 store.discard(snap.step)
                 outcome = "rank 0: commit failed: " + " ".join(str(exc).split())[:300]
@@ -154,7 +156,7 @@ class Persister:
             raise PersistError(outcome)
         return store.final(snap.step)
 
-    def _manifest(self, snap: Snapshot, gathered: list, emergency: bool) -> Manifest:
+    def _manifest(self, snap: Snapshot, gathered: list[Any], emergency: bool) -> Manifest:
         files: dict[str, FileEntry] = {}
         for _, ent in gathered:
             files.update(ent)
@@ -166,7 +168,9 @@ class Persister:
             meta={"emergency": emergency, "bytes": snap.bytes},
         )
 
-    def _commit_nodes(self, snap: Snapshot, store: FileStore, gathered: list, leader: bool, emergency: bool):
+    def _commit_nodes(
+        self, snap: Snapshot, store: FileStore, gathered: list[Any], leader: bool, emergency: bool
+    ) -> Path:
         """Rank 0 writes the manifest; every node's leader commits it in its own directory."""
         made: Manifest | str = ""
         if self.rank == 0:
@@ -176,9 +180,9 @@ class Persister:
                 made = "rank 0: manifest: " + " ".join(str(exc).split())[:300]
         made = self.comm.broadcast(made)
         err = made if isinstance(made, str) else ""
-        if leader and not err:
+        if leader and isinstance(made, Manifest):
             try:
-                store.commit(snap.step, made)  # type: ignore[arg-type]
+                store.commit(snap.step, made)
             except OSError as exc:
                 err = f"commit failed: {exc}"
         if err := self._gather_errors(err):

@@ -12,6 +12,7 @@ values go through ``torch.load(weights_only=True)``. Anything else is refused wi
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ class SafeFileSystemReader(FileSystemReader):
     refusal = ""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path: str | os.PathLike[str]
         if hasattr(self, "_get_metadata_path"):
             path = self._get_metadata_path(kwargs.get("rank"))
         else:  # torch 2.6: one metadata file, named as DCP's own reader of that release names it
@@ -162,9 +164,10 @@ class SafeFileSystemReader(FileSystemReader):
         except UnsafeCheckpoint as exc:
             self.refusal = self.refusal or exc.message
             raise
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

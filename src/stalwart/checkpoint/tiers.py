@@ -10,15 +10,46 @@ from __future__ import annotations
 
 import os
 import stat
+from enum import Enum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import assert_never
 
 from ..errors import CheckpointError, ConfigError
 
-TierKind = Literal["memory", "local", "shared", "object"]
-SPEED_ORDER: dict[str, int] = {"memory": 0, "local": 1, "shared": 2, "object": 3}
+TierKindName = Literal["memory", "local", "shared", "object"]  # what a configuration spells
+
+
+class TierKind(str, Enum):
+    """What a tier is stored on, fastest first."""
+
+    MEMORY = "memory"
+    LOCAL = "local"
+    SHARED = "shared"
+    OBJECT = "object"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def speed(self) -> int:
+        """Rank in the speed order: 0 is the fastest."""
+        match self:
+            case TierKind.MEMORY:
+                return 0
+            case TierKind.LOCAL:
+                return 1
+            case TierKind.SHARED:
+                return 2
+            case TierKind.OBJECT:
+                return 3
+            case _:
+                assert_never(self)
+
+
+SPEED_ORDER: dict[str, int] = {k.value: k.speed for k in TierKind}
 
 
 class TierConfig(BaseModel):
@@ -29,7 +60,7 @@ class TierConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    kind: TierKind
+    kind: TierKindName
     location: str
     every_steps: int = Field(default=1, ge=1)
     keep: int = Field(default=2, ge=1)
@@ -44,17 +75,26 @@ class TierConfig(BaseModel):
         return v
 
     @property
+    def tier_kind(self) -> TierKind:
+        return TierKind(self.kind)
+
+    @property
     def durable(self) -> bool:
         """Whether the tier survives the loss of the node's memory."""
-        return self.kind != "memory"
+        return self.tier_kind is not TierKind.MEMORY
 
     @property
     def do_fsync(self) -> bool:
-        return self.kind != "memory" if self.fsync is None else self.fsync
+        return self.tier_kind is not TierKind.MEMORY if self.fsync is None else self.fsync
 
     @property
     def is_file(self) -> bool:
-        return self.kind != "object"
+        return self.tier_kind is not TierKind.OBJECT
+
+    @property
+    def speed(self) -> int:
+        """0 for the fastest kind of tier (memory), 3 for the slowest (object)."""
+        return self.tier_kind.speed
 
 
 def validate_tiers(tiers: list[TierConfig]) -> list[TierConfig]:
@@ -71,7 +111,7 @@ def validate_tiers(tiers: list[TierConfig]) -> list[TierConfig]:
         raise ConfigError(
             f"two checkpoint tiers share a location: {locs}", "give every tier its own directory"
         )
-    return sorted(tiers, key=lambda t: SPEED_ORDER[t.kind])
+    return sorted(tiers, key=lambda t: t.speed)
 
 
 def default_shm_root(job: str) -> Path:

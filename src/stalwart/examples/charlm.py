@@ -114,11 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model = CharLM(args.d_model, args.layers, args.heads, args.seq)
     torch.manual_seed(args.seed + 1 + rank)  # per-rank dropout stream
-    ddp = model
+    ddp: nn.Module = model
     if dist.is_initialized():
-        ddp = nn.parallel.DistributedDataParallel(model)
+        wrapped = nn.parallel.DistributedDataParallel(model)
         # exact resume: the reduction must not depend on DDP's (rebuilt) bucket layout
-        ddp.register_comm_hook(None, rank_ordered_allreduce_hook)
+        wrapped.register_comm_hook(None, rank_ordered_allreduce_hook)
+        ddp = wrapped
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 20)
 

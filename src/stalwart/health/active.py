@@ -237,7 +237,10 @@ def measure_active(
     ``progress`` hears each test as it starts and ends (the suite takes seconds)."""
     devs = _devices()
     kind = "cuda" if devs[0].startswith("cuda") else "cpu"
-    gemm, mem, secs, errors = {}, {}, {}, []
+    gemm: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    secs: dict[str, float] = {}
+    errors: list[str] = []
     busbw, ranks, disk, step_ok, step_detail = None, 0, None, None, ""
 
     def timed(name, fn):

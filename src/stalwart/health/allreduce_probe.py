@@ -15,6 +15,7 @@ import os
 import sys
 
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveMeasurements, allreduce_busbw, check_active
+from .findings import CheckStatus
 from .rules import load_rules
 
 
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
                     "busbw_gbps": bw,
                     "ranks": world,
                     "ok": ok,
-                    "verdict": verdict.status,
+                    "verdict": verdict.status.value,
                     "reason": verdict.reason,
                 }
             ),
             flush=True,
         )
-    return 0 if verdict.status != "fail" else 1
+    return 0 if verdict.status is not CheckStatus.FAIL else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ A Kubernetes backend (cordon + taint) would implement the same four methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
+
+from typing_extensions import assert_never
 
 from ..errors import SchedulerError
 from ..node_name import validate_drain_reason, validate_node_name
@@ -122,11 +125,27 @@ class SlurmBackend:
         return self.status(node).state
 
 
+class BackendKind(str, Enum):
+    """Where drains and resumes go (the ``--backend`` value)."""
+
+    LOCAL = "local"
+    SLURM = "slurm"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def make_backend(name: str) -> NodeBackend:
     from ..errors import ConfigError
 
-    if name == "local":
-        return LocalBackend()
-    if name == "slurm":
-        return SlurmBackend()
-    raise ConfigError(f"unknown backend {name!r}", "use 'local' or 'slurm'")
+    try:
+        kind = BackendKind(name)
+    except ValueError:
+        raise ConfigError(f"unknown backend {name!r}", "use 'local' or 'slurm'") from None
+    match kind:
+        case BackendKind.LOCAL:
+            return LocalBackend()
+        case BackendKind.SLURM:
+            return SlurmBackend()
+        case _:
+            assert_never(kind)

@@ -6,6 +6,33 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import assert_never
+
+
+class CheckStatus(str, enum.Enum):
+    """What a check (or the rule table over its findings) concludes for a node: a pass, a warning,
+    a failure. The values are written to ledgers and rule tables; they never change."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def rank(self) -> int:
+        """0 for a pass, 2 for a failure: the worst of several is the one of highest rank."""
+        match self:
+            case CheckStatus.PASS:
+                return 0
+            case CheckStatus.WARN:
+                return 1
+            case CheckStatus.FAIL:
+                return 2
+            case _:
+                assert_never(self)
+
 
 class Severity(enum.IntEnum):
     """How bad a finding is, as seen by the check that made it (the rule table has the last word)."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import ConfigError
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveExpectations, check_active, measure_active
-from .findings import Finding
+from .findings import CheckStatus, Finding
 from .gpu_fixtures import load_gpu_fixture
 from .gpu_observation import GpuNodeObservation
 from .infiniband import IbObservation, collect_infiniband
@@ -182,7 +182,7 @@ def run_gate(
         me = local_versions(node or "local", driver=gpu.driver, cuda=gpu.cuda)
         findings += [f for f in check_version_consistency([*peers, me]) if f.subject == me.node]
     verdict = table.evaluate(findings)
-    passed = verdict.status != "fail"
+    passed = verdict.status is not CheckStatus.FAIL
     dur = clock() - t0
     reason = ("gate passed: " if passed else "gate failed: ") + verdict.reason
     return GateResult(passed, verdict, tuple(findings), reason, dur, gpu, ib, timings)

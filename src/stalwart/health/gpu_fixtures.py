@@ -49,8 +49,8 @@ def _int(value: Any) -> int | None:
 
 def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
     fields = d.get("field_values") or {}
-    remap = d.get("remapped_rows")
-    remap_ok = isinstance(remap, list) and len(remap) == 4
+    remap_raw = d.get("remapped_rows")
+    remap: list[Any] | None = remap_raw if isinstance(remap_raw, list) and len(remap_raw) == 4 else None
     errors = []
     for key, value in d.items():
         if (
@@ -79,7 +79,10 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
     fields = fields if isinstance(fields, dict) else {}
     power = _num(d.get("power_mw"))
     limit = _num(d.get("power_limit_mw"))
-    util = d.get("util") if isinstance(d.get("util"), dict) else {}
+    util_raw = d.get("util")
+    util: dict[str, Any] = util_raw if isinstance(util_raw, dict) else {}
+    xids_raw = d.get("xid_events")
+    xids: list[Any] = xids_raw if isinstance(xids_raw, list) else []
     return GpuObservation(
         index=index,
         name=str(d.get("name", "")),
@@ -100,21 +103,17 @@ def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
         ecc_vol_uncorr=_int(d.get("ecc_vol_uncorr")),
         ecc_agg_corr=_int(d.get("ecc_agg_corr")),
         ecc_agg_uncorr=_int(d.get("ecc_agg_uncorr")),
-        remap_corr=_int(remap[0]) if remap_ok else None,
-        remap_unc=_int(remap[1]) if remap_ok else None,
-        remap_pending=bool(remap[2]) if remap_ok else None,
-        remap_failure=bool(remap[3]) if remap_ok else None,
+        remap_corr=_int(remap[0]) if remap is not None else None,
+        remap_unc=_int(remap[1]) if remap is not None else None,
+        remap_pending=bool(remap[2]) if remap is not None else None,
+        remap_failure=bool(remap[3]) if remap is not None else None,
         pcie_gen=_int(d.get("pcie_gen")),
         pcie_max_gen=_int(d.get("pcie_max_gen")),
         pcie_width=_int(d.get("pcie_width")),
         pcie_max_width=_int(d.get("pcie_max_width")),
         pcie_replay=_int(d.get("pcie_replay")),
         nvlinks=tuple(links),
-        xid_events=tuple(
-            int(x)
-            for x in (d.get("xid_events") if isinstance(d.get("xid_events"), list) else ())
-            if isinstance(x, int)
-        ),
+        xid_events=tuple(int(x) for x in xids if isinstance(x, int)),
         recovery_action=_int(fields.get("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")),
         lost=bool(d.get("lost", False)) or any("GpuIsLost" in e for e in errors),
         errors=tuple(errors),
@@ -143,7 +142,8 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
         )
     if nvml.get("unavailable"):
         return GpuNodeObservation(source=source, available=False, unavailable_reason=str(nvml["unavailable"]))
-    per_gpu = nvml.get("gpus") if isinstance(nvml.get("gpus"), list) else [nvml]
+    gpus_raw = nvml.get("gpus")
+    per_gpu: list[Any] = gpus_raw if isinstance(gpus_raw, list) else [nvml]
     gpus, problems = [], []
     if len(per_gpu) > MAX_GPUS:
         problems.append(f"{path.name}: {len(per_gpu)} GPU entries; only the first {MAX_GPUS} are read")

@@ -10,12 +10,31 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from typing_extensions import assert_never
+
+from .findings import CheckStatus
+
 
 class NodeState(str, enum.Enum):
     HEALTHY = "healthy"
     SUSPECT = "suspect"
     QUARANTINED = "quarantined"
     PROBATION = "probation"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class NodeAction(str, enum.Enum):
+    """What a backend must do after a transition (written to the ledger as it is)."""
+
+    NONE = "none"
+    DRAIN = "drain"
+    RESUME = "resume"
+    ALERT = "alert"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -34,11 +53,15 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    status: str  # pass | warn | fail
+    status: CheckStatus
     reason: str
     recoverable: bool = True
     fault_key: str = ""
     revalidation: bool = False  # the active suite ran and passed too
+
+    def __post_init__(self) -> None:
+        # callers that still pass "pass" | "warn" | "fail" get the enum (an unknown text raises)
+        object.__setattr__(self, "status", CheckStatus(self.status))
 
 
 @dataclass(frozen=True)
@@ -67,13 +90,13 @@ class LifecyclePolicy:
 @dataclass(frozen=True)
 class Transition:
     record: NodeRecord
-    action: str  # none | drain | resume | alert
+    action: NodeAction
     reason: str
     drain_reason: str = ""
 
     @property
     def changed(self) -> bool:
-        return self.action != "none"
+        return self.action is not NodeAction.NONE
 
 
 def _drain_text(policy: LifecyclePolicy, reason: str) -> str:
@@ -110,12 +133,12 @@ def _quarantine(
             recoverable=recoverable,
             needs_human=not recoverable,
         )
-        return Transition(new, "none", f"quarantined (already drained): {why}")
+        return Transition(new, NodeAction.NONE, f"quarantined (already drained): {why}")
     if recent_auto_drains >= policy.max_auto_drains:
         new = replace(rec, state=NodeState.SUSPECT, since=now, reason=why, fault_key=outcome.fault_key)
         return Transition(
             new,
-            "alert",
+            NodeAction.ALERT,
             f"blast-radius cap: {recent_auto_drains} automatic drains in the last "
             f"{policy.drain_window_s:.0f} s (cap {policy.max_auto_drains}); not draining "
             f"{rec.node}, paging a human instead: {why}",
@@ -130,7 +153,7 @@ def _quarantine(
         recoverable=recoverable,
         needs_human=not recoverable,
     )
-    return Transition(new, "drain", f"drain: {why}", drain_reason=_drain_text(policy, why))
+    return Transition(new, NodeAction.DRAIN, f"drain: {why}", drain_reason=_drain_text(policy, why))
 
 
 def transition(
@@ -144,104 +167,147 @@ def transition(
     """Decide the node's next state and the action to take. Pure: no I/O, no clock."""
     if sched is not None and sched.drained and not policy.owns(sched.reason):
         return Transition(
-            rec, "none", f"drained by someone else (reason {sched.reason!r}): not Stalwart's, left alone"
+            rec,
+            NodeAction.NONE,
+            f"drained by someone else (reason {sched.reason!r}): not Stalwart's, left alone",
         )
-    st = rec.state
-    if outcome.status == "fail":
-        if st == NodeState.QUARANTINED:
-            if sched is not None and not sched.drained:
-                return _quarantine(
-                    rec,
-                    outcome,
-                    sched,
-                    policy,
-                    now,
-                    recent_auto_drains,
-                    f"still failing after an outside resume: {outcome.reason}",
-                )
-            return Transition(
-                replace(rec, reason=outcome.reason, strikes=0), "none", f"still quarantined: {outcome.reason}"
-            )
+    match outcome.status:
+        case CheckStatus.FAIL:
+            return _on_fail(rec, outcome, sched, policy, now, recent_auto_drains)
+        case CheckStatus.WARN:
+            return _on_warn(rec, outcome, sched, policy, now, recent_auto_drains)
+        case CheckStatus.PASS:
+            return _on_pass(rec, outcome, sched, policy, now)
+        case _:
+            assert_never(outcome.status)
+
+
+def _on_fail(
+    rec: NodeRecord,
+    outcome: CheckOutcome,
+    sched: SchedulerView | None,
+    policy: LifecyclePolicy,
+    now: float,
+    recent_auto_drains: int,
+) -> Transition:
+    if rec.state is not NodeState.QUARANTINED:
         return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains, outcome.reason)
-    if outcome.status == "warn":
-        if st in (NodeState.HEALTHY, NodeState.SUSPECT):
-            strikes = rec.strikes + 1 if st == NodeState.SUSPECT else 1
+    if sched is not None and not sched.drained:
+        why = f"still failing after an outside resume: {outcome.reason}"
+        return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains, why)
+    return Transition(
+        replace(rec, reason=outcome.reason, strikes=0),
+        NodeAction.NONE,
+        f"still quarantined: {outcome.reason}",
+    )
+
+
+def _on_warn(
+    rec: NodeRecord,
+    outcome: CheckOutcome,
+    sched: SchedulerView | None,
+    policy: LifecyclePolicy,
+    now: float,
+    recent_auto_drains: int,
+) -> Transition:
+    st = rec.state
+    match st:
+        case NodeState.HEALTHY | NodeState.SUSPECT:
+            strikes = rec.strikes + 1 if st is NodeState.SUSPECT else 1
             if strikes >= policy.suspect_strikes:
-                return _quarantine(
-                    rec,
-                    outcome,
-                    sched,
-                    policy,
-                    now,
-                    recent_auto_drains,
-                    f"warned {strikes} checks in a row: {outcome.reason}",
-                )
+                why = f"warned {strikes} checks in a row: {outcome.reason}"
+                return _quarantine(rec, outcome, sched, policy, now, recent_auto_drains, why)
             new = replace(
                 rec,
                 state=NodeState.SUSPECT,
-                since=now if st != NodeState.SUSPECT else rec.since,
+                since=now if st is not NodeState.SUSPECT else rec.since,
                 reason=outcome.reason,
                 strikes=strikes,
             )
-            return Transition(new, "none", f"suspect ({strikes}/{policy.suspect_strikes}): {outcome.reason}")
-        if st == NodeState.PROBATION:
+            return Transition(
+                new, NodeAction.NONE, f"suspect ({strikes}/{policy.suspect_strikes}): {outcome.reason}"
+            )
+        case NodeState.PROBATION:
             return Transition(
                 replace(rec, strikes=0, reason=outcome.reason),
-                "none",
+                NodeAction.NONE,
                 f"probation restarted by a warning: {outcome.reason}",
             )
-        return Transition(rec, "none", f"still quarantined (a warning is not a pass): {outcome.reason}")
-    # pass
-    if st == NodeState.HEALTHY:
-        return Transition(replace(rec, strikes=0), "none", "healthy")
-    if st == NodeState.SUSPECT:
-        return Transition(
-            replace(rec, state=NodeState.HEALTHY, since=now, reason="passed again", strikes=0),
-            "none",
-            "suspect -> healthy: passed again",
-        )
-    if st == NodeState.QUARANTINED:
-        if sched is not None and not sched.drained:
-            new = replace(
-                rec,
-                state=NodeState.PROBATION,
-                since=now,
-                strikes=0,
-                reason="resumed outside Stalwart",
-                readmitted_at=now,
-                readmitted_fault=rec.fault_key,
-            )
-            return Transition(new, "none", "quarantined node was resumed outside Stalwart; on probation")
-        if rec.needs_human:
+        case NodeState.QUARANTINED:
             return Transition(
-                rec,
-                "none",
-                f"irrecoverable fault ({rec.reason}): passing checks do not re-admit it; "
-                "an operator must repair and resume the node",
+                rec, NodeAction.NONE, f"still quarantined (a warning is not a pass): {outcome.reason}"
             )
-        if policy.readmit_requires_active and not outcome.revalidation:
+        case _:
+            assert_never(st)
+
+
+def _on_pass(
+    rec: NodeRecord, outcome: CheckOutcome, sched: SchedulerView | None, policy: LifecyclePolicy, now: float
+) -> Transition:
+    st = rec.state
+    match st:
+        case NodeState.HEALTHY:
+            return Transition(replace(rec, strikes=0), NodeAction.NONE, "healthy")
+        case NodeState.SUSPECT:
             return Transition(
-                rec,
-                "none",
-                "passive checks pass, but re-admission needs the active suite "
-                "(stalwart health check --active)",
+                replace(rec, state=NodeState.HEALTHY, since=now, reason="passed again", strikes=0),
+                NodeAction.NONE,
+                "suspect -> healthy: passed again",
             )
+        case NodeState.QUARANTINED:
+            return _readmit(rec, outcome, sched, policy, now)
+        case NodeState.PROBATION:
+            passes = rec.strikes + 1
+            if passes >= policy.probation_passes:
+                return Transition(
+                    replace(rec, state=NodeState.HEALTHY, since=now, strikes=0, reason="probation passed"),
+                    NodeAction.NONE,
+                    f"probation -> healthy after {passes} passing checks",
+                )
+            return Transition(
+                replace(rec, strikes=passes), NodeAction.NONE, f"probation {passes}/{policy.probation_passes}"
+            )
+        case _:
+            assert_never(st)
+
+
+def _readmit(
+    rec: NodeRecord, outcome: CheckOutcome, sched: SchedulerView | None, policy: LifecyclePolicy, now: float
+) -> Transition:
+    """A quarantined node passed: on probation if resumed outside Stalwart or re-validated."""
+    if sched is not None and not sched.drained:
         new = replace(
             rec,
             state=NodeState.PROBATION,
             since=now,
             strikes=0,
-            reason="re-validation passed",
+            reason="resumed outside Stalwart",
             readmitted_at=now,
             readmitted_fault=rec.fault_key,
         )
-        return Transition(new, "resume", f"resume: re-validation passed after '{rec.reason}'; on probation")
-    # probation
-    passes = rec.strikes + 1
-    if passes >= policy.probation_passes:
+        return Transition(new, NodeAction.NONE, "quarantined node was resumed outside Stalwart; on probation")
+    if rec.needs_human:
         return Transition(
-            replace(rec, state=NodeState.HEALTHY, since=now, strikes=0, reason="probation passed"),
-            "none",
-            f"probation -> healthy after {passes} passing checks",
+            rec,
+            NodeAction.NONE,
+            f"irrecoverable fault ({rec.reason}): passing checks do not re-admit it; "
+            "an operator must repair and resume the node",
         )
-    return Transition(replace(rec, strikes=passes), "none", f"probation {passes}/{policy.probation_passes}")
+    if policy.readmit_requires_active and not outcome.revalidation:
+        return Transition(
+            rec,
+            NodeAction.NONE,
+            "passive checks pass, but re-admission needs the active suite (stalwart health check --active)",
+        )
+    new = replace(
+        rec,
+        state=NodeState.PROBATION,
+        since=now,
+        strikes=0,
+        reason="re-validation passed",
+        readmitted_at=now,
+        readmitted_fault=rec.fault_key,
+    )
+    return Transition(
+        new, NodeAction.RESUME, f"resume: re-validation passed after '{rec.reason}'; on probation"
+    )

@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing_extensions import assert_never
+
 from ..events import Event
 from .backends import NodeBackend
 from .events import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
-from .lifecycle import CheckOutcome, LifecyclePolicy, NodeRecord, Transition, transition
+from .findings import CheckStatus
+from .lifecycle import CheckOutcome, LifecyclePolicy, NodeAction, NodeRecord, Transition, transition
 from .node_store import HealthStore
 from .rules import Verdict
 
@@ -27,7 +30,7 @@ def state_changed(node: str, before: NodeRecord, tr: Transition, now: float) -> 
         node=node,
         from_state=before.state.value,
         to_state=new.state.value,
-        action=tr.action,
+        action=tr.action.value,
         reason=tr.reason,
         state_reason=new.reason,
         fault_key=new.fault_key,
@@ -45,7 +48,7 @@ def outcome_of(verdict: Verdict, revalidation: bool) -> CheckOutcome:
         reason=verdict.reason,
         recoverable=verdict.recoverable,
         fault_key=verdict.fault_key(),
-        revalidation=revalidation and verdict.status == "pass",
+        revalidation=revalidation and verdict.status is CheckStatus.PASS,
     )
 
 
@@ -70,35 +73,42 @@ def apply_verdict(
             ts=now,
             node=node,
             level=level,
-            status=verdict.status,
+            status=verdict.status.value,
             action=verdict.action,
             reason=verdict.reason,
             recoverable=verdict.recoverable,
             duration_s=duration_s,
             findings=tuple(
-                d.finding.to_json() | {"rule": d.rule, "verdict": d.status}
+                d.finding.to_json() | {"rule": d.rule, "verdict": d.status.value}
                 for d in verdict.decisions
-                if d.status != "pass"
+                if d.status is not CheckStatus.PASS
             ),
         )
     ]
     read_back = ""
-    if tr.action == "drain":
-        read_back = backend.drain(node, tr.drain_reason)
-        out.append(
-            NodeDrained(ts=now, node=node, backend=backend.name, reason=tr.drain_reason, read_back=read_back)
-        )
-    elif tr.action == "resume":
-        read_back = backend.resume(node)
-        out.append(
-            NodeResumed(ts=now, node=node, backend=backend.name, reason=tr.reason, read_back=read_back)
-        )
-    elif tr.action == "alert":
-        out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
+    match tr.action:
+        case NodeAction.DRAIN:
+            read_back = backend.drain(node, tr.drain_reason)
+            out.append(
+                NodeDrained(
+                    ts=now, node=node, backend=backend.name, reason=tr.drain_reason, read_back=read_back
+                )
+            )
+        case NodeAction.RESUME:
+            read_back = backend.resume(node)
+            out.append(
+                NodeResumed(ts=now, node=node, backend=backend.name, reason=tr.reason, read_back=read_back)
+            )
+        case NodeAction.ALERT:
+            out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
+        case NodeAction.NONE:
+            pass
+        case _:
+            assert_never(tr.action)
     new = tr.record
-    if new != rec or tr.action != "none":
+    if new != rec or tr.changed:
         out.append(state_changed(node, rec, tr, now))
-    if verdict.status == "pass" and tr.action == "none" and new == rec:
+    if verdict.status is CheckStatus.PASS and not tr.changed and new == rec:
         # a routine pass changes nothing: not recorded, so the ledger grows with incidents, not with
         # the check interval (HealthCheckProgram may run every few seconds on every node)
         return Applied(tr, read_back)
@@ -120,13 +130,18 @@ def record_outcome(node: str, outcome: CheckOutcome, *, now: float, state_dir: P
     drains = store.recent_auto_drains(now, policy.drain_window_s, events)
     tr = transition(rec, outcome, be.view(node), policy, now, drains)
     out: list[Event] = []
-    if tr.action == "drain":
-        read_back = be.drain(node, tr.drain_reason)
-        out.append(
-            NodeDrained(ts=now, node=node, backend=be.name, reason=tr.drain_reason, read_back=read_back)
-        )
-    elif tr.action == "alert":
-        out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
+    match tr.action:
+        case NodeAction.DRAIN:
+            read_back = be.drain(node, tr.drain_reason)
+            out.append(
+                NodeDrained(ts=now, node=node, backend=be.name, reason=tr.drain_reason, read_back=read_back)
+            )
+        case NodeAction.ALERT:
+            out.append(HealthAlert(ts=now, node=node, reason=tr.reason, nodes=(node,)))
+        case NodeAction.RESUME | NodeAction.NONE:  # only a check's re-validation resumes a node
+            pass
+        case _:
+            assert_never(tr.action)
     out.append(state_changed(node, rec, tr, now))
     store.append(node, out)
-    return f"{tr.record.state.value} ({tr.action}: {be.name})"
+    return f"{tr.record.state.value} ({tr.action.value}: {be.name})"

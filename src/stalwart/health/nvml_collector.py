@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -25,6 +26,12 @@ def _import_nvml() -> ModuleType | None:
     except ImportError:
         return None
     return pynvml
+
+
+def _later(nvml: Any, name: str, *args: Any) -> Callable[[], Any]:
+    """A deferred NVML call with its arguments bound now; the function is looked up when it runs
+    (inside the reader's deadline and error handling)."""
+    return lambda: getattr(nvml, name)(*args)
 
 
 def _err_name(exc: BaseException) -> str:
@@ -68,7 +75,7 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
         return v.decode() if isinstance(v, bytes) else str(v)
 
     thr = {
-        k: r.read(f"gpu{index}.temp_threshold.{k}", lambda i=i: n.nvmlDeviceGetTemperatureThreshold(h, i))
+        k: r.read(f"gpu{index}.temp_threshold.{k}", _later(n, "nvmlDeviceGetTemperatureThreshold", h, i))
         for k, i in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))
     }
     remap = r.read(f"gpu{index}.remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
@@ -96,15 +103,13 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
 
     links = []
     for link in range(nvlink_max):
-        state = r.read(
-            f"gpu{index}.nvlink{link}.state", lambda link=link: n.nvmlDeviceGetNvLinkState(h, link)
-        )
+        state = r.read(f"gpu{index}.nvlink{link}.state", _later(n, "nvmlDeviceGetNvLinkState", h, link))
         if state is None:
             break  # NotSupported: no such link (or no NVLink at all)
         counters = {
             name: r.read(
                 f"gpu{index}.nvlink{link}.{name}",
-                lambda link=link, c=c: n.nvmlDeviceGetNvLinkErrorCounter(h, link, c),
+                _later(n, "nvmlDeviceGetNvLinkErrorCounter", h, link, c),
             )
             for name, c in _NVLINK_ERRORS.items()
         }
@@ -119,7 +124,8 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
     pci = r.read(f"gpu{index}.pci", lambda: n.nvmlDeviceGetPciInfo(h))
     mem_temp = field(82)  # NVML_FI_DEV_MEMORY_TEMP
     recovery = field(230)  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    values = dict(
+    values = GpuObservation(
+        index=index,
         name=s(r.read(f"gpu{index}.name", lambda: n.nvmlDeviceGetName(h)) or ""),
         uuid=s(r.read(f"gpu{index}.uuid", lambda: n.nvmlDeviceGetUUID(h)) or ""),
         bus_id=s(getattr(pci, "busId", "") or ""),
@@ -153,7 +159,7 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
     )
     errs = tuple(r.errors[before:])  # after every read above
     lost = any(e.endswith((": GpuIsLost", ": Unknown")) for e in errs)
-    return GpuObservation(index=index, lost=lost, errors=errs, **values)
+    return replace(values, lost=lost, errors=errs)
 
 
 def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ...]]:
@@ -167,13 +173,14 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
         return {}
     handles = {}
     for i in range(count):
-        h = r.read(f"gpu{i}.handle", lambda i=i: n.nvmlDeviceGetHandleByIndex(i))
+        h = r.read(f"gpu{i}.handle", _later(n, "nvmlDeviceGetHandleByIndex", i))
         if h is not None:
             handles[i] = h
-            r.read(
-                f"gpu{i}.register_events",
-                lambda h=h: n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, es),
-            )
+
+            def register(h: Any = h) -> Any:
+                return n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, es)
+
+            r.read(f"gpu{i}.register_events", register)
     deadline = time.monotonic() + wait_ms / 1000.0
     while time.monotonic() < deadline:
         try:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
-from .findings import Finding, Severity
+from .findings import CheckStatus, Finding, Severity
 
-STATUSES = ("pass", "warn", "fail")
+STATUSES = tuple(s.value for s in CheckStatus)  # ("pass", "warn", "fail"), mildest first
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
@@ -25,7 +26,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present:
 class Rule:
     name: str
     code: str
-    verdict: str
+    verdict: CheckStatus
     action: str
     recoverable: bool
     reason: str
@@ -48,7 +49,7 @@ class Decision:
 
     finding: Finding
     rule: str
-    status: str
+    status: CheckStatus
     action: str
     recoverable: bool
     reason: str
@@ -56,7 +57,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # pass | warn | fail
+    status: CheckStatus
     action: str
     recoverable: bool
     reason: str
@@ -64,7 +65,7 @@ class Verdict:
 
     @property
     def failing(self) -> tuple[Decision, ...]:
-        return tuple(d for d in self.decisions if d.status == "fail")
+        return tuple(d for d in self.decisions if d.status is CheckStatus.FAIL)
 
     def fault_key(self) -> str:
         """A stable family name for the failing decisions (used to spot recurrences)."""
@@ -92,27 +93,34 @@ class RuleTable:
                     # a spec that does not fit this finding's values (e.g. {xid:d} on text): say it plainly
                     text = f"{f.subject}: {f.message}"
                 return Decision(f, r.name, r.verdict, r.action, r.recoverable, text)
-        return Decision(f, "(none)", "pass", "none", True, f.message)
+        return Decision(f, "(none)", CheckStatus.PASS, "none", True, f.message)
 
     def evaluate(self, findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
         decisions = tuple(self.decide(f) for f in findings)
         if not decisions:
-            return Verdict("pass", "none", True, "pass: no findings", ())
-        status = max((d.status for d in decisions), key=STATUSES.index)
-        top = [d for d in decisions if d.status == status]
+            return Verdict(CheckStatus.PASS, "none", True, "pass: no findings", ())
+        status = max((d.status for d in decisions), key=lambda s: s.rank)
+        top = [d for d in decisions if d.status is status]
         # irrecoverable first: it decides the action
         top.sort(key=lambda d: d.recoverable)
-        recoverable = all(d.recoverable for d in decisions if d.status == "fail")
+        recoverable = all(d.recoverable for d in decisions if d.status is CheckStatus.FAIL)
         first = top[0]
         more = f" (+{len(top) - 1} more)" if len(top) > 1 else ""
-        if status == "pass":
-            reason = "pass: " + (
-                "; ".join(d.reason for d in decisions if d.finding.severity >= Severity.INFO) or "no faults"
-            )
-        else:
-            cls = "" if status != "fail" else (" [recoverable]" if recoverable else " [irrecoverable]")
-            reason = f"{status}: {first.reason}{more} -> {first.action}{cls}"
-        return Verdict(status, first.action if status != "pass" else "none", recoverable, reason, decisions)
+        match status:
+            case CheckStatus.PASS:
+                reason = "pass: " + (
+                    "; ".join(d.reason for d in decisions if d.finding.severity >= Severity.INFO)
+                    or "no faults"
+                )
+                return Verdict(status, "none", recoverable, reason, decisions)
+            case CheckStatus.WARN:
+                reason = f"warn: {first.reason}{more} -> {first.action}"
+            case CheckStatus.FAIL:
+                cls = " [recoverable]" if recoverable else " [irrecoverable]"
+                reason = f"fail: {first.reason}{more} -> {first.action}{cls}"
+            case _:
+                assert_never(status)
+        return Verdict(status, first.action, recoverable, reason, decisions)
 
 
 MAX_RULES = 1000
@@ -196,7 +204,7 @@ def _parse(data: Any, origin: str) -> RuleTable:
             Rule(
                 name=_text(raw.get("name", f"rule{i + 1}"), "name", origin, i),
                 code=_text(raw["code"], "code", origin, i),
-                verdict=raw["verdict"],
+                verdict=CheckStatus(raw["verdict"]),
                 action=_text(raw["action"], "action", origin, i),
                 recoverable=bool(raw.get("recoverable", True)),
                 reason=check_template(

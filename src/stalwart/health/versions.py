@@ -24,7 +24,7 @@ def local_versions(node: str, driver: str = "", cuda: str = "") -> NodeVersions:
     try:
         import torch
 
-        torch_v = torch.__version__
+        torch_v = str(torch.__version__)
         nccl = ""
         if torch.cuda.is_available():
             try:
