@@ -15,7 +15,7 @@ import typer
 try:  # typer >= 0.29 vendors click and does not install it
     from typer._click import exceptions as _cx
 except ImportError:  # pragma: no cover - older typer raises click's own exceptions
-    from click import exceptions as _cx
+    from click import exceptions as _cx  # type: ignore[no-redef]
 
 _USAGE = (_cx.UsageError,)
 _NO_ARGS = (_cx.NoArgsIsHelpError,)

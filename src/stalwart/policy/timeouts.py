@@ -19,14 +19,23 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
+# The one default of each hang setting: the agent's (launch.settings.HangSettings), the simulator's
+# (it embeds the same model) and this policy's all read these.
+HANG_MULTIPLIER = 3.0
+HANG_FLOOR_S = 10.0
+HANG_CAP_S = 300.0
+STARTUP_TIMEOUT_S = 300.0
+HANG_MIN_SAMPLES = 5
+CPU_STALL_S = 3 * HANG_FLOOR_S
+
 
 @dataclass(frozen=True)
 class HangTimeoutPolicy:
-    multiplier: float = 3.0
-    floor_s: float = 10.0
-    cap_s: float = 600.0
-    startup_s: float = 600.0
-    min_samples: int = 5
+    multiplier: float = HANG_MULTIPLIER
+    floor_s: float = HANG_FLOOR_S
+    cap_s: float = HANG_CAP_S
+    startup_s: float = STARTUP_TIMEOUT_S
+    min_samples: int = HANG_MIN_SAMPLES
 
 
 @dataclass(frozen=True)

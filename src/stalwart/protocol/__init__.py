@@ -27,11 +27,9 @@ from typing import Any
 
 PREFIX = "STALWART_W_"
 
-# One default per timeout, read by the agent's configuration and by the SDK alike.
+# The process-group timeout's one default, read by the agent's configuration and by the SDK alike
+# (the hang timeouts' defaults are the agent's alone: stalwart.policy.timeouts).
 DEFAULT_PG_TIMEOUT_S = 600.0
-DEFAULT_STARTUP_TIMEOUT_S = 300.0
-DEFAULT_HANG_FLOOR_S = 10.0
-DEFAULT_HANG_CAP_S = 300.0
 
 MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
 

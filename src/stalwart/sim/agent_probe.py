@@ -42,7 +42,7 @@ from types import SimpleNamespace
 
 from ..events import FailureDetected
 from ..launch.clock import ManualClock
-from ..launch.config import RunConfig
+from ..launch.config import default_of
 from ..launch.decision import AttemptOutcome
 from ..launch.supervisor import Hooks, Supervisor, decide
 from ..policy.restart_policy import Failure, RestartBudget, RestartDecision
@@ -53,7 +53,7 @@ from ..protocol import StepBegan, StepDone
 
 T0 = 1_000_000.0
 RANKS = (0, 1)
-MONITOR_INTERVAL_S: float = RunConfig.model_fields["monitor_interval_s"].default
+MONITOR_INTERVAL_S: float = default_of("monitor_interval_s")
 SUPERVISED_ATTEMPTS = 32  # attempts each run through a supervisor; beyond, the recorded failure repeats
 MAX_BUDGET_PROBE = 100_000  # the largest restart period looked for (the simulator's max_restarts bound)
 MAX_TICKS = 1_000  # bound on one supervised attempt's loop
@@ -61,7 +61,7 @@ BISECT_ROUNDS = 80
 
 
 def _default(name: str):
-    return RunConfig.model_fields[name].default
+    return default_of(name)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ notices a loss anomaly (1 h).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError
+from ..launch.setting_sources import flat_name, leaves, nest
+from ..launch.settings import HangSettings
 
 LLAMA3_GPUS = 16_384
 LLAMA3_DAYS = 54.0
@@ -112,7 +114,7 @@ class SimConfig(BaseModel):
     decide_s: float = Field(5.0, ge=0, description="policy decision after detection")
     tiers: list[CheckpointTier] = Field(
         default_factory=lambda: [
-            CheckpointTier(name="shared_fs", interval_s=1800.0, stall_s=30.0, restore_s=300.0)
+            CheckpointTier(name="shared_fs", interval_s=1800.0, stall_s=30.0, restore_s=300.0, persist_s=0.0)
         ]
     )
     strategy: Strategy = "in_job"
@@ -144,9 +146,9 @@ class SimConfig(BaseModel):
     step_s: float | None = Field(
         None, gt=0, le=MAX_SECONDS, description="step time; hang classes are detected by the hang timeout"
     )
-    hang_multiplier: float = Field(3.0, gt=0, le=1000)
-    hang_floor_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
-    hang_cap_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    # the agent's hang settings, the same model and defaults as `stalwart run` (launch/settings.py);
+    # given flat as in a run's config (hang_floor_s, hang_cap_s, hang_multiplier)
+    hang: HangSettings = HangSettings()  # frozen: one shared default instance
     size_rule: Literal["multiple", "power_of_two"] = "multiple"
     size_divisor: int = Field(1, ge=1, le=MAX_GPUS, description="world size must be a multiple of this")
     # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
@@ -156,6 +158,19 @@ class SimConfig(BaseModel):
         5.0, ge=0, le=MAX_SECONDS, description="whole-job pause while a group leaves or rejoins (per step)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_names(cls, data: Any) -> Any:
+        return nest(data, _HANG_SETTINGS) if isinstance(data, dict) else data
+
+    def __getattr__(self, name: str) -> Any:
+        # Transitional: the flat names (cfg.hang_floor_s) read their nested place until every
+        # reader uses the nested form (/work/settings_rename.py); then this goes.
+        leaf = _HANG_SETTINGS.get(name)
+        if leaf is None:
+            return super().__getattr__(name)  # type: ignore[misc]
+        return getattr(self.hang, leaf.path[-1])
+
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         if self.gpus % self.gpus_per_node:
@@ -163,54 +178,17 @@ class SimConfig(BaseModel):
                 f"{self.gpus} GPUs is not a whole number of {self.gpus_per_node}-GPU nodes",
                 "make --gpus a multiple of --gpus-per-node",
             )
-        if not self.tiers:
-            raise ConfigError("at least one checkpoint tier is needed")
-        if not any(t.survives_node_loss for t in self.tiers):
+        _check_tiers(self)
+        if self.days * 86400.0 < min(t.interval_s for t in self.tiers):
             raise ConfigError(
-                "no checkpoint tier survives the loss of a node",
-                "add a tier with survives_node_loss: true (shared FS, object store, peer copy)",
-            )
-        base = min(t.interval_s for t in self.tiers)
-        for t in self.tiers:
-            k = t.interval_s / base
-            if abs(k - round(k)) > 1e-6:
-                raise ConfigError(
-                    f"tier {t.name} interval {t.interval_s:g}s is not a multiple of the "
-                    f"fastest tier's {base:g}s",
-                    "make every tier interval a multiple of the fastest",
-                )
-        if max(t.interval_s for t in self.tiers) / base > 10_000:
-            raise ConfigError("tier intervals differ by more than 10,000x", "check the units (seconds)")
-        if self.days * 86400.0 < base:
-            raise ConfigError(
-                f"the run ({self.days:g} days) is shorter than one checkpoint interval ({base:g} s)",
+                f"the run ({self.days:g} days) is shorter than one checkpoint interval "
+                f"({min(t.interval_s for t in self.tiers):g} s)",
                 "check the units: --days is days, intervals are seconds",
             )
         for f in self.failures:
             if not math.isfinite(f.per_1000_gpu_days):
                 raise ConfigError(f"failure class {f.name} has a non-finite rate")
-        for name in (
-            "decide_s",
-            "in_process_restart_s",
-            "job_restart_s",
-            "requeue_s",
-            "straggler_mitigate_s",
-        ):
-            if getattr(self, name) > MAX_SECONDS:
-                raise ConfigError(
-                    f"{name} = {getattr(self, name):g} s is beyond any real run", "check the units"
-                )
-        for t in self.tiers:
-            if t.stall_s > 10.0 * t.interval_s:
-                raise ConfigError(
-                    f"tier {t.name} stalls {t.stall_s:,.6g} s per checkpoint, more than ten times its "
-                    f"interval of {t.interval_s:,.6g} s of training",
-                    "check the units: interval_s and stall_s are both seconds",
-                )
-            if max(t.stall_s, t.restore_s) > MAX_SECONDS:
-                raise ConfigError(
-                    f"tier {t.name}: stall/restore beyond any real run", "check the units (seconds)"
-                )
+        _check_units(self)
         need = self.memory_estimate_bytes()
         if need > MAX_MEMORY_BYTES:
             raise ConfigError(
@@ -250,6 +228,54 @@ class SimConfig(BaseModel):
         return self.planned_per_1000_gpu_days / 1000.0 * self.gpus / 86400.0
 
 
+_HANG_SETTINGS = leaves(HangSettings, ("hang",))  # flat name (hang_floor_s) -> hang.floor_s
+_SIM_LIMITS = {"multiplier": 1000.0, "floor_s": MAX_SECONDS, "cap_s": MAX_SECONDS}  # beyond: a unit mistake
+
+
+def _check_tiers(cfg: SimConfig) -> None:
+    if not cfg.tiers:
+        raise ConfigError("at least one checkpoint tier is needed")
+    if not any(t.survives_node_loss for t in cfg.tiers):
+        raise ConfigError(
+            "no checkpoint tier survives the loss of a node",
+            "add a tier with survives_node_loss: true (shared FS, object store, peer copy)",
+        )
+    base = min(t.interval_s for t in cfg.tiers)
+    for t in cfg.tiers:
+        k = t.interval_s / base
+        if abs(k - round(k)) > 1e-6:
+            raise ConfigError(
+                f"tier {t.name} interval {t.interval_s:g}s is not a multiple of the fastest tier's {base:g}s",
+                "make every tier interval a multiple of the fastest",
+            )
+        if t.stall_s > 10.0 * t.interval_s:
+            raise ConfigError(
+                f"tier {t.name} stalls {t.stall_s:,.6g} s per checkpoint, more than ten times its "
+                f"interval of {t.interval_s:,.6g} s of training",
+                "check the units: interval_s and stall_s are both seconds",
+            )
+        if max(t.stall_s, t.restore_s) > MAX_SECONDS:
+            raise ConfigError(
+                f"tier {t.name}: stall/restore beyond any real run", "check the units (seconds)"
+            )
+    if max(t.interval_s for t in cfg.tiers) / base > 10_000:
+        raise ConfigError("tier intervals differ by more than 10,000x", "check the units (seconds)")
+
+
+def _check_units(cfg: SimConfig) -> None:
+    """Times (and the hang multiplier) beyond any real run are a unit mistake."""
+    for name in ("decide_s", "in_process_restart_s", "job_restart_s", "requeue_s", "straggler_mitigate_s"):
+        if getattr(cfg, name) > MAX_SECONDS:
+            raise ConfigError(f"{name} = {getattr(cfg, name):g} s is beyond any real run", "check the units")
+    for field, limit in _SIM_LIMITS.items():
+        value = getattr(cfg.hang, field)
+        if value > limit:
+            name = flat_name(("hang", field), _HANG_SETTINGS)
+            raise ConfigError(
+                f"{name} = {value:g} is beyond any real run (at most {limit:g})", "check the units"
+            )
+
+
 def make_config(**values: object) -> SimConfig:
     """Build a :class:`SimConfig`, turning pydantic's errors into one-line ConfigErrors."""
     from pydantic import ValidationError
@@ -258,7 +284,7 @@ def make_config(**values: object) -> SimConfig:
         return SimConfig(**values)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
+        where = flat_name(tuple(first.get("loc", ())), _HANG_SETTINGS) or "config"
         raise ConfigError(
             f"invalid simulator setting {where}: {first.get('msg')} (got {first.get('input')!r})",
             "rates and times must be finite and non-negative; GPUs, nodes, days and trials positive "
