@@ -83,7 +83,9 @@ class World:
         self.waiting_from = waiting_from
         self.chaos = ScriptedChaos(lambda tick: self.script(tick, self))
         self.job = FakeJobLink(
-            signal_of=lambda: signal.SIGTERM if self.signal_at is not None and self.tick > self.signal_at else None,
+            signal_of=lambda: (
+                signal.SIGTERM if self.signal_at is not None and self.tick > self.signal_at else None
+            ),
             waiting_of=lambda: 1 if self.waiting_from is not None and self.tick > self.waiting_from else 0,
         )
         files = FakeFailureFiles(
