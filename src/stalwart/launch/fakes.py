@@ -203,6 +203,7 @@ class FakeRendezvous:
     done_at: int | None = None  # the poll at which the active nodes announce the end
     waiting_at: int | None = None  # the poll from which a node waits to join
     lost_at: int | None = None  # the poll at which the round's store goes away
+    max_polls: int = 10_000  # a wait that never ends fails (as a lost store) instead of spinning
     polls: int = 0
     met: list[tuple[str, ...]] = field(default_factory=list)
     announced: int = 0
@@ -223,6 +224,8 @@ class FakeRendezvous:
 
     def job_done(self) -> bool:
         self.polls += 1
+        if self.polls > self.max_polls:
+            raise RuntimeError(f"a hot spare polled {self.max_polls} times: nothing ended its wait")
         if self.lost_at is not None and self.polls >= self.lost_at:
             raise ConnectionError("the round's store went away")
         return self.done_at is not None and self.polls >= self.done_at
