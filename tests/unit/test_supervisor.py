@@ -437,3 +437,18 @@ def test_a_closed_gate_records_the_exclusion_it_would_make_and_keeps_training():
     (dt,) = w.of(DecisionTaken)
     assert dt.action == "observe_exclude_quarantine" and "test gate: observe" in dt.reason
     assert w.quarantined == [] and w.group.stops == []
+
+
+def test_decision_kinds_are_enums_and_an_unknown_kind_is_refused():
+    import pytest
+
+    from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
+
+    d = Decision("hold", "saving")  # type: ignore[arg-type]  # monitors may still pass the string
+    assert d.kind is DecisionKind.HOLD and d.ends_tick and not d.ends_attempt
+    ended = Decision("finished", "done", outcome=AttemptOutcome("succeeded"))  # type: ignore[arg-type]
+    assert ended.ends_attempt and ended.outcome is not None and ended.outcome.status == "succeeded"
+    with pytest.raises(ValueError, match="unknown decision kind 'reboot'"):
+        Decision("reboot", "?")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="an outcome exactly when it ends the attempt"):
+        Decision(DecisionKind.CRASH, "no outcome")
