@@ -7,6 +7,7 @@ from stalwart.errors import LedgerFullError
 from stalwart.events import DecisionTaken, StepCompleted
 from stalwart.launch.agent import Agent
 from stalwart.launch.config import RunConfig
+from stalwart.launch.ledger_sink import NodeLedger
 
 
 class FlakyLedger:
@@ -24,11 +25,14 @@ class FlakyLedger:
         pass
 
 
-def _agent(tmp_path, notes):
+def _agent(tmp_path, notes, ledger: FlakyLedger) -> Agent:
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    cfg = RunConfig(script=str(script), run_dir=tmp_path / "run", node_name="n0")
-    return Agent(cfg, note=notes.append)
+    cfg = RunConfig(script=str(script), run_dir=tmp_path / "run", node_name="n0", run_id="x")
+    agent = Agent(cfg, note=notes.append)
+    agent.ledger.close()
+    agent.ledger = NodeLedger(ledger, run_id="x", node="n0", note=notes.append)
+    return agent
 
 
 def _ev(i: int):
@@ -37,18 +41,17 @@ def _ev(i: int):
 
 def test_events_wait_for_room_and_arrive_in_order(tmp_path):
     notes: list[str] = []
-    agent = _agent(tmp_path, notes)
-    agent.ledger = FlakyLedger(fail=2)
+    flaky = FlakyLedger(fail=2)
+    agent = _agent(tmp_path, notes, flaky)
     for i in range(3):
-        agent.emit(_ev(i), show=False)
-    assert [e.reason for e in agent.ledger.rows] == ["r0", "r1", "r2"]
+        agent.ledger.emit(_ev(i), show=False)
+    assert [e.reason for e in flaky.rows] == ["r0", "r1", "r2"]
     assert len(notes) == 2 and "ledger not written" in notes[0] and "writable again" in notes[1]
 
 
 def test_a_verdict_that_cannot_be_written_is_said(tmp_path):
     notes: list[str] = []
-    agent = _agent(tmp_path, notes)
-    agent.ledger = FlakyLedger(fail=10**6)
+    agent = _agent(tmp_path, notes, FlakyLedger(fail=10**6))
     code = agent._end("succeeded", "training finished", 0)
     assert code == 0
     assert any("missing 1 event(s), this verdict included" in n for n in notes)
@@ -56,12 +59,11 @@ def test_a_verdict_that_cannot_be_written_is_said(tmp_path):
 
 def test_step_records_are_dropped_first_when_memory_bound_is_reached(tmp_path):
     notes: list[str] = []
-    agent = _agent(tmp_path, notes)
-    agent.ledger = FlakyLedger(fail=10**6)
+    agent = _agent(tmp_path, notes, FlakyLedger(fail=10**6))
     steps = [
         StepCompleted(ts=float(i), rank=0, step=i, start=0.0, duration=0.1, run_id="x", node="n0", attempt=0)
         for i in range(200_001)
     ]
-    agent.emit(_ev(-1), show=False)
-    agent.record(steps)
-    assert agent._dropped == 200_001 and [e.reason for e in agent._unwritten] == ["r-1"]
+    agent.ledger.emit(_ev(-1), show=False)
+    agent.ledger.record(steps)
+    assert agent.ledger.dropped == 200_001 and [e.reason for e in agent.ledger.unwritten] == ["r-1"]

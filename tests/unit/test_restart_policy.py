@@ -81,3 +81,14 @@ def test_backoff_grows_while_attempts_make_no_progress_and_is_capped():
 def test_no_history_is_an_error():
     with pytest.raises(ValueError):
         decide([], BUDGET)
+
+
+def test_kinds_and_actions_are_enums_that_still_equal_their_strings():
+    from stalwart.policy.restart_policy import FailureKind, RestartAction
+
+    f = Failure("hang", 0, 3, 1, "silent")  # type: ignore[arg-type]  # a caller still passing the string
+    assert f.kind is FailureKind.HANG and f.kind == "hang" and f"{f.kind}" == "hang"
+    with pytest.raises(ValueError):
+        Failure("flood", 0, 3, 1, "?")  # type: ignore[arg-type]
+    d = decide([f], RestartBudget(max_restarts=0))
+    assert d.action is RestartAction.STOP and d.action == "stop" and d.reason.startswith("hang at step 3")

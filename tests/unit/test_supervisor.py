@@ -18,54 +18,25 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
 from stalwart.launch.clock import ManualClock
+from stalwart.launch.fakes import (
+    FakeBlock,
+    FakeFailureFiles,
+    FakeGroup,
+    FakeJobLink,
+    FakePipe,
+    RecordingConsole,
+    RecordingLedger,
+    ScriptedChaos,
+    specs,
+)
 from stalwart.launch.monitors import SignalMonitor, durability, membership, worker_exits
 from stalwart.launch.snapshot import RankView, Snapshot
-from stalwart.launch.supervisor import Hooks, Supervisor, decide
+from stalwart.launch.supervisor import Supervisor, decide
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
 
 T0 = 1_000_000.0
-
-
-class FakeGroup:
-    def __init__(self, ranks):
-        self.codes = {r: None for r in ranks}
-        self.exit_times: dict[int, float] = {}
-        self.stops: list[float] = []
-
-    def poll(self):
-        return dict(self.codes)
-
-    def pid(self, rank):
-        return 10_000 + rank
-
-    def stop(self, grace):
-        self.stops.append(grace)
-        for r, c in self.codes.items():
-            if c is None:
-                self.codes[r] = -15
-        return dict(self.codes)
-
-
-class FakeReceiver:
-    def __init__(self):
-        self.queue: list = []
-
-    def drain(self):
-        out, self.queue = self.queue, []
-        return out
-
-
-class FakeBlock:
-    def __init__(self):
-        self.stop_after: list[int] = []
-
-    def read_beat(self, slot):
-        return None
-
-    def request_stop(self, after):
-        self.stop_after.append(after)
 
 
 def cfg(**kw):
@@ -102,57 +73,57 @@ class World:
         **cfg_kw,
     ):
         self.clock = ManualClock(T0)
-        self.group = FakeGroup(range(ranks))
-        self.receiver = FakeReceiver()
+        self.group = FakeGroup.of(range(ranks))
+        self.receiver = FakePipe()
         self.block = FakeBlock()
-        self.events: list = []
-        self.spares_released = 0
-        self.quarantined: list[tuple[str, str]] = []
-        self.tick = 0
+        self.ledger = RecordingLedger(run_id="r1", node="n0", attempt=1)
+        self.events = self.ledger.events
         self.script = script
         self.signal_at = signal_at
         self.waiting_from = waiting_from
-        specs = [SimpleNamespace(local_rank=r, global_rank=r, log_path=None) for r in range(ranks)]
-
-        def chaos(tracker):  # called once per tick: the workers' side of this tick
-            self.script(self.tick, self)
-            self.tick += 1
-
-        def release():
-            self.spares_released += 1
-
-        hooks = Hooks(
-            ctx=lambda: {"run_id": "r1", "node": "n0", "attempt": 1},
-            emit=lambda ev, show=True: self.events.append(ev),
-            record=lambda evs: self.events.extend(evs),
-            signal=lambda: (
+        self.chaos = ScriptedChaos(lambda tick: self.script(tick, self))
+        self.job = FakeJobLink(
+            signal_of=lambda: (
                 signal.SIGTERM if self.signal_at is not None and self.tick > self.signal_at else None
             ),
-            nodes_waiting=lambda: 1 if self.waiting_from is not None and self.tick > self.waiting_from else 0,
-            error_of=lambda rank, log: (
-                ErrorRecord("ValueError", "bad batch", 4, T0 + 1.0) if rank == 1 else None
-            ),
-            raised_not_exited=lambda: dict(raised or {}),
-            raised_since=lambda: dict(raised_since or {}),
-            capture_stacks=lambda: dict(stacks or {}),
-            release_spares=release,
-            chaos=chaos,
-            read_proc=lambda pid: None,
-            quarantine=lambda node, reason: self.quarantined.append((node, reason)) or "quarantined",
+            waiting_of=lambda: 1 if self.waiting_from is not None and self.tick > self.waiting_from else 0,
+        )
+        files = FakeFailureFiles(
+            errors={1: ErrorRecord("ValueError", "bad batch", 4, T0 + 1.0)},
+            raised=dict(raised or {}),
+            since=dict(raised_since or {}),
+            stacks=dict(stacks or {}),
         )
         self.sup = Supervisor(
             cfg=cfg(**cfg_kw),
-            hooks=hooks,
+            ledger=self.ledger,
+            console=RecordingConsole(),
+            files=files,
+            job=self.job,
+            chaos=self.chaos,
             group=self.group,
             receiver=self.receiver,
             block=self.block,
-            specs=specs,
+            specs=specs(range(ranks)),
             clock=self.clock,
             attempt=1,
             node="n0",
             world=world,
             straggler_gate=straggler_gate,
+            read_proc=lambda pid: None,
         )
+
+    @property
+    def tick(self) -> int:
+        return self.chaos.ticks
+
+    @property
+    def spares_released(self) -> int:
+        return self.job.released
+
+    @property
+    def quarantined(self) -> list[tuple[str, str]]:
+        return self.job.quarantined
 
     def send(self, *msgs):
         self.receiver.queue.extend(msgs)
@@ -466,3 +437,18 @@ def test_a_closed_gate_records_the_exclusion_it_would_make_and_keeps_training():
     (dt,) = w.of(DecisionTaken)
     assert dt.action == "observe_exclude_quarantine" and "test gate: observe" in dt.reason
     assert w.quarantined == [] and w.group.stops == []
+
+
+def test_decision_kinds_are_enums_and_an_unknown_kind_is_refused():
+    import pytest
+
+    from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
+
+    d = Decision("hold", "saving")  # type: ignore[arg-type]  # monitors may still pass the string
+    assert d.kind is DecisionKind.HOLD and d.ends_tick and not d.ends_attempt
+    ended = Decision("finished", "done", outcome=AttemptOutcome("succeeded"))  # type: ignore[arg-type]
+    assert ended.ends_attempt and ended.outcome is not None and ended.outcome.status == "succeeded"
+    with pytest.raises(ValueError, match="unknown decision kind 'reboot'"):
+        Decision("reboot", "?")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="an outcome exactly when it ends the attempt"):
+        Decision(DecisionKind.CRASH, "no outcome")

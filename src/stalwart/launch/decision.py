@@ -6,43 +6,57 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnose.incident import Incident
+from ..policy.job import AttemptStatus
+from ..policy.label import Label
 from ..policy.restart_policy import Failure
 from ..protocol.error_record import ErrorRecord
 
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    status: (
-        str  # succeeded | final_unsaved | failed | membership | preempted | preempted_unsaved | interrupted
-        # | excluded (this node left the job as a straggler)
-    )
+    status: AttemptStatus
     failure: Failure | None = None
     detected_at: float = 0.0
-    detail: str = ""  # why a save the verdict depends on did not commit
+    detail: str = ""  # why a save the verdict depends on did not commit; why the node was excluded
     step: int = -1  # the step the emergency or final save was for
 
+    def __post_init__(self) -> None:  # monitors may still pass the status's string
+        object.__setattr__(self, "status", AttemptStatus(self.status))
 
-# decision kinds, and what the supervisor does for each
+
+class DecisionKind(Label):
+    """Decision kinds, and what the supervisor does for each."""
+
+    # ending the attempt
+    CRASH = "crash"  # stop the group at once, record the failure and its incident; outcome failed
+    HANG = "hang"  # capture stacks, stop at once, record the failure and its incident; outcome failed
+    FINISHED = "finished"  # every worker exited without a stop request: release hot spares; the outcome
+    STOPPED_EXIT = "stopped_exit"  # every worker exited after a stop (signal or worker-side preemption)
+    INTERRUPT = "interrupt"  # SIGINT: stop the group within its grace
+    PASS_STOP = "pass_stop"  # a stop for a script without the SDK: stop the group within its grace
+    DEADLINE = "deadline"  # the emergency save ran out of time: stop within grace; saved or not
+    MEMBERSHIP = "membership"  # a node waits to join: stop within grace and re-form
+    EXCLUDE_STRAGGLER = "exclude_straggler"  # this node is the straggler: quarantine, stop at once, leave
+    # continuing
+    REQUEST_STOP = "request_stop"  # ask every rank to stop after ``stop_step`` (a coordinated emergency save)
+    HOLD = "hold"  # an emergency save is under way: do nothing else this tick
+    STRAGGLERS = "stragglers"  # record stragglers that appeared or cleared (observe only)
+
+
 ENDING = frozenset(
     {
-        "crash",  # stop the group at once, record the failure and its incident; outcome failed
-        "hang",  # capture stacks, stop at once, record the failure and its incident; outcome failed
-        "finished",  # every worker exited without a stop request: release hot spares; the outcome
-        "stopped_exit",  # every worker exited after a stop (signal or worker-side preemption)
-        "interrupt",  # SIGINT: stop the group within its grace
-        "pass_stop",  # a stop for a script without the SDK: stop the group within its grace
-        "deadline",  # the emergency save ran out of time: stop within grace; saved or not
-        "membership",  # a node waits to join: stop within grace and re-form
-        "exclude_straggler",  # this node is the straggler to exclude: quarantine it, stop at once, leave
+        DecisionKind.CRASH,
+        DecisionKind.HANG,
+        DecisionKind.FINISHED,
+        DecisionKind.STOPPED_EXIT,
+        DecisionKind.INTERRUPT,
+        DecisionKind.PASS_STOP,
+        DecisionKind.DEADLINE,
+        DecisionKind.MEMBERSHIP,
+        DecisionKind.EXCLUDE_STRAGGLER,
     }
 )
-CONTINUING = frozenset(
-    {
-        "request_stop",  # ask every rank to stop after ``stop_step`` (a coordinated emergency save)
-        "hold",  # an emergency save is under way: do nothing else this tick
-        "stragglers",  # record stragglers that appeared or cleared (observe only)
-    }
-)
+CONTINUING = frozenset(set(DecisionKind) - ENDING)
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class StragglerAdvice:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str
+    kind: DecisionKind
     reason: str
     outcome: AttemptOutcome | None = None  # for the kinds that end the attempt
     incident: Incident | None = None  # crashes and hangs
@@ -75,8 +89,10 @@ class Decision:
     advice: tuple[StragglerAdvice, ...] = ()  # stragglers: the straggler-action policy's verdicts
 
     def __post_init__(self) -> None:
-        if self.kind not in ENDING and self.kind not in CONTINUING:
-            raise ValueError(f"unknown decision kind {self.kind!r}")
+        try:  # monitors may still pass the kind's string
+            object.__setattr__(self, "kind", DecisionKind(self.kind))
+        except ValueError:
+            raise ValueError(f"unknown decision kind {self.kind!r}") from None
         if (self.kind in ENDING) != (self.outcome is not None):
             raise ValueError(f"decision {self.kind!r}: an outcome exactly when it ends the attempt")
 
@@ -87,4 +103,4 @@ class Decision:
     @property
     def ends_tick(self) -> bool:
         """Whether the supervisor asks no further monitor this tick."""
-        return self.kind in ENDING or self.kind == "hold"
+        return self.kind in ENDING or self.kind is DecisionKind.HOLD

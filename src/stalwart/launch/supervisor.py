@@ -5,17 +5,18 @@ codes, error records of the ranks that failed, CPU samples of workers without th
 agent received, the nodes waiting to join; (2) freezes them into a :class:`Snapshot`; (3) asks
 :func:`decide` for the decisions of the monitors (:mod:`stalwart.launch.monitors`) in priority order;
 (4) carries them out (stop the group, capture stacks, ask ranks to stop after a step) and writes the
-ledger. Time comes from the injected clock, and every action goes through :class:`Hooks`, so a test
-drives the whole loop with fakes and no process.
+ledger. Time comes from the injected clock, and every action goes through the ports of
+launch/ports.py (ledger, console, failure files, the job around the attempt, chaos), so a test or the
+simulator drives the whole loop with the fakes of launch/fakes.py and no process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
+
+from typing_extensions import assert_never
 
 from ..diagnose.cross_layer import COMM_CODES
 from ..diagnose.precision import GateDecision
@@ -32,11 +33,11 @@ from ..events import (
 )
 from ..policy.world_size import WorldPlan
 from ..protocol import LoopStarted, Note
-from ..protocol.error_record import ErrorRecord
 from .clock import Clock
 from .cpu_progress import CpuProgress, ProcSample, read_proc
-from .decision import AttemptOutcome, Decision
+from .decision import AttemptOutcome, Decision, DecisionKind
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
+from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .workers import describe_exit, tail, tail_lines
@@ -61,33 +62,11 @@ def decide(snapshot: Snapshot, monitors: Sequence[Callable[[Snapshot], Decision 
         out.append(d)
         if d.ends_tick:
             break
-        if d.kind == "request_stop":
+        if d.kind is DecisionKind.REQUEST_STOP:
             snapshot = dataclasses.replace(snapshot, stop_requested_at=snapshot.now)
             continue
         i += 1
     return out
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the supervisor needs from the agent: the ledger, the console and the agent's own state."""
-
-    ctx: Callable[[], dict]
-    emit: Callable[..., None]  # emit(event, show=True)
-    record: Callable[[Iterable], None]
-    note: Callable[[str], None] = lambda text: None
-    progress: Callable[[int, int, int, float], None] = lambda step, total, attempt, rate: None
-    signal: Callable[[], int | None] = lambda: None
-    nodes_waiting: Callable[[], int] | None = None  # None: no rendezvous (one node, static ranks)
-    error_of: Callable[[int, Path | None], ErrorRecord | None] = lambda rank, log: None
-    raised_not_exited: Callable[[], dict[int, int]] = lambda: {}
-    raised_since: Callable[[], dict[int, float]] = lambda: {}  # rank -> when it wrote its error record
-    capture_stacks: Callable[[], dict[int, str]] = lambda: {}
-    release_spares: Callable[[], None] = lambda: None
-    chaos: Callable[[ProgressTracker], None] = lambda tracker: None
-    # quarantine(node, reason) -> the node state it ended in (the node records, like other quarantines)
-    quarantine: Callable[[str, str], str] = lambda node, reason: "not recorded (no node state)"
-    read_proc: Callable[[int], ProcSample | None] = read_proc
 
 
 class Supervisor:
@@ -95,7 +74,11 @@ class Supervisor:
         self,
         *,
         cfg,
-        hooks: Hooks,
+        ledger: LedgerSink,
+        console: Console,
+        files: FailureFiles,
+        job: JobLink,
+        chaos: AttemptChaos,
         group,
         receiver,
         block,
@@ -106,10 +89,12 @@ class Supervisor:
         monitors: Sequence[Callable[[Snapshot], Decision | None]] | None = None,
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
+        read_proc: Callable[[int], ProcSample | None] = read_proc,
     ) -> None:
         self.world = world
         self.cfg = cfg
-        self.hooks = hooks
+        self.ledger, self.console, self.files, self.job, self.chaos = ledger, console, files, job, chaos
+        self.read_proc = read_proc
         self.group = group
         self.receiver = receiver
         self.block = block
@@ -135,13 +120,30 @@ class Supervisor:
     # --- collect ---------------------------------------------------------------------------------
 
     def gather(self) -> Snapshot:
-        tracker, now = self.tracker, self.clock.now()
-        batch = []
+        straggler_step = self._collect_messages(self.clock.now())
+        self.chaos.tick(self.tracker)
+        codes = self.group.poll()
+        now = self.clock.now()  # after the poll: an exit is never later than the tick that saw it
+        codes = self._raised_and_stuck(codes, now)
+        failed = {r: c for r, c in codes.items() if c not in (None, 0)}
+        logs = {s.global_rank: s.log_path for s in self.specs}
+        errors = (
+            {r: self.files.error_of(r, logs.get(r)) for r in failed}
+            if failed and self.stop_requested_at is None
+            else {}
+        )
+        self._sample_cpu(codes, now)
+        return self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+
+    def _collect_messages(self, now: float) -> int:
+        """The workers' messages and heartbeats into the tracker, step records into the ledger; the
+        step at which to check for stragglers this tick, or -1."""
+        tracker, batch = self.tracker, []
         for msg in self.receiver.drain():
             if isinstance(msg, Note):
-                self.hooks.note(msg.text)
+                self.console.note(msg.text)
             elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
-                self.hooks.note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
+                self.console.note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
             rec = tracker.observe(msg, now)
             if rec is not None:
                 batch.append(
@@ -152,61 +154,56 @@ class Supervisor:
                         start=rec.start,
                         duration=rec.duration,
                         sections=rec.sections,
-                        **self.hooks.ctx(),
+                        **self.ledger.ctx(),
                     )
                 )
         for spec in self.specs:
             beat = self.block.read_beat(spec.local_rank)
             if beat is not None:
                 tracker.observe_beat(spec.global_rank, beat[0], beat[1], beat[2], now)
+        if not batch:
+            return -1
         straggler_step = -1
-        if batch:
-            self.hooks.record(batch)
-            top = max(batch, key=lambda e: e.step)
-            self.window.extend(batch)
-            if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
-                self.last_straggler_check = straggler_step = top.step
-            recent = list(tracker.step_times)[-20:]
-            rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
-            self.hooks.progress(
-                top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(self.specs))
-            )
-        self.hooks.chaos(tracker)
+        self.ledger.record(batch)
+        top = max(batch, key=lambda e: e.step)
+        self.window.extend(batch)
+        if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
+            self.last_straggler_check = straggler_step = top.step
+        recent = list(tracker.step_times)[-20:]
+        rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
+        self.console.progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(self.specs)))
+        return straggler_step
 
-        codes = self.group.poll()
-        now = self.clock.now()  # after the poll: an exit is never later than the tick that saw it
-        if self.stop_requested_at is None:
-            # a rank that recorded its exception but cannot exit (e.g. a persist thread blocked in a
-            # collective with a lost peer keeps the interpreter alive) is a crash once the stop grace
-            # has passed: never left to the (checkpoint-phase) hang timeout
-            late = max(2.0, self.cfg.stop_grace_s)
-            for r, t in self.hooks.raised_since().items():
-                if codes.get(r, 0) is None and now - t >= late:
-                    codes = {**codes, r: 1}
-        failed = {r: c for r, c in codes.items() if c not in (None, 0)}
-        logs = {s.global_rank: s.log_path for s in self.specs}
-        errors = (
-            {r: self.hooks.error_of(r, logs.get(r)) for r in failed}
-            if failed and self.stop_requested_at is None
-            else {}
-        )
-        if not tracker.sdk_ranks() and self.stop_requested_at is None:
-            for spec in self.specs:
-                sample = self.hooks.read_proc(self.group.pid(spec.global_rank))
-                if sample is not None and codes.get(spec.global_rank) is None:
-                    self.cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
-        waiting = None
-        if (
-            self.hooks.nodes_waiting is not None
-            and self.stop_requested_at is None
-            and now - self.last_membership_check > MEMBERSHIP_EVERY_S
-        ):
-            self.last_membership_check = now
-            try:
-                waiting = self.hooks.nodes_waiting()
-            except Exception:  # noqa: BLE001 - the store may be briefly unreachable
-                waiting = 0
-        return self._snapshot(now, codes, errors, waiting, straggler_step)
+    def _raised_and_stuck(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:
+        """A rank that recorded its exception but cannot exit (e.g. a persist thread blocked in a
+        collective with a lost peer keeps the interpreter alive) is a crash once the stop grace has
+        passed: never left to the (checkpoint-phase) hang timeout."""
+        if self.stop_requested_at is not None:
+            return codes
+        late = max(2.0, self.cfg.stop_grace_s)
+        for r, t in self.files.raised_since().items():
+            if codes.get(r, 0) is None and now - t >= late:
+                codes = {**codes, r: 1}
+        return codes
+
+    def _sample_cpu(self, codes: dict[int, int | None], now: float) -> None:
+        """CPU samples of the workers without the SDK (their progress is their CPU time)."""
+        if self.tracker.sdk_ranks() or self.stop_requested_at is not None:
+            return
+        for spec in self.specs:
+            sample = self.read_proc(self.group.pid(spec.global_rank))
+            if sample is not None and codes.get(spec.global_rank) is None:
+                self.cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
+
+    def _nodes_waiting(self, now: float) -> int | None:
+        """Nodes waiting to join, asked at most every MEMBERSHIP_EVERY_S; None when not asked."""
+        if self.stop_requested_at is not None or now - self.last_membership_check <= MEMBERSHIP_EVERY_S:
+            return None
+        self.last_membership_check = now
+        try:
+            return self.job.nodes_waiting()
+        except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+            return 0
 
     def _snapshot(self, now, codes, errors, waiting, straggler_step) -> Snapshot:
         tr = self.tracker
@@ -223,7 +220,7 @@ class Supervisor:
             max_done_step=tr.max_done_step,
             preempted_ranks=frozenset(tr.preempted_ranks),
             durability=frozen(tr.durability),
-            signal=self.hooks.signal(),
+            signal=self.job.signal(),
             stop_requested_at=self.stop_requested_at,
             nodes_waiting=waiting,
             cpu=cpu_marks(self.cpu),
@@ -246,7 +243,7 @@ class Supervisor:
                 outcome = self.apply(d, snap)
                 if outcome is not None:
                     return outcome
-            if decisions and decisions[-1].kind == "hold":
+            if decisions and decisions[-1].kind is DecisionKind.HOLD:
                 self.clock.sleep(snap.tick)
                 continue
             deadline = self.hangs.next_check(snap) if self.hangs is not None else snap.now + snap.tick
@@ -261,14 +258,14 @@ class Supervisor:
         ht, _ = self.hangs.timeout(snap)
         if ht.calibrated:
             self.calibrated_reported = True
-            self.hooks.emit(
+            self.ledger.emit(
                 TimeoutsCalibrated(
                     ts=snap.now,
                     hang_timeout_s=ht.seconds,
                     p99_step_s=ht.p99_s,
                     samples=ht.samples,
                     reason=ht.reason,
-                    **self.hooks.ctx(),
+                    **self.ledger.ctx(),
                 ),
                 show=False,
             )
@@ -278,64 +275,69 @@ class Supervisor:
     def apply(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         """Carry out one decision; the attempt's outcome when it ends the attempt, else None."""
         grace = self.cfg.stop_grace_s
-        if d.kind == "stragglers":
-            self._stragglers(d, snap)
-        elif d.kind == "exclude_straggler":
-            return self._exclude(d, snap)
-        elif d.kind == "request_stop":
-            self.stop_requested_at = snap.now
-            self.block.request_stop(d.stop_step)
-        elif d.kind == "hold":
-            pass
-        elif d.kind == "crash":
-            return self._crash(d, snap)
-        elif d.kind == "hang":
-            # a worker slow to exit after raising (on a loaded machine) is an exception, not a hang
-            raised = self.hooks.raised_not_exited()
-            if raised:
-                logs = {s.global_rank: s.log_path for s in self.specs}
-                errors = {r: self.hooks.error_of(r, logs.get(r)) for r in raised}
-                now = self.clock.now()
-                again = dataclasses.replace(
-                    snap, now=now, errors=frozen(errors), exit_times=frozen(self.group.exit_times)
-                )
-                return self._crash(crash(again, raised), again)
-            return self._hang(d, snap)
-        elif d.kind == "finished":
-            self.hooks.release_spares()
-        elif d.kind in ("interrupt", "pass_stop", "deadline"):
-            self.group.stop(grace)
-        elif d.kind == "membership":
-            self.group.stop(grace)
-            self.hooks.emit(WorkersStopped(ts=self.clock.now(), reason=d.reason, **self.hooks.ctx()))
+        match d.kind:
+            case DecisionKind.STRAGGLERS:
+                self._stragglers(d, snap)
+            case DecisionKind.EXCLUDE_STRAGGLER:
+                return self._exclude(d, snap)
+            case DecisionKind.REQUEST_STOP:
+                self.stop_requested_at = snap.now
+                self.block.request_stop(d.stop_step)
+            case DecisionKind.HOLD | DecisionKind.STOPPED_EXIT:
+                pass
+            case DecisionKind.CRASH:
+                return self._crash(d, snap)
+            case DecisionKind.HANG:
+                return self._hang_or_raised(d, snap)
+            case DecisionKind.FINISHED:
+                self.job.release_spares()
+            case DecisionKind.INTERRUPT | DecisionKind.PASS_STOP | DecisionKind.DEADLINE:
+                self.group.stop(grace)
+            case DecisionKind.MEMBERSHIP:
+                self.group.stop(grace)
+                self.ledger.emit(WorkersStopped(ts=self.clock.now(), reason=d.reason, **self.ledger.ctx()))
+            case _:
+                assert_never(d.kind)
         return d.outcome
+
+    def _hang_or_raised(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+        # a worker slow to exit after raising (on a loaded machine) is an exception, not a hang
+        raised = self.files.raised_not_exited()
+        if not raised:
+            return self._hang(d, snap)
+        logs = {s.global_rank: s.log_path for s in self.specs}
+        errors = {r: self.files.error_of(r, logs.get(r)) for r in raised}
+        again = dataclasses.replace(
+            snap, now=self.clock.now(), errors=frozen(errors), exit_times=frozen(self.group.exit_times)
+        )
+        return self._crash(crash(again, raised), again)
 
     def _stragglers(self, d: Decision, snap: Snapshot) -> None:
         step = snap.straggler_step
         for rank, score in d.detected:
-            self.hooks.emit(
+            self.ledger.emit(
                 StragglerDetected(
                     ts=self.clock.now(),
                     rank=rank,
                     score=score,
                     step=step,
                     evidence=d.evidence,
-                    **self.hooks.ctx(),
+                    **self.ledger.ctx(),
                 )
             )
             self.stragglers[rank] = score
         for rank, score in d.cleared:
-            self.hooks.emit(
-                StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.hooks.ctx())
+            self.ledger.emit(
+                StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.ledger.ctx())
             )
             self.stragglers.pop(rank, None)
         # the straggler-action policy's verdicts with their reasons (costs, and the gate's word): a
         # decision record, not an incident; the straggler's cause (a cooling loop, a sick GPU) is the
         # live diagnosis's incident. Observe-only verdicts are recorded as observe_<action>
         for advice in d.advice:
-            self.hooks.emit(
+            self.ledger.emit(
                 DecisionTaken(
-                    ts=advice.incident.ts, action=advice.action, reason=advice.reason, **self.hooks.ctx()
+                    ts=advice.incident.ts, action=advice.action, reason=advice.reason, **self.ledger.ctx()
                 ),
                 show=advice.acted,
             )
@@ -346,16 +348,18 @@ class Supervisor:
         their peers go and re-form at the next valid world size, or with a hot spare."""
         assert d.outcome is not None and d.incident is not None
         self._stragglers(d, snap)
-        ctx = self.hooks.ctx()
+        ctx = self.ledger.ctx()
         try:
-            state = self.hooks.quarantine(self.node, d.reason)
+            state = self.job.quarantine(self.node, d.reason)
         except Exception as exc:  # noqa: BLE001 - the node still leaves this job; say why it is not recorded
             state = f"not recorded in the node state ({type(exc).__name__}: {exc})"
-        self.hooks.note(f"excluding this node ({self.node}) as a straggler: {d.reason}; node state: {state}")
+        self.console.note(
+            f"excluding this node ({self.node}) as a straggler: {d.reason}; node state: {state}"
+        )
         self.group.stop(0.0)
         inc = dataclasses.replace(d.incident, evidence=d.incident.evidence + (f"node state: {state}",))
-        self.hooks.emit(inc.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
-        self.hooks.emit(
+        self.ledger.emit(inc.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
+        self.ledger.emit(
             WorkersStopped(
                 ts=self.clock.now(), reason=f"straggler rank {d.rank}: node {self.node} excluded", **ctx
             ),
@@ -369,11 +373,11 @@ class Supervisor:
         log = next((s.log_path for s in self.specs if s.global_rank == root), None)
         self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         text = tail(log, 3)
-        self.hooks.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
+        self.console.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
         shown = tail_lines(log, 8, match="Traceback (most recent call last)")
         if shown:
-            self.hooks.note(f"last lines of rank {root}:\n{shown}")
-        ctx = self.hooks.ctx()
+            self.console.note(f"last lines of rank {root}:\n{shown}")
+        ctx = self.ledger.ctx()
         detected = FailureDetected(
             ts=d.outcome.detected_at,
             failure=failure.kind,
@@ -387,9 +391,9 @@ class Supervisor:
             error_message=err.message[:500] if err else "",
             **ctx,
         )
-        self.hooks.emit(detected)
+        self.ledger.emit(detected)
         if text and failure.kind != "crash":
-            self.hooks.emit(
+            self.ledger.emit(
                 StackCaptured(
                     ts=self.clock.now(),
                     rank=root,
@@ -400,7 +404,7 @@ class Supervisor:
                 show=False,
             )
         self._incident(d, detected)
-        self.hooks.emit(
+        self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"rank {root} {failure.evidence}", **ctx), show=False
         )
         return d.outcome
@@ -408,7 +412,7 @@ class Supervisor:
     def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
-        ctx = self.hooks.ctx()
+        ctx = self.ledger.ctx()
         detected = FailureDetected(
             ts=d.outcome.detected_at,
             failure="hang",
@@ -418,18 +422,18 @@ class Supervisor:
             rank=d.rank,
             **ctx,
         )
-        self.hooks.emit(detected)
+        self.ledger.emit(detected)
         # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self.hooks.capture_stacks() if snap.sdk_ranks else {}
+        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
         for rank, text in stacks.items():
             reason = "hung rank" if rank == d.rank else "peer of the hung rank"
-            self.hooks.emit(
+            self.ledger.emit(
                 StackCaptured(ts=self.clock.now(), rank=rank, stack=text, reason=reason, **ctx),
                 show=rank == d.rank,
             )
         self.group.stop(0.0)
         self._incident(d, detected)
-        self.hooks.emit(
+        self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
         )
         return d.outcome
@@ -442,5 +446,5 @@ class Supervisor:
             return
         if getattr(self.cfg, "diagnose_interval_s", 0) and from_failure(detected).code in COMM_CODES:
             return
-        ctx = self.hooks.ctx()
-        self.hooks.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
+        ctx = self.ledger.ctx()
+        self.ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)

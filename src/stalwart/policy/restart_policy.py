@@ -12,11 +12,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..exit_codes import EXIT_INFRA, EXIT_USER_ERROR
+from .label import Label
+
+
+class FailureKind(Label):
+    CRASH = "crash"  # a worker killed by a signal or exiting non-zero without an exception record
+    HANG = "hang"
+    PEER_LOST = "peer_lost"
+    AGENT_LOST = "agent_lost"
+    EXCEPTION = "exception"  # raised by the training script: the user-error budget
+
+
+class RestartAction(Label):
+    RESTART = "restart"
+    STOP = "stop"
 
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # crash | hang | peer_lost | agent_lost | exception
+    kind: FailureKind
     attempt: int
     step: int  # step in progress, -1 if unknown
     rank: int
@@ -24,6 +38,9 @@ class Failure:
     signature: str = ""  # "Type: message" for exceptions raised by user code
     progressed: bool = False  # whether the failed attempt completed any new step
     sdk: bool = True  # the script uses the SDK (else the step is unknown)
+
+    def __post_init__(self) -> None:  # callers may still pass the kind's string
+        object.__setattr__(self, "kind", FailureKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -36,7 +53,7 @@ class RestartBudget:
 
 @dataclass(frozen=True)
 class RestartDecision:
-    action: str  # "restart" | "stop"
+    action: RestartAction
     reason: str
     outcome: str = ""  # for stop: user_error | infra_exhausted
     exit_code: int = 0
@@ -44,23 +61,26 @@ class RestartDecision:
     infra_used: int = 0
     user_used: int = 0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", RestartAction(self.action))
+
 
 def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision:
     """Decide what to do after ``history[-1]``; ``history`` is every failure of the job so far."""
     if not history:
         raise ValueError("decide() needs at least one failure")
     last = history[-1]
-    user = [f for f in history if f.kind == "exception"]
-    infra = [f for f in history if f.kind != "exception"]
+    user = [f for f in history if f.kind is FailureKind.EXCEPTION]
+    infra = [f for f in history if f.kind is not FailureKind.EXCEPTION]
     where = (
         f"step {last.step}" if last.step >= 0 else ("start-up" if last.sdk else "an unknown step (no SDK)")
     )
-    if last.kind == "exception":
+    if last.kind is FailureKind.EXCEPTION:
         same = [f for f in user if f.signature == last.signature and f.step == last.step]
         if len(same) >= 2:
             attempts = " and ".join(str(f.attempt) for f in same[-2:])
             return RestartDecision(
-                "stop",
+                RestartAction.STOP,
                 f"user error at {where}: {last.signature} (rank {last.rank}, same "
                 f"exception at the same step in attempts {attempts}; a restart will not help)",
                 "user_error",
@@ -71,7 +91,7 @@ def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision
             )
         if len(user) > budget.max_user_error_restarts:
             return RestartDecision(
-                "stop",
+                RestartAction.STOP,
                 f"user error at {where}: {last.signature} (rank {last.rank}; "
                 f"{len(user)} exceptions, budget {budget.max_user_error_restarts} restarts)",
                 "user_error",
@@ -82,7 +102,7 @@ def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision
             )
     elif len(infra) > budget.max_restarts:
         return RestartDecision(
-            "stop",
+            RestartAction.STOP,
             f"{last.kind} at {where}: {last.evidence}; restart budget used up "
             f"({budget.max_restarts} of {budget.max_restarts})",
             "infra_exhausted",
@@ -100,11 +120,11 @@ def decide(history: Sequence[Failure], budget: RestartBudget) -> RestartDecision
     backoff = 0.0 if streak <= 1 else min(budget.backoff_base_s * 2 ** (streak - 2), budget.backoff_max_s)
     used_infra = len(infra)
     used_user = len(user)
-    if last.kind == "exception":
+    if last.kind is FailureKind.EXCEPTION:
         budget_txt = f"{used_user} of {budget.max_user_error_restarts} user-error restarts used"
     else:
         budget_txt = f"{used_infra} of {budget.max_restarts} restarts used"
     reason = f"restart: {last.kind} of rank {last.rank} at {where} ({last.evidence}); {budget_txt}"
     if backoff:
         reason += f"; backing off {backoff:g}s after {streak} attempts without progress"
-    return RestartDecision("restart", reason, "", 0, backoff, used_infra, used_user)
+    return RestartDecision(RestartAction.RESTART, reason, "", 0, backoff, used_infra, used_user)

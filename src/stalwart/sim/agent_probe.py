@@ -2,10 +2,11 @@
 
 The simulator must not re-implement the agent, so it asks the agent's own supervisor
 (:class:`stalwart.launch.supervisor.Supervisor`), with the agent's own monitors in their priority
-order (:func:`stalwart.launch.monitors.default_monitors`), on a :class:`~stalwart.launch.clock.ManualClock`
-and with recording fakes for everything the supervisor touches (worker group, message pipe, control
-block, the agent's :class:`~stalwart.launch.supervisor.Hooks`). No process, no thread, no sleeping:
-the clock moves only when the probe or the supervisor's own ``sleep`` moves it.
+order (:func:`stalwart.launch.monitors.default_monitors`), and the agent's own job runner and job policy
+(:class:`stalwart.launch.runner.JobRunner`, :func:`stalwart.policy.job.next`), on a
+:class:`~stalwart.launch.clock.ManualClock` and over the fakes of the agent's ports
+(:mod:`stalwart.launch.fakes`, the same the unit tests use). No process, no thread, no sleeping: the
+clock moves only when the probe or the supervisor's own ``sleep`` moves it.
 
 * :func:`hang_latency`: two ranks complete steps of ``step_s`` seconds (the messages go through the
   supervisor's collector into its progress tracker, which calibrates the hang timeout); then rank 1
@@ -13,46 +14,65 @@ the clock moves only when the probe or the supervisor's own ``sleep`` moves it.
   instant at which the monitors decide ``hang`` is found by bisection over the time of the frozen
   snapshot (the hang monitor is monotone in the silence); the latency is that instant minus rank 1's
   last progress. The supervisor's real loop is then run from a tick before it, so the decision is
-  also applied through the hooks (``applied_at``: its loop sleeps to the deadline, and its minimum
+  also applied through the ports (``applied_at``: its loop sleeps to the deadline, and its minimum
   sleep of 1 ms can land it that much later when the clock's arithmetic rounds just short). The hang
   monitor declares a hang up to one monitor tick early, never late (``HangMonitor``), so the answer
   is ``hang_timeout - monitor_interval_s`` (the agent's default tick, 0.05 s).
-* :func:`restart_stop`: one attempt per failure, as the agent runs them: a fresh supervisor per
-  attempt, two ranks complete a step, then rank 0 is killed (SIGKILL: an infrastructure ``crash``).
-  The supervisor's outcome carries the failure record; the agent appends it to the job's history and
-  asks :func:`stalwart.launch.restart_policy.decide` (exactly the agent's call). The first attempt
-  whose decision is ``stop`` is the period. The first :data:`SUPERVISED_ATTEMPTS` attempts are each
-  supervised; beyond them (large budgets) the history grows with the supervisor's last failure record,
-  re-stamped with the attempt number, and the first stop is found by galloping and bisection (the
-  decision is monotone: a history that stops the job still stops it one failure later).
+* :func:`restart_stop`: the agent's job runner over one node, one supervised attempt per round: two
+  ranks complete a step, then rank 0 is killed (SIGKILL: an infrastructure ``crash``). The job policy
+  appends the failure to the job's history and asks the restart policy; the first attempt after which
+  it ends the job is the period. The first :data:`SUPERVISED_ATTEMPTS` attempts are each supervised;
+  beyond them (large budgets) the job policy is asked over the history grown with the supervisor's last
+  failure record, re-stamped with the attempt number, and the first end is found by galloping and
+  bisection (the decision is monotone: a history that ends the job still ends it one failure later).
+* :func:`world_after_loss`: world size and hot spares. The job runner of a node that survives meets
+  the whole pool (active nodes, then spares), its attempt fails as the lost nodes go, and it meets the
+  survivors: the job policy replaces the lost nodes by spares, shrinks to a smaller valid world, or
+  ends the job because no valid world is left.
 
 Each answer is computed once per distinct input and cached; the engine folds the answers into its
-vectorised arrays. World size and hot spares are not here: the supervisor has no path for them (the
-agent re-plans the world at the rendezvous, outside the supervisor), so ``sim/policies.py`` asks the
-shipped ``launch.world_size`` policy directly.
+vectorised arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from types import SimpleNamespace
+from typing import Any
 
 from ..events import FailureDetected
 from ..launch.clock import ManualClock
 from ..launch.config import default_of
 from ..launch.decision import AttemptOutcome
-from ..launch.supervisor import Hooks, Supervisor, decide
-from ..policy.restart_policy import Failure, RestartBudget, RestartDecision
-from ..policy.restart_policy import decide as restart_decide
+from ..launch.fakes import (
+    FakeBlock,
+    FakeFailureFiles,
+    FakeGroup,
+    FakeJobLink,
+    FakePipe,
+    FakeRendezvous,
+    FakeRunFiles,
+    RecordingConsole,
+    RecordingLedger,
+    ScriptedChaos,
+    ScriptedWorkers,
+    specs,
+)
+from ..launch.ports import Round
+from ..launch.runner import JobRunner
+from ..launch.supervisor import Supervisor, decide
+from ..policy import job
+from ..policy.job import AttemptStatus, End, JobDecision, JobSpec, JobState, Outcome, Replace, Restart, Shrink
+from ..policy.restart_policy import Failure, FailureKind, RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy
-from ..policy.world_size import SizeRule
+from ..policy.world_size import SizeRule, WorldPlan
 from ..protocol import StepBegan, StepDone
 
 T0 = 1_000_000.0
 RANKS = (0, 1)
+NODE = "sim0"
 MONITOR_INTERVAL_S: float = default_of("monitor_interval_s")
 SUPERVISED_ATTEMPTS = 32  # attempts each run through a supervisor; beyond, the recorded failure repeats
 MAX_BUDGET_PROBE = 100_000  # the largest restart period looked for (the simulator's max_restarts bound)
@@ -80,80 +100,44 @@ class ProbeConfig:
     diagnose_interval_s: float = 0.0  # no live diagnosis: the agent raises its own incidents
 
 
-@dataclass
-class _Group:
-    """A worker group that only records: exit codes are set by the probe, ``stop`` ends the rest."""
-
-    codes: dict[int, int | None]
-    exit_times: dict[int, float] = field(default_factory=dict)
-    stops: list[float] = field(default_factory=list)
-
-    def poll(self) -> dict[int, int | None]:
-        return dict(self.codes)
-
-    def pid(self, rank: int) -> int:
-        return -1
-
-    def stop(self, grace: float) -> dict[int, int | None]:
-        self.stops.append(grace)
-        self.codes = {r: (-signal.SIGTERM if c is None else c) for r, c in self.codes.items()}
-        return dict(self.codes)
-
-
-@dataclass
-class _Pipe:
-    queue: list = field(default_factory=list)
-
-    def drain(self) -> list:
-        out, self.queue = self.queue, []
-        return out
-
-
-class _Block:
-    def read_beat(self, slot: int) -> None:
-        return None
-
-    def request_stop(self, after: int) -> None:
-        raise RuntimeError("probe: the agent was never signalled, yet a stop was requested")
-
-
 class _Rig:
     """One attempt: a real supervisor over two fake ranks on a manual clock, its events recorded."""
 
     def __init__(self, cfg: ProbeConfig, attempt: int, clock: ManualClock, script=None) -> None:
         self.clock = clock
-        self.group = _Group({r: None for r in RANKS})
-        self.pipe = _Pipe()
-        self.events: list = []
-        self.ticks = 0
+        self.group = FakeGroup.of(RANKS)
+        self.pipe = FakePipe()
+        self.ledger = RecordingLedger(run_id="sim", node=NODE, attempt=attempt)
         self.script = script
-
-        def chaos(tracker) -> None:  # called once per supervisor tick: the workers' side of the tick
-            self.ticks += 1
-            if self.ticks > MAX_TICKS:
-                raise RuntimeError(f"probe: no decision after {MAX_TICKS} supervisor ticks")
-            if self.script is not None:
-                self.script(self)
-
-        hooks = Hooks(
-            ctx=lambda: {"run_id": "sim", "node": "sim0", "attempt": attempt},
-            emit=lambda ev, show=True: self.events.append(ev),
-            record=lambda evs: self.events.extend(evs),
-            chaos=chaos,
-            read_proc=lambda pid: None,
-        )
-        specs = [SimpleNamespace(local_rank=r, global_rank=r, log_path=None) for r in RANKS]
+        self.chaos = ScriptedChaos(self._workers, max_ticks=MAX_TICKS)
         self.sup = Supervisor(
             cfg=cfg,
-            hooks=hooks,
+            ledger=self.ledger,
+            console=RecordingConsole(),
+            files=FakeFailureFiles(),
+            job=FakeJobLink(),
+            chaos=self.chaos,
             group=self.group,
             receiver=self.pipe,
-            block=_Block(),
-            specs=specs,
+            block=FakeBlock(refuse_stop="probe: the agent was never signalled, yet a stop was requested"),
+            specs=specs(RANKS),
             clock=clock,
             attempt=attempt,
-            node="sim0",
+            node=NODE,
+            read_proc=lambda pid: None,
         )
+
+    def _workers(self, tick: int) -> None:  # once per supervisor tick: the workers' side of the tick
+        if self.script is not None:
+            self.script(self)
+
+    @property
+    def ticks(self) -> int:
+        return self.chaos.ticks
+
+    @property
+    def events(self) -> list:
+        return self.ledger.events
 
     def step(self, step: int, duration: float, ranks=RANKS) -> None:
         """Ranks ``ranks`` completed step ``step`` just now, after ``duration`` seconds."""
@@ -229,6 +213,13 @@ def hang_latency(
 def supervised_crash(attempt: int, cfg: ProbeConfig = ProbeConfig()) -> Failure:
     """One attempt under the supervisor: two ranks complete a step, then rank 0 is killed (SIGKILL);
     the failure record of the attempt's outcome (an infrastructure crash of a rank that progressed)."""
+    out = _supervised_kill(attempt, cfg)
+    if out.failure is None:
+        raise RuntimeError(f"probe: a killed rank ended the attempt with {out.status}, not a failure")
+    return out.failure
+
+
+def _supervised_kill(attempt: int, cfg: ProbeConfig = ProbeConfig()) -> AttemptOutcome:
     clock = ManualClock(T0)
 
     def workers(rig: _Rig) -> None:
@@ -238,44 +229,115 @@ def supervised_crash(attempt: int, cfg: ProbeConfig = ProbeConfig()) -> Failure:
             rig.group.codes[0] = -signal.SIGKILL
             rig.group.exit_times[0] = clock.now()
 
-    rig = _Rig(cfg, attempt=attempt, clock=clock, script=workers)
-    out = rig.sup.run()
-    if out.failure is None:
-        raise RuntimeError(f"probe: a killed rank ended the attempt with {out.status}, not a failure")
-    return out.failure
+    return _Rig(cfg, attempt=attempt, clock=clock, script=workers).sup.run()
+
+
+class _SupervisedKills:
+    """The worker launcher of the probe: every attempt supervised, rank 0 killed after a step."""
+
+    def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
+        return _supervised_kill(attempt)
 
 
 @dataclass(frozen=True)
 class RestartProbe:
-    period: int | None  # the failure after which the agent stops the job; None: it never does
+    period: int | None  # the failure after which the agent ends the job; None: it never does
     supervised: int  # how many of the failures ran through a supervisor
-    decision: RestartDecision | None  # the stopping decision, with its reason
+    decision: End | None  # the job policy's end, with its outcome and reason (the restart policy's)
+
+
+def _runner(spec: JobSpec, rendezvous: FakeRendezvous, workers: Any, clock: ManualClock) -> JobRunner:
+    return JobRunner(
+        state=job.initial(spec),
+        rendezvous=rendezvous,
+        workers=workers,
+        files=FakeRunFiles(),
+        ledger=RecordingLedger(run_id="sim", node=spec.node),
+        clock=clock,
+    )
 
 
 @lru_cache(maxsize=256)
 def restart_stop(budget: RestartBudget | None, supervised: int = SUPERVISED_ATTEMPTS) -> RestartProbe:
-    """Successive infrastructure failures through the supervisor, and the agent's restart decision
-    after each, until it stops the job."""
+    """Successive infrastructure failures through the supervisor, and the job policy's decision after
+    each, until it ends the job."""
     if budget is None:  # no budget in the agent: a cluster manager restarts, the agent never stops
         return RestartProbe(None, 0, None)
-    history: list[Failure] = []
-    for attempt in range(supervised):
-        history.append(supervised_crash(attempt))
-        d = restart_decide(history, budget)
-        if d.action == "stop":
-            return RestartProbe(attempt + 1, attempt + 1, d)
+    spec = JobSpec(node=NODE, budget=budget)
+    rounds: list[Any] = [(NODE,)] * supervised
+    runner = _runner(spec, FakeRendezvous(rounds), _SupervisedKills(), ManualClock(T0))
+    runner.run()
+    ended = runner.ended
+    assert ended is not None
+    history = list(runner.state.history)
+    if ended.outcome != "rendezvous_failed":  # the job policy ended the job within the supervised rounds
+        if not history or ended.state.history != tuple(history):
+            raise RuntimeError(f"probe: the job ended without a failure: {ended.verdict}")
+        return RestartProbe(len(history), len(history), ended)
     last = history[-1]
 
-    def at(k: int) -> RestartDecision:
+    def at(k: int) -> JobDecision:
+        """The job policy's decision on the ``k``-th failure."""
         history.extend(dataclasses.replace(last, attempt=a) for a in range(len(history), k))
-        return restart_decide(history[:k], budget)
+        state = JobState(spec, attempt=k - 1, history=tuple(history[: k - 1]))
+        return job.next(state, Outcome(AttemptStatus.FAILED, failure=history[k - 1]), T0)
 
     lo = hi = supervised
-    while at(hi).action != "stop":
+    while not isinstance(at(hi), End):
         if hi >= MAX_BUDGET_PROBE:
             return RestartProbe(None, supervised, None)
         lo, hi = hi, min(2 * hi, MAX_BUDGET_PROBE)
-    while hi - lo > 1:  # at(lo) restarts, at(hi) stops
+    while hi - lo > 1:  # at(lo) restarts, at(hi) ends
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if at(mid).action == "stop" else (mid, hi)
-    return RestartProbe(hi, supervised, at(hi))
+        lo, hi = (lo, mid) if isinstance(at(mid), End) else (mid, hi)
+    end = at(hi)
+    assert isinstance(end, End)
+    return RestartProbe(hi, supervised, end)
+
+
+# --- world size and hot spares ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorldProbe:
+    runnable: bool  # whether a valid world is left
+    active: int  # nodes in the world after the loss (0 when it cannot run)
+    decision: str  # replace | shrink | restart | end: the job policy's decision on the survivors' round
+    reason: str
+
+
+@lru_cache(maxsize=1024)
+def world_after_loss(
+    nodes: int, spares: int, nproc_per_node: int, min_nodes: int, rule: SizeRule, lost: int
+) -> WorldProbe:
+    """The job policy's world after the first ``lost`` nodes of the pool (``nodes`` that may be active,
+    then ``spares``) go: asked by the runner of a surviving node (a spare when every active node is lost)."""
+    names = tuple(f"n{i}" for i in range(nodes + spares))
+    if lost >= len(names):
+        return WorldProbe(False, 0, "end", "every node of the pool is lost")
+    spec = JobSpec(
+        node=names[lost], nproc_per_node=nproc_per_node, min_nodes=min_nodes, max_nodes=nodes, size_rule=rule
+    )
+    gone = set(names[:lost])
+    failure = Failure(FailureKind.PEER_LOST, 0, -1, 0, f"lost {lost} node(s)")
+
+    def attempt(n: int, plan: WorldPlan) -> AttemptOutcome:  # a world with a lost node fails
+        if gone & set(plan.active):
+            return AttemptOutcome(AttemptStatus.FAILED, dataclasses.replace(failure, attempt=n))
+        return AttemptOutcome(AttemptStatus.SUCCEEDED)
+
+    rounds: list[Any] = [names, names[lost:]]
+    runner = _runner(
+        spec, FakeRendezvous(rounds, waiting_at=1), ScriptedWorkers(outcome=attempt), ManualClock(T0)
+    )
+    runner.run()
+    seen = runner.decided
+    world = [d for d in seen if isinstance(d, Replace | Shrink | Restart) and d.plan is not None]
+    ended = runner.ended
+    assert ended is not None
+    if ended.outcome != "succeeded" or not world:
+        return WorldProbe(False, 0, "end", ended.verdict)
+    last = world[-1]
+    assert last.plan is not None
+    kind = {Replace: "replace", Shrink: "shrink", Restart: "restart"}[type(last)]
+    return WorldProbe(True, len(last.plan.active), kind, last.reason)

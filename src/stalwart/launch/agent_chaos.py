@@ -1,0 +1,97 @@
+"""Chaos on the agent's side: faults of the fault plan that the agent itself injects once the workers
+reach their step (kill this agent; damage the newest checkpoint, on disk and in the node memory tier)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Protocol
+
+from ..chaos.once import claim
+from ..chaos.plan import FaultPlan
+from ..events import ChaosInjected
+from ..protocol.run_dir import RunDir
+from . import chaos_actions
+from .clock import Clock
+from .ports import LedgerSink
+from .progress import ProgressTracker
+
+
+class MemoryTier(Protocol):
+    @property
+    def versions_root(self) -> Path: ...
+
+    def version_dir(self, name: str) -> Path | None: ...
+
+
+class AgentChaos:
+    """Implements :class:`stalwart.launch.ports.AttemptChaos`; lives as long as the job (a damage waits
+    for its version's commit across the ticks of an attempt)."""
+
+    def __init__(
+        self,
+        plan: FaultPlan,
+        run: RunDir,
+        ledger: LedgerSink,
+        clock: Clock,
+        memory: MemoryTier | None = None,
+        kill=None,
+    ) -> None:
+        self.plan, self.run, self.ledger, self.clock, self.memory = plan, run, ledger, clock, memory
+        self.group_rank = 0  # this node's place in the attempt's world (the launcher sets it)
+        self.done_step = -1  # the newest step done that agent-side chaos has seen
+        self.targets: dict[str, int] = {}  # checkpoint damage: the version step each aims at
+        self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def tick(self, tracker: ProgressTracker) -> None:
+        self.done_step = tracker.max_done_step
+        self.at(tracker.max_done_step, settled=False)
+
+    def settle(self) -> None:
+        """The attempt failed: a damage that waited on a persist the failure cut short aims at the
+        newest version that did commit."""
+        self.at(self.done_step, settled=True)
+
+    def at(self, done_step: int, *, settled: bool) -> None:
+        """Agent-side faults due once step ``done_step + 1`` is reached. Checkpoint damage aims at the
+        newest version when it is due, committed or still being persisted, and waits for that one's
+        commit (``settled``: the workers are gone and nothing more will commit: the newest that did)."""
+        for fault in self.plan.agent_faults():
+            if fault.step is None or done_step + 1 < fault.step:
+                continue
+            if fault.kind == "kill-agent":
+                if fault.node != self.group_rank or not claim(self.run.chaos, fault):
+                    continue
+                self._injected(fault, fault.describe())
+                self._kill()
+            elif self.group_rank == 0:
+                self._damage(fault, settled)
+
+    def _damage(self, fault, settled: bool) -> None:
+        disk = self.run.checkpoints
+        faster = [self.memory.versions_root] if self.memory is not None else []
+        key = fault.describe()
+        if key not in self.targets:  # pin the newest version, committed or on its way
+            newest = chaos_actions.newest_on_its_way(disk, faster)
+            if newest >= 0:
+                self.targets[key] = newest
+        pinned = self.targets.get(key, -1)
+        target = chaos_actions.committed(disk, pinned) if pinned >= 0 else None
+        if target is None and not settled:
+            return  # not on disk yet: wait for its commit (or for the attempt to fail)
+        target = target or chaos_actions.newest_checkpoint(disk)
+        if target is None or not claim(self.run.chaos, fault):
+            return
+        detail = chaos_actions.damage(target, fault.kind)
+        mem = self.memory.version_dir(target.name) if self.memory is not None else None
+        if mem is not None:  # and the node memory tier's copy of the same version
+            detail += "; " + chaos_actions.damage(mem, fault.kind)
+        self._injected(fault, detail)
+
+    def _injected(self, fault, detail: str) -> None:
+        self.ledger.emit(
+            ChaosInjected(
+                ts=self.clock.now(), fault=fault.kind, step=fault.step, detail=detail, **self.ledger.ctx()
+            )
+        )

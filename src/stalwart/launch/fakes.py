@@ -1,0 +1,288 @@
+"""Fakes of the agent's ports (launch/ports.py) and of what a supervisor watches: recording, scripted,
+with no process, socket, file or sleep. One set serves the unit tests and the simulator
+(sim/agent_probe.py), so both drive the shipped supervisor, runner and job policy the same way."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..events import Event
+from ..policy.world_size import WorldPlan
+from ..protocol.error_record import ErrorRecord
+from .decision import AttemptOutcome
+from .ports import Round
+from .progress import ProgressTracker
+
+# --- the ledger, the console --------------------------------------------------------------------------
+
+
+@dataclass
+class RecordingLedger:
+    """A ledger sink that keeps every event in order."""
+
+    run_id: str = "sim"
+    node: str = "n0"
+    attempt: int = 0
+    events: list[Event] = field(default_factory=list)
+    shown: list[Event] = field(default_factory=list)
+
+    def ctx(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt}
+
+    def emit(self, ev: Event, *, show: bool = True) -> None:
+        self.events.append(ev)
+        if show:
+            self.shown.append(ev)
+
+    def record(self, evs: Iterable[Event]) -> None:
+        self.events.extend(evs)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+@dataclass
+class RecordingConsole:
+    notes: list[str] = field(default_factory=list)
+    steps: list[tuple[int, int, int, float]] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
+        self.steps.append((step, total, attempt, rate))
+
+
+# --- what a supervisor watches and asks ---------------------------------------------------------------
+
+
+@dataclass
+class FakeGroup:
+    """A worker group whose exit codes the test sets; ``stop`` ends every rank still running (SIGTERM)."""
+
+    codes: dict[int, int | None]
+    exit_times: dict[int, float] = field(default_factory=dict)
+    stops: list[float] = field(default_factory=list)
+    signals: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, ranks: Iterable[int]) -> FakeGroup:
+        return cls({r: None for r in ranks})
+
+    @property
+    def procs(self) -> dict[int, object]:
+        return dict.fromkeys(self.codes)
+
+    def poll(self) -> dict[int, int | None]:
+        return dict(self.codes)
+
+    def pid(self, rank: int) -> int:
+        return 10_000 + rank
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+    def stop(self, grace: float) -> dict[int, int | None]:
+        self.stops.append(grace)
+        self.codes = {r: (-signal.SIGTERM if c is None else c) for r, c in self.codes.items()}
+        return dict(self.codes)
+
+
+@dataclass
+class FakePipe:
+    """The workers' message pipe: the test appends, the supervisor drains."""
+
+    queue: list = field(default_factory=list)
+
+    def drain(self) -> list:
+        out, self.queue = self.queue, []
+        return out
+
+
+@dataclass
+class FakeBlock:
+    """The control block: no heartbeats; stop requests recorded (or refused, ``refuse_stop``)."""
+
+    stop_after: list[int] = field(default_factory=list)
+    refuse_stop: str = ""
+
+    def read_beat(self, slot: int) -> None:
+        return None
+
+    def request_stop(self, after: int) -> None:
+        if self.refuse_stop:
+            raise RuntimeError(self.refuse_stop)
+        self.stop_after.append(after)
+
+
+@dataclass
+class FakeSpec:
+    local_rank: int
+    global_rank: int
+    log_path: Path | None = None
+
+
+def specs(ranks: Iterable[int]) -> list[FakeSpec]:
+    return [FakeSpec(r, r) for r in ranks]
+
+
+@dataclass
+class FakeFailureFiles:
+    """Error records by rank, ranks that raised (and when), stacks to capture."""
+
+    errors: dict[int, ErrorRecord] = field(default_factory=dict)
+    raised: dict[int, int] = field(default_factory=dict)
+    since: dict[int, float] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)
+
+    def error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
+        return self.errors.get(rank)
+
+    def raised_since(self) -> dict[int, float]:
+        return dict(self.since)
+
+    def raised_not_exited(self) -> dict[int, int]:
+        return dict(self.raised)
+
+    def capture_stacks(self) -> dict[int, str]:
+        return dict(self.stacks)
+
+
+@dataclass
+class FakeJobLink:
+    """The job around an attempt: a signal and nodes waiting, each given by a function of nothing."""
+
+    signal_of: Callable[[], int | None] = lambda: None
+    waiting_of: Callable[[], int | None] | None = None  # None: no rendezvous
+    released: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    node_state: str = "quarantined"
+
+    def signal(self) -> int | None:
+        return self.signal_of()
+
+    def nodes_waiting(self) -> int | None:
+        return self.waiting_of() if self.waiting_of is not None else None
+
+    def release_spares(self) -> None:
+        self.released += 1
+
+    def quarantine(self, node: str, reason: str) -> str:
+        self.quarantined.append((node, reason))
+        return self.node_state
+
+
+@dataclass
+class ScriptedChaos:
+    """Called once per supervisor tick: ``script(tick)`` plays the workers' side of the tick."""
+
+    script: Callable[[int], None] = lambda tick: None
+    ticks: int = 0
+    max_ticks: int = 0  # >0: refuse to go on after so many ticks (a loop that never decides)
+
+    def tick(self, tracker: ProgressTracker) -> None:
+        if self.max_ticks and self.ticks >= self.max_ticks:
+            raise RuntimeError(f"no decision after {self.max_ticks} supervisor ticks")
+        tick, self.ticks = self.ticks, self.ticks + 1
+        self.script(tick)
+
+
+# --- what the job runner asks -------------------------------------------------------------------------
+
+
+@dataclass
+class FakeRendezvous:
+    """Rounds given in advance: each a tuple of node names by group rank, or an exception to raise. A
+    hot spare's wait ends when ``done`` or ``waiting`` say so (functions of the wait's poll count)."""
+
+    rounds: list[Sequence[str] | BaseException]
+    done_at: int | None = None  # the poll at which the active nodes announce the end
+    waiting_at: int | None = None  # the poll from which a node waits to join
+    lost_at: int | None = None  # the poll at which the round's store goes away
+    max_polls: int = 10_000  # a wait that never ends fails (as a lost store) instead of spinning
+    polls: int = 0
+    met: list[tuple[str, ...]] = field(default_factory=list)
+    announced: int = 0
+    closed: list[bool] = field(default_factory=list)
+
+    def meet(self) -> Round:
+        if not self.rounds:
+            raise RuntimeError("no more rounds in this test")
+        r = self.rounds.pop(0)
+        if isinstance(r, BaseException):
+            raise r
+        names = tuple(r)
+        self.met.append(names)
+        return Round(0, names, "127.0.0.1", 29500)
+
+    def nodes_waiting(self) -> int | None:
+        return 1 if self.waiting_at is not None and self.polls >= self.waiting_at else 0
+
+    def job_done(self) -> bool:
+        self.polls += 1
+        if self.polls > self.max_polls:
+            raise RuntimeError(f"a hot spare polled {self.max_polls} times: nothing ended its wait")
+        if self.lost_at is not None and self.polls >= self.lost_at:
+            raise ConnectionError("the round's store went away")
+        return self.done_at is not None and self.polls >= self.done_at
+
+    def announce_done(self) -> None:
+        self.announced += 1
+
+    def close(self, *, leaving: bool) -> None:
+        self.closed.append(leaving)
+
+
+@dataclass
+class ScriptedWorkers:
+    """A worker launcher whose attempts end as ``outcome(attempt, plan)`` says (or as the next of a
+    list); every start is recorded as (attempt, active nodes)."""
+
+    outcomes: list[AttemptOutcome] = field(default_factory=list)
+    outcome: Callable[[int, WorldPlan], AttemptOutcome] | None = None
+    started: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+
+    def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
+        self.started.append((attempt, plan.active))
+        if self.outcome is not None:
+            return self.outcome(attempt, plan)
+        if not self.outcomes:
+            raise RuntimeError("no more attempt outcomes in this test")
+        return self.outcomes.pop(0)
+
+
+@dataclass
+class FakeRunFiles:
+    newest: int | None = None
+    asked: int = 0
+
+    def newest_good(self) -> int | None:
+        self.asked += 1
+        return self.newest
+
+
+@dataclass
+class FakeGate:
+    """The health gate's answer per attempt: (reason, node state); absent: the node may start."""
+
+    refusals: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def check(self, attempt: int) -> tuple[str, str]:
+        return self.refusals.get(attempt, ("", ""))
+
+
+@dataclass
+class SignalLatch:
+    """A signal that arrives at a given count of asks (the runner and the supervisor ask often)."""
+
+    signum: int | None = None
+    at: int = 0
+    asks: int = 0
+
+    def __call__(self) -> int | None:
+        self.asks += 1
+        return self.signum if self.signum is not None and self.asks > self.at else None

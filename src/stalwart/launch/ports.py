@@ -1,0 +1,147 @@
+"""The agent's ports: what the job runner (launch/runner.py) and the supervisor of an attempt
+(launch/supervisor.py) need from the world, as small typed protocols.
+
+The real implementations are the agent's (launch/rendezvous.py, launch/worker_launcher.py,
+launch/failure_files.py, launch/ledger_sink.py, launch/agent_chaos.py); the fakes in
+launch/fakes.py serve the unit tests and the simulator (sim/agent_probe.py) alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..events import Event
+from ..policy.world_size import WorldPlan
+from ..protocol.error_record import ErrorRecord
+from .decision import AttemptOutcome
+from .progress import ProgressTracker
+
+# --- the ledger and the console -----------------------------------------------------------------------
+
+
+class LedgerSink(Protocol):
+    """The job's ledger: every event of this node, stamped with the job's context."""
+
+    def ctx(self) -> dict[str, Any]:
+        """run_id, node and attempt: the fields every event of this node carries."""
+        ...
+
+    def emit(self, ev: Event, *, show: bool = True) -> None:
+        """Append one event; ``show``: also tell the console and the exporters."""
+        ...
+
+    def record(self, evs: Iterable[Event]) -> None:
+        """Append events (step records) without showing them."""
+        ...
+
+
+class Console(Protocol):
+    def note(self, text: str) -> None: ...
+
+    def progress(self, step: int, total: int, attempt: int, rate: float) -> None: ...
+
+
+# --- what the supervisor of one attempt asks ------------------------------------------------------
+
+
+class FailureFiles(Protocol):
+    """This attempt's run files about failed ranks: error records and stack dumps."""
+
+    def error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
+        """Root cause of a failed rank (its error record, or the last traceback in its log)."""
+        ...
+
+    def raised_since(self) -> dict[int, float]:
+        """Rank -> when it wrote this attempt's error record."""
+        ...
+
+    def raised_not_exited(self) -> dict[int, int]:
+        """Ranks that recorded an exception (-> exit code), after a bounded wait for their exits."""
+        ...
+
+    def capture_stacks(self) -> dict[int, str]:
+        """Every worker's Python stacks, dumped on request."""
+        ...
+
+
+class JobLink(Protocol):
+    """The job around one attempt: the agent's signal, the rendezvous, the node's state."""
+
+    def signal(self) -> int | None:
+        """The signal the agent received, if any."""
+        ...
+
+    def nodes_waiting(self) -> int | None:
+        """Nodes waiting to join the round; None when there is no rendezvous to ask."""
+        ...
+
+    def release_spares(self) -> None:
+        """Tell hot spares the job is done."""
+        ...
+
+    def quarantine(self, node: str, reason: str) -> str:
+        """Quarantine ``node``; the node state it ended in."""
+        ...
+
+
+class AttemptChaos(Protocol):
+    def tick(self, tracker: ProgressTracker) -> None:
+        """Agent-side faults due at the workers' progress (once per supervisor tick)."""
+        ...
+
+
+# --- what the job runner asks ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Round:
+    """One rendezvous round: this node's group rank, the nodes by group rank, the workers' store."""
+
+    group_rank: int
+    names: tuple[str, ...]
+    addr: str
+    port: int
+
+
+class Rendezvous(Protocol):
+    def meet(self) -> Round:
+        """Form the next round (raises when it cannot)."""
+        ...
+
+    def nodes_waiting(self) -> int | None:
+        """Nodes waiting to join; None when there is no rendezvous (one node, static ranks)."""
+        ...
+
+    def job_done(self) -> bool:
+        """Whether the active nodes announced the job's end (a hot spare asks; raises when the round's
+        store went away)."""
+        ...
+
+    def announce_done(self) -> None:
+        """Tell the hot spares of this round that the job is done."""
+        ...
+
+    def close(self, *, leaving: bool) -> None:
+        """The job is over for this node; ``leaving``: the others go on, keep the rendezvous open."""
+        ...
+
+
+class WorkerLauncher(Protocol):
+    def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
+        """Start this node's workers for ``attempt`` on ``plan`` and supervise them to an outcome."""
+        ...
+
+
+class RunFiles(Protocol):
+    def newest_good(self) -> int | None:
+        """The newest checkpoint step in the run directory that verifies, or None."""
+        ...
+
+
+class HealthGate(Protocol):
+    def check(self, attempt: int) -> tuple[str, str]:
+        """("", "") when this node may start, else (the reason it may not, its node state)."""
+        ...

@@ -1,0 +1,174 @@
+"""This node's rendezvous: torch.distributed.elastic's c10d rendezvous (as torchrun), or static node
+ranks, and the store this node hosts for its workers.
+
+Each round gets a fresh store on a fresh port for the workers (torchrun's agent store), so restarted
+workers never see stale keys from an earlier round (the shared-store hang of torch >= 2.5). Hot spares
+learn that the job is done through the round's store."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Protocol
+
+from ..errors import ConfigError
+from .ports import Round
+
+DONE_KEY = "stalwart/done"
+
+
+class PeerExchange(Protocol):
+    def exchange(self, store: Any, group_rank: int, num_nodes: int) -> None: ...
+
+
+def local_addr(endpoint: str) -> str:
+    """The address other nodes reach this one at, given the rendezvous endpoint."""
+    host = endpoint.rpartition(":")[0] or endpoint
+    if host in ("localhost", "") or host.startswith("127."):
+        return "127.0.0.1"
+    return socket.gethostname()
+
+
+class NodeRendezvous:
+    """Implements :class:`stalwart.launch.ports.Rendezvous` for a run configuration."""
+
+    def __init__(self, cfg, memory: PeerExchange | None = None) -> None:
+        self.cfg = cfg
+        self.memory = memory  # the node memory tier: its peers learn each other's address per round
+        self.handler: Any = None  # torch's rendezvous handler, made at the first c10d round
+        self.store: Any = None  # this round's store (c10d)
+        self.worker_store: Any = None  # the TCPStore this node hosts for this round's workers
+
+    @property
+    def elastic(self) -> bool:
+        return self.handler is not None
+
+    def meet(self) -> Round:
+        cfg = self.cfg
+        self.worker_store = None  # a fresh store every attempt (torch >= 2.5 hangs on a reused one)
+        if not cfg.use_c10d:
+            return self._static()
+        if self.handler is None:
+            self.handler = make_handler(cfg)
+        info = self.handler.next_rendezvous()
+        store, group_rank, num_nodes = info.store, info.rank, info.world_size
+        self.store = store
+        store.set(f"stalwart/name/{group_rank}", cfg.node_name)
+        if group_rank == 0:
+            addr = cfg.local_addr or local_addr(cfg.rdzv_endpoint)
+            port = self._host_worker_store(addr, 0)
+            store.set("stalwart/master", f"{addr}:{port}")
+        master = store.get("stalwart/master").decode()
+        addr, _, port_text = master.rpartition(":")
+        names = tuple(store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes))
+        if len(set(names)) != len(names):
+            raise RuntimeError(
+                f"two agents use the same node name ({', '.join(names)}); give each --node-name"
+            )
+        if self.memory is not None:
+            self.memory.exchange(store, group_rank, num_nodes)
+        return Round(group_rank, names, addr, int(port_text))
+
+    def _static(self) -> Round:
+        """One node, or torchrun's static node ranks (--node-rank/--master-addr/--master-port)."""
+        cfg = self.cfg
+        self.store = None
+        addr = cfg.master_addr or "127.0.0.1"
+        port = cfg.master_port
+        if cfg.max_nodes == 1 or cfg.node_rank == 0:
+            port = self._host_worker_store(addr, port)
+        if cfg.max_nodes == 1:
+            return Round(0, (cfg.node_name,), addr, port)
+        names = tuple(cfg.node_name if i == cfg.node_rank else f"node-rank-{i}" for i in range(cfg.max_nodes))
+        return Round(cfg.node_rank, names, addr, port)
+
+    def _host_worker_store(self, addr: str, port: int) -> int:
+        """Host this attempt's store for the workers (torchrun's agent store): a socket bound to
+        ``addr`` only (loopback for one node) and held from bind to close, so no other process can
+        take the port in between, and no worker listens on every interface. Returns the port."""
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        host = "127.0.0.1" if addr in ("", "localhost") else addr
+        try:
+            sock = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=1024
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} for the workers' store: {exc.strerror}",
+                "free the port or choose another --master-port/--local-addr",
+            ) from None
+        port = sock.getsockname()[1]
+        fd = sock.detach()  # the store's server owns the listening socket from here and closes it
+        timeout = datetime.timedelta(seconds=self.cfg.pg_timeout_s)
+        try:
+            try:
+                store = TCPStore(
+                    host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+                )
+            except NotImplementedError:  # torch 2.6: its libuv server cannot take a listening socket
+                store = TCPStore(
+                    host,
+                    port,
+                    None,
+                    True,
+                    timeout=timeout,
+                    wait_for_workers=False,
+                    master_listen_fd=fd,
+                    use_libuv=False,
+                )
+        except Exception:
+            os.close(fd)
+            raise
+        self.worker_store = store
+        return port
+
+    def nodes_waiting(self) -> int | None:
+        return self.handler.num_nodes_waiting() if self.handler is not None else None
+
+    def job_done(self) -> bool:
+        return bool(self.store.check([DONE_KEY]))
+
+    def announce_done(self) -> None:
+        if self.store is not None:
+            self.store.set(DONE_KEY, "1")
+
+    def close(self, *, leaving: bool) -> None:
+        if self.handler is not None and not leaving:  # closing it would end the job for every node
+            try:
+                self.handler.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        self.worker_store = None  # the last reference: the server stops and closes its socket
+
+
+def make_handler(cfg):
+    """torch's c10d rendezvous handler for the run configuration."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    # torch shares one TCPStore across rounds and writes MASTER_ADDR into a round's store only
+    # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
+    # the previous round waits on the key forever. Stalwart never hands that store to workers.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    conf: dict[str, Any] = {
+        "join_timeout": cfg.rdzv_timeout_s,
+        "last_call_timeout": cfg.rdzv_last_call_s,
+        "close_timeout": 10,
+        "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
+        "keep_alive_max_attempt": 3,
+    }
+    if cfg.rdzv_host is not None:
+        conf["is_host"] = cfg.rdzv_host
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=cfg.rdzv_endpoint,
+        run_id=cfg.rdzv_id,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        local_addr=cfg.local_addr or None,
+        **conf,
+    )
+    return get_rendezvous_handler(params)
