@@ -20,7 +20,12 @@ from __future__ import annotations
 import dataclasses
 import signal as _signal
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from typing_extensions import assert_never
 
 from ..diagnose.incident import BlastRadius, Incident
 from ..diagnose.precision import GateDecision
@@ -45,10 +50,44 @@ from .progress import detect_hang_in, durability_problem_in
 from .snapshot import RankView, Snapshot
 from .workers import describe_exit
 
+Monitor = Callable[[Snapshot], Decision | None]
+
+
+class HangSource(str, Enum):
+    """What a hang was detected from."""
+
+    HEARTBEAT = "heartbeat"  # the SDK's messages and heartbeats stopped
+    CPU = "cpu"  # a script without the SDK stopped using CPU
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def confidence(self) -> float:
+        match self:
+            case HangSource.HEARTBEAT:
+                return 0.8
+            case HangSource.CPU:
+                return 0.6
+            case _:
+                assert_never(self)
+
+
+class HangPhase(str, Enum):
+    """What the ranks are doing while the hang monitor watches: the silence allowed depends on it."""
+
+    START_UP = "start-up"  # before the first step
+    CHECKPOINT = "checkpoint"
+    WRAP_UP = "wrap-up"  # past the loop's last step: the script's own code after the loop
+    TRAINING = "training"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # how sure a crash's root cause is, by kind: an error record names the exception; a signal death
 # says what killed the rank but not why; a lost peer says the cause is elsewhere
 CRASH_CONFIDENCE = {"exception": 0.9, "crash": 0.7, "peer_lost": 0.4}
-HANG_CONFIDENCE = {"heartbeat": 0.8, "cpu": 0.6}
 _KIND_ORDER = {"exception": 0, "crash": 1, "peer_lost": 2}
 _CLASS_OF_KIND = {"exception": "user_error", "crash": "crash", "peer_lost": "peer_lost"}
 
@@ -154,7 +193,8 @@ def durability(s: Snapshot) -> Decision | None:
             )
         # a failed exit without a stop request was a crash (the exits monitor comes first), so here the
         # workers stopped on a preemption (theirs or ours) without a committed emergency checkpoint
-        why = why or "workers exited " + ", ".join(describe_exit(c) for c in set(codes.values()))
+        exits = {c for c in codes.values() if c is not None}  # every worker exited: none is None
+        why = why or "workers exited " + ", ".join(describe_exit(c) for c in exits)
         return Decision(
             "stopped_exit",
             f"every worker stopped; the emergency checkpoint did not commit: {why}",
@@ -221,20 +261,26 @@ class HangMonitor:
     startup_timeout_s: float
     cpu_stall_s: float
 
-    def phase(self, s: Snapshot) -> str:
+    def phase(self, s: Snapshot) -> HangPhase:
         if not s.steps_seen:
-            return "start-up"
+            return HangPhase.START_UP
         if s.in_checkpoint:
-            return "checkpoint"
+            return HangPhase.CHECKPOINT
         # after the loop the script runs code of its own (saving the model, a last evaluation, tearing
         # down the process group) whose length the step times do not predict: the start-up budget applies
-        return "wrap-up" if s.wrapping_up else "training"
+        return HangPhase.WRAP_UP if s.wrapping_up else HangPhase.TRAINING
 
     def timeout(self, s: Snapshot) -> tuple[HangTimeout, float]:
         """The calibrated hang timeout, and the silence allowed in the snapshot's phase."""
         ht = hang_timeout(s.step_times, self.policy)
-        seconds = ht.seconds if self.phase(s) == "training" else max(ht.seconds, self.startup_timeout_s)
-        return ht, seconds
+        phase = self.phase(s)
+        match phase:
+            case HangPhase.TRAINING:
+                return ht, ht.seconds
+            case HangPhase.START_UP | HangPhase.CHECKPOINT | HangPhase.WRAP_UP:
+                return ht, max(ht.seconds, self.startup_timeout_s)
+            case _:
+                assert_never(phase)
 
     def next_check(self, s: Snapshot) -> float:
         """When the next tick must come so a hang is never declared after its timeout."""
@@ -247,7 +293,7 @@ class HangMonitor:
         # declare the hang up to one tick before the timeout, so that detection never lands after it,
         # whatever the poll phase (the supervisor also sleeps exactly to the deadline)
         if not s.sdk_ranks:
-            stall = detect_cpu_stall(dict(s.cpu), s.now + s.tick, self.cpu_stall_s)
+            stall = detect_cpu_stall(s.cpu, s.now + s.tick, self.cpu_stall_s)
             if stall is None:
                 return None
             return _hang(
@@ -258,13 +304,13 @@ class HangMonitor:
                 "no SDK in the script: hang detection by CPU progress",
                 -1,
                 tuple(sorted(r for r in s.cpu if r != stall.culprit)),
-                "cpu",
+                HangSource.CPU,
             )
         ht, seconds = self.timeout(s)
         v = detect_hang_in(s.ranks, s.now + s.tick, seconds, self.phase(s))
         if v is None:
             return None
-        return _hang(s, v.culprit, v.onset, v.evidence, ht.reason, v.step, v.victims, "heartbeat")
+        return _hang(s, v.culprit, v.onset, v.evidence, ht.reason, v.step, v.victims, HangSource.HEARTBEAT)
 
 
 def _hang(
@@ -275,7 +321,7 @@ def _hang(
     why: str,
     step: int,
     victims: tuple[int, ...],
-    how: str,
+    how: HangSource,
 ) -> Decision:
     failure = Failure(
         kind="hang",
@@ -291,7 +337,7 @@ def _hang(
         cause=f"rank {culprit} stopped making progress; the other ranks wait for it",
         fault_class=fault_class,
         component=component,
-        confidence=HANG_CONFIDENCE[how],
+        confidence=how.confidence,
         action="capture stacks and restart the workers (within the restart budget)",
         ts=s.now,
         onset=onset,
@@ -371,9 +417,15 @@ class StragglerMonitor:
         busy = bool(s.failed) or s.stop_requested_at is not None
         advice = tuple(self._advice(v, acting and not busy) for v in verdicts)
         exclude = next((a for a in advice if a.action == "exclude_quarantine"), None)
-        common = dict(detected=detected, cleared=cleared, evidence=rep.reason, advice=advice)
         if exclude is None:
-            return Decision("stragglers", rep.reason, **common)
+            return Decision(
+                "stragglers",
+                rep.reason,
+                detected=detected,
+                cleared=cleared,
+                evidence=rep.reason,
+                advice=advice,
+            )
         inc = dataclasses.replace(exclude.incident, action_taken=True)
         return Decision(
             "exclude_straggler",
@@ -382,7 +434,10 @@ class StragglerMonitor:
             inc,
             rank=inc.blast_radius.ranks[0],
             onset=inc.onset,
-            **common,
+            detected=detected,
+            cleared=cleared,
+            evidence=rep.reason,
+            advice=advice,
         )
 
     def _advice(self, v: StragglerDecision, acting: bool) -> StragglerAdvice:
@@ -417,7 +472,7 @@ class StragglerMonitor:
         return decide_straggler(case, work, s.now, self.action)
 
 
-def job_slowdown(steps, rank: int) -> tuple[float | None, float]:
+def job_slowdown(steps: Iterable[StepCompleted], rank: int) -> tuple[float | None, float]:
     """How much slower the job runs because of ``rank``, and its step time without it (pure).
 
     Per step: the job's step time is its slowest rank's (every rank waits for it in the collective);
@@ -427,7 +482,8 @@ def job_slowdown(steps, rank: int) -> tuple[float | None, float]:
     by_step: dict[int, dict[int, StepCompleted]] = {}
     for e in steps:
         by_step.setdefault(e.step, {})[e.rank] = e
-    ratios, healthy = [], []
+    ratios: list[float] = []
+    healthy: list[float] = []
     for per in by_step.values():
         me = per.get(rank)
         others = [own_work(e) for r, e in per.items() if r != rank]
@@ -443,13 +499,38 @@ def job_slowdown(steps, rank: int) -> tuple[float | None, float]:
     return statistics.median(ratios), statistics.median(healthy)
 
 
-def default_monitors(cfg, straggler_gate: GateDecision | None = None) -> tuple:
+class MonitorSettings(Protocol):
+    """What the monitors read from a run's settings (a ``straggler_policy`` is optional)."""
+
+    @property
+    def min_nodes(self) -> int: ...
+
+    @property
+    def max_nodes(self) -> int: ...
+
+    @property
+    def size_rule(self) -> SizeRule: ...
+
+    @property
+    def emergency_deadline_s(self) -> float: ...
+
+    @property
+    def hang_policy(self) -> HangTimeoutPolicy: ...
+
+    @property
+    def startup_timeout_s(self) -> float: ...
+
+    @property
+    def cpu_stall_s(self) -> float: ...
+
+
+def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None = None) -> tuple[Monitor, ...]:
     """The monitors of a run configuration, in :data:`PRIORITY` order; ``straggler_gate``: whether
     this attempt may act on the straggler policy's verdicts (None: observe only)."""
-    policy = getattr(cfg, "straggler_policy", None)
+    policy: StragglerActionConfig | None = getattr(cfg, "straggler_policy", None)
     return (
         StragglerMonitor(
-            action=policy if policy is not None else StragglerActionConfig(),
+            action=policy if policy is not None else StragglerActionConfig.model_validate({}),
             min_nodes=cfg.min_nodes,
             max_nodes=cfg.max_nodes,
             rule=cfg.size_rule,
