@@ -186,43 +186,53 @@ def _match_threads(env: dict[str, str]) -> None:
         torch.set_num_threads(int(want))
 
 
+def _await_adoption() -> None:
+    """Wait (bounded) to be re-parented to the agent (the subreaper), then die with it."""
+    agent = _AGENT_PID
+    deadline = time.monotonic() + 5.0
+    while agent and os.getppid() != agent and time.monotonic() < deadline:
+        time.sleep(0.001)
+    die_with_parent()
+    if agent and os.getppid() != agent:
+        os._exit(70)  # the agent died meanwhile
+
+
+def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
+    """The received descriptors at the numbers the worker expects: its IPC pipe at the numbers named
+    in its environment, the output pipes (or the log) as stdout and stderr, /dev/null as stdin."""
+    import fcntl
+
+    # move every received fd above the numbers in play first, so no dup2 below overwrites another
+    high = [fcntl.fcntl(f, fcntl.F_DUPFD, 1000) for f in fds]
+    for f in fds:
+        os.close(f)
+    wanted = list(req.get("fds", []))
+    for want, got in zip(wanted, high, strict=False):
+        os.dup2(got, want)
+    if req.get("stdio"):
+        out, err = high[len(wanted)], high[len(wanted) + 1]
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+    for f in high:
+        os.close(f)
+    if req.get("log"):
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
 def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
     import runpy
 
     code = 1
     try:
         sock.close()
-        agent = _AGENT_PID
-        deadline = time.monotonic() + 5.0
-        while agent and os.getppid() != agent and time.monotonic() < deadline:
-            time.sleep(0.001)  # wait to be adopted by the agent (the subreaper)
-        die_with_parent()
-        if agent and os.getppid() != agent:
-            os._exit(70)  # the agent died meanwhile
-        # move every received fd above the numbers in play first, so no dup2 below overwrites another
-        import fcntl
-
-        high = [fcntl.fcntl(f, fcntl.F_DUPFD, 1000) for f in fds]
-        for f in fds:
-            os.close(f)
-        wanted = list(req.get("fds", []))
-        # the fds the worker expects (its IPC pipe) at the numbers named in its environment
-        for want, got in zip(wanted, high, strict=False):
-            os.dup2(got, want)
-        if req.get("stdio"):
-            out, err = high[len(wanted)], high[len(wanted) + 1]
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-        for f in high:
-            os.close(f)
-        if req.get("log"):
-            out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
+        _await_adoption()
+        _place_fds(req, fds)
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
