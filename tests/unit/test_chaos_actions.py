@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from stalwart.chaos.plan import FaultKind
 from stalwart.checkpoint.manifest import MANIFEST
 from stalwart.launch.chaos_actions import committed, damage, newest_checkpoint, newest_on_its_way
 
@@ -48,3 +51,13 @@ def test_damage_hits_the_newest_committed_version(tmp_path):
     older = tmp_path / "step-000000004" / "__0_0.distcp"
     assert "flipped" in damage(tmp_path / "step-000000004", "corrupt-checkpoint")
     assert older.read_bytes() != before and len(older.read_bytes()) == len(before)
+
+
+def test_only_checkpoint_faults_damage_a_checkpoint(tmp_path):
+    version = _version(tmp_path, 4)
+    before = (version / "__0_0.distcp").read_bytes()
+    for kind in ("crash", "kill-agent", "slow"):
+        with pytest.raises(ValueError, match="does not damage a checkpoint"):
+            damage(version, kind)
+    assert (version / "__0_0.distcp").read_bytes() == before
+    assert "flipped" in damage(version, FaultKind.CORRUPT_CHECKPOINT)

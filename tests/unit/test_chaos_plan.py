@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from stalwart.chaos.once import claim
-from stalwart.chaos.plan import Fault, FaultPlan, build_plan, load_plan_file, parse_spec, split_specs
+from stalwart.chaos.plan import (
+    Fault,
+    FaultKind,
+    FaultPlan,
+    build_plan,
+    load_plan_file,
+    parse_spec,
+    split_specs,
+)
 from stalwart.errors import FaultPlanError
 
 
@@ -122,3 +130,17 @@ def test_faults_fire_once_except_raise_and_slow(tmp_path):
     bug = Fault("raise", rank=0, step=3)
     assert not bug.once and claim(tmp_path / "chaos", bug) and claim(tmp_path / "chaos", bug)
     assert not Fault("slow", rank=0, factor=2).once
+
+
+def test_a_kind_is_an_enum_that_still_reads_and_writes_as_its_name(tmp_path):
+    fault = parse_spec("kill-agent@node=1,step=50")
+    assert fault.kind is FaultKind.KILL_AGENT and fault.kind == "kill-agent"
+    assert f"{fault.kind}" == "kill-agent" and fault.marker() == "kill-agent-rNone-s50-n1"
+    assert Fault("kill-agent", node=1, step=50) == fault  # built from the name, as the JSON plan does
+    assert '"kind": "kill-agent"' in FaultPlan((fault,)).to_json()
+    # worker faults need a rank and fire in the worker; the agent's fire in the agent
+    assert {k for k in FaultKind if k.in_worker} == {"crash", "exit", "raise", "hang", "slow"}
+    assert {k for k in FaultKind if not k.once} == {FaultKind.RAISE, FaultKind.SLOW}
+    with pytest.raises(ValueError):
+        Fault("explode")
+    assert claim(tmp_path, fault) and (tmp_path / "fired-kill-agent-rNone-s50-n1").exists()

@@ -10,6 +10,7 @@ from stalwart.events import StepCompleted
 from stalwart.exit_codes import EXIT_PREEMPTED
 from stalwart.launch.monitors import (
     HangMonitor,
+    HangPhase,
     SignalMonitor,
     StragglerMonitor,
     durability,
@@ -198,6 +199,24 @@ def test_after_the_loop_the_scripts_own_wrap_up_gets_the_start_up_budget():
     # a rank that finished no longer counts; the one still in its loop gets the training timeout
     mixed = (rank(0, T0 + 5, step=9, loop_done=True, finished=True), rank(1, T0 + 5, step=8))
     assert HANGS(snap(now=T0 + 15, ranks=mixed, step_times=times)).rank == 1
+
+
+def test_the_phase_sets_the_silence_allowed_and_a_checkpoint_gets_the_start_up_budget():
+    times = tuple([0.5] * 10)
+    saving = (rank(0, T0 + 5, step=9, in_checkpoint=True), rank(1, T0 + 5, step=9))
+    cases = {
+        HangPhase.START_UP: snap(ranks=(rank(0, T0, step=-1, done_steps=0),)),
+        HangPhase.CHECKPOINT: snap(ranks=saving, step_times=times),
+        HangPhase.WRAP_UP: snap(ranks=(rank(0, T0 + 5, loop_done=True),), step_times=times),
+        HangPhase.TRAINING: snap(step_times=times),
+    }
+    for phase, s in cases.items():
+        assert HANGS.phase(s) is phase
+        assert HANGS.timeout(s)[1] == (10.0 if phase is HangPhase.TRAINING else 600.0), phase
+    assert (
+        HANGS(snap(now=T0 + 500, ranks=saving, step_times=times)) is None
+    )  # 10 s training timeout long past
+    assert "checkpoint" in HANGS(snap(now=T0 + 605, ranks=saving, step_times=times)).reason
 
 
 def test_without_the_sdk_the_hang_comes_from_cpu_progress():

@@ -15,12 +15,14 @@ from stalwart.chaos.soak import (
     REQUEUERS,
     PlannedFault,
     RunResult,
-    Soak,
     SoakConfig,
-    _damage_between,
+    SoakFault,
+    Venue,
     draw_plan,
     summarize,
 )
+from stalwart.chaos.soak_files import damage_between
+from stalwart.chaos.soak_verdict import JobSeen, check_job
 
 
 def test_plans_are_valid_for_the_job():
@@ -44,6 +46,21 @@ def test_flags_match_the_chaos_syntax():
     assert PlannedFault("crash", 6, 1).flag() == "crash@rank=1,step=6"
     assert PlannedFault("kill-agent", 9).flag() == "kill-agent@node=0,step=9"
     assert PlannedFault("corrupt-checkpoint", 12).flag() == "corrupt-checkpoint@step=12"
+    with pytest.raises(ValueError, match="done by the harness"):
+        PlannedFault("sigkill-agent", 9).flag()
+
+
+def test_every_kind_has_one_venue_and_the_inside_ones_are_chaos_faults():
+    from stalwart.chaos.plan import FaultKind
+
+    assert {k.venue for k in SoakFault} == set(Venue)
+    inside = [k for k in KINDS if k.venue is Venue.INSIDE]
+    assert inside and all(FaultKind(k.value) for k in inside)
+    assert [str(k) for k in KINDS[:3]] == [
+        "crash",
+        "exit",
+        "hang",
+    ]  # the draw's order: plans stay reproducible
 
 
 def test_summary_counts_problems_and_identical_ends():
@@ -67,12 +84,12 @@ def test_summary_counts_problems_and_identical_ends():
 
 def test_a_damaged_side_ledger_counts_as_fired_and_names_no_checkpoint(tmp_path):
     rng = random.Random(0)
-    assert _damage_between("corrupt-ledger", tmp_path, rng) == (False, None)  # nothing to damage
+    assert damage_between("corrupt-ledger", tmp_path, rng) == (False, None)  # nothing to damage
     (tmp_path / "ledger").mkdir()
     side = tmp_path / "ledger" / "worker-n0-a0-r0-p1.ledger"
     with sqlite3.connect(side) as db:
         db.execute("create table t (x)")
-    assert _damage_between("corrupt-ledger", tmp_path, rng) == (True, None)
+    assert damage_between("corrupt-ledger", tmp_path, rng) == (True, None)
     with pytest.raises(sqlite3.DatabaseError), sqlite3.connect(side) as db:
         db.execute("select * from t")
 
@@ -82,7 +99,6 @@ def _ckpt(root: Path, step: int) -> None:
 
 
 def test_a_version_deleted_for_a_damaged_newer_one_is_not_lost_but_one_deleted_early_is(tmp_path):
-    soak = Soak(SoakConfig(workdir=tmp_path / "w", keep=3), log=lambda _: None)
     run_dir = tmp_path / "run"
     (run_dir / "ledger").mkdir(parents=True)
     for step in (16, 20, 24):  # retention kept these three; 16 was damaged by the run's own chaos
@@ -90,21 +106,20 @@ def test_a_version_deleted_for_a_damaged_newer_one_is_not_lost_but_one_deleted_e
     before = {4: Path("4"), 12: Path("12"), 16: Path("16")}
     after = {20: Path("20"), 24: Path("24")}  # 16 no longer verifies
     res = RunResult(0, ())
-    soak._check_job(run_dir, 1, 0.0, 1, before, after, {16}, res)
+    check_job(run_dir, JobSeen(1, 0.0, 1, before, after), keep=3, steps=24, every=4, damaged={16}, res=res)
     assert res.lost_versions == []
     res = RunResult(0, ())  # the same end with nothing damaged on purpose: 16 went bad, 4 and 12 early
-    soak._check_job(run_dir, 1, 0.0, 1, before, after, set(), res)
+    check_job(run_dir, JobSeen(1, 0.0, 1, before, after), keep=3, steps=24, every=4, damaged=set(), res=res)
     assert sorted(int(v.split()[3]) for v in res.lost_versions) == [4, 12, 16]
 
 
 def test_a_final_version_damaged_by_the_runs_own_chaos_is_no_false_success(tmp_path):
-    soak = Soak(SoakConfig(workdir=tmp_path / "w", steps=24, every=4), log=lambda _: None)
     run_dir = tmp_path / "run"
     (run_dir / "ledger").mkdir(parents=True)
     after = {16: Path("16"), 20: Path("20")}  # 24 committed, then the plan's corrupt-checkpoint hit it
     res = RunResult(0, ())
-    soak._check_job(run_dir, 0, 0.0, 0, {}, after, {24}, res)
+    check_job(run_dir, JobSeen(0, 0.0, 0, {}, after), keep=3, steps=24, every=4, damaged={24}, res=res)
     assert res.false_verdicts == []
     res = RunResult(0, ())
-    soak._check_job(run_dir, 0, 0.0, 0, {}, after, set(), res)
+    check_job(run_dir, JobSeen(0, 0.0, 0, {}, after), keep=3, steps=24, every=4, damaged=set(), res=res)
     assert res.false_verdicts and "final step 24" in res.false_verdicts[0]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stalwart.launch.forkserver import script_imports
-from stalwart.launch.warm import choose_path
+from stalwart.launch.warm import ServerState, ServerStatus, choose_path
+from stalwart.launch.workers import StartPath, WorkerGroup
 
 
 def test_warm_when_the_server_is_ready():
@@ -20,6 +21,32 @@ def test_each_cold_case_names_its_reason():
     assert not dead.warm and "fork server exited (code -9)" in dead.reason
     none = choose_path(enabled=True, python_program=True, server_state="none")
     assert not none.warm
+
+
+def test_the_server_status_and_its_text_form_say_the_same():
+    dead = ServerStatus(ServerState.DEAD, "fork server exited (code -9)")
+    assert str(dead) == "dead: fork server exited (code -9)" and ServerStatus.parse(str(dead)) == dead
+    assert (
+        ServerStatus.parse("none") == ServerStatus(ServerState.NONE)
+        and str(ServerStatus(ServerState.NONE)) == "none"
+    )
+    assert ServerStatus.parse("ready").state is ServerState.READY
+    for status in (dead, ServerStatus(ServerState.NONE), ServerStatus(ServerState.READY)):
+        typed = choose_path(enabled=True, python_program=True, server_state=status)
+        assert typed == choose_path(enabled=True, python_program=True, server_state=str(status))
+    assert not choose_path(
+        enabled=True, python_program=True, server_state=ServerStatus(ServerState.DEAD)
+    ).warm
+
+
+def test_a_group_names_its_start_path_and_the_ledger_action():
+    group = WorkerGroup(["true"], [])
+    assert group.path is StartPath.COLD and group.path == "cold" and f"{group.path}: x" == "cold: x"
+    group.procs = {0: object(), 1: object()}  # type: ignore[dict-item]
+    group.warm_ranks = [0]
+    assert group.path is StartPath.MIXED and group.path.action == "start_cold"
+    group.warm_ranks = [0, 1]
+    assert group.path is StartPath.WARM and group.path.action == "start_warm"
 
 
 def test_a_forced_failure_still_tries_warm_so_the_fallback_runs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.policy.world_size import SizeRule, plan_world, replace_failed
+from stalwart.policy.world_size import SizeRule, SizeRuleKind, plan_world, replace_failed
 
 NODES = ["n1", "n2", "n3", "n4"]
 
@@ -69,3 +69,15 @@ def test_bad_rule():
         SizeRule("prime")
     with pytest.raises(ConfigError):
         SizeRule("multiple", 0)
+
+
+def test_a_rule_kind_is_an_enum_given_by_its_name_or_member():
+    assert (
+        SizeRule("multiple", 3) == SizeRule(SizeRuleKind.MULTIPLE, 3) == SizeRule(kind="multiple", divisor=3)
+    )
+    assert SizeRule().kind is SizeRuleKind.POWER_OF_TWO and SizeRule().kind == "power_of_two"
+    assert (
+        SizeRule("multiple", 3).describe() == "a multiple of 3" and SizeRule().describe() == "a power of two"
+    )
+    assert [n for n in range(1, 13) if SizeRule("multiple", 3).valid(n)] == [3, 6, 9, 12]
+    assert [n for n in range(1, 13) if SizeRule().valid(n)] == [1, 2, 4, 8]

@@ -24,14 +24,64 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from typing_extensions import assert_never
 
 from ..errors import FaultPlanError
 from ..inputs import parse_yaml, read_text_file
 
-WORKER_FAULTS = ("crash", "exit", "raise", "hang", "slow")
-AGENT_FAULTS = ("kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
+
+class FaultKind(str, Enum):
+    """What a fault does; its value is the name in ``--chaos`` specs, YAML plans and the ledger."""
+
+    CRASH = "crash"  # the worker SIGKILLs itself
+    EXIT = "exit"  # the worker exits with code 1
+    RAISE = "raise"  # the worker raises (every attempt: a deterministic bug)
+    HANG = "hang"  # the worker stops making progress
+    SLOW = "slow"  # the worker's steps take ``factor`` times as long
+    KILL_AGENT = "kill-agent"  # the agent SIGKILLs itself (and so its workers)
+    CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # the agent flips bytes in the newest checkpoint
+    TRUNCATE_CHECKPOINT = "truncate-checkpoint"  # the agent truncates a file of the newest checkpoint
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def in_worker(self) -> bool:
+        """Fired by the worker (the SDK's session); else by the agent."""
+        match self:
+            case FaultKind.CRASH | FaultKind.EXIT | FaultKind.RAISE | FaultKind.HANG | FaultKind.SLOW:
+                return True
+            case FaultKind.KILL_AGENT | FaultKind.CORRUPT_CHECKPOINT | FaultKind.TRUNCATE_CHECKPOINT:
+                return False
+            case _:
+                assert_never(self)
+
+    @property
+    def once(self) -> bool:
+        """Fires once per run (a marker file records it); ``raise`` models a bug and fires at every
+        attempt, ``slow`` holds for a span of steps."""
+        match self:
+            case FaultKind.RAISE | FaultKind.SLOW:
+                return False
+            case (
+                FaultKind.CRASH
+                | FaultKind.EXIT
+                | FaultKind.HANG
+                | FaultKind.KILL_AGENT
+                | FaultKind.CORRUPT_CHECKPOINT
+                | FaultKind.TRUNCATE_CHECKPOINT
+            ):
+                return True
+            case _:
+                assert_never(self)
+
+
+WORKER_FAULTS = tuple(k for k in FaultKind if k.in_worker)
+AGENT_FAULTS = tuple(k for k in FaultKind if not k.in_worker)
 KINDS = WORKER_FAULTS + AGENT_FAULTS
 _KEYS = {"rank", "step", "factor", "node", "from", "to", "id"}
 MAX_FAULTS = 1000  # a plan is a handful of faults; thousands are a mistake (and blow the env size)
@@ -42,7 +92,7 @@ MAX_INDEX = 2**31 - 1  # ranks, steps and node indexes
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str
+    kind: FaultKind  # also given as its name ("crash"): converted on construction
     rank: int | None = None
     step: int | None = None
     node: int | None = None
@@ -51,14 +101,20 @@ class Fault:
     stop: int | None = None  # for slow: last slowed step (inclusive)
     ident: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FaultKind(self.kind))
+
     @property
     def once(self) -> bool:
-        return self.kind != "raise" and self.kind != "slow"
+        return self.kind.once
 
     def marker(self) -> str:
         return self.ident or f"{self.kind}-r{self.rank}-s{self.step}-n{self.node}"
 
     def describe(self) -> str:
+        if self.kind is FaultKind.SLOW:
+            span = f"steps {self.start}-{self.stop}" if self.stop is not None else f"from step {self.start}"
+            return f"slow rank {self.rank} x{self.factor:g} ({span})"
         where = []
         if self.node is not None:
             where.append(f"node {self.node}")
@@ -66,9 +122,6 @@ class Fault:
             where.append(f"rank {self.rank}")
         if self.step is not None:
             where.append(f"step {self.step}")
-        if self.kind == "slow":
-            span = f"steps {self.start}-{self.stop}" if self.stop is not None else f"from step {self.start}"
-            return f"slow rank {self.rank} x{self.factor:g} ({span})"
         return f"{self.kind} at " + ", ".join(where)
 
 
@@ -77,13 +130,13 @@ class FaultPlan:
     faults: tuple[Fault, ...] = ()
 
     def for_rank(self, rank: int) -> tuple[Fault, ...]:
-        return tuple(f for f in self.faults if f.kind in WORKER_FAULTS and f.rank == rank)
+        return tuple(f for f in self.faults if f.kind.in_worker and f.rank == rank)
 
     def agent_faults(self) -> tuple[Fault, ...]:
-        return tuple(f for f in self.faults if f.kind in AGENT_FAULTS)
+        return tuple(f for f in self.faults if not f.kind.in_worker)
 
     def to_json(self) -> str:
-        return json.dumps([asdict(f) for f in self.faults])
+        return json.dumps([asdict(f) for f in self.faults])  # a kind is written as its value
 
     @staticmethod
     def from_json(text: str) -> FaultPlan:
@@ -127,57 +180,80 @@ def _int(kind: str, key: str, value: Any) -> int:
 
 
 def make_fault(kind: str, params: dict[str, Any]) -> Fault:
-    kind = kind.strip().lower().replace("_", "-")
-    if kind not in KINDS:
-        raise FaultPlanError(f"unknown fault {_shown(kind)}", f"use one of: {', '.join(KINDS)}")
+    name = kind.strip().lower().replace("_", "-")
+    try:
+        fault_kind = FaultKind(name)
+    except ValueError:
+        raise FaultPlanError(f"unknown fault {_shown(name)}", f"use one of: {', '.join(KINDS)}") from None
     unknown = {str(k)[:40] for k in params if k not in _KEYS}
     if unknown:
         raise FaultPlanError(
-            f"fault {kind!r}: unknown key(s) {', '.join(sorted(unknown)[:5])}",
+            f"fault {name!r}: unknown key(s) {', '.join(sorted(unknown)[:5])}",
             f"allowed: {', '.join(sorted(_KEYS))}",
         )
-    rank = _int(kind, "rank", params["rank"]) if "rank" in params else None
-    step = _int(kind, "step", params["step"]) if "step" in params else None
-    node = _int(kind, "node", params["node"]) if "node" in params else None
-    factor = 1.0
-    if "factor" in params:
-        raw = params["factor"]
-        try:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)) or len(str(raw)) > 30:
-                raise ValueError
-            factor = float(raw)
-        except (ValueError, OverflowError):
-            raise FaultPlanError(f"fault {kind!r}: factor={_shown(raw)} is not a number") from None
-    if kind in WORKER_FAULTS and rank is None:
-        raise FaultPlanError(f"fault {kind!r} needs rank=", f"e.g. {kind}@rank=1,step=40")
-    if (
-        kind in ("crash", "exit", "raise", "hang", "kill-agent", "corrupt-checkpoint", "truncate-checkpoint")
-        and step is None
-    ):
-        raise FaultPlanError(f"fault {kind!r} needs step=", f"e.g. {kind}@rank=1,step=40")
-    if kind == "kill-agent" and node is None:
-        raise FaultPlanError(
-            "fault 'kill-agent' needs node= (the agent's node index)", "e.g. kill-agent@node=1,step=50"
-        )
-    if kind == "slow":
-        if not 1.0 < factor <= 100.0:
-            raise FaultPlanError(
-                f"fault 'slow': factor={factor:g} must be in (1, 100]", "e.g. slow@rank=3,factor=1.5"
-            )
-    start = _int(kind, "from", params["from"]) if "from" in params else 0
-    stop = _int(kind, "to", params["to"]) if "to" in params else None
+    rank = _int(name, "rank", params["rank"]) if "rank" in params else None
+    step = _int(name, "step", params["step"]) if "step" in params else None
+    node = _int(name, "node", params["node"]) if "node" in params else None
+    factor = _factor(name, params["factor"]) if "factor" in params else 1.0
+    _check_needs(fault_kind, rank, step, node, factor)
+    start = _int(name, "from", params["from"]) if "from" in params else 0
+    stop = _int(name, "to", params["to"]) if "to" in params else None
     if stop is not None and stop < start:
         raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
     return Fault(
-        kind=kind,
+        kind=fault_kind,
         rank=rank,
         step=step,
         node=node,
         factor=factor,
         start=start,
         stop=stop,
-        ident=_ident(kind, params.get("id", "")),
+        ident=_ident(name, params.get("id", "")),
     )
+
+
+def _factor(name: str, raw: Any) -> float:
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)) or len(str(raw)) > 30:
+            raise ValueError
+        return float(raw)
+    except (ValueError, OverflowError):
+        raise FaultPlanError(f"fault {name!r}: factor={_shown(raw)} is not a number") from None
+
+
+def _check_needs(
+    kind: FaultKind, rank: int | None, step: int | None, node: int | None, factor: float
+) -> None:
+    """Refuse a fault without what it needs to fire: a worker fault its rank, every fault but ``slow``
+    its step, ``kill-agent`` its node, ``slow`` a factor in (1, 100]."""
+    name = kind.value
+    if kind.in_worker and rank is None:
+        raise FaultPlanError(f"fault {name!r} needs rank=", f"e.g. {name}@rank=1,step=40")
+    if kind is not FaultKind.SLOW and step is None:
+        raise FaultPlanError(f"fault {name!r} needs step=", f"e.g. {name}@rank=1,step=40")
+    match kind:
+        case FaultKind.KILL_AGENT:
+            if node is None:
+                raise FaultPlanError(
+                    "fault 'kill-agent' needs node= (the agent's node index)",
+                    "e.g. kill-agent@node=1,step=50",
+                )
+        case FaultKind.SLOW:
+            if not 1.0 < factor <= 100.0:
+                raise FaultPlanError(
+                    f"fault 'slow': factor={factor:g} must be in (1, 100]", "e.g. slow@rank=3,factor=1.5"
+                )
+        case (
+            FaultKind.CRASH
+            | FaultKind.EXIT
+            | FaultKind.RAISE
+            | FaultKind.HANG
+            | FaultKind.CORRUPT_CHECKPOINT
+            | FaultKind.TRUNCATE_CHECKPOINT
+        ):
+            pass
+        case _:
+            assert_never(kind)
 
 
 def _ident(kind: str, value: Any) -> str:

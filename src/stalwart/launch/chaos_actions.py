@@ -6,6 +6,9 @@ import os
 import re
 from pathlib import Path
 
+from typing_extensions import assert_never
+
+from ..chaos.plan import FaultKind
 from ..checkpoint.manifest import MANIFEST
 from ..checkpoint.store import step_name
 
@@ -52,13 +55,37 @@ def _largest_file(ckpt: Path) -> Path:
     return max(files, key=lambda p: p.stat().st_size)
 
 
-def damage(ckpt: Path, kind: str) -> str:
+def damage(ckpt: Path, kind: FaultKind | str) -> str:
     """Flip bytes in (``corrupt-checkpoint``) or truncate (``truncate-checkpoint``) the largest file."""
+    fault = FaultKind(kind)
+    match fault:
+        case FaultKind.TRUNCATE_CHECKPOINT:
+            return _truncate(ckpt)
+        case FaultKind.CORRUPT_CHECKPOINT:
+            return _flip(ckpt)
+        case (
+            FaultKind.CRASH
+            | FaultKind.EXIT
+            | FaultKind.RAISE
+            | FaultKind.HANG
+            | FaultKind.SLOW
+            | FaultKind.KILL_AGENT
+        ):
+            raise ValueError(f"fault {fault.value!r} does not damage a checkpoint")
+        case _:
+            assert_never(fault)
+
+
+def _truncate(ckpt: Path) -> str:
     target = _largest_file(ckpt)
     size = target.stat().st_size
-    if kind == "truncate-checkpoint":
-        os.truncate(target, size // 2)
-        return f"truncated {target.relative_to(ckpt.parent)} from {size} to {size // 2} bytes"
+    os.truncate(target, size // 2)
+    return f"truncated {target.relative_to(ckpt.parent)} from {size} to {size // 2} bytes"
+
+
+def _flip(ckpt: Path) -> str:
+    target = _largest_file(ckpt)
+    size = target.stat().st_size
     with open(target, "r+b") as fh:
         fh.seek(size // 2)
         chunk = bytearray(fh.read(16))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import IO
 
 from rich.console import Console
 from rich.markup import escape as esc
@@ -26,7 +27,7 @@ from ..events import (
 
 
 class RunConsole:
-    def __init__(self, *, quiet: bool = False, stream=None) -> None:
+    def __init__(self, *, quiet: bool = False, stream: IO[str] | None = None) -> None:
         self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
         self.quiet = quiet
         self.tty = self.console.is_terminal

@@ -16,8 +16,10 @@ keeps burning CPU. Background threads of an idle rank burn a little CPU: progres
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -69,7 +71,17 @@ class CpuStall:
     evidence: str
 
 
-def detect_cpu_stall(ranks: dict[int, CpuProgress], now: float, stall_s: float) -> CpuStall | None:
+class CpuState(Protocol):
+    """What the policy reads of a rank: the collector's :class:`CpuProgress` or a frozen copy."""
+
+    @property
+    def since(self) -> float: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+def detect_cpu_stall(ranks: Mapping[int, CpuState], now: float, stall_s: float) -> CpuStall | None:
     """Pure: a verdict when a stopped rank or every rank has made no CPU progress for ``stall_s``."""
     if not ranks:
         return None

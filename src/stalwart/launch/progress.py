@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from typing_extensions import assert_never
 
 from ..diagnose.hang import RankPosition, attribute_hang
 from ..protocol import (
@@ -13,6 +16,7 @@ from ..protocol import (
     Hello,
     LoopStarted,
     Message,
+    Note,
     PhaseChanged,
     SectionBegan,
     SignalSeen,
@@ -53,77 +57,95 @@ class ProgressTracker:
     ranks: list[int]
     started: float
     progress: dict[int, RankProgress] = field(default_factory=dict)
-    step_times: deque = field(default_factory=lambda: deque(maxlen=2000))
-    ckpt_times: deque = field(default_factory=lambda: deque(maxlen=200))
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    ckpt_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     total_steps: int = 0
     first_step: int = -1
     max_done_step: int = -1
     signals: list[int] = field(default_factory=list)
-    preempted_ranks: set = field(default_factory=set)
-    durability: dict = field(default_factory=dict)  # rank -> CheckpointDone of its emergency or final save
+    preempted_ranks: set[int] = field(default_factory=set)
+    # rank -> CheckpointDone of its emergency or final save
+    durability: dict[int, CheckpointDone] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for r in self.ranks:
             self.progress[r] = RankProgress(rank=r, last_msg=self.started)
 
     def observe(self, msg: Message, now: float) -> StepRecord | None:
+        """Take one message from a worker; the step's record when it completes a step."""
         p = self.progress.get(msg.rank)
         if p is None:
             return None
         # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
         p.last_msg = min(max(msg.t, p.last_msg), now)
-        if isinstance(msg, StepBegan):
-            p.sdk = True
-            p.step = msg.step
-            p.section = None
-            if p.in_checkpoint:
+        match msg:
+            case StepBegan():
+                p.sdk = True
+                p.step = msg.step
+                p.section = None
                 p.in_checkpoint = False
-        elif isinstance(msg, SectionBegan):
-            p.sdk = True
-            p.section = msg.name
-            if p.section == "checkpoint":
-                p.in_checkpoint = True
-                p.ckpt_t0 = p.last_msg
-        elif isinstance(msg, CheckpointDone):
-            if msg.durable is not None:
-                self.durability[msg.rank] = msg
-            if msg.kind == "final":
-                p.loop_done = True
-            if p.in_checkpoint:
-                self.ckpt_times.append(p.last_msg - p.ckpt_t0)
-            p.in_checkpoint = False
-            p.section = None
-        elif isinstance(msg, StepDone):
-            rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
-            p.sdk = True
-            p.done_steps += 1
-            p.section = None
-            self.step_times.append(rec.duration)
-            self.max_done_step = max(self.max_done_step, rec.step)
-            if self.total_steps and rec.step + 1 >= self.total_steps:
-                p.loop_done = True
-            return rec
-        elif isinstance(msg, Hello):
-            p.sdk = True
-        elif isinstance(msg, LoopStarted):
-            p.sdk = True
-            p.loop_done = False
-            self.first_step = msg.first_step
-            self.total_steps = msg.total_steps
-        elif isinstance(msg, PhaseChanged):
-            p.phase = msg.name
-            p.phase_budget_s = msg.budget_s if msg.name else 0.0
-            p.phase_t0 = msg.t
-            if not msg.name:  # the ranks that waited for this phase count their silence from its end
-                for q in self.progress.values():
-                    q.last_msg = max(q.last_msg, min(msg.t, now))
-        elif isinstance(msg, Finished):
-            p.finished = True
-            if msg.preempted:
-                self.preempted_ranks.add(msg.rank)
-        elif isinstance(msg, SignalSeen):
-            self.signals.append(msg.signum)
+            case SectionBegan():
+                self._section_began(p, msg)
+            case CheckpointDone():
+                self._checkpoint_done(p, msg)
+            case StepDone():
+                return self._step_done(p, msg)
+            case Hello():
+                p.sdk = True
+            case LoopStarted():
+                p.sdk = True
+                p.loop_done = False
+                self.first_step = msg.first_step
+                self.total_steps = msg.total_steps
+            case PhaseChanged():
+                self._phase_changed(p, msg, now)
+            case Finished():
+                p.finished = True
+                if msg.preempted:
+                    self.preempted_ranks.add(msg.rank)
+            case SignalSeen():
+                self.signals.append(msg.signum)
+            case Note():
+                pass
+            case _:
+                assert_never(msg)
         return None
+
+    def _section_began(self, p: RankProgress, msg: SectionBegan) -> None:
+        p.sdk = True
+        p.section = msg.name
+        if p.section == "checkpoint":
+            p.in_checkpoint = True
+            p.ckpt_t0 = p.last_msg
+
+    def _checkpoint_done(self, p: RankProgress, msg: CheckpointDone) -> None:
+        if msg.durable is not None:
+            self.durability[msg.rank] = msg
+        if msg.kind == "final":
+            p.loop_done = True
+        if p.in_checkpoint:
+            self.ckpt_times.append(p.last_msg - p.ckpt_t0)
+        p.in_checkpoint = False
+        p.section = None
+
+    def _step_done(self, p: RankProgress, msg: StepDone) -> StepRecord:
+        rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
+        p.sdk = True
+        p.done_steps += 1
+        p.section = None
+        self.step_times.append(rec.duration)
+        self.max_done_step = max(self.max_done_step, rec.step)
+        if self.total_steps and rec.step + 1 >= self.total_steps:
+            p.loop_done = True
+        return rec
+
+    def _phase_changed(self, p: RankProgress, msg: PhaseChanged, now: float) -> None:
+        p.phase = msg.name
+        p.phase_budget_s = msg.budget_s if msg.name else 0.0
+        p.phase_t0 = msg.t
+        if not msg.name:  # the ranks that waited for this phase count their silence from its end
+            for q in self.progress.values():
+                q.last_msg = max(q.last_msg, min(msg.t, now))
 
     def observe_beat(self, rank: int, t: float, step: int, section: str, now: float) -> None:
         """A heartbeat read from the worker's shared-memory slot (only new beats change anything)."""
@@ -170,7 +192,40 @@ def detect_hang(tracker: ProgressTracker, now: float, timeout_s: float, phase: s
     return detect_hang_in(tracker.progress.values(), now, timeout_s, phase)
 
 
-def detect_hang_in(ranks: Iterable, now: float, timeout_s: float, phase: str) -> HangVerdict | None:
+class RankState(Protocol):
+    """What hang detection reads of a rank: a :class:`RankProgress` or the supervisor's frozen copy."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def last_msg(self) -> float: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def section(self) -> str | None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def sdk(self) -> bool: ...
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def phase_budget_s(self) -> float: ...
+
+    @property
+    def phase_t0(self) -> float: ...
+
+
+def detect_hang_in(
+    ranks: Iterable[RankState], now: float, timeout_s: float, phase: str
+) -> HangVerdict | None:
     """:func:`detect_hang` over rank views (``RankProgress`` or the supervisor's frozen copies).
 
     A long phase the script marked (evaluation) has its own budget; otherwise the culprit comes from

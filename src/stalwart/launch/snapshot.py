@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from ..events import StepCompleted
 from ..policy.world_size import WorldPlan
@@ -19,10 +20,13 @@ from ..protocol.error_record import ErrorRecord
 from .cpu_progress import CpuProgress
 from .progress import ProgressTracker, RankProgress
 
-_EMPTY: Mapping = MappingProxyType({})
+K = TypeVar("K")
+V = TypeVar("V")
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 
-def _empty() -> Mapping:
+def _empty() -> Mapping[Any, Any]:
     return _EMPTY
 
 
@@ -144,5 +148,5 @@ def cpu_marks(cpu: Mapping[int, CpuProgress]) -> Mapping[int, CpuMark]:
     return MappingProxyType({r: CpuMark(p.since, p.state) for r, p in cpu.items()})
 
 
-def frozen(mapping: Mapping) -> Mapping:
+def frozen(mapping: Mapping[K, V]) -> Mapping[K, V]:
     return MappingProxyType(dict(mapping))

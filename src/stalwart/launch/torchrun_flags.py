@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
+
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 
@@ -56,30 +59,50 @@ def pet_defaults(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+class NprocKind(str, Enum):
+    """The named values of ``--nproc-per-node`` (else a positive number)."""
+
+    AUTO = "auto"  # one worker per GPU if any, else per CPU
+    CPU = "cpu"
+    GPU = "gpu"
+    XPU = "xpu"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def resolve_nproc(value: str, *, cpu_count: int | None = None, gpu_count: int | None = None) -> int:
     """``--nproc-per-node``: an integer, or auto (GPUs if any, else CPUs), cpu, gpu, xpu."""
     value = value.strip()
     if value.isdigit() and int(value) >= 1:
         return int(value)
-    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    if value in ("auto", "gpu", "xpu"):
-        gpus = gpu_count if gpu_count is not None else _accelerators(value)
-        if gpus:
-            return gpus
-        if value == "auto":
-            return cpus
+    try:
+        kind = NprocKind(value)
+    except ValueError:
         raise ConfigError(
-            f"--nproc-per-node {value}: no {value.upper()} is visible on this node",
-            "give a number of workers, or cpu",
-        )
-    if value == "cpu":
-        return cpus
-    raise ConfigError(f"--nproc-per-node {value!r} must be a positive number, auto, cpu, gpu or xpu")
+            f"--nproc-per-node {value!r} must be a positive number, auto, cpu, gpu or xpu"
+        ) from None
+    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    match kind:
+        case NprocKind.CPU:
+            return cpus
+        case NprocKind.AUTO | NprocKind.GPU | NprocKind.XPU:
+            gpus = gpu_count if gpu_count is not None else _accelerators(kind)
+            if gpus:
+                return gpus
+            if kind is NprocKind.AUTO:
+                return cpus
+            raise ConfigError(
+                f"--nproc-per-node {value}: no {value.upper()} is visible on this node",
+                "give a number of workers, or cpu",
+            )
+        case _:
+            assert_never(kind)
 
 
-def _accelerators(kind: str) -> int:
+def _accelerators(kind: NprocKind) -> int:
     import torch
 
-    if kind == "xpu":
+    if kind is NprocKind.XPU:
         return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

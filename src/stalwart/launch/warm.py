@@ -14,12 +14,41 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
+
+from typing_extensions import assert_never
 
 from .forkserver import DEFAULT_PRELOAD, ForkServer, ForkServerError, WarmStart, script_imports
 
 SPAWN_TIMEOUT_S = 10.0  # one fork request; past it the attempt starts cold
 READY_TIMEOUT_S = 120.0  # the server's imports; past it the attempt starts cold
 MAX_SERVERS = 4  # servers started per job: one, plus replacements; then every start stays cold
+
+
+class ServerState(str, Enum):
+    READY = "ready"  # started (its imports may still run: the start waits for them, bounded)
+    DEAD = "dead"  # it failed to start or exited
+    NONE = "none"  # none was started
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    state: ServerState
+    why: str = ""  # DEAD: why the server is not usable
+
+    def __str__(self) -> str:
+        """The text form: "ready", "dead: <why>" or "none"."""
+        return f"dead: {self.why}" if self.state is ServerState.DEAD else self.state.value
+
+    @classmethod
+    def parse(cls, text: str) -> ServerStatus:
+        """Read the text form back (anything not dead or none counts as ready)."""
+        if text.startswith("dead"):
+            return cls(ServerState.DEAD, text[5:].strip())
+        return cls(ServerState.NONE) if text == "none" else cls(ServerState.READY)
 
 
 @dataclass(frozen=True)
@@ -32,24 +61,30 @@ def choose_path(
     *,
     enabled: bool,
     python_program: bool,
-    server_state: str,
+    server_state: ServerStatus | str,
     forced_failure: bool = False,
 ) -> PathChoice:
     """Warm or cold for the next start of the workers, and why.
 
-    ``server_state``: "ready" | "dead: <why>" | "none" (after the agent replaced a server that died
-    or whose modules were edited, and waited, bounded, for its imports)."""
+    ``server_state``: the server's status, or its text form "ready" | "dead: <why>" | "none" (after
+    the agent replaced a server that died or whose modules were edited, and waited, bounded, for its
+    imports)."""
     if not enabled:
         return PathChoice(False, "warm start disabled (--no-warm)")
     if not python_program:
         return PathChoice(False, "--no-python: the workers are not a Python program the server can fork")
     if forced_failure:
         return PathChoice(True, "warm path forced to fail once (chaos): the fork server is killed first")
-    if server_state.startswith("dead"):
-        return PathChoice(False, f"fork server unavailable ({server_state[5:].strip() or 'dead'})")
-    if server_state == "none":
-        return PathChoice(False, "no fork server")
-    return PathChoice(True, "forked from the fork server (torch and the script's imports preloaded)")
+    status = server_state if isinstance(server_state, ServerStatus) else ServerStatus.parse(server_state)
+    match status.state:
+        case ServerState.DEAD:
+            return PathChoice(False, f"fork server unavailable ({status.why or 'dead'})")
+        case ServerState.NONE:
+            return PathChoice(False, "no fork server")
+        case ServerState.READY:
+            return PathChoice(True, "forked from the fork server (torch and the script's imports preloaded)")
+        case _:
+            assert_never(status.state)
 
 
 class WarmPool:
@@ -92,18 +127,26 @@ class WarmPool:
         except (ForkServerError, OSError) as exc:
             self.server, self.failure = None, str(exc)
 
-    def state(self) -> str:
+    def status(self) -> ServerStatus:
         if self.server is None:
-            return f"dead: {self.failure}" if self.failure else "none"
+            return (
+                ServerStatus(ServerState.DEAD, self.failure)
+                if self.failure
+                else ServerStatus(ServerState.NONE)
+            )
         if not self.server.alive():
-            return f"dead: fork server exited (code {self.server.proc.returncode})"
-        return "ready"
+            return ServerStatus(ServerState.DEAD, f"fork server exited (code {self.server.proc.returncode})")
+        return ServerStatus(ServerState.READY)
+
+    def state(self) -> str:
+        """:meth:`status` in its text form ("ready", "dead: <why>", "none")."""
+        return str(self.status())
 
     def changed(self) -> tuple[str, ...]:
         """The script's own preloaded modules edited since the server imported them."""
         if self.server is None or not self.server.files:
             return ()
-        out = []
+        out: list[str] = []
         for path, mtime in self.server.files.items():
             try:
                 if os.stat(path).st_mtime != mtime:

@@ -17,8 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol, TextIO
+
+from typing_extensions import assert_never
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,47 @@ class WorkerSpec:
     ipc_fd: int = -1  # the write end of the message pipe, passed to the worker
     route: OutputRoute | None = None
     role: str = "default"
+
+
+class StartPath(str, Enum):
+    """How a group's workers started."""
+
+    WARM = "warm"  # every worker forked from the fork server
+    COLD = "cold"  # every worker a fresh interpreter
+    MIXED = "mixed"  # the warm path failed part-way: the rest started cold
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def action(self) -> str:
+        """The ledger's ``DecisionTaken`` action for the start (mixed counts as cold)."""
+        match self:
+            case StartPath.WARM:
+                return "start_warm"
+            case StartPath.COLD | StartPath.MIXED:
+                return "start_cold"
+            case _:
+                assert_never(self)
+
+
+class WorkerProc(Protocol):
+    """A worker process handle: ``subprocess.Popen`` (cold) or :class:`ForkedProc` (warm)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+Stream = IO[bytes] | None  # a worker's stdout or stderr pipe (None: not piped)
 
 
 class WarmSpawner(Protocol):
@@ -93,19 +137,21 @@ class WorkerGroup:
         *,
         sleep: Callable[[float], None] = time.sleep,
         warm: WarmSpawner | None = None,
-    ):
+    ) -> None:
         self.argv = list(argv)
         self.specs = list(specs)
-        self.procs: dict[int, subprocess.Popen | ForkedProc] = {}
+        self.procs: dict[int, WorkerProc] = {}
         self.exit_times: dict[int, float] = {}
-        self._logs: list = []
+        self._logs: list[IO[bytes]] = []
         self._pumps: list[threading.Thread] = []
         self._sleep = sleep
         self._warm = warm
         self.warm_ranks: list[int] = []  # global ranks started warm
         self.cold_reason = "" if warm is not None else "warm start not offered"
 
-    def _spawn(self, spec: WorkerSpec, fds: tuple[int, ...], piped: bool):
+    def _spawn(
+        self, spec: WorkerSpec, fds: tuple[int, ...], piped: bool
+    ) -> tuple[WorkerProc, Stream, Stream]:
         """Start one worker warm if offered and it works, else cold; return (proc, stdout, stderr)."""
         if self._warm is not None:
             from .forkserver import ForkServerError
@@ -141,11 +187,11 @@ class WorkerGroup:
         return proc, proc.stdout, proc.stderr
 
     @property
-    def path(self) -> str:
+    def path(self) -> StartPath:
         """warm (every worker forked warm), cold, or mixed (the warm path failed part-way)."""
         if len(self.warm_ranks) == len(self.procs) and self.procs:
-            return "warm"
-        return "mixed" if self.warm_ranks else "cold"
+            return StartPath.WARM
+        return StartPath.MIXED if self.warm_ranks else StartPath.COLD
 
     def start(self) -> list[int]:
         for spec in self.specs:
@@ -157,30 +203,39 @@ class WorkerGroup:
             route.log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
             self._logs.append(log)
-            lock = threading.Lock()
             proc, out, err = self._spawn(spec, fds, piped=True)
             self.procs[spec.global_rank] = proc
-            for i, (pipe, console) in enumerate(((out, sys.stdout), (err, sys.stderr))):
-                extra = None
-                if route.stream_files[i] is not None:
-                    route.stream_files[i].parent.mkdir(parents=True, exist_ok=True)
-                    extra = open(route.stream_files[i], "ab")  # noqa: SIM115 - closed in close()
-                    self._logs.append(extra)
-                prefix = f"[{spec.role}{spec.local_rank}]:".encode() if route.prefix[i] else b""
-                t = threading.Thread(
-                    target=_pump,
-                    args=(pipe, log, lock, extra, console if route.console[i] else None, prefix),
-                    daemon=True,
-                    name=f"output-r{spec.global_rank}-{i}",
-                )
-                t.start()
-                self._pumps.append(t)
+            self._pump_streams(spec, route, log, (out, err))
         return [p.pid for p in self.procs.values()]
+
+    def _pump_streams(
+        self, spec: WorkerSpec, route: OutputRoute, log: IO[bytes], pipes: tuple[Stream, Stream]
+    ) -> None:
+        """One thread per stream copies it to the run's log, its --log-dir file and the console."""
+        lock = threading.Lock()
+        for i, (pipe, console) in enumerate(zip(pipes, (sys.stdout, sys.stderr), strict=True)):
+            if pipe is None:
+                continue
+            extra = None
+            stream_file = route.stream_files[i]
+            if stream_file is not None:
+                stream_file.parent.mkdir(parents=True, exist_ok=True)
+                extra = open(stream_file, "ab")  # noqa: SIM115 - closed in close()
+                self._logs.append(extra)
+            prefix = f"[{spec.role}{spec.local_rank}]:".encode() if route.prefix[i] else b""
+            t = threading.Thread(
+                target=_pump,
+                args=(pipe, log, lock, extra, console if route.console[i] else None, prefix),
+                daemon=True,
+                name=f"output-r{spec.global_rank}-{i}",
+            )
+            t.start()
+            self._pumps.append(t)
 
     def poll(self) -> dict[int, int | None]:
         """Exit code per global rank (None while running); negative codes are signals."""
         now = time.time()
-        out = {}
+        out: dict[int, int | None] = {}
         for rank, p in self.procs.items():
             code = p.poll()
             if code is not None and rank not in self.exit_times:
@@ -247,7 +302,14 @@ def tail(path: Path | None, lines: int = 5) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _pump(pipe, log, lock: threading.Lock, extra, console, prefix: bytes) -> None:
+def _pump(
+    pipe: IO[bytes],
+    log: IO[bytes],
+    lock: threading.Lock,
+    extra: IO[bytes] | None,
+    console: TextIO | None,
+    prefix: bytes,
+) -> None:
     """Copy a worker's stream line by line to its log, its --log-dir file and the console."""
     try:
         for line in iter(pipe.readline, b""):

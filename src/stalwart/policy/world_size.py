@@ -9,31 +9,59 @@ other node keeps its position (and its ranks).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
+
+from typing_extensions import assert_never
 
 from ..errors import ConfigError
 
 
-@dataclass(frozen=True)
+class SizeRuleKind(str, Enum):
+    """Which world sizes are valid."""
+
+    POWER_OF_TWO = "power_of_two"
+    MULTIPLE = "multiple"  # a multiple of the rule's divisor
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, init=False)
 class SizeRule:
-    kind: str = "power_of_two"  # power_of_two | multiple
+    kind: SizeRuleKind = field(default=SizeRuleKind.POWER_OF_TWO)
     divisor: int = 1
 
-    def __post_init__(self) -> None:
-        if self.kind not in ("power_of_two", "multiple"):
-            raise ConfigError(f"unknown size rule {self.kind!r}", "use 'power_of_two' or 'multiple'")
-        if self.divisor < 1:
-            raise ConfigError(f"size divisor must be >= 1, got {self.divisor}")
+    def __init__(self, kind: SizeRuleKind | str = SizeRuleKind.POWER_OF_TWO, divisor: int = 1) -> None:
+        """``kind`` also as its name from a configuration ("power_of_two", "multiple")."""
+        try:
+            rule = SizeRuleKind(kind)
+        except ValueError:
+            raise ConfigError(f"unknown size rule {kind!r}", "use 'power_of_two' or 'multiple'") from None
+        if divisor < 1:
+            raise ConfigError(f"size divisor must be >= 1, got {divisor}")
+        object.__setattr__(self, "kind", rule)
+        object.__setattr__(self, "divisor", divisor)
 
     def valid(self, world_size: int) -> bool:
         if world_size < 1:
             return False
-        if self.kind == "power_of_two":
-            return world_size & (world_size - 1) == 0
-        return world_size % self.divisor == 0
+        match self.kind:
+            case SizeRuleKind.POWER_OF_TWO:
+                return world_size & (world_size - 1) == 0
+            case SizeRuleKind.MULTIPLE:
+                return world_size % self.divisor == 0
+            case _:
+                assert_never(self.kind)
 
     def describe(self) -> str:
-        return "a power of two" if self.kind == "power_of_two" else f"a multiple of {self.divisor}"
+        match self.kind:
+            case SizeRuleKind.POWER_OF_TWO:
+                return "a power of two"
+            case SizeRuleKind.MULTIPLE:
+                return f"a multiple of {self.divisor}"
+            case _:
+                assert_never(self.kind)
 
 
 @dataclass(frozen=True)

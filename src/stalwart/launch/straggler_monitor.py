@@ -1,0 +1,160 @@
+"""The straggler monitor: ranks compared within the same steps, debounced over windows
+(:func:`stalwart.diagnose.straggler.relative_stragglers`); the straggler-action policy's verdict,
+carried out (exclude this node) only when the attempt's precision gate allows. One of the agent's
+monitors (``monitors.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..diagnose.precision import GateDecision
+from ..diagnose.straggler import RelativeStraggler, own_work, relative_stragglers
+from ..diagnose.straggler_action import (
+    StragglerActionConfig,
+    StragglerCase,
+    StragglerDecision,
+    Workload,
+    confidence_from_windows,
+    decide_straggler,
+)
+from ..events import StepCompleted
+from ..policy.world_size import SizeRule
+from .decision import AttemptOutcome, Decision, StragglerAdvice
+from .snapshot import Snapshot
+
+# --- stragglers --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StragglerMonitor:
+    """Ranks slower than the others *at the same steps*, in ``k`` of the last ``n`` windows of
+    ``window`` steps, so a machine-wide slowdown or one slow window flags nobody.
+
+    With ``action`` set, each new straggler is weighed by the straggler-action policy
+    (:func:`stalwart.diagnose.straggler_action.decide_straggler`); ``gate`` (this attempt's
+    :func:`~stalwart.diagnose.straggler_action.straggler_gate`) says whether its ``exclude`` is carried
+    out. Acting ends the attempt (``exclude_straggler``): this node is quarantined and leaves, the
+    others continue without it. Without a gate, or with an observe-only one, it only records."""
+
+    threshold: float = 1.2
+    window: int = 10
+    k: int = 3
+    n: int = 5
+    min_ranks: int = 2
+    action: StragglerActionConfig | None = None  # None: detect only; else also weigh excluding the node
+    min_nodes: int = 1
+    max_nodes: int = 1
+    rule: SizeRule = SizeRule()
+    gate: GateDecision | None = None  # None: observe only
+
+    @property
+    def steps_kept(self) -> int:
+        """Steps per rank the supervisor keeps for the monitor (``n`` windows)."""
+        return self.window * self.n
+
+    def __call__(self, s: Snapshot) -> Decision | None:
+        if s.straggler_step < 0:
+            return None
+        rep = relative_stragglers(
+            s.recent_steps,
+            threshold=self.threshold,
+            window=self.window,
+            k=self.k,
+            n=self.n,
+            min_ranks=self.min_ranks,
+        )
+        slow = {r.rank: r.ratio for r in rep.stragglers}
+        detected = tuple((r, score) for r, score in sorted(slow.items()) if r not in s.stragglers)
+        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow)
+        if not detected and not cleared:
+            return None
+        new = {r for r, _ in detected}
+        verdicts = [v for v in (self._weigh(s, r) for r in rep.stragglers if r.rank in new) if v is not None]
+        acting = self.gate is not None and self.gate.mode == "act"
+        # a failed worker or a stop under way comes first: the other monitors own this tick
+        busy = bool(s.failed) or s.stop_requested_at is not None
+        advice = tuple(self._advice(v, acting and not busy) for v in verdicts)
+        exclude = next((a for a in advice if a.action == "exclude_quarantine"), None)
+        if exclude is None:
+            return Decision(
+                "stragglers",
+                rep.reason,
+                detected=detected,
+                cleared=cleared,
+                evidence=rep.reason,
+                advice=advice,
+            )
+        inc = dataclasses.replace(exclude.incident, action_taken=True)
+        return Decision(
+            "exclude_straggler",
+            exclude.reason,
+            AttemptOutcome("excluded", detected_at=s.now, detail=exclude.reason),
+            inc,
+            rank=inc.blast_radius.ranks[0],
+            onset=inc.onset,
+            detected=detected,
+            cleared=cleared,
+            evidence=rep.reason,
+            advice=advice,
+        )
+
+    def _advice(self, v: StragglerDecision, acting: bool) -> StragglerAdvice:
+        gate = self.gate.reason if self.gate is not None else "observe only"
+        if acting:
+            return StragglerAdvice(v.action, f"{v.incident.cause}: {v.reason} ({gate})", v.incident)
+        return StragglerAdvice(
+            f"observe_{v.action}",
+            f"{v.incident.cause} (observe only, not acted on: {gate}; {'; '.join(v.incident.evidence)})",
+            v.incident,
+        )
+
+    def _weigh(self, s: Snapshot, st: RelativeStraggler) -> StragglerDecision | None:
+        """The straggler-action policy's verdict on a new straggler."""
+        if self.action is None or s.world is None or not s.world.runnable:
+            return None
+        mine = [e for e in s.recent_steps if e.step >= st.first_step]
+        since = min((e.start for e in mine), default=s.now)
+        slowdown, step_time = job_slowdown(mine, st.rank)
+        if slowdown is None:  # no step with both the straggler and another rank: the detector's ratio
+            durations = sorted(e.duration for e in s.recent_steps)
+            slowdown, step_time = st.ratio, durations[len(durations) // 2] if durations else 0.0
+        remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
+        case = StragglerCase(
+            node=s.node,
+            rank=st.rank,
+            slowdown=max(slowdown, 1e-9),
+            confidence=confidence_from_windows(st.flagged, st.seen, self.k),
+            since=since,
+        )
+        work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+        return decide_straggler(case, work, s.now, self.action)
+
+
+def job_slowdown(steps: Iterable[StepCompleted], rank: int) -> tuple[float | None, float]:
+    """How much slower the job runs because of ``rank``, and its step time without it (pure).
+
+    Per step: the job's step time is its slowest rank's (every rank waits for it in the collective);
+    without the straggler it would be shorter by the straggler's extra own work over the others'
+    median. The medians over the steps; ``(None, 0.0)`` when no step has the straggler and another
+    rank."""
+    by_step: dict[int, dict[int, StepCompleted]] = {}
+    for e in steps:
+        by_step.setdefault(e.step, {})[e.rank] = e
+    ratios: list[float] = []
+    healthy: list[float] = []
+    for per in by_step.values():
+        me = per.get(rank)
+        others = [own_work(e) for r, e in per.items() if r != rank]
+        if me is None or not others:
+            continue
+        job = max(e.duration for e in per.values())
+        without = job - max(0.0, own_work(me) - statistics.median(others))
+        if without > 0:
+            ratios.append(job / without)
+            healthy.append(without)
+    if not ratios:
+        return None, 0.0
+    return statistics.median(ratios), statistics.median(healthy)
