@@ -84,7 +84,7 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
     from stalwart.launch.config import RunConfig
     from stalwart.train.session import Session
 
-    assert RunConfig(script="x.py").pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
+    assert RunConfig(script="x.py").hang.pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
     with Session(env={}) as session:
         assert session.pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
 

@@ -12,9 +12,9 @@ SCRIPT = {"script": "train.py"}
 
 def test_defaults_and_resolved_fields():
     cfg = build(dict(SCRIPT), env={})
-    assert cfg.max_restarts == 3 and cfg.hang_floor_s == 10.0 and cfg.pg_timeout_s == 600.0
+    assert cfg.restart.max_restarts == 3 and cfg.hang.floor_s == 10.0 and cfg.hang.pg_timeout_s == 600.0
     assert cfg.min_nodes == cfg.max_nodes == 1
-    assert cfg.run_id and cfg.rdzv_id == cfg.run_id and cfg.node_name
+    assert cfg.run_id and cfg.rendezvous.id == cfg.run_id and cfg.node_name
     assert cfg.run_dir.is_absolute() and cfg.run_dir.name == cfg.run_id
     assert cfg.budget.max_restarts == 3 and cfg.hang_policy.floor_s == 10.0
 
@@ -24,22 +24,26 @@ def test_precedence_file_then_env_then_flags(tmp_path):
     f.write_text("max-restarts: 5\nhang_floor_s: 20\nnproc_per_node: 2\n")
     env = {"STALWART_MAX_RESTARTS": "7", "STALWART_NPROC_PER_NODE": "3", "UNRELATED": "x"}
     cfg = build(dict(SCRIPT), config_file=str(f), env={})
-    assert (cfg.max_restarts, cfg.hang_floor_s, cfg.nproc_per_node) == (5, 20.0, 2)
+    assert (cfg.restart.max_restarts, cfg.hang.floor_s, cfg.nproc_per_node) == (5, 20.0, 2)
     cfg = build(dict(SCRIPT), config_file=str(f), env=env)
-    assert (cfg.max_restarts, cfg.hang_floor_s, cfg.nproc_per_node) == (7, 20.0, 3)
+    assert (cfg.restart.max_restarts, cfg.hang.floor_s, cfg.nproc_per_node) == (7, 20.0, 3)
     cfg = build({**SCRIPT, "max_restarts": 9, "nproc_per_node": None}, config_file=str(f), env=env)
-    assert (cfg.max_restarts, cfg.hang_floor_s, cfg.nproc_per_node) == (9, 20.0, 3)  # None = flag not given
+    assert (cfg.restart.max_restarts, cfg.hang.floor_s, cfg.nproc_per_node) == (
+        9,
+        20.0,
+        3,
+    )  # None = flag not given
 
 
 def test_toml_file_and_list_settings_from_env(tmp_path):
     f = tmp_path / "run.toml"
     f.write_text('max_restarts = 4\nchaos = ["crash@rank=0,step=3"]\n')
     cfg = build(dict(SCRIPT), config_file=str(f), env={})
-    assert cfg.max_restarts == 4 and cfg.chaos == ["crash@rank=0,step=3"]
+    assert cfg.restart.max_restarts == 4 and cfg.faults.specs == ["crash@rank=0,step=3"]
     env = {"STALWART_CHAOS": "crash@rank=0,step=3;hang@rank=1,step=5", "STALWART_RUN_ID": "abc"}
     assert from_env(env) == {"chaos": ["crash@rank=0,step=3", "hang@rank=1,step=5"], "run_id": "abc"}
     cfg = build({**SCRIPT, "nproc_per_node": 2}, env=env)  # the hang targets rank 1: two ranks
-    assert cfg.run_id == "abc" and cfg.rdzv_id == "abc" and len(cfg.chaos) == 2
+    assert cfg.run_id == "abc" and cfg.rendezvous.id == "abc" and len(cfg.faults.specs) == 2
 
 
 def test_script_cannot_come_from_the_environment():
@@ -132,7 +136,7 @@ def test_a_fault_for_a_rank_the_job_lacks_is_refused():
 
 def test_straggler_action_settings_default_to_observe_and_reject_bad_values(tmp_path):
     cfg = build(dict(SCRIPT), env={})
-    assert cfg.straggler_action == "observe" and cfg.straggler_act_min_precision == 0.9
+    assert cfg.straggler.action == "observe" and cfg.straggler.act_min_precision == 0.9
     assert cfg.straggler_policy.recovery_s == 300.0 and cfg.straggler_policy.margin == 1.5
     cfg = build({**SCRIPT, "straggler_action": "act", "straggler_recovery_s": 20}, env={})
     assert cfg.straggler_policy.recovery_s == 20.0

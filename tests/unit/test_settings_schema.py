@@ -51,9 +51,8 @@ def test_the_agent_probe_runs_with_the_agents_defaults():
     probe = ProbeConfig()
     assert probe.hang_policy == run.hang_policy
     assert MONITOR_INTERVAL_S == probe.monitor_interval_s == run.monitor_interval_s
-    assert probe.stop_grace_s == run.workers.stop_grace_s
-    assert probe.emergency_deadline_s == run.checkpoint.emergency_deadline_s
-    assert (probe.startup_timeout_s, probe.cpu_stall_s) == (run.hang.startup_s, run.hang.cpu_stall_s)
+    assert (probe.hang, probe.workers, probe.checkpoint) == (run.hang, run.workers, run.checkpoint)
+    assert probe.diagnosis.interval_s == 0.0  # no live diagnosis in the probe: the agent's own incidents
 
 
 def test_flat_names_reach_their_nested_place():

@@ -39,14 +39,14 @@ from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
 T0 = 1_000_000.0
 
 
-def cfg(**kw):
+def cfg(diagnose_interval_s: float = 0.0, **kw):
     base = dict(
         monitor_interval_s=0.5,
-        stop_grace_s=3.0,
-        emergency_deadline_s=30.0,
         hang_policy=HangTimeoutPolicy(multiplier=3.0, floor_s=10.0, startup_s=60.0),
-        startup_timeout_s=60.0,
-        cpu_stall_s=20.0,
+        hang=SimpleNamespace(startup_s=60.0, cpu_stall_s=20.0),
+        workers=SimpleNamespace(stop_grace_s=3.0),
+        checkpoint=SimpleNamespace(emergency_deadline_s=30.0),
+        diagnosis=SimpleNamespace(interval_s=diagnose_interval_s),
         min_nodes=1,
         max_nodes=2,
         size_rule=SizeRule(),

@@ -50,17 +50,17 @@ class NodeHealthGate:
 
     def check(self, attempt: int) -> tuple[str, str]:
         cfg = self.cfg
-        if not cfg.health_gate:
+        if not cfg.health.gate:
             return "", ""
         from .node_gate import check_node
 
         res = check_node(
             node=cfg.node_name,
             now=self.clock.now(),
-            state_dir=cfg.health_state_dir or self.run_root / "health",
-            fixture=cfg.health_fixture,
-            active=cfg.health_active and attempt > 0,
-            backend=cfg.health_backend,
+            state_dir=cfg.health.state_dir or self.run_root / "health",
+            fixture=cfg.health.fixture,
+            active=cfg.health.active and attempt > 0,
+            backend=cfg.health.backend,
         )
         return ("", "") if res.passed else (res.reason, res.state)
 
@@ -94,7 +94,7 @@ class Agent:
         self.clock: Clock = clock or SystemClock()
         self.started = started or self.clock.now()
         self.run.archive_errors(cfg.node_name, f"{int(self.started)}-{os.getpid()}")
-        self.plan: FaultPlan = build_plan(cfg.chaos, cfg.chaos_file or None)
+        self.plan: FaultPlan = build_plan(cfg.faults.specs, cfg.faults.file or None)
         self._notify = notify or (lambda ev: None)
         self.console = _Console(
             note or (lambda text: None), progress or (lambda step, total, attempt, rate: None)
@@ -129,13 +129,13 @@ class Agent:
                 nproc_per_node=cfg.nproc_per_node,
                 min_nodes=cfg.min_nodes,
                 max_nodes=cfg.max_nodes,
-                max_restarts=cfg.max_restarts,
+                max_restarts=cfg.restart.max_restarts,
                 config=cfg.model_dump(mode="json"),
                 **self.ledger.ctx(),
             )
         )
         handled = {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
-        handled |= {getattr(signal, n.strip()) for n in cfg.signals_to_handle.split(",") if n.strip()}
+        handled |= {getattr(signal, n.strip()) for n in cfg.workers.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         diagnosis = memory = warm = rendezvous = None
@@ -213,7 +213,7 @@ class Agent:
 
     def _warm_pool(self) -> WarmPool | None:
         cfg = self.cfg
-        if not cfg.warm or cfg.no_python:
+        if not cfg.workers.warm or cfg.no_python:
             return None
         pool = WarmPool(
             python=cfg.python,
@@ -233,7 +233,9 @@ class Agent:
 
         cfg = self.cfg
         host = (
-            (cfg.local_addr or local_addr(cfg.rdzv_endpoint)) if cfg.use_c10d and cfg.max_nodes > 1 else None
+            (cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint))
+            if cfg.use_c10d and cfg.max_nodes > 1
+            else None
         )
         try:
             return NodeMemory(run_id=cfg.run_id, node=cfg.node_name, host=host)
@@ -243,7 +245,7 @@ class Agent:
 
     def _start_diagnosis(self):
         """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""
-        if not self.cfg.diagnose_interval_s:
+        if not self.cfg.diagnosis.interval_s:
             return None
         from ..diagnose.live import LiveDiagnosis
 

@@ -45,7 +45,8 @@ from .settings import (
 
 class RunConfig(BaseSettings):
     """One run of ``stalwart run``. Constructed directly it reads only its arguments (flat names
-    such as ``hang_floor_s`` are accepted); :func:`build` adds the file and the environment."""
+    such as ``hang_floor_s`` are accepted); :func:`build` adds the file and the environment. Read
+    settings by their place: ``cfg.hang.floor_s``."""
 
     model_config = SettingsConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -293,17 +294,6 @@ class RunConfig(BaseSettings):
                 ),
             }
         )
-
-    def __getattr__(self, name: str) -> Any:
-        # Transitional: the flat names (cfg.hang_floor_s) read their nested place until every
-        # reader uses the nested form (/work/settings_rename.py); then this goes.
-        leaf = SETTINGS.get(name)
-        if leaf is None or len(leaf.path) == 1:
-            return super().__getattr__(name)  # type: ignore[misc]
-        value: Any = self
-        for part in leaf.path:
-            value = getattr(value, part)
-        return value
 
     def identity(self) -> dict[str, Any]:
         """What makes two invocations the same run (a re-run resumes it)."""

@@ -10,10 +10,11 @@ from typing_extensions import assert_never
 
 from ..diagnose.incident import BlastRadius, Incident
 from ..diagnose.root_cause import component_class, incident_class
-from ..policy.restart_policy import Failure
+from ..policy.job import AttemptStatus
+from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from .cpu_progress import detect_cpu_stall
-from .decision import AttemptOutcome, Decision
+from .decision import AttemptOutcome, Decision, DecisionKind
 from .progress import detect_hang_in
 from .snapshot import Snapshot
 
@@ -126,7 +127,7 @@ def _hang(
     how: HangSource,
 ) -> Decision:
     failure = Failure(
-        kind="hang",
+        kind=FailureKind.HANG,
         attempt=s.attempt,
         step=step,
         rank=culprit,
@@ -148,9 +149,9 @@ def _hang(
         blast_radius=BlastRadius(nodes=(s.node,), ranks=(culprit,)),
     )
     return Decision(
-        "hang",
+        DecisionKind.HANG,
         f"{evidence}; {why}",
-        AttemptOutcome("failed", failure, s.now),
+        AttemptOutcome(AttemptStatus.FAILED, failure, s.now),
         incident,
         rank=culprit,
         onset=onset,

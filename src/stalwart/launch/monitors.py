@@ -27,10 +27,11 @@ from ..diagnose.precision import GateDecision
 from ..diagnose.root_cause import classify, component_class, incident_class
 from ..diagnose.straggler_action import StragglerActionConfig
 from ..exit_codes import EXIT_PREEMPTED
-from ..policy.restart_policy import Failure
+from ..policy.job import AttemptStatus
+from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule
-from .decision import AttemptOutcome, Decision
+from .decision import AttemptOutcome, Decision, DecisionKind
 from .hang_monitor import HangMonitor, HangPhase, HangSource
 from .progress import durability_problem_in
 from .snapshot import RankView, Snapshot
@@ -84,7 +85,7 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
 
     root = min(failed, key=rank_key)
     code, err = failed[root], s.errors.get(root)
-    kind = classify(code, err)
+    kind = FailureKind(classify(code, err))
     p = s.progress.get(root) or RankView(root, s.started)
     step = err.step if err is not None and err.step >= 0 else p.step
     # onset: an exception stamps its own time; a signal death happened after the rank's last
@@ -132,9 +133,9 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
         blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
     )
     return Decision(
-        "crash",
+        DecisionKind.CRASH,
         f"rank {root} {evidence}",
-        AttemptOutcome("failed", failure, detected),
+        AttemptOutcome(AttemptStatus.FAILED, failure, detected),
         incident,
         rank=root,
         onset=onset,
@@ -158,27 +159,27 @@ def durability(s: Snapshot) -> Decision | None:
             why = "no rank reported a committed emergency checkpoint"
         if not why and all(c in (0, EXIT_PREEMPTED) for c in codes.values()):
             return Decision(
-                "stopped_exit",
+                DecisionKind.STOPPED_EXIT,
                 f"every worker stopped; the emergency checkpoint of step {step} committed",
-                AttemptOutcome("preempted", step=step),
+                AttemptOutcome(AttemptStatus.PREEMPTED, step=step),
             )
         # a failed exit without a stop request was a crash (the exits monitor comes first), so here the
         # workers stopped on a preemption (theirs or ours) without a committed emergency checkpoint
         exits = {c for c in codes.values() if c is not None}  # every worker exited: none is None
         why = why or "workers exited " + ", ".join(describe_exit(c) for c in exits)
         return Decision(
-            "stopped_exit",
+            DecisionKind.STOPPED_EXIT,
             f"every worker stopped; the emergency checkpoint did not commit: {why}",
-            AttemptOutcome("preempted_unsaved", detail=why, step=step),
+            AttemptOutcome(AttemptStatus.PREEMPTED_UNSAVED, detail=why, step=step),
         )
     why = durability_problem_in(s.durability, "final")
     if why:  # the training finished but its final state is not safe: say so, never "succeeded"
         return Decision(
-            "finished",
+            DecisionKind.FINISHED,
             f"every worker finished, but the final state was not committed: {why}",
-            AttemptOutcome("final_unsaved", detail=why, step=s.max_done_step + 1),
+            AttemptOutcome(AttemptStatus.FINAL_UNSAVED, detail=why, step=s.max_done_step + 1),
         )
-    return Decision("finished", "every worker finished", AttemptOutcome("succeeded"))
+    return Decision(DecisionKind.FINISHED, "every worker finished", AttemptOutcome(AttemptStatus.SUCCEEDED))
 
 
 # --- signals to the agent ----------------------------------------------------------------------------
@@ -193,12 +194,16 @@ class SignalMonitor:
         if s.signal is not None and s.stop_requested_at is None:
             name = _signal.Signals(s.signal).name
             if s.signal == _signal.SIGINT:
-                return Decision("interrupt", f"{name}: stopping the workers", AttemptOutcome("interrupted"))
+                return Decision(
+                    DecisionKind.INTERRUPT,
+                    f"{name}: stopping the workers",
+                    AttemptOutcome(AttemptStatus.INTERRUPTED),
+                )
             # every rank stops after the same step: two ahead of the most advanced one, or, before any
             # step was seen, after its first step (workers only record signals; the agent coordinates)
             stop = s.max_step_in_progress + 2 if s.steps_seen else 0
             return Decision(
-                "request_stop",
+                DecisionKind.REQUEST_STOP,
                 f"{name}: every rank saves an emergency checkpoint and stops after step {stop}",
                 stop_step=stop,
             )
@@ -207,20 +212,24 @@ class SignalMonitor:
         if not s.sdk_ranks and s.now - s.started >= self.no_sdk_after_s:
             # a script without the SDK: nothing to coordinate, pass the stop on as torchrun does
             return Decision(
-                "pass_stop", "no SDK in the script: the stop is passed on", AttemptOutcome("stopped")
+                DecisionKind.PASS_STOP,
+                "no SDK in the script: the stop is passed on",
+                AttemptOutcome(AttemptStatus.STOPPED),
             )
         if s.now - s.stop_requested_at > self.emergency_deadline_s:
             saved = [d for d in s.durability.values() if d.kind == "emergency" and d.durable]
             if saved and len(saved) == len(s.ranks):  # every rank had committed; only the exit lagged
                 step = max(d.step for d in saved)
                 return Decision(
-                    "deadline",
+                    DecisionKind.DEADLINE,
                     f"emergency deadline passed after every rank committed step {step}",
-                    AttemptOutcome("preempted", step=step),
+                    AttemptOutcome(AttemptStatus.PREEMPTED, step=step),
                 )
             detail = f"not every rank finished it within --emergency-deadline {self.emergency_deadline_s:g}s"
-            return Decision("deadline", detail, AttemptOutcome("preempted_unsaved", detail=detail))
-        return Decision("hold", "waiting for the coordinated emergency checkpoint")
+            return Decision(
+                DecisionKind.DEADLINE, detail, AttemptOutcome(AttemptStatus.PREEMPTED_UNSAVED, detail=detail)
+            )
+        return Decision(DecisionKind.HOLD, "waiting for the coordinated emergency checkpoint")
 
 
 # --- membership --------------------------------------------------------------------------------------
@@ -229,10 +238,27 @@ class SignalMonitor:
 def membership(s: Snapshot) -> Decision | None:
     if not s.nodes_waiting:
         return None
-    return Decision("membership", f"{s.nodes_waiting} node(s) waiting to join", AttemptOutcome("membership"))
+    return Decision(
+        DecisionKind.MEMBERSHIP,
+        f"{s.nodes_waiting} node(s) waiting to join",
+        AttemptOutcome(AttemptStatus.MEMBERSHIP),
+    )
 
 
 # --- the monitors of a run, in order ------------------------------------------------------------------
+
+
+class _HangPart(Protocol):
+    @property
+    def startup_s(self) -> float: ...
+
+    @property
+    def cpu_stall_s(self) -> float: ...
+
+
+class _CheckpointPart(Protocol):
+    @property
+    def emergency_deadline_s(self) -> float: ...
 
 
 class MonitorSettings(Protocol):
@@ -248,16 +274,13 @@ class MonitorSettings(Protocol):
     def size_rule(self) -> SizeRule: ...
 
     @property
-    def emergency_deadline_s(self) -> float: ...
+    def checkpoint(self) -> _CheckpointPart: ...
 
     @property
     def hang_policy(self) -> HangTimeoutPolicy: ...
 
     @property
-    def startup_timeout_s(self) -> float: ...
-
-    @property
-    def cpu_stall_s(self) -> float: ...
+    def hang(self) -> _HangPart: ...
 
 
 def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None = None) -> tuple[Monitor, ...]:
@@ -274,8 +297,8 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
         ),
         worker_exits,
         durability,
-        SignalMonitor(cfg.emergency_deadline_s),
-        HangMonitor(cfg.hang_policy, cfg.startup_timeout_s, cfg.cpu_stall_s),
+        SignalMonitor(cfg.checkpoint.emergency_deadline_s),
+        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
         membership,
     )
 

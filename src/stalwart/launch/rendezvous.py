@@ -55,7 +55,7 @@ class NodeRendezvous:
         self.store = store
         store.set(f"stalwart/name/{group_rank}", cfg.node_name)
         if group_rank == 0:
-            addr = cfg.local_addr or local_addr(cfg.rdzv_endpoint)
+            addr = cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint)
             port = self._host_worker_store(addr, 0)
             store.set("stalwart/master", f"{addr}:{port}")
         master = store.get("stalwart/master").decode()
@@ -73,14 +73,16 @@ class NodeRendezvous:
         """One node, or torchrun's static node ranks (--node-rank/--master-addr/--master-port)."""
         cfg = self.cfg
         self.store = None
-        addr = cfg.master_addr or "127.0.0.1"
-        port = cfg.master_port
-        if cfg.max_nodes == 1 or cfg.node_rank == 0:
+        addr = cfg.rendezvous.master_addr or "127.0.0.1"
+        port = cfg.rendezvous.master_port
+        if cfg.max_nodes == 1 or cfg.rendezvous.node_rank == 0:
             port = self._host_worker_store(addr, port)
         if cfg.max_nodes == 1:
             return Round(0, (cfg.node_name,), addr, port)
-        names = tuple(cfg.node_name if i == cfg.node_rank else f"node-rank-{i}" for i in range(cfg.max_nodes))
-        return Round(cfg.node_rank, names, addr, port)
+        names = tuple(
+            cfg.node_name if i == cfg.rendezvous.node_rank else f"node-rank-{i}" for i in range(cfg.max_nodes)
+        )
+        return Round(cfg.rendezvous.node_rank, names, addr, port)
 
     def _host_worker_store(self, addr: str, port: int) -> int:
         """Host this attempt's store for the workers (torchrun's agent store): a socket bound to
@@ -102,7 +104,7 @@ class NodeRendezvous:
             ) from None
         port = sock.getsockname()[1]
         fd = sock.detach()  # the store's server owns the listening socket from here and closes it
-        timeout = datetime.timedelta(seconds=self.cfg.pg_timeout_s)
+        timeout = datetime.timedelta(seconds=self.cfg.hang.pg_timeout_s)
         try:
             try:
                 store = TCPStore(
@@ -154,21 +156,21 @@ def make_handler(cfg):
     # the previous round waits on the key forever. Stalwart never hands that store to workers.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     conf: dict[str, Any] = {
-        "join_timeout": cfg.rdzv_timeout_s,
-        "last_call_timeout": cfg.rdzv_last_call_s,
+        "join_timeout": cfg.rendezvous.timeout_s,
+        "last_call_timeout": cfg.rendezvous.last_call_s,
         "close_timeout": 10,
-        "keep_alive_interval": max(1, int(cfg.rdzv_keepalive_s)),
+        "keep_alive_interval": max(1, int(cfg.rendezvous.keepalive_s)),
         "keep_alive_max_attempt": 3,
     }
-    if cfg.rdzv_host is not None:
-        conf["is_host"] = cfg.rdzv_host
+    if cfg.rendezvous.host is not None:
+        conf["is_host"] = cfg.rendezvous.host
     params = RendezvousParameters(
         backend="c10d",
-        endpoint=cfg.rdzv_endpoint,
-        run_id=cfg.rdzv_id,
+        endpoint=cfg.rendezvous.endpoint,
+        run_id=cfg.rendezvous.id,
         min_nodes=cfg.min_nodes,
         max_nodes=cfg.max_nodes,
-        local_addr=cfg.local_addr or None,
+        local_addr=cfg.rendezvous.local_addr or None,
         **conf,
     )
     return get_rendezvous_handler(params)

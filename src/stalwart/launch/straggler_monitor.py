@@ -21,8 +21,9 @@ from ..diagnose.straggler_action import (
     decide_straggler,
 )
 from ..events import StepCompleted
+from ..policy.job import AttemptStatus
 from ..policy.world_size import SizeRule
-from .decision import AttemptOutcome, Decision, StragglerAdvice
+from .decision import AttemptOutcome, Decision, DecisionKind, StragglerAdvice
 from .snapshot import Snapshot
 
 # --- stragglers --------------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ class StragglerMonitor:
         exclude = next((a for a in advice if a.action == "exclude_quarantine"), None)
         if exclude is None:
             return Decision(
-                "stragglers",
+                DecisionKind.STRAGGLERS,
                 rep.reason,
                 detected=detected,
                 cleared=cleared,
@@ -89,9 +90,9 @@ class StragglerMonitor:
             )
         inc = dataclasses.replace(exclude.incident, action_taken=True)
         return Decision(
-            "exclude_straggler",
+            DecisionKind.EXCLUDE_STRAGGLER,
             exclude.reason,
-            AttemptOutcome("excluded", detected_at=s.now, detail=exclude.reason),
+            AttemptOutcome(AttemptStatus.EXCLUDED, detected_at=s.now, detail=exclude.reason),
             inc,
             rank=inc.blast_radius.ranks[0],
             onset=inc.onset,

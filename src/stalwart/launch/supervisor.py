@@ -180,7 +180,7 @@ class Supervisor:
         passed: never left to the (checkpoint-phase) hang timeout."""
         if self.stop_requested_at is not None:
             return codes
-        late = max(2.0, self.cfg.stop_grace_s)
+        late = max(2.0, self.cfg.workers.stop_grace_s)
         for r, t in self.files.raised_since().items():
             if codes.get(r, 0) is None and now - t >= late:
                 codes = {**codes, r: 1}
@@ -274,7 +274,7 @@ class Supervisor:
 
     def apply(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         """Carry out one decision; the attempt's outcome when it ends the attempt, else None."""
-        grace = self.cfg.stop_grace_s
+        grace = self.cfg.workers.stop_grace_s
         match d.kind:
             case DecisionKind.STRAGGLERS:
                 self._stragglers(d, snap)
@@ -444,7 +444,7 @@ class Supervisor:
         names the cause (diagnose/live.py), so the agent does not raise a second, symptom-level one."""
         if d.incident is None:
             return
-        if getattr(self.cfg, "diagnose_interval_s", 0) and from_failure(detected).code in COMM_CODES:
+        if getattr(self.cfg.diagnosis, "interval_s", 0) and from_failure(detected).code in COMM_CODES:
             return
         ctx = self.ledger.ctx()
         self.ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)

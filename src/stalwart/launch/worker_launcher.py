@@ -143,16 +143,18 @@ class NodeWorkers:
     ) -> list[WorkerSpec]:
         cfg, attempt = self.cfg, self.attempt
         inherited = WorkerEnv.strip(os.environ, set(CONFIG_SETTINGS))
-        log_dir = cfg.log_dir / cfg.run_id / f"attempt_{attempt}" if cfg.log_dir is not None else None
+        log_dir = (
+            cfg.logs.log_dir / cfg.run_id / f"attempt_{attempt}" if cfg.logs.log_dir is not None else None
+        )
         run_logs = [
             self.run_dir.log_file(cfg.node_name, attempt, group_rank * cfg.nproc_per_node + local)
             for local in range(cfg.nproc_per_node)
         ]
         out_routes = routes(
             nproc=cfg.nproc_per_node,
-            redirects=cfg.redirects,
-            tee=cfg.tee,
-            ranks_filter=cfg.local_ranks_filter,
+            redirects=cfg.logs.redirects,
+            tee=cfg.logs.tee,
+            ranks_filter=cfg.logs.local_ranks_filter,
             log_dir=log_dir,
             run_log=run_logs,
         )
@@ -163,13 +165,19 @@ class NodeWorkers:
             env = {**inherited, **(route or {})}
             env.update(self._elastic_env(rank, local, group_rank, num_nodes, addr, port))
             env.update(self._stalwart_env(fd, ctl))
-            if cfg.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            if cfg.workers.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
                 env["CUDA_VISIBLE_DEVICES"] = str(local)
             env["PYTHONUNBUFFERED"] = "1"
             env.setdefault("OMP_NUM_THREADS", "1")
             specs.append(
                 WorkerSpec(
-                    local, rank, env, run_logs[local], ipc_fd=fd, route=out_routes[local], role=cfg.role
+                    local,
+                    rank,
+                    env,
+                    run_logs[local],
+                    ipc_fd=fd,
+                    route=out_routes[local],
+                    role=cfg.workers.role,
                 )
             )
         return specs
@@ -180,17 +188,17 @@ class NodeWorkers:
         cfg = self.cfg
         return elastic_env(
             rank=rank,
-            local_rank=0 if cfg.virtual_local_rank else local,
+            local_rank=0 if cfg.workers.virtual_local_rank else local,
             world=num_nodes * cfg.nproc_per_node,
             local_world=cfg.nproc_per_node,
             group_rank=group_rank,
             group_world=num_nodes,
-            role=cfg.role,
+            role=cfg.workers.role,
             master_addr=addr,
             master_port=port,
             restart_count=self.attempt,
-            max_restarts=cfg.max_restarts,
-            run_id=cfg.rdzv_id,
+            max_restarts=cfg.restart.max_restarts,
+            run_id=cfg.rendezvous.id,
             error_file=str(self.run_dir.elastic_error_file(cfg.node_name, self.attempt, rank)),
             use_agent_store=True,  # an agent hosts the store; workers only connect to it
         )
@@ -205,7 +213,7 @@ class NodeWorkers:
             ipc_fd=fd,
             control=str(ctl),
             agent_pid=os.getpid(),
-            pg_timeout_s=cfg.pg_timeout_s,
+            pg_timeout_s=cfg.hang.pg_timeout_s,
             chaos=self.faults.to_json(),
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()
@@ -215,9 +223,11 @@ class NodeWorkers:
         or imported modules since edited is replaced here, before the start, not in the background:
         its imports would compete for the CPU with the cold workers of the attempt that found it dead."""
         cfg, pool = self.cfg, self.warm
-        forced = cfg.warm_fail_attempt == self.attempt
+        forced = cfg.workers.warm_fail_attempt == self.attempt
         if pool is None:
-            choice = choose_path(enabled=cfg.warm, python_program=not cfg.no_python, server_state="none")
+            choice = choose_path(
+                enabled=cfg.workers.warm, python_program=not cfg.no_python, server_state="none"
+            )
             return None, choice.reason, False
         changed = () if forced else pool.changed()
         replaced = ""
@@ -254,7 +264,13 @@ class NodeWorkers:
     def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
         """One attempt's supervision: the monitors decide, the supervisor acts (launch/supervisor.py)."""
         files = AttemptFiles(
-            self.run_dir, self.cfg.node_name, self.attempt, self.clock, group, specs, self.cfg.stop_grace_s
+            self.run_dir,
+            self.cfg.node_name,
+            self.attempt,
+            self.clock,
+            group,
+            specs,
+            self.cfg.workers.stop_grace_s,
         )
         return Supervisor(
             cfg=self.cfg,
@@ -282,24 +298,24 @@ class NodeWorkers:
 
         cfg = self.cfg
         stats, cannot_leave = None, ""
-        if cfg.straggler_action != "observe" and self.rendezvous is not None and self.rendezvous.elastic:
-            port = int(cfg.rdzv_endpoint.rpartition(":")[2])
+        if cfg.straggler.action != "observe" and self.rendezvous is not None and self.rendezvous.elastic:
+            port = int(cfg.rendezvous.endpoint.rpartition(":")[2])
             if listens_on(port):
                 cannot_leave = (
-                    f"this agent hosts the c10d rendezvous store ({cfg.rdzv_endpoint}): leaving would end "
+                    f"this agent hosts the c10d rendezvous store ({cfg.rendezvous.endpoint}): leaving would end "
                     "the job for every node"
                 )
-        if cfg.straggler_action != "observe":
+        if cfg.straggler.action != "observe":
             stats, unread = straggler_precision(
-                self.run_dir.root, cfg.straggler_history, cfg.run_id, self.attempt
+                self.run_dir.root, cfg.straggler.history, cfg.run_id, self.attempt
             )
             for why in unread[:3]:
                 self.console.note(f"straggler precision: history not read: {why}")
         return straggler_gate(
-            cfg.straggler_action,
+            cfg.straggler.action,
             stats,
-            min_precision=cfg.straggler_act_min_precision,
-            min_firings=cfg.straggler_act_min_firings,
+            min_precision=cfg.straggler.act_min_precision,
+            min_firings=cfg.straggler.act_min_firings,
             cannot_leave=cannot_leave,
         )
 
@@ -310,6 +326,7 @@ class NodeWorkers:
         was routed around (decided by the live collector, asked for one more round here so a failure
         just detected counts for this very start). A new change is recorded as a decision and flags
         the node for repair: it stays in the job, suspect, until re-validated."""
+        from ..health.findings import CheckStatus
         from ..health.lifecycle import CheckOutcome
 
         if self.diagnosis is None:
@@ -321,7 +338,9 @@ class NodeWorkers:
             change = " ".join(f"{k}={v}" for k, v in sorted(route.items()))
             state = self._flag_node(
                 CheckOutcome(
-                    status="warn", reason=f"repair: a sick link routed around ({change})", fault_key="link"
+                    status=CheckStatus.WARN,
+                    reason=f"repair: a sick link routed around ({change})",
+                    fault_key="link",
                 )
             )
             self.ledger.emit(
@@ -345,8 +364,8 @@ class NodeWorkers:
                 self.cfg.node_name,
                 outcome,
                 now=self.clock.now(),
-                state_dir=self.cfg.health_state_dir or self.run_dir.root / "health",
-                backend=self.cfg.health_backend,
+                state_dir=self.cfg.health.state_dir or self.run_dir.root / "health",
+                backend=self.cfg.health.backend,
             )
         except (StalwartError, OSError) as exc:  # the job goes on; the decision says the flag did not stick
             return f"not recorded ({getattr(exc, 'message', None) or exc})"
@@ -378,6 +397,6 @@ class NodeWorkers:
             node,
             reason,
             now=self.clock.now(),
-            state_dir=self.cfg.health_state_dir or self.run_dir.root / "health",
-            backend=self.cfg.health_backend,
+            state_dir=self.cfg.health.state_dir or self.run_dir.root / "health",
+            backend=self.cfg.health.backend,
         )

@@ -30,18 +30,18 @@ class Observability:
     @classmethod
     def from_config(cls, cfg: Any, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
-        if cfg.metrics_port is not None:
+        if cfg.observe.metrics_port is not None:
             from ..account.mfu import parse_model_spec
             from .exporter import RunExporter
 
             exporter = RunExporter(
                 cfg.run_dir,
-                addr=cfg.metrics_addr,
-                port=cfg.metrics_port,
+                addr=cfg.observe.metrics_addr,
+                port=cfg.observe.metrics_port,
                 file_sd_dir=os.environ.get(FILE_SD_ENV) or None,
-                model=parse_model_spec(cfg.metrics_model) if cfg.metrics_model else None,
+                model=parse_model_spec(cfg.observe.metrics_model) if cfg.observe.metrics_model else None,
             )
-        notifier = RunNotifier([Target.parse(u) for u in cfg.notify]) if cfg.notify else None
+        notifier = RunNotifier([Target.parse(u) for u in cfg.observe.notify]) if cfg.observe.notify else None
         return cls(exporter, notifier, say)
 
     def chain(self, notify: Callable[[Event], None]) -> Callable[[Event], None]:

@@ -62,6 +62,7 @@ from ..launch.fakes import (
 )
 from ..launch.ports import Round
 from ..launch.runner import JobRunner
+from ..launch.settings import CheckpointSettings, DiagnosisSettings, HangSettings, WorkerSettings
 from ..launch.supervisor import Supervisor, decide
 from ..policy import job
 from ..policy.job import AttemptStatus, End, JobDecision, JobSpec, JobState, Outcome, Replace, Restart, Shrink
@@ -80,24 +81,20 @@ MAX_TICKS = 1_000  # bound on one supervised attempt's loop
 BISECT_ROUNDS = 80
 
 
-def _default(name: str):
-    return default_of(name)
-
-
 @dataclass(frozen=True)
 class ProbeConfig:
-    """The part of the run configuration the supervisor and its monitors read (the agent's defaults)."""
+    """The part of the run configuration the supervisor and its monitors read: the agent's own
+    settings models (launch/settings.py), so the probe runs with the agent's defaults."""
 
     hang_policy: HangTimeoutPolicy = HangTimeoutPolicy()
     monitor_interval_s: float = MONITOR_INTERVAL_S
-    stop_grace_s: float = _default("stop_grace_s")
-    emergency_deadline_s: float = _default("emergency_deadline_s")
-    startup_timeout_s: float = _default("startup_timeout_s")
-    cpu_stall_s: float = _default("cpu_stall_s")
+    hang: HangSettings = HangSettings()
+    workers: WorkerSettings = WorkerSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    diagnosis: DiagnosisSettings = DiagnosisSettings(interval_s=0.0)  # the agent raises its own incidents
     min_nodes: int = 1
     max_nodes: int = 1
     size_rule: SizeRule = SizeRule()
-    diagnose_interval_s: float = 0.0  # no live diagnosis: the agent raises its own incidents
 
 
 class _Rig:
@@ -186,7 +183,7 @@ def hang_latency(
     def hung(t: float) -> bool:
         return any(d.kind == "hang" for d in decide(dataclasses.replace(base, now=t), rig.sup.monitors))
 
-    lo, hi = last, last + max(policy.cap_s, policy.startup_s, cfg.startup_timeout_s) + 2 * monitor_interval_s
+    lo, hi = last, last + max(policy.cap_s, policy.startup_s, cfg.hang.startup_s) + 2 * monitor_interval_s
     if hung(lo) or not hung(hi):
         raise RuntimeError(
             "probe: the monitors decide a hang with no silence, or none after the longest timeout"

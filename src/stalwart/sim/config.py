@@ -163,14 +163,6 @@ class SimConfig(BaseModel):
     def _nest_flat_names(cls, data: Any) -> Any:
         return nest(data, _HANG_SETTINGS) if isinstance(data, dict) else data
 
-    def __getattr__(self, name: str) -> Any:
-        # Transitional: the flat names (cfg.hang_floor_s) read their nested place until every
-        # reader uses the nested form (/work/settings_rename.py); then this goes.
-        leaf = _HANG_SETTINGS.get(name)
-        if leaf is None:
-            return super().__getattr__(name)  # type: ignore[misc]
-        return getattr(self.hang, leaf.path[-1])
-
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         if self.gpus % self.gpus_per_node:

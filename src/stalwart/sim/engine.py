@@ -127,9 +127,9 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
     hang_s = None
     if cfg.step_s is not None:
         policy = HangTimeoutPolicy(
-            multiplier=cfg.hang_multiplier,
-            floor_s=cfg.hang_floor_s,
-            cap_s=max(cfg.hang_cap_s, cfg.hang_floor_s),
+            multiplier=cfg.hang.multiplier,
+            floor_s=cfg.hang.floor_s,
+            cap_s=max(cfg.hang.cap_s, cfg.hang.floor_s),
         )
         hang_s = hang_detect_s(cfg.step_s, policy)
     detect = np.array(

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
-from ..policy.restart_policy import Failure, RestartBudget, decide
+from ..policy.restart_policy import Failure, FailureKind, RestartBudget, decide
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule, WorldPlan, plan_world, replace_failed
 
@@ -58,7 +58,7 @@ def restart_backoff(budget: RestartBudget | None, limit: int = 64) -> np.ndarray
     waits = [0.0]
     for s in range(1, limit + 1):
         history = [
-            Failure(kind="crash", attempt=i, step=-1, rank=0, evidence="probe", progressed=False)
+            Failure(kind=FailureKind.CRASH, attempt=i, step=-1, rank=0, evidence="probe", progressed=False)
             for i in range(s)
         ]
         # a budget wide enough that the policy restarts: when it stops is the restart period's business
