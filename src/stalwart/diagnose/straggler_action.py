@@ -7,7 +7,7 @@ extra second of wall clock):
   straggler's pace;
 - exclude: ``gpus x (recovery_s + remaining_time x (W / W' - 1))``; the restart's downtime, plus the
   longer run at the next valid world size ``W'`` (the same size when a hot spare steps in). The plan
-  comes from :func:`stalwart.launch.world_size.replace_failed`.
+  comes from :func:`stalwart.policy.world_size.replace_failed`.
 
 It acts only when the detection is confident enough, the slowdown is above the noise floor, and
 excluding is cheaper by a margin; otherwise it keeps going and says why. Whether its ``exclude`` is

@@ -4,7 +4,7 @@ Each leaf field carries, in its ``Annotated`` metadata, a :class:`Setting`: the 
 (the key in a ``--config`` file and the ``STALWART_<NAME>`` variable) and the command-line flags,
 torchrun's spellings included. The field's ``description`` is the flag's help and its default the
 flag's default, so the command line (``commands/run.py``), the file and environment readers
-(``launch/sources.py``) and the simulator (``sim/config.py`` embeds :class:`HangSettings`) all derive
+(``launch/setting_sources.py``) and the simulator (``sim/config.py`` embeds :class:`HangSettings`) all derive
 from these classes; nothing here is written twice.
 """
 

@@ -64,7 +64,7 @@ class FailureClass(BaseModel):
     per_1000_gpu_days: float = Field(ge=0, description="failures per 1000 GPU-days of exposure")
     node_loss: bool = True  # the node must be replaced (hot spare, shrink, or wait for repair)
     detect_s: float = Field(60.0, ge=0)
-    # "hang": detected by the agent's hang timeout (launch.timeouts) when SimConfig.step_s is set
+    # "hang": detected by the agent's hang timeout (policy.timeouts) when SimConfig.step_s is set
     kind: Literal["crash", "hang"] = "crash"
 
 

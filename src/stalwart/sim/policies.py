@@ -6,19 +6,19 @@ and vectorises the answers:
 
 * restart decision: successive infrastructure failures (a rank that had progressed is killed) run
   through the agent's supervisor and monitors on a manual clock (``sim/agent_probe.py``), and after
-  each the agent's own call, ``launch.restart_policy.decide`` over the job's failure history, until it
+  each the agent's own call, ``policy.restart_policy.decide`` over the job's failure history, until it
   says stop; that failure's number is the period after which the job exits with ``infra_exhausted``
   and goes back through the scheduler (the simulator then charges a requeue and the budget starts
   again, as for a requeued job);
 * restart back-off: after ``s`` failures in a row whose attempts made no progress, the agent waits
-  before its next attempt; ``launch.restart_policy.decide`` is asked over such a history, once per
+  before its next attempt; ``policy.restart_policy.decide`` is asked over such a history, once per
   ``s`` until the answer stops growing (it is capped);
 * hang detection latency: the supervisor and its monitors watch ranks completing steps of the
-  simulated step time (which calibrates ``launch.timeouts.hang_timeout``), then one rank falls silent;
+  simulated step time (which calibrates ``policy.timeouts.hang_timeout``), then one rank falls silent;
   the time from its last progress to the monitors' ``hang`` decision (the timeout less one monitor
   tick: the hang monitor declares up to a tick early, never late) is the detection latency of every
   failure class of kind ``hang``;
-* world size and hot spares (``launch.world_size.plan_world`` / ``replace_failed``, asked directly:
+* world size and hot spares (``policy.world_size.plan_world`` / ``replace_failed``, asked directly:
   the supervisor has no path for them, the agent re-plans its world at the rendezvous): for k nodes
   in repair, whether the job can run and at what fraction of its world size (a spare steps in, the job
   re-plans at a smaller valid size when elastic, or it cannot run and waits for a repaired node).
@@ -76,7 +76,7 @@ def hang_detect_s(step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: 
     from .agent_probe import MONITOR_INTERVAL_S, hang_latency
 
     tick = MONITOR_INTERVAL_S if monitor_interval_s is None else monitor_interval_s
-    if not policy.floor_s > tick:  # the agent refuses this order of timeouts (launch/timeouts.py)
+    if not policy.floor_s > tick:  # the agent refuses this order of timeouts (policy/timeouts.py)
         raise ConfigError(
             f"hang floor {policy.floor_s:g}s is not above the agent's monitor interval {tick:g}s, "
             "so the agent would refuse it",
