@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,10 @@ from typing_extensions import assert_never
 
 from ..errors import FaultPlanError
 from ..inputs import parse_yaml, read_text_file
+from ..policy.label import Label
 
 
-class FaultKind(str, Enum):
+class FaultKind(Label):
     """What a fault does; its value is the name in ``--chaos`` specs, YAML plans and the ledger."""
 
     CRASH = "crash"  # the worker SIGKILLs itself
@@ -45,9 +45,6 @@ class FaultKind(str, Enum):
     KILL_AGENT = "kill-agent"  # the agent SIGKILLs itself (and so its workers)
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # the agent flips bytes in the newest checkpoint
     TRUNCATE_CHECKPOINT = "truncate-checkpoint"  # the agent truncates a file of the newest checkpoint
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def in_worker(self) -> bool:

@@ -10,22 +10,20 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 from typing_extensions import assert_never
 
+from ..policy.label import Label
 
-class Venue(str, Enum):
+
+class Venue(Label):
     INSIDE = "inside"  # the tool's own chaos plan (``--chaos``)
     LIVE = "live"  # done by the harness to the live processes and files
     BETWEEN = "between"  # done by the harness to the files between two jobs
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class SoakFault(str, Enum):
+class SoakFault(Label):
     """A soak fault; the inside ones carry the names of the chaos plan's faults."""
 
     CRASH = "crash"
@@ -45,9 +43,6 @@ class SoakFault(str, Enum):
     TRUNCATE_CKPT_FILE = "truncate-ckpt-file"
     CORRUPT_MANIFEST = "corrupt-manifest"
     CORRUPT_LEDGER = "corrupt-ledger"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def venue(self) -> Venue:

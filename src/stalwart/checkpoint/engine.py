@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ from typing_extensions import assert_never
 
 from ..errors import CheckpointError
 from ..events import CheckpointStaged
+from ..policy.label import Label
 from .background import Background
 from .collective import Collective
 from .events import EmergencyCheckpoint
@@ -63,14 +63,11 @@ __all__ = [
 ]
 
 
-class OnBusy(str, Enum):
+class OnBusy(Label):
     """What ``save`` does when the previous persist still runs: skip this save, or wait for it."""
 
     SKIP = "skip"
     WAIT = "wait"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _lower_thread_priority(nice: int) -> None:

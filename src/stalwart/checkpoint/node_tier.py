@@ -21,9 +21,9 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
+from ..policy.label import Label
 from .manifest import MANIFEST, Manifest, encode, parse_checked, read_manifest, verify_files, write_durable
 from .peer_store import Peer, PeerClient, PeerError, valid_owner
 from .store import FileStore, step_name
@@ -117,15 +117,12 @@ def send_manifest(link: NodeLink, version: Path) -> str:
     return ""
 
 
-class RestoreSource(str, Enum):
+class RestoreSource(Label):
     """Where a node-local version was assembled from: this node's memory alone, or with files (or
     the manifest) fetched from peers. The values are written to the ledger."""
 
     MEMORY = "memory"
     PEER = "peer"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

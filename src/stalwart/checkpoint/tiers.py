@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from enum import Enum
 from pathlib import Path
 from typing import Literal
 
@@ -18,20 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import assert_never
 
 from ..errors import CheckpointError, ConfigError
+from ..policy.label import Label
 
 TierKindName = Literal["memory", "local", "shared", "object"]  # what a configuration spells
 
 
-class TierKind(str, Enum):
+class TierKind(Label):
     """What a tier is stored on, fastest first."""
 
     MEMORY = "memory"
     LOCAL = "local"
     SHARED = "shared"
     OBJECT = "object"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def speed(self) -> int:

@@ -11,15 +11,15 @@ accounting package prices GPU-seconds with its own ``Prices``.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..events import IncidentRaised
+from ..policy.label import Label
 
 
-class FaultClass(str, enum.Enum):
+class FaultClass(Label):
     """Who owns the fix."""
 
     USER = "user_program"  # the training script: a bug, an OOM, a desync
@@ -29,7 +29,7 @@ class FaultClass(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-class Component(str, enum.Enum):
+class Component(Label):
     GPU = "gpu"
     GPU_MEMORY = "gpu_memory"
     NVLINK = "nvlink"

@@ -18,7 +18,6 @@ the chaos faults: each fault kind names the detectors that should catch it.
 from __future__ import annotations
 
 import bisect
-import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ from ..events import (
     StepCompleted,
     StragglerDetected,
 )
+from ..policy.label import Label
 
 FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
 
@@ -177,14 +177,11 @@ def detector_stats(events: Iterable[Event], cfg: PrecisionConfig | None = None) 
     return tuple(out)
 
 
-class GateMode(str, enum.Enum):
+class GateMode(Label):
     """Whether a detector's automatic action may be carried out (the value is what reports print)."""
 
     ACT = "act"
     OBSERVE = "observe"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 @dataclass(frozen=True)

@@ -17,37 +17,31 @@ detector's measured precision (the issue's "automatic actions start in observe-o
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import assert_never
 
 from ..errors import ConfigError
+from ..policy.label import Label
 from ..policy.world_size import SizeRule, WorldPlan, replace_failed
 from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
 from .precision import DetectorStats, GateDecision, GateMode, precision_gate
 
 
-class StragglerAction(str, enum.Enum):
+class StragglerAction(Label):
     """What the straggler policy advises (the value goes into incidents and the ledger)."""
 
     KEEP = "keep"
     EXCLUDE_QUARANTINE = "exclude_quarantine"
 
-    def __str__(self) -> str:
-        return str(self.value)
 
-
-class StragglerMode(str, enum.Enum):
+class StragglerMode(Label):
     """``--straggler-action``: whether the policy's exclusion may be carried out."""
 
     OBSERVE = "observe"  # never act (the default)
     AUTO = "auto"  # act once the detector's measured precision allows it
     ACT = "act"  # act, unless measured precision says otherwise
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 class StragglerActionConfig(BaseModel):

@@ -6,13 +6,13 @@ A Kubernetes backend (cordon + taint) would implement the same four methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 from typing_extensions import assert_never
 
 from ..errors import SchedulerError
 from ..node_name import validate_drain_reason, validate_node_name
+from ..policy.label import Label
 from .deadline import CallTimedOut, run_command
 from .lifecycle import SchedulerView
 
@@ -125,14 +125,11 @@ class SlurmBackend:
         return self.status(node).state
 
 
-class BackendKind(str, Enum):
+class BackendKind(Label):
     """Where drains and resumes go (the ``--backend`` value)."""
 
     LOCAL = "local"
     SLURM = "slurm"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def make_backend(name: str) -> NodeBackend:

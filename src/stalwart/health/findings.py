@@ -8,17 +8,16 @@ from typing import Any
 
 from typing_extensions import assert_never
 
+from ..policy.label import Label
 
-class CheckStatus(str, enum.Enum):
+
+class CheckStatus(Label):
     """What a check (or the rule table over its findings) concludes for a node: a pass, a warning,
     a failure. The values are written to ledgers and rule tables; they never change."""
 
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def rank(self) -> int:

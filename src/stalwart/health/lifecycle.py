@@ -7,34 +7,28 @@ whose scheduler drain reason starts with Stalwart's prefix is ever resumed by St
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 
 from typing_extensions import assert_never
 
+from ..policy.label import Label
 from .findings import CheckStatus
 
 
-class NodeState(str, enum.Enum):
+class NodeState(Label):
     HEALTHY = "healthy"
     SUSPECT = "suspect"
     QUARANTINED = "quarantined"
     PROBATION = "probation"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class NodeAction(str, enum.Enum):
+class NodeAction(Label):
     """What a backend must do after a transition (written to the ledger as it is)."""
 
     NONE = "none"
     DRAIN = "drain"
     RESUME = "resume"
     ALERT = "alert"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,13 @@ or, without the SDK, CPU progress; a hang incident. One of the agent's monitors 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from typing_extensions import assert_never
 
 from ..diagnose.incident import BlastRadius, Incident
 from ..diagnose.root_cause import component_class, incident_class
 from ..policy.job import AttemptStatus
+from ..policy.label import Label
 from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from .cpu_progress import detect_cpu_stall
@@ -19,14 +19,11 @@ from .progress import detect_hang_in
 from .snapshot import Snapshot
 
 
-class HangSource(str, Enum):
+class HangSource(Label):
     """What a hang was detected from."""
 
     HEARTBEAT = "heartbeat"  # the SDK's messages and heartbeats stopped
     CPU = "cpu"  # a script without the SDK stopped using CPU
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def confidence(self) -> float:
@@ -39,16 +36,13 @@ class HangSource(str, Enum):
                 assert_never(self)
 
 
-class HangPhase(str, Enum):
+class HangPhase(Label):
     """What the ranks are doing while the hang monitor watches: the silence allowed depends on it."""
 
     START_UP = "start-up"  # before the first step
     CHECKPOINT = "checkpoint"
     WRAP_UP = "wrap-up"  # past the loop's last step: the script's own code after the loop
     TRAINING = "training"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # how sure a crash's root cause is, by kind: an error record names the exception; a signal death

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 from typing_extensions import assert_never
 
 from ..errors import ConfigError
+from ..policy.label import Label
 
 # torchrun's option dest -> this run's setting (same name unless listed)
 _PET = {
@@ -59,16 +59,13 @@ def pet_defaults(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-class NprocKind(str, Enum):
+class NprocKind(Label):
     """The named values of ``--nproc-per-node`` (else a positive number)."""
 
     AUTO = "auto"  # one worker per GPU if any, else per CPU
     CPU = "cpu"
     GPU = "gpu"
     XPU = "xpu"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def resolve_nproc(value: str, *, cpu_count: int | None = None, gpu_count: int | None = None) -> int:

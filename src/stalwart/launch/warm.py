@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from enum import Enum
 
 from typing_extensions import assert_never
 
+from ..policy.label import Label
 from .forkserver import DEFAULT_PRELOAD, ForkServer, ForkServerError, WarmStart, script_imports
 
 SPAWN_TIMEOUT_S = 10.0  # one fork request; past it the attempt starts cold
@@ -25,13 +25,10 @@ READY_TIMEOUT_S = 120.0  # the server's imports; past it the attempt starts cold
 MAX_SERVERS = 4  # servers started per job: one, plus replacements; then every start stays cold
 
 
-class ServerState(str, Enum):
+class ServerState(Label):
     READY = "ready"  # started (its imports may still run: the start waits for them, bounded)
     DEAD = "dead"  # it failed to start or exited
     NONE = "none"  # none was started
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import IO, Protocol, TextIO
 
 from typing_extensions import assert_never
+
+from ..policy.label import Label
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,12 @@ class WorkerSpec:
     role: str = "default"
 
 
-class StartPath(str, Enum):
+class StartPath(Label):
     """How a group's workers started."""
 
     WARM = "warm"  # every worker forked from the fork server
     COLD = "cold"  # every worker a fresh interpreter
     MIXED = "mixed"  # the warm path failed part-way: the rest started cold
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def action(self) -> str:

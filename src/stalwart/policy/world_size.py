@@ -10,21 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from typing_extensions import assert_never
 
 from ..errors import ConfigError
+from .label import Label
 
 
-class SizeRuleKind(str, Enum):
+class SizeRuleKind(Label):
     """Which world sizes are valid."""
 
     POWER_OF_TWO = "power_of_two"
     MULTIPLE = "multiple"  # a multiple of the rule's divisor
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, init=False)

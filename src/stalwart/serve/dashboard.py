@@ -18,12 +18,12 @@ import threading
 import time
 from dataclasses import asdict
 from email.message import Message
-from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import ConfigError
+from ..policy.label import Label
 from .httpd import LOOPBACK, HttpError, HttpServer, Limits, Reply, Request
 from .snapshot import RunSnapshot
 from .watcher import RunWatcher
@@ -33,14 +33,11 @@ MAX_BODY = 64 * 1024
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
 
 
-class Listing(str, Enum):
+class Listing(Label):
     """What the run list shows instead of a job outcome while it cannot show one."""
 
     LOADING = "loading"  # the watcher has not read the whole ledger yet
     UNREADABLE = "unreadable"  # no JobStarted could be read
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _listed_outcome(loading: bool, snap: RunSnapshot) -> str:

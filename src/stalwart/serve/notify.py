@@ -15,37 +15,31 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..events import DecisionTaken, Event, FailureDetected, JobEnded
+from ..policy.label import Label
 
 GENERIC_PREFIX = "generic:"
 
 
-class TargetStyle(str, Enum):
+class TargetStyle(Label):
     """What a target expects: Slack-compatible blocks, or plain JSON."""
 
     SLACK = "slack"
     GENERIC = "generic"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Severity(str, Enum):
+class Severity(Label):
     """The severities this module decides on; an Alertmanager label may carry any other word."""
 
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
     RESOLVED = "resolved"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _ICONS: dict[str, str] = {

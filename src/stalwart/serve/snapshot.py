@@ -11,7 +11,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any
 
 from ..account.goodput import BUCKETS, InterruptionCost, compute
@@ -31,6 +30,7 @@ from ..events import (
     JobStarted,
     StepCompleted,
 )
+from ..policy.label import Label
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
 HEATMAP_STEPS = 60  # per-rank step durations kept for the dashboard's heat map
@@ -45,7 +45,7 @@ HW_SLOWDOWN_CODES = (
 LINK_ERROR_PREFIXES = ("ib.", "gpu.nvlink.", "gpu.pcie.")
 
 
-class NodeHealth(str, Enum):
+class NodeHealth(Label):
     """A node's health as the dashboard and ``stalwart_node_state`` show it: the lifecycle's states
     (:class:`stalwart.health.lifecycle.NodeState`) and ``unknown`` before any check."""
 
@@ -54,9 +54,6 @@ class NodeHealth(str, Enum):
     QUARANTINED = "quarantined"
     PROBATION = "probation"
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ queues and multi-tier restore. Each recommendation carries a one-line reason.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,6 +15,7 @@ import numpy as np
 from typing_extensions import assert_never
 
 from ..account.ettr import daly_ettr, daly_interval
+from ..policy.label import Label
 from .config import MAX_GPUS, CheckpointTier, SimConfig
 from .engine import SimResult, simulate
 from .units import duration
@@ -23,7 +23,7 @@ from .units import duration
 STRATEGIES = ("in_process", "in_job", "requeue")
 
 
-class RecoveryOption(str, enum.Enum):
+class RecoveryOption(Label):
     """The recovery options compared at every size (docs/simulator.md says what each one changes);
     the values name them in the plan's JSON and tables."""
 
@@ -33,9 +33,6 @@ class RecoveryOption(str, enum.Enum):
     REPLICA = "replica"
     HOT_SPARES = "hot_spares"
     ELASTIC = "elastic"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 OPTIONS = tuple(o.value for o in RecoveryOption)  # their names, in this order
