@@ -17,7 +17,7 @@ from netutil import free_port
 from stalwart.checkpoint.events import PeerReplicated
 from stalwart.events import AttemptStarted, CheckpointCommitted, CheckpointLoaded, JobEnded
 
-from .runner import EXAMPLE, events, events_so_far, same_params, stalwart
+from .runner import EXAMPLE, events, events_so_far, same_params, stalwart, wait_listening
 
 pytestmark = pytest.mark.e2e
 STEPS = 30
@@ -81,7 +81,9 @@ def test_a_replaced_node_restores_from_its_peer_and_the_run_is_bit_identical(tmp
     assert ref.code == 0, ref.out + ref.err
     run, port = tmp_path / "run", free_port()
     a = _agent(tmp_path, "n0", port)
-    time.sleep(1.0)  # n0 hosts the rendezvous store
+    # n0 must host the rendezvous store: a fixed 1 s head start was not enough beside a busy suite,
+    # n1 hosted it, and its kill took the store with it (n0's next round could not connect)
+    wait_listening(port, a)
     b = _agent(tmp_path, "n1", port)
     try:
         deadline = time.time() + 300
