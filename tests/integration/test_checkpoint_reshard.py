@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from netutil import free_port
-
 HERE = Path(__file__).resolve()
 
 
@@ -100,6 +98,8 @@ def _worker(phase: str, src: str, dst: str, out: str) -> None:
 
 
 def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Path) -> None:
+    from netutil import free_port  # here, not at the top: each rank runs this file as a script
+
     port = free_port()
     procs = []
     for r in range(ws):
