@@ -111,7 +111,7 @@ class MemorySampler(threading.Thread):
                     continue
                 try:
                     cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-                    if b"_serve()" in cmd and f"run_dir={self.run_dir}".encode() in cmd:
+                    if b"stalwart-fork-server" in cmd and f"run_dir={self.run_dir}".encode() in cmd:
                         servers.append(int(entry))
                     elif tag in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                         workers.append(int(entry))
