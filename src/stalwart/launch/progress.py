@@ -18,6 +18,8 @@ from ..protocol import (
     Message,
     Note,
     PhaseChanged,
+    Reformed,
+    Reforming,
     SectionBegan,
     SignalSeen,
     StepBegan,
@@ -41,6 +43,9 @@ class RankProgress:
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
+    in_place: bool = False  # the script runs under Session.run: it can re-form its group in place
+    reforming: Reforming | None = None  # the survivor left its group and waits for the next generation
+    reformed: Reformed | None = None  # the rank joined the newest generation with the live state
 
 
 @dataclass
@@ -92,6 +97,11 @@ class ProgressTracker:
                 return self._step_done(p, msg)
             case Hello():
                 p.sdk = True
+                p.in_place = p.in_place or msg.in_place
+            case Reforming():
+                p.reforming = msg
+            case Reformed():
+                p.reformed = msg
             case LoopStarted():
                 p.sdk = True
                 p.loop_done = False
@@ -110,6 +120,11 @@ class ProgressTracker:
             case _:
                 assert_never(msg)
         return None
+
+    def replace(self, rank: int, now: float) -> None:
+        """A new process took ``rank`` over (in-place recovery): its progress starts afresh."""
+        old = self.progress.get(rank)
+        self.progress[rank] = RankProgress(rank=rank, last_msg=now, in_place=old.in_place if old else False)
 
     def _section_began(self, p: RankProgress, msg: SectionBegan) -> None:
         p.sdk = True
