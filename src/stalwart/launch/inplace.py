@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
 from ..events import DecisionTaken, ReformedInPlace
-from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide
+from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
@@ -36,13 +37,24 @@ from .snapshot import Snapshot
 from .workers import WorkerSpec
 
 
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (``R``, ``S``, ``D``, ``T``...), "" when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return ""
+    tail = raw[raw.rfind(b")") + 2 :]  # the name in parentheses may hold spaces
+    return tail[:1].decode(errors="replace")
+
+
 @dataclass
 class Pending:
     decision: Decision  # the failure being recovered (the attempt's outcome if the rung fails)
     plan: InPlace
     started: float  # when the replacements were started
     deadline: float
-    done_before: int  # steps completed by the group when the failure was detected
+    done_before: int  # the interrupted step: the lowest step not completed by every rank
     replace_s: float
 
 
@@ -63,9 +75,22 @@ class InPlaceRecovery:
     used: int = 0
     pending: Pending | None = None
     specs: dict[int, WorkerSpec] = field(default_factory=dict)
+    read_state: Callable[[int], str] = field(default=lambda pid: proc_state(pid))
 
-    def consider(self, d: Decision, snap: Snapshot, now: float) -> bool:
-        """Decide the first rung for failure ``d``; True when an in-place re-formation has started."""
+    def hang_culprits(self, answered: set[int]) -> frozenset[int]:
+        """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
+        answered the stack request, the ones that did not. Empty: nothing tells the hung rank from
+        the ranks waiting on it."""
+        from .workers import WorkerGroup
+
+        if not isinstance(self.group, WorkerGroup):
+            return frozenset()
+        states = {r: self.read_state(p.pid) for r, p in self.group.procs.items()}
+        return hang_culprits(states, frozenset(answered))
+
+    def consider(self, d: Decision, snap: Snapshot, now: float, hung: frozenset[int] | None = None) -> bool:
+        """Decide the first rung for failure ``d``; True when an in-place re-formation has started.
+        ``hung``: for a hang, the ranks it is pinned on (:meth:`hang_culprits`)."""
         failure = d.outcome.failure if d.outcome is not None else None
         if failure is None or not any(p.in_place for p in self.tracker.progress.values()):
             return False  # no rank offers in-place (a script without Session.run): the usual restart
@@ -73,7 +98,7 @@ class InPlaceRecovery:
         case = InPlaceCase(
             enabled=settings.enabled,
             failure=FailureKind(failure.kind),
-            failed=frozenset(self._failed(d, snap)),
+            failed=hung if hung is not None else frozenset(self._failed(d, snap)),
             ranks=frozenset(self.tracker.progress),
             in_place_ranks=frozenset(r for r, p in self.tracker.progress.items() if p.in_place),
             num_nodes=self.num_nodes,
@@ -110,6 +135,7 @@ class InPlaceRecovery:
         assert isinstance(self.block, ControlBlock)
         self._record("in_place", plan.reason, now)
         bound = self.cfg.in_place.timeout_s  # type: ignore[attr-defined]
+        before = [dataclasses.replace(q) for q in self.tracker.progress.values()]
         try:
             for rank in sorted(plan.ranks):
                 spec = self.specs[rank]
@@ -133,9 +159,9 @@ class InPlaceRecovery:
         self.used += 1
         self.block.request_reform(plan.generation)
         started = self.clock.now()
-        self.pending = Pending(
-            d, plan, started, started + 3 * bound, self.tracker.max_done_step + 1, started - now
-        )
+        # the interrupted step: the lowest one not completed by every rank (the failed ones included)
+        interrupted = min((q.last_done + 1 for q in before), default=0)
+        self.pending = Pending(d, plan, started, started + 3 * bound, interrupted, started - now)
         return True
 
     def follow(self, snap: Snapshot) -> Decision | None:

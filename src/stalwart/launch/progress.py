@@ -34,6 +34,7 @@ class RankProgress:
     step: int = -1  # step in progress (or last begun)
     section: str | None = None
     done_steps: int = 0  # steps completed in this attempt
+    last_done: int = -1  # the newest step this rank completed
     finished: bool = False
     in_checkpoint: bool = False
     loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
@@ -147,6 +148,7 @@ class ProgressTracker:
         rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
         p.sdk = True
         p.done_steps += 1
+        p.last_done = max(p.last_done, rec.step)
         p.section = None
         self.step_times.append(rec.duration)
         self.max_done_step = max(self.max_done_step, rec.step)

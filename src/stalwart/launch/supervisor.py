@@ -440,31 +440,39 @@ class Supervisor:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
         ctx = self.ledger.ctx()
+        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
+        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
+        # every rank of a hung group is silent: a stopped rank, or one that cannot even dump its
+        # stack while its peers can, is the hung one rather than the rank the monitor named first
+        stuck = self.in_place.hang_culprits(set(stacks))
+        rank = d.rank if not stuck or d.rank in stuck else min(stuck)
+        if rank != d.rank:
+            d = dataclasses.replace(
+                d, rank=rank, reason=f"rank {rank} is stopped or unresponsive; {d.reason}"
+            )
         detected = FailureDetected(
-            ts=d.outcome.detected_at,
+            ts=d.outcome.detected_at if d.outcome is not None else self.clock.now(),
             failure="hang",
             evidence=d.reason,
             onset=d.onset,
             step=failure.step,
-            rank=d.rank,
+            rank=rank,
             **ctx,
         )
         self.ledger.emit(detected)
-        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
-        for rank, text in stacks.items():
-            reason = "hung rank" if rank == d.rank else "peer of the hung rank"
+        for r, text in stacks.items():
+            reason = "hung rank" if r == rank else "peer of the hung rank"
             self.ledger.emit(
-                StackCaptured(ts=self.clock.now(), rank=rank, stack=text, reason=reason, **ctx),
-                show=rank == d.rank,
+                StackCaptured(ts=self.clock.now(), rank=r, stack=text, reason=reason, **ctx),
+                show=r == rank,
             )
-        if self.in_place.consider(d, snap, self.clock.now()):
+        if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
             self._incident(d, detected)
             return None
         self.group.stop(0.0)
         self._incident(d, detected)
         self.ledger.emit(
-            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
+            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
         )
         return d.outcome
 

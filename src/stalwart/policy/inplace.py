@@ -80,7 +80,11 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         )
     if case.num_nodes != 1:
         return NotInPlace("in-place re-formation across nodes is not coordinated yet: the group restarts")
-    if not case.failed or case.failed == case.ranks:
+    if not case.failed:
+        return NotInPlace(
+            "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
+        )
+    if case.failed == case.ranks:
         return NotInPlace("no rank survived to keep the live state")
     if case.used >= case.allowed:
         return NotInPlace(
@@ -95,3 +99,16 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         f"rank {failed} ({case.failure}) replaced in place; {survivors} surviving ranks keep their "
         f"processes and hand over the live state (generation {case.generation + 1})",
     )
+
+
+def hang_culprits(states: dict[int, str], answered: frozenset[int]) -> frozenset[int]:
+    """The ranks a hang is pinned on, from evidence that does not depend on which rank the hang
+    monitor saw fall silent first (in a hung group every rank falls silent): the ranks the kernel
+    shows stopped (``T``/``t``); else, when a majority of ranks answered the request for their
+    stacks, the ranks that did not. Empty when neither tells the hung rank from its peers."""
+    stopped = frozenset(r for r, st in states.items() if st in ("T", "t"))
+    if stopped:
+        return stopped
+    if answered and 2 * len(answered & states.keys()) > len(states):
+        return frozenset(states.keys() - answered)
+    return frozenset()

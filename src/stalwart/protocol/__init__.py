@@ -61,7 +61,7 @@ class WorkerEnv:
     peers: str = ""  # every node's peer store, ``node=host:port`` comma-separated, in group-rank order
     peer_secret: str = ""  # hex per-run secret that authenticates requests to the peer stores
     generation: int = 0  # the process group's generation this worker joins (> 0: an in-place replacement)
-    reform_timeout_s: float = DEFAULT_REFORM_TIMEOUT_S  # bound on each wait of an in-place re-formation
+    reform_timeout_s: float = DEFAULT_REFORM_TIMEOUT_S  # bound on each wait of a re-formation; 0: not offered
 
     def to_env(self) -> dict[str, str]:
         return {

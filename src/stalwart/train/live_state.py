@@ -6,7 +6,8 @@ but the survivors still hold the state of their last completed step in the objec
 generation. :func:`adopt` is collective over the new group:
 
 1. every rank contributes the step its live state is at (-1: none, a replacement);
-2. the group resumes at the highest such step; the lowest rank holding it is the source;
+2. the group resumes at the lowest such step (the interrupted step is redone, exactly: see below);
+   the lowest rank holding it is the source;
 3. a holder copies its own previous objects into the new ones (no bytes move);
 4. the source sends every other rank the tensors (one flat buffer per dtype, point to point, so the
    bytes moved are the state size times the ranks that lack it, not times the world) and the plain
@@ -178,9 +179,13 @@ def adopt(
     import torch.distributed as dist
 
     steps = _steps(held.step if held is not None else -1)
-    target = max(steps)
-    if target < 0:
+    held_steps = [s for s in steps if s >= 0]
+    if not held_steps:
         return None
+    # the lowest step a survivor holds: a survivor that did not finish the interrupted step still has
+    # the state before it (its update never ran), and every rank recorded its RNG at that step's start,
+    # so redoing the interrupted step is exact; a survivor ahead by that step takes the state too
+    target = min(held_steps)
     source = steps.index(target)
     me = dist.get_rank()
     targets = state.load_targets(new)

@@ -170,7 +170,7 @@ class Session:
         from .reform import Reformer, rng_dir
 
         wenv = self.worker_env
-        if self._reform is None and wenv is not None and self.under_agent:
+        if self._reform is None and wenv is not None and self.under_agent and wenv.reform_timeout_s > 0:
             from .inplace import Generation
 
             gen = Generation(wenv.generation, self._link.reform, self._clock.sleep, self._now)
