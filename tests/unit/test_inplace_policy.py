@@ -75,3 +75,15 @@ def test_a_hang_is_pinned_on_the_stopped_rank_not_on_the_first_silent_one():
 def test_a_hang_without_a_culprit_goes_down_the_ladder():
     got = decide(dataclasses.replace(BASE, failure=FailureKind.HANG, failed=frozenset()))
     assert isinstance(got, NotInPlace) and "cannot be told" in got.reason
+
+
+def test_each_rank_lacking_the_state_receives_it_from_a_holder_of_the_same_shards():
+    from stalwart.train.live_state import plan_sources
+
+    # DDP: one shard key; rank 2 was replaced, rank 0 finished the interrupted step, ranks 1 and 3 did not
+    assert plan_sources([(18, 7), (17, 7), (-1, 7), (17, 7)]) == (17, {0: 1, 2: 1})
+    # HSDP, 2 replica groups of 2 shards (keys 10, 11): rank 3 gets shard 11 from rank 1, not rank 0
+    assert plan_sources([(5, 10), (5, 11), (5, 10), (-1, 11)]) == (5, {3: 1})
+    # plain FSDP: the replaced rank's shard lives nowhere else, so every rank falls back to a checkpoint
+    assert plan_sources([(5, 10), (5, 11), (-1, 12), (5, 13)]) is None
+    assert plan_sources([(-1, 1), (-1, 1)]) is None  # no live state at all

@@ -94,7 +94,7 @@ class InPlaceRecovery:
         failure = d.outcome.failure if d.outcome is not None else None
         if failure is None or not any(p.in_place for p in self.tracker.progress.values()):
             return False  # no rank offers in-place (a script without Session.run): the usual restart
-        settings = self.cfg.in_place  # type: ignore[attr-defined]
+        settings = self.cfg.reform  # type: ignore[attr-defined]
         case = InPlaceCase(
             enabled=settings.enabled,
             failure=FailureKind(failure.kind),
@@ -134,7 +134,7 @@ class InPlaceRecovery:
         assert isinstance(self.group, WorkerGroup) and isinstance(self.receiver, Receiver)
         assert isinstance(self.block, ControlBlock)
         self._record("in_place", plan.reason, now)
-        bound = self.cfg.in_place.timeout_s  # type: ignore[attr-defined]
+        bound = self.cfg.reform.timeout_s  # type: ignore[attr-defined]
         before = [dataclasses.replace(q) for q in self.tracker.progress.values()]
         try:
             for rank in sorted(plan.ranks):

@@ -7,7 +7,9 @@ generation. :func:`adopt` is collective over the new group:
 
 1. every rank contributes the step its live state is at (-1: none, a replacement);
 2. the group resumes at the lowest such step (the interrupted step is redone, exactly: see below);
-   the lowest rank holding it is the source;
+   each rank that lacks it receives from the lowest rank holding it with the same shards (any rank of
+   a DDP group; the rank at the same shard position of another HSDP replica group); when some rank's
+   shards are held by no live replica (plain FSDP), every rank resumes from a checkpoint instead;
 3. a holder copies its own previous objects into the new ones (no bytes move);
 4. the source sends every other rank the tensors (one flat buffer per dtype, point to point, so the
    bytes moved are the state size times the ranks that lack it, not times the world) and the plain
@@ -53,15 +55,41 @@ class Adopted:
     rng_note: str  # "" when this rank's RNG stream is exact, else why not
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of a DTensor (FSDP2, HSDP, TP), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
+    """Which part of the state this rank holds: equal on two ranks exactly when they hold the same
+    shards (every rank of a DDP group; the ranks at the same shard position of different HSDP replica
+    groups). From the local shapes and, for DTensors, the rank's coordinates on the sharded mesh dims."""
+    from torch.distributed.tensor import DTensor
+
+    parts: list[Any] = []
+    for k in sorted(tensors):
+        t = tensors[k]
+        coord: tuple[int, ...] = ()
+        if isinstance(t, DTensor):
+            at: list[int] = list(t.device_mesh.get_coordinate() or [])
+            coord = tuple(c for c, p in zip(at, t.placements, strict=False) if p.is_shard())
+        parts.append((k, tuple(_local(t).shape), coord))
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little", signed=True)
+
+
 def _layout(tensors: dict[str, torch.Tensor]) -> list[list[Any]]:
-    return [[k, list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in sorted(tensors.items())]
+    return [
+        [k, list(_local(t).shape), str(t.dtype).removeprefix("torch.")] for k, t in sorted(tensors.items())
+    ]
 
 
 def _flat(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One contiguous buffer per dtype, keys in sorted order."""
+    """One contiguous buffer per dtype (this rank's local shards), keys in sorted order."""
     groups: dict[str, list[torch.Tensor]] = {}
     for k in sorted(tensors):
-        t = tensors[k]
+        t = _local(tensors[k])
         groups.setdefault(str(t.dtype), []).append(t.detach().reshape(-1).cpu())
     return {d: torch.cat(ts) if ts else torch.empty(0) for d, ts in sorted(groups.items())}
 
@@ -96,13 +124,34 @@ def _recv_bytes(src: int, limit: int) -> bytes:
     return buf.numpy().tobytes()
 
 
-def _steps(step: int) -> list[int]:
+def _gather(step: int, key: int) -> list[tuple[int, int]]:
+    """Every rank's (live step, shard key)."""
     import torch.distributed as dist
 
-    mine = torch.tensor([step], dtype=torch.int64)
-    out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    mine = torch.tensor([step, key], dtype=torch.int64)
+    out = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]
+    return [(int(t[0].item()), int(t[1].item())) for t in out]
+
+
+def plan_sources(ranks: list[tuple[int, int]]) -> tuple[int, dict[int, int]] | None:
+    """Pure: the step the group resumes at and, for each rank that lacks it, the rank it receives from
+    (the lowest rank holding that step with the same shards). None when no rank holds live state or
+    some rank's shards are held by no live replica (plain FSDP across the lost rank): then every rank
+    resumes from a checkpoint."""
+    held = [s for s, _ in ranks if s >= 0]
+    if not held:
+        return None
+    target = min(held)
+    sources: dict[int, int] = {}
+    for r, (s, key) in enumerate(ranks):
+        if s == target:
+            continue
+        src = next((h for h, (hs, hk) in enumerate(ranks) if hs == target and hk == key), None)
+        if src is None:
+            return None
+        sources[r] = src
+    return target, sources
 
 
 def _send(cap: state.Captured, dst: int) -> int:
@@ -132,7 +181,7 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
     import torch.distributed as dist
 
     head = json.loads(_recv_bytes(src, 1 << 24))
-    mine = {k: t for k, t in targets.tensors.items()}
+    mine = {k: _local(t) for k, t in targets.tensors.items()}
     if head["layout"] != _layout(mine):
         raise LiveStateError(
             f"rank {src}'s state does not match this rank's model and optimizer "
@@ -178,30 +227,28 @@ def adopt(
     could, else why not)."""
     import torch.distributed as dist
 
-    steps = _steps(held.step if held is not None else -1)
-    held_steps = [s for s in steps if s >= 0]
-    if not held_steps:
+    targets = state.load_targets(new)
+    plan = plan_sources(_gather(held.step if held is not None else -1, _shard_key(targets.tensors)))
+    if plan is None:
+        state.forget_init(targets.fresh)
         return None
     # the lowest step a survivor holds: a survivor that did not finish the interrupted step still has
     # the state before it (its update never ran), and every rank recorded its RNG at that step's start,
     # so redoing the interrupted step is exact; a survivor ahead by that step takes the state too
-    target = min(held_steps)
-    source = steps.index(target)
+    target, sources = plan
     me = dist.get_rank()
-    targets = state.load_targets(new)
-    received, note = 0, ""
-    if held is not None and held.step == target:
+    received = 0
+    if me not in sources:
+        assert held is not None
         cap = state.capture(held.objects)
         with torch.no_grad():
             for k, t in targets.tensors.items():
-                t.copy_(cap.sharded[k])
+                _local(t).copy_(_local(cap.sharded[k]))
         state.apply(new, targets, cap.extras, own_rng=False)
-        if me == source:
-            for r, s in enumerate(steps):
-                if s != target:
-                    _send(cap, r)
+        for r in sorted(r for r, src in sources.items() if src == me):
+            _send(cap, r)
     else:
-        extras, received = _receive(targets, source, extras_limit)
+        extras, received = _receive(targets, sources[me], extras_limit)
         state.apply(new, targets, extras, own_rng=False)
     note = restore_rng(target)
-    return Adopted(target, source, received, note)
+    return Adopted(target, sources.get(me, me), received, note)

@@ -18,7 +18,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..protocol import PhaseChanged, Reformed, Reforming
+from ..events import TrainingResumed
+from ..protocol import Note, PhaseChanged, Reformed, Reforming
 from .inplace import Generation, Reform, abandon_group, is_comm_failure
 from .live_rng import LiveRng, path_for, restore_at
 from .live_state import Adopted, Held, LiveStateError, adopt
@@ -112,7 +113,7 @@ class Reformer:
         self.state = state
         if self.generation.current == 0:
             return None
-        s, now = self.session, self.session.clock.now
+        now = self.session.clock.now
         t0 = now()
         rejoin = self.t_rejoin or t0
         try:
@@ -120,12 +121,40 @@ class Reformer:
         except LiveStateError as exc:
             raise RuntimeError(f"in-place recovery: {exc}") from None
         self.held = None
-        if got is None:
-            return None
         self.phases.update({"rendezvous": t0 - rejoin, "transfer": now() - t0})
-        s._send(PhaseChanged(s.rank, "", 0.0, now()))
-        s._send(Reformed(s.rank, self.generation.current, got.step, got.received, dict(self.phases), now()))
         return got
+
+    def start(self, state: dict[str, Any], resume: bool) -> int | None:
+        """The step a re-formed group's loop starts at (the live state, else a checkpoint); None in
+        generation 0 (the session resumes as usual)."""
+        s = self.session
+        got = self.take_live_state(state)
+        if got is None:
+            if self.generation.current == 0:
+                return None
+            step = s.resume(state) if resume else 0  # no live replica of every shard: a checkpoint
+            self.joined(step, 0)
+            return step
+        self.joined(got.step, got.received)
+        s._completed = got.step
+        if got.rng_note:
+            s._send(Note(s.rank, f"rank {s.rank}: {got.rng_note}; its random streams differ", s.clock.now()))
+        if s.rank == 0:
+            s.emit(
+                TrainingResumed(
+                    ts=s.clock.now(), step=got.step, from_checkpoint=f"live:rank{got.source}", **s._ctx()
+                )
+            )
+        return got.step
+
+    def joined(self, step: int, received: int) -> None:
+        """This rank is in the re-formed group with the state after ``step`` steps (from a replica, or
+        from a checkpoint when no live replica held every rank's shards): tell the agent."""
+        s, now = self.session, self.session.clock.now
+        if self.generation.current == 0:
+            return
+        s._send(PhaseChanged(s.rank, "", 0.0, now()))
+        s._send(Reformed(s.rank, self.generation.current, step, received, dict(self.phases), now()))
 
     def step_began(self, step: int) -> None:
         self.rank_rng.write(step)

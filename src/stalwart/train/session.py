@@ -352,27 +352,9 @@ class Session:
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
         newest good checkpoint (or 0 when ``resume`` is off)."""
         if self._reform is not None:
-            got = self._reform.take_live_state(state)
-            if got is not None:
-                self._completed = got.step
-                if got.rng_note:
-                    self._send(
-                        Note(
-                            self.rank,
-                            f"rank {self.rank}: {got.rng_note}; its random streams differ",
-                            self._now(),
-                        )
-                    )
-                if self.rank == 0:
-                    self.emit(
-                        TrainingResumed(
-                            ts=self._now(),
-                            step=got.step,
-                            from_checkpoint=f"live:rank{got.source}",
-                            **self._ctx(),
-                        )
-                    )
-                return got.step
+            step = self._reform.start(state, resume)
+            if step is not None:
+                return step
         return self.resume(state) if resume else 0
 
     def _stop(self, state: dict[str, Any]) -> None:
