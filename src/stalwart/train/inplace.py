@@ -81,7 +81,10 @@ def sever_connections(keep_ports: set[int]) -> int:
         entry = table.get(target[8:-1])
         if entry is None or entry[0] != "01" or entry[1] in keep_ports:  # 01: ESTABLISHED
             continue
-        sock = socket.socket(fileno=int(fd_name))
+        try:  # the group's own threads may close a descriptor between the listing and here
+            sock = socket.socket(fileno=int(fd_name))
+        except OSError:
+            continue
         try:
             sock.shutdown(socket.SHUT_RDWR)
             done += 1

@@ -41,10 +41,14 @@ class LiveStateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Held:
-    """A rank's live state from the previous generation: its objects and the steps they completed."""
+    """A rank's live state from the previous generation: its objects, the steps they completed and the
+    state dicts of its other objects (data loader, sampler, scheduler...) as they were at the start of
+    the step it was in (``boundary``): a loader has already fetched the interrupted step's batch, so its
+    state at the failure would skip that batch when the step is redone."""
 
     objects: dict[str, Any]
     step: int
+    boundary: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,8 @@ def adopt(
     if me not in sources:
         assert held is not None
         cap = state.capture(held.objects)
+        if held.boundary is not None:
+            cap = state.Captured(cap.sharded, {**cap.extras, "objects": held.boundary})
         with torch.no_grad():
             for k, t in targets.tensors.items():
                 _local(t).copy_(_local(cap.sharded[k]))

@@ -11,6 +11,7 @@ Every phase is timed on the worker and reported to the agent with :class:`~stalw
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class Reformer:
     state: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)
     t_rejoin: float = 0.0  # when this rank started joining the current generation
+    boundary: tuple[int, dict[str, Any] | None] = (-1, None)  # (step, other objects' state at its start)
     _rng: LiveRng | None = None
     _store: Any = None  # the client of the agent's store for generations > 0
 
@@ -79,7 +81,8 @@ class Reformer:
             s._send(PhaseChanged(s.rank, "", 0.0, now()))
             return False
         if self.state is not None:
-            self.held = Held(self.state, s.completed)
+            step, objs = self.boundary
+            self.held = Held(self.state, s.completed, objs if step == s.completed else None)
         self.state = None
         self.generation.current = want
         self.phases = {"abort": t1 - t0, "wait": now() - t1}
@@ -157,7 +160,11 @@ class Reformer:
         s._send(Reformed(s.rank, self.generation.current, step, received, dict(self.phases), now()))
 
     def step_began(self, step: int) -> None:
+        """At every step start: the RNG record (for a replacement of this rank) and the state dicts of
+        the objects a step changes before its end (a loader's position), for a redo of this step."""
         self.rank_rng.write(step)
+        if self.state is not None:
+            self.boundary = (step, boundary_objects(self.state))
 
     def check(self) -> None:
         """Between two steps: raise :class:`Reform` when the agent asked for a new generation."""
@@ -168,6 +175,19 @@ class Reformer:
     def close(self) -> None:
         if self._rng is not None:
             self._rng.close()
+
+
+def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the state dicts of the objects that are neither models nor optimizers (the part of a
+    checkpoint's extras called ``objects``), as :func:`stalwart.train.state.capture` takes them."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, obj in state.items():
+        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+            continue
+        out[key] = copy.deepcopy(obj.state_dict() if hasattr(obj, "state_dict") else obj)
+    return out
 
 
 def rng_dir(mem_dir: str, run_dir: Path | None) -> Path:
