@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 import shutil
 from pathlib import Path
 
-from .manifest import MANIFEST, configured_key
+from .manifest import KEY_FILE_ENV, MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
 from .tiers import default_shm_root, private_dir
 
-SECRET_KEY = "stalwart/peer-secret"
+NO_KEY = (
+    "peer replication is off: the nodes can share its secret only through a checkpoint key "
+    f"(the rendezvous store is readable by anyone who reaches it); to turn it on, give every node the "
+    f"same key, e.g. `openssl rand -hex 32 > key && chmod 600 key` and {KEY_FILE_ENV}=/path/to/key"
+)
 
 
 def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
@@ -44,11 +47,12 @@ class NodeMemory:
         self.root = private_dir(root)
         private_dir(self.root / OWN)
         key = configured_key()
-        self._keyed = key is not None
-        self.secret = peer_secret_from_key(key, run_id) if key else secrets.token_bytes(32)
+        self.secret = peer_secret_from_key(key, run_id) if key else b""
         self.store: PeerStore | None = None
         self.peers: tuple[Peer, ...] = ()
-        self._host = host
+        # several nodes but no key: no peer store (the one line the agent shows says how to get one)
+        self.notice = NO_KEY if host is not None and key is None else ""
+        self._host = host if key is not None else None
 
     def _serve(self) -> PeerStore:
         """Start the peer store once the first rendezvous bound its own port (so the port the
@@ -65,17 +69,12 @@ class NodeMemory:
         return self.store
 
     def exchange(self, store, group_rank: int, num_nodes: int) -> None:
-        """Publish this node's peer store (and, from group rank 0, the round's secret) in the round's
-        rendezvous store; learn every node's address."""
+        """Publish this node's peer store address (never a secret) in the round's rendezvous store;
+        learn every node's address."""
         if self._host is None:
             return
         served = self._serve()
         store.set(f"stalwart/peer/{group_rank}", f"{self.node}={served.host}:{served.port}")
-        if not self._keyed:
-            if group_rank == 0:
-                store.set(SECRET_KEY, secrets.token_hex(32))
-            self.secret = bytes.fromhex(store.get(SECRET_KEY).decode())
-            served.set_secret(self.secret)
         entries = []
         for i in range(num_nodes):
             node, _, addr = store.get(f"stalwart/peer/{i}").decode().partition("=")

@@ -6,8 +6,11 @@ outlives worker restarts. Rules:
 
 * bound to the address given (the node's rendezvous address; loopback for tests), never 0.0.0.0;
 * every request carries ``X-Stalwart-Auth``: HMAC-SHA256 with the per-run secret over the method,
-  the path and the body's SHA-256, so the secret never travels; every reply is signed the same
-  way, so a client can tell a reply from the peer from one forged on the wire;
+  the path, the body's SHA-256, the client's clock (``X-Stalwart-Time``) and a random nonce
+  (``X-Stalwart-Nonce``), so the secret never travels and a recorded request cannot be replayed: the
+  store refuses a time more than ``WINDOW_S`` from its own clock and a nonce it saw within that
+  window; every reply is signed over the same nonce, so a client can tell the peer's reply to this
+  request from one forged or replayed on the wire;
 * names are never paths: the owner node, the step and the file name are checked against strict
   patterns before any file is touched, and files are only ever opened below the store's own roots;
 * sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
@@ -27,6 +30,7 @@ import hmac
 import http.client
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -40,6 +44,9 @@ from .tiers import private_dir
 
 AUTH = "X-Stalwart-Auth"
 DIGEST = "X-Sha256"
+STAMP = "X-Stalwart-Time"
+NONCE = "X-Stalwart-Nonce"
+WINDOW_S = 300.0  # how far a request's clock may be from the store's (nodes' clocks are NTP-synced)
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FILE_BYTES = 64 << 30
 DEFAULT_MAX_TOTAL_BYTES = 256 << 30
@@ -49,6 +56,7 @@ _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FILE = re.compile(r"^(?:\.metadata|MANIFEST\.json|rank-\d{1,7}\.pt|__\d{1,7}_\d{1,7}\.distcp)$")
 _STEP = re.compile(r"^\d{1,9}$")
 _ANY_STEP = re.compile(r"^\.?step-(\d{9})(?:\.partial)?$")
+_NONCE = re.compile(r"^[0-9a-f]{32}$")
 
 
 class PeerError(Exception):
@@ -57,6 +65,39 @@ class PeerError(Exception):
 
 def sign(secret: bytes, *parts: str) -> str:
     return hmac.new(secret, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+class Nonces:
+    """The nonces seen within the replay window: a request is fresh when its time is within
+    ``WINDOW_S`` of ``now`` and its nonce was not seen (then it is remembered until it expires)."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, stamp: str, nonce: str, now: float) -> bool:
+        try:
+            t = float(stamp)
+        except ValueError:
+            return False
+        if not _NONCE.match(nonce) or abs(now - t) > self.window_s:
+            return False
+        with self._lock:
+            if len(self._seen) > 4096:
+                self._seen = {n: e for n, e in self._seen.items() if e > now}
+            if self._seen.get(nonce, 0.0) > now:
+                return False
+            self._seen[nonce] = now + 2 * self.window_s
+        return True
+
+
+def request_headers(
+    secret: bytes, method: str, path: str, digest: str = "", *, now: float | None = None
+) -> dict[str, str]:
+    """The authentication headers of one request: a fresh nonce and ``now`` (default: the clock)."""
+    stamp, nonce = f"{time.time() if now is None else now:.3f}", secrets.token_hex(16)
+    return {STAMP: stamp, NONCE: nonce, AUTH: sign(secret, method, path, digest, stamp, nonce)}
 
 
 def valid_owner(owner: str) -> bool:
@@ -119,6 +160,7 @@ class PeerStore:
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self._secret = secret
+        self.nonces = Nonces()
         self._lock = threading.Lock()
         self._reserved = 0  # bytes of bodies being received
         store = self
@@ -149,9 +191,6 @@ class PeerStore:
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-
-    def set_secret(self, secret: bytes) -> None:
-        self._secret = secret
 
     @property
     def secret(self) -> bytes:
@@ -225,15 +264,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
         self.send_header(DIGEST, digest)
-        self.send_header(AUTH, sign(self.owner.secret, "reply", str(code), path or self.path, digest))
+        nonce = self.headers.get(NONCE, "")
+        self.send_header(AUTH, sign(self.owner.secret, "reply", str(code), path or self.path, digest, nonce))
         self.end_headers()
         if body:
             self.wfile.write(body)
 
     def _authorized(self, digest: str) -> bool:
         given = self.headers.get(AUTH, "")
-        want = sign(self.owner.secret, self.command, self.path, digest)
-        return hmac.compare_digest(given.encode(), want.encode())
+        stamp, nonce = self.headers.get(STAMP, ""), self.headers.get(NONCE, "")
+        want = sign(self.owner.secret, self.command, self.path, digest, stamp, nonce)
+        # the signature first: an unsigned request must not fill the nonce table
+        return hmac.compare_digest(given.encode(), want.encode()) and self.owner.nonces.fresh(
+            stamp, nonce, time.time()
+        )
 
     def _parts(self, n: int) -> list[str] | None:
         parts = self.path.split("/")
@@ -336,12 +380,12 @@ class PeerClient:
 
     def _request(self, peer: Peer, method: str, path: str, body=None, size: int = 0, digest: str = ""):
         conn = http.client.HTTPConnection(peer.host, peer.port, timeout=self.timeout_s)
-        headers = {AUTH: sign(self.secret, method, path, digest), "Content-Length": str(size)}
+        headers = request_headers(self.secret, method, path, digest) | {"Content-Length": str(size)}
         if digest:
             headers[DIGEST] = digest
         try:
             conn.request(method, path, body=body, headers=headers)
-            return conn, conn.getresponse()
+            return conn, conn.getresponse(), headers[NONCE]
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
@@ -350,9 +394,9 @@ class PeerClient:
         size = path.stat().st_size
         url = f"/v1/h/{owner}/{step}/{name}"
         with open(path, "rb") as fh:
-            conn, resp = self._request(peer, "PUT", url, fh, size, digest)
+            conn, resp, nonce = self._request(peer, "PUT", url, fh, size, digest)
         try:
-            body = self._read(peer, resp, url, 1 << 16)
+            body = self._read(peer, resp, url, 1 << 16, nonce)
         finally:
             conn.close()
         if resp.status != 201:
@@ -363,16 +407,18 @@ class PeerClient:
     def get(self, peer: Peer, step: int, name: str, max_bytes: int) -> bytes:
         """File ``name`` of ``step`` as ``peer`` holds it (the reply's signature checked)."""
         url = f"/v1/f/{step}/{name}"
-        conn, resp = self._request(peer, "GET", url)
+        conn, resp, nonce = self._request(peer, "GET", url)
         try:
-            body = self._read(peer, resp, url, max_bytes)
+            body = self._read(peer, resp, url, max_bytes, nonce)
         finally:
             conn.close()
         if resp.status != 200:
             raise PeerError(f"peer {peer} has no {name} of step {step} ({resp.status})")
         return body
 
-    def _read(self, peer: Peer, resp: http.client.HTTPResponse, url: str, max_bytes: int) -> bytes:
+    def _read(
+        self, peer: Peer, resp: http.client.HTTPResponse, url: str, max_bytes: int, nonce: str
+    ) -> bytes:
         try:
             size = int(resp.getheader("Content-Length") or -1)
         except ValueError:
@@ -394,7 +440,7 @@ class PeerClient:
             raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
         body = b"".join(chunks)
         digest = hashlib.sha256(body).hexdigest()
-        want = sign(self.secret, "reply", str(resp.status), url, digest)
+        want = sign(self.secret, "reply", str(resp.status), url, digest, nonce)
         if resp.getheader(DIGEST) != digest or not hmac.compare_digest(
             (resp.getheader(AUTH) or "").encode(), want.encode()
         ):
