@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import shutil
+import os
 from pathlib import Path
 
+from ..errors import CheckpointError
 from .manifest import KEY_FILE_ENV, MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
+from .private_fs import open_base, open_private, remove_private
 from .tiers import default_shm_root, private_dir
 
 NO_KEY = (
@@ -37,15 +39,27 @@ def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
 
 class NodeMemory:
     def __init__(self, *, run_id: str, node: str, host: str | None) -> None:
-        """``host``: the address to serve peers on (None: one node, no peer store)."""
+        """``host``: the address to serve peers on (None: one node, no peer store).
+
+        The run's directory and the node's are opened without following links and must be ours
+        and 0700 (:mod:`.private_fs`); a plant is refused with a :class:`CheckpointError`."""
         self.run_id = run_id
         self.node = node
-        root = default_shm_root(run_id) / node
-        if root.exists():  # left by an agent that was SIGKILLed: never load another job's leftovers
-            private_dir(root)  # refused (CheckpointError) when it is not ours
-            shutil.rmtree(root)
-        self.root = private_dir(root)
-        private_dir(self.root / OWN)
+        run = default_shm_root(run_id)
+        self.root = run / node
+        base_fd = open_base(run.parent)
+        try:
+            self._run_fd = open_private(base_fd, run.name, run)
+        finally:
+            os.close(base_fd)
+        try:
+            # left by an agent that was SIGKILLed: never load another job's leftovers
+            remove_private(self._run_fd, node, self.root)
+            os.close(open_private(self._run_fd, node, self.root))
+            private_dir(self.root / OWN)
+        except BaseException:
+            os.close(self._run_fd)
+            raise
         key = configured_key()
         self.secret = peer_secret_from_key(key, run_id) if key else b""
         self.store: PeerStore | None = None
@@ -101,12 +115,25 @@ class NodeMemory:
         }
 
     def close(self) -> None:
+        """Stop the peer store; remove the node's directory through the run directory verified at
+        the start (never through a path), and the run's directory once no other node of it is here."""
         try:
             if self.store is not None:
                 self.store.stop()
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
             try:
-                self.root.parent.rmdir()  # the run's directory, once no other node of it is here
+                remove_private(self._run_fd, self.node, self.root)
+            except (OSError, CheckpointError):
+                pass
+            finally:
+                os.close(self._run_fd)
+            try:
+                base_fd = open_base(self.root.parent.parent)
+            except CheckpointError:
+                return
+            try:  # rmdir: only an empty directory, never through a link
+                os.rmdir(self.root.parent.name, dir_fd=base_fd)
             except OSError:
                 pass
+            finally:
+                os.close(base_fd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import json
 import mimetypes
+import os
 import re
 import threading
 import time
@@ -293,7 +294,8 @@ class Dashboard:
         if not isinstance(text, str) or not 0 < len(text.strip()) <= 2000:
             raise HttpError(400, "'text' must be a non-empty string of at most 2000 characters")
         note = {"ts": time.time(), "text": text.strip()}
-        with self._lock, self._annotations_file(w).open("a") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        with self._lock, open(os.open(self._annotations_file(w), flags, 0o600), "a") as f:
             f.write(json.dumps(note) + "\n")
         return note
 
