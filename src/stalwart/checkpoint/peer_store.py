@@ -15,7 +15,8 @@ outlives worker restarts. Rules:
   patterns before any file is touched, and files are only ever opened below the store's own roots;
 * sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
   ``max_total_bytes``, is refused (413) before its body is read;
-* every socket read and write has a timeout, and a whole request a deadline.
+* served by :mod:`stalwart.http_server`: the request headers within ``timeout_s`` of connecting,
+  a connection cap, and a whole request within ``timeout_s + size / MIN_RATE``.
 
 Layout below ``held`` (the copies of other nodes' files): ``<owner>/.step-<N>.partial/<file>``
 while a step arrives, renamed to ``<owner>/step-<N>/`` when its manifest (sent last) arrives; the
@@ -25,6 +26,7 @@ owner's older steps are then deleted (one version per owner). ``own`` is this no
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import http.client
@@ -35,9 +37,11 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from aiohttp import web
+
+from ..http_server import HttpServer, Limits
 from .manifest import MANIFEST, Manifest
 from .store import step_name
 from .tiers import private_dir
@@ -136,7 +140,8 @@ def format_peers(peers: tuple[Peer, ...] | list[Peer]) -> str:
 
 
 class PeerStore:
-    """The serving side (one per agent)."""
+    """The serving side (one per agent), on the project's one HTTP server (:mod:`stalwart.http_server`:
+    its header timeout, connection cap and body limit; a request's deadline grows with its size)."""
 
     def __init__(
         self,
@@ -163,34 +168,20 @@ class PeerStore:
         self.nonces = Nonces()
         self._lock = threading.Lock()
         self._reserved = 0  # bytes of bodies being received
-        store = self
-
-        class Handler(_Handler):
-            owner = store
-            timeout = timeout_s
-
-        self._server = ThreadingHTTPServer((host, port), Handler, bind_and_activate=True)
-        self._server.daemon_threads = True
-        bound_host, bound_port = self._server.server_address[:2]
-        self.host: str = bound_host if isinstance(bound_host, str) else bytes(bound_host).decode()
-        self.port: int = bound_port
-        self._thread: threading.Thread | None = None
+        limits = Limits(
+            header_timeout_s=timeout_s, handler_s=timeout_s, max_body=max_file_bytes, min_rate=MIN_RATE
+        )
+        self._server = HttpServer(
+            stream=self._serve, addr=host, port=port, limits=limits, name="stalwart-peer", hint=""
+        )
+        self.host, self.port = self._server.address
 
     def start(self) -> PeerStore:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            daemon=True,
-            name="stalwart-peer",
-        )
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._server.stop()
 
     @property
     def secret(self) -> bytes:
@@ -250,125 +241,111 @@ class PeerStore:
                     return f
         return None
 
+    # --- requests -------------------------------------------------------------------------
 
-class _Handler(BaseHTTPRequestHandler):
-    owner: PeerStore
-    protocol_version = "HTTP/1.1"
-    server_version = "stalwart-peer"
+    async def _serve(self, request: web.BaseRequest, size: int) -> web.StreamResponse:
+        target = request.rel_url.raw_path_qs
+        nonce = request.headers.get(NONCE, "")
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-        pass
+        def reply(code: int, body: bytes = b"") -> web.Response:
+            digest = hashlib.sha256(body).hexdigest()
+            auth = sign(self.secret, "reply", str(code), target, digest, nonce)
+            return web.Response(status=code, body=body, headers={DIGEST: digest, AUTH: auth})
 
-    def _reply(self, code: int, body: bytes = b"", *, path: str = "") -> None:
-        digest = hashlib.sha256(body).hexdigest()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header(DIGEST, digest)
-        nonce = self.headers.get(NONCE, "")
-        self.send_header(AUTH, sign(self.owner.secret, "reply", str(code), path or self.path, digest, nonce))
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
+        if request.method == "GET":
+            return await self._get(request, target, reply)
+        if request.method == "PUT":
+            return await self._put(request, target, size, reply)
+        return reply(405, b"GET or PUT")
 
-    def _authorized(self, digest: str) -> bool:
-        given = self.headers.get(AUTH, "")
-        stamp, nonce = self.headers.get(STAMP, ""), self.headers.get(NONCE, "")
-        want = sign(self.owner.secret, self.command, self.path, digest, stamp, nonce)
+    def _authorized(self, request: web.BaseRequest, target: str, digest: str) -> bool:
+        h = request.headers
+        given, stamp, nonce = h.get(AUTH, ""), h.get(STAMP, ""), h.get(NONCE, "")
+        want = sign(self.secret, request.method, target, digest, stamp, nonce)
         # the signature first: an unsigned request must not fill the nonce table
-        return hmac.compare_digest(given.encode(), want.encode()) and self.owner.nonces.fresh(
+        return hmac.compare_digest(given.encode(), want.encode()) and self.nonces.fresh(
             stamp, nonce, time.time()
         )
 
-    def _parts(self, n: int) -> list[str] | None:
-        parts = self.path.split("/")
-        if len(parts) != n + 2 or parts[0] != "" or parts[1] != "v1":
-            return None
-        return parts[2:]
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if not self._authorized(""):
-            return self._reply(403, b"not authorized")
-        parts = self._parts(3)
+    async def _get(self, request: web.BaseRequest, target: str, reply) -> web.Response:
+        if not self._authorized(request, target, ""):
+            return reply(403, b"not authorized")
+        parts = _parts(target, 3)
         if parts is None or parts[0] != "f" or not _STEP.match(parts[1]) or not valid_file(parts[2]):
-            return self._reply(404, b"no such file")
-        found = self.owner.find(int(parts[1]), parts[2])
+            return reply(404, b"no such file")
+        found = self.find(int(parts[1]), parts[2])
         if found is None:
-            return self._reply(404, b"no such file")
-        try:
-            data = found.read_bytes()  # memory-tier files: already in RAM (tmpfs)
+            return reply(404, b"no such file")
+        try:  # memory-tier files: already in RAM (tmpfs); read off the event loop all the same
+            data = await asyncio.get_running_loop().run_in_executor(None, found.read_bytes)
         except OSError:
-            return self._reply(404, b"no such file")
-        self._reply(200, data)
+            return reply(404, b"no such file")
+        return reply(200, data)
 
-    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
-        digest = self.headers.get(DIGEST, "")
-        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(digest):
-            self.close_connection = True
-            return self._reply(403, b"not authorized")
-        parts = self._parts(4)
+    async def _put(self, request: web.BaseRequest, target: str, size: int, reply) -> web.Response:
+        digest = request.headers.get(DIGEST, "")
+        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(request, target, digest):
+            return reply(403, b"not authorized")
+        parts = _parts(target, 4)
         if (
             parts is None
             or parts[0] != "h"
             or not valid_owner(parts[1])
-            or parts[1] == self.owner.node
+            or parts[1] == self.node
             or not _STEP.match(parts[2])
             or not valid_file(parts[3])
         ):
-            self.close_connection = True
-            return self._reply(400, b"bad owner, step or file name")
-        owner, step, name = parts[1], int(parts[2]), parts[3]
+            return reply(400, b"bad owner, step or file name")
+        if "Content-Length" not in request.headers:
+            return reply(411, b"a Content-Length is required")
+        if why := self.reserve(size):
+            return reply(413, why.encode())
         try:
-            size = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            return self._reply(411, b"a Content-Length is required")
-        if size < 0 or (why := self.owner.reserve(size)):
-            self.close_connection = True
-            return self._reply(413, (why or "negative length").encode())
-        try:
-            self._receive(owner, step, name, size, digest)
+            return await self._receive(request, parts[1], int(parts[2]), parts[3], size, digest, reply)
         finally:
-            self.owner.release(size)
+            self.release(size)
 
-    def _receive(self, owner: str, step: int, name: str, size: int, digest: str) -> None:
-        store = self.owner
-        deadline = time.monotonic() + store.timeout_s + size / MIN_RATE
-        work = store.incoming(owner, step)
+    async def _receive(self, request, owner: str, step: int, name: str, size: int, digest: str, reply):
+        work = self.incoming(owner, step)
         private_dir(work)
         tmp = work / f".{name}.tmp"
         h = hashlib.sha256()
         left = size
-        try:
+        try:  # the server's deadline (timeout + size / MIN_RATE) cancels a body that crawls
             with open(tmp, "wb") as fh:
                 while left:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("request deadline passed")
-                    chunk = self.rfile.read(min(_CHUNK, left))
+                    chunk = await request.content.read(min(_CHUNK, left))
                     if not chunk:
                         raise ConnectionError("body ended early")
                     h.update(chunk)
                     fh.write(chunk)
                     left -= len(chunk)
-        except (OSError, TimeoutError, ConnectionError) as exc:
+        except BaseException:
             tmp.unlink(missing_ok=True)
-            self.close_connection = True
-            return self._reply(408 if isinstance(exc, TimeoutError) else 400, b"body not received")
+            raise
         if h.hexdigest() != digest:
             tmp.unlink(missing_ok=True)
-            return self._reply(400, b"body does not match its digest")
+            return reply(400, b"body does not match its digest")
         if name == MANIFEST:
             try:
                 manifest = Manifest.from_json(tmp.read_bytes())
             except ValueError as exc:
                 tmp.unlink(missing_ok=True)
-                return self._reply(400, str(exc).encode()[:500])
+                return reply(400, str(exc).encode()[:500])
             if manifest.step != step:
                 tmp.unlink(missing_ok=True)
-                return self._reply(400, b"manifest is for another step")
+                return reply(400, b"manifest is for another step")
         os.replace(tmp, work / name)
         if name == MANIFEST:
-            store.commit(owner, step)
-        self._reply(201)
+            self.commit(owner, step)
+        return reply(201)
+
+
+def _parts(target: str, n: int) -> list[str] | None:
+    parts = target.split("/")
+    if len(parts) != n + 2 or parts[0] != "" or parts[1] != "v1":
+        return None
+    return parts[2:]
 
 
 class PeerClient:
@@ -444,5 +421,6 @@ class PeerClient:
         if resp.getheader(DIGEST) != digest or not hmac.compare_digest(
             (resp.getheader(AUTH) or "").encode(), want.encode()
         ):
-            raise PeerError(f"peer {peer}: reply not signed with this run's secret")
+            # the server's own refusals (413 over its body limit, 503 past a deadline) are unsigned
+            raise PeerError(f"peer {peer}: reply ({resp.status}) not signed with this run's secret")
         return body

@@ -41,7 +41,8 @@ class Observability:
                 file_sd_dir=os.environ.get(FILE_SD_ENV) or None,
                 model=parse_model_spec(cfg.observe.metrics_model) if cfg.observe.metrics_model else None,
             )
-        notifier = RunNotifier([Target.parse(u) for u in cfg.observe.notify]) if cfg.observe.notify else None
+        urls = cfg.observe.notify_urls()
+        notifier = RunNotifier([Target.parse(u) for u in urls]) if urls else None
         return cls(exporter, notifier, say)
 
     def chain(self, notify: Callable[[Event], None]) -> Callable[[Event], None]:

@@ -17,8 +17,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
-from email.message import Message
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -205,7 +205,7 @@ class Dashboard:
                 return 200, {"annotations": self.annotations(w)}
         raise HttpError(404 if method == "GET" else 405, f"no {method} endpoint {path}")
 
-    def _check_token(self, headers: Message) -> None:
+    def _check_token(self, headers: Mapping[str, str]) -> None:
         auth = headers.get("Authorization", "")
         given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
         if not given:
