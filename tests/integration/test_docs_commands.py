@@ -156,7 +156,11 @@ def _metrics_probe(url: str, walk: Walk) -> None:
 
 def _dashboard_probe(url: str, walk: Walk) -> None:
     assert "<html" in _get(url).lower()
-    runs = json.loads(_get(url.rstrip("/") + "/api/runs"))["runs"]
+    req = urllib.request.Request(
+        url.rstrip("/") + "/api/runs", headers={"Authorization": "Bearer docs-walk-token-0123456789"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - a local server the test started
+        runs = json.loads(r.read())["runs"]
     assert [r["id"] for r in runs] == [walk.run_dir.name]
 
 

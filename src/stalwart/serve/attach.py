@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..events import Event
+from .httpd import warn_if_exposed
 from .notify import RunNotifier, Target
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class Observability:
     def start(self) -> None:
         if self.exporter is not None:
             self.exporter.start()
+            warn_if_exposed("the --metrics-port exporter", self.exporter.server.address[0])
             self.say(f"metrics: {self.exporter.url}")
 
     def stop(self) -> None:

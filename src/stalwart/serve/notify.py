@@ -330,10 +330,10 @@ class Poster:
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 # never the URL itself: its path is the webhook's token
                 self.last_error = scrub(f"{redact_url(t.url)}: {exc}", [t.url])
-                log.warning("notification to %s failed: %s", redact_url(t.url), scrub(str(exc), [t.url]))
                 if attempt < self.retries and self._stop.wait(self.backoff_s * 2**attempt):
                     break
         self.failed += 1
+        log.warning("notification not delivered after %d tries: %s", self.retries + 1, self.last_error)
 
     def close(self, timeout: float = 5.0) -> None:
         """Deliver what is queued within ``timeout`` seconds, then stop (undelivered messages are dropped)."""
