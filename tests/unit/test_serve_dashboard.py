@@ -111,6 +111,7 @@ def test_writes_need_the_token(dash, root):
     assert not (tmp_path / "good" / "annotations.jsonl").exists()
     assert call(dash, "/api/runs/good/annotations", data=b"{}", token=TOKEN)[0] == 400
     assert call(dash, "/api/runs/good/annotations", data=note, token=TOKEN)[0] == 201
+    assert (tmp_path / "good" / "annotations.jsonl").stat().st_mode & 0o777 == 0o600
     code, body = call(dash, "/api/runs/good/annotations")
     assert [a["text"] for a in json.loads(body)["annotations"]] == ["rank 1 node swapped"]
 
