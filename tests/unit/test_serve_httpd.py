@@ -122,6 +122,24 @@ def test_a_slowloris_client_is_dropped_at_the_header_deadline_while_another_is_s
         srv.stop()
 
 
+def test_a_handler_past_its_deadline_is_answered_503_and_others_are_still_served():
+    release = threading.Event()
+
+    def app(req: Request) -> Reply:
+        if req.path == "/stuck":
+            release.wait(30)  # a handler stuck on something (released when the test ends)
+        return Reply.json(200, {"ok": True})
+
+    srv = HttpServer(app, limits=Limits(handler_s=0.5)).start()
+    try:
+        code, _, body = request(srv, "GET", "/stuck")
+        assert code == 503 and "not handled within" in json.loads(body)["error"]
+        assert request(srv, "GET", "/fine")[0] == 200
+    finally:
+        release.set()
+        srv.stop()
+
+
 def test_a_busy_port_is_a_config_error_with_a_hint(server):
     with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1"):
         HttpServer(echo, port=server.address[1])
