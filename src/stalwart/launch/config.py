@@ -340,9 +340,10 @@ def claim_run_dir(cfg: RunConfig) -> None:
     try:
         theirs = json.loads(path.read_text())
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as RunDir.create
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(mine))
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+            fh.write(json.dumps(mine))
         os.replace(tmp, path)
         return
     except (OSError, ValueError) as exc:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
 from ..diagnose.straggler_action import STRAGGLER_MODES, StragglerActionConfig
 from ..policy.timeouts import (
@@ -28,6 +28,7 @@ from ..policy.timeouts import (
     HangTimeoutPolicy,
 )
 from ..protocol import DEFAULT_PG_TIMEOUT_S, DEFAULT_REFORM_TIMEOUT_S
+from ..secret_values import read_url_file, redact_url
 from .output import parse_streams
 
 
@@ -368,8 +369,21 @@ class ObserveSettings(BaseModel):
     notify: Annotated[list[str], setting("notify", "--notify")] = Field(
         default_factory=list,
         description="Post interruptions and the verdict to this Slack-compatible URL "
-        "(generic:URL for plain JSON; repeatable).",
+        "(generic:URL for plain JSON; repeatable; a secret: prefer STALWART_NOTIFY or --notify-file).",
     )
+    notify_file: Annotated[Path | None, setting("notify_file", "--notify-file")] = Field(
+        default=None,
+        description="File (mode 0600) with one --notify URL per line, kept off the command line.",
+    )
+
+    @field_serializer("notify", when_used="json")
+    def _redacted(self, v: list[str]) -> list[str]:
+        """What the ledger and every JSON dump keep of a webhook URL: its scheme and host."""
+        return [redact_url(u) for u in v]
+
+    def notify_urls(self) -> list[str]:
+        """Every notification URL: ``--notify``/``STALWART_NOTIFY`` and the ``--notify-file``'s."""
+        return [*self.notify, *(read_url_file(self.notify_file, "--notify") if self.notify_file else [])]
 
     @field_validator("metrics_model")
     @classmethod

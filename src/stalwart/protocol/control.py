@@ -27,8 +27,10 @@ SIZE = HEAD_SIZE  # kept for readers of the header only
 
 
 def create(path: Path, slots: int = 0) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # the run's private files are 0600 (docs/security.md)
+    with open(fd, "wb") as fh:
         fh.write(struct.pack(_HEAD, -1, 0, 0) + bytes(SLOT_SIZE * slots))
 
 
