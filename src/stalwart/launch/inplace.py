@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
-from ..events import DecisionTaken, ReformedInPlace
+from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
 from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
-from .decision import Decision
+from .decision import AttemptOutcome, Decision
 from .ports import LedgerSink
 from .progress import ProgressTracker
 from .snapshot import Snapshot
@@ -228,6 +228,15 @@ class InPlaceRecovery:
         self.pending = None
         self._record("in_place_failed", reason, snap.now)
         return p.decision
+
+    def fall_back(self, d: Decision) -> AttemptOutcome:
+        """The re-formation failed (its reason is in the ledger): stop the group; the attempt ends with
+        the original failure, and the job policy restarts the whole group as without the in-place rung."""
+        assert d.outcome is not None
+        self.group.stop(0.0)  # type: ignore[attr-defined]
+        reason = "in-place recovery failed: the whole group restarts"
+        self.ledger.emit(WorkersStopped(ts=self.clock.now(), reason=reason, **self.ledger.ctx()), show=False)
+        return d.outcome
 
     def _record(self, action: str, reason: str, now: float) -> None:
         self.ledger.emit(DecisionTaken(ts=now, action=action, reason=reason, **self.ledger.ctx()))

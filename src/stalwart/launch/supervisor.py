@@ -257,7 +257,7 @@ class Supervisor:
             if self.in_place.pending is not None:
                 failed = self.in_place.follow(snap)
                 if failed is not None:
-                    return self._down_the_ladder(failed)
+                    return self.in_place.fall_back(failed)
             self._calibration(snap)
             decisions = decide(snap, self.monitors)
             for d in decisions:
@@ -473,21 +473,6 @@ class Supervisor:
         self._incident(d, detected)
         self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
-        )
-        return d.outcome
-
-    def _down_the_ladder(self, d: Decision) -> AttemptOutcome:
-        """The in-place re-formation failed (its reason is in the ledger): the whole group restarts for
-        the original failure, as it would have without the in-place rung."""
-        assert d.outcome is not None
-        self.group.stop(0.0)
-        self.ledger.emit(
-            WorkersStopped(
-                ts=self.clock.now(),
-                reason="in-place recovery failed: the whole group restarts",
-                **self.ledger.ctx(),
-            ),
-            show=False,
         )
         return d.outcome
 
