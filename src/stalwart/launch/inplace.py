@@ -72,7 +72,8 @@ class InPlaceRecovery:
     attempt: int
     clock: Clock
     generation: int = 0
-    used: int = 0
+    used: int = 0  # re-formations started in this attempt
+    completed: int = 0  # and completed (failures recovered in place)
     pending: Pending | None = None
     specs: dict[int, WorkerSpec] = field(default_factory=dict)
     read_state: Callable[[int], str] = field(default=lambda pid: proc_state(pid))
@@ -195,6 +196,7 @@ class InPlaceRecovery:
 
     def _complete(self, p: Pending, joined: dict, now: float) -> None:
         self.pending = None
+        self.completed += 1
         msgs = list(joined.values())
         step = max(m.step for m in msgs)
         phases = {

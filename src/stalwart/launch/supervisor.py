@@ -252,6 +252,11 @@ class Supervisor:
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self) -> AttemptOutcome:
+        """Supervise until the attempt ends; its outcome, with the failures it recovered in place."""
+        out = self._run()
+        return dataclasses.replace(out, in_place=self.in_place.completed) if self.in_place.completed else out
+
+    def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
             if self.in_place.pending is not None:
