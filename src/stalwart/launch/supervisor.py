@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing_extensions import assert_never
 
 from ..diagnose.cross_layer import COMM_CODES
+from ..diagnose.kill_witness import KillWitness
 from ..diagnose.precision import GateDecision
 from ..diagnose.signals import from_failure
 from ..events import (
@@ -90,6 +91,7 @@ class Supervisor:
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
+        witness: KillWitness | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -116,6 +118,8 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
+        self.pids = {r: group.pid(r) for r in ranks}
+        self.witness = witness if witness is not None else KillWitness(self.pids.values())
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -133,7 +137,10 @@ class Supervisor:
             else {}
         )
         self._sample_cpu(codes, now)
-        return self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        self.witness.sample(self.pids, (r for r, c in codes.items() if c is None), now)
+        kills = self.witness.verdicts(failed, self.pids, logs) if errors else {}
+        snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        return dataclasses.replace(snap, kills=frozen(kills)) if kills else snap
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the
