@@ -90,7 +90,7 @@ class KillRule(BaseModel):
     name: str
     signals: tuple[str, ...] = Field(min_length=1)
     oom: bool | None = None
-    cause: str
+    what: str
     fault_class: FaultClass
     component: Component
     component_class: str
@@ -112,7 +112,8 @@ class KillRules(BaseModel):
 @dataclass(frozen=True)
 class KillVerdict:
     rule: str
-    cause: str
+    what: str  # "killed by the kernel OOM killer (RSS ...)": the failure's evidence
+    cause: str  # "rank N <what>": the incident's cause
     fault_class: FaultClass
     component: Component
     component_class: str
@@ -164,7 +165,8 @@ def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdi
         return None
     name = signal_name(ev.signum)
     tail = " | ".join(x.strip() for x in ev.log_tail[-3:] if x.strip())[:300] or "(empty)"
-    values = _Fmt(rank=str(ev.rank), signal=name, rss=ev.rss_text(), tail=tail)
+    values = _Fmt(signal=name, rss=ev.rss_text(), tail=tail)
+    what = rule.what.format_map(values)
     evidence = [f"rank {ev.rank} (pid {ev.pid}) killed by {name}"]
     evidence += [f"kernel log: {x[:200]}" for x in ev.oom_lines]
     if ev.cgroup_oom_kills:
@@ -173,7 +175,8 @@ def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdi
         evidence.append("no OOM-killer line names the pid; the memory cgroup's oom_kill count did not rise")
     return KillVerdict(
         rule=rule.name,
-        cause=rule.cause.format_map(values),
+        what=what,
+        cause=f"rank {ev.rank} {what}",
         fault_class=rule.fault_class,
         component=rule.component,
         component_class=rule.component_class,

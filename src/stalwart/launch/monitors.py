@@ -115,7 +115,7 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
     kill = s.kills.get(root) if kind == "crash" else None
     if kill is not None:  # a death by a signal, classified by its evidence (diagnose/kill_cause.py)
         fault_class, component = kill.fault_class, kill.component
-        evidence = f"{evidence}: {kill.cause}"
+        evidence = kill.what
         failure = dataclasses.replace(failure, evidence=evidence)
         cause = kill.cause
     elif kind == "exception":
