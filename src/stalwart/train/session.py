@@ -66,6 +66,7 @@ from .step_hooks import StepHook
 from .worker_link import WorkerLink
 
 if TYPE_CHECKING:
+    from ..checkpoint.auto_every import AutoEvery
     from ..checkpoint.engine import CheckpointEngine
     from ..ledger import LedgerWriter
 
@@ -287,16 +288,22 @@ class Session:
     # --- the loop ---------------------------------------------------------------------------
 
     def loop(
-        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0, resume: bool = True
+        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int | str = 0, resume: bool = True
     ) -> Iterator[int]:
-        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
+        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
+        at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
         start = self.resume(state) if resume else 0
+        auto = self._auto_every() if checkpoint_every == "auto" else None
+        every = 0 if auto is not None else int(checkpoint_every)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         for step in range(start, total_steps):
             self._begin_step(step)
             yield step
             self._end_step(step)
-            if checkpoint_every and self._completed % checkpoint_every == 0:
+            if auto is not None and auto.due(self._completed):
+                self.save(state)
+                auto.saved(self._completed)
+            elif every and self._completed % every == 0:
                 self.save(state)
             if self._stop_requested():
                 self._stop(state)
@@ -309,6 +316,27 @@ class Session:
             self._ckpt.wait()
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
+
+    def _auto_every(self) -> AutoEvery:
+        """The auto interval's ports: the engine's measurements, the run's failures so far."""
+        from ..checkpoint.auto_every import AutoEvery, run_failures
+        from ..ledger.store import read_available
+
+        failures, trained = (
+            run_failures(read_available(self.run_dir.root, require_some=False).events)
+            if self.run_dir
+            else (0, 0.0)
+        )
+        engine = self._ckpt.engine
+        return AutoEvery(
+            stall=lambda: engine.last_stall_s,
+            persist=lambda: max(engine.last_persist_s.values(), default=None),
+            now=self._now,
+            failures=failures,
+            training_s=trained,
+            emit=self.emit if self.rank == 0 else None,
+            context=self._ctx,
+        )
 
     def _stop(self, state: dict[str, Any]) -> None:
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
