@@ -39,3 +39,5 @@ def test_faults_every_few_seconds_choose_a_shorter_interval(tmp_path: Path):
         assert d.interval_s >= floor, d.reason
     # `plan --ledger` decides with the same function on the recorded run
     assert recommend_from_ledger(stormy) is not None
+    shown = stalwart("report", str(tmp_path / "stormy"))
+    assert "checkpoint interval (auto), steps over time:" in shown.out, shown.out[-3000:]
