@@ -22,13 +22,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from ..events import Event
 from .advisor import AutoInputs, IntervalChoice, decide_interval, mtbf_of_run
 from .events import CheckpointIntervalAdvised
 
-__all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "run_failures"]
+__all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "auto_every_for", "run_failures"]
 
 FIRST_SAVE_STEPS = 10  # before anything is measured: a first save to measure its stall and persist
 _KEPT = 200  # step times kept for the median
@@ -125,3 +126,27 @@ class AutoEvery:
                 )
         self.choices.append(choice)
         return choice
+
+
+def auto_every_for(
+    engine: Any,
+    run_root: Path | None,
+    now: Callable[[], float],
+    emit: Callable[[Event], None] | None,
+    context: Callable[[], dict[str, Any]],
+) -> AutoEvery:
+    """An :class:`AutoEvery` on a checkpoint engine's measurements and the run's ledger so far (the
+    session's one call)."""
+    from ..ledger.store import read_available
+
+    found = read_available(run_root, require_some=False).events if run_root is not None else []
+    failures, trained = run_failures(found)
+    return AutoEvery(
+        stall=lambda: engine.last_stall_s,
+        persist=lambda: max(engine.last_persist_s.values(), default=None),
+        now=now,
+        failures=failures,
+        training_s=trained,
+        emit=emit,
+        context=context,
+    )

@@ -127,7 +127,7 @@ class KillWitness:
         self._baseline = {f: read_oom_kills(f) or 0 for f in files if f is not None}
         self._rss: dict[int, int] = {}
         self._rss_at = -float("inf")
-        self._verdicts: dict[int, KillVerdict] = {}
+        self._verdicts: dict[tuple[int, int], KillVerdict] = {}
 
     def sample(self, pids: Mapping[int, int], running: Iterable[int], now: float) -> None:
         """Resident memory of the running ranks (rank -> pid), at most every ``RSS_EVERY_S``."""
@@ -157,13 +157,32 @@ class KillWitness:
             log_tail=_tail(log, 5),
         )
 
+    def observe(
+        self,
+        pid_of: Callable[[int], int],
+        codes: Mapping[int, int | None],
+        logs: Mapping[int, Path | None],
+        now: float,
+    ) -> dict[int, KillVerdict]:
+        """One supervisor tick: sample the running ranks, judge those killed by a signal (pids looked
+        up live: a rank replaced in place is another process)."""
+        pids = {r: pid_of(r) for r in codes}
+        self.sample(pids, (r for r, c in codes.items() if c is None), now)
+        return self.verdicts({r: c for r, c in codes.items() if c is not None and c < 0}, pids, logs)
+
     def verdicts(
         self, failed: Mapping[int, int], pids: Mapping[int, int], logs: Mapping[int, Path | None]
     ) -> dict[int, KillVerdict]:
         """A verdict for every rank in ``failed`` (rank -> exit code) that died by a signal, once each."""
+        out: dict[int, KillVerdict] = {}
         for rank, code in failed.items():
-            if code < 0 and rank not in self._verdicts and rank in pids:
+            if code >= 0 or rank not in pids:
+                continue
+            key = (rank, pids[rank])  # a rank replaced in place is another process
+            if key not in self._verdicts:
                 v = classify_kill(self.evidence(rank, pids[rank], -code, logs.get(rank)), self._rules)
-                if v is not None:
-                    self._verdicts[rank] = v
-        return {r: v for r, v in self._verdicts.items() if r in failed}
+                if v is None:
+                    continue
+                self._verdicts[key] = v
+            out[rank] = self._verdicts[key]
+        return out

@@ -91,7 +91,6 @@ class Supervisor:
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
-        witness: KillWitness | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -118,8 +117,7 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
-        self.pids = {r: group.pid(r) for r in ranks}
-        self.witness = witness if witness is not None else KillWitness(self.pids.values())
+        self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -137,10 +135,8 @@ class Supervisor:
             else {}
         )
         self._sample_cpu(codes, now)
-        self.witness.sample(self.pids, (r for r, c in codes.items() if c is None), now)
-        kills = self.witness.verdicts(failed, self.pids, logs) if errors else {}
         snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
-        return dataclasses.replace(snap, kills=frozen(kills)) if kills else snap
+        return dataclasses.replace(snap, kills=frozen(self.witness.observe(self.group.pid, codes, logs, now)))
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoint.auto_every import auto_every_for
 from ..checkpoint.events import CheckpointPersistFailed
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
@@ -66,7 +67,6 @@ from .step_hooks import StepHook
 from .worker_link import WorkerLink
 
 if TYPE_CHECKING:
-    from ..checkpoint.auto_every import AutoEvery
     from ..checkpoint.engine import CheckpointEngine
     from ..ledger import LedgerWriter
 
@@ -293,7 +293,12 @@ class Session:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
         at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
         start = self.resume(state) if resume else 0
-        auto = self._auto_every() if checkpoint_every == "auto" else None
+        root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
+        auto = (
+            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx)
+            if checkpoint_every == "auto"
+            else None
+        )
         every = 0 if auto is not None else int(checkpoint_every)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         for step in range(start, total_steps):
@@ -316,27 +321,6 @@ class Session:
             self._ckpt.wait()
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
-
-    def _auto_every(self) -> AutoEvery:
-        """The auto interval's ports: the engine's measurements, the run's failures so far."""
-        from ..checkpoint.auto_every import AutoEvery, run_failures
-        from ..ledger.store import read_available
-
-        failures, trained = (
-            run_failures(read_available(self.run_dir.root, require_some=False).events)
-            if self.run_dir
-            else (0, 0.0)
-        )
-        engine = self._ckpt.engine
-        return AutoEvery(
-            stall=lambda: engine.last_stall_s,
-            persist=lambda: max(engine.last_persist_s.values(), default=None),
-            now=self._now,
-            failures=failures,
-            training_s=trained,
-            emit=self.emit if self.rank == 0 else None,
-            context=self._ctx,
-        )
 
     def _stop(self, state: dict[str, Any]) -> None:
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
