@@ -288,13 +288,13 @@ def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
         return
     t = Table(title="Recoveries (fault onset -> first step of the new attempt)")
     for col in ("#", "path", "detect", "tear down", "decide", "re-form", "load", "first step", "total"):
-        t.add_column(col, justify="left" if col == "path" else "right")
+        t.add_column(col, justify="left" if col == "path" else "right", no_wrap=col == "path")
     for i, r in enumerate(recs, 1):
         ph = r["phases"]
         t.add_row(str(i), r["path"] or "-", *(_fmt_s(ph[k]) for k in ph), _fmt_s(r["total_s"]))
     con.print(t)
     for i, r in enumerate(recs, 1):
-        if r["path"] != "warm" and r["why"]:
+        if r["why"] and (r["path"] != "warm" or "in-place" in r["why"]):
             con.print(f"  recovery {i} ({r['path']}): {esc(r['why'])}", soft_wrap=True)
 
 

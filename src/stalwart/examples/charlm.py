@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     session = Session()
+    # under Session.run a failed peer is replaced in place: this process stays, train() runs again on
+    # the re-formed group and continues from the live state of the last completed step
+    session.run(lambda s: train(s, args))
+
+
+def train(session: Session, args: argparse.Namespace) -> None:
     session.init_process_group("gloo")
     rank, world = session.rank, session.world_size
     if args.global_batch % world:

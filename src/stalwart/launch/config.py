@@ -33,6 +33,7 @@ from .settings import (
     DiagnosisSettings,
     HangSettings,
     HealthSettings,
+    InPlaceSettings,
     LogSettings,
     ObserveSettings,
     RendezvousSettings,
@@ -100,6 +101,7 @@ class RunConfig(BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     faults: ChaosSettings = ChaosSettings()
     health: HealthSettings = HealthSettings()
+    reform: InPlaceSettings = InPlaceSettings()
     observe: ObserveSettings = ObserveSettings()
     diagnosis: DiagnosisSettings = DiagnosisSettings()
     straggler: StragglerSettings = StragglerSettings()
@@ -167,6 +169,7 @@ class RunConfig(BaseSettings):
             pg_timeout_s=self.hang.pg_timeout_s,
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
+            reform_timeout_s=self.reform.timeout_s,
         )
         if self.hang.cpu_stall_s >= self.hang.pg_timeout_s:
             raise ValueError(

@@ -18,6 +18,8 @@ from ..protocol import (
     Message,
     Note,
     PhaseChanged,
+    Reformed,
+    Reforming,
     SectionBegan,
     SignalSeen,
     StepBegan,
@@ -32,6 +34,7 @@ class RankProgress:
     step: int = -1  # step in progress (or last begun)
     section: str | None = None
     done_steps: int = 0  # steps completed in this attempt
+    last_done: int = -1  # the newest step this rank completed
     finished: bool = False
     in_checkpoint: bool = False
     loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
@@ -41,6 +44,9 @@ class RankProgress:
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
+    in_place: bool = False  # the script runs under Session.run: it can re-form its group in place
+    reforming: Reforming | None = None  # the survivor left its group and waits for the next generation
+    reformed: Reformed | None = None  # the rank joined the newest generation with the live state
 
 
 @dataclass
@@ -92,6 +98,11 @@ class ProgressTracker:
                 return self._step_done(p, msg)
             case Hello():
                 p.sdk = True
+                p.in_place = p.in_place or msg.in_place
+            case Reforming():
+                p.reforming = msg
+            case Reformed():
+                p.reformed = msg
             case LoopStarted():
                 p.sdk = True
                 p.loop_done = False
@@ -110,6 +121,11 @@ class ProgressTracker:
             case _:
                 assert_never(msg)
         return None
+
+    def replace(self, rank: int, now: float) -> None:
+        """A new process took ``rank`` over (in-place recovery): its progress starts afresh."""
+        old = self.progress.get(rank)
+        self.progress[rank] = RankProgress(rank=rank, last_msg=now, in_place=old.in_place if old else False)
 
     def _section_began(self, p: RankProgress, msg: SectionBegan) -> None:
         p.sdk = True
@@ -132,6 +148,7 @@ class ProgressTracker:
         rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
         p.sdk = True
         p.done_steps += 1
+        p.last_done = max(p.last_done, rec.step)
         p.section = None
         self.step_times.append(rec.duration)
         self.max_done_step = max(self.max_done_step, rec.step)

@@ -27,7 +27,7 @@ from ..policy.timeouts import (
     STARTUP_TIMEOUT_S,
     HangTimeoutPolicy,
 )
-from ..protocol import DEFAULT_PG_TIMEOUT_S
+from ..protocol import DEFAULT_PG_TIMEOUT_S, DEFAULT_REFORM_TIMEOUT_S
 from .output import parse_streams
 
 
@@ -290,6 +290,33 @@ class ChaosSettings(BaseModel):
     )
     file: Annotated[str, setting("chaos_file", "--chaos-file")] = Field(
         default="", description="YAML fault plan."
+    )
+
+
+class InPlaceSettings(BaseModel):
+    """In-place recovery (docs/fast-recovery.md): survivors keep their processes, only failed ranks
+    are replaced, state comes from a live replica."""
+
+    model_config = _MODEL
+
+    enabled: Annotated[bool, setting("in_place", "--in-place/--no-in-place")] = Field(
+        default=True,
+        description="Re-form the process group in place when a rank fails (scripts under Session.run).",
+    )
+    timeout_s: Annotated[float, setting("in_place_timeout_s", "--in-place-timeout")] = Field(
+        default=DEFAULT_REFORM_TIMEOUT_S,
+        gt=0,
+        description="Seconds each step of an in-place re-formation may take before the whole group restarts.",
+    )
+    max_per_attempt: Annotated[int, setting("in_place_max", "--in-place-max")] = Field(
+        default=10,
+        ge=0,
+        description="In-place recoveries within one attempt before the whole group restarts.",
+    )
+    fail_attempt: Annotated[int, setting("in_place_fail_attempt")] = Field(
+        default=-1,
+        ge=-1,
+        description="The attempt whose in-place recovery is forced to fail (testing); -1: none.",
     )
 
 

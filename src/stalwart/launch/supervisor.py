@@ -37,6 +37,7 @@ from ..protocol import LoopStarted, Note
 from .clock import Clock
 from .cpu_progress import CpuProgress, ProcSample, read_proc
 from .decision import AttemptOutcome, Decision, DecisionKind
+from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
@@ -117,6 +118,18 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
+        self.in_place = InPlaceRecovery(
+            cfg=cfg,
+            ledger=ledger,
+            group=group,
+            receiver=receiver,
+            block=block,
+            tracker=self.tracker,
+            num_nodes=len(world.active) if world is not None else 1,
+            attempt=attempt,
+            clock=clock,
+            specs={s.global_rank: s for s in self.specs},
+        )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 
     # --- collect ---------------------------------------------------------------------------------
@@ -146,7 +159,11 @@ class Supervisor:
             if isinstance(msg, Note):
                 self.console.note(msg.text)
             elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
-                self.console.note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
+                gen = self.in_place.generation
+                origin = (
+                    f"the live state, in place (generation {gen})" if gen else "the newest good checkpoint"
+                )
+                self.console.note(f"workers resumed at step {msg.first_step} from {origin}")
             rec = tracker.observe(msg, now)
             if rec is not None:
                 batch.append(
@@ -240,6 +257,10 @@ class Supervisor:
     def run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
+            if self.in_place.pending is not None:
+                failed = self.in_place.follow(snap)
+                if failed is not None:
+                    return self._down_the_ladder(failed)
             self._calibration(snap)
             decisions = decide(snap, self.monitors)
             for d in decisions:
@@ -291,6 +312,8 @@ class Supervisor:
             case DecisionKind.CRASH:
                 return self._crash(d, snap)
             case DecisionKind.HANG:
+                if self.in_place.pending is not None:
+                    return None  # the ranks re-form: the re-formation's own bound applies
                 return self._hang_or_raised(d, snap)
             case DecisionKind.FINISHED:
                 self.job.release_spares()
@@ -303,7 +326,7 @@ class Supervisor:
                 assert_never(d.kind)
         return d.outcome
 
-    def _hang_or_raised(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _hang_or_raised(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         # a worker slow to exit after raising (on a loaded machine) is an exception, not a hang
         raised = self.files.raised_not_exited()
         if not raised:
@@ -370,11 +393,10 @@ class Supervisor:
         )
         return d.outcome
 
-    def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         assert d.outcome is not None and d.outcome.failure is not None
         failure, root, err = d.outcome.failure, d.rank, d.error
         log = next((s.log_path for s in self.specs if s.global_rank == root), None)
-        self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         text = tail(log, 3)
         self.console.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
         shown = tail_lines(log, 8, match="Traceback (most recent call last)")
@@ -395,6 +417,9 @@ class Supervisor:
             **ctx,
         )
         self.ledger.emit(detected)
+        in_place = self.in_place.consider(d, snap, self.clock.now())
+        if not in_place:
+            self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         if text and failure.kind != "crash":
             self.ledger.emit(
                 StackCaptured(
@@ -407,37 +432,65 @@ class Supervisor:
                 show=False,
             )
         self._incident(d, detected)
+        if in_place:
+            return None
         self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"rank {root} {failure.evidence}", **ctx), show=False
         )
         return d.outcome
 
-    def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
         ctx = self.ledger.ctx()
+        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
+        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
+        # every rank of a hung group is silent: a stopped rank, or one that cannot even dump its
+        # stack while its peers can, is the hung one rather than the rank the monitor named first
+        stuck = self.in_place.hang_culprits(set(stacks))
+        rank = d.rank if not stuck or d.rank in stuck else min(stuck)
+        if rank != d.rank:
+            d = dataclasses.replace(
+                d, rank=rank, reason=f"rank {rank} is stopped or unresponsive; {d.reason}"
+            )
         detected = FailureDetected(
-            ts=d.outcome.detected_at,
+            ts=d.outcome.detected_at if d.outcome is not None else self.clock.now(),
             failure="hang",
             evidence=d.reason,
             onset=d.onset,
             step=failure.step,
-            rank=d.rank,
+            rank=rank,
             **ctx,
         )
         self.ledger.emit(detected)
-        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
-        for rank, text in stacks.items():
-            reason = "hung rank" if rank == d.rank else "peer of the hung rank"
+        for r, text in stacks.items():
+            reason = "hung rank" if r == rank else "peer of the hung rank"
             self.ledger.emit(
-                StackCaptured(ts=self.clock.now(), rank=rank, stack=text, reason=reason, **ctx),
-                show=rank == d.rank,
+                StackCaptured(ts=self.clock.now(), rank=r, stack=text, reason=reason, **ctx),
+                show=r == rank,
             )
+        if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
+            self._incident(d, detected)
+            return None
         self.group.stop(0.0)
         self._incident(d, detected)
         self.ledger.emit(
-            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
+            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
+        )
+        return d.outcome
+
+    def _down_the_ladder(self, d: Decision) -> AttemptOutcome:
+        """The in-place re-formation failed (its reason is in the ledger): the whole group restarts for
+        the original failure, as it would have without the in-place rung."""
+        assert d.outcome is not None
+        self.group.stop(0.0)
+        self.ledger.emit(
+            WorkersStopped(
+                ts=self.clock.now(),
+                reason="in-place recovery failed: the whole group restarts",
+                **self.ledger.ctx(),
+            ),
+            show=False,
         )
         return d.outcome
 

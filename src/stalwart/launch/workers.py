@@ -194,18 +194,45 @@ class WorkerGroup:
 
     def start(self) -> list[int]:
         for spec in self.specs:
-            route = spec.route or OutputRoute(spec.log_path)
-            fds = (spec.ipc_fd,) if spec.ipc_fd >= 0 else ()
-            if route.log_path is None:
-                self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
-                continue
-            route.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
-            self._logs.append(log)
-            proc, out, err = self._spawn(spec, fds, piped=True)
-            self.procs[spec.global_rank] = proc
-            self._pump_streams(spec, route, log, (out, err))
+            self._start_one(spec)
         return [p.pid for p in self.procs.values()]
+
+    def _start_one(self, spec: WorkerSpec) -> WorkerProc:
+        route = spec.route or OutputRoute(spec.log_path)
+        fds = (spec.ipc_fd,) if spec.ipc_fd >= 0 else ()
+        if route.log_path is None:
+            proc = self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
+            return proc
+        route.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        proc, out, err = self._spawn(spec, fds, piped=True)
+        self.procs[spec.global_rank] = proc
+        self._pump_streams(spec, route, log, (out, err))
+        return proc
+
+    def replace(self, spec: WorkerSpec, reap_s: float) -> int:
+        """In-place recovery: SIGKILL the process of ``spec.global_rank`` (dead, hung or stopped), reap
+        it within ``reap_s``, and start ``spec`` in its place (warm when the fork server is offered).
+        Returns the new pid; raises RuntimeError when the old process cannot be reaped in time."""
+        rank = spec.global_rank
+        old = self.procs.get(rank)
+        if old is not None:
+            try:
+                old.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                old.wait(timeout=reap_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(
+                    f"rank {rank} (pid {old.pid}) did not exit {reap_s:g}s after SIGKILL"
+                ) from None
+        self.exit_times.pop(rank, None)
+        if rank in self.warm_ranks:
+            self.warm_ranks.remove(rank)
+        self.specs = [spec if s.global_rank == rank else s for s in self.specs]
+        return self._start_one(spec).pid
 
     def _pump_streams(
         self, spec: WorkerSpec, route: OutputRoute, log: IO[bytes], pipes: tuple[Stream, Stream]
