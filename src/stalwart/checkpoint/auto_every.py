@@ -107,8 +107,8 @@ class AutoEvery:
         step_s, stall_s, persist_s, neg_mtbf = self._agree(
             [statistics.median(self._times), stall, persist or 0.0, -mtbf]
         )
-        if -neg_mtbf != mtbf:
-            source = "the shortest over the ranks"
+        if -neg_mtbf != mtbf:  # ranks read the ledger at slightly different moments
+            source = f"{source}; the shortest over the ranks"
         choice = decide_interval(AutoInputs(step_s, stall_s, persist_s, -neg_mtbf, source))
         if choice.steps != self.steps or not self.choices:
             self.steps = choice.steps
