@@ -232,6 +232,7 @@ class ChaosInjected(Event):
     fault: str
     step: int = -1
     detail: str = ""
+    until_step: int = -1  # a fault that holds for a span of steps (slow): its last step; -1 none/open
 
 
 @event

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape as esc
 
+from ..checkpoint.events import CheckpointIntervalAdvised
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
@@ -62,6 +63,11 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "source": "StragglerDetected/StragglerCleared events (what the live console showed)",
             "spans": [asdict(ep) for ep in found],
         },
+        "checkpoint_interval": [  # --checkpoint-every auto: the interval over time
+            {"ts": e.ts, "attempt": e.attempt, "interval_steps": e.interval_steps, "reason": e.reason}
+            for e in events
+            if isinstance(e, CheckpointIntervalAdvised) and e.applied
+        ],
         "checkpoints_rejected": [
             {
                 "ts": e.ts,
@@ -220,6 +226,13 @@ def _render_findings(rep: dict[str, Any], say: Callable[[str], None]) -> None:
             f"  rank {sp['rank']} (attempt {sp['attempt']}): {sp['score']:.2f}x the fleet median own-work "
             f"time from step {sp['first_step']}; {until}"
         )
+    changes = rep.get("checkpoint_interval", [])
+    if changes:
+        steps = " -> ".join(
+            f"{c['interval_steps']} ({time.strftime('%H:%M:%S', time.localtime(c['ts']))})" for c in changes
+        )
+        say(f"checkpoint interval (auto), steps over time: {steps}")
+        say(f"  [dim]{esc(changes[-1]['reason'])}[/]")
     rejected = rep["checkpoints_rejected"]
     say(f"checkpoints rejected on load: {len(rejected) or 'none'}")
     for r in rejected:

@@ -90,7 +90,9 @@ def batch_for(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument(
+        "--checkpoint-every", type=lambda v: v if v == "auto" else int(v), default=25, help="N steps, or auto"
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing_extensions import assert_never
 
 from ..diagnose.cross_layer import COMM_CODES
+from ..diagnose.kill_witness import KillWitness
 from ..diagnose.precision import GateDecision
 from ..diagnose.signals import from_failure
 from ..events import (
@@ -129,6 +130,7 @@ class Supervisor:
             clock=clock,
             specs={s.global_rank: s for s in self.specs},
         )
+        self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -146,7 +148,8 @@ class Supervisor:
             else {}
         )
         self._sample_cpu(codes, now)
-        return self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        return dataclasses.replace(snap, kills=frozen(self.witness.observe(self.group.pid, codes, logs, now)))
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the

@@ -23,6 +23,7 @@ from typing import IO, Protocol, TextIO
 from typing_extensions import assert_never
 
 from ..policy.label import Label
+from .peer_errors import PeerErrorFilter
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,9 @@ def _pump(
     console: TextIO | None,
     prefix: bytes,
 ) -> None:
-    """Copy a worker's stream line by line to its log, its --log-dir file and the console."""
+    """Copy a worker's stream line by line to its log, its --log-dir file and the console; a
+    communication error's traceback (a survivor of another rank's death) only to the logs."""
+    quiet = PeerErrorFilter()
     try:
         for line in iter(pipe.readline, b""):
             with lock:
@@ -345,19 +348,28 @@ def _pump(
                 extra.write(line)
                 extra.flush()
             if console is not None:
-                try:
-                    out = console.buffer if hasattr(console, "buffer") else None
-                    if out is not None:
-                        out.write(prefix + line)
-                        out.flush()
-                    else:
-                        console.write((prefix + line).decode(errors="replace"))
-                except (OSError, ValueError):
-                    console = None  # the console went away; keep logging
+                console = _show(console, prefix, quiet.feed(line))
+        if console is not None:
+            _show(console, prefix, quiet.flush())
     except (OSError, ValueError):
         pass
     finally:
         pipe.close()
+
+
+def _show(console: TextIO, prefix: bytes, lines: list[bytes]) -> TextIO | None:
+    try:
+        out = console.buffer if hasattr(console, "buffer") else None
+        for line in lines:
+            if out is not None:
+                out.write(prefix + line)
+            else:
+                console.write((prefix + line).decode(errors="replace"))
+        if out is not None and lines:
+            out.flush()
+    except (OSError, ValueError):
+        return None  # the console went away; keep logging
+    return console
 
 
 def tail_lines(path: Path | None, lines: int = 5, match: str = "") -> str:

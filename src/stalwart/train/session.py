@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..checkpoint.auto_every import auto_every_for
 from ..checkpoint.events import CheckpointPersistFailed
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
@@ -323,16 +324,27 @@ class Session:
     # --- the loop ---------------------------------------------------------------------------
 
     def loop(
-        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0, resume: bool = True
+        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int | str = 0, resume: bool = True
     ) -> Iterator[int]:
-        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
+        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
+        at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
         start = self._start(state, resume)
+        root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
+        auto = (
+            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx)
+            if checkpoint_every == "auto"
+            else None
+        )
+        every = 0 if auto is not None else int(checkpoint_every)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         for step in range(start, total_steps):
             self._begin_step(step)
             yield step
             self._end_step(step)
-            if checkpoint_every and self._completed % checkpoint_every == 0:
+            if auto is not None and auto.due(self._completed):
+                self.save(state)
+                auto.saved(self._completed)
+            elif every and self._completed % every == 0:
                 self.save(state)
             if self._stop_requested():
                 self._stop(state)
