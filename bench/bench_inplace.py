@@ -37,6 +37,9 @@ from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, Tra
 from stalwart.ledger import read_merged
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from bench_recovery import _boots  # noqa: E402 - the shared boot records of bench/recovery_worker.py
+
 STEPS, EVERY, CRASH_STEP = 40, 10, 27
 JOB = [
     "--steps",
@@ -52,7 +55,7 @@ STEP_LINE = re.compile(r"^(?:\[\w+\]:)?step (\d+)/\d+ .* t (\d+\.\d+)$")
 
 
 def _boot_times(boots: Path) -> list[float]:
-    return [json.loads(p.read_text())["start"] for p in boots.glob("boot-*.json")]
+    return [b["start"] for b in _boots(boots)]
 
 
 def _steps(lines: list[str]) -> list[tuple[int, float]]:

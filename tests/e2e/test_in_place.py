@@ -113,60 +113,44 @@ def test_a_failed_in_place_rung_falls_to_warm_then_cold_each_recorded(tmp_path, 
 FSDP = str(Path(__file__).parent / "scripts" / "fsdp_train.py")
 
 
+def _fsdp_pair(tmp: Path, name: str, train: list[str]) -> Path:
+    """An uninterrupted FSDP2 run and one whose rank 3 is killed at step 9, both under Session.run:
+    the interrupted run's directory, after checking that both end with the same model and optimizer."""
+    import torch
+
+    from .test_sharded_run import _same
+
+    common = ["run", "-q", "--nproc-per-node", "4"]
+    ref = stalwart(*common, "--run-dir", str(tmp / "ref"), *train, "--out", str(tmp / "ref.pt"))
+    assert ref.code == 0, ref.err + ref.out
+    chaos = ["--chaos", "crash@rank=3,step=9"]
+    res = stalwart(*common, "--run-dir", str(tmp / name), *chaos, *train, "--out", str(tmp / f"{name}.pt"))
+    assert res.code == 0, res.err + res.out
+    _same(torch.load(tmp / "ref.pt", weights_only=True), torch.load(tmp / f"{name}.pt", weights_only=True))
+    return tmp / name
+
+
 @pytest.mark.timeout(900)
 def test_hsdp_replica_hands_a_replaced_rank_its_shards(tmp_path):
     """FSDP2 + HSDP (2 replica groups x 2 shards): rank 3's shards come from rank 1, which holds the
     same shards in the other replica group; the run ends bit-identical (model and optimizer)."""
-    import torch
-
     pytest.importorskip("torchdata")
-    from .test_sharded_run import _same
-
-    common = ["run", "-q", "--nproc-per-node", "4"]
     train = [FSDP, "--steps", "16", "--checkpoint-every", "4", "--mesh", "2x2", "--in-place"]
-    ref = stalwart(*common, "--run-dir", str(tmp_path / "ref"), *train, "--out", str(tmp_path / "ref.pt"))
-    assert ref.code == 0, ref.err + ref.out
-    run_dir = tmp_path / "hsdp"
-    res = stalwart(
-        *common, "--run-dir", str(run_dir), "--chaos", "crash@rank=3,step=9", *train, "--out",
-        str(tmp_path / "hsdp.pt"),
-    )  # fmt: skip
-    assert res.code == 0, res.err + res.out
+    run_dir = _fsdp_pair(tmp_path, "hsdp", train)
     [done] = events(run_dir, ReformedInPlace)
     assert done.ranks == (3,) and done.lost_steps == 0 and done.bytes_moved > 0
-    _same(
-        torch.load(tmp_path / "ref.pt", weights_only=True),
-        torch.load(tmp_path / "hsdp.pt", weights_only=True),
-    )
 
 
 @pytest.mark.timeout(900)
 def test_plain_fsdp_without_a_replica_of_the_lost_shards_resumes_from_a_checkpoint_in_place(tmp_path):
     """Plain FSDP over 4 ranks: no survivor holds rank 3's shards, so the re-formed group (the same
     processes for ranks 0-2) resumes from the newest checkpoint instead, still bit-identical."""
-    import torch
-
     pytest.importorskip("torchdata")
     from stalwart.events import TrainingResumed
 
-    from .test_sharded_run import _same
-
-    common = ["run", "-q", "--nproc-per-node", "4"]
-    train = [FSDP, "--steps", "12", "--checkpoint-every", "4", "--in-place"]
-    ref = stalwart(*common, "--run-dir", str(tmp_path / "ref"), *train, "--out", str(tmp_path / "ref.pt"))
-    assert ref.code == 0, ref.err + ref.out
-    run_dir = tmp_path / "fsdp"
-    res = stalwart(
-        *common, "--run-dir", str(run_dir), "--chaos", "crash@rank=3,step=9", *train, "--out",
-        str(tmp_path / "fsdp.pt"),
-    )  # fmt: skip
-    assert res.code == 0, res.err + res.out
+    run_dir = _fsdp_pair(tmp_path, "fsdp", [FSDP, "--steps", "12", "--checkpoint-every", "4", "--in-place"])
     [done] = events(run_dir, ReformedInPlace)
     assert done.bytes_moved == 0 and done.step in (4, 8)
     resumed = [e for e in events(run_dir, TrainingResumed) if e.ts > done.ts - 60 and e.step == done.step]
     assert resumed and not resumed[0].from_checkpoint.startswith("live:")
     assert {e.attempt for e in events(run_dir, StepCompleted)} == {0}
-    _same(
-        torch.load(tmp_path / "ref.pt", weights_only=True),
-        torch.load(tmp_path / "fsdp.pt", weights_only=True),
-    )
