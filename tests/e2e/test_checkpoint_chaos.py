@@ -38,6 +38,7 @@ def _damaged_run(tmp_path, damage: str, attempt: int):
         f"{damage}@step=15",
         "--chaos",
         "crash@rank=0,step=15",
+        "--no-in-place",  # the restart must load a checkpoint (in place it would take the live state)
         *JOB,
         "--out",
         str(tmp_path / f"run{attempt}.pt"),

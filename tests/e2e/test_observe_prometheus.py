@@ -211,6 +211,7 @@ def test_prometheus_sees_what_the_report_says_and_a_storm_reaches_slack(stack):
         "2",
         "--max-restarts",
         "5",
+        "--no-in-place",  # the storm rule counts whole-group restarts: three crashes must be three restarts
         # the default hang floor (10 s): the job has crashes only, and beside a CPU hog a worker's full
         # garbage collection (0.19 s quiet at step 41) stretched past a 2 s floor into a restart for "hang"
         "--run-id",
