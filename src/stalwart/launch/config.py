@@ -167,6 +167,8 @@ class RunConfig(BaseSettings):
             pg_timeout_s=self.hang.pg_timeout_s,
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
+            store_timeout_s=self.rendezvous.store_timeout_s,
+            keepalive_s=self.rendezvous.keepalive_s,
         )
         if self.hang.cpu_stall_s >= self.hang.pg_timeout_s:
             raise ValueError(
@@ -364,8 +366,9 @@ _RDZV_CONF = {
     "last_call_timeout": "rdzv_last_call_s",
     "keep_alive_interval": "rdzv_keepalive_s",
     "is_host": "rdzv_host",
+    "read_timeout": "rdzv_read_timeout_s",
 }
-_RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "read_timeout", "use_libuv", "store_type"}
+_RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "use_libuv", "store_type"}
 
 
 def parse_rdzv_conf(text: str) -> dict[str, Any]:

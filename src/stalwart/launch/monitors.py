@@ -7,6 +7,8 @@
   save; then hold, pass the stop on to a script without the SDK, or end at the deadline;
 - :class:`HangMonitor` (``hang_monitor.py``): SDK heartbeats (attribution by
   :func:`stalwart.diagnose.hang.attribute_hang`) or, without the SDK, CPU progress; a hang incident;
+- :func:`store_lost`: the rendezvous store stayed silent over the store timeout (read off the tick by
+  launch/store_watch.py): stop the group; the job policy ends the job (exit 75);
 - :func:`membership`: a node waits to join: re-form the group;
 - :class:`StragglerMonitor` (``straggler_monitor.py``): ranks compared within the same steps, debounced over windows
   (:func:`stalwart.diagnose.straggler.relative_stragglers`); the straggler-action policy's verdict,
@@ -52,6 +54,7 @@ __all__ = [
     "durability",
     "job_slowdown",
     "membership",
+    "store_lost",
     "worker_exits",
 ]
 
@@ -245,6 +248,18 @@ def membership(s: Snapshot) -> Decision | None:
     )
 
 
+def store_lost(s: Snapshot) -> Decision | None:
+    """The rendezvous store has been silent over the store timeout: the job around this node is gone
+    or cut off; stop the workers within their grace and let the job policy end the job."""
+    if not s.store_unreachable or s.stop_requested_at is not None:
+        return None
+    return Decision(
+        DecisionKind.MEMBERSHIP,
+        f"rendezvous store lost: {s.store_unreachable}",
+        AttemptOutcome(AttemptStatus.STORE_LOST, detected_at=s.now, detail=s.store_unreachable),
+    )
+
+
 # --- the monitors of a run, in order ------------------------------------------------------------------
 
 
@@ -299,6 +314,7 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
         HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
+        store_lost,
         membership,
     )
 
@@ -306,5 +322,6 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
 # stragglers are observed first (they end a tick only to exclude this node, never with a failed worker
 # or a stop under way), then exits before anything a signal or a
 # silence could suggest (a worker that exited says more than one that is quiet), then the stop a
-# signal asks for (while it runs, hangs and membership wait), then hangs, then a joining node
-PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "membership")
+# signal asks for (while it runs, hangs and membership wait), then hangs (a silent peer is seen there
+# first: its hang timeout is shorter than the store timeout), then a lost store, then a joining node
+PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "store_lost", "membership")

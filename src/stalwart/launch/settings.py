@@ -25,6 +25,7 @@ from ..policy.timeouts import (
     HANG_MIN_SAMPLES,
     HANG_MULTIPLIER,
     STARTUP_TIMEOUT_S,
+    STORE_TIMEOUT_S,
     HangTimeoutPolicy,
 )
 from ..protocol import DEFAULT_PG_TIMEOUT_S
@@ -116,6 +117,12 @@ class RendezvousSettings(BaseModel):
     )
     keepalive_s: Annotated[float, setting("rdzv_keepalive_s")] = Field(
         default=1.0, gt=0, description="Seconds between an agent's keep-alive beats."
+    )
+    store_timeout_s: Annotated[float, setting("rdzv_read_timeout_s")] = Field(
+        default=STORE_TIMEOUT_S,
+        gt=0,
+        description="Seconds the rendezvous store may leave this agent's reads unanswered before the job "
+        "ends (exit 75); --rdzv-conf read_timeout sets it.",
     )
     host: Annotated[bool | None, setting("rdzv_host", "--rdzv-host/--no-rdzv-host")] = Field(
         default=None, description="Host the rendezvous store here (default: when the endpoint is local)."

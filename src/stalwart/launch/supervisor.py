@@ -40,6 +40,7 @@ from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
 from .snapshot import Snapshot, cpu_marks, frozen, views
+from .store_watch import StoreUnreachable
 from .workers import describe_exit, tail, tail_lines
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
@@ -113,6 +114,7 @@ class Supervisor:
         self.stragglers: dict[int, float] = {}
         self.last_straggler_check = -1
         self.last_membership_check = self.tracker.started
+        self.store_unreachable = ""  # why the rendezvous store counts as gone (the store monitor acts)
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
@@ -196,12 +198,17 @@ class Supervisor:
                 self.cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
 
     def _nodes_waiting(self, now: float) -> int | None:
-        """Nodes waiting to join, asked at most every MEMBERSHIP_EVERY_S; None when not asked."""
+        """Nodes waiting to join, asked at most every MEMBERSHIP_EVERY_S; None when not asked. The
+        answer is a background reader's latest (launch/store_watch.py): nothing here waits on the
+        network; a store silent over its timeout is kept in ``store_unreachable`` for the monitors."""
         if self.stop_requested_at is not None or now - self.last_membership_check <= MEMBERSHIP_EVERY_S:
             return None
         self.last_membership_check = now
         try:
             return self.job.nodes_waiting()
+        except StoreUnreachable as exc:
+            self.store_unreachable = str(exc)
+            return 0
         except Exception:  # noqa: BLE001 - the store may be briefly unreachable
             return 0
 
@@ -223,6 +230,7 @@ class Supervisor:
             signal=self.job.signal(),
             stop_requested_at=self.stop_requested_at,
             nodes_waiting=waiting,
+            store_unreachable=self.store_unreachable,
             cpu=cpu_marks(self.cpu),
             recent_steps=tuple(self.window) if straggler_step >= 0 else (),
             straggler_step=straggler_step,
