@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..diagnose.incident import BlastRadius, Incident
+from ..diagnose.incident import BlastRadius, Incident, lost_host
 from ..diagnose.precision import GateDecision
 from ..diagnose.root_cause import classify, component_class, incident_class
 from ..diagnose.straggler_action import StragglerActionConfig
@@ -114,26 +114,39 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
     fault_class, component = incident_class(
         component_class(_CLASS_OF_KIND[kind], evidence, err.type if err else "", err.message if err else "")
     )
+    others = sorted(r for r in failed if r != root)
+    evidence_lines = (
+        (f"rank {root}: {evidence}",)
+        + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
+        + ((f"step {step}",) if step >= 0 else ())
+    )
     if kind == "exception":
         cause = f"rank {root} raised {err.signature if err else evidence}"
     elif kind == "peer_lost":
         cause = f"rank {root} lost a peer ({evidence}); the cause is on another rank or the network"
     else:
         cause = f"rank {root} {evidence}"
-    others = sorted(r for r in failed if r != root)
+    radius = BlastRadius(nodes=(s.node,), ranks=(root,))
+    action = "restart the workers (within the restart budget)"
+    left = (
+        lost_host(s.node, s.world.active, evidence) if kind == "peer_lost" and s.world is not None else None
+    )
+    if left is not None:  # the survivor is a witness, not the blast radius
+        cause = f"host {left.node} left the job: rank {root} on {s.node} lost its peer ({evidence})"
+        evidence_lines += (f"lost host {left.node}: {left.how}", f"witness {s.node}: rank {root}")
+        radius = BlastRadius(nodes=(left.node,))
+        action = f"re-form the group without host {left.node} (within the restart budget)"
     incident = Incident(
         cause=cause,
         fault_class=fault_class,
         component=component,
         confidence=CRASH_CONFIDENCE[kind],
-        action="restart the workers (within the restart budget)",
+        action=action,
         ts=detected,
         onset=onset,
         rule="monitor:worker-exits",
-        evidence=(f"rank {root}: {evidence}",)
-        + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
-        + ((f"step {step}",) if step >= 0 else ()),
-        blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
+        evidence=evidence_lines,
+        blast_radius=radius,
     )
     return Decision(
         DecisionKind.CRASH,

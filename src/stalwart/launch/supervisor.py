@@ -452,7 +452,12 @@ class Supervisor:
         names the cause (diagnose/live.py), so the agent does not raise a second, symptom-level one."""
         if d.incident is None:
             return
-        if getattr(self.cfg.diagnosis, "interval_s", 0) and from_failure(detected).code in COMM_CODES:
+        named_elsewhere = self.node not in d.incident.blast_radius.nodes  # a host that left (monitors.crash)
+        if (
+            getattr(self.cfg.diagnosis, "interval_s", 0)
+            and from_failure(detected).code in COMM_CODES
+            and not named_elsewhere
+        ):
             return
         ctx = self.ledger.ctx()
         self.ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)
