@@ -212,8 +212,10 @@ class RunConfig(BaseSettings):
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
         if rdzv.standalone and self.max_nodes > 1:
             raise ValueError("--standalone runs a single node: drop it or use --nnodes 1")
-        if rdzv.endpoint:
-            host, sep, port = rdzv.endpoint.rpartition(":")
+        for endpoint in rdzv.endpoint.split(",") if rdzv.backend in ("etcd", "etcd-v2") else [rdzv.endpoint]:
+            if not endpoint:
+                continue
+            host, sep, port = endpoint.removeprefix("http://").rpartition(":")
             if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or ":" in host.strip("[]"):
                 raise ValueError(
                     f"--rdzv-endpoint {rdzv.endpoint!r} must be HOST:PORT (e.g. head-node:29400)"
@@ -259,7 +261,7 @@ class RunConfig(BaseSettings):
         rdzv = self.rendezvous
         if rdzv.standalone:
             return False
-        return rdzv.backend == "c10d" or (rdzv.backend == "" and bool(rdzv.endpoint))
+        return rdzv.backend in ("c10d", "etcd", "etcd-v2") or (rdzv.backend == "" and bool(rdzv.endpoint))
 
     @property
     def min_nodes(self) -> int:

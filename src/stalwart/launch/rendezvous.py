@@ -23,10 +23,19 @@ from .ports import Round
 from .store_watch import StoreUnreachable, StoreWatch, within
 
 DONE_KEY = "stalwart/done"
+ETCD_BACKENDS = ("etcd", "etcd-v2")  # launch/etcd_rendezvous.py (torch's etcd-v2 name, the v3 API)
 PROBE_KEY = "stalwart/probe"
 CLOSE_S = 10.0  # torch's close_timeout: at most this long to close the rendezvous on the way out
 
-__all__ = ["DONE_KEY", "NodeRendezvous", "StoreUnreachable", "c10d_probe", "local_addr", "make_handler"]
+__all__ = [
+    "DONE_KEY",
+    "NodeRendezvous",
+    "StoreUnreachable",
+    "c10d_probe",
+    "local_addr",
+    "make_handler",
+    "rendezvous_probe",
+]
 
 
 class PeerExchange(Protocol):
@@ -71,7 +80,7 @@ class NodeRendezvous:
         if not cfg.use_c10d:
             return self._static()
         if self.watch is None:
-            probe = c10d_probe(cfg.rendezvous.endpoint, min(5.0, self.timeout_s / 2))
+            probe = rendezvous_probe(cfg, min(5.0, self.timeout_s / 2))
             self.watch = StoreWatch(probe, self.clock, probe_deadline_s=min(5.0, self.timeout_s / 2)).start()
         watch = self.watch
         watch.asking(None)  # torch's handler is the round's alone while it forms
@@ -199,7 +208,8 @@ class NodeRendezvous:
 
 
 def make_handler(cfg):
-    """torch's c10d rendezvous handler for the run configuration."""
+    """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
+    (torchrun's), or on etcd (launch/etcd_rendezvous.py)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -207,6 +217,10 @@ def make_handler(cfg):
     # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
     # the previous round waits on the key forever. Stalwart never hands that store to workers.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if cfg.rendezvous.backend in ETCD_BACKENDS:
+        from .etcd_rendezvous import make_etcd_handler
+
+        return make_etcd_handler(cfg)
     conf: dict[str, Any] = {
         "join_timeout": cfg.rendezvous.timeout_s,
         "last_call_timeout": cfg.rendezvous.last_call_s,
@@ -227,6 +241,15 @@ def make_handler(cfg):
         **conf,
     )
     return get_rendezvous_handler(params)
+
+
+def rendezvous_probe(cfg, timeout_s: float):
+    """One round trip to the rendezvous's store (etcd's quorum, or the c10d host's TCPStore)."""
+    if cfg.rendezvous.backend in ETCD_BACKENDS:
+        from .etcd_rendezvous import etcd_probe
+
+        return etcd_probe(cfg.rendezvous.endpoint, timeout_s)
+    return c10d_probe(cfg.rendezvous.endpoint, timeout_s)
 
 
 def c10d_probe(endpoint: str, timeout_s: float):

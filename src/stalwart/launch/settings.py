@@ -94,10 +94,13 @@ class RendezvousSettings(BaseModel):
     model_config = _MODEL
 
     backend: Annotated[str, setting("rdzv_backend", "--rdzv-backend", "--rdzv_backend")] = Field(
-        default="", description="static or c10d; unset: c10d when --rdzv-endpoint is given, else static."
+        default="",
+        description="static, c10d (one host's store) or etcd (an etcd cluster; etcd-v2 is the same); "
+        "unset: c10d when --rdzv-endpoint is given, else static.",
     )
     endpoint: Annotated[str, setting("rdzv_endpoint", "--rdzv-endpoint", "--rdzv_endpoint")] = Field(
-        default="", description="HOST:PORT of the c10d rendezvous."
+        default="",
+        description="HOST:PORT of the c10d rendezvous; etcd: HOST:PORT[,HOST:PORT...] of its members.",
     )
     id: Annotated[str, setting("rdzv_id", "--rdzv-id", "--rdzv_id")] = Field(
         default="", description="Job id shared by all agents."
@@ -143,8 +146,8 @@ class RendezvousSettings(BaseModel):
     @field_validator("backend")
     @classmethod
     def _backend(cls, v: str) -> str:
-        if v not in ("", "static", "c10d"):
-            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static or c10d")
+        if v not in ("", "static", "c10d", "etcd", "etcd-v2"):
+            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static, c10d or etcd")
         return v
 
 
