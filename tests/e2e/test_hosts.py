@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(hosts.why_not()), reason=
 ENDPOINT = f"{hosts.SUBNET}.1:29400"  # h0 hosts the rendezvous store
 
 
-def _agent(h: hosts.Hosts, name: str, run_dir: Path, run_id: str, *extra: str) -> subprocess.Popen:
+def _agent(
+    h: hosts.Hosts, name: str, run_dir: Path, run_id: str, *extra: str, batch: int = 32, last_call: int = 60
+) -> subprocess.Popen:
     argv = [
         sys.executable,
         "-m",
@@ -38,7 +40,7 @@ def _agent(h: hosts.Hosts, name: str, run_dir: Path, run_id: str, *extra: str) -
         "--rdzv-id",
         run_id,
         "--rdzv-conf",
-        f"is_host={int(name == 'h0')},last_call_timeout=60,read_timeout=15",
+        f"is_host={int(name == 'h0')},last_call_timeout={last_call},read_timeout=15",
         "--run-dir",
         str(run_dir),
         "--node-name",
@@ -51,6 +53,8 @@ def _agent(h: hosts.Hosts, name: str, run_dir: Path, run_id: str, *extra: str) -
         "100000",
         "--checkpoint-every",
         "5",
+        "--global-batch",
+        str(batch),
     ]
     return h.popen(name, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -127,3 +131,98 @@ def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
     inc = named[0]
     assert "h1" in inc.nodes and "h0" not in inc.nodes, inc
     assert "h1" in inc.cause and any("witness" in e and "h0" in e for e in inc.evidence), inc
+
+
+# --- etcd: no single host whose loss ends the job -----------------------------------------------------
+
+
+def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
+    """One etcd member per host; the client endpoints, once the cluster answers (bounded wait)."""
+    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in h.names)
+    for n in h.names:
+        ip = h.addr(n)
+        argv = ["etcd", "--name", n, "--data-dir", str(root / f"etcd-{n}"), "--initial-cluster", peers]
+        argv += ["--listen-client-urls", f"http://{ip}:2379", "--advertise-client-urls", f"http://{ip}:2379"]
+        argv += [
+            "--listen-peer-urls",
+            f"http://{ip}:2380",
+            "--initial-advertise-peer-urls",
+            f"http://{ip}:2380",
+        ]
+        argv += ["--initial-cluster-state", "new", "--initial-cluster-token", f"{h.tag}-etcd"]
+        h.popen(n, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoints = ",".join(f"{h.addr(n)}:2379" for n in h.names)
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        check = h.popen(h.names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
+        if check.wait(timeout=30) == 0:
+            return endpoints
+        time.sleep(0.5)
+    raise AssertionError("the etcd cluster did not come up within 60 s")
+
+
+def test_with_etcd_the_survivors_keep_training_after_the_round_leader_vanishes(tmp_path):
+    names = ["h0", "h1", "h2"]
+    with hosts.Hosts(names) as h:
+        endpoints = _etcd_cluster(h, tmp_path)
+        run_dir = tmp_path / "run"
+        procs = {
+            n: _agent(
+                h,
+                n,
+                run_dir,
+                "mh-etcd",
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                endpoints,
+                "--nnodes",
+                "2:3",
+                "--startup-timeout",  # a save under way when the leader vanishes waits this long, not 300 s
+                "20",
+                batch=24,
+                last_call=5,  # all three start together; a re-formed round of two waits only this long
+            )
+            for n in names
+        }
+        deadline = time.monotonic() + 240.0
+        three: list[AttemptStarted] = []
+        while len({e.node for e in three}) < 3 and time.monotonic() < deadline:
+            three = [e for e in events_so_far(run_dir, AttemptStarted) if e.num_nodes == 3]
+            time.sleep(0.5)
+        assert len({e.node for e in three}) == 3, "the three hosts did not form a round"
+        leader = next(e.node for e in three if e.group_rank == 0)  # it hosts the round's worker store
+        while (
+            time.monotonic() < deadline
+            and len(
+                [
+                    e
+                    for e in events_so_far(run_dir)
+                    if type(e).__name__ == "StepCompleted" and e.node == leader
+                ]
+            )
+            < 10
+        ):
+            time.sleep(0.5)
+        cut = time.time()
+        h.vanish(leader)  # its etcd member, its agent and its worker store: gone without a reset
+        survivors = [n for n in names if n != leader]
+        resumed: list = []
+        deadline = time.monotonic() + 150.0
+        while time.monotonic() < deadline and not resumed:
+            after = [e for e in events_so_far(run_dir, AttemptStarted) if e.ts > cut and e.num_nodes == 2]
+            later = [
+                e
+                for e in events_so_far(run_dir)
+                if type(e).__name__ == "StepCompleted" and e.ts > cut and e.node in survivors
+            ]
+            if {e.node for e in after} == set(survivors) and {e.node for e in later} == set(survivors):
+                resumed = after
+            for n in survivors:
+                assert procs[n].poll() is None, procs[n].stdout.read()
+            time.sleep(0.5)
+        for n in survivors:
+            procs[n].kill()
+            procs[n].wait(timeout=30)
+    assert resumed, "the survivors did not train on together after the round leader vanished"
+    assert {e.node for e in resumed} == set(survivors) and all(e.num_nodes == 2 for e in resumed)
