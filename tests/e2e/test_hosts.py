@@ -23,8 +23,18 @@ ENDPOINT = f"{hosts.SUBNET}.1:29400"  # h0 hosts the rendezvous store
 
 
 def _agent(
-    h: hosts.Hosts, name: str, run_dir: Path, run_id: str, *extra: str, batch: int = 32, last_call: int = 60
+    h: hosts.Hosts,
+    name: str,
+    run_dir: Path,
+    run_id: str,
+    *extra: str,
+    batch: int = 32,
+    last_call: int = 60,
+    read_timeout: int | None = 15,
 ) -> subprocess.Popen:
+    conf = f"is_host={int(name == 'h0')},last_call_timeout={last_call}"
+    if read_timeout is not None:
+        conf += f",read_timeout={read_timeout}"
     argv = [
         sys.executable,
         "-m",
@@ -40,7 +50,7 @@ def _agent(
         "--rdzv-id",
         run_id,
         "--rdzv-conf",
-        f"is_host={int(name == 'h0')},last_call_timeout={last_call},read_timeout=15",
+        conf,
         "--run-dir",
         str(run_dir),
         "--node-name",
