@@ -55,3 +55,12 @@ def test_the_survivors_incident_names_the_host_that_left_and_itself_as_witness()
     # without the round's membership the survivor says only what it saw
     alone = crash(_snap(None), {0: 1}).incident
     assert alone is not None and alone.blast_radius.nodes == ("h0",) and "left" not in alone.cause
+
+
+def test_a_node_waiting_to_join_after_the_final_step_restarts_nothing():
+    from stalwart.launch.monitors import membership
+
+    base = dict(now=T0 + 2, tick=0.5, node="h0", started=T0, ranks=(), codes={}, nodes_waiting=1)
+    assert membership(Snapshot(**base, total_steps=200, max_done_step=198)) is not None
+    assert membership(Snapshot(**base, total_steps=200, max_done_step=199)) is None
+    assert membership(Snapshot(**base, max_done_step=10_000)) is not None  # no announced end: re-form

@@ -252,7 +252,11 @@ class SignalMonitor:
 
 
 def membership(s: Snapshot) -> Decision | None:
+    """A node waits to join: re-form the group, unless a rank has done the last step the script
+    announced (the job is finishing; a restart would only re-commit the final step)."""
     if not s.nodes_waiting:
+        return None
+    if s.total_steps and s.max_done_step + 1 >= s.total_steps:
         return None
     return Decision(
         DecisionKind.MEMBERSHIP,
