@@ -101,14 +101,17 @@ def test_the_rendezvous_host_vanishing_ends_a_single_endpoint_job_with_exit_75(t
 
 
 def test_a_partitioned_host_notices_within_its_hang_timeout(tmp_path):
+    # the store timeout (60 s) is longer than the cut: what notices it is the hang monitor, whose
+    # allowance is the hang timeout (3 s floor) or, if the cut lands in a checkpoint save, 20 s
+    extra = ("--max-restarts", "5", "--startup-timeout", "20")
     with hosts.Hosts(["h0", "h1"]) as h:
-        a = _agent(h, "h0", tmp_path, "mh-cut", "--max-restarts", "5")
-        b = _agent(h, "h1", tmp_path, "mh-cut", "--max-restarts", "5")
+        a = _agent(h, "h0", tmp_path, "mh-cut", *extra, read_timeout=None)
+        b = _agent(h, "h1", tmp_path, "mh-cut", *extra, read_timeout=None)
         _training_on_two(tmp_path, [a, b])
         cut = time.time()
         h.partition("h1")
         noticed: list[FailureDetected] = []
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + 45.0
         while not noticed and time.monotonic() < deadline:
             noticed = [e for e in events_so_far(tmp_path, FailureDetected) if e.node == "h1" and e.ts > cut]
             time.sleep(0.5)
