@@ -100,7 +100,7 @@ class RendezvousSettings(BaseModel):
     )
     endpoint: Annotated[str, setting("rdzv_endpoint", "--rdzv-endpoint", "--rdzv_endpoint")] = Field(
         default="",
-        description="HOST:PORT of the c10d rendezvous; etcd: HOST:PORT[,HOST:PORT...] of its members.",
+        description="HOST:PORT of the c10d rendezvous; etcd: its members' HOST:PORT, comma-separated.",
     )
     id: Annotated[str, setting("rdzv_id", "--rdzv-id", "--rdzv_id")] = Field(
         default="", description="Job id shared by all agents."
