@@ -62,7 +62,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["--tee", "7", "S"], "--tee '7' must be 0"),
         (["--redirects", "0:9", "S"], "--redirects '0:9' must be"),
         (["--nproc-per-node", "lots", "S"], "--nproc-per-node 'lots'"),
-        (["--rdzv-backend", "etcd", "S"], "--rdzv-backend 'etcd' is not supported"),
+        (["--rdzv-backend", "zookeeper", "S"], "--rdzv-backend 'zookeeper' is not supported"),
         (["--start-method", "teleport", "S"], "--start-method 'teleport'"),
         (["--nnodes", "2", "S"], "--master-addr"),
         (["--run-path", "train.py"], "absolute path"),

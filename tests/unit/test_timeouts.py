@@ -92,3 +92,32 @@ def test_floor_above_cap_and_bad_values():
         _ok(policy=HangTimeoutPolicy(0.0, 10.0, 600.0, 300.0, 5))
     with pytest.raises(ConfigError, match="--stop-grace"):
         _ok(stop_grace_s=0.0)
+
+
+@pytest.mark.parametrize(
+    "over, names, flag",
+    [
+        (
+            dict(store_timeout_s=1200.0),
+            ("store timeout (1200s)", "rendezvous timeout (1200s)"),
+            "--rdzv-conf read_timeout",
+        ),
+        (
+            dict(store_timeout_s=5.0, keepalive_s=5.0),
+            ("rendezvous keep-alive interval (5s)", "store timeout (5s)"),
+            "--rdzv-conf keep_alive_interval",
+        ),
+        (
+            dict(store_timeout_s=0.05),
+            ("monitor interval (0.05s)", "store timeout (0.05s)"),
+            "--monitor-interval",
+        ),
+    ],
+)
+def test_the_store_timeout_sits_between_the_keep_alive_and_the_rendezvous_timeout(over, names, flag):
+    _ok(store_timeout_s=60.0, keepalive_s=1.0)
+    with pytest.raises(ConfigError) as exc:
+        _ok(**over)
+    for n in names:
+        assert n in exc.value.message
+    assert flag in exc.value.hint

@@ -79,6 +79,17 @@ def test_rdzv_conf_maps_torchrun_keys():
         parse_rdzv_conf("bogus=1")
 
 
+def test_rdzv_conf_read_timeout_is_the_store_timeout_and_joins_the_hierarchy(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert parse_rdzv_conf("read_timeout=30") == {"rdzv_read_timeout_s": "30"}
+    cfg = RunConfig(script=str(script), rdzv_read_timeout_s=30)
+    assert cfg.rendezvous.store_timeout_s == 30.0
+    assert RunConfig(script=str(script)).rendezvous.store_timeout_s == 60.0  # torch's read_timeout
+    with pytest.raises((ValueError, ConfigError), match="store timeout"):
+        RunConfig(script=str(script), rdzv_read_timeout_s=2000)  # over the 900 s rendezvous timeout
+
+
 def test_run_id_is_stable_and_follows_slurm_then_rdzv_id(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "train.py"

@@ -12,6 +12,7 @@ accounting package prices GPU-seconds with its own ``Prices``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -141,3 +142,24 @@ def event_line(ev: IncidentRaised) -> str:
         f"{ev.cause} [{ev.fault_class}/{ev.component}, confidence {ev.confidence:.2f}; {verb} "
         f"{ev.action}; blast radius {where}{ranks}{cost}]"
     )
+
+
+@dataclass(frozen=True)
+class LostHost:
+    """The host a peer loss is attributed to, and how it was told."""
+
+    node: str
+    how: str  # "named by the transport" | "the only other host of the round"
+
+
+def lost_host(witness: str, active: tuple[str, ...], text: str) -> LostHost | None:
+    """The host that left, seen from ``witness`` (a host of the round ``active`` whose rank lost a peer
+    with the transport's ``text``): the one other host the text names (by name or address), else the
+    only other host of the round; None when neither tells (several hosts, none named)."""
+    others = [n for n in active if n != witness]
+    named = [n for n in others if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-]|\.\d)", text)]
+    if len(named) == 1:
+        return LostHost(named[0], "named by the transport")
+    if len(others) == 1:
+        return LostHost(others[0], "the only other host of the round")
+    return None

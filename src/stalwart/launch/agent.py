@@ -143,7 +143,7 @@ class Agent:
             memory = self._node_memory()
             diagnosis = self._start_diagnosis()
             warm = self._warm_pool()
-            rendezvous = NodeRendezvous(cfg, memory)
+            rendezvous = NodeRendezvous(cfg, memory, self.clock)
             self.runner = self._runner(rendezvous, memory, diagnosis, warm)
             code = self.runner.run()
             self._say_missing()

@@ -33,7 +33,6 @@ from .settings import (
     DiagnosisSettings,
     HangSettings,
     HealthSettings,
-    InPlaceSettings,
     LogSettings,
     ObserveSettings,
     RendezvousSettings,
@@ -42,6 +41,7 @@ from .settings import (
     WorkerSettings,
     setting,
 )
+from .settings_recovery import InPlaceSettings
 
 
 class RunConfig(BaseSettings):
@@ -170,6 +170,8 @@ class RunConfig(BaseSettings):
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
             reform_timeout_s=self.reform.timeout_s,
+            store_timeout_s=self.rendezvous.store_timeout_s,
+            keepalive_s=self.rendezvous.keepalive_s,
         )
         if self.hang.cpu_stall_s >= self.hang.pg_timeout_s:
             raise ValueError(
@@ -213,8 +215,10 @@ class RunConfig(BaseSettings):
             raise ValueError("--nnodes with more than one node needs --rdzv-endpoint HOST:PORT")
         if rdzv.standalone and self.max_nodes > 1:
             raise ValueError("--standalone runs a single node: drop it or use --nnodes 1")
-        if rdzv.endpoint:
-            host, sep, port = rdzv.endpoint.rpartition(":")
+        for endpoint in rdzv.endpoint.split(",") if rdzv.backend in ("etcd", "etcd-v2") else [rdzv.endpoint]:
+            if not endpoint:
+                continue
+            host, sep, port = endpoint.removeprefix("http://").rpartition(":")
             if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or ":" in host.strip("[]"):
                 raise ValueError(
                     f"--rdzv-endpoint {rdzv.endpoint!r} must be HOST:PORT (e.g. head-node:29400)"
@@ -260,7 +264,7 @@ class RunConfig(BaseSettings):
         rdzv = self.rendezvous
         if rdzv.standalone:
             return False
-        return rdzv.backend == "c10d" or (rdzv.backend == "" and bool(rdzv.endpoint))
+        return rdzv.backend in ("c10d", "etcd", "etcd-v2") or (rdzv.backend == "" and bool(rdzv.endpoint))
 
     @property
     def min_nodes(self) -> int:
@@ -368,8 +372,9 @@ _RDZV_CONF = {
     "last_call_timeout": "rdzv_last_call_s",
     "keep_alive_interval": "rdzv_keepalive_s",
     "is_host": "rdzv_host",
+    "read_timeout": "rdzv_read_timeout_s",
 }
-_RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "read_timeout", "use_libuv", "store_type"}
+_RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "use_libuv", "store_type"}
 
 
 def parse_rdzv_conf(text: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@
   save; then hold, pass the stop on to a script without the SDK, or end at the deadline;
 - :class:`HangMonitor` (``hang_monitor.py``): SDK heartbeats (attribution by
   :func:`stalwart.diagnose.hang.attribute_hang`) or, without the SDK, CPU progress; a hang incident;
+- :func:`store_lost`: the rendezvous store stayed silent over the store timeout (read off the tick by
+  launch/store_watch.py): stop the group; the job policy ends the job (exit 75);
 - :func:`membership`: a node waits to join: re-form the group;
 - :class:`StragglerMonitor` (``straggler_monitor.py``): ranks compared within the same steps, debounced over windows
   (:func:`stalwart.diagnose.straggler.relative_stragglers`); the straggler-action policy's verdict,
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..diagnose.incident import BlastRadius, Incident
+from ..diagnose.incident import BlastRadius, Incident, lost_host
 from ..diagnose.precision import GateDecision
 from ..diagnose.root_cause import classify, component_class, incident_class
 from ..diagnose.straggler_action import StragglerActionConfig
@@ -53,6 +55,7 @@ __all__ = [
     "durability",
     "job_slowdown",
     "membership",
+    "store_lost",
     "worker_exits",
 ]
 
@@ -112,6 +115,7 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
     fault_class, component = incident_class(
         component_class(_CLASS_OF_KIND[kind], evidence, err.type if err else "", err.message if err else "")
     )
+    others = sorted(r for r in failed if r != root)
     kill = s.kills.get(root) if kind == "crash" else None
     if kill is not None:  # a death by a signal, classified by its evidence (diagnose/kill_cause.py)
         fault_class, component = kill.fault_class, kill.component
@@ -124,21 +128,33 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
         cause = f"rank {root} lost a peer ({evidence}); the cause is on another rank or the network"
     else:
         cause = f"rank {root} {evidence}"
-    others = sorted(r for r in failed if r != root)
+    evidence_lines = (
+        (f"rank {root}: {evidence}",)
+        + (kill.evidence[1:] if kill is not None else ())
+        + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
+        + ((f"step {step}",) if step >= 0 else ())
+    )
+    radius = BlastRadius(nodes=(s.node,), ranks=(root,))
+    action = kill.action if kill is not None else "restart the workers (within the restart budget)"
+    left = (
+        lost_host(s.node, s.world.active, evidence) if kind == "peer_lost" and s.world is not None else None
+    )
+    if left is not None:  # the survivor is a witness, not the blast radius
+        cause = f"host {left.node} left the job: rank {root} on {s.node} lost its peer ({evidence})"
+        evidence_lines += (f"lost host {left.node}: {left.how}", f"witness {s.node}: rank {root}")
+        radius = BlastRadius(nodes=(left.node,))
+        action = f"re-form the group without host {left.node} (within the restart budget)"
     incident = Incident(
         cause=cause,
         fault_class=fault_class,
         component=component,
         confidence=kill.confidence if kill is not None else CRASH_CONFIDENCE[kind],
-        action=kill.action if kill is not None else "restart the workers (within the restart budget)",
+        action=action,
         ts=detected,
         onset=onset,
         rule=f"kill:{kill.rule}" if kill is not None else "monitor:worker-exits",
-        evidence=(f"rank {root}: {evidence}",)
-        + (kill.evidence[1:] if kill is not None else ())
-        + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
-        + ((f"step {step}",) if step >= 0 else ()),
-        blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
+        evidence=evidence_lines,
+        blast_radius=radius,
     )
     return Decision(
         DecisionKind.CRASH,
@@ -244,12 +260,28 @@ class SignalMonitor:
 
 
 def membership(s: Snapshot) -> Decision | None:
+    """A node waits to join: re-form the group, unless a rank has done the last step the script
+    announced (the job is finishing; a restart would only re-commit the final step)."""
     if not s.nodes_waiting:
+        return None
+    if s.total_steps and s.max_done_step + 1 >= s.total_steps:
         return None
     return Decision(
         DecisionKind.MEMBERSHIP,
         f"{s.nodes_waiting} node(s) waiting to join",
         AttemptOutcome(AttemptStatus.MEMBERSHIP),
+    )
+
+
+def store_lost(s: Snapshot) -> Decision | None:
+    """The rendezvous store has been silent over the store timeout: the job around this node is gone
+    or cut off; stop the workers within their grace and let the job policy end the job."""
+    if not s.store_unreachable or s.stop_requested_at is not None:
+        return None
+    return Decision(
+        DecisionKind.MEMBERSHIP,
+        f"rendezvous store lost: {s.store_unreachable}",
+        AttemptOutcome(AttemptStatus.STORE_LOST, detected_at=s.now, detail=s.store_unreachable),
     )
 
 
@@ -307,6 +339,7 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
         HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
+        store_lost,
         membership,
     )
 
@@ -314,5 +347,6 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
 # stragglers are observed first (they end a tick only to exclude this node, never with a failed worker
 # or a stop under way), then exits before anything a signal or a
 # silence could suggest (a worker that exited says more than one that is quiet), then the stop a
-# signal asks for (while it runs, hangs and membership wait), then hangs, then a joining node
-PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "membership")
+# signal asks for (while it runs, hangs and membership wait), then hangs (a silent peer is seen there
+# first: its hang timeout is shorter than the store timeout), then a lost store, then a joining node
+PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "store_lost", "membership")

@@ -3,7 +3,13 @@ ranks, and the store this node hosts for its workers.
 
 Each round gets a fresh store on a fresh port for the workers (torchrun's agent store), so restarted
 workers never see stale keys from an earlier round (the shared-store hang of torch >= 2.5). Hot spares
-learn that the job is done through the round's store."""
+learn that the job is done through the round's store.
+
+No call to the rendezvous store runs on the caller's thread without a deadline (launch/store_watch.py):
+forming a round, announcing the end and closing run on a daemon thread that is given up once the store
+has been silent longer than the store timeout; the membership the supervisor's tick and a hot spare
+read is the latest answer of a background thread, or :class:`StoreUnreachable` once that silence is
+over the store timeout."""
 
 from __future__ import annotations
 
@@ -12,9 +18,24 @@ import socket
 from typing import Any, Protocol
 
 from ..errors import ConfigError
+from .clock import Clock, SystemClock
 from .ports import Round
+from .store_watch import StoreUnreachable, StoreWatch, within
 
 DONE_KEY = "stalwart/done"
+ETCD_BACKENDS = ("etcd", "etcd-v2")  # launch/etcd_rendezvous.py (torch's etcd-v2 name, the v3 API)
+PROBE_KEY = "stalwart/probe"
+CLOSE_S = 10.0  # torch's close_timeout: at most this long to close the rendezvous on the way out
+
+__all__ = [
+    "DONE_KEY",
+    "NodeRendezvous",
+    "StoreUnreachable",
+    "c10d_probe",
+    "local_addr",
+    "make_handler",
+    "rendezvous_probe",
+]
 
 
 class PeerExchange(Protocol):
@@ -32,22 +53,50 @@ def local_addr(endpoint: str) -> str:
 class NodeRendezvous:
     """Implements :class:`stalwart.launch.ports.Rendezvous` for a run configuration."""
 
-    def __init__(self, cfg, memory: PeerExchange | None = None) -> None:
+    def __init__(self, cfg, memory: PeerExchange | None = None, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.memory = memory  # the node memory tier: its peers learn each other's address per round
+        self.clock: Clock = clock or SystemClock()
         self.handler: Any = None  # torch's rendezvous handler, made at the first c10d round
         self.store: Any = None  # this round's store (c10d)
         self.worker_store: Any = None  # the TCPStore this node hosts for this round's workers
+        self.watch: StoreWatch | None = None  # the store's reader off the tick (c10d), from the first round
 
     @property
     def elastic(self) -> bool:
         return self.handler is not None
+
+    @property
+    def timeout_s(self) -> float:
+        return float(self.cfg.rendezvous.store_timeout_s)
+
+    @property
+    def what(self) -> str:
+        return f"the rendezvous store at {self.cfg.rendezvous.endpoint}"
 
     def meet(self) -> Round:
         cfg = self.cfg
         self.worker_store = None  # a fresh store every attempt (torch >= 2.5 hangs on a reused one)
         if not cfg.use_c10d:
             return self._static()
+        if self.watch is None:
+            probe = rendezvous_probe(cfg, min(5.0, self.timeout_s / 2))
+            self.watch = StoreWatch(probe, self.clock, probe_deadline_s=min(5.0, self.timeout_s / 2)).start()
+        watch = self.watch
+        watch.asking(None)  # torch's handler is the round's alone while it forms
+        met = within(lambda: self._form(watch), watch, self.timeout_s, self.what)
+        watch.asking(self._ask)
+        return met
+
+    def _ask(self) -> tuple[int, bool]:
+        return self.handler.num_nodes_waiting(), bool(self.store.check([DONE_KEY]))
+
+    def _form(self, watch: StoreWatch) -> Round:
+        with watch.lock:  # an ask under way finishes first (or the store is silent and this gives up)
+            return self._next_round()
+
+    def _next_round(self) -> Round:
+        cfg = self.cfg
         if self.handler is None:
             self.handler = make_handler(cfg)
         info = self.handler.next_rendezvous()
@@ -128,26 +177,39 @@ class NodeRendezvous:
         return port
 
     def nodes_waiting(self) -> int | None:
-        return self.handler.num_nodes_waiting() if self.handler is not None else None
+        """The latest answer of the background reader (never waits); raises StoreUnreachable once the
+        store has been silent over the store timeout."""
+        if self.watch is None or self.handler is None:
+            return None
+        return self.watch.check(self.timeout_s, self.what).waiting
 
     def job_done(self) -> bool:
-        return bool(self.store.check([DONE_KEY]))
+        if self.watch is None:
+            raise StoreUnreachable("no rendezvous round was formed")
+        return self.watch.check(self.timeout_s, self.what).done
 
     def announce_done(self) -> None:
-        if self.store is not None:
-            self.store.set(DONE_KEY, "1")
+        store, watch = self.store, self.watch
+        if store is not None and watch is not None:
+            within(lambda: store.set(DONE_KEY, "1"), watch, self.timeout_s, self.what)
 
     def close(self, *, leaving: bool) -> None:
-        if self.handler is not None and not leaving:  # closing it would end the job for every node
+        watch, handler = self.watch, self.handler
+        if watch is not None:
+            watch.asking(None)
+        if handler is not None and watch is not None and not leaving:  # it would end the job for all
             try:
-                self.handler.shutdown()
+                within(handler.shutdown, watch, min(CLOSE_S, self.timeout_s), self.what)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
+        if watch is not None:
+            watch.stop()
         self.worker_store = None  # the last reference: the server stops and closes its socket
 
 
 def make_handler(cfg):
-    """torch's c10d rendezvous handler for the run configuration."""
+    """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
+    (torchrun's), or on etcd (launch/etcd_rendezvous.py)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -155,12 +217,17 @@ def make_handler(cfg):
     # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
     # the previous round waits on the key forever. Stalwart never hands that store to workers.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if cfg.rendezvous.backend in ETCD_BACKENDS:
+        from .etcd_rendezvous import make_etcd_handler
+
+        return make_etcd_handler(cfg)
     conf: dict[str, Any] = {
         "join_timeout": cfg.rendezvous.timeout_s,
         "last_call_timeout": cfg.rendezvous.last_call_s,
         "close_timeout": 10,
         "keep_alive_interval": max(1, int(cfg.rendezvous.keepalive_s)),
         "keep_alive_max_attempt": 3,
+        "read_timeout": max(1, int(cfg.rendezvous.store_timeout_s)),
     }
     if cfg.rendezvous.host is not None:
         conf["is_host"] = cfg.rendezvous.host
@@ -174,3 +241,29 @@ def make_handler(cfg):
         **conf,
     )
     return get_rendezvous_handler(params)
+
+
+def rendezvous_probe(cfg, timeout_s: float):
+    """One round trip to the rendezvous's store (etcd's quorum, or the c10d host's TCPStore)."""
+    if cfg.rendezvous.backend in ETCD_BACKENDS:
+        from .etcd_rendezvous import etcd_probe
+
+        return etcd_probe(cfg.rendezvous.endpoint, timeout_s)
+    return c10d_probe(cfg.rendezvous.endpoint, timeout_s)
+
+
+def c10d_probe(endpoint: str, timeout_s: float):
+    """One round trip to the c10d rendezvous store on a new connection (raises when it fails)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+    timeout = datetime.timedelta(seconds=timeout_s)
+
+    def probe() -> None:
+        store = TCPStore(host, port, None, False, timeout=timeout, wait_for_workers=False)
+        store.check([PROBE_KEY])
+
+    return probe

@@ -25,9 +25,10 @@ from ..policy.timeouts import (
     HANG_MIN_SAMPLES,
     HANG_MULTIPLIER,
     STARTUP_TIMEOUT_S,
+    STORE_TIMEOUT_S,
     HangTimeoutPolicy,
 )
-from ..protocol import DEFAULT_PG_TIMEOUT_S, DEFAULT_REFORM_TIMEOUT_S
+from ..protocol import DEFAULT_PG_TIMEOUT_S
 from ..secret_values import read_url_file, redact_url
 from .output import parse_streams
 
@@ -52,6 +53,7 @@ def setting(name: str, *flags: str, **kw) -> Setting:
 
 _STRAGGLER_POLICY = StragglerActionConfig.model_fields  # its defaults are the run's
 _MODEL = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+MODEL_CONFIG = _MODEL  # for the settings models declared beside this module (settings_recovery.py)
 
 
 class HangSettings(BaseModel):
@@ -94,10 +96,13 @@ class RendezvousSettings(BaseModel):
     model_config = _MODEL
 
     backend: Annotated[str, setting("rdzv_backend", "--rdzv-backend", "--rdzv_backend")] = Field(
-        default="", description="static or c10d; unset: c10d when --rdzv-endpoint is given, else static."
+        default="",
+        description="static, c10d (one host's store) or etcd (an etcd cluster; etcd-v2 is the same); "
+        "unset: c10d when --rdzv-endpoint is given, else static.",
     )
     endpoint: Annotated[str, setting("rdzv_endpoint", "--rdzv-endpoint", "--rdzv_endpoint")] = Field(
-        default="", description="HOST:PORT of the c10d rendezvous."
+        default="",
+        description="HOST:PORT of the c10d rendezvous; etcd: its members' HOST:PORT, comma-separated.",
     )
     id: Annotated[str, setting("rdzv_id", "--rdzv-id", "--rdzv_id")] = Field(
         default="", description="Job id shared by all agents."
@@ -118,6 +123,12 @@ class RendezvousSettings(BaseModel):
     keepalive_s: Annotated[float, setting("rdzv_keepalive_s")] = Field(
         default=1.0, gt=0, description="Seconds between an agent's keep-alive beats."
     )
+    store_timeout_s: Annotated[float, setting("rdzv_read_timeout_s")] = Field(
+        default=STORE_TIMEOUT_S,
+        gt=0,
+        description="Seconds the rendezvous store may leave this agent's reads unanswered before the job "
+        "ends (exit 75); --rdzv-conf read_timeout sets it.",
+    )
     host: Annotated[bool | None, setting("rdzv_host", "--rdzv-host/--no-rdzv-host")] = Field(
         default=None, description="Host the rendezvous store here (default: when the endpoint is local)."
     )
@@ -137,8 +148,8 @@ class RendezvousSettings(BaseModel):
     @field_validator("backend")
     @classmethod
     def _backend(cls, v: str) -> str:
-        if v not in ("", "static", "c10d"):
-            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static or c10d")
+        if v not in ("", "static", "c10d", "etcd", "etcd-v2"):
+            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static, c10d or etcd")
         return v
 
 
@@ -291,33 +302,6 @@ class ChaosSettings(BaseModel):
     )
     file: Annotated[str, setting("chaos_file", "--chaos-file")] = Field(
         default="", description="YAML fault plan."
-    )
-
-
-class InPlaceSettings(BaseModel):
-    """In-place recovery (docs/fast-recovery.md): survivors keep their processes, only failed ranks
-    are replaced, state comes from a live replica."""
-
-    model_config = _MODEL
-
-    enabled: Annotated[bool, setting("in_place", "--in-place/--no-in-place")] = Field(
-        default=True,
-        description="Re-form the process group in place when a rank fails (scripts under Session.run).",
-    )
-    timeout_s: Annotated[float, setting("in_place_timeout_s", "--in-place-timeout")] = Field(
-        default=DEFAULT_REFORM_TIMEOUT_S,
-        gt=0,
-        description="Seconds each step of an in-place re-formation may take before the whole group restarts.",
-    )
-    max_per_attempt: Annotated[int, setting("in_place_max", "--in-place-max")] = Field(
-        default=10,
-        ge=0,
-        description="In-place recoveries within one attempt before the whole group restarts.",
-    )
-    fail_attempt: Annotated[int, setting("in_place_fail_attempt")] = Field(
-        default=-1,
-        ge=-1,
-        description="The attempt whose in-place recovery is forced to fail (testing); -1: none.",
     )
 
 

@@ -95,6 +95,7 @@ class Snapshot:
     signal: int | None = None  # the newest signal the agent received
     stop_requested_at: float | None = None
     nodes_waiting: int | None = None  # None: not asked at this tick
+    store_unreachable: str = ""  # why the rendezvous store counts as gone ("" while it answers)
     cpu: Mapping[int, CpuMark] = field(default_factory=_empty)  # workers without the SDK only
     recent_steps: tuple[StepCompleted, ...] = ()  # the straggler window
     straggler_step: int = -1  # >= 0: the step at which the straggler window is due for a check

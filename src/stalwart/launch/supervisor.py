@@ -23,12 +23,9 @@ from ..diagnose.kill_witness import KillWitness
 from ..diagnose.precision import GateDecision
 from ..diagnose.signals import from_failure
 from ..events import (
-    DecisionTaken,
     FailureDetected,
     StackCaptured,
     StepCompleted,
-    StragglerCleared,
-    StragglerDetected,
     TimeoutsCalibrated,
     WorkersStopped,
 )
@@ -42,6 +39,8 @@ from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
 from .snapshot import Snapshot, cpu_marks, frozen, views
+from .store_watch import StoreUnreachable
+from .straggler_records import record_stragglers
 from .workers import describe_exit, tail, tail_lines
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
@@ -115,6 +114,7 @@ class Supervisor:
         self.stragglers: dict[int, float] = {}
         self.last_straggler_check = -1
         self.last_membership_check = self.tracker.started
+        self.store_unreachable = ""  # why the rendezvous store counts as gone (the store monitor acts)
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
@@ -216,12 +216,17 @@ class Supervisor:
                 self.cpu.setdefault(spec.global_rank, CpuProgress(since=now)).observe(sample, now)
 
     def _nodes_waiting(self, now: float) -> int | None:
-        """Nodes waiting to join, asked at most every MEMBERSHIP_EVERY_S; None when not asked."""
+        """Nodes waiting to join, asked at most every MEMBERSHIP_EVERY_S; None when not asked. The
+        answer is a background reader's latest (launch/store_watch.py): nothing here waits on the
+        network; a store silent over its timeout is kept in ``store_unreachable`` for the monitors."""
         if self.stop_requested_at is not None or now - self.last_membership_check <= MEMBERSHIP_EVERY_S:
             return None
         self.last_membership_check = now
         try:
             return self.job.nodes_waiting()
+        except StoreUnreachable as exc:
+            self.store_unreachable = str(exc)
+            return 0
         except Exception:  # noqa: BLE001 - the store may be briefly unreachable
             return 0
 
@@ -243,6 +248,7 @@ class Supervisor:
             signal=self.job.signal(),
             stop_requested_at=self.stop_requested_at,
             nodes_waiting=waiting,
+            store_unreachable=self.store_unreachable,
             cpu=cpu_marks(self.cpu),
             recent_steps=tuple(self.window) if straggler_step >= 0 else (),
             straggler_step=straggler_step,
@@ -344,34 +350,7 @@ class Supervisor:
         return self._crash(crash(again, raised), again)
 
     def _stragglers(self, d: Decision, snap: Snapshot) -> None:
-        step = snap.straggler_step
-        for rank, score in d.detected:
-            self.ledger.emit(
-                StragglerDetected(
-                    ts=self.clock.now(),
-                    rank=rank,
-                    score=score,
-                    step=step,
-                    evidence=d.evidence,
-                    **self.ledger.ctx(),
-                )
-            )
-            self.stragglers[rank] = score
-        for rank, score in d.cleared:
-            self.ledger.emit(
-                StragglerCleared(ts=self.clock.now(), rank=rank, score=score, step=step, **self.ledger.ctx())
-            )
-            self.stragglers.pop(rank, None)
-        # the straggler-action policy's verdicts with their reasons (costs, and the gate's word): a
-        # decision record, not an incident; the straggler's cause (a cooling loop, a sick GPU) is the
-        # live diagnosis's incident. Observe-only verdicts are recorded as observe_<action>
-        for advice in d.advice:
-            self.ledger.emit(
-                DecisionTaken(
-                    ts=advice.incident.ts, action=advice.action, reason=advice.reason, **self.ledger.ctx()
-                ),
-                show=advice.acted,
-            )
+        record_stragglers(self.ledger, self.clock.now(), self.stragglers, d, snap.straggler_step)
 
     def _exclude(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         """This node is the straggler to exclude: record it, quarantine the node, stop the workers at
@@ -490,7 +469,12 @@ class Supervisor:
         names the cause (diagnose/live.py), so the agent does not raise a second, symptom-level one."""
         if d.incident is None:
             return
-        if getattr(self.cfg.diagnosis, "interval_s", 0) and from_failure(detected).code in COMM_CODES:
+        named_elsewhere = self.node not in d.incident.blast_radius.nodes  # a host that left (monitors.crash)
+        if (
+            getattr(self.cfg.diagnosis, "interval_s", 0)
+            and from_failure(detected).code in COMM_CODES
+            and not named_elsewhere
+        ):
             return
         ctx = self.ledger.ctx()
         self.ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]), show=False)

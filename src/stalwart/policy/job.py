@@ -52,7 +52,7 @@ class AttemptStatus(Label):
     STOPPED = "stopped"  # stopped by a signal, workers without the SDK (no emergency save)
     INTERRUPTED = "interrupted"  # SIGINT: the operator
     EXCLUDED = "excluded"  # this node left the job as a straggler
-    STORE_LOST = "store_lost"  # a hot spare lost the round's store (the job went away)
+    STORE_LOST = "store_lost"  # the rendezvous store stayed silent over its timeout (the job went away)
 
 
 # --- what the policy is told ------------------------------------------------------------------------
@@ -242,6 +242,9 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
             left=True,
         ),
         "rendezvous_failed": Verdict("rendezvous_failed", "rendezvous failed: {detail}", EXIT_INFRA),
+        "store_lost": Verdict(
+            "rendezvous_failed", "rendezvous store lost during the attempt: {detail}", EXIT_INFRA
+        ),
         "no_world": Verdict("rendezvous_failed", "{detail}", EXIT_INFRA),
         "signalled_before_start": Verdict("interrupted", "stopped by {signal} before start", EXIT_PREEMPTED),
         "interrupted_before_start": Verdict(
@@ -384,8 +387,8 @@ def _after_attempt(state: JobState, out: Outcome, now: float) -> JobDecision:
             )
         case AttemptStatus.FAILED:
             return _failed(state, out, now)
-        case AttemptStatus.STORE_LOST:  # only a hot spare waits on the store; an attempt never ends so
-            return end(state, "spare_stopped", out)
+        case AttemptStatus.STORE_LOST:  # the store stayed silent over its timeout (launch/store_watch.py)
+            return end(state, "store_lost", out)
         case _:
             assert_never(out.status)
 

@@ -4,11 +4,16 @@ The hang timeout is ``clamp(multiplier x p99(step time), floor, cap)``; before `
 steps have been seen the start-up timeout applies. The hierarchy
 
     heartbeat interval < hang timeout cap < process-group timeout < rendezvous timeout
+    monitor interval, rendezvous keep-alive interval < store timeout < rendezvous timeout
 
 is validated when the agent is configured, so a bad ordering is an error before the job starts
 (a process-group timeout shorter than the hang cap would turn every hang into a crash with a
 useless NCCL/gloo message; a rendezvous timeout shorter than the PG timeout would give up on
-re-forming while the workers are still timing out).
+re-forming while the workers are still timing out). The store timeout (``--rdzv-conf read_timeout``)
+is how long the rendezvous store may stay silent to this agent's background reads before the silence
+is itself the verdict (launch/store_watch.py): above the keep-alive interval, so one late beat is not a
+lost store, and below the rendezvous timeout, so the agent never waits on a store that is gone for
+longer than it would wait on peers that are late.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ HANG_CAP_S = 300.0
 STARTUP_TIMEOUT_S = 300.0
 HANG_MIN_SAMPLES = 5
 CPU_STALL_S = 3 * HANG_FLOOR_S
+# how long the rendezvous store may stay silent before that silence ends the job (torch's read_timeout
+# default): with the membership reads every second, a verdict about 62 s after the store went away
+STORE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ def validate_hierarchy(
     rdzv_timeout_s: float,
     stop_grace_s: float,
     reform_timeout_s: float | None = None,
+    store_timeout_s: float | None = None,
+    keepalive_s: float = 0.0,
 ) -> None:
     """Raise ConfigError naming the first pair of timeouts that is out of order."""
     if policy.floor_s <= 0 or policy.multiplier <= 0:
@@ -135,6 +145,33 @@ def validate_hierarchy(
                 "--pg-timeout",
             )
         )
+    if store_timeout_s is not None:
+        checks += [
+            (
+                "monitor interval",
+                monitor_interval_s,
+                "store timeout",
+                store_timeout_s,
+                "--monitor-interval",
+                "--rdzv-conf read_timeout",
+            ),
+            (
+                "rendezvous keep-alive interval",
+                keepalive_s,
+                "store timeout",
+                store_timeout_s,
+                "--rdzv-conf keep_alive_interval",
+                "--rdzv-conf read_timeout",
+            ),
+            (
+                "store timeout",
+                store_timeout_s,
+                "rendezvous timeout",
+                rdzv_timeout_s,
+                "--rdzv-conf read_timeout",
+                "--rdzv-timeout",
+            ),
+        ]
     for a_name, a, b_name, b, a_flag, b_flag in checks:
         if not a < b:
             raise ConfigError(

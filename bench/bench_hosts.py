@@ -1,0 +1,127 @@
+"""Faults across hosts (network namespaces, tests/hosts.py): time from the fault to the verdict or to
+the next productive step, with the rendezvous on one host's c10d store or on a 3-member etcd cluster.
+
+Scenarios (each agent runs stalwart.examples.charlm, 1 worker per host, default timeouts unless named):
+
+* ``c10d-vanish``: 2 hosts, the one hosting the c10d store drops off the network and dies (nft drop,
+  then SIGKILL): the survivor's verdict (exit 75) after the store timeout (default 60 s);
+* ``etcd-vanish``: 3 hosts each with an etcd member; the round's leader (group rank 0: the workers'
+  store) drops off and dies, with its etcd member: the survivors' first step at world size 2
+  (``--startup-timeout 20``: the fault may hit a checkpoint save, whose silence is allowed that long).
+
+Needs root. Run: .venv/bin/python bench/bench_hosts.py [--scenario c10d-vanish|etcd-vanish] [--json out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+from tests.e2e.runner import events_so_far  # noqa: E402
+from tests.e2e.test_hosts import _agent, _etcd_cluster  # noqa: E402
+
+import hosts  # noqa: E402
+from stalwart.events import AttemptStarted, JobEnded  # noqa: E402
+
+
+def _steps(run_dir: Path, node: str | None = None) -> list:
+    return [
+        e
+        for e in events_so_far(run_dir)
+        if type(e).__name__ == "StepCompleted" and (node is None or e.node == node)
+    ]
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not happen within {timeout:.0f}s")
+
+
+def c10d_vanish(root: Path) -> dict:
+    run = root / "run"
+    with hosts.Hosts(["h0", "h1"]) as h:
+        procs = [_agent(h, n, run, "bench-c10d", last_call=60, read_timeout=None) for n in h.names]
+        _wait(
+            lambda: len({e.node for e in _steps(run)}) == 2 and len(_steps(run, "h0")) >= 20, 300, "training"
+        )
+        cut = time.time()
+        h.vanish("h0")
+        procs[1].communicate(timeout=600)
+        end = [e for e in events_so_far(run, JobEnded) if e.node == "h1"][-1]
+    return {"fault_to_verdict_s": round(end.ts - cut, 2), "exit_code": end.exit_code, "verdict": end.verdict}
+
+
+def etcd_vanish(root: Path) -> dict:
+    run = root / "run"
+    with hosts.Hosts(["h0", "h1", "h2"]) as h:
+        endpoints = _etcd_cluster(h, root)
+        flags = (
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            endpoints,
+            "--nnodes",
+            "2:3",
+            "--startup-timeout",
+            "20",
+        )
+        procs = [_agent(h, n, run, "bench-etcd", *flags, batch=24, last_call=3) for n in h.names]
+        three = _wait(
+            lambda: [e for e in events_so_far(run, AttemptStarted) if e.num_nodes == 3],
+            300,
+            "a round of three",
+        )
+        leader = next(e.node for e in three if e.group_rank == 0)
+        _wait(lambda: len(_steps(run, leader)) >= 20, 300, "training")
+        cut = time.time()
+        h.vanish(leader)
+        after = _wait(
+            lambda: [
+                e for e in _steps(run) if e.ts > cut and e.node != leader and e.attempt > three[0].attempt
+            ],
+            600,
+            "a step after the fault",
+        )
+        detected = [e for e in events_so_far(run) if type(e).__name__ == "FailureDetected" and e.ts > cut]
+        for p in procs:
+            p.kill()
+    return {
+        "fault_to_detection_s": round(min(e.ts for e in detected) - cut, 2) if detected else None,
+        "fault_to_next_step_s": round(min(e.ts for e in after) - cut, 2),
+    }
+
+
+SCENARIOS = {"c10d-vanish": c10d_vanish, "etcd-vanish": etcd_vanish}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), action="append")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    why = hosts.why_not()
+    if why:
+        raise SystemExit(why)
+    out = {}
+    for name in args.scenario or sorted(SCENARIOS):
+        with tempfile.TemporaryDirectory(prefix="mh-bench-") as tmp:
+            out[name] = SCENARIOS[name](Path(tmp))
+        print(name, out[name], flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

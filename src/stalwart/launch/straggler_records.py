@@ -1,0 +1,29 @@
+"""The ledger records of a straggler decision: the ranks newly slow and no longer slow, and the
+straggler-action policy's verdicts with their reasons (launch/supervisor.py applies the decision)."""
+
+from __future__ import annotations
+
+from ..events import DecisionTaken, StragglerCleared, StragglerDetected
+from .decision import Decision
+from .ports import LedgerSink
+
+
+def record_stragglers(
+    ledger: LedgerSink, now: float, current: dict[int, float], d: Decision, step: int
+) -> None:
+    """Write ``d``'s straggler records and update ``current`` (rank -> score of the ranks now slow)."""
+    ctx = ledger.ctx()
+    for rank, score in d.detected:
+        ledger.emit(StragglerDetected(ts=now, rank=rank, score=score, step=step, evidence=d.evidence, **ctx))
+        current[rank] = score
+    for rank, score in d.cleared:
+        ledger.emit(StragglerCleared(ts=now, rank=rank, score=score, step=step, **ctx))
+        current.pop(rank, None)
+    # the straggler-action policy's verdicts with their reasons (costs, and the gate's word): a
+    # decision record, not an incident; the straggler's cause (a cooling loop, a sick GPU) is the
+    # live diagnosis's incident. Observe-only verdicts are recorded as observe_<action>
+    for advice in d.advice:
+        ledger.emit(
+            DecisionTaken(ts=advice.incident.ts, action=advice.action, reason=advice.reason, **ctx),
+            show=advice.acted,
+        )

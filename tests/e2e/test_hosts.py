@@ -1,0 +1,241 @@
+"""Agents on separate hosts (network namespaces, tests/hosts.py): a rendezvous host that vanishes
+without a reset, a partitioned host, a killed host. Each fault is a real one: nftables drops, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import hosts
+from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, JobEnded
+from stalwart.exit_codes import EXIT_INFRA
+
+from .runner import EXAMPLE, events, events_so_far
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(hosts.why_not()), reason=hosts.why_not() or "-")]
+
+ENDPOINT = f"{hosts.SUBNET}.1:29400"  # h0 hosts the rendezvous store
+
+
+def _agent(
+    h: hosts.Hosts,
+    name: str,
+    run_dir: Path,
+    run_id: str,
+    *extra: str,
+    batch: int = 32,
+    last_call: int = 60,
+    read_timeout: int | None = 15,
+) -> subprocess.Popen:
+    conf = f"is_host={int(name == 'h0')},last_call_timeout={last_call}"
+    if read_timeout is not None:
+        conf += f",read_timeout={read_timeout}"
+    argv = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "-q",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        ENDPOINT,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        conf,
+        "--run-dir",
+        str(run_dir),
+        "--node-name",
+        name,
+        "--hang-floor",
+        "3",
+        *extra,
+        *EXAMPLE,
+        "--steps",
+        "100000",
+        "--checkpoint-every",
+        "5",
+        "--global-batch",
+        str(batch),
+    ]
+    return h.popen(name, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _training_on_two(run_dir: Path, procs: list[subprocess.Popen], timeout: float = 240.0) -> None:
+    """Wait (bounded) until both hosts started an attempt of world size 2 and stepped in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"an agent exited ({p.returncode}) before training: {p.stdout.read()}")
+        started = [e for e in events_so_far(run_dir, AttemptStarted) if e.num_nodes == 2]
+        if {e.node for e in started} == {"h0", "h1"}:
+            steps = [e for e in events_so_far(run_dir) if type(e).__name__ == "StepCompleted"]
+            if len({e.node for e in steps}) == 2 and len(steps) >= 20:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the two hosts did not train together within {timeout:.0f}s")
+
+
+def test_the_rendezvous_host_vanishing_ends_a_single_endpoint_job_with_exit_75(tmp_path):
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-vanish")
+        b = _agent(h, "h1", tmp_path, "mh-vanish")
+        _training_on_two(tmp_path, [a, b])
+        h.vanish("h0")  # off the network first, then dead: h1 never sees a reset
+        # the kernel's own give-up on h1's connections takes about 15 minutes: far past this wait
+        out_b, _ = b.communicate(timeout=180)
+    assert b.returncode == EXIT_INFRA, out_b
+    end = [e for e in events(tmp_path, JobEnded) if e.node == "h1"][-1]
+    assert end.outcome == "rendezvous_failed" and end.requeue_helps
+    assert f"the rendezvous store at {ENDPOINT} has not answered for" in end.verdict
+    assert "store timeout 15s" in end.verdict
+
+
+def test_a_partitioned_host_notices_within_its_hang_timeout(tmp_path):
+    # the store timeout (60 s) is longer than the cut: what notices it is the hang monitor, whose
+    # allowance is the hang timeout (3 s floor) or, if the cut lands in a checkpoint save, 20 s
+    extra = ("--max-restarts", "5", "--startup-timeout", "20")
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-cut", *extra, read_timeout=None)
+        b = _agent(h, "h1", tmp_path, "mh-cut", *extra, read_timeout=None)
+        _training_on_two(tmp_path, [a, b])
+        cut = time.time()
+        h.partition("h1")
+        noticed: list[FailureDetected] = []
+        deadline = time.monotonic() + 45.0
+        while not noticed and time.monotonic() < deadline:
+            noticed = [e for e in events_so_far(tmp_path, FailureDetected) if e.node == "h1" and e.ts > cut]
+            time.sleep(0.5)
+        h.heal("h1")
+        healed = time.time()
+        for p in (a, b):
+            p.kill()
+            p.wait(timeout=30)
+    # the isolated host's own monitors saw it while the cut lasted (no frozen tick behind the store)
+    assert noticed, "the isolated host detected nothing while it was cut off"
+    assert noticed[0].ts < healed and noticed[0].failure in ("hang", "peer_lost")
+
+
+def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-kill")
+        b = _agent(h, "h1", tmp_path, "mh-kill")
+        _training_on_two(tmp_path, [a, b])
+        h.kill("h1")
+        deadline = time.monotonic() + 90.0
+        named: list[IncidentRaised] = []
+        while not named and time.monotonic() < deadline:
+            named = [
+                e for e in events_so_far(tmp_path, IncidentRaised) if e.node == "h0" and "left" in e.cause
+            ]
+            time.sleep(0.5)
+        a.kill()
+        a.wait(timeout=30)
+    assert named, "the survivor raised no incident naming a host that left"
+    inc = named[0]
+    assert "h1" in inc.nodes and "h0" not in inc.nodes, inc
+    assert "h1" in inc.cause and any("witness" in e and "h0" in e for e in inc.evidence), inc
+
+
+# --- etcd: no single host whose loss ends the job -----------------------------------------------------
+
+
+def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
+    """One etcd member per host; the client endpoints, once the cluster answers (bounded wait)."""
+    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in h.names)
+    for n in h.names:
+        ip = h.addr(n)
+        argv = ["etcd", "--name", n, "--data-dir", str(root / f"etcd-{n}"), "--initial-cluster", peers]
+        argv += ["--listen-client-urls", f"http://{ip}:2379", "--advertise-client-urls", f"http://{ip}:2379"]
+        argv += [
+            "--listen-peer-urls",
+            f"http://{ip}:2380",
+            "--initial-advertise-peer-urls",
+            f"http://{ip}:2380",
+        ]
+        argv += ["--initial-cluster-state", "new", "--initial-cluster-token", f"{h.tag}-etcd"]
+        h.popen(n, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoints = ",".join(f"{h.addr(n)}:2379" for n in h.names)
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        check = h.popen(h.names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
+        if check.wait(timeout=30) == 0:
+            return endpoints
+        time.sleep(0.5)
+    raise AssertionError("the etcd cluster did not come up within 60 s")
+
+
+def test_with_etcd_the_survivors_keep_training_after_the_round_leader_vanishes(tmp_path):
+    names = ["h0", "h1", "h2"]
+    with hosts.Hosts(names) as h:
+        endpoints = _etcd_cluster(h, tmp_path)
+        run_dir = tmp_path / "run"
+        procs = {
+            n: _agent(
+                h,
+                n,
+                run_dir,
+                "mh-etcd",
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                endpoints,
+                "--nnodes",
+                "2:3",
+                "--startup-timeout",  # a save under way when the leader vanishes waits this long, not 300 s
+                "20",
+                batch=24,
+                last_call=5,  # all three start together; a re-formed round of two waits only this long
+            )
+            for n in names
+        }
+        deadline = time.monotonic() + 240.0
+        three: list[AttemptStarted] = []
+        while len({e.node for e in three}) < 3 and time.monotonic() < deadline:
+            three = [e for e in events_so_far(run_dir, AttemptStarted) if e.num_nodes == 3]
+            time.sleep(0.5)
+        assert len({e.node for e in three}) == 3, "the three hosts did not form a round"
+        leader = next(e.node for e in three if e.group_rank == 0)  # it hosts the round's worker store
+        while (
+            time.monotonic() < deadline
+            and len(
+                [
+                    e
+                    for e in events_so_far(run_dir)
+                    if type(e).__name__ == "StepCompleted" and e.node == leader
+                ]
+            )
+            < 10
+        ):
+            time.sleep(0.5)
+        cut = time.time()
+        h.vanish(leader)  # its etcd member, its agent and its worker store: gone without a reset
+        survivors = [n for n in names if n != leader]
+        resumed: list = []
+        deadline = time.monotonic() + 150.0
+        while time.monotonic() < deadline and not resumed:
+            after = [e for e in events_so_far(run_dir, AttemptStarted) if e.ts > cut and e.num_nodes == 2]
+            later = [
+                e
+                for e in events_so_far(run_dir)
+                if type(e).__name__ == "StepCompleted" and e.ts > cut and e.node in survivors
+            ]
+            if {e.node for e in after} == set(survivors) and {e.node for e in later} == set(survivors):
+                resumed = after
+            for n in survivors:
+                assert procs[n].poll() is None, procs[n].stdout.read()
+            time.sleep(0.5)
+        for n in survivors:
+            procs[n].kill()
+            procs[n].wait(timeout=30)
+    assert resumed, "the survivors did not train on together after the round leader vanished"
+    assert {e.node for e in resumed} == set(survivors) and all(e.num_nodes == 2 for e in resumed)
