@@ -154,6 +154,9 @@ class SimConfig(BaseModel):
     # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
     # group drops out and rejoins after its recovery while the others keep training
     replica_groups: int = Field(8, ge=2, le=MAX_GPUS)
+    # state comes from a live replica at the failed step (in-place recovery): a failure loses only the
+    # step it struck, never the work since the last checkpoint
+    no_rollback: bool = False
     replica_rejoin_s: float = Field(
         5.0, ge=0, le=MAX_SECONDS, description="whole-job pause while a group leaves or rejoins (per step)"
     )

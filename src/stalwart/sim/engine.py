@@ -160,6 +160,7 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
         sizer=sizer,
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
+        no_rollback=cfg.no_rollback,
     )
 
 
