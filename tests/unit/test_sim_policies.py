@@ -103,7 +103,7 @@ def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
     return np.array(waits), np.array([1.0] + shares[:-1])
 
 
-@pytest.mark.parametrize("spares", [1, 3])
+@pytest.mark.parametrize("spares", [0, 1, 3])
 @pytest.mark.parametrize("elastic", [False, True])
 def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares):
     from stalwart.sim.cycles import shares as _queue
@@ -132,6 +132,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares)
     m = _model(cfg, _schedule(cfg))
     det, lost = m.detect[cls], m.node_loss[cls]
     sw, ss = sequential_waits(m.sizer, m.repair_s, spares, horizon, e, det, lost)
+    ss = np.ones_like(e) if ss is None else ss  # None: the job runs whole whenever it runs
     vs, must = _queue(cfg, m, e, det, cls, np.cumsum(e + det, axis=1))
     vs = np.ones_like(e) if vs is None else vs  # None: the job ran at full size in every cycle
     for r in range(rows):

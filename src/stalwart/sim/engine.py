@@ -293,7 +293,7 @@ class _Job(NamedTuple):
     det: np.ndarray
     cls: np.ndarray
     wait: np.ndarray
-    share: np.ndarray
+    share: np.ndarray | None  # None: the job runs whole whenever it runs
 
 
 class _Run:
@@ -386,16 +386,17 @@ class _Run:
         bounds = np.linspace(0, len(rows), min(self.threads, len(rows)) + 1).astype(int)
         cuts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-        def walk(ix: slice) -> tuple[np.ndarray, np.ndarray]:
+        def walk(ix: slice) -> tuple[np.ndarray, np.ndarray | None]:
             return sequential_waits(
                 sizer, m.repair_s, cfg.spare_nodes or 0, cfg.horizon_s, e[ix], det[ix], m.node_loss[cls[ix]]
             )
 
         walked = _in_parallel(walk, cuts, self.threads)
         wait = np.concatenate([w for w, _ in walked])
-        share = np.concatenate([s for _, s in walked])
+        given = [s for _, s in walked if s is not None]  # the same path for every slice: all or none
+        share = np.concatenate(given) if len(given) == len(walked) else None
         step = self.rows_per_chunk
         return [
-            _Job(rows[sl], e[sl], det[sl], cls[sl], wait[sl], share[sl])
+            _Job(rows[sl], e[sl], det[sl], cls[sl], wait[sl], None if share is None else share[sl])
             for sl in (slice(lo, lo + step) for lo in range(0, len(rows), step))
         ]
