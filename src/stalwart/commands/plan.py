@@ -161,11 +161,10 @@ def _plan(
     if measured is not None:
         from ..sim.fit import check_feasible
 
-        # with a target job, whether it can make progress with its own recoveries (cold, the slowest)
-        check_feasible(
-            cfg if target is None else target.config(cfg, "cold"),
-            "measured" if not measured["injected"] else "default",
-        )
+        source = "measured" if not measured["injected"] else "default"
+        check_feasible(cfg, source)
+        if target is not None:  # and with the target job's own recoveries (cold, the slowest)
+            check_feasible(target.config(cfg, "cold"), source)
     result = plan(cfg, scale_to=scale_to, trials=trials, target=target)
     written = []
     if plot is not None:

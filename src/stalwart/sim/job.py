@@ -12,8 +12,9 @@ Defaults and their sources (docs/simulator.md, "The target job"):
   sharded over every GPU, as Llama 3 405B trained (TP 8 x PP 16, sharded optimizer; "The Llama 3
   Herd of Models", arXiv 2407.21783, section 3.3);
 * a checkpoint holds one copy: 14 bytes per parameter;
-* step time from the FLOPs: 6 x parameters x tokens per step / (GPUs x achieved FLOP/s); Llama 3
-  405B ran 16M-token batches at 400 TFLOP/s per H100 on 16,384 GPUs (same paper, Table 4);
+* step time from the FLOPs: 6 x parameters x tokens per GPU per step / achieved FLOP/s per GPU (the
+  batch grows with the job); Llama 3 405B ran 16M-token batches (1,024 tokens per GPU) at 400 TFLOP/s
+  per H100 on 16,384 GPUs (same paper, Table 4);
 * storage: Meta's Tectonic served Llama 3's checkpoints at 2 TB/s sustained (same paper, 3.3.4);
 * network: 400 Gb/s per GPU (same paper, 3.3.1), 50 GB/s;
 * host <-> GPU copies: 25 GB/s per GPU (our assumption: PCIe Gen5 x16 is 64 GB/s nominal, and
@@ -75,8 +76,8 @@ class TargetJob(BaseModel):
     step_s: Annotated[float | None, setting("step_s", "--step-s")] = Field(
         None, gt=0, le=1e5, description="Step time, s (default: from tokens per step and TFLOP/s)."
     )
-    tokens_per_step: Annotated[float, setting("tokens_per_step", "--tokens-per-step")] = Field(
-        16.8e6, gt=0, le=1e12, description="Tokens per optimizer step (Llama 3: 16M)."
+    tokens_per_gpu: Annotated[float, setting("tokens_per_gpu", "--tokens-per-gpu")] = Field(
+        1024.0, gt=0, le=1e9, description="Tokens per GPU per step (Llama 3: 16M over 16,384 GPUs)."
     )
     tflops_per_gpu: Annotated[float, setting("tflops_per_gpu", "--tflops-per-gpu")] = Field(
         400.0, gt=0, le=1e5, description="Achieved TFLOP/s per GPU (Llama 3 at 16k H100s: 400)."
@@ -112,8 +113,9 @@ class TargetJob(BaseModel):
     def check(self, gpus: int) -> None:
         if gpus > self.mp and gpus % self.mp:
             raise ConfigError(
-                f"{gpus:,} GPUs is not a whole number of {self.mp}-GPU model-parallel groups",
-                "make --gpus a multiple of --model-parallel",
+                f"{gpus:,} GPUs is not a whole number of {self.mp}-GPU model-parallel groups"
+                + (f" (the {self.model} default)" if self.model_parallel is None else ""),
+                "make --gpus a multiple of it, or set --model / --model-parallel",
             )
 
     def state_bytes_per_gpu(self, gpus: int) -> Figure:
@@ -135,12 +137,12 @@ class TargetJob(BaseModel):
     def step(self, gpus: int) -> Figure:
         if self.step_s is not None:
             return Figure(self.step_s, Source.GIVEN, "--step-s")
-        value = 6.0 * self.params * self.tokens_per_step / (gpus * self.tflops_per_gpu * 1e12)
+        value = 6.0 * self.params * self.tokens_per_gpu / (self.tflops_per_gpu * 1e12)
         return Figure(
             value,
             Source.DERIVED,
-            f"6 x {self.params / 1e9:g}B params x {self.tokens_per_step / 1e6:g}M tokens / "
-            f"({gpus:,} GPUs x {self.tflops_per_gpu:g} TFLOP/s)",
+            f"6 x {self.params / 1e9:g}B params x {self.tokens_per_gpu:g} tokens per GPU / "
+            f"{self.tflops_per_gpu:g} TFLOP/s",
         )
 
     # moving the state: each figure is bytes over the bandwidth that limits it
