@@ -86,7 +86,9 @@ def _chaos_run(run_dir, crashes: int = 3) -> None:
 def planned(tmp_path_factory):
     run = tmp_path_factory.mktemp("run4")
     _chaos_run(run)
+    plots = run / "plots"
     argv = ["plan", "--ledger", str(run), "--gpus", "16384", "--model", "70b", "--trials", "60", "--json"]
+    argv += ["--plot", str(plots), "--plot-format", "svg"]
     import contextlib
     import io
 
@@ -151,3 +153,9 @@ def test_ettr_falls_with_size_for_every_option(planned):
         rows = sorted((o for o in planned["options"] if o["option"] == name), key=lambda o: o["gpus"])
         ettr = [o["ettr"] for o in rows]
         assert ettr == sorted(ettr, reverse=True), (name, ettr)
+
+
+def test_the_ettr_chart_shades_every_options_band(planned):
+    svg = next(p for p in planned["plots"] if p.endswith("ettr_vs_gpus.svg"))
+    text = open(svg).read()
+    assert text.count("PolyCollection_") == len({o["option"] for o in planned["options"]})
