@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..errors import ConfigError
 from ..launch.setting_sources import flat_name, leaves, nest
 from ..launch.settings import HangSettings
+from .repair import RepairPipeline
 
 LLAMA3_GPUS = 16_384
 LLAMA3_DAYS = 54.0
@@ -154,6 +155,8 @@ class SimConfig(BaseModel):
     # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
     # group drops out and rejoins after its recovery while the others keep training
     replica_groups: int = Field(8, ge=2, le=MAX_GPUS)
+    # diagnosis quality, lemon nodes and their retirement, a spare's join time (sim/repair.py)
+    repair: RepairPipeline = RepairPipeline()  # frozen: one shared default instance
     # state comes from a live replica at the failed step (in-place recovery): a failure loses only the
     # step it struck, never the work since the last checkpoint
     no_rollback: bool = False

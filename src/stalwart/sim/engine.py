@@ -50,6 +50,7 @@ from .cycles import draw, fail_at, shares
 from .model import Model, Schedule, alias
 from .model import schedule as _schedule
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
+from .repair import effective
 from .repair_queue import sequential_waits
 
 BUCKETS = SIM_BUCKETS
@@ -179,7 +180,7 @@ def _recovery_costs(
             soft = hard = cfg.job_restart_s
         case _:
             assert_never(cfg.strategy)
-    restart = np.where(node_loss, hard, soft)
+    restart = np.where(node_loss, hard + cfg.repair.spare_join_s, soft)  # a spare joins after a node loss
     if cfg.strategy == "replica":
         restore = np.full(n_cls + 1, sch.restore_all)
     else:
@@ -239,6 +240,7 @@ def simulate(cfg: SimConfig, *, trace: bool = False, workers: int | None = None)
     """Every trial of ``cfg``; ``workers`` threads share the chunks (default: the CPUs this process
     may use, at most ``MAX_WORKERS``). Each chunk draws from its own stream of the seed, so the result
     does not depend on the number of threads."""
+    cfg = effective(cfg)  # the repair pipeline, as failure rates
     horizon = cfg.horizon_s
     sch = _schedule(cfg)
     m = _model(cfg, sch)

@@ -57,7 +57,7 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
             fig, ax = plt.subplots(figsize=(7, 4.2))
             for opt in OPTIONS:
                 rows = sorted((r for r in p.options if r["option"] == opt), key=lambda r: float(r["gpus"]))
-                xs = [r["gpus"] for r in rows]
+                xs = [float(r["gpus"]) for r in rows]
                 (line,) = ax.plot(xs, [scale * float(r[key]) for r in rows], "o-", label=opt)
                 if key == "ettr" and all("ettr_p5" in r for r in rows):  # the trials' 5-95% band
                     ax.fill_between(
