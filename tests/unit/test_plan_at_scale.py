@@ -159,3 +159,40 @@ def test_the_ettr_chart_shades_every_options_band(planned):
     svg = next(p for p in planned["plots"] if p.endswith("ettr_vs_gpus.svg"))
     text = open(svg).read()
     assert text.count("PolyCollection_") == len({o["option"] for o in planned["options"]})
+
+
+def test_measured_in_place_phases_feed_the_in_place_laws(tmp_path, capsys):
+    from test_sim_laws import INPLACE
+
+    run = tmp_path / "run"
+    _chaos_run(run, crashes=2)
+    table = tmp_path / "inplace-phases.json"
+    table.write_text(json.dumps({"ranks": {str(r): p for r, p in INPLACE.items()}}))
+    argv = ["plan", "--ledger", str(run), "--gpus", "16", "--gpus-per-node", "4", "--model", "8b"]
+    cli.main(
+        [
+            *argv,
+            "--model-parallel",
+            "4",
+            "--trials",
+            "20",
+            "--scale-to",
+            "1024",
+            "--json",
+            "--inplace-phases",
+            str(table),
+        ]
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert any("in-place phases measured at 2, 4, 8, 16 ranks" in n for n in d["notes"])
+    rows = _phases(d, "in_place", "soft")
+    # at 16 ranks, a measured size: the benchmark's figures as they are
+    assert rows["abort"]["source"] == "measured" and rows["abort"]["seconds"] == INPLACE[16]["abort_s"]
+    assert (
+        rows["pg_init"]["seconds"] == INPLACE[16]["pg_init_s"]
+        and "in-place benchmark" in rows["pg_init"]["note"]
+    )
+    table.write_text(json.dumps({"ranks": {"4": {"abort_s": "fast"}}}))
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--trials", "5", "--inplace-phases", str(table)])
+    assert "abort_s at 4 ranks" in capsys.readouterr().err
