@@ -121,6 +121,9 @@ def _print(d: dict) -> None:
                 )
             )
         p5, p95 = m["goodput_predicted_p5_p95"]
+        auto = m.get("auto_interval")
+        if auto:
+            say(f"this run's --checkpoint-every auto: {auto['reason']}")
         say(
             f"goodput: measured {percent(m['goodput_measured'])}, simulated from the fitted rates and "
             f"times {percent(m['goodput_predicted'])} (5-95%: {percent(p5)} - {percent(p95)})"

@@ -300,6 +300,20 @@ def _replay(events, ledger: Path, values: dict, trials: int) -> dict:
         "goodput_measured": fit.goodput,
         "goodput_predicted": float(ettr.mean()),
         "goodput_predicted_p5_p95": [float(q) for q in np.percentile(ettr, [5, 95])],
+        "auto_interval": _auto_interval(events),
         "buckets_measured_s": fit.buckets,
         "buckets_predicted_s": predicted,
     }
+
+
+def _auto_interval(events) -> dict | None:
+    """What ``--checkpoint-every auto`` chooses for this run (the same decision as a live run's,
+    ``checkpoint/advisor.py: recommend_from_ledger``); None where that function or the inputs are
+    missing (no checkpoint staged)."""
+    from ..checkpoint import advisor
+
+    recommend = getattr(advisor, "recommend_from_ledger", None)
+    choice = recommend(events) if recommend is not None else None
+    if choice is None:
+        return None
+    return {"steps": choice.steps, "interval_s": choice.interval_s, "reason": choice.reason}
