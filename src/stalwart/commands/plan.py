@@ -163,8 +163,18 @@ def _plan(
 
         source = "measured" if not measured["injected"] else "default"
         check_feasible(cfg, source)
-        if target is not None:  # and with the target job's own recoveries (cold, the slowest)
-            check_feasible(target.config(cfg, "cold"), source)
+        if target is not None:  # and with the target job's own recoveries: refused if none keeps up
+            from ..errors import ConfigError
+            from ..sim.options import OPTIONS
+
+            refusals = []
+            for opt in OPTIONS:
+                try:
+                    check_feasible(target.config(cfg, opt), source)
+                except ConfigError as exc:
+                    refusals.append(exc)
+            if len(refusals) == len(OPTIONS):
+                raise refusals[0]
     result = plan(cfg, scale_to=scale_to, trials=trials, target=target)
     written = []
     if plot is not None:
