@@ -285,6 +285,8 @@ class _Waited(NamedTuple):
     rows: np.ndarray
     e: np.ndarray
     cls: np.ndarray
+    det: np.ndarray
+    end: np.ndarray  # when each cycle ends without waits (float64): the walk starts from it
 
 
 class _Job(NamedTuple):
@@ -352,7 +354,7 @@ class _Run:
         share, must = shares(cfg, m, e, det, cls, end)
         waited = None
         if must.any():  # these trials waited for a repaired node: every later cycle moves
-            waited = (kk, _Waited(rows[must], e[must], cls[must]))
+            waited = (kk, _Waited(rows[must], e[must], cls[must], det[must], end[must]))
             keep = ~must
             rows, e, det, cls, end = rows[keep], e[keep], det[keep], cls[keep], end[keep]
             share = share[keep] if share is not None else None
@@ -384,13 +386,21 @@ class _Run:
         rows = np.concatenate([p.rows for p in parts])
         e = np.concatenate([p.e for p in parts])
         cls = np.concatenate([p.cls for p in parts])
-        det = m.detect[cls]
+        det = np.concatenate([p.det for p in parts])
+        end = np.concatenate([p.end for p in parts])
         bounds = np.linspace(0, len(rows), min(self.threads, len(rows)) + 1).astype(int)
         cuts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
         def walk(ix: slice) -> tuple[np.ndarray, np.ndarray | None]:
             return sequential_waits(
-                sizer, m.repair_s, cfg.spare_nodes or 0, cfg.horizon_s, e[ix], det[ix], m.node_loss[cls[ix]]
+                sizer,
+                m.repair_s,
+                cfg.spare_nodes or 0,
+                cfg.horizon_s,
+                e[ix],
+                det[ix],
+                m.node_loss[cls[ix]],
+                end[ix],
             )
 
         walked = _in_parallel(walk, cuts, self.threads)

@@ -58,12 +58,13 @@ def sequential_waits(
     e: np.ndarray,
     det: np.ndarray,
     lost: np.ndarray,
+    end: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(wait, share of each cycle: None when the job runs whole whenever it runs) of trials whose job
     waited for a repaired node, cycle by cycle (a
     wait moves every later failure, so the window cannot be taken at once)."""
     if not sizer.share(spares + 1)[0]:  # one node over the spares stops the job: the waits alone
-        return fixed_waits(repair_s, spares, horizon, e, det, lost), None
+        return fixed_waits(repair_s, spares, horizon, e, det, lost, end), None
     rows, cols = e.shape
     e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
     wait_t = np.zeros((cols, rows), dtype=e.dtype)
@@ -124,7 +125,13 @@ def sequential_waits(
 
 
 def fixed_waits(
-    repair_s: float, spares: int, horizon: float, e: np.ndarray, det: np.ndarray, lost: np.ndarray
+    repair_s: float,
+    spares: int,
+    horizon: float,
+    e: np.ndarray,
+    det: np.ndarray,
+    lost: np.ndarray,
+    end: np.ndarray | None = None,
 ) -> np.ndarray:
     """The waits of trials whose job cannot run with more nodes in repair than spares (it never
     shrinks), loss by loss instead of cycle by cycle.
@@ -135,7 +142,8 @@ def fixed_waits(
     ``w_k = max(0, X_{k-S} + R - X_k)``. Writing X_k = C_k + Z_{k-1}, with C_k the detection time
     without waits and Z the waits so far, gives ``Z_k = max(Z_{k-1}, C_{k-S} + R - C_k + Z_{k-S-1})``:
     one step per node loss, two array operations over the trials. Losses after the horizon change
-    only what comes after it."""
+    only what comes after it. ``end``: the cumulative sums of ``e + det`` along the cycles (float64),
+    when the caller has them."""
     rows, cols = e.shape
     waits = np.zeros((rows, cols), dtype=e.dtype)
     where = [np.flatnonzero(lost[r]) for r in range(rows)]  # row by row: no index array of every loss
@@ -143,8 +151,9 @@ def fixed_waits(
     if n <= spares:
         return waits
     by_row = np.full((rows, n), np.nan)
-    for r, ix in enumerate(where):
-        by_row[r, : len(ix)] = np.cumsum(e[r] + det[r], dtype=np.float64)[ix]  # detection, no waits
+    for r, ix in enumerate(where):  # detection times without waits: ``end`` (the cumulative sums)
+        done = end[r] if end is not None else np.cumsum(e[r] + det[r], dtype=np.float64)
+        by_row[r, : len(ix)] = done[ix]
     z = np.zeros((n + 1, rows))  # z[k + 1] = waits up to and including loss k; z[0] = 0
     zt = np.zeros((rows, n + 1))  # the same, trial by trial
     gap = np.empty(rows)
