@@ -145,15 +145,20 @@ def fixed_waits(
     only what comes after it. ``end``: the cumulative sums of ``e + det`` along the cycles (float64),
     when the caller has them."""
     rows, cols = e.shape
-    waits = np.zeros((rows, cols), dtype=e.dtype)
     where = [np.flatnonzero(lost[r]) for r in range(rows)]  # row by row: no index array of every loss
     n = max(len(ix) for ix in where)
     if n <= spares:
-        return waits
-    by_row = np.full((rows, n), np.nan)
-    for r, ix in enumerate(where):  # detection times without waits: ``end`` (the cumulative sums)
-        done = end[r] if end is not None else np.cumsum(e[r] + det[r], dtype=np.float64)
-        by_row[r, : len(ix)] = done[ix]
+        return np.zeros((rows, cols), dtype=e.dtype)
+    # every trial's losses as a padded (trials x losses) table of their cycles; padding points at an
+    # extra cycle past the last, so that it never lands on a real one
+    pos = np.full((rows, n), cols, dtype=np.int64)
+    for r, ix in enumerate(where):
+        pos[r, : len(ix)] = ix
+    real = pos < cols
+    at = np.minimum(pos, cols - 1)  # where to read (the padding's values are masked)
+    done = np.cumsum(e + det, axis=1, dtype=np.float64) if end is None else end
+    by_row = np.take_along_axis(done, at, axis=1)  # detection times without waits
+    by_row[~real] = np.nan
     z = np.zeros((n + 1, rows))  # z[k + 1] = waits up to and including loss k; z[0] = 0
     zt = np.zeros((rows, n + 1))  # the same, trial by trial
     gap = np.empty(rows)
@@ -171,11 +176,11 @@ def fixed_waits(
             np.add(ahead[j], z[k - s], out=gap)
             np.fmax(z[k], gap, out=z[k + 1])
         zt[:, k0 + 1 : k1 + 1] = z[k0 + 1 : k1 + 1].T
-    for r, ix in enumerate(where):
-        m = len(ix)
-        w = np.diff(zt[r, : m + 1])
-        # a failure drawn after the horizon never happens (its cycle started too late): no wait there
-        start = by_row[r, :m] - (e[r, ix] + det[r, ix]) + zt[r, :m]
-        w[~(e[r, ix] < horizon - start)] = 0.0
-        waits[r, ix] = w
-    return waits
+    w = np.diff(zt, axis=1)  # the wait at each loss
+    # a failure drawn after the horizon never happens (its cycle started too late): no wait there
+    offset = np.take_along_axis(e, at, axis=1)
+    start = by_row - (offset + np.take_along_axis(det, at, axis=1)) + zt[:, :n]
+    w[~(real & (offset < horizon - start))] = 0.0
+    waits = np.zeros((rows, cols + 1), dtype=e.dtype)
+    np.put_along_axis(waits, pos, w.astype(e.dtype, copy=False), axis=1)
+    return waits[:, :cols]
