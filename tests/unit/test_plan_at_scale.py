@@ -213,3 +213,15 @@ def test_plan_recommends_what_checkpoint_every_auto_would_choose_for_the_run(pla
     assert choice is not None
     got = planned["measured"]["auto_interval"]
     assert got["steps"] == choice.steps and got["reason"] == choice.reason
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [(["--model", "13b"], "invalid --model"), (["--network-gbps", "-3"], "invalid --network-gbps")],
+)
+def test_a_bad_target_job_is_one_line_naming_its_flag(capsys, flags, says):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["plan", "--gpus", "64", "--trials", "5", *flags])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err

@@ -194,6 +194,8 @@ def _plan(
 def _target(job: dict, events, measured: dict | None, inplace: Path | None, cfg, notes: list[str]):
     """The job planned for and its phase laws: the run's own phases where they do not grow with the job,
     the published figures at scale where they do."""
+    from pydantic import ValidationError
+
     from ..errors import ConfigError
     from ..sim.job import TargetJob
     from ..sim.options import Target
@@ -202,8 +204,12 @@ def _target(job: dict, events, measured: dict | None, inplace: Path | None, cfg,
 
     try:
         spec = TargetJob(**job)
-    except ValueError as exc:
-        raise ConfigError(f"invalid target job: {exc}".splitlines()[0], "see stalwart plan --help") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first.get("loc", ("job",))[0]).replace("_", "-")
+        raise ConfigError(
+            f"invalid {flag}: {first.get('msg')} (got {first.get('input')!r})", "see stalwart plan --help"
+        ) from None
     m = None
     if events is not None and measured is not None:
         m = measured_from_events(events, int(measured["gpus"]))
