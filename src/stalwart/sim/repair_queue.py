@@ -151,7 +151,7 @@ def fixed_waits(
         return np.zeros((rows, cols), dtype=e.dtype)
     # every trial's losses as a padded (trials x losses) table of their cycles; padding points at an
     # extra cycle past the last, so that it never lands on a real one
-    pos = np.full((rows, n), cols, dtype=np.int64)
+    pos = np.full((rows, n), cols, dtype=np.int32 if cols < 2**31 - 1 else np.int64)
     for r, ix in enumerate(where):
         pos[r, : len(ix)] = ix
     real = pos < cols
@@ -176,11 +176,16 @@ def fixed_waits(
             np.add(ahead[j], z[k - s], out=gap)
             np.fmax(z[k], gap, out=z[k + 1])
         zt[:, k0 + 1 : k1 + 1] = z[k0 + 1 : k1 + 1].T
+    del z, c, gap
     w = np.diff(zt, axis=1)  # the wait at each loss
     # a failure drawn after the horizon never happens (its cycle started too late): no wait there
     offset = np.take_along_axis(e, at, axis=1)
-    start = by_row - (offset + np.take_along_axis(det, at, axis=1)) + zt[:, :n]
+    start = by_row  # reused in place: the start of each loss's cycle
+    start -= offset + np.take_along_axis(det, at, axis=1)
+    start += zt[:, :n]
+    del zt, at
     w[~(real & (offset < horizon - start))] = 0.0
+    del start, offset, real
     waits = np.zeros((rows, cols + 1), dtype=e.dtype)
     np.put_along_axis(waits, pos, w.astype(e.dtype, copy=False), axis=1)
     return waits[:, :cols]
