@@ -93,7 +93,6 @@ def test_every_phase_law_is_monotone_in_ranks(inplace):
 @pytest.mark.parametrize(
     "name,path,value",
     [
-        ("detect", "warm", 0.1),
         ("tear_down", "warm", 0.09),
         ("fork", "warm", 0.24 + 0.51),
         ("spawn", "cold", 0.03 + 8.0),

@@ -36,7 +36,6 @@ ALONE = "one rank has no peer (lower bound)"
 
 # Defaults where neither a measurement nor a publication gives the figure (docs/simulator.md)
 DEFAULTS: dict[str, tuple[float, str]] = {
-    "detect": (60.0, "a crash or XID surfaces within a minute (our assumption)"),
     "tear_down": (2.0, "stop every worker (our assumption)"),
     "spawn": (30.0, "start a process: import torch and the framework, build the model (our assumption)"),
     "fork": (2.0, "fork a pre-imported worker (our assumption)"),
@@ -125,7 +124,6 @@ def _growing(phase: str, measured: Mapping[int, float], what: str, published: st
 class Laws:
     """Every phase's law, from one measured run (or none) and the published figures."""
 
-    detect: Law
     tear_down: Law
     spawn: Law
     fork: Law
@@ -142,14 +140,14 @@ class Laws:
 
 
 def build_laws(m: Measured | None) -> Laws:
-    """The laws: constant phases from the run as measured, growing ones through the published figures."""
+    """The laws: constant phases from the run as measured, growing ones through the published figures.
+    (Detection is per failure class, in the simulator's configuration: ``commands/plan.py``.)"""
     ranks = m.ranks if m is not None else 1
     cold = (m.paths.get("cold") if m is not None else None) or {}
     warm = (m.paths.get("warm") if m is not None else None) or {}
     any_path = warm or cold
     run = f"{ranks}-rank run (ledger)"
     notes = []
-    detect = any_path.get("detect")
     tear = None if not any_path else any_path.get("tear_down", 0.0) + any_path.get("decide", 0.0)
     # a cold start's re-form and load are the process start: imports, model build; at the measured
     # size they include a process group of that size and a small checkpoint, the law adds those at scale
@@ -164,7 +162,6 @@ def build_laws(m: Measured | None) -> Laws:
     if m is not None and not inplace:
         notes.append("no in-place measurements: the in-place phases come from the published figures alone")
     return Laws(
-        detect=_constant("detect", detect, ranks, run),
         tear_down=_constant("tear_down", tear, ranks, run),
         spawn=_constant("spawn", spawn, ranks, run),
         fork=_constant("fork", fork, ranks, run),
