@@ -206,3 +206,32 @@ def test_inplace_file_is_read_and_bad_ones_are_one_error(tmp_path):
     with pytest.raises(ConfigError, match="no 'ranks' table"):
         bad.write_text("{}")
         load_inplace(bad)
+
+
+def test_the_in_place_benchmarks_measurements_shape_the_laws():
+    """The lead's in-place benchmark (bench/bench_inplace.py, 2-16 ranks, gloo on a loaded 2-core VM):
+    where its figures grow with the ranks the laws pass through them; where load made a larger size
+    measure less, the law holds the larger figure and says so; at scale the published figures."""
+    from pathlib import Path
+
+    table = load_inplace(Path(__file__).parent.parent / "fixtures" / "inplace-phases.json")
+    assert sorted(table) == [2, 4, 8, 16]
+    laws = _laws(table)
+    for name, field in (
+        ("abort", "abort_s"),
+        ("inplace_rendezvous", "rendezvous_s"),
+        ("inplace_pg_init", "pg_init_s"),
+    ):
+        law = laws.all()[name]
+        _monotone(law)
+        top = 0.0
+        for ranks in sorted(table):
+            top = max(top, table[ranks][field])
+            fig = law.at(ranks)
+            assert fig.source is Source.MEASURED and fig.value == pytest.approx(top)
+            assert ("held at" in fig.note) == (top > table[ranks][field])
+        pub_ranks, pub_value, _ = PUBLISHED[law.phase]
+        assert law.at(pub_ranks).value == pytest.approx(max(pub_value, top))
+    # the abort grew with the ranks in every measurement: the law is those figures
+    abort = laws.abort
+    assert [abort.at(r).value for r in sorted(table)] == [table[r]["abort_s"] for r in sorted(table)]

@@ -113,7 +113,8 @@ class Law:
             return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks ({how})")
         for _, value, p in knots:
             if p.ranks == ranks:
-                return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks")
+                held = "" if value == p.value else f", held at {value:.3g} s (the most at a smaller size)"
+                return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks: {p.value:.3g} s{held}")
         if len(knots) == 1:
             p = knots[0][2]
             raise NoLaw(
