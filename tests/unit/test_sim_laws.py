@@ -231,7 +231,10 @@ def test_the_in_place_benchmarks_measurements_shape_the_laws():
             assert fig.source is Source.MEASURED and fig.value == pytest.approx(top)
             assert ("held at" in fig.note) == (top > table[ranks][field])
         pub_ranks, pub_value, _ = PUBLISHED[law.phase]
-        assert law.at(pub_ranks).value == pytest.approx(max(pub_value, top))
+        at_scale = law.at(pub_ranks)
+        assert at_scale.value == pytest.approx(max(pub_value, top))
+        # a published figure below a measured one: the measured one holds, and is named as the source
+        assert at_scale.source is (Source.PUBLISHED if pub_value >= top else Source.MEASURED)
     # the abort grew with the ranks in every measurement: the law is those figures
     abort = laws.abort
     assert [abort.at(r).value for r in sorted(table)] == [table[r]["abort_s"] for r in sorted(table)]

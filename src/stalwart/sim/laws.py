@@ -93,13 +93,20 @@ class Law:
 
     def _knots(self) -> list[tuple[float, float, Point]]:
         """(x, running-max value, point) by size; at one size the measured figure wins."""
+        return [(x, v, p) for x, v, p, _ in self._knots_with_setter()]
+
+    def _knots_with_setter(self) -> list[tuple[float, float, Point, Point]]:
+        """As :meth:`_knots`, with the point whose figure the running maximum holds."""
         by_size: dict[int, Point] = {}
         for p in sorted(self.points, key=lambda p: (p.ranks, p.source is Source.MEASURED)):
             by_size[p.ranks] = p
-        knots, top = [], 0.0
+        knots: list[tuple[float, float, Point, Point]] = []
+        top, setter = -1.0, None
         for ranks in sorted(by_size):
-            top = max(top, by_size[ranks].value)
-            knots.append((_x(ranks, self.growth), top, by_size[ranks]))
+            if by_size[ranks].value >= top:  # a tie: the figure at this size stands for itself
+                top, setter = by_size[ranks].value, by_size[ranks]
+            assert setter is not None
+            knots.append((_x(ranks, self.growth), top, by_size[ranks], setter))
         return knots
 
     def at(self, ranks: int) -> Figure:
@@ -111,10 +118,16 @@ class Law:
             _, value, p = knots[-1]
             how = "does not grow with the job" if p.ranks != ranks else "at this size"
             return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks ({how})")
-        for _, value, p in knots:
+        for _, value, p, setter in self._knots_with_setter():
             if p.ranks == ranks:
-                held = "" if value == p.value else f", held at {value:.3g} s (the most at a smaller size)"
-                return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks: {p.value:.3g} s{held}")
+                if setter is p:
+                    return Figure(value, p.source, f"{p.cite} at {p.ranks:,} ranks: {p.value:.3g} s")
+                return Figure(
+                    value,
+                    setter.source,
+                    f"held at {value:.3g} s, {setter.source} at {setter.ranks:,} ranks ({setter.cite}), "
+                    f"above the {p.value:.3g} s {p.source} at {p.ranks:,} ({p.cite})",
+                )
         if len(knots) == 1:
             p = knots[0][2]
             raise NoLaw(
