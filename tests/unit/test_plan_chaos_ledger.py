@@ -13,7 +13,7 @@ from stalwart.events import (
     StepCompleted,
     TrainingResumed,
 )
-from stalwart.ledger import LedgerWriter
+from stalwart.ledger import LedgerWriter, read_merged
 from stalwart.sim.config import make_config
 
 
@@ -41,7 +41,7 @@ def _write(run_dir, *, chaos: bool) -> None:
 def test_chaos_run_keeps_default_rates_and_uses_measured_times(tmp_path):
     base = make_config(gpus=1024, days=3, trials=10)
     _write(tmp_path, chaos=True)
-    cfg, notes = _measured(tmp_path, base)
+    cfg, notes = _measured(read_merged(tmp_path), base)
     assert [f.per_1000_gpu_days for f in cfg.failures] == [f.per_1000_gpu_days for f in base.failures]
     assert {f.detect_s for f in cfg.failures} != {f.detect_s for f in base.failures}  # measured 0.1 s kept
     assert "injected by chaos" in notes[0]
@@ -50,6 +50,6 @@ def test_chaos_run_keeps_default_rates_and_uses_measured_times(tmp_path):
 def test_real_failures_still_set_the_rate(tmp_path):
     base = make_config(gpus=1024, days=3, trials=10)
     _write(tmp_path, chaos=False)
-    cfg, notes = _measured(tmp_path, base)
+    cfg, notes = _measured(read_merged(tmp_path), base)
     assert [f.per_1000_gpu_days for f in cfg.failures] != [f.per_1000_gpu_days for f in base.failures]
     assert not any("chaos" in n for n in notes)

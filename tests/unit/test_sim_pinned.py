@@ -80,7 +80,10 @@ CASES: dict[str, tuple[dict[str, object], bool]] = {
 }
 
 PINNED = {
-    "backoff_stragglers": "fd7cad9f269ebab8358b6adad610b78f",
+    # re-pinned when waits became a recurrence over the losses (sim/repair_queue.fixed_waits): against
+    # the cycle-by-cycle walk the same interruptions, ETTR within 1e-15, every bucket and trace time
+    # within 4e-9 s (the sums are taken in another order)
+    "backoff_stragglers": "6ed63ce63c51f30d5da427e6933d56dc",
     "between_steps": "a95933755ca7320fe885e30a7a6916cf",
     "default": "6076d49f2b7f8fef411ef0377d2555b3",
     "elastic": "a5e909517e2a79b43bb145465ef8db40",
@@ -89,7 +92,7 @@ PINNED = {
     "in_process_tiers": "78b2922f34ab82b79e5c27165021d421",
     "replica": "0cab0acc59e2581740f00ca8fc13fa04",
     "requeue_budget": "49b0906f5b65fbd43ea933f9693c0451",
-    "waits": "8f0da82376f6e2c114b420f2f6226ba7",
+    "waits": "29ff23fe598c60690decd843e2d388bc",
 }
 
 

@@ -160,10 +160,11 @@ def test_scale_rechooses_spares_so_a_small_fleet_does_not_wait_for_repairs():
 def test_recovery_options_are_an_enum_with_the_plans_words():
     from stalwart.sim.planner import OPTIONS, RecoveryOption, option_config
 
-    assert OPTIONS == ("cold", "warm", "peer", "replica", "hot_spares", "elastic")
+    assert OPTIONS == ("cold", "warm", "peer", "in_place", "replica", "hot_spares", "elastic")
     base = SimConfig(gpus=1024, days=7, trials=10, spare_nodes=16)
     for word, opt in zip(OPTIONS, RecoveryOption, strict=True):
         assert option_config(base, word) == option_config(base, opt)  # the word or the enum
     assert option_config(base, "elastic").elastic and option_config(base, "replica").strategy == "replica"
+    assert option_config(base, "in_place").no_rollback and not option_config(base, "warm").no_rollback
     with pytest.raises(ValueError, match="unknown recovery option 'lukewarm'"):
         option_config(base, "lukewarm")

@@ -103,7 +103,7 @@ def _reference_queue(sizer, spares, repair_s, horizon, e, det, lost):
     return np.array(waits), np.array([1.0] + shares[:-1])
 
 
-@pytest.mark.parametrize("spares", [1, 3])
+@pytest.mark.parametrize("spares", [0, 1, 3])
 @pytest.mark.parametrize("elastic", [False, True])
 def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares):
     from stalwart.sim.cycles import shares as _queue
@@ -132,6 +132,7 @@ def test_engine_repair_queue_matches_a_cycle_by_cycle_reference(elastic, spares)
     m = _model(cfg, _schedule(cfg))
     det, lost = m.detect[cls], m.node_loss[cls]
     sw, ss = sequential_waits(m.sizer, m.repair_s, spares, horizon, e, det, lost)
+    ss = np.ones_like(e) if ss is None else ss  # None: the job runs whole whenever it runs
     vs, must = _queue(cfg, m, e, det, cls, np.cumsum(e + det, axis=1))
     vs = np.ones_like(e) if vs is None else vs  # None: the job ran at full size in every cycle
     for r in range(rows):
@@ -224,3 +225,18 @@ def test_the_simulator_books_the_agents_backoff_as_restart(monkeypatch):
     np.testing.assert_array_equal(with_backoff.interruptions, without.interruptions)  # same draws
     extra = with_backoff.buckets["restart"].mean() - without.buckets["restart"].mean()
     assert extra > 0 and with_backoff.ettr.mean() < without.ettr.mean()
+
+
+@pytest.mark.parametrize("nodes,spares,min_nodes", [(4, 2, 1), (10, 3, 4), (6, 0, 2), (3, 5, 1)])
+def test_more_nodes_in_repair_than_active_leave_only_the_healthy_ones_running(nodes, spares, min_nodes):
+    """With more nodes in repair than active, the extras were taken off the remaining spares only: once
+    those ran out the job kept running on nodes that were in repair (4 nodes + 2 spares, 5 out: half
+    the job instead of a quarter)."""
+    sizer = WorldSizer(
+        nodes=nodes, spares=spares, gpus_per_node=8, min_nodes=min_nodes, rule=SizeRule("multiple", 1)
+    )
+    for out in range(nodes + spares + 2):
+        healthy = max(0, nodes + spares - out)
+        runnable = healthy >= min_nodes
+        expect = (runnable, min(nodes, healthy) / nodes if runnable else 0.0)
+        assert sizer.share(out) == pytest.approx(expect), (out, sizer.share(out), expect)

@@ -2,109 +2,245 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
 
+from ._plan_view import _print, compact  # noqa: F401  (compact: the tables' numbers, tested here)
 from .sim import build_values, load_config_file
+
+KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+CRASH_DETECT_S = 60.0  # failure classes detected within this are revealed by a crash, not a timeout
+
+
+def _software_crash(f) -> bool:
+    """A failure class a process crash reveals: it keeps the node, and no timeout detects it."""
+    return not f.node_loss and f.detect_s <= CRASH_DETECT_S
+
+
+_OPTIONS: list[tuple[str, Any, Any]] = [  # (name, type, typer.Option): the command's own flags
+    ("gpus", int, typer.Option(None, help="GPUs in the job (default 16384).")),
+    ("gpus_per_node", int, typer.Option(None, help="GPUs per node (default 8).")),
+    ("days", float, typer.Option(None, help="Wall-clock length of the run in days (default 54).")),
+    ("trials", int, typer.Option(200, help="Monte Carlo trials per candidate.")),
+    ("seed", int, typer.Option(None, help="Random seed.")),
+    ("interval", float, typer.Option(None, help="Current checkpoint interval, s (single tier).")),
+    (
+        "stall",
+        float,
+        typer.Option(None, help="Checkpoint stall, s (single tier; flat times, no target job)."),
+    ),
+    ("restart", float, typer.Option(None, help="Restart time, s (flat times at every size, no target job).")),
+    ("rate_scale", float, typer.Option(1.0, help="Multiply every failure rate.")),
+    (
+        "scale_to",
+        list[int],
+        typer.Option([], "--scale-to", help="Also predict at this many GPUs (repeatable)."),
+    ),
+    (
+        "ledger",
+        Path,
+        typer.Option(None, "--ledger", help="Run directory or ledger: measured rates and times."),
+    ),
+    (
+        "inplace_phases",
+        Path,
+        typer.Option(
+            None, "--inplace-phases", help="JSON of in-place recovery phases measured per world size."
+        ),
+    ),
+    ("plot", Path, typer.Option(None, "--plot", help="Write charts into this directory.")),
+    ("plot_format", str, typer.Option("png", help="png or svg.")),
+    ("config", Path, typer.Option(None, help="YAML file of simulator settings.")),
+    ("json_out", bool, typer.Option(False, "--json", help="Print JSON instead of tables.")),
+]
+
+
+def _job_parameters() -> list[inspect.Parameter]:
+    """The target job's flags, from its schema (``sim/job.py``): help and default from the field."""
+    from typing import Literal, get_origin
+
+    from ..launch.setting_sources import cli_type, leaves
+    from ..sim.job import TargetJob
+
+    out = []
+    for leaf in leaves(TargetJob).values():
+        kind = str if get_origin(leaf.field.annotation) is Literal else cli_type(leaf)
+        d = leaf.field.default
+        shown = "" if d is None else f"  [default: {d:g}]" if isinstance(d, float) else f"  [default: {d}]"
+        option = typer.Option(
+            None, *leaf.setting.flags, help=(leaf.field.description or "") + shown, show_default=False
+        )
+        out.append(inspect.Parameter(leaf.name, KEYWORD_ONLY, default=option, annotation=kind))
+    return out
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("plan")
-    def plan_cmd(
-        gpus: int = typer.Option(None, help="GPUs in the job (default 16384)."),
-        gpus_per_node: int = typer.Option(None, help="GPUs per node (default 8)."),
-        days: float = typer.Option(None, help="Wall-clock length of the run in days (default 54)."),
-        trials: int = typer.Option(200, help="Monte Carlo trials per candidate."),
-        seed: int = typer.Option(None, help="Random seed."),
-        interval: float = typer.Option(None, help="Current checkpoint interval, s (single tier)."),
-        stall: float = typer.Option(None, help="Checkpoint stall, s (single tier)."),
-        restart: float = typer.Option(None, help="In-job restart time, s."),
-        rate_scale: float = typer.Option(1.0, help="Multiply every failure rate."),
-        scale_to: list[int] = typer.Option(
-            [], "--scale-to", help="Also predict at this many GPUs (repeatable)."
-        ),
-        ledger: Path = typer.Option(
-            None, "--ledger", help="Run directory or ledger: measured rates and times."
-        ),
-        plot: Path = typer.Option(None, "--plot", help="Write charts into this directory."),
-        plot_format: str = typer.Option("png", help="png or svg."),
-        config: Path = typer.Option(None, help="YAML file of simulator settings."),
-        json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    ) -> None:
-        """Recommend checkpoint intervals, hot spares and a restart strategy; predict ETTR at scale."""
-        from ..errors import ConfigError
-        from ..sim.alloc import keep_freed_memory
-        from ..sim.config import make_config
-        from ..sim.planner import plan
+    def plan_cmd(**given: Any) -> None:
+        """Recommend checkpoint intervals, hot spares and a recovery option; predict ETTR at scale."""
+        from ..sim.job import TargetJob
 
-        keep_freed_memory()
+        job = {k: given.pop(k) for k in TargetJob.model_fields if k in given}
+        _plan(job={k: v for k, v in job.items() if v is not None}, **given)
 
-        if plot_format not in ("png", "svg"):
-            raise ConfigError(f"unknown plot format {plot_format!r}", "use png or svg")
-        from ..sim.config import MAX_GPUS
+    plan_cmd.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, KEYWORD_ONLY, default=o, annotation=t) for n, t, o in _OPTIONS]
+        + _job_parameters()
+    )
+    app.command("plan")(plan_cmd)
 
-        for g in scale_to:
-            if not 0 < g <= MAX_GPUS:
-                raise ConfigError(f"--scale-to must be a number of GPUs in 1..{MAX_GPUS:,}, got {g}")
-        values = build_values(
-            load_config_file(config),
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            days=days,
-            trials=trials,
-            seed=seed,
-            interval=interval,
-            stall=stall,
-            restore=None,
-            restart=restart,
-            strategy=None,
-            spares=None,
-            elastic=None,
-            rate_scale=rate_scale,
-            price=None,
+
+def _plan(
+    *,
+    gpus,
+    gpus_per_node,
+    days,
+    trials,
+    seed,
+    interval,
+    stall,
+    restart,
+    rate_scale,
+    scale_to,
+    ledger,
+    inplace_phases,
+    plot,
+    plot_format,
+    config,
+    json_out,
+    job,
+) -> None:
+    from ..errors import ConfigError
+    from ..sim.alloc import keep_freed_memory
+    from ..sim.config import MAX_GPUS, make_config
+    from ..sim.planner import plan
+
+    keep_freed_memory()
+    if plot_format not in ("png", "svg"):
+        raise ConfigError(f"unknown plot format {plot_format!r}", "use png or svg")
+    for g in scale_to:
+        if not 0 < g <= MAX_GPUS:
+            raise ConfigError(f"--scale-to must be a number of GPUs in 1..{MAX_GPUS:,}, got {g}")
+    values = build_values(
+        load_config_file(config),
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        days=days,
+        trials=trials,
+        seed=seed,
+        interval=interval,
+        stall=stall,
+        restore=None,
+        restart=restart,
+        strategy=None,
+        spares=None,
+        elastic=None,
+        rate_scale=rate_scale,
+        price=None,
+    )
+    cfg = make_config(**values)
+    flat = restart is not None or stall is not None  # the user's own times, at every size
+    notes: list[str] = []
+    measured = None
+    events = None
+    if ledger is not None:
+        from ..ledger import read_merged
+
+        events = read_merged(ledger)
+        measured = _replay(events, ledger, values, trials)
+        cfg, notes = _measured(events, cfg, flat)
+        if interval is None and measured["interval_s"] and len(cfg.tiers) == 1:
+            tier = {**cfg.tiers[0].model_dump(), "interval_s": measured["interval_s"]}
+            cfg = make_config(**{**cfg.model_dump(), "tiers": [tier]})
+            notes.append("current checkpoint interval: the run's own (median between commits)")
+    target = None if flat else _target(job, events, measured, inplace_phases, cfg, notes)
+    if measured is not None:
+        from ..sim.fit import check_feasible
+
+        source = "measured" if not measured["injected"] else "default"
+        check_feasible(cfg, source)
+        if target is not None:  # and with the target job's own recoveries: refused if none keeps up
+            from ..errors import ConfigError
+            from ..sim.options import OPTIONS
+
+            refusals = []
+            for opt in OPTIONS:
+                try:
+                    check_feasible(target.config(cfg, opt), source)
+                except ConfigError as exc:
+                    refusals.append(exc)
+            if len(refusals) == len(OPTIONS):
+                raise refusals[0]
+    result = plan(cfg, scale_to=scale_to, trials=trials, target=target)
+    written = []
+    if plot is not None:
+        from ..sim.plots import write_plots
+
+        written = [str(p) for p in write_plots(result, plot, plot_format)]
+    data = result.as_dict()
+    data["notes"] = [*result.notes, *notes]
+    data["plots"] = written
+    data["measured"] = measured
+    if json_out:
+        print(json.dumps(data, indent=2, default=str))
+        return
+    _print(data)
+
+
+def _target(job: dict, events, measured: dict | None, inplace: Path | None, cfg, notes: list[str]):
+    """The job planned for and its phase laws: the run's own phases where they do not grow with the job,
+    the published figures at scale where they do."""
+    from pydantic import ValidationError
+
+    from ..errors import ConfigError
+    from ..sim.job import TargetJob
+    from ..sim.options import Target
+    from ..sim.phases import Measured, build_laws, load_inplace, measured_from_events
+    from ..sim.units import duration
+
+    try:
+        spec = TargetJob(**job)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first.get("loc", ("job",))[0]).replace("_", "-")
+        raise ConfigError(
+            f"invalid {flag}: {first.get('msg')} (got {first.get('input')!r})", "see stalwart plan --help"
+        ) from None
+    m = None
+    if events is not None and measured is not None:
+        m = measured_from_events(events, int(measured["gpus"]))
+        if measured.get("recover_s") is not None and cfg.gpus != measured["gpus"]:
+            notes.append(
+                f"the run's restart ({duration(measured['recover_s'])} at {measured['gpus']} ranks) is not "
+                f"the job's at {cfg.gpus:,} GPUs: what does not grow with the job is used as measured, "
+                "the rest follows its law (the phases table says which)"
+            )
+    if inplace is not None:
+        table = load_inplace(inplace)
+        m = Measured(
+            ranks=m.ranks if m else 1,
+            paths=m.paths if m else {},
+            step_s=m.step_s if m else None,
+            inplace=table,
         )
-        cfg = make_config(**values)
-        notes: list[str] = []
-        measured = None
-        if ledger is not None:
-            measured = _replay(ledger, values, trials)
-            cfg, notes = _measured(ledger, cfg)
-            if interval is None and measured["interval_s"] and len(cfg.tiers) == 1:
-                tier = {**cfg.tiers[0].model_dump(), "interval_s": measured["interval_s"]}
-                cfg = make_config(**{**cfg.model_dump(), "tiers": [tier]})
-                notes.append("current checkpoint interval: the run's own (median between commits)")
-            from ..sim.fit import check_feasible
-
-            check_feasible(cfg, "measured" if not measured["injected"] else "default")
-        result = plan(cfg, scale_to=scale_to, trials=trials)
-        written = []
-        if plot is not None:
-            from ..sim.plots import write_plots
-
-            written = [str(p) for p in write_plots(result, plot, plot_format)]
-        data = result.as_dict()
-        data["notes"] = [*result.notes, *notes]
-        data["plots"] = written
-        data["measured"] = measured
-        if json_out:
-            print(json.dumps(data, indent=2, default=str))
-            return
-        _print(data)
+        notes.append(f"in-place phases measured at {', '.join(str(r) for r in sorted(table))} ranks")
+    target = Target(spec, build_laws(m))
+    notes.extend(target.laws.notes)
+    return target
 
 
-def _measured(ledger: Path, base):
+def _measured(events, base, flat: bool = True):
     """The simulator fitted to a run. Failures that chaos injected are not a failure rate: a short chaos
     run extrapolated per second predicts hundreds of millions of interruptions at scale. For such a run
     keep the default rates and use only the measured times (detection, restart, checkpoint stall)."""
     from ..events import ChaosInjected
-    from ..ledger import read_merged
     from ..sim.config import make_config
     from ..sim.measured import config_from_events
 
-    events = read_merged(ledger)
     cfg, notes = config_from_events(events, base)
     injected = sum(1 for e in events if isinstance(e, ChaosInjected))
     if injected and cfg.failures != base.failures:
@@ -120,20 +256,34 @@ def _measured(ledger: Path, base):
             f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
             "about a real fleet: default failure rates kept; measured times used",
         )
+    if injected and not flat:
+        # the run measured how fast its agent sees an injected crash: at scale that still holds for the
+        # classes a software crash reveals; a hardware fault (an XID, a lost node, a hang until a
+        # timeout, silent corruption) surfaces by other means the run did not measure: their defaults
+        values = cfg.model_dump()
+        values["failures"] = [
+            {**m.model_dump(), "detect_s": m.detect_s if _software_crash(f) else f.detect_s}
+            for f, m in zip(base.failures, cfg.failures, strict=True)
+        ]
+        cfg = make_config(**values)
+        notes = [n for n in notes if not n.startswith(("restart ", "checkpoint stall", "detection latency"))]
+        notes.append(
+            "detection: the measured crash detection for software crashes; hardware faults and "
+            "classes detected by a timeout keep their default detection"
+        )
     return cfg, notes
 
 
-def _replay(ledger: Path, values: dict, trials: int) -> dict:
+def _replay(events, ledger: Path, values: dict, trials: int) -> dict:
     """Fit the run in ``ledger`` (rates per node-hour with 95% bounds, times) and simulate that run
     itself: the prediction to compare with what the report measured."""
     from ..errors import LedgerError
-    from ..ledger import read_merged
     from ..sim import simulate
     from ..sim.buckets import to_report
     from ..sim.config import make_config
     from ..sim.fit import check_feasible, fit_run, run_config
 
-    fit = fit_run(read_merged(ledger))
+    fit = fit_run(events)
     if fit.failures == 0:
         raise LedgerError(
             f"the run in {ledger} had no failure, so there is no failure rate to fit",
@@ -166,173 +316,20 @@ def _replay(ledger: Path, values: dict, trials: int) -> dict:
         "goodput_measured": fit.goodput,
         "goodput_predicted": float(ettr.mean()),
         "goodput_predicted_p5_p95": [float(q) for q in np.percentile(ettr, [5, 95])],
+        "auto_interval": _auto_interval(events),
         "buckets_measured_s": fit.buckets,
         "buckets_predicted_s": predicted,
     }
 
 
-def compact(x: float) -> str:
-    """A count short enough for an 80-column table: 99,999 as is, then 123k, 4.5M, 1.2B."""
-    for scale, suffix in ((1e9, "B"), (1e6, "M")):
-        if abs(x) >= scale:
-            return f"{x / scale:,.1f}{suffix}"
-    return f"{x / 1e3:.0f}k" if abs(x) >= 1e5 else f"{x:,.0f}"
+def _auto_interval(events) -> dict | None:
+    """What ``--checkpoint-every auto`` chooses for this run (the same decision as a live run's,
+    ``checkpoint/advisor.py: recommend_from_ledger``); None where that function or the inputs are
+    missing (no checkpoint staged)."""
+    from ..checkpoint import advisor
 
-
-def _print(d: dict) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    c = Console(highlight=False)
-
-    def say(text: str) -> None:  # prose: wrapped at the terminal's width (80 when not a terminal)
-        c.print(text)
-
-    def table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
-        # no vertical rules, each column as wide as its widest value: numbers are never cut at 80 columns
-        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-        for i, h in enumerate(headers):
-            width = max([len(r[i]) for r in rows] + [max(len(x) for x in h.split("\n"))])
-            t.add_column(
-                h, justify="left" if i == 0 else "right", overflow="fold", min_width=width, no_wrap=True
-            )
-        for r in rows:
-            t.add_row(*r)
-        return t
-
-    from ..sim.units import duration, number, percent
-
-    m = d.get("measured")
-    if m:
-        say(
-            f"[bold]measured run:[/bold] {m['gpus']:,} GPUs for {duration(m['wall_s'])} "
-            f"({number(m['node_hours'])} node-hours{' of training' if m['injected'] else ''}), "
-            f"{m['failures']} failures" + (f", {m['injected']} injected by chaos" if m["injected"] else "")
-        )
-        rows = [
-            [
-                k["name"],
-                str(k["events"]),
-                number(k["per_node_hour"]),
-                f"{number(k['low'])} - {number(k['high'])}",
-                duration(k["detect_s"]),
-            ]
-            for k in m["classes"]
-        ]
-        lo, hi = m["per_node_hour_95"]
-        rows.append(
-            ["all", str(m["failures"]), number(m["per_node_hour"]), f"{number(lo)} - {number(hi)}", ""]
-        )
-        c.print(
-            table(
-                "failure rates fitted per node-hour (95% Poisson bounds)",
-                ["failure", "count", "per\nnode-h", "95% bounds", "detect"],
-                rows,
-            )
-        )
-        paths = m.get("recover_paths") or []
-        if paths:
-            total = sum(p["count"] for p in paths)
-            rows = [
-                [p["path"], str(p["count"]), percent(p["count"] / total), duration(p["recover_s"])]
-                for p in paths
-            ]
-            if m["recover_s"] is not None:
-                rows.append(["all (the simulated mean)", "", "", duration(m["recover_s"])])
-            c.print(
-                table(
-                    "recovery per path (restart decision -> first step)",
-                    ["path", "count", "share", "mean"],
-                    rows,
-                )
-            )
-        p5, p95 = m["goodput_predicted_p5_p95"]
-        say(
-            f"goodput: measured {percent(m['goodput_measured'])}, simulated from the fitted rates and "
-            f"times {percent(m['goodput_predicted'])} (5-95%: {percent(p5)} - {percent(p95)})"
-        )
-        wall = m["wall_s"] or 1.0
-        rows = [
-            [b, percent(m["buckets_measured_s"].get(b, 0.0) / wall), percent(v / wall)]
-            for b, v in m["buckets_predicted_s"].items()
-            if v > 0 or m["buckets_measured_s"].get(b, 0.0) > 0
-        ]
-        c.print(
-            table(
-                "this run: measured and simulated, share of wall time",
-                ["bucket", "measured", "simulated"],
-                rows,
-            )
-        )
-    rows = [
-        [a["name"], duration(a["current_s"]), duration(a["closed_form_s"]), duration(a["recommended_s"])]
-        for a in d["tiers"]
-    ]
-    c.print(table("checkpoint interval per tier", ["tier", "current", "Daly", "recommended"], rows))
-    for a in d["tiers"]:
-        say(f"why: {a['reason']}")
-    say(f"[bold]spares:[/bold] {d['spares']['value']}  -  {d['spares']['reason']}")
-    say(f"[bold]restart strategy:[/bold] {d['strategy']['value']}  -  {d['strategy']['reason']}")
-    rows = [
-        [
-            f"{p['gpus']:,}",
-            "pool" if p["spare_nodes"] is None else str(p["spare_nodes"]),
-            duration(p["job_mtbf_h"] * 3600.0),
-            duration(p["interval_s"]),
-            percent(p["ettr_mean"]),
-            percent(p["ettr_p5"]),
-            compact(p["interruptions_mean"]),
-            compact(p["lost_gpu_hours_mean"]),
-            compact(p["cost_mean"]),
-        ]
-        for p in d["scale"]
-    ]
-    c.print(
-        table(
-            "predicted at scale",
-            [
-                "GPUs",
-                "spares",
-                "job\nMTBF",
-                "ckpt\nevery",
-                "ETTR\nmean",
-                "ETTR\np5",
-                "inter-\nrupts",
-                "lost\nGPU-h",
-                "cost",
-            ],
-            rows,
-        )
-    )
-    say(
-        "(interval re-optimised and spares re-chosen at each size for the most productive GPU-hours per "
-        "reserved GPU-hour; job MTBF: the job's mean time between failures; ckpt every: checkpoint "
-        "interval; cost: of the lost GPU-hours and the spares; k/M/B: thousands, millions, billions)"
-    )
-    for p in d["scale"]:
-        if p.get("wait_share", 0.0) >= 0.0005:
-            say(
-                f"(at {p['gpus']:,} GPUs the job waits {percent(p['wait_share'])} of the time for a "
-                f"repaired node: all {p['spare_nodes']} spares are in repair; the larger spare counts "
-                "tried cost more GPU-hours than they save)"
-            )
-    opts = d.get("options") or []
-    if opts:
-        from ..sim.planner import OPTIONS
-
-        sizes = sorted({o["gpus"] for o in opts})
-        by = {(o["option"], o["gpus"]): o for o in opts}
-        rows = [[name] + [percent(by[(name, g)]["ettr"]) for g in sizes] for name in OPTIONS]
-        c.print(table("ETTR by recovery option and GPUs", ["option"] + [compact(g) for g in sizes], rows))
-        say(
-            "(same failures for every option; cold: restart every process, restore from storage; warm: "
-            "restart in place (never slower than cold); peer: restore from a healthy peer's memory; "
-            "replica: the failed replica group drops out and rejoins while the others train; hot_spares: "
-            "pre-initialised spare nodes (at least 1 per 256) step in; elastic: no spares, shrink instead "
-            "of waiting for a repaired node, so it trains on fewer GPUs but reserves none)"
-        )
-    for n in d["notes"]:
-        say(f"note: {n}")
-    for p in d["plots"]:
-        say(f"wrote {p}")
+    recommend = getattr(advisor, "recommend_from_ledger", None)
+    choice = recommend(events) if recommend is not None else None
+    if choice is None:
+        return None
+    return {"steps": choice.steps, "interval_s": choice.interval_s, "reason": choice.reason}

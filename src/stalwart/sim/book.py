@@ -179,8 +179,8 @@ def _kept(
     if sch.durable_every > 1:  # a node loss rolls back further, to the newest durable checkpoint
         durable = np.floor(committed_n / sch.durable_every) * sch.durable_every * sch.base
         committed = np.where(lost, durable, committed)
-    if m.replica:
-        return compute  # survivors never roll back; the failed group takes a live replica's state
+    if m.replica or m.no_rollback:
+        return compute  # survivors never roll back; the failed ranks take a live replica's state
     return np.where(rolls_back, committed, compute)
 
 

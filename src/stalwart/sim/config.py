@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..errors import ConfigError
 from ..launch.setting_sources import flat_name, leaves, nest
 from ..launch.settings import HangSettings
+from .repair import RepairPipeline
 
 LLAMA3_GPUS = 16_384
 LLAMA3_DAYS = 54.0
@@ -154,6 +155,11 @@ class SimConfig(BaseModel):
     # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed
     # group drops out and rejoins after its recovery while the others keep training
     replica_groups: int = Field(8, ge=2, le=MAX_GPUS)
+    # diagnosis quality, lemon nodes and their retirement, a spare's join time (sim/repair.py)
+    repair: RepairPipeline = RepairPipeline()  # frozen: one shared default instance
+    # state comes from a live replica at the failed step (in-place recovery): a failure loses only the
+    # step it struck, never the work since the last checkpoint
+    no_rollback: bool = False
     replica_rejoin_s: float = Field(
         5.0, ge=0, le=MAX_SECONDS, description="whole-job pause while a group leaves or rejoins (per step)"
     )
@@ -193,15 +199,16 @@ class SimConfig(BaseModel):
     def memory_estimate_bytes(self) -> int:
         """The engine's working set: per trial ~20 float64 results plus the per-class counters; a
         bounded chunk of the trial x cycle matrix (~40 arrays of 128K cells); and, when the job may
-        have to wait for a repaired node (finite spares, no shrinking), up to ~40 bytes per trial
-        and cycle for the trials recomputed cycle by cycle."""
+        have to wait for a repaired node (finite spares, no shrinking), up to ~100 bytes per trial
+        and cycle for the trials walked again (their draws kept from the first pass, the table of
+        their losses, the waits so far)."""
         per_trial = self.trials * 8 * (20 + len(self.failures) + 1)
         chunk = 40 * (1 << 17) * 8
         waits = 0
         if self.spare_nodes is not None and not self.elastic and self.strategy != "replica":
             lam = self.failure_rate_per_s() + self.planned_rate_per_s()
             mu = lam * self.horizon_s
-            waits = self.trials * int(mu + 8.0 * math.sqrt(mu) + 16) * 40
+            waits = self.trials * int(mu + 8.0 * math.sqrt(mu) + 16) * 100
         return per_trial + chunk + waits
 
     @property

@@ -50,6 +50,7 @@ from .cycles import draw, fail_at, shares
 from .model import Model, Schedule, alias
 from .model import schedule as _schedule
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
+from .repair import effective
 from .repair_queue import sequential_waits
 
 BUCKETS = SIM_BUCKETS
@@ -160,6 +161,7 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
         sizer=sizer,
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
+        no_rollback=cfg.no_rollback,
     )
 
 
@@ -178,7 +180,7 @@ def _recovery_costs(
             soft = hard = cfg.job_restart_s
         case _:
             assert_never(cfg.strategy)
-    restart = np.where(node_loss, hard, soft)
+    restart = np.where(node_loss, hard + cfg.repair.spare_join_s, soft)  # a spare joins after a node loss
     if cfg.strategy == "replica":
         restore = np.full(n_cls + 1, sch.restore_all)
     else:
@@ -238,6 +240,7 @@ def simulate(cfg: SimConfig, *, trace: bool = False, workers: int | None = None)
     """Every trial of ``cfg``; ``workers`` threads share the chunks (default: the CPUs this process
     may use, at most ``MAX_WORKERS``). Each chunk draws from its own stream of the seed, so the result
     does not depend on the number of threads."""
+    cfg = effective(cfg)  # the repair pipeline, as failure rates
     horizon = cfg.horizon_s
     sch = _schedule(cfg)
     m = _model(cfg, sch)
@@ -282,6 +285,8 @@ class _Waited(NamedTuple):
     rows: np.ndarray
     e: np.ndarray
     cls: np.ndarray
+    det: np.ndarray
+    end: np.ndarray  # when each cycle ends without waits (float64): the walk starts from it
 
 
 class _Job(NamedTuple):
@@ -292,7 +297,7 @@ class _Job(NamedTuple):
     det: np.ndarray
     cls: np.ndarray
     wait: np.ndarray
-    share: np.ndarray
+    share: np.ndarray | None  # None: the job runs whole whenever it runs
 
 
 class _Run:
@@ -349,7 +354,7 @@ class _Run:
         share, must = shares(cfg, m, e, det, cls, end)
         waited = None
         if must.any():  # these trials waited for a repaired node: every later cycle moves
-            waited = (kk, _Waited(rows[must], e[must], cls[must]))
+            waited = (kk, _Waited(rows[must], e[must], cls[must], det[must], end[must]))
             keep = ~must
             rows, e, det, cls, end = rows[keep], e[keep], det[keep], cls[keep], end[keep]
             share = share[keep] if share is not None else None
@@ -381,20 +386,29 @@ class _Run:
         rows = np.concatenate([p.rows for p in parts])
         e = np.concatenate([p.e for p in parts])
         cls = np.concatenate([p.cls for p in parts])
-        det = m.detect[cls]
+        det = np.concatenate([p.det for p in parts])
+        end = np.concatenate([p.end for p in parts])
         bounds = np.linspace(0, len(rows), min(self.threads, len(rows)) + 1).astype(int)
         cuts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-        def walk(ix: slice) -> tuple[np.ndarray, np.ndarray]:
+        def walk(ix: slice) -> tuple[np.ndarray, np.ndarray | None]:
             return sequential_waits(
-                sizer, m.repair_s, cfg.spare_nodes or 0, cfg.horizon_s, e[ix], det[ix], m.node_loss[cls[ix]]
+                sizer,
+                m.repair_s,
+                cfg.spare_nodes or 0,
+                cfg.horizon_s,
+                e[ix],
+                det[ix],
+                m.node_loss[cls[ix]],
+                end[ix],
             )
 
         walked = _in_parallel(walk, cuts, self.threads)
         wait = np.concatenate([w for w, _ in walked])
-        share = np.concatenate([s for _, s in walked])
+        given = [s for _, s in walked if s is not None]  # the same path for every slice: all or none
+        share = np.concatenate(given) if len(given) == len(walked) else None
         step = self.rows_per_chunk
         return [
-            _Job(rows[sl], e[sl], det[sl], cls[sl], wait[sl], share[sl])
+            _Job(rows[sl], e[sl], det[sl], cls[sl], wait[sl], None if share is None else share[sl])
             for sl in (slice(lo, lo + step) for lo in range(0, len(rows), step))
         ]

@@ -72,6 +72,7 @@ class Model:
     sizer: WorldSizer | None
     repair_s: float
     replica: bool
+    no_rollback: bool = False  # state from a live replica: the work since the checkpoint is kept
     ft: type = np.float64  # dtype of per-cycle quantities
 
 

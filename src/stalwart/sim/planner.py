@@ -15,33 +15,24 @@ import numpy as np
 from typing_extensions import assert_never
 
 from ..account.ettr import daly_ettr, daly_interval
-from ..policy.label import Label
 from .config import MAX_GPUS, CheckpointTier, SimConfig
 from .engine import SimResult, simulate
+from .options import OPTIONS, RecoveryOption, Target
 from .units import duration
+
+__all__ = ["OPTIONS", "Plan", "RecoveryOption", "Target", "option_config", "plan"]
 
 STRATEGIES = ("in_process", "in_job", "requeue")
 
 
-class RecoveryOption(Label):
-    """The recovery options compared at every size (docs/simulator.md says what each one changes);
-    the values name them in the plan's JSON and tables."""
-
-    COLD = "cold"
-    WARM = "warm"
-    PEER = "peer"
-    REPLICA = "replica"
-    HOT_SPARES = "hot_spares"
-    ELASTIC = "elastic"
-
-
-OPTIONS = tuple(o.value for o in RecoveryOption)  # their names, in this order
 PEER_RESTORE_S = 30.0  # loading state from a healthy peer's memory instead of shared storage
 
 
 def option_config(cfg: SimConfig, option: str | RecoveryOption) -> SimConfig:
-    """``cfg`` with one recovery option applied; every option keeps ``cfg``'s hot spares except
-    ``hot_spares`` (at least one per 256 nodes, pre-initialised) and ``elastic`` (none: it shrinks)."""
+    """``cfg`` with one recovery option applied to its own flat times (no target job: the times the
+    user gave); every option keeps ``cfg``'s hot spares except ``hot_spares`` (at least one per 256
+    nodes, pre-initialised) and ``elastic`` (none: it shrinks). With a target job the options'
+    phases come from their laws instead (``sim/options.py``)."""
     try:
         opt = RecoveryOption(option)
     except ValueError:
@@ -57,6 +48,12 @@ def option_config(cfg: SimConfig, option: str | RecoveryOption) -> SimConfig:
                 for t in cfg.tiers
             ]
             return _with(cfg, strategy="in_process", tiers=tiers)
+        case RecoveryOption.IN_PLACE:  # a live replica's state: the peer's restore, and no rollback
+            tiers = [
+                {**t.model_dump(), "survives_node_loss": True, "restore_s": min(t.restore_s, PEER_RESTORE_S)}
+                for t in cfg.tiers
+            ]
+            return _with(cfg, strategy="in_process", tiers=tiers, no_rollback=True)
         case RecoveryOption.REPLICA:
             return _with(cfg, strategy="replica")
         case RecoveryOption.HOT_SPARES:
@@ -116,7 +113,10 @@ class Plan:
     sweep: tuple[dict[str, float], ...]  # ETTR against the durable interval (closed form + simulated)
     notes: tuple[str, ...] = field(default_factory=tuple)
     current_interval_s: float = 0.0
-    options: tuple[Row, ...] = ()  # per recovery option and size: gpus, ettr, cost
+    options: tuple[Row, ...] = ()  # per recovery option and size: gpus, ettr (mean, p5, p95), cost
+    phases: tuple[Row, ...] = ()  # per option at the plan's size: each phase, its seconds and source
+    job: tuple[str, ...] = ()  # the target job, one line per figure with its source
+    gpus: int = 0  # the plan's own size
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -192,14 +192,33 @@ def _score(cfg: SimConfig) -> tuple[float, float, float]:
     return float(r.ettr.mean()), float(r.cost.mean()), float(r.interruptions.mean())
 
 
-def _at_size(tuned: SimConfig, gpus: int, spare_candidates: Sequence[int]) -> tuple[SimConfig, SimResult]:
+def _reoptimised(c: SimConfig) -> SimConfig:
+    return _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
+
+
+def _option(c: SimConfig, opt: RecoveryOption | str, target: Target | None) -> SimConfig:
+    """``c`` recovering by ``opt``: its phases at ``c``'s size (target job) or its flat times; with a
+    target, the intervals are re-optimised for the option's own stall and restart."""
+    if target is None:
+        return option_config(c, opt)
+    return _reoptimised(target.config(c, opt))
+
+
+def _at_size(
+    tuned: SimConfig,
+    gpus: int,
+    spare_candidates: Sequence[int],
+    target: Target | None = None,
+    chosen: str = RecoveryOption.COLD.value,
+) -> tuple[SimConfig, SimResult]:
     """``tuned`` at ``gpus`` GPUs with the interval re-optimised and the spare count re-chosen by the
     same rule as at the run's own size (most productive GPU-hours per reserved GPU-hour). Scaling the
     spares in proportion is wrong for a small fleet: nodes in repair fluctuate like a Poisson count,
     so 2 spares for 128 nodes run out far more often than 32 for 2,048 and the job waits for repairs."""
     c = _with(tuned, gpus=gpus)
-    c = _apply(c, {a.name: a.recommended_s for a in closed_form_intervals(c)})
+    c = _reoptimised(c if target is None else target.config(c, RecoveryOption.COLD))
     if tuned.spare_nodes is None:  # the wider pool always has a node
+        c = c if target is None else _option(c, chosen, target)
         return c, simulate(c)
     scaled = math.ceil(tuned.spare_nodes * gpus / tuned.gpus)
     cands = sorted({*spare_candidates, *(math.ceil(scaled * f) for f in (0.5, 1.0, 1.5, 2.0, 3.0))})
@@ -211,7 +230,11 @@ def _at_size(tuned: SimConfig, gpus: int, spare_candidates: Sequence[int]) -> tu
         if best is None or per_reserved > best[0]:
             best = (per_reserved, s, cs, r)
     assert best is not None
-    return best[2], best[3]
+    if target is None or chosen == RecoveryOption.COLD.value:
+        return best[2], best[3]
+    # the spares are chosen for a job that must replace a lost node (cold); the chosen option keeps them
+    c = _option(best[2], chosen, target)
+    return c, simulate(c)
 
 
 def plan(
@@ -219,9 +242,15 @@ def plan(
     scale_to: Sequence[int] = (),
     trials: int = 200,
     spare_candidates: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
+    target: Target | None = None,
 ) -> Plan:
+    """Intervals, spares and recovery for ``cfg``, and ETTR at other sizes. With a ``target`` job,
+    every recovery's phases, the checkpoint's stall and the restores come from their laws at each
+    size (``sim/options.py``); without one, from ``cfg``'s own times at every size."""
     cfg = _with(cfg, trials=min(cfg.trials, trials))
     notes: list[str] = []
+    if target is not None:
+        cfg = target.config(cfg, RecoveryOption.COLD)
 
     # 1. intervals: closed form, then a simulated search over a common scale factor
     advice = closed_form_intervals(cfg)
@@ -291,24 +320,10 @@ def plan(
     )
     tuned = _with(tuned, spare_nodes=int(top["spares"]))
 
-    # 4. restart strategy
-    srows: list[Row] = []
-    for strat in STRATEGIES:
-        e, cost, _ = _score(_with(tuned, strategy=strat))
-        srows.append({"strategy": strat, "ettr": e, "cost": cost})
-    sbest = max(srows, key=lambda r: float(r["ettr"]))
-    worst = min(srows, key=lambda r: float(r["ettr"]))
-    strategy = Choice(
-        sbest["strategy"],
-        float(sbest["ettr"]),
-        float(sbest["cost"]),
-        f"{sbest['strategy']} restarts give ETTR {float(sbest['ettr']):.3f} against "
-        f"{float(worst['ettr']):.3f} for {worst['strategy']} (restart "
-        f"{duration(min(tuned.in_process_restart_s, tuned.job_restart_s))} / {duration(tuned.job_restart_s)} / "
-        f"{duration(tuned.requeue_s)})",
-        tuple(srows),
-    )
-    tuned = _with(tuned, strategy=str(sbest["strategy"]))
+    # 4. restart strategy (with a target job: the recovery option, from its phases)
+    strategy = _strategy(tuned, target)
+    chosen = str(strategy.value) if target is not None else RecoveryOption.COLD.value
+    tuned = _with(tuned, strategy=str(strategy.value)) if target is None else tuned
 
     # 5. scale-up prediction, intervals re-optimised and spares re-chosen at every size; without
     # --scale-to, four sizes
@@ -316,9 +331,9 @@ def plan(
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
     points = []
     options: list[Row] = []
-    for g in sizes:
-        g = max(tuned.gpus_per_node, g // tuned.gpus_per_node * tuned.gpus_per_node)
-        c, r = _at_size(tuned, g, spare_candidates)
+    per = tuned.gpus_per_node
+    for g in sorted({target.round(g, per) if target else max(per, g // per * per) for g in sizes}):
+        c, r = _at_size(tuned, g, spare_candidates, target, chosen)
         lam_g, _ = _rates(c)
         points.append(
             ScalePoint(
@@ -336,11 +351,92 @@ def plan(
         )
         # every option at this size draws the same failures (same seed and rate): common random numbers
         for opt in OPTIONS:
-            ro = simulate(option_config(c, opt))
+            ro = simulate(_option(c, opt, target))
+            lo, hi = np.percentile(ro.ettr, [5, 95])
             options.append(
-                {"option": opt, "gpus": g, "ettr": float(ro.ettr.mean()), "cost": float(ro.cost.mean())}
+                {
+                    "option": opt,
+                    "gpus": g,
+                    "ettr": float(ro.ettr.mean()),
+                    "ettr_p5": float(lo),
+                    "ettr_p95": float(hi),
+                    "cost": float(ro.cost.mean()),
+                }
             )
     current = min(t.interval_s for t in cfg.tiers if t.survives_node_loss)
+    phases = _phase_rows(target, cfg.gpus) if target is not None else ()
+    job = tuple(target.job.describe(cfg.gpus)) if target is not None else ()
     return Plan(
-        tiers, best, spares, strategy, tuple(points), tuple(sweep), tuple(notes), current, tuple(options)
+        tiers,
+        best,
+        spares,
+        strategy,
+        tuple(points),
+        tuple(sweep),
+        tuple(notes),
+        current,
+        tuple(options),
+        phases,
+        job,
+        cfg.gpus,
     )
+
+
+def _strategy(tuned: SimConfig, target: Target | None) -> Choice:
+    """The restart strategy (flat times) or, with a target job, the recovery option with the best
+    ETTR at the plan's size, its phases from their laws."""
+    rows: list[Row] = []
+    if target is None:
+        for strat in STRATEGIES:
+            e, cost, _ = _score(_with(tuned, strategy=strat))
+            rows.append({"strategy": strat, "ettr": e, "cost": cost})
+    else:
+        for opt in OPTIONS:
+            e, cost, _ = _score(_option(tuned, opt, target))
+            rows.append({"strategy": opt, "ettr": e, "cost": cost})
+    best = max(rows, key=lambda r: float(r["ettr"]))
+    worst = min(rows, key=lambda r: float(r["ettr"]))
+    if target is None:
+        times = (
+            f"(restart {duration(min(tuned.in_process_restart_s, tuned.job_restart_s))} / "
+            f"{duration(tuned.job_restart_s)} / {duration(tuned.requeue_s)})"
+        )
+    else:
+        totals = {o: target.costs(o, tuned.gpus) for o in (str(best["strategy"]), str(worst["strategy"]))}
+        times = (
+            "(recovery after a node loss "
+            + " / ".join(f"{duration(c.total(c.hard) + c.restore_hard.value)}" for c in totals.values())
+            + ", from their phases)"
+        )
+    return Choice(
+        best["strategy"],
+        float(best["ettr"]),
+        float(best["cost"]),
+        f"{best['strategy']} gives ETTR {float(best['ettr']):.3f} against {float(worst['ettr']):.3f} for "
+        f"{worst['strategy']} {times}",
+        tuple(rows),
+    )
+
+
+def _phase_rows(target: Target, gpus: int) -> tuple[Row, ...]:
+    """Every option's phases at ``gpus`` GPUs: after a fault that leaves the node and after a node
+    loss, the restores, the checkpoint's stall and persist; each with its seconds and source."""
+    rows: list[Row] = []
+    for opt in OPTIONS:
+        c = target.costs(opt, gpus)
+        parts = [("soft", n, f) for n, f in c.soft] + [("node_loss", n, f) for n, f in c.hard]
+        parts += [("soft", "restore", c.restore_soft), ("node_loss", "restore", c.restore_hard)]
+        parts += [("rejoin", n, f) for n, f in c.rejoin]
+        parts += [("checkpoint", "stall", c.stall), ("checkpoint", "persist", c.persist)]
+        for when, name, f in parts:
+            rows.append(
+                {
+                    "option": opt,
+                    "when": when,
+                    "phase": name,
+                    "seconds": f.value,
+                    "source": str(f.source),
+                    "note": f.note,
+                }
+            )
+    return tuple(rows)

@@ -57,21 +57,27 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
             fig, ax = plt.subplots(figsize=(7, 4.2))
             for opt in OPTIONS:
                 rows = sorted((r for r in p.options if r["option"] == opt), key=lambda r: float(r["gpus"]))
-                ax.plot(
-                    [r["gpus"] for r in rows],
-                    [scale * float(r[key]) for r in rows],
-                    "o-",
-                    label=opt,
-                )
+                xs = [float(r["gpus"]) for r in rows]
+                (line,) = ax.plot(xs, [scale * float(r[key]) for r in rows], "o-", label=opt)
+                if key == "ettr" and all("ettr_p5" in r for r in rows):  # the trials' 5-95% band
+                    ax.fill_between(
+                        xs,
+                        [scale * float(r["ettr_p5"]) for r in rows],
+                        [scale * float(r["ettr_p95"]) for r in rows],
+                        color=line.get_color(),
+                        alpha=0.15,
+                        linewidth=0,
+                    )
             ax.set_xscale("log")
             if key == "ettr":  # zoomed to the data, so that close options stay apart
-                low = min(100.0 * float(r["ettr"]) for r in p.options)
+                low = min(100.0 * float(r.get("ettr_p5", r["ettr"])) for r in p.options)
                 ax.set_ylim(max(0.0, low - 5.0), 100.5)
             else:
                 ax.set_yscale("log")
             ax.set_xlabel("GPUs (log scale; interval re-optimised at each size)")
             ax.set_ylabel(label)
-            ax.set_title(f"{'ETTR' if key == 'ettr' else 'Cost'} against cluster size, by recovery option")
+            what = "ETTR (mean, 5-95% of trials shaded)" if key == "ettr" else "Cost"
+            ax.set_title(f"{what} against cluster size, by recovery option")
             written.append(_finish(plt, fig, ax, out / f"{name}.{fmt}"))
     return written
 

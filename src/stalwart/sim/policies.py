@@ -138,12 +138,17 @@ class WorldSizer:
         hit = self._cache.get(out)
         if hit is None:
             assert self._plan is not None
-            # the nodes in repair are the ones that failed first: active slots, then spares stepped in
-            failed = self._plan.active[: min(out, len(self._plan.active))]
-            after = replace_failed(self._plan, failed, self.min_nodes, self.nodes, self.rule)
-            if out > len(self._plan.active):  # more out than active: the rest come off the spares
-                extra = list(after.spares[: out - len(failed)])
-                after = replace_failed(after, extra, self.min_nodes, self.nodes, self.rule)
+            # failures strike the nodes that run the job: the active slots first, then the spares that
+            # stepped into them, then (the job re-planned smaller) its remaining active nodes, until
+            # ``out`` nodes are in repair; idle spares are taken only when no node is active
+            after, left = self._plan, out
+            while left > 0:
+                pool = after.active or after.spares
+                if not pool:  # every node is in repair
+                    break
+                down = list(pool[:left])
+                after = replace_failed(after, down, self.min_nodes, self.nodes, self.rule)
+                left -= len(down)
             hit = (after.runnable, len(after.active) / self.nodes)
             self._cache[out] = hit
         return hit

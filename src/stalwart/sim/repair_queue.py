@@ -13,6 +13,8 @@ import numpy as np
 
 from .policies import WorldSizer
 
+BLOCK = 512  # losses per block of the loss-by-loss walk (a block of every trial's times stays cached)
+
 
 def repair_queue(
     sizer: WorldSizer, repair_s: float, spares: int, t_loss: np.ndarray, row: np.ndarray, rows: int
@@ -56,9 +58,13 @@ def sequential_waits(
     e: np.ndarray,
     det: np.ndarray,
     lost: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(wait, share of each cycle) of trials whose job waited for a repaired node, cycle by cycle (a
+    end: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(wait, share of each cycle: None when the job runs whole whenever it runs) of trials whose job
+    waited for a repaired node, cycle by cycle (a
     wait moves every later failure, so the window cannot be taken at once)."""
+    if not sizer.share(spares + 1)[0]:  # one node over the spares stops the job: the waits alone
+        return fixed_waits(repair_s, spares, horizon, e, det, lost, end), None
     rows, cols = e.shape
     e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
     wait_t = np.zeros((cols, rows), dtype=e.dtype)
@@ -116,3 +122,70 @@ def sequential_waits(
     share = np.ones((rows, cols), dtype=e.dtype)
     share[:, 1:] = share_t.T[:, :-1]  # a shrunk job runs the next cycle at the smaller size
     return np.ascontiguousarray(wait_t.T), share
+
+
+def fixed_waits(
+    repair_s: float,
+    spares: int,
+    horizon: float,
+    e: np.ndarray,
+    det: np.ndarray,
+    lost: np.ndarray,
+    end: np.ndarray | None = None,
+) -> np.ndarray:
+    """The waits of trials whose job cannot run with more nodes in repair than spares (it never
+    shrinks), loss by loss instead of cycle by cycle.
+
+    Repairs take the same time, so nodes come back in the order they were lost, and at the k-th
+    node loss (detected at X_k) more than ``spares`` nodes are in repair exactly when the loss
+    ``spares`` places earlier is still in repair; the job then waits until it is back:
+    ``w_k = max(0, X_{k-S} + R - X_k)``. Writing X_k = C_k + Z_{k-1}, with C_k the detection time
+    without waits and Z the waits so far, gives ``Z_k = max(Z_{k-1}, C_{k-S} + R - C_k + Z_{k-S-1})``:
+    one step per node loss, two array operations over the trials. Losses after the horizon change
+    only what comes after it. ``end``: the cumulative sums of ``e + det`` along the cycles (float64),
+    when the caller has them."""
+    rows, cols = e.shape
+    where = [np.flatnonzero(lost[r]) for r in range(rows)]  # row by row: no index array of every loss
+    n = max(len(ix) for ix in where)
+    if n <= spares:
+        return np.zeros((rows, cols), dtype=e.dtype)
+    # every trial's losses as a padded (trials x losses) table of their cycles; padding points at an
+    # extra cycle past the last, so that it never lands on a real one
+    pos = np.full((rows, n), cols, dtype=np.int32 if cols < 2**31 - 1 else np.int64)
+    for r, ix in enumerate(where):
+        pos[r, : len(ix)] = ix
+    real = pos < cols
+    at = np.minimum(pos, cols - 1)  # where to read (the padding's values are masked)
+    done = np.cumsum(e + det, axis=1, dtype=np.float64) if end is None else end
+    by_row = np.take_along_axis(done, at, axis=1)  # detection times without waits
+    by_row[~real] = np.nan
+    z = np.zeros((n + 1, rows))  # z[k + 1] = waits up to and including loss k; z[0] = 0
+    zt = np.zeros((rows, n + 1))  # the same, trial by trial
+    gap = np.empty(rows)
+    s = spares
+    for k0 in range(s, n, BLOCK):  # losses k0..k1-1; each step reads two losses of every trial
+        k1 = min(n, k0 + BLOCK)
+        c = np.ascontiguousarray(by_row[:, k0 - s : k1].T)  # c[j] = loss k0 - s + j, a block at a time
+        if not np.any(c[s] + z[k0] < horizon):  # every trial is past the horizon
+            z[k0 + 1 :] = z[k0]  # no wait from here on: nothing after the horizon is booked
+            zt[:, k0 + 1 :] = z[k0][:, None]
+            break
+        ahead = c[: k1 - k0] - c[s:]  # C_{k-S} - C_k for the block's losses
+        ahead += repair_s
+        for j, k in enumerate(range(k0, k1)):
+            np.add(ahead[j], z[k - s], out=gap)
+            np.fmax(z[k], gap, out=z[k + 1])
+        zt[:, k0 + 1 : k1 + 1] = z[k0 + 1 : k1 + 1].T
+    del z, c, gap
+    w = np.diff(zt, axis=1)  # the wait at each loss
+    # a failure drawn after the horizon never happens (its cycle started too late): no wait there
+    offset = np.take_along_axis(e, at, axis=1)
+    start = by_row  # reused in place: the start of each loss's cycle
+    start -= offset + np.take_along_axis(det, at, axis=1)
+    start += zt[:, :n]
+    del zt, at
+    w[~(real & (offset < horizon - start))] = 0.0
+    del start, offset, real
+    waits = np.zeros((rows, cols + 1), dtype=e.dtype)
+    np.put_along_axis(waits, pos, w.astype(e.dtype, copy=False), axis=1)
+    return waits[:, :cols]
