@@ -382,10 +382,11 @@ class Supervisor:
         failure, root, err = d.outcome.failure, d.rank, d.error
         log = next((s.log_path for s in self.specs if s.global_rank == root), None)
         text = tail(log, 3)
-        self.console.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
+        # one line names the failure (the FailureDetected below); a traceback's end, with where the
+        # whole log is, only when the rank left one
         shown = tail_lines(log, 8, match="Traceback (most recent call last)")
         if shown:
-            self.console.note(f"last lines of rank {root}:\n{shown}")
+            self.console.note(f"last lines of rank {root} (its log: {log}):\n{shown}")
         ctx = self.ledger.ctx()
         detected = FailureDetected(
             ts=d.outcome.detected_at,
