@@ -168,10 +168,10 @@ class RunConfig(BaseSettings):
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
         )
-        if self.hang.cpu_stall_s >= self.hang.pg_timeout_s:
+        if self.hang.cpu_stall_s > self.hang.pg_timeout_s:
             raise ValueError(
-                f"--cpu-stall {self.hang.cpu_stall_s:g}s must be below the process-group timeout "
-                f"{self.hang.pg_timeout_s:g}s, or ranks time out before the hang is seen"
+                f"--cpu-stall {self.hang.cpu_stall_s:g}s must not exceed the process-group timeout "
+                f"{self.hang.pg_timeout_s:g}s (0 means that timeout), or ranks time out before the hang is seen"
             )
         return self
 

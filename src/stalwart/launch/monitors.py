@@ -32,6 +32,7 @@ from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule
 from .decision import AttemptOutcome, Decision, DecisionKind
+from .forwarded_stop import ForwardedStop
 from .hang_monitor import HangMonitor, HangPhase, HangSource
 from .progress import durability_problem_in
 from .snapshot import RankView, Snapshot
@@ -296,6 +297,7 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
             gate=straggler_gate,
         ),
         worker_exits,
+        ForwardedStop(cfg.checkpoint.emergency_deadline_s),  # zero: a signal without a Session, as torchrun
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
         HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
@@ -307,4 +309,4 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
 # or a stop under way), then exits before anything a signal or a
 # silence could suggest (a worker that exited says more than one that is quiet), then the stop a
 # signal asks for (while it runs, hangs and membership wait), then hangs, then a joining node
-PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "membership")
+PRIORITY = ("stragglers", "worker_exits", "forwarded_stop", "durability", "signals", "hangs", "membership")

@@ -37,7 +37,8 @@ class RankProgress:
     loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
     beat_t: float = 0.0  # time of the newest shared-memory heartbeat seen
     ckpt_t0: float = 0.0
-    sdk: bool = False  # the worker announced that it uses the SDK (its heartbeats count)
+    sdk: bool = False  # the worker's messages count: it uses the SDK or its step hooks fired
+    session: bool = False  # the worker said Hello: it runs the SDK's Session (a coordinated stop)
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
@@ -91,7 +92,7 @@ class ProgressTracker:
             case StepDone():
                 return self._step_done(p, msg)
             case Hello():
-                p.sdk = True
+                p.sdk = p.session = True
             case LoopStarted():
                 p.sdk = True
                 p.loop_done = False
@@ -165,8 +166,13 @@ class ProgressTracker:
             p.in_checkpoint = False
 
     def sdk_ranks(self) -> list[int]:
-        """Ranks that announced the SDK: only their silence can be a hang by heartbeat."""
+        """Ranks whose messages count (the SDK, or the bootstrap's step hooks): only their silence
+        can be a hang by heartbeat."""
         return [r for r, p in self.progress.items() if p.sdk]
+
+    def session_ranks(self) -> list[int]:
+        """Ranks that run the SDK's Session: only they take part in a coordinated stop."""
+        return [r for r, p in self.progress.items() if p.session]
 
     def steps_seen(self) -> bool:
         return any(p.done_steps for p in self.progress.values())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..diagnose.straggler_action import STRAGGLER_MODES, StragglerActionConfig
 from ..policy.timeouts import (
@@ -76,11 +76,23 @@ class HangSettings(BaseModel):
         default=HANG_MIN_SAMPLES, ge=1, description="Steps seen before calibrating."
     )
     cpu_stall_s: Annotated[float, setting("cpu_stall_s", "--cpu-stall")] = Field(
-        default=CPU_STALL_S, gt=0, description="Hang timeout without the SDK: seconds with no CPU progress."
+        default=CPU_STALL_S,
+        ge=0,
+        description="Hang timeout of workers no hook or SDK ever reported: seconds in which every rank "
+        "made no CPU progress (a stopped rank: the hang floor). 0: the process-group timeout, so a "
+        "healthy job that waits cannot be declared hung before its own collectives would time out.",
     )
     pg_timeout_s: Annotated[float, setting("pg_timeout_s", "--pg-timeout")] = Field(
         default=DEFAULT_PG_TIMEOUT_S, gt=0, description="Process-group timeout given to workers, seconds."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stall_default(cls, data: object) -> object:
+        """``cpu_stall_s`` 0 (the default) is the process-group timeout."""
+        if isinstance(data, dict) and not float(data.get("cpu_stall_s") or 0):
+            return {**data, "cpu_stall_s": data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S)}
+        return data
 
     @property
     def policy(self) -> HangTimeoutPolicy:

@@ -243,7 +243,7 @@ class Supervisor:
                 outcome = self.apply(d, snap)
                 if outcome is not None:
                     return outcome
-            if decisions and decisions[-1].kind is DecisionKind.HOLD:
+            if decisions and decisions[-1].kind in (DecisionKind.HOLD, DecisionKind.FORWARD_SIGNAL):
                 self.clock.sleep(snap.tick)
                 continue
             deadline = self.hangs.next_check(snap) if self.hangs is not None else snap.now + snap.tick
@@ -283,6 +283,10 @@ class Supervisor:
             case DecisionKind.REQUEST_STOP:
                 self.stop_requested_at = snap.now
                 self.block.request_stop(d.stop_step)
+            case DecisionKind.FORWARD_SIGNAL:  # no Session: the signal goes to the workers, as torchrun
+                self.stop_requested_at = snap.now
+                if snap.signal is not None:
+                    self.group.signal(snap.signal)
             case DecisionKind.HOLD | DecisionKind.STOPPED_EXIT:
                 pass
             case DecisionKind.CRASH:
