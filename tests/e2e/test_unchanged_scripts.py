@@ -3,6 +3,7 @@ semantics, and a healthy low-CPU job with long waits is never a hang."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.events import FailureDetected, JobEnded
-from stalwart.exit_codes import EXIT_PREEMPTED
+from stalwart.events import (
+    FailureDetected,
+    JobEnded,
+    StackCaptured,
+    StepCompleted,
+    TimeoutsCalibrated,
+    WorkersStarted,
+)
+from stalwart.exit_codes import EXIT_INFRA, EXIT_PREEMPTED
 
-from .runner import events
+from .runner import events, events_so_far
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +38,9 @@ def _signalled(tmp_path: Path, mode: str, sig: int) -> tuple[subprocess.Popen, s
         log = tmp_path / "run" / "logs"
         deadline = time.time() + 120
         while time.time() < deadline:  # both ranks have their handlers installed
-            text = "".join(p.read_text(errors="replace") for p in log.glob("*-r*.log")) if log.exists() else ""
+            text = (
+                "".join(p.read_text(errors="replace") for p in log.glob("*-r*.log")) if log.exists() else ""
+            )
             if "rank 0 step 2" in text and "rank 1 step 2" in text:
                 break
             time.sleep(0.2)
@@ -61,3 +71,43 @@ def test_sigusr1_to_a_script_that_finishes_its_loop_is_a_success(tmp_path: Path)
     end = events(tmp_path / "run", JobEnded)[-1]
     assert end.outcome == "succeeded" and end.exit_code == 0
     assert events(tmp_path / "run", FailureDetected) == []
+
+
+def test_a_low_cpu_job_with_long_io_waits_is_no_hang_its_steps_come_from_the_hooks(tmp_path: Path):
+    # every rank is idle for 6 s at a time, longer than --cpu-stall 4: idleness alone once killed it;
+    # the optimizer step hooks give the steps, and the waits are in the calibration
+    cmd = [*STALWART, "--run-dir", "run", "--cpu-stall", "4", "--hang-floor", "1", SCRIPT]
+    cmd += ["--steps", "6", "--idle", "0.5", "--io-rank", "1", "--io-wait", "6", "--io-every", "3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    run = tmp_path / "run"
+    assert events(run, FailureDetected) == []
+    steps = events(run, StepCompleted)
+    assert sorted((e.rank, e.step) for e in steps) == [(r, s) for r in (0, 1) for s in range(6)]
+    waited = [e for e in steps if e.step in (1, 4)]
+    assert all(e.duration >= 6.0 for e in waited)  # data waits are part of the step, as the job sees it
+
+
+def test_a_stopped_hooked_rank_is_a_hang_caught_by_its_step_timeout_with_stacks(tmp_path: Path):
+    run = tmp_path / "run"
+    cmd = [*STALWART, "--run-dir", str(run), "--node-name", "n0", "--hang-floor", "2", "--max-restarts", "0"]
+    cmd += [SCRIPT, "--steps", "100000", "--idle", "0.1"]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(events_so_far(run, StepCompleted)) < 20:
+            time.sleep(0.3)
+        started = events(run, WorkersStarted)[-1]
+        pid = dict(zip(started.global_ranks, started.pids, strict=True))[1]
+        os.kill(pid, signal.SIGSTOP)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == EXIT_INFRA, out[-3000:]
+    (hang,) = events(run, FailureDetected)
+    assert hang.failure == "hang" and hang.rank == 1, hang
+    calibrated = events(run, TimeoutsCalibrated)
+    assert calibrated and calibrated[0].hang_timeout_s == 2.0  # the floor: steps of ~0.1 s
+    stacks = {e.rank: e.stack for e in events(run, StackCaptured)}
+    assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the waiting peer's stack, without the SDK

@@ -23,6 +23,7 @@ from ..protocol import (
     StepBegan,
     StepDone,
 )
+from .worker_boot import HOOK_SECTION
 
 
 @dataclass
@@ -77,6 +78,8 @@ class ProgressTracker:
         p = self.progress.get(msg.rank)
         if p is None:
             return None
+        if p.session and isinstance(msg, StepDone) and HOOK_SECTION in msg.sections:
+            return None  # the bootstrap's hooks in a rank that runs the SDK: its own records count
         # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
         p.last_msg = min(max(msg.t, p.last_msg), now)
         match msg:

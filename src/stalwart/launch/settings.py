@@ -199,6 +199,11 @@ class WorkerSettings(BaseModel):
         default=True,
         description="Start workers from a fork server with torch preloaded; see docs/fast-recovery.md.",
     )
+    instrument: Annotated[bool, setting("instrument", "--instrument/--no-instrument")] = Field(
+        default=True,
+        description="Start every worker through the bootstrap that observes optimizer steps (torch's "
+        "public hooks), dumps stacks on request and names the process; see docs/resilient-run.md.",
+    )
     warm_fail_attempt: Annotated[int, setting("warm_fail_attempt")] = Field(
         default=-1, ge=-1, description="The attempt whose warm start is forced to fail (testing); -1: none."
     )
