@@ -126,3 +126,16 @@ def test_a_rank_running_the_sdk_is_not_counted_twice_by_the_agent():
     assert tr.observe(StepDone(1, 0, 10.0, 0.5, {HOOK_SECTION: 0.1}), 11.0) is None  # dropped
     assert tr.observe(sdk_step, 11.0) is not None and tr.progress[1].done_steps == 1
     assert tr.session_ranks() == [1]
+
+
+def test_the_progress_line_rate_is_the_jobs_steps_per_second_wall_clock():
+    from stalwart.launch.progress import ProgressTracker
+
+    tr = ProgressTracker(ranks=[0, 1], started=0.0)
+    # both ranks' records: each step takes 0.1 s of compute but steps end every 0.25 s (data waits)
+    for step in range(10):
+        end = 1.0 + 0.25 * step
+        for r in (0, 1):
+            tr.observe(StepDone(r, step, end - 0.1, 0.1), end)
+    assert abs(tr.rate() - 4.0) < 1e-9  # not 10/s (compute only), not 5/s (divided by the ranks)
+    assert ProgressTracker(ranks=[0], started=0.0).rate() == 0.0

@@ -25,6 +25,8 @@ from ..protocol import (
 )
 from .worker_boot import HOOK_SECTION
 
+RATE_WINDOW = 20  # steps the progress line's rate is measured over
+
 
 @dataclass
 class RankProgress:
@@ -68,6 +70,8 @@ class ProgressTracker:
     preempted_ranks: set[int] = field(default_factory=set)
     # rank -> CheckpointDone of its emergency or final save
     durability: dict[int, CheckpointDone] = field(default_factory=dict)
+    # (end time, step) each time the job's newest completed step advanced: the job's rate
+    advances: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
 
     def __post_init__(self) -> None:
         for r in self.ranks:
@@ -137,7 +141,11 @@ class ProgressTracker:
         p.sdk = True
         p.done_steps += 1
         p.section = None
+        if HOOK_SECTION in msg.sections:  # the hooks send no StepBegan: the rank is in the next step now
+            p.step = max(p.step, msg.step + 1)
         self.step_times.append(rec.duration)
+        if rec.step > self.max_done_step:
+            self.advances.append((rec.start + rec.duration, rec.step))
         self.max_done_step = max(self.max_done_step, rec.step)
         if self.total_steps and rec.step + 1 >= self.total_steps:
             p.loop_done = True
@@ -168,6 +176,11 @@ class ProgressTracker:
         else:
             p.in_checkpoint = False
 
+    def rate(self) -> float:
+        """The job's steps per second over its newest steps, wall clock from step end to step end
+        (data loading, evaluation between steps and every rank's wait included); 0 until two seen."""
+        return job_rate(self.advances)
+
     def sdk_ranks(self) -> list[int]:
         """Ranks whose messages count (the SDK, or the bootstrap's step hooks): only their silence
         can be a hang by heartbeat."""
@@ -182,6 +195,15 @@ class ProgressTracker:
 
     def max_step_in_progress(self) -> int:
         return max((p.step for p in self.progress.values()), default=-1)
+
+
+def job_rate(advances: Iterable[tuple[float, int]]) -> float:
+    """Steps per second between the oldest and newest (end time, step) of the window (pure)."""
+    seen = list(advances)
+    if len(seen) < 2:
+        return 0.0
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 @dataclass(frozen=True)

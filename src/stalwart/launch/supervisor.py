@@ -169,9 +169,9 @@ class Supervisor:
         self.window.extend(batch)
         if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
             self.last_straggler_check = straggler_step = top.step
-        recent = list(tracker.step_times)[-20:]
-        rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
-        self.console.progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(self.specs)))
+        self.console.progress(
+            top.step + 1, tracker.total_steps, self.attempt, tracker.rate()
+        )  # zero: wall rate
         return straggler_step
 
     def _raised_and_stuck(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:
