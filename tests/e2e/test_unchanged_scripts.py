@@ -111,3 +111,18 @@ def test_a_stopped_hooked_rank_is_a_hang_caught_by_its_step_timeout_with_stacks(
     assert calibrated and calibrated[0].hang_timeout_s == 2.0  # the floor: steps of ~0.1 s
     stacks = {e.rank: e.stack for e in events(run, StackCaptured)}
     assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the waiting peer's stack, without the SDK
+
+
+def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(Path(SCRIPT).read_text())
+    cmd = [*STALWART, "--run-dir", "run", str(script), "--steps", "3", "--idle", "0.05"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "already finished at step 2" in again.stdout and "nothing launched" in again.stdout
+    assert len(events(tmp_path / "run", JobEnded)) == 1  # nothing ran: no second verdict
+    script.write_text(script.read_text() + "\n# edited\n")
+    changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert changed.returncode == 2 and "--continue-changed" in changed.stdout + changed.stderr
