@@ -126,3 +126,30 @@ def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_pat
     script.write_text(script.read_text() + "\n# edited\n")
     changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert changed.returncode == 2 and "--continue-changed" in changed.stdout + changed.stderr
+
+
+def test_a_stopped_rank_of_a_job_without_an_optimizer_is_caught_by_process_state_with_peer_stacks(
+    tmp_path: Path,
+):
+    # no optimizer: no hook ever fires; the stopped process is the evidence, after the hang floor
+    run = tmp_path / "run"
+    cmd = [*STALWART, "--run-dir", str(run), "--node-name", "n0", "--hang-floor", "2", "--max-restarts", "0"]
+    cmd += [SCRIPT, "--steps", "100000", "--idle", "0.1", "--no-optimizer"]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        log = run / "logs" / "n0-a0-r1.log"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log.exists() and "rank 1 step 10" in log.read_text()):
+            time.sleep(0.3)
+        started = events(run, WorkersStarted)[-1]
+        os.kill(dict(zip(started.global_ranks, started.pids, strict=True))[1], signal.SIGSTOP)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == EXIT_INFRA, out[-3000:]
+    (hang,) = events(run, FailureDetected)
+    assert hang.rank == 1 and "state T" in hang.evidence, hang
+    assert events(run, StepCompleted) == []  # nothing counted that did not happen
+    stacks = {e.rank: e.stack for e in events(run, StackCaptured)}
+    assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the bootstrap's faulthandler

@@ -427,8 +427,10 @@ class Supervisor:
             **ctx,
         )
         self.ledger.emit(detected)
-        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
+        # faulthandler is the SDK's or the worker bootstrap's (zero): without either SIGUSR2 would
+        # only kill the workers
+        booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
+        stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
         for rank, text in stacks.items():
             reason = "hung rank" if rank == d.rank else "peer of the hung rank"
             self.ledger.emit(
