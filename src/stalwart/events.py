@@ -129,6 +129,22 @@ class TrainingFinished(Event):
     step: int
 
 
+@event
+@dataclass(frozen=True, kw_only=True)
+class ReformedInPlace(Event):
+    """An in-place recovery completed: the failed ranks were replaced, every rank joined process-group
+    ``generation`` and holds the live state after ``step`` steps (``lost_steps`` beyond the
+    interrupted one were redone). ``phases``: seconds, fault -> first step (docs/fast-recovery.md)."""
+
+    generation: int
+    ranks: tuple[int, ...]  # the replaced ranks
+    step: int
+    lost_steps: int
+    bytes_moved: int
+    state_bytes: int
+    phases: dict[str, float]
+
+
 # --- checkpoints ----------------------------------------------------------------------------
 
 
@@ -216,6 +232,7 @@ class ChaosInjected(Event):
     fault: str
     step: int = -1
     detail: str = ""
+    until_step: int = -1  # a fault that holds for a span of steps (slow): its last step; -1 none/open
 
 
 @event

@@ -92,6 +92,9 @@ def stack(tmp_path):
     am_bin = _bin("prometheus-alertmanager", "alertmanager")
     metrics, prom, am, rx = free_ports(4)
     sink = Sink()
+    token = tmp_path / "notify-token"  # Alertmanager authenticates to the receiver with it
+    token.write_text("e2e-notify-token-0123456789\n")
+    token.chmod(0o600)
     (tmp_path / "am.yml").write_text(
         json.dumps(
             {
@@ -106,7 +109,13 @@ def stack(tmp_path):
                     {
                         "name": "stalwart",
                         "webhook_configs": [
-                            {"url": f"http://127.0.0.1:{rx}/alertmanager", "send_resolved": False}
+                            {
+                                "url": f"http://127.0.0.1:{rx}/alertmanager",
+                                "send_resolved": False,
+                                "http_config": {
+                                    "authorization": {"type": "Bearer", "credentials_file": str(token)}
+                                },
+                            }
                         ],
                     }
                 ],
@@ -127,7 +136,10 @@ def stack(tmp_path):
     )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "stalwart.cli", "notify", "serve", "--slack", sink.url, "--port", str(rx)],
+            [
+                *(sys.executable, "-m", "stalwart.cli", "notify", "serve", "--slack", sink.url),
+                *("--token-file", str(token), "--port", str(rx)),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         ),

@@ -50,7 +50,9 @@ def _agent(tmp_path, node: str, port: int):
         "--out",
         str(tmp_path / "peer.pt"),
     ]
-    env = dict(os.environ, STALWART_SHM_DIR=str(tmp_path / f"shm-{node}"))  # the nodes share no tmpfs
+    env = dict(  # the nodes share no tmpfs; peer replication needs a checkpoint key (its secret)
+        os.environ, STALWART_SHM_DIR=str(tmp_path / f"shm-{node}"), STALWART_CHECKPOINT_KEY="p" * 32
+    )
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

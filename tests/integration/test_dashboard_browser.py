@@ -105,6 +105,7 @@ def test_every_page_renders_and_live_updates_arrive(browser, tmp_path):
     errors: list[str] = []
     try:
         page = _page(browser, errors)
+        page.goto(dash.login_url)  # the API needs the token: the login URL sets its cookie
         page.goto(dash.url + "#/")
         page.wait_for_selector("#runs tr[data-run=finished]")
         page.wait_for_selector("#runs tr[data-run=finished] .pill.succeeded")
@@ -159,6 +160,7 @@ def test_every_page_renders_and_live_updates_arrive(browser, tmp_path):
         page.screenshot(path=str(out / "job-live.png"), full_page=True)
 
         narrow = _page(browser, errors, width=390)  # a phone-width / narrow laptop window
+        narrow.goto(dash.login_url)
         narrow.goto(dash.url + "#/run/finished")
         narrow.wait_for_selector("#heatmap rect")
         narrow.screenshot(path=str(out / "job-narrow.png"), full_page=True)

@@ -156,8 +156,15 @@ def _metrics_probe(url: str, walk: Walk) -> None:
 
 def _dashboard_probe(url: str, walk: Walk) -> None:
     assert "<html" in _get(url).lower()
-    runs = json.loads(_get(url.rstrip("/") + "/api/runs"))["runs"]
+    req = urllib.request.Request(
+        url.rstrip("/") + "/api/runs", headers={"Authorization": "Bearer docs-walk-token-0123456789"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - a local server the test started
+        runs = json.loads(r.read())["runs"]
     assert [r["id"] for r in runs] == [walk.run_dir.name]
+
+
+NOTIFY_TOKEN = "docs-walk-notify-token-0123"
 
 
 def _notify_probe(url: str, walk: Walk) -> None:
@@ -169,7 +176,10 @@ def _notify_probe(url: str, walk: Walk) -> None:
         "alerts": [{"labels": {"alertname": "StalwartHang", "run": "r1"}, "annotations": {"summary": "s"}}],
     }
     req = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url,
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {NOTIFY_TOKEN}"},
+        method="POST",
     )
     with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - a local server the test started
         assert r.status in (200, 202)
@@ -200,10 +210,11 @@ ENTRIES = [
     Entry("observability.md", "stalwart metrics rules", check=_rules_path),
     Entry(
         "observability.md",
-        "stalwart notify serve --slack https://hooks.slack.com/services/... "
-        "[--generic https://ops/hook] --port 9401",
-        "stalwart notify serve --slack {receiver}/slack --generic {receiver}/hook --port 0",
-        "a synopsis; Slack and the generic hook are local receivers started by the test, any free port",
+        "stalwart notify serve --slack-file FILE [--generic https://ops/hook] --token-file FILE --port 9401",
+        f"stalwart notify serve --slack {{receiver}}/slack --generic {{receiver}}/hook --token {NOTIFY_TOKEN} "
+        "--port 0",
+        "a synopsis; Slack and the generic hook are local receivers started by the test (their URLs on the "
+        "command line instead of files), the token on the command line, any free port",
         server=True,
         probe=_notify_probe,
     ),

@@ -24,7 +24,26 @@ def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
         writer.request_stop(43)
         assert reader.stop_after() == 43
         # generation counts the writes
-        assert struct.unpack("<qq", path.read_bytes()) == (43, 2)
+        assert struct.unpack("<qqq", path.read_bytes()) == (43, 2, 0)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_control_block_reform_request_is_seen_and_keeps_the_stop_request(tmp_path):
+    path = tmp_path / "ctl" / "a0.bin"
+    control.create(path, slots=2)
+    reader = control.ControlBlock(path, slot=1)
+    writer = control.ControlBlock(path, writable=True)
+    try:
+        assert reader.reform() == 0
+        writer.request_stop(7)
+        writer.request_reform(3)
+        assert (reader.reform(), reader.stop_after()) == (3, 7)
+        writer.request_stop(9)  # a later stop request leaves the re-form generation alone
+        assert (reader.reform(), reader.stop_after()) == (3, 9)
+        reader.beat(1.0, 5, "forward")  # the slots sit after the longer header
+        assert writer.read_beat(1) == (1.0, 5, "forward")
     finally:
         reader.close()
         writer.close()

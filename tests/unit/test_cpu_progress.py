@@ -81,12 +81,19 @@ def test_a_stopped_rank_has_its_own_shorter_limit_idleness_the_long_one():
 
 def test_a_healthy_low_cpu_job_is_not_hung_within_the_process_group_timeout():
     # one tiny all-reduce every 0.5 s: no rank ever passes the CPU bar, both are only waiting
+    from stalwart.launch.config import RunConfig
+    from stalwart.launch.hang_monitor import HangMonitor
+    from stalwart.launch.monitors import default_monitors
     from stalwart.launch.settings import HangSettings
 
-    stall = HangSettings().cpu_stall_s
+    def stall_of(**hang) -> float:
+        cfg = RunConfig(script="train.py", hang=HangSettings(**hang))
+        return next(m for m in default_monitors(cfg) if isinstance(m, HangMonitor)).cpu_stall_s
+
+    stall = stall_of()
     assert stall == HangSettings().pg_timeout_s  # the default: the process-group timeout
-    assert HangSettings(pg_timeout_s=120.0).cpu_stall_s == 120.0
-    assert HangSettings(cpu_stall_s=7.0).cpu_stall_s == 7.0  # set explicitly: taken as given
+    assert stall_of(pg_timeout_s=450.0) == 450.0
+    assert stall_of(cpu_stall_s=7.0) == 7.0  # set explicitly: taken as given
     ticks = [T0 + 0.5 * i for i in range(int(stall * 2) + 1)]
     ranks = feed({r: [(t, "S", 1.0 + 0.0004 * (t - T0)) for t in ticks] for r in (0, 1)})
     assert detect_cpu_stall(ranks, T0 + stall - 1.0, stall, stopped_s=10.0) is None

@@ -215,3 +215,46 @@ def test_crash_during_restart_loses_no_work():
     assert first.lost_work_s == pytest.approx(3.5)
     assert second.lost_work_s == 0.0  # no step of attempt 1 ever ran
     assert g.buckets["lost_work"] == pytest.approx(3.5)
+
+
+def test_an_in_place_recovery_loses_only_the_interrupted_step():
+    """Same attempt throughout: steps 0-7, rank 1 lost at 11.0 in step 8, re-formed in place (the
+    survivors' live state after 8 steps), step 8 redone from 12.0. Only the interrupted step is lost."""
+    ev = [
+        JobStarted(ts=0.0, run_id=RUN, node="n0", attempt=0, script="t.py"),
+        AttemptStarted(ts=0.5, run_id=RUN, node="n0", attempt=0, world_size=2),
+    ]
+    ev += steps(0, 0, [2.0, 3.0, 4.0, 5.0, 6.0])
+    ev.append(
+        CheckpointCommitted(ts=7.5, run_id=RUN, node="n0", attempt=0, rank=0, step=5, path="c5", stall_s=0.5)
+    )
+    ev += steps(0, 5, [7.5, 8.5, 9.5])
+    ev += [
+        FailureDetected(
+            ts=11.2,
+            run_id=RUN,
+            node="n0",
+            attempt=0,
+            rank=1,
+            failure="crash",
+            evidence="x",
+            onset=11.0,
+            step=8,
+        ),
+        DecisionTaken(ts=11.3, run_id=RUN, node="n0", attempt=0, action="in_place", reason="in place"),
+        TrainingResumed(
+            ts=11.9, run_id=RUN, node="n0", attempt=0, rank=0, step=8, from_checkpoint="live:rank0"
+        ),
+    ]
+    ev += steps(0, 8, [12.0, 13.0])
+    ev.append(
+        JobEnded(
+            ts=15.0, run_id=RUN, node="n0", attempt=0, verdict="done", outcome="succeeded", exit_code=0,
+            requeue_helps=False,
+        )
+    )  # fmt: skip
+    g = compute(ev)
+    (cost,) = g.interruptions
+    assert cost.lost_since == pytest.approx(10.5)  # the end of step 7: every completed step survived
+    assert cost.lost_work_s == pytest.approx(0.5) and cost.recovery_s == pytest.approx(12.0 - 11.2)
+    assert g.buckets["lost_work"] == pytest.approx(0.5) and g.buckets["productive"] == pytest.approx(10.0)

@@ -311,3 +311,9 @@ def test_the_world_decisions_follow_the_shipped_world_size_policy():
 def test_the_verdict_table_is_data_with_an_exit_code_each():
     assert all(isinstance(v.exit_code, int) and v.outcome and v.text for v in VERDICTS.values())
     assert {"succeeded", "preempted", "stopped", "excluded", "unhealthy"} <= set(VERDICTS)
+
+
+def test_failures_recovered_in_place_count_in_the_success_verdict():
+    first = job.next(state(), Outcome(AttemptStatus.SUCCEEDED, in_place=2), NOW)
+    assert isinstance(first, End) and first.state.in_place == 2
+    assert "1 attempt(s), 2 failure(s) recovered" in first.verdict

@@ -23,7 +23,8 @@ def shm(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_two_agents_learn_each_other_and_share_the_round_secret_and_clean_up():
+def test_two_agents_learn_each_other_and_share_the_round_secret_and_clean_up(monkeypatch):
+    monkeypatch.setenv("STALWART_CHECKPOINT_KEY", "k" * 32)
     a = NodeMemory(run_id="r1", node="n0", host="127.0.0.1")
     b = NodeMemory(run_id="r1", node="n1", host="127.0.0.1")
     try:
@@ -35,7 +36,9 @@ def test_two_agents_learn_each_other_and_share_the_round_secret_and_clean_up():
         b.exchange(store, 1, 2)
         t.join(timeout=20)
         assert a.peers == b.peers and [p.node for p in a.peers] == ["n0", "n1"]
-        assert a.secret == b.secret and a.store.secret == b.store.secret == a.secret  # started by exchange
+        assert a.secret == b.secret == peer_secret_from_key(b"k" * 32, "r1")
+        assert a.store.secret == b.store.secret == a.secret  # started by exchange
+        assert a.secret.hex().encode() not in b"".join(store.get(k) for k in store.list_keys())
         env = WorkerEnv(run_dir="d", run_id="r1", node="n1", attempt=0, **b.env())
         back = WorkerEnv.from_env(env.to_env())
         assert back is not None and parse_peers(back.peers) == b.peers
@@ -46,6 +49,18 @@ def test_two_agents_learn_each_other_and_share_the_round_secret_and_clean_up():
     assert not a.root.exists() and not b.root.exists() and not a.root.parent.exists()
 
 
+def test_several_nodes_without_a_key_get_no_peer_store_and_are_told_how_to_set_one():
+    a = NodeMemory(run_id="r6", node="n0", host="127.0.0.1")
+    try:
+        store = HashStore()
+        a.exchange(store, 0, 2)  # returns at once: nothing to publish, no peer to wait for
+        assert a.store is None and a.secret == b"" and store.list_keys() == []
+        assert a.env()["peers"] == a.env()["peer_secret"] == ""
+        assert "STALWART_CHECKPOINT_KEY_FILE" in a.notice and "openssl rand" in a.notice
+    finally:
+        a.close()
+
+
 def test_with_a_checkpoint_key_the_secret_is_derived_and_never_published(monkeypatch):
     monkeypatch.setenv("STALWART_CHECKPOINT_KEY", "x" * 32)
     a = NodeMemory(run_id="r2", node="n0", host="127.0.0.1")
@@ -53,7 +68,7 @@ def test_with_a_checkpoint_key_the_secret_is_derived_and_never_published(monkeyp
         store = HashStore()
         a.exchange(store, 0, 1)
         assert a.secret == peer_secret_from_key(b"x" * 32, "r2")
-        assert not store.check(["stalwart/peer-secret"])
+        assert a.secret.hex().encode() not in b"".join(store.get(k) for k in store.list_keys())
     finally:
         a.close()
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 import hashlib
 import http.client
 import socket
+import time
 
 import pytest
 
 from stalwart.checkpoint.manifest import FileEntry, Manifest
 from stalwart.checkpoint.peer_store import (
-    AUTH,
     DIGEST,
+    WINDOW_S,
     Peer,
     PeerClient,
     PeerError,
     PeerStore,
     format_peers,
     parse_peers,
-    sign,
+    request_headers,
 )
 
 SECRET = b"s" * 32
@@ -86,6 +87,41 @@ def test_a_request_without_the_secret_is_refused_and_stores_nothing(store, tmp_p
     assert not (tmp_path / "held" / "a").exists()
 
 
+def _raw_put(store, path: str, headers: dict[str, str], body: bytes) -> int:
+    conn = http.client.HTTPConnection(store.host, store.port, timeout=2)
+    try:
+        conn.request("PUT", path, body=body, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_recorded_request_cannot_be_replayed(store, tmp_path):
+    body = b"shard"
+    digest = hashlib.sha256(body).hexdigest()
+    path = "/v1/h/a/1/rank-0.pt"
+    headers = {**request_headers(SECRET, "PUT", path, digest), DIGEST: digest}
+    assert _raw_put(store, path, headers, body) == 201
+    (tmp_path / "held" / "a" / ".step-000000001.partial" / "rank-0.pt").unlink()
+    assert _raw_put(store, path, headers, body) == 403  # the same nonce again
+    assert not (tmp_path / "held" / "a" / ".step-000000001.partial" / "rank-0.pt").exists()
+
+
+def test_a_request_signed_outside_the_time_window_is_refused(store):
+    body = b"shard"
+    digest = hashlib.sha256(body).hexdigest()
+    path = "/v1/h/a/1/rank-0.pt"
+    stale = time.time() - 2 * WINDOW_S
+    assert (
+        _raw_put(
+            store, path, {**request_headers(SECRET, "PUT", path, digest, now=stale), DIGEST: digest}, body
+        )
+        == 403
+    )
+    fresh = {**request_headers(SECRET, "PUT", path, digest), DIGEST: digest}
+    assert _raw_put(store, path, fresh, body) == 201
+
+
 def test_oversize_bodies_are_refused_before_they_are_read(store, tmp_path):
     client = PeerClient(SECRET)
     big, digest = _file(tmp_path, "rank-0.pt", b"x" * 1001)
@@ -115,7 +151,9 @@ def test_names_that_are_not_ours_are_refused_even_when_signed(store, tmp_path, p
     body = b"evil"
     digest = hashlib.sha256(body).hexdigest()
     conn = http.client.HTTPConnection(store.host, store.port, timeout=2)
-    conn.request("PUT", path, body=body, headers={AUTH: sign(SECRET, "PUT", path, digest), DIGEST: digest})
+    conn.request(
+        "PUT", path, body=body, headers={**request_headers(SECRET, "PUT", path, digest), DIGEST: digest}
+    )
     assert conn.getresponse().status == 400
     conn.close()
     written = [p for p in tmp_path.rglob("*") if p.is_file()]

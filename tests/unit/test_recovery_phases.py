@@ -8,6 +8,7 @@ from stalwart.account.recovery import recoveries
 from stalwart.events import (
     DecisionTaken,
     FailureDetected,
+    ReformedInPlace,
     StepCompleted,
     TrainingResumed,
     WorkersStarted,
@@ -58,3 +59,54 @@ def test_a_failure_that_stopped_the_run_is_no_recovery_and_missing_events_give_n
     [r] = recoveries(nosdk)
     assert r.path == "warm" and r.phases["tear_down"] is None and r.phases["load"] is None
     assert r.phases["re_form"] == pytest.approx(0.1) and r.total_s is None
+
+
+def _in_place_run(lost_steps: int = 0) -> list:
+    evs = _attempt(0, 0.0, "warm", "forked")
+    evs += [
+        StepCompleted(ts=9.0, step=16, start=8.8, duration=0.2, rank=0, attempt=0, node="n"),
+        FailureDetected(ts=10.2, failure="crash", evidence="x", onset=10.0, rank=2, attempt=0),
+        DecisionTaken(ts=10.25, action="in_place", reason="rank 2 (crash) replaced in place", attempt=0),
+        ReformedInPlace(
+            ts=11.0,
+            generation=1,
+            ranks=(2,),
+            step=17,
+            lost_steps=lost_steps,
+            bytes_moved=100,
+            state_bytes=100,
+            phases={"abort": 0.05, "replace": 0.1, "wait": 0.1, "rendezvous": 0.3, "transfer": 0.2},
+            attempt=0,
+        ),
+        StepCompleted(ts=11.3, step=17, start=11.0, duration=0.3, rank=0, attempt=0, node="n"),
+        StepCompleted(ts=11.4, step=17, start=11.0, duration=0.4, rank=2, attempt=0, node="n"),
+    ]
+    return evs
+
+
+def test_an_in_place_recovery_has_its_own_path_and_phases_from_its_record():
+    [r] = recoveries(_in_place_run())
+    assert (r.path, r.rank) == ("in-place", 2) and "replaced in place" in r.why
+    expect = {
+        "detect": 0.2,
+        "tear_down": 0.05,
+        "decide": 0.05,
+        "re_form": 0.5,
+        "load": 0.2,
+        "first_step": 0.4,
+    }
+    assert r.phases == pytest.approx(expect)
+
+
+def test_an_in_place_rung_that_failed_is_named_in_the_whole_group_recovery():
+    evs = _attempt(0, 0.0, "warm", "forked")
+    evs += [
+        FailureDetected(ts=10.3, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
+        DecisionTaken(ts=10.32, action="in_place", reason="rank 1 replaced in place", attempt=0),
+        DecisionTaken(ts=12.0, action="in_place_failed", reason="rank 0 exited during it", attempt=0),
+        WorkersStopped(ts=12.1, reason="in-place recovery failed", attempt=0),
+        DecisionTaken(ts=12.2, action="restart", reason="restart", attempt=0),
+    ]
+    evs += _attempt(1, 12.5, "warm", "forked")
+    [r] = recoveries(evs)
+    assert r.path == "warm" and "in-place not taken (rank 0 exited during it)" in r.why

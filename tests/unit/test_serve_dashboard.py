@@ -41,12 +41,25 @@ def dash(root):
     d.stop()
 
 
-def call(d: Dashboard, path: str, *, data: bytes | None = None, token: str | None = None):
+def call(
+    d: Dashboard,
+    path: str,
+    *,
+    data: bytes | None = None,
+    token: str | None = None,
+    cookie: str | None = TOKEN,
+    host: str | None = None,
+):
+    """GET (or POST ``data``); reads carry the login cookie unless ``cookie=None``."""
     req = urllib.request.Request(
         d.url.rstrip("/") + path, data=data, method="POST" if data is not None else "GET"
     )
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
+    if cookie is not None and data is None:
+        req.add_header("Cookie", f"stalwart_dashboard={cookie}")
+    if host is not None:
+        req.add_header("Host", host)
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, resp.read()
@@ -98,8 +111,56 @@ def test_writes_need_the_token(dash, root):
     assert not (tmp_path / "good" / "annotations.jsonl").exists()
     assert call(dash, "/api/runs/good/annotations", data=b"{}", token=TOKEN)[0] == 400
     assert call(dash, "/api/runs/good/annotations", data=note, token=TOKEN)[0] == 201
+    assert (tmp_path / "good" / "annotations.jsonl").stat().st_mode & 0o777 == 0o600
     code, body = call(dash, "/api/runs/good/annotations")
     assert [a["text"] for a in json.loads(body)["annotations"]] == ["rank 1 node swapped"]
+
+
+def test_reads_need_the_token_as_a_header_or_the_login_cookie(dash):
+    code, body = call(dash, "/api/runs", cookie=None)
+    assert code == 401 and "/login?token=" in json.loads(body)["error"]
+    assert call(dash, "/api/runs", cookie="x" * 24)[0] == 403
+    assert call(dash, "/api/runs", cookie=None, token=TOKEN)[0] == 200
+    assert call(dash, "/", cookie=None)[0] == 200  # the page itself holds no data
+
+
+def test_the_login_url_sets_a_strict_http_only_cookie_and_a_wrong_token_does_not(dash):
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    with pytest.raises(urllib.error.HTTPError) as got:
+        opener.open(dash.login_url, timeout=5)
+    assert got.value.code == 303 and got.value.headers["Location"] == "/"
+    cookie = got.value.headers["Set-Cookie"]
+    assert (
+        cookie.startswith(f"stalwart_dashboard={TOKEN};")
+        and "HttpOnly" in cookie
+        and "SameSite=Strict" in cookie
+    )
+    assert call(dash, "/login?token=" + "x" * 24, cookie=None)[0] == 403
+
+
+def test_a_write_with_only_the_cookie_is_refused(dash, root):
+    note = json.dumps({"text": "from another site"}).encode()
+    req = urllib.request.Request(dash.url + "api/runs/good/annotations", data=note, method="POST")
+    req.add_header("Cookie", f"stalwart_dashboard={TOKEN}")
+    with pytest.raises(urllib.error.HTTPError) as got:
+        urllib.request.urlopen(req, timeout=5)
+    assert got.value.code == 401
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8470", "127.0.0.1.evil.example"])
+def test_a_foreign_host_header_is_refused_dns_rebinding(dash, host):
+    code, body = call(dash, "/api/runs", host=host)
+    assert code == 403 and "rebound DNS name" in json.loads(body)["error"]
+    assert call(dash, "/", host=host)[0] == 403
+
+
+@pytest.mark.parametrize("host", ["localhost:8470", "127.0.0.1", "[::1]:8470"])
+def test_loopback_host_names_are_accepted(dash, host):
+    assert call(dash, "/api/runs", host=host)[0] == 200
 
 
 def test_a_corrupt_ledger_is_an_error_field_not_a_500(dash):

@@ -136,28 +136,110 @@ def test_target_parse_refuses_non_http():
         Target.parse("ftp://h")
 
 
-def test_receiver_forwards_and_refuses_bad_bodies():
-    rec = Recorder()
-    r = NotifyReceiver([], poster=Poster([Target("http://sink", "slack")], send=rec)).start()
+TOKEN = "notify-test-token-0123456789"
+
+
+def _post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
-        def post(data: bytes):
-            req = urllib.request.Request(
-                r.url, data=data, method="POST", headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    return resp.status, json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                return exc.code, json.loads(exc.read())
 
-        assert post(json.dumps(PAYLOAD).encode())[0] == 202
-        code, body = post(b"{not json")
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_receiver_forwards_and_refuses_bad_bodies(caplog):
+    rec = Recorder()
+    r = NotifyReceiver([], token=TOKEN, poster=Poster([Target("http://sink", "slack")], send=rec)).start()
+    try:
+        assert _post(r.url, json.dumps(PAYLOAD).encode(), AUTH)[0] == 202
+        code, body = _post(r.url, b"{not json", AUTH)
         assert code == 400 and "not an Alertmanager" in body["error"]
-        assert post(b"[]")[0] == 400
+        assert _post(r.url, b"[]", AUTH)[0] == 400
     finally:
         r.stop()
     assert rec.calls and "restart storm" in rec.calls[0][1]["text"]
+
+
+def test_an_unauthenticated_or_misdirected_post_is_refused_and_nothing_is_forwarded():
+    rec = Recorder()
+    r = NotifyReceiver([], token=TOKEN, poster=Poster([Target("http://sink", "slack")], send=rec)).start()
+    body = json.dumps(PAYLOAD).encode()
+    try:
+        assert _post(r.url, body)[0] == 401
+        assert _post(r.url, body, {"Authorization": "Bearer wrong-token-0123456789"})[0] == 403
+        assert _post(r.url.replace("/alertmanager", "/anything"), body, AUTH)[0] == 404
+        assert r.received == 0
+    finally:
+        r.stop()
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {**PAYLOAD, "status": 5},
+        {**PAYLOAD, "alerts": [{**PAYLOAD["alerts"][0], "labels": ["a", "b"]}]},
+        {**PAYLOAD, "alerts": [{**PAYLOAD["alerts"][0], "status": "exploded"}]},
+        {**PAYLOAD, "commonLabels": {"alertname": 7}},
+    ],
+)
+def test_a_malformed_alert_is_one_logged_error_and_a_400(bad, caplog):
+    rec = Recorder()
+    r = NotifyReceiver([], token=TOKEN, poster=Poster([Target("http://sink", "slack")], send=rec)).start()
+    try:
+        with caplog.at_level("ERROR", logger="stalwart.notify"):
+            code, body = _post(r.url, json.dumps(bad).encode(), AUTH)
+        assert code == 400 and body["error"].startswith("not an Alertmanager webhook payload: ")
+        assert [rec.levelname for rec in caplog.records if rec.name == "stalwart.notify"] == ["ERROR"]
+        assert _post(r.url, json.dumps(PAYLOAD).encode(), AUTH)[0] == 202  # still serving
+    finally:
+        r.stop()
+
+
+def test_slack_control_syntax_from_an_alert_is_escaped():
+    hostile = {
+        **PAYLOAD,
+        "alerts": [
+            {
+                **PAYLOAD["alerts"][0],
+                "annotations": {
+                    "summary": "<!channel> wake up",
+                    "description": "see <https://evil.example|the runbook> & <@U123>",
+                },
+                "labels": {**PAYLOAD["alerts"][0]["labels"], "node": "<!here>"},
+            }
+        ],
+    }
+    (msg,) = from_alertmanager(hostile)
+    text = json.dumps(msg.slack())
+    for raw in ("<!channel>", "<!here>", "<https://", "<@U123>", " & "):
+        assert raw not in text
+    assert "&lt;!channel&gt; wake up" in text and "&lt;https://evil.example|the runbook&gt; &amp;" in text
+
+
+def test_the_webhook_url_never_reaches_healthz_or_the_log(caplog):
+    secret = "http://127.0.0.1:9/services/T000/B000/sEcReTtOkEn"  # port 9: refused at once
+
+    r = NotifyReceiver(
+        [], token=TOKEN, poster=Poster([Target(secret, "slack")], retries=0, backoff_s=0.0)
+    ).start()
+    try:
+        with caplog.at_level("WARNING", logger="stalwart.notify"):
+            assert _post(r.url, json.dumps(PAYLOAD).encode(), AUTH)[0] == 202
+            r.poster.close(10)
+        with urllib.request.urlopen(r.url.replace("/alertmanager", "/healthz"), timeout=5) as resp:
+            health = json.loads(resp.read())
+    finally:
+        r.stop()
+    assert health["failed"] == 1 and health["last_error"].startswith("http://127.0.0.1:9/...")
+    assert "sEcReTtOkEn" not in json.dumps(health) and "sEcReTtOkEn" not in caplog.text
+    assert "sEcReTtOkEn" not in repr(Target(secret, "slack")) + str(Target(secret, "slack"))
 
 
 def test_a_target_style_is_slack_or_generic_and_picks_the_body():

@@ -36,6 +36,7 @@ from ..events import (
     CheckpointCommitted,
     CheckpointLoaded,
     CheckpointStaged,
+    DecisionTaken,
     Event,
     JobEnded,
     JobStarted,
@@ -137,14 +138,19 @@ def ideal_step_time(durations: Sequence[float]) -> float:
     return sum(kept) / len(kept)
 
 
-def _segments(steps: list[StepCompleted], windows: Sequence[tuple[float, float]] = ()) -> list[Segment]:
-    """One segment per (job, node, attempt): attempt numbers start again in every job of a run."""
-    by_key: dict[tuple[int, str, int], list[StepCompleted]] = {}
+def _segments(
+    steps: list[StepCompleted], windows: Sequence[tuple[float, float]] = (), splits: Sequence[float] = ()
+) -> list[Segment]:
+    """One segment per (job, node, attempt, generation): attempt numbers start again in every job of
+    a run; an in-place recovery (``splits``: when each was decided) starts a new generation of the
+    process group within the attempt."""
+    by_key: dict[tuple[int, str, int, int], list[StepCompleted]] = {}
     for s in steps:
         job = sum(1 for a, _ in windows if a <= s.start)
-        by_key.setdefault((job, s.node, s.attempt), []).append(s)
+        gen = sum(1 for t in splits if t <= s.start)
+        by_key.setdefault((job, s.node, s.attempt, gen), []).append(s)
     out = []
-    for (_, node, attempt), group in by_key.items():
+    for (_, node, attempt, _), group in by_key.items():
         out.append(
             Segment(
                 node,
@@ -202,7 +208,8 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
     steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
     windows = job_windows(starts, ends)
-    segs = _segments(steps, windows)
+    splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action == "in_place"]
+    segs = _segments(steps, windows, splits)
     ideal = ideal_step_time([s.duration for s in steps])
     commits = sorted(
         (e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0), key=lambda e: e.ts
@@ -326,6 +333,8 @@ def _surviving_until(
     resumed = next(
         (r for r in resumes if r.ts > it.detected and (nxt is None or r.ts <= nxt.first_start)), None
     )
+    if resumed is not None and resumed.from_checkpoint.startswith("live:"):
+        return min(seg.last_end, it.onset)  # in place: every completed step survived in the replicas
     if resumed is not None:
         snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
         return snap if snap is not None and snap <= it.onset else seg.first_start

@@ -10,6 +10,12 @@ Phases, in order (seconds; each from the end of the previous one):
 * first step: -> every rank completed its first step of the new attempt
 
 A phase whose event is missing (no SDK: no TrainingResumed or steps) is None, and so is the total.
+
+An in-place recovery (path ``in-place``: the survivors stayed, only the failed ranks were replaced,
+the state came from a live replica) fills the same columns from its own record (ReformedInPlace):
+tear down = the survivors leaving the broken group, decide = detection -> the in-place decision,
+re-form = replacements started + the new group formed, load = the live-state transfer, first step as
+above. When the in-place rung failed, the whole-group recovery that followed says why in ``why``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from ..events import (
     DecisionTaken,
     Event,
     FailureDetected,
+    ReformedInPlace,
     StepCompleted,
     TrainingResumed,
     WorkersStarted,
@@ -63,8 +70,37 @@ def recoveries(events: list[Event]) -> list[Recovery]:
     return [r for r in found if r is not None]
 
 
+def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
+    """The in-place recovery of ``fd``, if its rung was taken and completed."""
+    a = fd.attempt
+    chosen = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action.startswith("in_place"))
+    if chosen is None or chosen.action != "in_place":
+        return None
+    done = _first(evs, ReformedInPlace, chosen.ts, lambda e: e.attempt == a)
+    nxt = _first(evs, FailureDetected, fd.ts, lambda e: e.attempt == a and e is not fd)
+    if done is None or (nxt is not None and nxt.ts < done.ts):
+        return None
+    ph = done.phases
+    first: dict[int, float] = {}
+    for e in evs:
+        if isinstance(e, StepCompleted) and e.attempt == a and e.ts > done.ts and e.step >= done.step:
+            first.setdefault(e.rank, e.ts)
+    phases: dict[str, float | None] = {
+        "detect": max(0.0, fd.ts - fd.onset) if fd.onset else None,
+        "tear_down": ph.get("abort", 0.0),
+        "decide": max(0.0, chosen.ts - fd.ts),
+        "re_form": ph.get("replace", 0.0) + ph.get("wait", 0.0) + ph.get("rendezvous", 0.0),
+        "load": ph.get("transfer", 0.0),
+        "first_step": max(0.0, max(first.values()) - done.ts) if first else None,
+    }
+    return Recovery(a, fd.failure, fd.rank, "in-place", chosen.reason, phases)
+
+
 def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
     a = fd.attempt
+    in_place = _in_place(evs, fd)
+    if in_place is not None:
+        return in_place
     stopped = _first(evs, WorkersStopped, fd.ts, lambda e: e.attempt == a)
     decided = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action in ("restart", "stop"))
     if decided is None or decided.action != "restart":
@@ -97,4 +133,7 @@ def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         why = start.reason.split(": ", 1)[1] if ": " in start.reason else start.reason
         if start.reason.startswith("mixed"):
             path = "mixed"
+    left = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action.startswith("in_place_"))
+    if left is not None and left.ts <= decided.ts:
+        why = f"in-place not taken ({left.reason}); {path}: {why}" if path else left.reason
     return Recovery(a, fd.failure, fd.rank, path, why, phases)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape as esc
 
+from ..checkpoint.events import CheckpointIntervalAdvised
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
@@ -62,6 +63,11 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             "source": "StragglerDetected/StragglerCleared events (what the live console showed)",
             "spans": [asdict(ep) for ep in found],
         },
+        "checkpoint_interval": [  # --checkpoint-every auto: the interval over time
+            {"ts": e.ts, "attempt": e.attempt, "interval_steps": e.interval_steps, "reason": e.reason}
+            for e in events
+            if isinstance(e, CheckpointIntervalAdvised) and e.applied
+        ],
         "checkpoints_rejected": [
             {
                 "ts": e.ts,
@@ -228,6 +234,13 @@ def _render_findings(rep: dict[str, Any], say: Callable[[str], None]) -> None:
             f"  rank {sp['rank']} (attempt {sp['attempt']}): {sp['score']:.2f}x the fleet median own-work "
             f"time from step {sp['first_step']}; {until}"
         )
+    changes = rep.get("checkpoint_interval", [])
+    if changes:
+        steps = " -> ".join(
+            f"{c['interval_steps']} ({time.strftime('%H:%M:%S', time.localtime(c['ts']))})" for c in changes
+        )
+        say(f"checkpoint interval (auto), steps over time: {steps}")
+        say(f"  [dim]{esc(changes[-1]['reason'])}[/]")
     rejected = rep["checkpoints_rejected"]
     say(f"checkpoints rejected on load: {len(rejected) or 'none'}")
     for r in rejected:
@@ -283,13 +296,13 @@ def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
         return
     t = Table(title="Recoveries (fault onset -> first step of the new attempt)")
     for col in ("#", "path", "detect", "tear down", "decide", "re-form", "load", "first step", "total"):
-        t.add_column(col, justify="left" if col == "path" else "right")
+        t.add_column(col, justify="left" if col == "path" else "right", no_wrap=col == "path")
     for i, r in enumerate(recs, 1):
         ph = r["phases"]
         t.add_row(str(i), r["path"] or "-", *(_fmt_s(ph[k]) for k in ph), _fmt_s(r["total_s"]))
     con.print(t)
     for i, r in enumerate(recs, 1):
-        if r["path"] != "warm" and r["why"]:
+        if r["why"] and (r["path"] != "warm" or "in-place" in r["why"]):
             con.print(f"  recovery {i} ({r['path']}): {esc(r['why'])}", soft_wrap=True)
 
 

@@ -18,7 +18,9 @@ applies the advice to an engine when the user opts in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,14 @@ from ..policy.checkpoint_interval import daly_interval, young_interval
 from .events import CheckpointIntervalAdvised
 
 __all__ = [
+    "DEFAULT_MTBF_S",
+    "AutoInputs",
     "AutoInterval",
+    "IntervalChoice",
+    "decide_interval",
+    "inputs_from_events",
+    "mtbf_of_run",
+    "recommend_from_ledger",
     "IntervalAdvice",
     "advise",
     "advise_tier",
@@ -185,3 +194,98 @@ class AutoInterval:
 
     def should_save(self, step: int) -> bool:
         return bool(self.engine.due_tiers(step))
+
+
+# --- --checkpoint-every auto: one decision, the same for a live run and for `plan --ledger` ----------
+
+DEFAULT_MTBF_S = 24 * 3600.0  # no failure seen and no history: one interruption a day (stated default)
+PERSIST_MARGIN = 1.2  # a persist must finish this much before the next save begins
+
+
+@dataclass(frozen=True)
+class AutoInputs:
+    """What the interval rests on, measured: seconds per step, the stall a save costs the loop, the
+    background persist time, and the mean time between failures with where it came from."""
+
+    step_s: float
+    stall_s: float
+    persist_s: float
+    mtbf_s: float
+    mtbf_source: str  # "this run: 3 failures in 120 s of training", "default: ..."
+
+
+@dataclass(frozen=True)
+class IntervalChoice:
+    steps: int
+    interval_s: float
+    daly_s: float
+    floor_s: float
+    reason: str
+
+
+def decide_interval(x: AutoInputs) -> IntervalChoice:
+    """Daly's optimum (``policy.checkpoint_interval``, the arithmetic ``account.ettr`` uses) on the
+    measured stall and MTBF, bounded below so the previous persist always finishes before the next
+    save (``persist_s * PERSIST_MARGIN``) and by one step; in whole steps."""
+    step = max(x.step_s, 1e-6)
+    daly = daly_interval(max(x.stall_s, 1e-6), max(x.mtbf_s, 1e-6))
+    floor = x.persist_s * PERSIST_MARGIN
+    steps = max(1, round(daly / step), math.ceil(floor / step))
+    bound = "Daly" if steps == max(1, round(daly / step)) and daly >= floor else "persist floor"
+    reason = (
+        f"every {steps} steps ({steps * step:.2f}s): {bound}; Daly {daly:.2f}s from stall {x.stall_s:.3f}s "
+        f"and MTBF {x.mtbf_s:.0f}s ({x.mtbf_source}); persist {x.persist_s:.2f}s needs >= {floor:.2f}s "
+        f"between saves; step {step:.3f}s"
+    )
+    return IntervalChoice(steps, steps * step, daly, floor, reason)
+
+
+def mtbf_of_run(failures: int, training_s: float, history_mtbf_s: float | None = None) -> tuple[float, str]:
+    """The run's own MTBF when it has failed, else the node history's, else :data:`DEFAULT_MTBF_S`."""
+    if failures > 0 and training_s > 0:
+        return training_s / failures, f"this run: {failures} failure(s) in {training_s:.0f}s of training"
+    if history_mtbf_s is not None and history_mtbf_s > 0:
+        return history_mtbf_s, "node history"
+    return DEFAULT_MTBF_S, f"default {DEFAULT_MTBF_S / 3600:.0f} h (no failure yet)"
+
+
+def inputs_from_events(events: Iterable[Event], *, history_mtbf_s: float | None = None) -> AutoInputs | None:
+    """The inputs a run's ledger gives (medians over every rank); None before a checkpoint committed."""
+    from ..events import CheckpointCommitted, CheckpointStaged, FailureDetected, StepCompleted
+
+    steps: list[float] = []
+    ranks: set[int] = set()
+    stalls: list[float] = []
+    staged: dict[tuple[int, int, int], float] = {}
+    persists: list[float] = []
+    failures = 0
+    for e in events:
+        if isinstance(e, StepCompleted):
+            steps.append(e.duration)
+            ranks.add(e.rank)
+        elif isinstance(e, CheckpointStaged):
+            stalls.append(e.stall_s)
+            staged[(e.attempt, e.rank, e.step)] = e.ts
+        elif isinstance(e, CheckpointCommitted) and (e.attempt, e.rank, e.step) in staged:
+            persists.append(max(0.0, e.ts - staged[(e.attempt, e.rank, e.step)]))
+        elif isinstance(e, FailureDetected):
+            failures += 1
+    if not steps or not stalls:
+        return None
+    training_s = sum(steps) / max(1, len(ranks))
+    mtbf, source = mtbf_of_run(failures, training_s, history_mtbf_s)
+    return AutoInputs(
+        statistics.median(steps),
+        statistics.median(stalls),
+        statistics.median(persists or [0.0]),
+        mtbf,
+        source,
+    )
+
+
+def recommend_from_ledger(
+    events: Iterable[Event], *, history_mtbf_s: float | None = None
+) -> IntervalChoice | None:
+    """``--checkpoint-every auto``'s choice for a recorded run: what ``plan --ledger`` recommends."""
+    x = inputs_from_events(list(events), history_mtbf_s=history_mtbf_s)
+    return decide_interval(x) if x is not None else None

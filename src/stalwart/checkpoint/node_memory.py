@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
-import shutil
+import os
 from pathlib import Path
 
-from .manifest import MANIFEST, configured_key
+from ..errors import CheckpointError
+from .manifest import KEY_FILE_ENV, MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
+from .private_fs import open_base, open_private, remove_private
 from .tiers import default_shm_root, private_dir
 
-SECRET_KEY = "stalwart/peer-secret"
+NO_KEY = (
+    "peer replication is off: the nodes can share its secret only through a checkpoint key "
+    f"(the rendezvous store is readable by anyone who reaches it); to turn it on, give every node the "
+    f"same key, e.g. `openssl rand -hex 32 > key && chmod 600 key` and {KEY_FILE_ENV}=/path/to/key"
+)
 
 
 def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
@@ -34,21 +39,34 @@ def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
 
 class NodeMemory:
     def __init__(self, *, run_id: str, node: str, host: str | None) -> None:
-        """``host``: the address to serve peers on (None: one node, no peer store)."""
+        """``host``: the address to serve peers on (None: one node, no peer store).
+
+        The run's directory and the node's are opened without following links and must be ours
+        and 0700 (:mod:`.private_fs`); a plant is refused with a :class:`CheckpointError`."""
         self.run_id = run_id
         self.node = node
-        root = default_shm_root(run_id) / node
-        if root.exists():  # left by an agent that was SIGKILLed: never load another job's leftovers
-            private_dir(root)  # refused (CheckpointError) when it is not ours
-            shutil.rmtree(root)
-        self.root = private_dir(root)
-        private_dir(self.root / OWN)
+        run = default_shm_root(run_id)
+        self.root = run / node
+        base_fd = open_base(run.parent)
+        try:
+            self._run_fd = open_private(base_fd, run.name, run)
+        finally:
+            os.close(base_fd)
+        try:
+            # left by an agent that was SIGKILLed: never load another job's leftovers
+            remove_private(self._run_fd, node, self.root)
+            os.close(open_private(self._run_fd, node, self.root))
+            private_dir(self.root / OWN)
+        except BaseException:
+            os.close(self._run_fd)
+            raise
         key = configured_key()
-        self._keyed = key is not None
-        self.secret = peer_secret_from_key(key, run_id) if key else secrets.token_bytes(32)
+        self.secret = peer_secret_from_key(key, run_id) if key else b""
         self.store: PeerStore | None = None
         self.peers: tuple[Peer, ...] = ()
-        self._host = host
+        # several nodes but no key: no peer store (the one line the agent shows says how to get one)
+        self.notice = NO_KEY if host is not None and key is None else ""
+        self._host = host if key is not None else None
 
     def _serve(self) -> PeerStore:
         """Start the peer store once the first rendezvous bound its own port (so the port the
@@ -65,17 +83,12 @@ class NodeMemory:
         return self.store
 
     def exchange(self, store, group_rank: int, num_nodes: int) -> None:
-        """Publish this node's peer store (and, from group rank 0, the round's secret) in the round's
-        rendezvous store; learn every node's address."""
+        """Publish this node's peer store address (never a secret) in the round's rendezvous store;
+        learn every node's address."""
         if self._host is None:
             return
         served = self._serve()
         store.set(f"stalwart/peer/{group_rank}", f"{self.node}={served.host}:{served.port}")
-        if not self._keyed:
-            if group_rank == 0:
-                store.set(SECRET_KEY, secrets.token_hex(32))
-            self.secret = bytes.fromhex(store.get(SECRET_KEY).decode())
-            served.set_secret(self.secret)
         entries = []
         for i in range(num_nodes):
             node, _, addr = store.get(f"stalwart/peer/{i}").decode().partition("=")
@@ -102,12 +115,25 @@ class NodeMemory:
         }
 
     def close(self) -> None:
+        """Stop the peer store; remove the node's directory through the run directory verified at
+        the start (never through a path), and the run's directory once no other node of it is here."""
         try:
             if self.store is not None:
                 self.store.stop()
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
             try:
-                self.root.parent.rmdir()  # the run's directory, once no other node of it is here
+                remove_private(self._run_fd, self.node, self.root)
+            except (OSError, CheckpointError):
+                pass
+            finally:
+                os.close(self._run_fd)
+            try:
+                base_fd = open_base(self.root.parent.parent)
+            except CheckpointError:
+                return
+            try:  # rmdir: only an empty directory, never through a link
+                os.rmdir(self.root.parent.name, dir_fd=base_fd)
             except OSError:
                 pass
+            finally:
+                os.close(base_fd)

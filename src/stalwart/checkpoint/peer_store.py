@@ -6,13 +6,17 @@ outlives worker restarts. Rules:
 
 * bound to the address given (the node's rendezvous address; loopback for tests), never 0.0.0.0;
 * every request carries ``X-Stalwart-Auth``: HMAC-SHA256 with the per-run secret over the method,
-  the path and the body's SHA-256, so the secret never travels; every reply is signed the same
-  way, so a client can tell a reply from the peer from one forged on the wire;
+  the path, the body's SHA-256, the client's clock (``X-Stalwart-Time``) and a random nonce
+  (``X-Stalwart-Nonce``), so the secret never travels and a recorded request cannot be replayed: the
+  store refuses a time more than ``WINDOW_S`` from its own clock and a nonce it saw within that
+  window; every reply is signed over the same nonce, so a client can tell the peer's reply to this
+  request from one forged or replayed on the wire;
 * names are never paths: the owner node, the step and the file name are checked against strict
   patterns before any file is touched, and files are only ever opened below the store's own roots;
 * sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
   ``max_total_bytes``, is refused (413) before its body is read;
-* every socket read and write has a timeout, and a whole request a deadline.
+* served by :mod:`stalwart.http_server`: the request headers within ``timeout_s`` of connecting,
+  a connection cap, and a whole request within ``timeout_s + size / MIN_RATE``.
 
 Layout below ``held`` (the copies of other nodes' files): ``<owner>/.step-<N>.partial/<file>``
 while a step arrives, renamed to ``<owner>/step-<N>/`` when its manifest (sent last) arrives; the
@@ -22,24 +26,31 @@ owner's older steps are then deleted (one version per owner). ``own`` is this no
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import http.client
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from aiohttp import web
+
+from ..http_server import HttpServer, Limits
 from .manifest import MANIFEST, Manifest
 from .store import step_name
 from .tiers import private_dir
 
 AUTH = "X-Stalwart-Auth"
 DIGEST = "X-Sha256"
+STAMP = "X-Stalwart-Time"
+NONCE = "X-Stalwart-Nonce"
+WINDOW_S = 300.0  # how far a request's clock may be from the store's (nodes' clocks are NTP-synced)
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FILE_BYTES = 64 << 30
 DEFAULT_MAX_TOTAL_BYTES = 256 << 30
@@ -49,6 +60,7 @@ _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FILE = re.compile(r"^(?:\.metadata|MANIFEST\.json|rank-\d{1,7}\.pt|__\d{1,7}_\d{1,7}\.distcp)$")
 _STEP = re.compile(r"^\d{1,9}$")
 _ANY_STEP = re.compile(r"^\.?step-(\d{9})(?:\.partial)?$")
+_NONCE = re.compile(r"^[0-9a-f]{32}$")
 
 
 class PeerError(Exception):
@@ -57,6 +69,39 @@ class PeerError(Exception):
 
 def sign(secret: bytes, *parts: str) -> str:
     return hmac.new(secret, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+class Nonces:
+    """The nonces seen within the replay window: a request is fresh when its time is within
+    ``WINDOW_S`` of ``now`` and its nonce was not seen (then it is remembered until it expires)."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, stamp: str, nonce: str, now: float) -> bool:
+        try:
+            t = float(stamp)
+        except ValueError:
+            return False
+        if not _NONCE.match(nonce) or abs(now - t) > self.window_s:
+            return False
+        with self._lock:
+            if len(self._seen) > 4096:
+                self._seen = {n: e for n, e in self._seen.items() if e > now}
+            if self._seen.get(nonce, 0.0) > now:
+                return False
+            self._seen[nonce] = now + 2 * self.window_s
+        return True
+
+
+def request_headers(
+    secret: bytes, method: str, path: str, digest: str = "", *, now: float | None = None
+) -> dict[str, str]:
+    """The authentication headers of one request: a fresh nonce and ``now`` (default: the clock)."""
+    stamp, nonce = f"{time.time() if now is None else now:.3f}", secrets.token_hex(16)
+    return {STAMP: stamp, NONCE: nonce, AUTH: sign(secret, method, path, digest, stamp, nonce)}
 
 
 def valid_owner(owner: str) -> bool:
@@ -95,7 +140,8 @@ def format_peers(peers: tuple[Peer, ...] | list[Peer]) -> str:
 
 
 class PeerStore:
-    """The serving side (one per agent)."""
+    """The serving side (one per agent), on the project's one HTTP server (:mod:`stalwart.http_server`:
+    its header timeout, connection cap and body limit; a request's deadline grows with its size)."""
 
     def __init__(
         self,
@@ -119,39 +165,23 @@ class PeerStore:
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self._secret = secret
+        self.nonces = Nonces()
         self._lock = threading.Lock()
         self._reserved = 0  # bytes of bodies being received
-        store = self
-
-        class Handler(_Handler):
-            owner = store
-            timeout = timeout_s
-
-        self._server = ThreadingHTTPServer((host, port), Handler, bind_and_activate=True)
-        self._server.daemon_threads = True
-        bound_host, bound_port = self._server.server_address[:2]
-        self.host: str = bound_host if isinstance(bound_host, str) else bytes(bound_host).decode()
-        self.port: int = bound_port
-        self._thread: threading.Thread | None = None
+        limits = Limits(
+            header_timeout_s=timeout_s, handler_s=timeout_s, max_body=max_file_bytes, min_rate=MIN_RATE
+        )
+        self._server = HttpServer(
+            stream=self._serve, addr=host, port=port, limits=limits, name="stalwart-peer", hint=""
+        )
+        self.host, self.port = self._server.address
 
     def start(self) -> PeerStore:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            daemon=True,
-            name="stalwart-peer",
-        )
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-
-    def set_secret(self, secret: bytes) -> None:
-        self._secret = secret
+        self._server.stop()
 
     @property
     def secret(self) -> bytes:
@@ -211,120 +241,111 @@ class PeerStore:
                     return f
         return None
 
+    # --- requests -------------------------------------------------------------------------
 
-class _Handler(BaseHTTPRequestHandler):
-    owner: PeerStore
-    protocol_version = "HTTP/1.1"
-    server_version = "stalwart-peer"
+    async def _serve(self, request: web.BaseRequest, size: int) -> web.StreamResponse:
+        target = request.rel_url.raw_path_qs
+        nonce = request.headers.get(NONCE, "")
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-        pass
+        def reply(code: int, body: bytes = b"") -> web.Response:
+            digest = hashlib.sha256(body).hexdigest()
+            auth = sign(self.secret, "reply", str(code), target, digest, nonce)
+            return web.Response(status=code, body=body, headers={DIGEST: digest, AUTH: auth})
 
-    def _reply(self, code: int, body: bytes = b"", *, path: str = "") -> None:
-        digest = hashlib.sha256(body).hexdigest()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header(DIGEST, digest)
-        self.send_header(AUTH, sign(self.owner.secret, "reply", str(code), path or self.path, digest))
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
+        if request.method == "GET":
+            return await self._get(request, target, reply)
+        if request.method == "PUT":
+            return await self._put(request, target, size, reply)
+        return reply(405, b"GET or PUT")
 
-    def _authorized(self, digest: str) -> bool:
-        given = self.headers.get(AUTH, "")
-        want = sign(self.owner.secret, self.command, self.path, digest)
-        return hmac.compare_digest(given.encode(), want.encode())
+    def _authorized(self, request: web.BaseRequest, target: str, digest: str) -> bool:
+        h = request.headers
+        given, stamp, nonce = h.get(AUTH, ""), h.get(STAMP, ""), h.get(NONCE, "")
+        want = sign(self.secret, request.method, target, digest, stamp, nonce)
+        # the signature first: an unsigned request must not fill the nonce table
+        return hmac.compare_digest(given.encode(), want.encode()) and self.nonces.fresh(
+            stamp, nonce, time.time()
+        )
 
-    def _parts(self, n: int) -> list[str] | None:
-        parts = self.path.split("/")
-        if len(parts) != n + 2 or parts[0] != "" or parts[1] != "v1":
-            return None
-        return parts[2:]
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if not self._authorized(""):
-            return self._reply(403, b"not authorized")
-        parts = self._parts(3)
+    async def _get(self, request: web.BaseRequest, target: str, reply) -> web.Response:
+        if not self._authorized(request, target, ""):
+            return reply(403, b"not authorized")
+        parts = _parts(target, 3)
         if parts is None or parts[0] != "f" or not _STEP.match(parts[1]) or not valid_file(parts[2]):
-            return self._reply(404, b"no such file")
-        found = self.owner.find(int(parts[1]), parts[2])
+            return reply(404, b"no such file")
+        found = self.find(int(parts[1]), parts[2])
         if found is None:
-            return self._reply(404, b"no such file")
-        try:
-            data = found.read_bytes()  # memory-tier files: already in RAM (tmpfs)
+            return reply(404, b"no such file")
+        try:  # memory-tier files: already in RAM (tmpfs); read off the event loop all the same
+            data = await asyncio.get_running_loop().run_in_executor(None, found.read_bytes)
         except OSError:
-            return self._reply(404, b"no such file")
-        self._reply(200, data)
+            return reply(404, b"no such file")
+        return reply(200, data)
 
-    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
-        digest = self.headers.get(DIGEST, "")
-        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(digest):
-            self.close_connection = True
-            return self._reply(403, b"not authorized")
-        parts = self._parts(4)
+    async def _put(self, request: web.BaseRequest, target: str, size: int, reply) -> web.Response:
+        digest = request.headers.get(DIGEST, "")
+        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(request, target, digest):
+            return reply(403, b"not authorized")
+        parts = _parts(target, 4)
         if (
             parts is None
             or parts[0] != "h"
             or not valid_owner(parts[1])
-            or parts[1] == self.owner.node
+            or parts[1] == self.node
             or not _STEP.match(parts[2])
             or not valid_file(parts[3])
         ):
-            self.close_connection = True
-            return self._reply(400, b"bad owner, step or file name")
-        owner, step, name = parts[1], int(parts[2]), parts[3]
+            return reply(400, b"bad owner, step or file name")
+        if "Content-Length" not in request.headers:
+            return reply(411, b"a Content-Length is required")
+        if why := self.reserve(size):
+            return reply(413, why.encode())
         try:
-            size = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            return self._reply(411, b"a Content-Length is required")
-        if size < 0 or (why := self.owner.reserve(size)):
-            self.close_connection = True
-            return self._reply(413, (why or "negative length").encode())
-        try:
-            self._receive(owner, step, name, size, digest)
+            return await self._receive(request, parts[1], int(parts[2]), parts[3], size, digest, reply)
         finally:
-            self.owner.release(size)
+            self.release(size)
 
-    def _receive(self, owner: str, step: int, name: str, size: int, digest: str) -> None:
-        store = self.owner
-        deadline = time.monotonic() + store.timeout_s + size / MIN_RATE
-        work = store.incoming(owner, step)
+    async def _receive(self, request, owner: str, step: int, name: str, size: int, digest: str, reply):
+        work = self.incoming(owner, step)
         private_dir(work)
         tmp = work / f".{name}.tmp"
         h = hashlib.sha256()
         left = size
-        try:
+        try:  # the server's deadline (timeout + size / MIN_RATE) cancels a body that crawls
             with open(tmp, "wb") as fh:
                 while left:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("request deadline passed")
-                    chunk = self.rfile.read(min(_CHUNK, left))
+                    chunk = await request.content.read(min(_CHUNK, left))
                     if not chunk:
                         raise ConnectionError("body ended early")
                     h.update(chunk)
                     fh.write(chunk)
                     left -= len(chunk)
-        except (OSError, TimeoutError, ConnectionError) as exc:
+        except BaseException:
             tmp.unlink(missing_ok=True)
-            self.close_connection = True
-            return self._reply(408 if isinstance(exc, TimeoutError) else 400, b"body not received")
+            raise
         if h.hexdigest() != digest:
             tmp.unlink(missing_ok=True)
-            return self._reply(400, b"body does not match its digest")
+            return reply(400, b"body does not match its digest")
         if name == MANIFEST:
             try:
                 manifest = Manifest.from_json(tmp.read_bytes())
             except ValueError as exc:
                 tmp.unlink(missing_ok=True)
-                return self._reply(400, str(exc).encode()[:500])
+                return reply(400, str(exc).encode()[:500])
             if manifest.step != step:
                 tmp.unlink(missing_ok=True)
-                return self._reply(400, b"manifest is for another step")
+                return reply(400, b"manifest is for another step")
         os.replace(tmp, work / name)
         if name == MANIFEST:
-            store.commit(owner, step)
-        self._reply(201)
+            self.commit(owner, step)
+        return reply(201)
+
+
+def _parts(target: str, n: int) -> list[str] | None:
+    parts = target.split("/")
+    if len(parts) != n + 2 or parts[0] != "" or parts[1] != "v1":
+        return None
+    return parts[2:]
 
 
 class PeerClient:
@@ -336,12 +357,12 @@ class PeerClient:
 
     def _request(self, peer: Peer, method: str, path: str, body=None, size: int = 0, digest: str = ""):
         conn = http.client.HTTPConnection(peer.host, peer.port, timeout=self.timeout_s)
-        headers = {AUTH: sign(self.secret, method, path, digest), "Content-Length": str(size)}
+        headers = request_headers(self.secret, method, path, digest) | {"Content-Length": str(size)}
         if digest:
             headers[DIGEST] = digest
         try:
             conn.request(method, path, body=body, headers=headers)
-            return conn, conn.getresponse()
+            return conn, conn.getresponse(), headers[NONCE]
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
@@ -350,9 +371,9 @@ class PeerClient:
         size = path.stat().st_size
         url = f"/v1/h/{owner}/{step}/{name}"
         with open(path, "rb") as fh:
-            conn, resp = self._request(peer, "PUT", url, fh, size, digest)
+            conn, resp, nonce = self._request(peer, "PUT", url, fh, size, digest)
         try:
-            body = self._read(peer, resp, url, 1 << 16)
+            body = self._read(peer, resp, url, 1 << 16, nonce)
         finally:
             conn.close()
         if resp.status != 201:
@@ -363,16 +384,18 @@ class PeerClient:
     def get(self, peer: Peer, step: int, name: str, max_bytes: int) -> bytes:
         """File ``name`` of ``step`` as ``peer`` holds it (the reply's signature checked)."""
         url = f"/v1/f/{step}/{name}"
-        conn, resp = self._request(peer, "GET", url)
+        conn, resp, nonce = self._request(peer, "GET", url)
         try:
-            body = self._read(peer, resp, url, max_bytes)
+            body = self._read(peer, resp, url, max_bytes, nonce)
         finally:
             conn.close()
         if resp.status != 200:
             raise PeerError(f"peer {peer} has no {name} of step {step} ({resp.status})")
         return body
 
-    def _read(self, peer: Peer, resp: http.client.HTTPResponse, url: str, max_bytes: int) -> bytes:
+    def _read(
+        self, peer: Peer, resp: http.client.HTTPResponse, url: str, max_bytes: int, nonce: str
+    ) -> bytes:
         try:
             size = int(resp.getheader("Content-Length") or -1)
         except ValueError:
@@ -394,9 +417,10 @@ class PeerClient:
             raise PeerError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
         body = b"".join(chunks)
         digest = hashlib.sha256(body).hexdigest()
-        want = sign(self.secret, "reply", str(resp.status), url, digest)
+        want = sign(self.secret, "reply", str(resp.status), url, digest, nonce)
         if resp.getheader(DIGEST) != digest or not hmac.compare_digest(
             (resp.getheader(AUTH) or "").encode(), want.encode()
         ):
-            raise PeerError(f"peer {peer}: reply not signed with this run's secret")
+            # the server's own refusals (413 over its body limit, 503 past a deadline) are unsigned
+            raise PeerError(f"peer {peer}: reply ({resp.status}) not signed with this run's secret")
         return body

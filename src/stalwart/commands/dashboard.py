@@ -21,13 +21,20 @@ def register(app: typer.Typer) -> None:
             None,
             "--token",
             envvar="STALWART_DASHBOARD_TOKEN",
-            help="Token for requests that change state (default: a random one, printed).",
+            help="Token for the API, reads and writes (default: a random one, printed).",
+        ),
+        token_file: Path = typer.Option(None, "--token-file", help="File (mode 0600) holding the token."),
+        allow_host: list[str] = typer.Option(
+            None,
+            "--allow-host",
+            help="Another name browsers reach this dashboard by (a proxy's; repeatable).",
         ),
         interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
     ) -> None:
         """Web UI and JSON API over the ledgers; updates live while a run is going."""
+        from ..secret_values import read_secret_file
         from ..serve.dashboard import Dashboard
-        from ..serve.httpd import serve_until_signal
+        from ..serve.httpd import serve_until_signal, warn_if_exposed
 
         if not location.is_dir():
             raise ConfigError(f"{location} is not a directory", "pass a run directory or a directory of runs")
@@ -35,12 +42,26 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if interval <= 0:
             raise ConfigError("--interval must be positive seconds")
-        tok = token or secrets.token_urlsafe(24)
-        dash = Dashboard(location, token=tok, addr=addr, port=port, interval_s=interval).start()
+        if token and token_file:
+            raise ConfigError("give --token or --token-file, not both")
+        given = read_secret_file(token_file, "--token") if token_file else token
+        tok = given or secrets.token_urlsafe(24)
+        dash = Dashboard(
+            location,
+            token=tok,
+            addr=addr,
+            port=port,
+            interval_s=interval,
+            allow_hosts=tuple(allow_host or ()),
+        ).start()
 
         def ready() -> None:
+            warn_if_exposed("stalwart dashboard", addr)
             print(f"dashboard: {dash.url}", flush=True)
-            if not token:
-                print(f"token for writes (Authorization: Bearer ...): {tok}", flush=True)
+            if given:
+                print(f"sign a browser in: {dash.url}login?token=<the token>", flush=True)
+            else:
+                print(f"sign a browser in: {dash.login_url}", flush=True)
+                print(f"token for the API (Authorization: Bearer ...): {tok}", flush=True)
 
         serve_until_signal(dash.stop, ready)

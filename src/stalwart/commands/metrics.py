@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve /metrics for RUN_DIR until interrupted."""
         from ..serve.exporter import RunExporter
-        from ..serve.httpd import serve_until_signal
+        from ..serve.httpd import serve_until_signal, warn_if_exposed
 
         if not run_dir.is_dir():
             raise ConfigError(
@@ -50,7 +50,12 @@ def register(app: typer.Typer) -> None:
         exp = RunExporter(
             run_dir, addr=addr, port=port, interval_s=interval, file_sd_dir=file_sd_dir, model=spec
         ).start()
-        serve_until_signal(exp.stop, lambda: print(f"serving {exp.url} for {run_dir}", flush=True))
+
+        def ready() -> None:
+            warn_if_exposed("stalwart metrics serve", addr)
+            print(f"serving {exp.url} for {run_dir}", flush=True)
+
+        serve_until_signal(exp.stop, ready)
 
     @metrics.command("rules")
     def rules() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import secrets
+from pathlib import Path
+
 import typer
 
 from ..errors import ConfigError
@@ -14,28 +17,66 @@ def register(app: typer.Typer) -> None:
 
     @notify.command("serve")
     def serve(
-        slack: list[str] = typer.Option(None, "--slack", help="Slack-compatible webhook URL (repeatable)."),
-        generic: list[str] = typer.Option(None, "--generic", help="URL that gets plain JSON (repeatable)."),
+        slack: list[str] = typer.Option(
+            None,
+            "--slack",
+            envvar="STALWART_NOTIFY_SLACK",
+            help="Slack-compatible webhook URL (repeatable; a secret: prefer the variable or --slack-file).",
+        ),
+        slack_file: Path = typer.Option(
+            None, "--slack-file", help="File (mode 0600) with one Slack webhook URL per line."
+        ),
+        generic: list[str] = typer.Option(
+            None, "--generic", envvar="STALWART_NOTIFY_GENERIC", help="URL that gets plain JSON (repeatable)."
+        ),
+        generic_file: Path = typer.Option(
+            None, "--generic-file", help="File (mode 0600) with one plain-JSON URL per line."
+        ),
+        token: str = typer.Option(
+            None,
+            "--token",
+            envvar="STALWART_NOTIFY_TOKEN",
+            help="Bearer token Alertmanager must send (http_config.authorization; default: a random one, printed).",
+        ),
+        token_file: Path = typer.Option(None, "--token-file", help="File (mode 0600) holding the token."),
         port: int = typer.Option(9401, "--port", help="Port to listen on (0 = any free port)."),
         addr: str = typer.Option(LOOPBACK, "--addr", help="Address to bind (loopback by default)."),
         retries: int = typer.Option(3, "--retries", help="Retries per message and target."),
         timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP post."),
     ) -> None:
-        """Listen for Alertmanager webhooks (POST /alertmanager) and forward them until interrupted."""
-        from ..serve.httpd import serve_until_signal
+        """Listen for Alertmanager webhooks (POST /alertmanager, with the token) and forward them until interrupted."""
+        from ..secret_values import read_secret_file, read_url_file
+        from ..serve.httpd import serve_until_signal, warn_if_exposed
         from ..serve.notify import Poster, Target
         from ..serve.receiver import NotifyReceiver
 
-        targets = [Target.parse(u) for u in slack or ()] + [
-            Target.parse("generic:" + u) for u in generic or ()
-        ]
+        slack_urls = [*(slack or ()), *(read_url_file(slack_file, "--slack") if slack_file else [])]
+        generic_urls = [*(generic or ()), *(read_url_file(generic_file, "--generic") if generic_file else [])]
+        targets = [Target.parse(u) for u in slack_urls] + [Target.parse("generic:" + u) for u in generic_urls]
         if not targets:
-            raise ConfigError("no notification target", "give at least one --slack URL or --generic URL")
+            raise ConfigError(
+                "no notification target",
+                "give at least one --slack/--slack-file or --generic/--generic-file URL",
+            )
         if not 0 <= port <= 65535:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if retries < 0 or timeout <= 0:
             raise ConfigError("--retries must be >= 0 and --timeout positive")
+        if token and token_file:
+            raise ConfigError("give --token or --token-file, not both")
+        tok = read_secret_file(token_file, "--token") if token_file else token or secrets.token_urlsafe(24)
         rx = NotifyReceiver(
-            targets, addr=addr, port=port, poster=Poster(targets, retries=retries, timeout_s=timeout)
+            targets,
+            token=tok,
+            addr=addr,
+            port=port,
+            poster=Poster(targets, retries=retries, timeout_s=timeout),
         ).start()
-        serve_until_signal(rx.stop, lambda: print(f"receiving Alertmanager webhooks on {rx.url}", flush=True))
+
+        def ready() -> None:
+            warn_if_exposed("stalwart notify serve", addr)
+            print(f"receiving Alertmanager webhooks on {rx.url}", flush=True)
+            if not (token or token_file):
+                print(f"token (Alertmanager http_config.authorization credentials): {tok}", flush=True)
+
+        serve_until_signal(rx.stop, ready)

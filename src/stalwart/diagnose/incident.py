@@ -32,6 +32,7 @@ class FaultClass(Label):
 class Component(Label):
     GPU = "gpu"
     GPU_MEMORY = "gpu_memory"
+    HOST_MEMORY = "host_memory"  # the node's RAM: the kernel OOM killer
     NVLINK = "nvlink"
     PCIE = "pcie"
     NIC = "nic"  # a NIC/HCA

@@ -1,10 +1,13 @@
 """Detectors that know their precision: join each firing with what followed (pure, over events).
 
 A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``failure`` kind),
-``StragglerDetected`` (``straggler``), a failing ``HealthChecked`` (``health.<level>``). It is
+``StragglerDetected`` (``straggler``), a failing ``HealthChecked`` (``health.<level>``), a
+``CheckpointRejected`` (``checkpoint_verify``: the load refused a damaged checkpoint). It is
 *confirmed* when, on the same rank (or node), within ``window_s``:
 
-- a ``ChaosInjected`` fault preceded it (ground truth in chaos runs);
+- a ``ChaosInjected`` fault preceded it (ground truth in chaos runs); a fault that holds for a span of
+  steps (``slow``, ``until_step``) counts from its first slowed step until ``window_s`` after the
+  span's last step;
 - a failing health check on that node (for detectors other than health itself);
 - an incident that names a real cause there (a cross-layer or seam rule that found node evidence:
   a kernel-log Xid, a link down, a thermal slowdown; not "no node-level cause");
@@ -18,13 +21,15 @@ the chaos faults: each fault kind names the detectors that should catch it.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..events import (
     ChaosInjected,
+    CheckpointRejected,
     DecisionTaken,
     Event,
     FailureDetected,
@@ -44,6 +49,8 @@ EXPECTED_DETECTORS: dict[str, tuple[str, ...]] = {
     "hang": ("hang",),
     "slow": ("straggler",),
     "kill-agent": ("agent_lost",),
+    "corrupt-checkpoint": ("checkpoint_verify",),  # the load refuses the damaged version
+    "truncate-checkpoint": ("checkpoint_verify",),
 }
 
 
@@ -90,6 +97,8 @@ def firings(events: Iterable[Event]) -> tuple[Firing, ...]:
             out.append(Firing("straggler", e.ts, e.node, e.rank))
         elif e.kind == "HealthChecked" and getattr(e, "status", "") == "fail":
             out.append(Firing(f"health.{getattr(e, 'level', 'passive')}", e.ts, e.node, -1))
+        elif isinstance(e, CheckpointRejected):
+            out.append(Firing("checkpoint_verify", e.ts, e.node, -1))
     return tuple(sorted(out, key=lambda f: f.ts))
 
 
@@ -108,11 +117,13 @@ class _Index:
     fixes: tuple[DecisionTaken, ...]
     step_ts: tuple[float, ...]  # sorted
     causes: tuple[IncidentRaised, ...] = ()  # incidents that found a cause in node evidence
+    span_end: dict[int, float] = field(default_factory=dict)  # id(chaos event) -> when its span ended
 
     @classmethod
     def of(cls, evs: Sequence[Event]) -> _Index:
+        chaos = tuple(e for e in evs if isinstance(e, ChaosInjected))
         return cls(
-            tuple(e for e in evs if isinstance(e, ChaosInjected)),
+            chaos,
             tuple(e for e in evs if e.kind == "HealthChecked" and getattr(e, "status", "") == "fail"),
             tuple(e for e in evs if isinstance(e, DecisionTaken) and e.action in FIXING_ACTIONS),
             tuple(sorted(e.ts for e in evs if isinstance(e, StepCompleted))),
@@ -123,15 +134,33 @@ class _Index:
                 and e.rule.startswith(("cross_layer:", "seam:"))
                 and e.rule != "cross_layer:no-cause"
             ),
+            _span_ends(chaos, evs),
         )
+
+    def fault_until(self, x: ChaosInjected) -> float:
+        """When a fault stopped acting: its injection, or the end of its span of steps."""
+        return self.span_end.get(id(x), x.ts)
 
     def stepped(self, after: float, until: float) -> bool:
         i = bisect.bisect_right(self.step_ts, after)
         return i < len(self.step_ts) and self.step_ts[i] <= until
 
 
+def _span_ends(chaos: Sequence[ChaosInjected], evs: Sequence[Event]) -> dict[int, float]:
+    """For each span fault, the time the first step past its span completed (open: never)."""
+    out: dict[int, float] = {}
+    for x in chaos:
+        if x.until_step < 0 and x.fault != "slow":
+            continue
+        ends = [
+            e.ts for e in evs if isinstance(e, StepCompleted) and e.ts >= x.ts and 0 <= x.until_step <= e.step
+        ]
+        out[id(x)] = min(ends) if ends else math.inf
+    return out
+
+
 def _confirmed(f: Firing, ix: _Index, fires: Sequence[Firing], w: float) -> bool:
-    if any(f.ts - w <= e.ts <= f.ts and _same_place(f, e.node, e.rank) for e in ix.chaos):
+    if any(e.ts <= f.ts <= ix.fault_until(e) + w and _same_place(f, e.node, e.rank) for e in ix.chaos):
         return True
     if not f.detector.startswith("health") and any(
         abs(e.ts - f.ts) <= w and e.node and e.node == f.node for e in ix.health_fail
@@ -170,7 +199,10 @@ def detector_stats(events: Iterable[Event], cfg: PrecisionConfig | None = None) 
         caught = sum(
             1
             for x in expected
-            if any(x.ts <= f.ts <= x.ts + c.window_s and _same_place(f, x.node, x.rank) for f in mine)
+            if any(
+                x.ts <= f.ts <= ix.fault_until(x) + c.window_s and _same_place(f, x.node, x.rank)
+                for f in mine
+            )
         )
         if mine or expected:
             out.append(DetectorStats(name, len(mine), confirmed, len(expected), caught))

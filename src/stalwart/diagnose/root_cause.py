@@ -38,6 +38,10 @@ def classify(code: int, error: ErrorRecord | None) -> str:
 
 # (pattern over "failure evidence error_type error_message", component class), first match wins.
 COMPONENT_RULES: tuple[tuple[str, str], ...] = (
+    # the words of diagnose/kill_rules.yaml: a death by a signal classified by its evidence
+    (r"kernel oom killer", "host_memory"),
+    (r"killed from outside the job|killed by sig\w+ from outside", "infrastructure"),
+    (r"crashed in native code", "native_crash"),
     (r"\bxid\s*(48|63|64|92|94|95)\b|\becc\b|hbm|row.?remap|dbe\b", "gpu_memory"),
     (r"\bxid\s*(74)\b|nvlink", "nvlink"),
     (r"\bxid\s*(79)\b|fallen off the bus|\bxid\b|gpu (lost|error)|cuda error", "gpu"),
@@ -75,6 +79,7 @@ _INCIDENT_CLASS: Mapping[str, tuple[FaultClass, Component]] = {
     "storage": (FaultClass.SYSTEM, Component.MOUNT),
     "power_thermal": (FaultClass.HARDWARE, Component.POWER),
     "software": (FaultClass.USER, Component.USER_CODE),
+    "host_memory": (FaultClass.USER, Component.HOST_MEMORY),
     "user": (FaultClass.USER, Component.USER_CODE),
 }
 

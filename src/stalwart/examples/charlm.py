@@ -90,7 +90,9 @@ def batch_for(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument(
+        "--checkpoint-every", type=lambda v: v if v == "auto" else int(v), default=25, help="N steps, or auto"
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -106,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     session = Session()
+    # under Session.run a failed peer is replaced in place: this process stays, train() runs again on
+    # the re-formed group and continues from the live state of the last completed step
+    session.run(lambda s: train(s, args))
+
+
+def train(session: Session, args: argparse.Namespace) -> None:
     session.init_process_group("gloo")
     rank, world = session.rank, session.world_size
     if args.global_batch % world:

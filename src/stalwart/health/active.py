@@ -100,8 +100,29 @@ def measure_mem_bw(dev: str, mbytes: int | None = None, iters: int = 5) -> float
     return 2.0 * nbytes * iters / (time.perf_counter() - t0) / 1e9  # read + write
 
 
+def probe_store(rank: int, world: int, host: str, port: int, timeout_s: float = 60.0):
+    """The all-reduce's rendezvous store. Rank 0 hosts it on a socket it binds to ``host`` only and
+    hands over (``master_listen_fd``): torch's own ``tcp://`` rendezvous would listen on every
+    interface. The other ranks connect to ``host:port``."""
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank != 0:
+        return TCPStore(host, port, world, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    fd = socket.create_server((host, port), family=family, backlog=max(8, 2 * world)).detach()
+    try:
+        return TCPStore(host, port, world, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
+    except Exception:
+        os.close(fd)
+        raise
+
+
 def allreduce_busbw(
-    rank: int, world: int, init_method: str, backend: str, nbytes: int, iters: int
+    rank: int, world: int, master: tuple[str, int], backend: str, nbytes: int, iters: int
 ) -> tuple[float, bool]:
     """One rank of the all-reduce test: (bus bandwidth GB/s as nccl-tests defines it, result correct)."""
     import datetime
@@ -109,8 +130,9 @@ def allreduce_busbw(
     import torch
     import torch.distributed as dist
 
+    store = probe_store(rank, world, *master)
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+        backend, store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
     )
     try:
         dev = "cpu"
@@ -136,7 +158,7 @@ def allreduce_busbw(
 
 def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: int, q) -> None:
     try:
-        bw, ok = allreduce_busbw(rank, world, f"tcp://127.0.0.1:{port}", backend, nbytes, iters)
+        bw, ok = allreduce_busbw(rank, world, ("127.0.0.1", port), backend, nbytes, iters)
         q.put((rank, bw, ok, ""))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as a measurement error
         q.put((rank, 0.0, False, f"{type(exc).__name__}: {exc}"))

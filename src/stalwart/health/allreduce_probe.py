@@ -21,7 +21,9 @@ from .rules import load_rules
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stalwart.health.allreduce_probe")
-    ap.add_argument("--master", required=True, help="HOST:PORT of rank 0's rendezvous")
+    ap.add_argument(
+        "--master", required=True, help="HOST:PORT of rank 0's rendezvous (rank 0 listens on HOST only)"
+    )
     ap.add_argument("--mbytes", type=int, default=None, help="message size (default 4 MiB CPU, 256 MiB GPU)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--expect", type=float, default=None, help="minimum bus bandwidth, GB/s")
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if gpu else "gloo"
     nbytes = (args.mbytes or (256 if gpu else 4)) * 2**20
     try:
-        bw, ok = allreduce_busbw(rank, world, f"tcp://{args.master}", backend, nbytes, args.iters)
+        host, _, port = args.master.rpartition(":")  # rank 0 listens on this address only
+        bw, ok = allreduce_busbw(rank, world, (host.strip("[]"), int(port)), backend, nbytes, args.iters)
         err: tuple[str, ...] = ()
     except Exception as exc:  # noqa: BLE001 - a failed collective is the finding
         bw, ok, err = 0.0, False, (f"allreduce: {type(exc).__name__}: {exc}",)

@@ -10,14 +10,26 @@ not taken for a hang, lets chaos faults fire at step boundaries, saves Lightning
 every ``checkpoint_every`` steps (written to a temporary name and renamed, so a crash mid-write never
 leaves a checkpoint that looks complete), and on SIGTERM/SIGUSR1 to the agent stops every rank after
 the same step with an emergency checkpoint and exit code 76. Resume is Lightning's: ``ckpt_path``.
+
+Exact resume: the callback's own state in Lightning's checkpoint holds every rank's RNG (Python,
+numpy, torch CPU and CUDA), gathered from all ranks at each save. On resume each rank restores its
+own as soon as Lightning hands the state back (before the loaders' iterators draw their seeds), and
+again at its first training batch; an uninterrupted run does the same at the first batch after each
+save, so draws made between a save and the next batch (a validation loader's seed, a resumed
+iterator's seed) never shift the training step's random stream in one run and not in the other. The data position is Lightning's: a loader with
+``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``) resumes mid-epoch; a plain
+``DataLoader`` only at an epoch boundary, and the callback says so once at start (docs/integrations.md).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
+
+import torch
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -27,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
     ) from exc
 
 from ..exit_codes import EXIT_PREEMPTED
+from ..train import rng
 from .link import EVALUATION, StepLink
 
 _PREFIX, _SUFFIX = "step-", ".ckpt"
@@ -48,6 +61,33 @@ class StalwartCallback(Callback):
         self.keep = keep
         self.dirpath = Path(dirpath) if dirpath is not None else self.link.checkpoint_dir("lightning")
         self.preempted = False
+        self._rng_to_restore: dict[str, Any] | None = None
+
+    # --- the callback's state in Lightning's checkpoint: every rank's RNG -----------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's RNG states (Lightning calls this on every rank while saving; rank 0 writes)."""
+        mine = rng.capture()
+        self._rng_to_restore = mine  # the next batch starts from it, as a resumed run's does
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            every: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(every, mine)
+        else:
+            every = [mine]
+        return {"rng_per_rank": every}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        every = state_dict.get("rng_per_rank") or []
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if len(every) == world:
+            self._rng_to_restore = every[self.link.rank if world > 1 else 0]
+            rng.restore(self._rng_to_restore)  # before the resumed loaders draw their seeds
+        elif every:
+            warnings.warn(
+                f"the checkpoint holds the RNG states of {len(every)} ranks, this run has {world}: "
+                "random draws (dropout, augmentation) after resume differ from an uninterrupted run",
+                stacklevel=2,
+            )
 
     # --- resume -------------------------------------------------------------------------------
 
@@ -67,8 +107,23 @@ class StalwartCallback(Callback):
         )
         total = int(total) if total is not None and math.isfinite(total) else 0
         self.link.started(trainer.global_step, total, from_checkpoint=str(trainer.ckpt_path or ""))
+        if trainer.is_global_zero and not _resumable(trainer.train_dataloader):
+            warnings.warn(
+                "StalwartCallback: the training DataLoader has no state_dict/load_state_dict, so a "
+                "checkpoint saved mid-epoch (an emergency save, or checkpoint_every not a multiple of "
+                "the epoch's steps) resumes at another data position than an uninterrupted run; use "
+                "torchdata.stateful_dataloader.StatefulDataLoader for an exact resume",
+                stacklevel=2,
+            )
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._rng_to_restore is not None:  # a new epoch's loader draws its seeds from the saved state,
+            rng.restore(self._rng_to_restore)  # as a run resumed at this epoch boundary does
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._rng_to_restore is not None:  # the first batch after a save or a resume
+            rng.restore(self._rng_to_restore)
+            self._rng_to_restore = None
         self.link.begin_step(trainer.global_step)
         self.link.section_begin("forward")
 
@@ -83,13 +138,13 @@ class StalwartCallback(Callback):
     ) -> None:
         self.link.end_step(trainer.global_step - 1)
         done = self.link.completed
-        if self.every and done % self.every == 0:
-            self._save(trainer, emergency=False)
-        if not self.preempted and self.link.stop_requested():
-            if self.link.last_saved != done:
-                self._save(trainer, emergency=True)
+        stop = not self.preempted and self.link.stop_requested()
+        if stop:  # the emergency save (also when a regular one is due now: one save, reported as such)
+            self._save(trainer, emergency=True)
             self.preempted = True
             trainer.should_stop = True
+        elif self.every and done % self.every == 0:
+            self._save(trainer, emergency=False)
 
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
@@ -112,12 +167,21 @@ class StalwartCallback(Callback):
         t0 = self.link.checkpoint_begin()
         final = self.dirpath / f"{_PREFIX}{self.link.completed:08d}{_SUFFIX}"
         partial = final.with_name(final.name + ".partial")
-        trainer.save_checkpoint(str(partial))  # every rank calls it; rank 0 writes; ends in a barrier
+        # every rank calls it; rank 0 writes; ends in a barrier. The full state (optimizer, loops,
+        # callbacks: our RNG and data position), said explicitly as Lightning asks
+        trainer.save_checkpoint(str(partial), weights_only=False)
         if trainer.is_global_zero:
             os.replace(partial, final)  # visible only when complete
             for old in _checkpoints(self.dirpath)[: -self.keep]:
                 old.unlink(missing_ok=True)
         self.link.checkpoint_end(t0, final, emergency=emergency)
+
+
+def _resumable(loaders: Any) -> bool:
+    """Whether every training loader can save and restore its position (Lightning's test)."""
+    flat = getattr(loaders, "flattened", None)
+    items = flat if flat is not None else (loaders if isinstance(loaders, list | tuple) else [loaders])
+    return all(hasattr(x, "state_dict") and hasattr(x, "load_state_dict") for x in items if x is not None)
 
 
 def _checkpoints(directory: Path) -> list[Path]:

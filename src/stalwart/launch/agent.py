@@ -239,10 +239,13 @@ class Agent:
             else None
         )
         try:
-            return NodeMemory(run_id=cfg.run_id, node=cfg.node_name, host=host)
+            memory = NodeMemory(run_id=cfg.run_id, node=cfg.node_name, host=host)
         except (OSError, CheckpointError) as exc:  # no tmpfs, or not ours: the job runs from disk
             self.console.note(f"no node memory tier ({exc}); checkpoints restore from disk only")
             return None
+        if memory.notice:  # several nodes without a checkpoint key: no peer replication, and why
+            self.console.note(memory.notice)
+        return memory
 
     def _start_diagnosis(self):
         """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""

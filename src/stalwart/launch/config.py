@@ -34,6 +34,7 @@ from .settings import (
     DiagnosisSettings,
     HangSettings,
     HealthSettings,
+    InPlaceSettings,
     LogSettings,
     ObserveSettings,
     RendezvousSettings,
@@ -106,6 +107,7 @@ class RunConfig(BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     faults: ChaosSettings = ChaosSettings()
     health: HealthSettings = HealthSettings()
+    reform: InPlaceSettings = InPlaceSettings()
     observe: ObserveSettings = ObserveSettings()
     diagnosis: DiagnosisSettings = DiagnosisSettings()
     straggler: StragglerSettings = StragglerSettings()
@@ -173,6 +175,7 @@ class RunConfig(BaseSettings):
             pg_timeout_s=self.hang.pg_timeout_s,
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
+            reform_timeout_s=self.reform.timeout_s,
         )
         if self.hang.cpu_stall_s > self.hang.pg_timeout_s:
             raise ValueError(
@@ -347,9 +350,10 @@ def claim_run_dir(cfg: RunConfig) -> None:
     try:
         theirs = json.loads(path.read_text())
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as RunDir.create
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(mine))
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+            fh.write(json.dumps(mine))
         os.replace(tmp, path)
         return
     except (OSError, ValueError) as exc:

@@ -19,6 +19,7 @@ class AttemptOutcome:
     detected_at: float = 0.0
     detail: str = ""  # why a save the verdict depends on did not commit; why the node was excluded
     step: int = -1  # the step the emergency or final save was for
+    in_place: int = 0  # failures recovered in place during the attempt
 
     def __post_init__(self) -> None:  # monitors may still pass the status's string
         object.__setattr__(self, "status", AttemptStatus(self.status))

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,7 +113,13 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
     fault_class, component = incident_class(
         component_class(_CLASS_OF_KIND[kind], evidence, err.type if err else "", err.message if err else "")
     )
-    if kind == "exception":
+    kill = s.kills.get(root) if kind == "crash" else None
+    if kill is not None:  # a death by a signal, classified by its evidence (diagnose/kill_cause.py)
+        fault_class, component = kill.fault_class, kill.component
+        evidence = kill.what
+        failure = dataclasses.replace(failure, evidence=evidence)
+        cause = kill.cause
+    elif kind == "exception":
         cause = f"rank {root} raised {err.signature if err else evidence}"
     elif kind == "peer_lost":
         cause = f"rank {root} lost a peer ({evidence}); the cause is on another rank or the network"
@@ -123,19 +130,20 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
         cause=cause,
         fault_class=fault_class,
         component=component,
-        confidence=CRASH_CONFIDENCE[kind],
-        action="restart the workers (within the restart budget)",
+        confidence=kill.confidence if kill is not None else CRASH_CONFIDENCE[kind],
+        action=kill.action if kill is not None else "restart the workers (within the restart budget)",
         ts=detected,
         onset=onset,
-        rule="monitor:worker-exits",
+        rule=f"kill:{kill.rule}" if kill is not None else "monitor:worker-exits",
         evidence=(f"rank {root}: {evidence}",)
+        + (kill.evidence[1:] if kill is not None else ())
         + tuple(f"rank {r}: {describe_exit(failed[r])}" for r in others)
         + ((f"step {step}",) if step >= 0 else ()),
         blast_radius=BlastRadius(nodes=(s.node,), ranks=(root,)),
     )
     return Decision(
         DecisionKind.CRASH,
-        f"rank {root} {evidence}",
+        cause if kill is not None else f"rank {root} {evidence}",
         AttemptOutcome(AttemptStatus.FAILED, failure, detected),
         incident,
         rank=root,
@@ -254,7 +262,10 @@ class _HangPart(Protocol):
     def startup_s(self) -> float: ...
 
     @property
-    def cpu_stall_s(self) -> float: ...
+    def cpu_stall_s(self) -> float: ...  # 0: the process-group timeout
+
+    @property
+    def pg_timeout_s(self) -> float: ...
 
 
 class _CheckpointPart(Protocol):
@@ -300,7 +311,7 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
         ForwardedStop(cfg.checkpoint.emergency_deadline_s),  # zero: a signal without a Session, as torchrun
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
-        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
+        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s or cfg.hang.pg_timeout_s),
         membership,
     )
 

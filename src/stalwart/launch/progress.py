@@ -18,6 +18,8 @@ from ..protocol import (
     Message,
     Note,
     PhaseChanged,
+    Reformed,
+    Reforming,
     SectionBegan,
     SignalSeen,
     StepBegan,
@@ -35,6 +37,7 @@ class RankProgress:
     step: int = -1  # step in progress (or last begun)
     section: str | None = None
     done_steps: int = 0  # steps completed in this attempt
+    last_done: int = -1  # the newest step this rank completed
     finished: bool = False
     in_checkpoint: bool = False
     loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
@@ -45,6 +48,9 @@ class RankProgress:
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
+    in_place: bool = False  # the script runs under Session.run: it can re-form its group in place
+    reforming: Reforming | None = None  # the survivor left its group and waits for the next generation
+    reformed: Reformed | None = None  # the rank joined the newest generation with the live state
 
 
 @dataclass
@@ -80,10 +86,8 @@ class ProgressTracker:
     def observe(self, msg: Message, now: float) -> StepRecord | None:
         """Take one message from a worker; the step's record when it completes a step."""
         p = self.progress.get(msg.rank)
-        if p is None:
+        if p is None or _hooked_in_session(p, msg):  # the SDK's own records count, not the hooks'
             return None
-        if p.session and isinstance(msg, StepDone) and HOOK_SECTION in msg.sections:
-            return None  # the bootstrap's hooks in a rank that runs the SDK: its own records count
         # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
         p.last_msg = min(max(msg.t, p.last_msg), now)
         match msg:
@@ -100,6 +104,11 @@ class ProgressTracker:
                 return self._step_done(p, msg)
             case Hello():
                 p.sdk = p.session = True
+                p.in_place = p.in_place or msg.in_place
+            case Reforming():
+                p.reforming = msg
+            case Reformed():
+                p.reformed = msg
             case LoopStarted():
                 p.sdk = True
                 p.loop_done = False
@@ -118,6 +127,11 @@ class ProgressTracker:
             case _:
                 assert_never(msg)
         return None
+
+    def replace(self, rank: int, now: float) -> None:
+        """A new process took ``rank`` over (in-place recovery): its progress starts afresh."""
+        old = self.progress.get(rank)
+        self.progress[rank] = RankProgress(rank=rank, last_msg=now, in_place=old.in_place if old else False)
 
     def _section_began(self, p: RankProgress, msg: SectionBegan) -> None:
         p.sdk = True
@@ -140,6 +154,7 @@ class ProgressTracker:
         rec = StepRecord(msg.rank, msg.step, msg.t0, msg.duration, dict(msg.sections))
         p.sdk = True
         p.done_steps += 1
+        p.last_done = max(p.last_done, rec.step)
         p.section = None
         if HOOK_SECTION in msg.sections:  # the hooks send no StepBegan: the rank is in the next step now
             p.step = max(p.step, msg.step + 1)
@@ -195,6 +210,10 @@ class ProgressTracker:
 
     def max_step_in_progress(self) -> int:
         return max((p.step for p in self.progress.values()), default=-1)
+
+
+def _hooked_in_session(p: RankProgress, msg: Message) -> bool:
+    return p.session and isinstance(msg, StepDone) and HOOK_SECTION in msg.sections
 
 
 def job_rate(advances: Iterable[tuple[float, int]]) -> float:

@@ -129,7 +129,7 @@ class JobRunner:
 
     def _outcome(self, out: AttemptOutcome) -> Outcome:
         newest = self.files.newest_good() if out.status in NEEDS_NEWEST else None
-        return Outcome(out.status, out.failure, out.step, out.detail, newest, self.signal())
+        return Outcome(out.status, out.failure, out.step, out.detail, newest, self.signal(), out.in_place)
 
     def _stand_by(self, plan: WorldPlan) -> Outcome:
         """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""

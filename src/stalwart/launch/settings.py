@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
 from ..diagnose.straggler_action import STRAGGLER_MODES, StragglerActionConfig
 from ..policy.timeouts import (
@@ -27,7 +27,8 @@ from ..policy.timeouts import (
     STARTUP_TIMEOUT_S,
     HangTimeoutPolicy,
 )
-from ..protocol import DEFAULT_PG_TIMEOUT_S
+from ..protocol import DEFAULT_PG_TIMEOUT_S, DEFAULT_REFORM_TIMEOUT_S
+from ..secret_values import read_url_file, redact_url
 from .output import parse_streams
 
 
@@ -75,24 +76,15 @@ class HangSettings(BaseModel):
     min_samples: Annotated[int, setting("hang_min_samples", "--hang-min-samples")] = Field(
         default=HANG_MIN_SAMPLES, ge=1, description="Steps seen before calibrating."
     )
-    cpu_stall_s: Annotated[float, setting("cpu_stall_s", "--cpu-stall")] = Field(
-        default=CPU_STALL_S,
-        ge=0,
-        description="Hang timeout of workers no hook or SDK ever reported: seconds in which every rank "
-        "made no CPU progress (a stopped rank: the hang floor). 0: the process-group timeout, so a "
-        "healthy job that waits cannot be declared hung before its own collectives would time out.",
-    )
     pg_timeout_s: Annotated[float, setting("pg_timeout_s", "--pg-timeout")] = Field(
         default=DEFAULT_PG_TIMEOUT_S, gt=0, description="Process-group timeout given to workers, seconds."
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _stall_default(cls, data: object) -> object:
-        """``cpu_stall_s`` 0 (the default) is the process-group timeout."""
-        if isinstance(data, dict) and not float(data.get("cpu_stall_s") or 0):
-            return {**data, "cpu_stall_s": data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S)}
-        return data
+    cpu_stall_s: Annotated[float, setting("cpu_stall_s", "--cpu-stall")] = Field(
+        default=CPU_STALL_S,
+        ge=0,
+        description="Hang timeout of workers never reported by a hook or the SDK: seconds of no CPU "
+        "progress on every rank (a stopped rank: the hang floor); 0: the process-group timeout.",
+    )
 
     @property
     def policy(self) -> HangTimeoutPolicy:
@@ -200,9 +192,7 @@ class WorkerSettings(BaseModel):
         description="Start workers from a fork server with torch preloaded; see docs/fast-recovery.md.",
     )
     instrument: Annotated[bool, setting("instrument", "--instrument/--no-instrument")] = Field(
-        default=True,
-        description="Start every worker through the bootstrap that observes optimizer steps (torch's "
-        "public hooks), dumps stacks on request and names the process; see docs/resilient-run.md.",
+        default=True, description="Start workers through the bootstrap: step hooks, stacks, process titles."
     )
     warm_fail_attempt: Annotated[int, setting("warm_fail_attempt")] = Field(
         default=-1, ge=-1, description="The attempt whose warm start is forced to fail (testing); -1: none."
@@ -310,6 +300,33 @@ class ChaosSettings(BaseModel):
     )
 
 
+class InPlaceSettings(BaseModel):
+    """In-place recovery (docs/fast-recovery.md): survivors keep their processes, only failed ranks
+    are replaced, state comes from a live replica."""
+
+    model_config = _MODEL
+
+    enabled: Annotated[bool, setting("in_place", "--in-place/--no-in-place")] = Field(
+        default=True,
+        description="Re-form the process group in place when a rank fails (scripts under Session.run).",
+    )
+    timeout_s: Annotated[float, setting("in_place_timeout_s", "--in-place-timeout")] = Field(
+        default=DEFAULT_REFORM_TIMEOUT_S,
+        gt=0,
+        description="Seconds each step of an in-place re-formation may take before the whole group restarts.",
+    )
+    max_per_attempt: Annotated[int, setting("in_place_max", "--in-place-max")] = Field(
+        default=10,
+        ge=0,
+        description="In-place recoveries within one attempt before the whole group restarts.",
+    )
+    fail_attempt: Annotated[int, setting("in_place_fail_attempt")] = Field(
+        default=-1,
+        ge=-1,
+        description="The attempt whose in-place recovery is forced to fail (testing); -1: none.",
+    )
+
+
 class HealthSettings(BaseModel):
     """This node's health gate (health/)."""
 
@@ -358,8 +375,21 @@ class ObserveSettings(BaseModel):
     notify: Annotated[list[str], setting("notify", "--notify")] = Field(
         default_factory=list,
         description="Post interruptions and the verdict to this Slack-compatible URL "
-        "(generic:URL for plain JSON; repeatable).",
+        "(generic:URL for plain JSON; repeatable; a secret: prefer STALWART_NOTIFY or --notify-file).",
     )
+    notify_file: Annotated[Path | None, setting("notify_file", "--notify-file")] = Field(
+        default=None,
+        description="File (mode 0600) with one --notify URL per line, kept off the command line.",
+    )
+
+    @field_serializer("notify", when_used="json")
+    def _redacted(self, v: list[str]) -> list[str]:
+        """What the ledger and every JSON dump keep of a webhook URL: its scheme and host."""
+        return [redact_url(u) for u in v]
+
+    def notify_urls(self) -> list[str]:
+        """Every notification URL: ``--notify``/``STALWART_NOTIFY`` and the ``--notify-file``'s."""
+        return [*self.notify, *(read_url_file(self.notify_file, "--notify") if self.notify_file else [])]
 
     @field_validator("metrics_model")
     @classmethod

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from ..diagnose.kill_cause import KillVerdict
 from ..events import StepCompleted
 from ..policy.world_size import WorldPlan
 from ..protocol import CheckpointDone
@@ -105,6 +106,7 @@ class Snapshot:
     attempt: int = 0
     world: WorldPlan | None = None  # this attempt's nodes (for the straggler-action policy)
     total_steps: int = 0  # the steps the script announced (0: unknown)
+    kills: Mapping[int, KillVerdict] = field(default_factory=_empty)  # failed ranks killed by a signal
 
     # --- derived views ------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing_extensions import assert_never
 
 from ..diagnose.cross_layer import COMM_CODES
+from ..diagnose.kill_witness import KillWitness
 from ..diagnose.precision import GateDecision
 from ..diagnose.signals import from_failure
 from ..events import (
@@ -36,6 +37,7 @@ from ..protocol import LoopStarted, Note
 from .clock import Clock
 from .cpu_progress import CpuProgress, ProcSample, read_proc
 from .decision import AttemptOutcome, Decision, DecisionKind
+from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
@@ -116,6 +118,19 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.calibrated_reported = False
         self.cpu: dict[int, CpuProgress] = {}
+        self.in_place = InPlaceRecovery(
+            cfg=cfg,
+            ledger=ledger,
+            group=group,
+            receiver=receiver,
+            block=block,
+            tracker=self.tracker,
+            num_nodes=len(world.active) if world is not None else 1,
+            attempt=attempt,
+            clock=clock,
+            specs={s.global_rank: s for s in self.specs},
+        )
+        self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -133,7 +148,8 @@ class Supervisor:
             else {}
         )
         self._sample_cpu(codes, now)
-        return self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
+        return dataclasses.replace(snap, kills=frozen(self.witness.observe(self.group.pid, codes, logs, now)))
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the
@@ -143,7 +159,11 @@ class Supervisor:
             if isinstance(msg, Note):
                 self.console.note(msg.text)
             elif isinstance(msg, LoopStarted) and msg.rank == 0 and msg.first_step > 0:
-                self.console.note(f"workers resumed at step {msg.first_step} from the newest good checkpoint")
+                gen = self.in_place.generation
+                origin = (
+                    f"the live state, in place (generation {gen})" if gen else "the newest good checkpoint"
+                )
+                self.console.note(f"workers resumed at step {msg.first_step} from {origin}")
             rec = tracker.observe(msg, now)
             if rec is not None:
                 batch.append(
@@ -235,8 +255,17 @@ class Supervisor:
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self) -> AttemptOutcome:
+        """Supervise until the attempt ends; its outcome, with the failures it recovered in place."""
+        out = self._run()
+        return dataclasses.replace(out, in_place=self.in_place.completed) if self.in_place.completed else out
+
+    def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
+            if self.in_place.pending is not None:
+                failed = self.in_place.follow(snap)
+                if failed is not None:
+                    return self.in_place.fall_back(failed)
             self._calibration(snap)
             decisions = decide(snap, self.monitors)
             for d in decisions:
@@ -285,13 +314,14 @@ class Supervisor:
                 self.block.request_stop(d.stop_step)
             case DecisionKind.FORWARD_SIGNAL:  # no Session: the signal goes to the workers, as torchrun
                 self.stop_requested_at = snap.now
-                if snap.signal is not None:
-                    self.group.signal(snap.signal)
+                self.group.signal(snap.signal) if snap.signal is not None else None
             case DecisionKind.HOLD | DecisionKind.STOPPED_EXIT:
                 pass
             case DecisionKind.CRASH:
                 return self._crash(d, snap)
             case DecisionKind.HANG:
+                if self.in_place.pending is not None:
+                    return None  # the ranks re-form: the re-formation's own bound applies
                 return self._hang_or_raised(d, snap)
             case DecisionKind.FINISHED:
                 self.job.release_spares()
@@ -304,7 +334,7 @@ class Supervisor:
                 assert_never(d.kind)
         return d.outcome
 
-    def _hang_or_raised(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _hang_or_raised(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         # a worker slow to exit after raising (on a loaded machine) is an exception, not a hang
         raised = self.files.raised_not_exited()
         if not raised:
@@ -371,11 +401,10 @@ class Supervisor:
         )
         return d.outcome
 
-    def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         assert d.outcome is not None and d.outcome.failure is not None
         failure, root, err = d.outcome.failure, d.rank, d.error
         log = next((s.log_path for s in self.specs if s.global_rank == root), None)
-        self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         text = tail(log, 3)
         self.console.note(f"rank {root} failed ({failure.evidence}); its log: {log}")
         shown = tail_lines(log, 8, match="Traceback (most recent call last)")
@@ -396,6 +425,9 @@ class Supervisor:
             **ctx,
         )
         self.ledger.emit(detected)
+        in_place = self.in_place.consider(d, snap, self.clock.now())
+        if not in_place:
+            self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
         if text and failure.kind != "crash":
             self.ledger.emit(
                 StackCaptured(
@@ -408,39 +440,51 @@ class Supervisor:
                 show=False,
             )
         self._incident(d, detected)
+        if in_place:
+            return None
         self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"rank {root} {failure.evidence}", **ctx), show=False
         )
         return d.outcome
 
-    def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
+    def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
         ctx = self.ledger.ctx()
+        # faulthandler is the SDK's or the bootstrap's (zero): without either SIGUSR2 only kills
+        booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
+        stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
+        # every rank of a hung group is silent: a stopped rank, or one that cannot even dump its
+        # stack while its peers can, is the hung one rather than the rank the monitor named first
+        stuck = self.in_place.hang_culprits(set(stacks))
+        rank = d.rank if not stuck or d.rank in stuck else min(stuck)
+        if rank != d.rank:
+            d = dataclasses.replace(
+                d, rank=rank, reason=f"rank {rank} is stopped or unresponsive; {d.reason}"
+            )
         detected = FailureDetected(
-            ts=d.outcome.detected_at,
+            ts=d.outcome.detected_at if d.outcome is not None else self.clock.now(),
             failure="hang",
             evidence=d.reason,
             onset=d.onset,
             step=failure.step,
-            rank=d.rank,
+            rank=rank,
             **ctx,
         )
         self.ledger.emit(detected)
-        # faulthandler is the SDK's or the worker bootstrap's (zero): without either SIGUSR2 would
-        # only kill the workers
-        booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
-        stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
-        for rank, text in stacks.items():
-            reason = "hung rank" if rank == d.rank else "peer of the hung rank"
+        for r, text in stacks.items():
+            reason = "hung rank" if r == rank else "peer of the hung rank"
             self.ledger.emit(
-                StackCaptured(ts=self.clock.now(), rank=rank, stack=text, reason=reason, **ctx),
-                show=rank == d.rank,
+                StackCaptured(ts=self.clock.now(), rank=r, stack=text, reason=reason, **ctx),
+                show=r == rank,
             )
+        if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
+            self._incident(d, detected)
+            return None
         self.group.stop(0.0)
         self._incident(d, detected)
         self.ledger.emit(
-            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {d.rank}", **ctx), show=False
+            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
         )
         return d.outcome
 

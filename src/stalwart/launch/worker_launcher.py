@@ -217,6 +217,10 @@ class NodeWorkers:
             control=str(ctl),
             agent_pid=os.getpid(),
             pg_timeout_s=cfg.hang.pg_timeout_s,
+            # in place is offered on one node only (policy/inplace.py): elsewhere a survivor must not wait
+            reform_timeout_s=cfg.reform.timeout_s
+            if cfg.reform.enabled and self.world is not None and len(self.world.active) == 1
+            else 0.0,
             chaos=self.faults.to_json(),
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()

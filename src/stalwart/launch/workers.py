@@ -23,6 +23,7 @@ from typing import IO, Protocol, TextIO
 from typing_extensions import assert_never
 
 from ..policy.label import Label
+from .peer_errors import PeerErrorFilter
 
 
 @dataclass(frozen=True)
@@ -193,18 +194,45 @@ class WorkerGroup:
 
     def start(self) -> list[int]:
         for spec in self.specs:
-            route = spec.route or OutputRoute(spec.log_path)
-            fds = (spec.ipc_fd,) if spec.ipc_fd >= 0 else ()
-            if route.log_path is None:
-                self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
-                continue
-            route.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
-            self._logs.append(log)
-            proc, out, err = self._spawn(spec, fds, piped=True)
-            self.procs[spec.global_rank] = proc
-            self._pump_streams(spec, route, log, (out, err))
+            self._start_one(spec)
         return [p.pid for p in self.procs.values()]
+
+    def _start_one(self, spec: WorkerSpec) -> WorkerProc:
+        route = spec.route or OutputRoute(spec.log_path)
+        fds = (spec.ipc_fd,) if spec.ipc_fd >= 0 else ()
+        if route.log_path is None:
+            proc = self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
+            return proc
+        route.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        proc, out, err = self._spawn(spec, fds, piped=True)
+        self.procs[spec.global_rank] = proc
+        self._pump_streams(spec, route, log, (out, err))
+        return proc
+
+    def replace(self, spec: WorkerSpec, reap_s: float) -> int:
+        """In-place recovery: SIGKILL the process of ``spec.global_rank`` (dead, hung or stopped), reap
+        it within ``reap_s``, and start ``spec`` in its place (warm when the fork server is offered).
+        Returns the new pid; raises RuntimeError when the old process cannot be reaped in time."""
+        rank = spec.global_rank
+        old = self.procs.get(rank)
+        if old is not None:
+            try:
+                old.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                old.wait(timeout=reap_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(
+                    f"rank {rank} (pid {old.pid}) did not exit {reap_s:g}s after SIGKILL"
+                ) from None
+        self.exit_times.pop(rank, None)
+        if rank in self.warm_ranks:
+            self.warm_ranks.remove(rank)
+        self.specs = [spec if s.global_rank == rank else s for s in self.specs]
+        return self._start_one(spec).pid
 
     def _pump_streams(
         self, spec: WorkerSpec, route: OutputRoute, log: IO[bytes], pipes: tuple[Stream, Stream]
@@ -308,7 +336,9 @@ def _pump(
     console: TextIO | None,
     prefix: bytes,
 ) -> None:
-    """Copy a worker's stream line by line to its log, its --log-dir file and the console."""
+    """Copy a worker's stream line by line to its log, its --log-dir file and the console; a
+    communication error's traceback (a survivor of another rank's death) only to the logs."""
+    quiet = PeerErrorFilter()
     try:
         for line in iter(pipe.readline, b""):
             with lock:
@@ -318,19 +348,28 @@ def _pump(
                 extra.write(line)
                 extra.flush()
             if console is not None:
-                try:
-                    out = console.buffer if hasattr(console, "buffer") else None
-                    if out is not None:
-                        out.write(prefix + line)
-                        out.flush()
-                    else:
-                        console.write((prefix + line).decode(errors="replace"))
-                except (OSError, ValueError):
-                    console = None  # the console went away; keep logging
+                console = _show(console, prefix, quiet.feed(line))
+        if console is not None:
+            _show(console, prefix, quiet.flush())
     except (OSError, ValueError):
         pass
     finally:
         pipe.close()
+
+
+def _show(console: TextIO, prefix: bytes, lines: list[bytes]) -> TextIO | None:
+    try:
+        out = console.buffer if hasattr(console, "buffer") else None
+        for line in lines:
+            if out is not None:
+                out.write(prefix + line)
+            else:
+                console.write((prefix + line).decode(errors="replace"))
+        if out is not None and lines:
+            out.flush()
+    except (OSError, ValueError):
+        return None  # the console went away; keep logging
+    return console
 
 
 def tail_lines(path: Path | None, lines: int = 5, match: str = "") -> str:

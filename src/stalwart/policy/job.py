@@ -66,6 +66,7 @@ class Outcome:
     detail: str = ""  # why a save did not commit; why the node was excluded
     newest_good: int | None = None  # the newest checkpoint step on disk that verifies (the run files')
     signal: int | None = None  # the signal the agent received, if any
+    in_place: int = 0  # failures recovered in place during the attempt (policy/inplace.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", AttemptStatus(self.status))
@@ -113,6 +114,7 @@ class JobState:
     history: tuple[Failure, ...] = ()  # every failure of the job so far
     plan: WorldPlan | None = None  # the world of this node's newest round
     standing_by: bool = False  # this node is a hot spare of ``plan``
+    in_place: int = 0  # failures recovered in place (the survivors kept their processes) so far
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,7 @@ def _fields(state: JobState, out: Outcome) -> dict[str, object]:
     )
     return {
         "attempts": state.attempt + 1,
-        "failures": len(state.history),
+        "failures": len(state.history) + state.in_place,
         "node": state.spec.node,
         "step": out.step,
         "at": f" of step {out.step}" if out.step >= 0 else "",
@@ -301,6 +303,8 @@ def next(state: JobState, observation: Observation, now: float) -> JobDecision: 
         case Met():
             return _world(state, observation, now)
         case Outcome():
+            if observation.in_place:
+                state = replace(state, in_place=state.in_place + observation.in_place)
             if state.standing_by:
                 return _after_standby(state, observation)
             return _after_attempt(state, observation, now)

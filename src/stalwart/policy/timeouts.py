@@ -87,6 +87,7 @@ def validate_hierarchy(
     pg_timeout_s: float,
     rdzv_timeout_s: float,
     stop_grace_s: float,
+    reform_timeout_s: float | None = None,
 ) -> None:
     """Raise ConfigError naming the first pair of timeouts that is out of order."""
     if policy.floor_s <= 0 or policy.multiplier <= 0:
@@ -123,6 +124,17 @@ def validate_hierarchy(
             "--rdzv-timeout",
         ),
     ]
+    if reform_timeout_s is not None:  # a survivor gives up on a re-formation before its group times out
+        checks.append(
+            (
+                "in-place timeout",
+                reform_timeout_s,
+                "process-group timeout",
+                pg_timeout_s,
+                "--in-place-timeout",
+                "--pg-timeout",
+            )
+        )
     for a_name, a, b_name, b, a_flag, b_flag in checks:
         if not a < b:
             raise ConfigError(

@@ -30,6 +30,9 @@ PREFIX = "STALWART_W_"
 # The process-group timeout's one default, read by the agent's configuration and by the SDK alike
 # (the hang timeouts' defaults are the agent's alone: stalwart.policy.timeouts).
 DEFAULT_PG_TIMEOUT_S = 600.0
+# In-place recovery: the bound on each wait of a re-formation (a survivor waiting for the agent's
+# request, the new group forming, the state transfer); the agent's own bound derives from it.
+DEFAULT_REFORM_TIMEOUT_S = 30.0
 
 MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
 
@@ -57,6 +60,8 @@ class WorkerEnv:
     mem_dir: str = ""  # this node's private tmpfs directory: memory tier and peer copies (agent-owned)
     peers: str = ""  # every node's peer store, ``node=host:port`` comma-separated, in group-rank order
     peer_secret: str = ""  # hex per-run secret that authenticates requests to the peer stores
+    generation: int = 0  # the process group's generation this worker joins (> 0: an in-place replacement)
+    reform_timeout_s: float = DEFAULT_REFORM_TIMEOUT_S  # bound on each wait of a re-formation; 0: not offered
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -72,6 +77,8 @@ class WorkerEnv:
             f"{PREFIX}MEM_DIR": self.mem_dir,
             f"{PREFIX}PEERS": self.peers,
             f"{PREFIX}PEER_SECRET": self.peer_secret,
+            f"{PREFIX}GENERATION": str(self.generation),
+            f"{PREFIX}REFORM_TIMEOUT_S": repr(self.reform_timeout_s),
         }
 
     @classmethod
@@ -93,6 +100,8 @@ class WorkerEnv:
                 mem_dir=env.get(f"{PREFIX}MEM_DIR", ""),
                 peers=env.get(f"{PREFIX}PEERS", ""),
                 peer_secret=env.get(f"{PREFIX}PEER_SECRET", ""),
+                generation=int(env.get(f"{PREFIX}GENERATION", "0") or 0),
+                reform_timeout_s=float(env.get(f"{PREFIX}REFORM_TIMEOUT_S", DEFAULT_REFORM_TIMEOUT_S)),
             )
         except ValueError:
             return None
@@ -188,9 +197,35 @@ def elastic_env(
 
 @dataclass(frozen=True)
 class Hello:
-    """The worker uses the SDK: start-up and heartbeat timers apply to it."""
+    """The worker uses the SDK: start-up and heartbeat timers apply to it. ``in_place``: its script
+    runs under :meth:`stalwart.train.Session.run`, so it can re-form its process group in place."""
 
     rank: int
+    t: float
+    in_place: bool = False
+
+
+@dataclass(frozen=True)
+class Reforming:
+    """A survivor left the broken process group of ``generation`` - 1 and waits to join
+    ``generation``; ``abort_s``: from catching the failure to the group being torn down."""
+
+    rank: int
+    generation: int
+    abort_s: float
+    t: float
+
+
+@dataclass(frozen=True)
+class Reformed:
+    """A rank joined the process group of ``generation`` and holds the live state after ``step``
+    steps (``received`` bytes of it came over the group); ``phases`` are seconds per phase."""
+
+    rank: int
+    generation: int
+    step: int
+    received: int
+    phases: dict[str, float]
     t: float
 
 
@@ -288,6 +323,8 @@ class Note:
 
 Message = (
     Hello
+    | Reforming
+    | Reformed
     | LoopStarted
     | StepBegan
     | SectionBegan
@@ -301,6 +338,8 @@ Message = (
 
 _KINDS: dict[type, str] = {
     Hello: "hello",
+    Reforming: "reforming",
+    Reformed: "reformed",
     LoopStarted: "start",
     StepBegan: "step",
     SectionBegan: "sec",
@@ -311,7 +350,9 @@ _KINDS: dict[type, str] = {
     Note: "note",
 }
 _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
-    "hello": (Hello, {}),
+    "hello": (Hello, {"ip": "in_place"}),
+    "reforming": (Reforming, {"g": "generation", "a": "abort_s"}),
+    "reformed": (Reformed, {"g": "generation", "s": "step", "b": "received", "p": "phases"}),
     "start": (LoopStarted, {"s": "first_step", "n": "total_steps"}),
     "step": (StepBegan, {"s": "step"}),
     "sec": (SectionBegan, {"s": "step", "n": "name"}),

@@ -2,8 +2,9 @@
 
 Layout of the memory-mapped file:
 
-* header, 16 bytes: int64 ``stop_after`` (-1 = none: stop and save an emergency checkpoint once
-  this many steps are done), int64 ``generation`` (bumped on every write);
+* header, 24 bytes: int64 ``stop_after`` (-1 = none: stop and save an emergency checkpoint once
+  this many steps are done), int64 ``generation`` (bumped on every write of ``stop_after``), int64
+  ``reform`` (the process-group generation the agent asks every worker to re-form into; 0 = none);
 * one 32-byte slot per local worker: float64 wall time, int64 step, 16 bytes of section name.
 
 A worker writes its slot at every step start and section start (a memory store, no system call)
@@ -18,7 +19,7 @@ import os
 import struct
 from pathlib import Path
 
-_HEAD = "<qq"
+_HEAD = "<qqq"
 _SLOT = "<dq16s"
 HEAD_SIZE = struct.calcsize(_HEAD)
 SLOT_SIZE = struct.calcsize(_SLOT)
@@ -26,9 +27,11 @@ SIZE = HEAD_SIZE  # kept for readers of the header only
 
 
 def create(path: Path, slots: int = 0) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack(_HEAD, -1, 0) + bytes(SLOT_SIZE * slots))
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # the run's private files are 0600 (docs/security.md)
+    with open(fd, "wb") as fh:
+        fh.write(struct.pack(_HEAD, -1, 0, 0) + bytes(SLOT_SIZE * slots))
 
 
 class ControlBlock:
@@ -50,8 +53,18 @@ class ControlBlock:
         return struct.unpack_from(_HEAD, self._mm, 0)[0]
 
     def request_stop(self, after_steps: int) -> None:
-        gen = struct.unpack_from(_HEAD, self._mm, 0)[1]
-        struct.pack_into(_HEAD, self._mm, 0, after_steps, gen + 1)
+        _, gen, reform = struct.unpack_from(_HEAD, self._mm, 0)
+        struct.pack_into(_HEAD, self._mm, 0, after_steps, gen + 1, reform)
+        self._mm.flush()
+
+    def reform(self) -> int:
+        """The process-group generation the agent asked the workers to re-form into (0: none)."""
+        return struct.unpack_from(_HEAD, self._mm, 0)[2]
+
+    def request_reform(self, generation: int) -> None:
+        """Agent side: ask every worker to leave its process group and join ``generation``."""
+        stop, gen, _ = struct.unpack_from(_HEAD, self._mm, 0)
+        struct.pack_into(_HEAD, self._mm, 0, stop, gen, generation)
         self._mm.flush()
 
     def beat(self, t: float, step: int, section: str = "") -> None:

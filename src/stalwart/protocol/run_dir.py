@@ -87,7 +87,8 @@ class RunDir:
     def create(self) -> RunDir:
         # private: ledgers hold stacks, command lines and host names (existing directories keep their mode)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for p in (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs):
+        dirs = (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs, self.control)
+        for p in dirs:
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self
 

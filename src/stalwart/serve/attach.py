@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..events import Event
+from .httpd import warn_if_exposed
 from .notify import RunNotifier, Target
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class Observability:
                 file_sd_dir=os.environ.get(FILE_SD_ENV) or None,
                 model=parse_model_spec(cfg.observe.metrics_model) if cfg.observe.metrics_model else None,
             )
-        notifier = RunNotifier([Target.parse(u) for u in cfg.observe.notify]) if cfg.observe.notify else None
+        urls = cfg.observe.notify_urls()
+        notifier = RunNotifier([Target.parse(u) for u in urls]) if urls else None
         return cls(exporter, notifier, say)
 
     def chain(self, notify: Callable[[Event], None]) -> Callable[[Event], None]:
@@ -59,6 +61,7 @@ class Observability:
     def start(self) -> None:
         if self.exporter is not None:
             self.exporter.start()
+            warn_if_exposed("the --metrics-port exporter", self.exporter.server.address[0])
             self.say(f"metrics: {self.exporter.url}")
 
     def stop(self) -> None:

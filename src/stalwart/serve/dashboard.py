@@ -2,8 +2,15 @@
 
 Served by :mod:`.httpd` (loopback by default; its timeouts, connection cap and body limit). Every
 read is served from a watcher's latest snapshot (a background thread per run follows its ledgers),
-so a request never parses a ledger. The only write (an annotation on a run) needs the token:
-``Authorization: Bearer <token>``. Bad query parameters get a 400 with a one-line JSON ``error``; a
+so a request never parses a ledger.
+
+Who may ask: a request whose ``Host`` header names another host is refused (403) before anything
+else, so a page of another site that rebinds its DNS name to this address cannot read the API. The
+API needs the token, for reads too (ledgers hold command lines, host names and stacks): as
+``Authorization: Bearer <token>``, or as the cookie that ``GET /login?token=<token>`` sets for the
+browser (HttpOnly, SameSite=Strict) before it redirects to the page. The page and its assets hold no
+data and need none. The only write (an annotation on a run) needs the header itself, never the
+cookie (no cross-site write). Bad query parameters get a 400 with a one-line JSON ``error``; a
 corrupt ledger becomes an ``error`` field that the UI shows as a banner. Every asset is served from
 the package (no CDN).
 """
@@ -13,24 +20,37 @@ from __future__ import annotations
 import hmac
 import json
 import mimetypes
+import os
 import re
+import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
-from email.message import Message
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from ..errors import ConfigError
 from ..policy.label import Label
-from .httpd import LOOPBACK, HttpError, HttpServer, Limits, Reply, Request
+from .httpd import LOOPBACK, HttpError, HttpServer, Limits, Reply, Request, is_loopback
 from .snapshot import RunSnapshot
 from .watcher import RunWatcher
 
 STATIC = Path(__file__).with_name("static")
 MAX_BODY = 64 * 1024
+COOKIE = "stalwart_dashboard"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+
+
+def allowed_hosts(addr: str, extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """The names a request's ``Host`` may give: the loopback names, and beyond loopback the bound
+    address, this machine's names and ``extra`` (``--allow-host``)."""
+    names = {"127.0.0.1", "localhost", "::1"}
+    if not is_loopback(addr):
+        names |= {addr, socket.gethostname(), socket.getfqdn()}
+    return frozenset(n.strip("[]").lower() for n in names | set(extra) if n)
 
 
 class Listing(Label):
@@ -112,6 +132,7 @@ class Dashboard:
         addr: str = LOOPBACK,
         port: int = 0,
         interval_s: float = 1.0,
+        allow_hosts: tuple[str, ...] = (),
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -124,6 +145,7 @@ class Dashboard:
         self.interval_s = interval_s
         self._watchers: dict[str, RunWatcher] = {}
         self._lock = threading.Lock()
+        self.hosts = allowed_hosts(addr, allow_hosts)
         self.server = HttpServer(
             self.handle, addr=addr, port=port, limits=Limits(max_body=MAX_BODY), name="stalwart-dashboard"
         )
@@ -167,6 +189,7 @@ class Dashboard:
 
     def handle(self, req: Request) -> Reply:
         """One request: the page and its assets, or the JSON API."""
+        self._check_host(req.headers.get("Host", ""))
         parts = urlsplit(req.target)
         path = parts.path
         try:
@@ -177,11 +200,12 @@ class Dashboard:
             raise HttpError(400, f"malformed query string: {exc}") from None
         if req.method == "GET" and (path == "/" or path.startswith("/static/")):
             return self._static("index.html" if path == "/" else unquote(path[len("/static/") :]))
+        if req.method == "GET" and path == "/login":
+            return self._login(query)
         segs = [unquote(s) for s in path.split("/") if s]  # split first: %2F never separates
         if not segs or segs[0] != "api":
             raise HttpError(404, f"no page {path}")
-        if req.method == "POST":
-            self._check_token(req.headers)
+        self._check_token(req.headers, cookie_ok=req.method == "GET")
         code, obj = self._api(req.method, path, segs[1:], query, req.body)
         return Reply.json(code, obj)
 
@@ -204,13 +228,40 @@ class Dashboard:
                 return 200, {"annotations": self.annotations(w)}
         raise HttpError(404 if method == "GET" else 405, f"no {method} endpoint {path}")
 
-    def _check_token(self, headers: Message) -> None:
+    def _check_host(self, host: str) -> None:
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.strip("[]").lower() not in self.hosts:
+            raise HttpError(
+                403,
+                f"Host {host[:100]!r} is not this dashboard's (a rebound DNS name?); "
+                "use its own address, or start it with --allow-host NAME",
+            )
+
+    def _check_token(self, headers: Mapping[str, str], *, cookie_ok: bool) -> None:
         auth = headers.get("Authorization", "")
         given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+        if not given and cookie_ok:
+            jar: SimpleCookie = SimpleCookie()
+            try:
+                jar.load(headers.get("Cookie", ""))
+            except CookieError:
+                pass
+            given = jar[COOKIE].value if COOKIE in jar else ""
         if not given:
-            raise HttpError(401, "this request changes state: send 'Authorization: Bearer <token>'")
+            raise HttpError(
+                401,
+                "send 'Authorization: Bearer <token>'"
+                + (" or open /login?token=<token> in the browser first" if cookie_ok else ""),
+            )
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             raise HttpError(403, "wrong token")
+
+    def _login(self, query: dict[str, list[str]]) -> Reply:
+        given = (query.get("token") or [""])[-1]
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise HttpError(403, "wrong token: use the login URL `stalwart dashboard` printed")
+        cookie = f"{COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+        return Reply(303, b"", "text/plain", {"Location": "/", "Set-Cookie": cookie})
 
     def _static(self, name: str) -> Reply:
         if not re.fullmatch(r"[a-z0-9_-]+\.(html|js|css|svg)", name):
@@ -293,7 +344,8 @@ class Dashboard:
         if not isinstance(text, str) or not 0 < len(text.strip()) <= 2000:
             raise HttpError(400, "'text' must be a non-empty string of at most 2000 characters")
         note = {"ts": time.time(), "text": text.strip()}
-        with self._lock, self._annotations_file(w).open("a") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        with self._lock, open(os.open(self._annotations_file(w), flags, 0o600), "a") as f:
             f.write(json.dumps(note) + "\n")
         return note
 
@@ -302,6 +354,11 @@ class Dashboard:
     @property
     def url(self) -> str:
         return self.server.url("/")
+
+    @property
+    def login_url(self) -> str:
+        """The URL that signs a browser in (sets the token's cookie) and opens the page."""
+        return self.server.url(f"/login?{urlencode({'token': self.token})}")
 
     def start(self) -> Dashboard:
         self.server.start()

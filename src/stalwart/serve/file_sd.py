@@ -1,13 +1,15 @@
 """Prometheus file-based service discovery for the agents of a Slurm job.
 
 Each agent writes one JSON file (``stalwart-<job>-<node>.json``) naming its metrics endpoint; point a
-``file_sd_configs`` entry at the directory. Written atomically (tmp + rename), removed at the end.
+``file_sd_configs`` entry at the directory. Written atomically (a fresh ``mkstemp`` file renamed over the target, so a link planted in a shared
+directory is replaced, never followed), removed at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,7 +42,16 @@ def write_target(directory: str | Path, host: str, port: int, labels: Mapping[st
         ) from exc
     name = f"stalwart-{labels.get('slurm_job_id', 'job')}-{labels.get('slurm_node', host)}.json"
     path = d / name
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps([{"targets": [f"{host}:{port}"], "labels": dict(labels)}], indent=1))
-    os.replace(tmp, path)
+    text = json.dumps([{"targets": [f"{host}:{port}"], "labels": dict(labels)}], indent=1)
+    # a fresh, unpredictable name created O_EXCL (mkstemp), then an atomic rename over the target:
+    # a link planted at either name in a shared directory is replaced, never written through
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=d)
+    try:
+        with open(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # Prometheus, another user, reads it; it names an address, no secret
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

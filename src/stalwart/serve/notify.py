@@ -8,6 +8,7 @@ dropped and counted (a notifier must never slow or fail a training run).
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -15,15 +16,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..events import DecisionTaken, Event, FailureDetected, JobEnded
 from ..policy.label import Label
+from ..secret_values import redact_url, scrub
 
 GENERIC_PREFIX = "generic:"
+log = logging.getLogger("stalwart.notify")
 
 
 class TargetStyle(Label):
@@ -51,8 +55,8 @@ _ICONS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Target:
-    url: str
-    style: TargetStyle
+    url: str = field(repr=False)  # a credential: shown only through redact_url
+    style: TargetStyle = TargetStyle.SLACK
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "style", TargetStyle(self.style))  # "slack" -> TargetStyle.SLACK
@@ -71,6 +75,15 @@ class Target:
             )
         return cls(url, style)
 
+    def __str__(self) -> str:
+        return f"{self.style} {redact_url(self.url)}"
+
+
+def slack_escape(text: str) -> str:
+    """``text`` as Slack shows it literally: ``&``, ``<`` and ``>`` escaped, so that ``<!channel>``,
+    ``<@U123>`` and ``<https://evil|innocent>`` from an alert or a script's error stay plain text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
 
 @dataclass(frozen=True)
 class Message:
@@ -86,18 +99,26 @@ class Message:
         return "\n".join((self.title, *self.lines))
 
     def slack(self) -> dict[str, Any]:
+        """Slack blocks; every text that came from outside (alert labels, a script's error) escaped."""
+        esc = slack_escape
         icon = _ICONS.get(self.severity, ":information_source:")
         blocks: list[dict[str, Any]] = [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{self.title}*"}}
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{esc(self.title)}*"}}
         ]
         if self.lines:
-            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(self.lines)}})
+            text = esc("\n".join(self.lines))
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
         shown = [(k, v) for k, v in self.fields.items() if v not in (None, "")][:10]
         if shown:
             blocks.append(
-                {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*: {v}"} for k, v in shown]}
+                {
+                    "type": "section",
+                    "fields": [
+                        {"type": "mrkdwn", "text": f"*{esc(str(k))}*: {esc(str(v))}"} for k, v in shown
+                    ],
+                }
             )
-        return {"text": self.text, "blocks": blocks}
+        return {"text": esc(self.text), "blocks": blocks}
 
     def generic(self) -> dict[str, Any]:
         return {
@@ -121,27 +142,53 @@ class Message:
 # --- Alertmanager payloads -----------------------------------------------------------------
 
 
-def from_alertmanager(payload: Mapping[str, Any]) -> list[Message]:
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class AlertIn(_Strict):
+    """One alert of an Alertmanager webhook (version 4); fields Stalwart does not use are ignored."""
+
+    status: Literal["firing", "resolved"] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    startsAt: str = ""  # noqa: N815 - Alertmanager's name
+
+
+class WebhookIn(_Strict):
+    """An Alertmanager webhook payload (version 4)."""
+
+    status: Literal["firing", "resolved"] = "firing"
+    alerts: list[AlertIn] = Field(max_length=1000)
+    commonLabels: dict[str, str] = Field(default_factory=dict)  # noqa: N815 - Alertmanager's name
+
+
+def parse_webhook(payload: object) -> WebhookIn:
+    """``payload`` checked against :class:`WebhookIn`; a ConfigError naming the first bad field."""
+    try:
+        return WebhookIn.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "the body"
+        raise ConfigError(f"not an Alertmanager webhook payload: {where}: {err['msg']}") from None
+
+
+def from_alertmanager(payload: object) -> list[Message]:
     """One message per alert of an Alertmanager webhook payload (version 4)."""
-    alerts = payload.get("alerts")
-    if not isinstance(alerts, list):
-        raise ConfigError("not an Alertmanager webhook payload: no 'alerts' list")
-    common = payload.get("commonLabels") or {}
+    hook = parse_webhook(payload)
     out = []
-    for a in alerts:
-        if not isinstance(a, Mapping):
-            raise ConfigError("not an Alertmanager webhook payload: an alert is not an object")
-        labels = {**common, **(a.get("labels") or {})}
-        ann = a.get("annotations") or {}
-        status = a.get("status", payload.get("status", "firing"))
+    for a in hook.alerts:
+        labels = {**hook.commonLabels, **a.labels}
+        ann = a.annotations
+        status = a.status or hook.status
         name = labels.get("alertname", "alert")
         sev = Severity.RESOLVED if status == "resolved" else labels.get("severity", Severity.WARNING)
         title = f"[{status.upper()}] {name}: {ann.get('summary', '')}".rstrip(": ")
         lines = tuple(x for x in (ann.get("description", ""),) if x)
-        fields = {
+        fields: dict[str, Any] = {
             k: labels[k] for k in ("run", "rank", "node", "cause", "instance", "severity") if k in labels
         }
-        fields["since"] = a.get("startsAt", "")
+        fields["since"] = a.startsAt
         out.append(Message(title, lines, sev, fields))
     return out
 
@@ -281,10 +328,12 @@ class Poster:
                 self.sent += 1
                 return
             except (OSError, urllib.error.URLError, ValueError) as exc:
-                self.last_error = f"{t.url}: {exc}"
+                # never the URL itself: its path is the webhook's token
+                self.last_error = scrub(f"{redact_url(t.url)}: {exc}", [t.url])
                 if attempt < self.retries and self._stop.wait(self.backoff_s * 2**attempt):
                     break
         self.failed += 1
+        log.warning("notification not delivered after %d tries: %s", self.retries + 1, self.last_error)
 
     def close(self, timeout: float = 5.0) -> None:
         """Deliver what is queued within ``timeout`` seconds, then stop (undelivered messages are dropped)."""

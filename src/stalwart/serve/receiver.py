@@ -7,7 +7,9 @@ once (202) and the poster thread delivers. Bad input gets a 4xx with a one-line 
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 from collections.abc import Sequence
 
 from ..errors import ConfigError
@@ -15,6 +17,8 @@ from .httpd import LOOPBACK, HttpError, HttpServer, Limits, Reply, Request
 from .notify import Poster, Target, from_alertmanager
 
 MAX_BODY = 1 << 20
+RECEIVER_PATH = "/alertmanager"
+log = logging.getLogger("stalwart.notify")
 
 
 class NotifyReceiver:
@@ -22,12 +26,18 @@ class NotifyReceiver:
         self,
         targets: Sequence[Target],
         *,
+        token: str,
         addr: str = LOOPBACK,
         port: int = 0,
         poster: Poster | None = None,
     ) -> None:
         if not targets and poster is None:
             raise ConfigError("no notification target", "give at least one --slack URL or --generic URL")
+        if len(token) < 16:
+            raise ConfigError(
+                "the notify token must have at least 16 characters", "use `openssl rand -hex 16`"
+            )
+        self.token = token
         self.poster = poster or Poster(targets)
         self.received = 0
         self.server = HttpServer(
@@ -53,22 +63,35 @@ class NotifyReceiver:
                     "last_error": p.last_error,
                 },
             )
+        if req.path != RECEIVER_PATH:
+            raise HttpError(404, f"POST Alertmanager webhooks to {RECEIVER_PATH}")
+        self._check_token(req.headers.get("Authorization", ""))
         if not req.body:
             raise HttpError(400, f"body must be 1..{MAX_BODY} bytes of JSON, got 0")
         try:
-            payload = json.loads(req.body)
-            if not isinstance(payload, dict):
-                raise ConfigError("the body must be a JSON object")
-            messages = from_alertmanager(payload)
-        except (ValueError, ConfigError) as exc:
-            raise HttpError(400, f"not an Alertmanager webhook payload: {exc}") from None
+            messages = from_alertmanager(json.loads(req.body))
+        except ValueError as exc:
+            log.error("refused a webhook: not an Alertmanager webhook payload: body is not JSON (%s)", exc)
+            raise HttpError(400, f"not an Alertmanager webhook payload: body is not JSON ({exc})") from None
+        except ConfigError as exc:
+            log.error("refused a webhook: %s", exc)
+            raise HttpError(400, str(exc)) from None
         self.received += 1
         queued = sum(self.poster.post(m) for m in messages)
         return Reply.json(202, {"accepted": queued, "dropped": len(messages) - queued})
 
+    def _check_token(self, auth: str) -> None:
+        given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+        if not given:
+            raise HttpError(
+                401, "send 'Authorization: Bearer <token>' (Alertmanager: http_config.authorization)"
+            )
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise HttpError(403, "wrong token")
+
     @property
     def url(self) -> str:
-        return self.server.url("/alertmanager")
+        return self.server.url(RECEIVER_PATH)
 
     def start(self) -> NotifyReceiver:
         self.server.start()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..chaos.once import claim
+from ..chaos.once import claim, claim_announcement
 from ..chaos.plan import Fault, FaultPlan
 from ..events import ChaosInjected, Event
 from .clock import SYSTEM_CLOCK, Clock
@@ -63,6 +63,7 @@ class ChaosHook:
         self._pending = False  # a slow fault may apply in the step's first section
         self._extra = 0.0  # seconds slept this step
         self.base_step_s = 0.0  # this rank's unslowed step time (moving average)
+        self._announced: set[Fault] = set()
 
     @classmethod
     def from_plan(cls, plan_json: str, *, rank: int, **kwargs: Any) -> ChaosHook | None:
@@ -107,10 +108,30 @@ class ChaosHook:
         for fault in self._slow:
             if step >= fault.start and (fault.stop is None or step <= fault.stop) and self.base_step_s > 0:
                 extra = (fault.factor - 1.0) * self.base_step_s
+                self._announce(fault, step)
                 self._clock.sleep(extra)
                 spent += extra
         self._extra += spent
         return spent
+
+    def _announce(self, fault: Fault, step: int) -> None:
+        """A span fault goes into the ledger once per run, when it first slows a step: the ground
+        truth the detector precision table counts it by (diagnose/precision.py)."""
+        if fault in self._announced:
+            return
+        self._announced.add(fault)
+        if claim_announcement(self._chaos_dir, fault):
+            until = fault.stop if fault.stop is not None else -1
+            self._emit(
+                ChaosInjected(
+                    ts=self._clock.now(),
+                    fault=fault.kind,
+                    step=step,
+                    until_step=until,
+                    detail=fault.describe(),
+                    **self._context,
+                )
+            )
 
     def step_ended(self, step: int, seconds: float) -> None:
         unslowed = seconds - self._extra

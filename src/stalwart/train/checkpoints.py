@@ -149,6 +149,29 @@ class Checkpoints:
         if self._engine is not None:
             self._engine.wait()
 
+    def abandon(self, timeout_s: float) -> None:
+        """In-place recovery: drop the engine built on the abandoned process group (a later save builds
+        one on the new group). Its persist in flight is waited for at most ``timeout_s``: with the
+        group's connections severed, a collective it was in fails at once. What it had not committed
+        is not counted as saved; what it committed stays."""
+        import threading
+
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+
+        def close() -> None:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - the persist failed with the group it ran on: not committed
+                pass
+
+        t = threading.Thread(target=close, name="abandon-checkpoint-engine", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if self.last_saved > self.durable_step:
+            self.last_saved = self.durable_step
+
     def close(self) -> None:
         """Wait for background persists and release the engine (a later save builds a new one)."""
         if self._engine is not None:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..checkpoint.auto_every import auto_every_for
 from ..checkpoint.events import CheckpointPersistFailed
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
@@ -68,6 +69,9 @@ from .worker_link import WorkerLink
 if TYPE_CHECKING:
     from ..checkpoint.engine import CheckpointEngine
     from ..ledger import LedgerWriter
+    from .reform import Reformer
+
+T = TypeVar("T")
 
 
 class Session:
@@ -117,6 +121,7 @@ class Session:
         self._signal: int | None = None
         self._completed = 0
         self._hooks: tuple[StepHook, ...] = (*hooks, *self._chaos(wenv))
+        self._reform: Reformer | None = None  # in-place recovery, when the script runs under run()
         self._guard = self._process_guard(wenv)
         self._guard.install()
         self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
@@ -155,6 +160,33 @@ class Session:
     def clock(self) -> Clock:
         return self._clock
 
+    def run(self, train: Callable[[Session], T]) -> T:
+        """Run the training function ``train(session)`` with in-place recovery: when a peer fails, this
+        process stays alive, leaves the broken process group, joins the re-formed one with the
+        replacement ranks and calls ``train`` again; its ``init_process_group`` joins the new group,
+        its model and DDP/FSDP wrappers are built anew on it, and its ``loop`` continues from the live
+        state of the last completed step (taken from a replica, not from a checkpoint). ``train``
+        is the one hook: whatever it builds on the process group is rebuilt by running it again.
+        Without an agent, or for a failure that is not a peer's, it is a plain call."""
+        from .reform import Reformer, rng_dir
+
+        wenv = self.worker_env
+        if self._reform is None and wenv is not None and self.under_agent and wenv.reform_timeout_s > 0:
+            from .inplace import Generation
+
+            gen = Generation(wenv.generation, self._link.reform, self._clock.sleep, self._now)
+            self._reform = Reformer(
+                self,
+                gen,
+                wenv.reform_timeout_s,
+                rng_dir(wenv.mem_dir, self.run_dir.root if self.run_dir else None),
+            )
+            self._reform.t_rejoin = self._now()
+            self._send(Hello(self.rank, self._now(), in_place=True))
+        if self._reform is None:
+            return train(self)
+        return self._reform.run(train)
+
     def close(self) -> None:
         """Undo what this session did to the process: restore the signal handlers, excepthook,
         faulthandler and parent-death signal it installed, wait for checkpoint persists and close
@@ -164,6 +196,8 @@ class Session:
         self._close_ledger()
         self._guard.close()
         self._link.close()
+        if self._reform is not None:
+            self._reform.close()
 
     def __enter__(self) -> Session:
         return self
@@ -227,6 +261,9 @@ class Session:
         if self.world_size <= 1 and not self._place.has_master:
             return
         kwargs.setdefault("timeout", timedelta(seconds=self.pg_timeout_s))
+        if self._reform is not None and self._reform.generation.current > 0:
+            self._reform.init_group(backend, self.rank, self.world_size, **kwargs)
+            return
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **kwargs)
 
     # --- resume and save --------------------------------------------------------------------
@@ -287,19 +324,32 @@ class Session:
     # --- the loop ---------------------------------------------------------------------------
 
     def loop(
-        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int = 0, resume: bool = True
+        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int | str = 0, resume: bool = True
     ) -> Iterator[int]:
-        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps."""
-        start = self.resume(state) if resume else 0
+        """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
+        at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
+        start = self._start(state, resume)
+        root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
+        auto = (
+            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx)
+            if checkpoint_every == "auto"
+            else None
+        )
+        every = 0 if auto is not None else int(checkpoint_every)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         for step in range(start, total_steps):
             self._begin_step(step)
             yield step
             self._end_step(step)
-            if checkpoint_every and self._completed % checkpoint_every == 0:
+            if auto is not None and auto.due(self._completed):
+                self.save(state)
+                auto.saved(self._completed)
+            elif every and self._completed % every == 0:
                 self.save(state)
             if self._stop_requested():
                 self._stop(state)
+            if self._reform is not None:
+                self._reform.check()
         if checkpoint_every:
             why = self.make_durable(state, emergency=False)
             self._send(
@@ -309,6 +359,15 @@ class Session:
             self._ckpt.wait()
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
+
+    def _start(self, state: dict[str, Any], resume: bool) -> int:
+        """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
+        newest good checkpoint (or 0 when ``resume`` is off)."""
+        if self._reform is not None:
+            step = self._reform.start(state, resume)
+            if step is not None:
+                return step
+        return self.resume(state) if resume else 0
 
     def _stop(self, state: dict[str, Any]) -> None:
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
@@ -330,6 +389,8 @@ class Session:
         self._sections = {}
         self._step_start = t = self._now()
         self._link.beat(step, "", t)
+        if self._reform is not None:
+            self._reform.step_began(step)
         for hook in self._hooks:
             hook.step_began(step)
 

@@ -50,6 +50,10 @@ class WorkerLink:
         when there is no control block to ask through."""
         return self.control.stop_after() if self.control is not None else None
 
+    def reform(self) -> int:
+        """The process-group generation the agent asked every worker to re-form into (0: none)."""
+        return self.control.reform() if self.control is not None else 0
+
     def close(self) -> None:
         """Release the control block's mapping and the pipe's write end; later calls do nothing."""
         if self.control is not None:

@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 4 fsdp_train.py --steps 20            # or: stalwart run ... fsdp_train.py
     --mesh 2x2                                                      # HSDP: replicate x shard
+    --in-place                                                      # under Session.run
 
 Data comes from torchdata's StatefulDataLoader over Stalwart's ElasticDistributedSampler; the SDK
 checkpoints model, optimizer, LR schedule, data position and RNGs on every rank. Test hooks:
@@ -76,11 +77,19 @@ def main() -> None:
     ap.add_argument("--sigterm-at", type=int, default=-1)
     ap.add_argument("--dump-at-start", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--in-place", action="store_true", help="run under Session.run (in-place recovery)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     session = Session(checkpoint_dir=args.checkpoint_dir)
+    if args.in_place:  # a failed rank is replaced in place: train() runs again on the re-formed group
+        session.run(lambda s: train(s, args))
+    else:
+        train(session, args)
+
+
+def train(session: Session, args: argparse.Namespace) -> None:
     session.init_process_group("gloo")
     rank, world = session.rank, session.world_size
     shape = tuple(int(x) for x in args.mesh.split("x")) if args.mesh else (world,)

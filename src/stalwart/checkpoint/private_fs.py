@@ -1,0 +1,97 @@
+"""Private directories in a shared place (``/dev/shm``), opened so that a plant cannot redirect them.
+
+Another local user can create ``/dev/shm/stalwart-<uid>-<run id>`` before the run does (the run id is
+predictable): as a symbolic link to a directory of ours, or as a directory of theirs that they may
+then rearrange. Every directory here is therefore created or opened by name relative to an already
+verified directory's descriptor, with ``O_NOFOLLOW | O_DIRECTORY`` (a link is refused by the kernel,
+never followed), and checked on that descriptor: owned by this user and no permission for group or
+others (0700). Removal goes through the same descriptors (``shutil.rmtree`` with ``dir_fd``, which
+never follows a link), so nothing is removed through a path that was not verified.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _refuse(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"memory tier directory {path} {why}; it could have been planted by another user",
+        f"remove {path} (or set STALWART_SHM_DIR to a directory only you can write) and start again",
+    )
+
+
+def open_private(parent_fd: int, name: str, shown: Path, *, create: bool = True) -> int:
+    """A descriptor of directory ``name`` in ``parent_fd``, created 0700 when missing (``create``),
+    refused (:class:`CheckpointError`) when it is a link, not a directory, not ours or not 0700."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create memory tier directory {shown}: {exc.strerror}",
+                "set STALWART_SHM_DIR to a writable tmpfs directory",
+            ) from None
+    try:
+        fd = os.open(name, _FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refuse(shown, "is a symbolic link or not a directory") from None
+        raise CheckpointError(
+            f"cannot open memory tier directory {shown}: {exc.strerror}",
+            "set STALWART_SHM_DIR to a tmpfs directory you own",
+        ) from None
+    st = os.fstat(fd)
+    why = ""
+    if st.st_uid != os.geteuid():
+        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif stat.S_IMODE(st.st_mode) & 0o077:
+        why = f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
+    if why:
+        os.close(fd)
+        raise _refuse(shown, why)
+    return fd
+
+
+def open_base(path: Path) -> int:
+    """The shared base directory itself (``/dev/shm``, or ``STALWART_SHM_DIR``, created 0700 with
+    its missing parents when it does not exist): opened as given (it is the system's or the user's)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot open {path} for the memory tier: {exc.strerror}",
+            "set STALWART_SHM_DIR to a tmpfs directory",
+        ) from None
+
+
+def remove_private(parent_fd: int, name: str, shown: Path) -> None:
+    """Remove directory ``name`` of ``parent_fd`` and everything below it, after verifying it as
+    :func:`open_private` does; links inside are removed, never followed. Missing: nothing to do."""
+    try:
+        fd = open_private(parent_fd, name, shown, create=False)
+    except CheckpointError:
+        if not _exists(parent_fd, name):
+            return
+        raise
+    os.close(fd)
+    shutil.rmtree(name, dir_fd=parent_fd)
+
+
+def _exists(parent_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,244 @@
+"""In-place recovery, agent side: replace only the failed ranks and let the survivors re-form.
+
+The supervisor asks :meth:`InPlaceRecovery.consider` before it tears a failed group down. The pure
+ladder policy (policy/inplace.py) answers; on ``InPlace`` this module:
+
+1. SIGKILLs the failed ranks (a hung or stopped rank too: its closed connections are what wakes the
+   survivors that wait on it in a collective) and starts each again, warm from the fork server when
+   it is offered, as generation ``g`` of the same rank;
+2. asks every worker through the control block to re-form into generation ``g``;
+3. follows the re-formation: every rank reports :class:`~stalwart.protocol.Reformed`; a rank that
+   exits, or a re-formation not complete within its bound, falls down the ladder (the supervisor then
+   restarts the whole group as it did before, and the ledger says why).
+
+On completion it writes :class:`~stalwart.events.ReformedInPlace` with the phases: detect (fault ->
+detection), replace (-> replacements started), abort, wait, rendezvous, transfer (the slowest rank's
+worker-side figures) and the bytes moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from typing_extensions import assert_never
+
+from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
+from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
+from ..policy.restart_policy import FailureKind
+from ..protocol import PREFIX
+from .clock import Clock
+from .decision import AttemptOutcome, Decision
+from .ports import LedgerSink
+from .progress import ProgressTracker
+from .snapshot import Snapshot
+from .workers import WorkerSpec
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (``R``, ``S``, ``D``, ``T``...), "" when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return ""
+    tail = raw[raw.rfind(b")") + 2 :]  # the name in parentheses may hold spaces
+    return tail[:1].decode(errors="replace")
+
+
+@dataclass
+class Pending:
+    decision: Decision  # the failure being recovered (the attempt's outcome if the rung fails)
+    plan: InPlace
+    started: float  # when the replacements were started
+    deadline: float
+    done_before: int  # the interrupted step: the lowest step not completed by every rank
+    replace_s: float
+
+
+@dataclass
+class InPlaceRecovery:
+    """Owns the group's generation and at most one re-formation in progress."""
+
+    cfg: object
+    ledger: LedgerSink
+    group: object  # launch.workers.WorkerGroup
+    receiver: object  # protocol.pipe.Receiver
+    block: object  # protocol.control.ControlBlock (writable)
+    tracker: ProgressTracker
+    num_nodes: int
+    attempt: int
+    clock: Clock
+    generation: int = 0
+    used: int = 0  # re-formations started in this attempt
+    completed: int = 0  # and completed (failures recovered in place)
+    pending: Pending | None = None
+    specs: dict[int, WorkerSpec] = field(default_factory=dict)
+    read_state: Callable[[int], str] = field(default=lambda pid: proc_state(pid))
+
+    def hang_culprits(self, answered: set[int]) -> frozenset[int]:
+        """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
+        answered the stack request, the ones that did not. Empty: nothing tells the hung rank from
+        the ranks waiting on it."""
+        from .workers import WorkerGroup
+
+        if not isinstance(self.group, WorkerGroup):
+            return frozenset()
+        states = {r: self.read_state(p.pid) for r, p in self.group.procs.items()}
+        return hang_culprits(states, frozenset(answered))
+
+    def consider(self, d: Decision, snap: Snapshot, now: float, hung: frozenset[int] | None = None) -> bool:
+        """Decide the first rung for failure ``d``; True when an in-place re-formation has started.
+        ``hung``: for a hang, the ranks it is pinned on (:meth:`hang_culprits`)."""
+        failure = d.outcome.failure if d.outcome is not None else None
+        if failure is None or not any(p.in_place for p in self.tracker.progress.values()):
+            return False  # no rank offers in-place (a script without Session.run): the usual restart
+        settings = self.cfg.reform  # type: ignore[attr-defined]
+        case = InPlaceCase(
+            enabled=settings.enabled,
+            failure=FailureKind(failure.kind),
+            failed=hung if hung is not None else frozenset(self._failed(d, snap)),
+            ranks=frozenset(self.tracker.progress),
+            in_place_ranks=frozenset(r for r, p in self.tracker.progress.items() if p.in_place),
+            num_nodes=self.num_nodes,
+            used=self.used,
+            allowed=settings.max_per_attempt,
+            generation=self.generation,
+            reforming=self.pending is not None,
+            stopping=snap.stop_requested_at is not None,
+            forced_failure=settings.fail_attempt == self.attempt,
+        )
+        choice = decide(case)
+        match choice:
+            case NotInPlace(reason=reason):
+                self._record("in_place_skipped", reason, now)
+                return False
+            case InPlace():
+                return self._start(d, snap, choice, now)
+            case _:
+                assert_never(choice)
+
+    def _failed(self, d: Decision, snap: Snapshot) -> set[int]:
+        """The ranks to replace: every rank that exited with a failure, and the decision's own rank."""
+        out = {r for r, c in snap.codes.items() if c not in (None, 0)}
+        if d.rank is not None and d.rank >= 0:
+            out.add(d.rank)
+        return out
+
+    def _start(self, d: Decision, snap: Snapshot, plan: InPlace, now: float) -> bool:
+        from ..protocol.control import ControlBlock
+        from ..protocol.pipe import Receiver
+        from .workers import WorkerGroup
+
+        assert isinstance(self.group, WorkerGroup) and isinstance(self.receiver, Receiver)
+        assert isinstance(self.block, ControlBlock)
+        self._record("in_place", plan.reason, now)
+        bound = self.cfg.reform.timeout_s  # type: ignore[attr-defined]
+        before = [dataclasses.replace(q) for q in self.tracker.progress.values()]
+        try:
+            for rank in sorted(plan.ranks):
+                spec = self.specs[rank]
+                fd = self.receiver.new_channel()
+                env = {
+                    **spec.env,
+                    f"{PREFIX}GENERATION": str(plan.generation),
+                    f"{PREFIX}IPC": str(fd),
+                }
+                new = dataclasses.replace(spec, env=env, ipc_fd=fd)
+                try:
+                    self.group.replace(new, reap_s=bound)
+                finally:
+                    os.close(fd)
+                self.specs[rank] = new
+                self.tracker.replace(rank, now)
+        except (RuntimeError, OSError) as exc:
+            self._record("in_place_failed", f"replacing rank failed: {exc}", now)
+            return False
+        self.generation = plan.generation
+        self.used += 1
+        self.block.request_reform(plan.generation)
+        started = self.clock.now()
+        # the interrupted step: the lowest one not completed by every rank (the failed ones included)
+        interrupted = min((q.last_done + 1 for q in before), default=0)
+        self.pending = Pending(d, plan, started, started + 3 * bound, interrupted, started - now)
+        return True
+
+    def follow(self, snap: Snapshot) -> Decision | None:
+        """A tick during a re-formation: None while it goes on or once it completed; the original
+        failure's decision when the rung failed (the supervisor then restarts the whole group)."""
+        p = self.pending
+        if p is None:
+            return None
+        progress = self.tracker.progress
+        exited = sorted(r for r, c in snap.codes.items() if c is not None)
+        if exited:
+            return self._fail(
+                f"rank {', '.join(map(str, exited))} exited during the in-place re-formation", snap
+            )
+        joined = {
+            r: q.reformed
+            for r, q in progress.items()
+            if q.reformed and q.reformed.generation == p.plan.generation
+        }
+        if len(joined) == len(progress):
+            self._complete(p, joined, snap.now)
+            return None
+        if snap.now >= p.deadline:
+            missing = sorted(set(progress) - set(joined))
+            return self._fail(
+                f"ranks {', '.join(map(str, missing))} did not join generation {p.plan.generation} "
+                f"within {p.deadline - p.started:.0f}s",
+                snap,
+            )
+        return None
+
+    def _complete(self, p: Pending, joined: dict, now: float) -> None:
+        self.pending = None
+        self.completed += 1
+        msgs = list(joined.values())
+        step = max(m.step for m in msgs)
+        phases = {
+            "detect": max(0.0, p.decision.outcome.detected_at - p.decision.onset)
+            if p.decision.outcome and p.decision.onset
+            else 0.0
+        }
+        phases["replace"] = p.replace_s
+        for name in ("abort", "wait", "rendezvous", "transfer"):
+            vals = [m.phases.get(name, 0.0) for m in msgs if name in m.phases]
+            phases[name] = max(vals) if vals else 0.0
+        moved = sum(m.received for m in msgs)
+        ctx = self.ledger.ctx()
+        self.ledger.emit(
+            ReformedInPlace(
+                ts=now,
+                generation=p.plan.generation,
+                ranks=tuple(sorted(p.plan.ranks)),
+                step=step,
+                lost_steps=max(0, p.done_before - step),
+                bytes_moved=moved,
+                state_bytes=max((m.received for m in msgs), default=0),
+                phases=phases,
+                **ctx,
+            )
+        )
+
+    def _fail(self, reason: str, snap: Snapshot) -> Decision:
+        p = self.pending
+        assert p is not None
+        self.pending = None
+        self._record("in_place_failed", reason, snap.now)
+        return p.decision
+
+    def fall_back(self, d: Decision) -> AttemptOutcome:
+        """The re-formation failed (its reason is in the ledger): stop the group; the attempt ends with
+        the original failure, and the job policy restarts the whole group as without the in-place rung."""
+        assert d.outcome is not None
+        self.group.stop(0.0)  # type: ignore[attr-defined]
+        reason = "in-place recovery failed: the whole group restarts"
+        self.ledger.emit(WorkersStopped(ts=self.clock.now(), reason=reason, **self.ledger.ctx()), show=False)
+        return d.outcome
+
+    def _record(self, action: str, reason: str, now: float) -> None:
+        self.ledger.emit(DecisionTaken(ts=now, action=action, reason=reason, **self.ledger.ctx()))

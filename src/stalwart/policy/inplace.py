@@ -1,0 +1,114 @@
+"""The recovery ladder's first rung: may a failure be recovered in place?
+
+In place means: the failed ranks are replaced (warm, from the fork server), the survivors keep their
+processes, leave the broken process group, join a new generation with the replacements and hand
+them the live state of the last completed step (docs/fast-recovery.md). When the answer is no, the
+failure goes down the ladder: a whole-group restart (warm from the fork server, cold when that
+fails), decided by the job policy (policy/job.py) as before.
+
+:func:`decide` is pure: the supervisor gathers an :class:`InPlaceCase`, applies the decision and
+records its reason in the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .label import Label
+from .restart_policy import FailureKind
+
+
+class Rung(Label):
+    """The rungs of the recovery ladder, as the ledger and the report name them."""
+
+    IN_PLACE = "in-place"
+    WARM = "warm"
+    COLD = "cold"
+
+
+# failures a re-formed group can recover from: a lost or stuck rank, not the script's own error
+RECOVERABLE = frozenset({FailureKind.CRASH, FailureKind.HANG, FailureKind.PEER_LOST})
+
+
+@dataclass(frozen=True)
+class InPlaceCase:
+    enabled: bool  # --in-place
+    failure: FailureKind
+    failed: frozenset[int]  # the ranks to replace
+    ranks: frozenset[int]  # every rank of the group
+    in_place_ranks: frozenset[int]  # ranks whose script runs under Session.run
+    num_nodes: int
+    used: int  # in-place recoveries already done in this attempt
+    allowed: int  # --in-place-max
+    generation: int  # the process group's current generation
+    reforming: bool = False  # a re-formation is still in progress (a second failure during it)
+    stopping: bool = False  # a stop was requested (preemption): save, do not re-form
+    forced_failure: bool = False  # chaos: this attempt's in-place rung must fail
+
+
+@dataclass(frozen=True)
+class InPlace:
+    ranks: frozenset[int]
+    generation: int  # the generation the group re-forms into
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotInPlace:
+    reason: str
+
+
+InPlaceDecision = InPlace | NotInPlace
+
+
+def decide(case: InPlaceCase) -> InPlaceDecision:
+    """Re-form in place, or say why the failure goes down the ladder (first reason that applies)."""
+    failed = ", ".join(str(r) for r in sorted(case.failed))
+    if not case.enabled:
+        return NotInPlace("in-place recovery is off (--no-in-place)")
+    if case.stopping:
+        return NotInPlace("a stop was requested: the workers save and stop instead")
+    if case.reforming:
+        return NotInPlace(f"rank {failed} failed during an in-place re-formation")
+    if case.failure not in RECOVERABLE:
+        return NotInPlace(f"a {case.failure} is the script's own failure: replacing the rank would repeat it")
+    missing = sorted(case.ranks - case.in_place_ranks)
+    if missing:
+        shown = ", ".join(str(r) for r in missing[:8])
+        return NotInPlace(
+            f"rank {shown} does not run under Session.run, so its process group cannot be re-formed in place"
+        )
+    if case.num_nodes != 1:
+        return NotInPlace("in-place re-formation across nodes is not coordinated yet: the group restarts")
+    if not case.failed:
+        return NotInPlace(
+            "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
+        )
+    if case.failed == case.ranks:
+        return NotInPlace("no rank survived to keep the live state")
+    if case.used >= case.allowed:
+        return NotInPlace(
+            f"{case.used} in-place recoveries in this attempt reached --in-place-max {case.allowed}"
+        )
+    if case.forced_failure:
+        return NotInPlace("in-place recovery forced to fail (chaos)")
+    survivors = len(case.ranks) - len(case.failed)
+    return InPlace(
+        case.failed,
+        case.generation + 1,
+        f"rank {failed} ({case.failure}) replaced in place; {survivors} surviving ranks keep their "
+        f"processes and hand over the live state (generation {case.generation + 1})",
+    )
+
+
+def hang_culprits(states: dict[int, str], answered: frozenset[int]) -> frozenset[int]:
+    """The ranks a hang is pinned on, from evidence that does not depend on which rank the hang
+    monitor saw fall silent first (in a hung group every rank falls silent): the ranks the kernel
+    shows stopped (``T``/``t``); else, when a majority of ranks answered the request for their
+    stacks, the ranks that did not. Empty when neither tells the hung rank from its peers."""
+    stopped = frozenset(r for r, st in states.items() if st in ("T", "t"))
+    if stopped:
+        return stopped
+    if answered and 2 * len(answered & states.keys()) > len(states):
+        return frozenset(states.keys() - answered)
+    return frozenset()

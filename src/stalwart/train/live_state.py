@@ -1,0 +1,260 @@
+"""Live state for a re-formed process group: which step the group resumes at, which rank gives it,
+and the transfer to the ranks that lack it, verified by a digest.
+
+After an in-place re-formation every rank has rebuilt its objects (its training function ran again),
+but the survivors still hold the state of their last completed step in the objects of the previous
+generation. :func:`adopt` is collective over the new group:
+
+1. every rank contributes the step its live state is at (-1: none, a replacement);
+2. the group resumes at the lowest such step (the interrupted step is redone, exactly: see below);
+   each rank that lacks it receives from the lowest rank holding it with the same shards (any rank of
+   a DDP group; the rank at the same shard position of another HSDP replica group); when some rank's
+   shards are held by no live replica (plain FSDP), every rank resumes from a checkpoint instead;
+3. a holder copies its own previous objects into the new ones (no bytes move);
+4. the source sends every other rank the tensors (one flat buffer per dtype, point to point, so the
+   bytes moved are the state size times the ranks that lack it, not times the world) and the plain
+   extras (``torch.save`` bytes read back with ``weights_only=True``: nothing is unpickled), preceded
+   by a header with the keys, shapes, dtypes and a SHA-256 digest of the tensor bytes; the receiver
+   checks the layout against its own state and the digest over what it received before applying it.
+
+RNG streams are per rank: every rank (holder or replacement) restores the record its rank left on the
+node at the start of the resumed step (train/live_rng.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import state
+
+
+class LiveStateError(RuntimeError):
+    """The live state cannot be used (a layout or digest mismatch): fall back to the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A rank's live state from the previous generation: its objects, the steps they completed and the
+    state dicts of its other objects (data loader, sampler, scheduler...) as they were at the start of
+    the step it was in (``boundary``): a loader has already fetched the interrupted step's batch, so its
+    state at the failure would skip that batch when the step is redone."""
+
+    objects: dict[str, Any]
+    step: int
+    boundary: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Adopted:
+    step: int  # the group resumes after this many steps
+    source: int  # the rank that sent the state
+    received: int  # bytes this rank received
+    rng_note: str  # "" when this rank's RNG stream is exact, else why not
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of a DTensor (FSDP2, HSDP, TP), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
+    """Which part of the state this rank holds: equal on two ranks exactly when they hold the same
+    shards (every rank of a DDP group; the ranks at the same shard position of different HSDP replica
+    groups). From the local shapes and, for DTensors, the rank's coordinates on the sharded mesh dims."""
+    from torch.distributed.tensor import DTensor
+
+    parts: list[Any] = []
+    for k in sorted(tensors):
+        t = tensors[k]
+        coord: tuple[int, ...] = ()
+        if isinstance(t, DTensor):
+            at: list[int] = list(t.device_mesh.get_coordinate() or [])
+            coord = tuple(c for c, p in zip(at, t.placements, strict=False) if p.is_shard())
+        parts.append((k, tuple(_local(t).shape), coord))
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little", signed=True)
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> list[list[Any]]:
+    return [
+        [k, list(_local(t).shape), str(t.dtype).removeprefix("torch.")] for k, t in sorted(tensors.items())
+    ]
+
+
+def _flat(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One contiguous buffer per dtype (this rank's local shards), keys in sorted order."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for k in sorted(tensors):
+        t = _local(tensors[k])
+        groups.setdefault(str(t.dtype), []).append(t.detach().reshape(-1).cpu())
+    return {d: torch.cat(ts) if ts else torch.empty(0) for d, ts in sorted(groups.items())}
+
+
+def _digest(buffers: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for d, buf in sorted(buffers.items()):
+        h.update(d.encode())
+        h.update(buf.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _send_bytes(data: bytes, dst: int) -> None:
+    import torch.distributed as dist
+
+    dist.send(torch.tensor([len(data)], dtype=torch.int64), dst)
+    if data:
+        dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst)
+
+
+def _recv_bytes(src: int, limit: int) -> bytes:
+    import torch.distributed as dist
+
+    n = torch.zeros(1, dtype=torch.int64)
+    dist.recv(n, src)
+    size = int(n.item())
+    if not 0 <= size <= limit:
+        raise LiveStateError(f"rank {src} announced {size} bytes of state header, over the {limit} limit")
+    buf = torch.empty(size, dtype=torch.uint8)
+    if size:
+        dist.recv(buf, src)
+    return buf.numpy().tobytes()
+
+
+def _gather(step: int, key: int) -> list[tuple[int, int]]:
+    """Every rank's (live step, shard key)."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([step, key], dtype=torch.int64)
+    out = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [(int(t[0].item()), int(t[1].item())) for t in out]
+
+
+def plan_sources(ranks: list[tuple[int, int]]) -> tuple[int, dict[int, int]] | None:
+    """Pure: the step the group resumes at and, for each rank that lacks it, the rank it receives from
+    (the lowest rank holding that step with the same shards). None when no rank holds live state or
+    some rank's shards are held by no live replica (plain FSDP across the lost rank): then every rank
+    resumes from a checkpoint."""
+    held = [s for s, _ in ranks if s >= 0]
+    if not held:
+        return None
+    target = min(held)
+    sources: dict[int, int] = {}
+    for r, (s, key) in enumerate(ranks):
+        if s == target:
+            continue
+        src = next((h for h, (hs, hk) in enumerate(ranks) if hs == target and hk == key), None)
+        if src is None:
+            return None
+        sources[r] = src
+    return target, sources
+
+
+def _send(cap: state.Captured, dst: int) -> int:
+    import torch.distributed as dist
+
+    buffers = _flat(cap.sharded)
+    blob = io.BytesIO()
+    torch.save({k: v for k, v in cap.extras.items() if k != "rng"}, blob)
+    head = {
+        "layout": _layout(cap.sharded),
+        "dtypes": sorted(buffers),
+        "numel": {d: b.numel() for d, b in buffers.items()},
+        "digest": _digest(buffers),
+        "extras": len(blob.getvalue()),
+    }
+    _send_bytes(json.dumps(head).encode(), dst)
+    sent = 0
+    for d in sorted(buffers):
+        if buffers[d].numel():
+            dist.send(buffers[d], dst)
+            sent += buffers[d].numel() * buffers[d].element_size()
+    _send_bytes(blob.getvalue(), dst)
+    return sent + len(blob.getvalue())
+
+
+def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
+    import torch.distributed as dist
+
+    head = json.loads(_recv_bytes(src, 1 << 24))
+    mine = {k: _local(t) for k, t in targets.tensors.items()}
+    if head["layout"] != _layout(mine):
+        raise LiveStateError(
+            f"rank {src}'s state does not match this rank's model and optimizer "
+            "(different keys, shapes or dtypes): the training function built different objects"
+        )
+    expect = _flat(mine)
+    buffers: dict[str, torch.Tensor] = {}
+    got = 0
+    for d in head["dtypes"]:
+        buf = torch.empty_like(expect[d])
+        if buf.numel() != head["numel"][d]:
+            raise LiveStateError(f"rank {src} sent {head['numel'][d]} values of {d}, expected {buf.numel()}")
+        if buf.numel():
+            dist.recv(buf, src)
+        buffers[d] = buf
+        got += buf.numel() * buf.element_size()
+    if _digest(buffers) != head["digest"]:
+        raise LiveStateError(f"the state received from rank {src} fails its SHA-256 digest")
+    blob = _recv_bytes(src, extras_limit)
+    got += len(blob)
+    extras = torch.load(io.BytesIO(blob), weights_only=True)
+    offsets: dict[str, int] = {}
+    for k in sorted(mine):
+        t = mine[k]
+        d = str(t.dtype)
+        at = offsets.get(d, 0)
+        with torch.no_grad():
+            t.copy_(buffers[d][at : at + t.numel()].view_as(t))
+        offsets[d] = at + t.numel()
+    return extras, got
+
+
+def adopt(
+    new: dict[str, Any],
+    held: Held | None,
+    *,
+    restore_rng: Callable[[int], str],
+    extras_limit: int = 1 << 30,
+) -> Adopted | None:
+    """Collective over the re-formed group: put the group's newest live state into ``new``. None when
+    no rank holds live state (every rank then resumes from a checkpoint, as after a cold start).
+    ``restore_rng(step)`` restores this rank's RNG streams as of the start of ``step`` ("" when it
+    could, else why not)."""
+    import torch.distributed as dist
+
+    targets = state.load_targets(new)
+    plan = plan_sources(_gather(held.step if held is not None else -1, _shard_key(targets.tensors)))
+    if plan is None:
+        state.forget_init(targets.fresh)
+        return None
+    # the lowest step a survivor holds: a survivor that did not finish the interrupted step still has
+    # the state before it (its update never ran), and every rank recorded its RNG at that step's start,
+    # so redoing the interrupted step is exact; a survivor ahead by that step takes the state too
+    target, sources = plan
+    me = dist.get_rank()
+    received = 0
+    if me not in sources:
+        assert held is not None
+        cap = state.capture(held.objects)
+        if held.boundary is not None:
+            cap = state.Captured(cap.sharded, {**cap.extras, "objects": held.boundary})
+        with torch.no_grad():
+            for k, t in targets.tensors.items():
+                _local(t).copy_(_local(cap.sharded[k]))
+        state.apply(new, targets, cap.extras, own_rng=False)
+        for r in sorted(r for r, src in sources.items() if src == me):
+            _send(cap, r)
+    else:
+        extras, received = _receive(targets, sources[me], extras_limit)
+        state.apply(new, targets, extras, own_rng=False)
+    note = restore_rng(target)
+    return Adopted(target, sources.get(me, me), received, note)

@@ -1,0 +1,197 @@
+"""The session's in-place recovery: runs the script's training function, re-forms the process group
+in place when a peer fails, and hands the next generation the live state (train/inplace.py says how
+a survivor leaves a broken group; train/live_state.py how the state moves; train/live_rng.py where a
+rank's RNG streams are kept).
+
+Every phase is timed on the worker and reported to the agent with :class:`~stalwart.protocol.Reformed`:
+``abort`` (failure caught -> old group torn down), ``wait`` (-> the agent's request), ``rendezvous``
+(the training function's set-up up to the new group, including waiting for the replacements), and
+``transfer`` (agreeing on the step and moving the state).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..events import TrainingResumed
+from ..protocol import Note, PhaseChanged, Reformed, Reforming
+from .inplace import Generation, Reform, abandon_group, is_comm_failure
+from .live_rng import LiveRng, path_for, restore_at
+from .live_state import Adopted, Held, LiveStateError, adopt
+
+if TYPE_CHECKING:
+    from .session import Session
+
+T = TypeVar("T")
+PHASE = "in-place"  # the phase name the agent sees while a rank re-forms (its hang budget applies)
+
+
+@dataclass
+class Reformer:
+    session: Session
+    generation: Generation
+    timeout_s: float  # bound on each wait: the agent's request, the new group, the transfer
+    rng_dir: Path
+    held: Held | None = None
+    state: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    t_rejoin: float = 0.0  # when this rank started joining the current generation
+    boundary: tuple[int, dict[str, Any] | None] = (-1, None)  # (step, other objects' state at its start)
+    _rng: LiveRng | None = None
+    _store: Any = None  # the client of the agent's store for generations > 0
+
+    @property
+    def rank_rng(self) -> LiveRng:
+        if self._rng is None:
+            s = self.session
+            self._rng = LiveRng(path_for(self.rng_dir, s.node, s.rank))
+        return self._rng
+
+    # --- the training function ------------------------------------------------------------------
+
+    def run(self, fn: Callable[[Session], T]) -> T:
+        s = self.session
+        while True:
+            try:
+                return fn(s)
+            except BaseException as exc:  # noqa: BLE001 - filtered just below; everything else re-raised
+                if not is_comm_failure(exc) or not s.under_agent:
+                    raise
+                if not self._reform(exc):
+                    raise
+
+    def _reform(self, exc: BaseException) -> bool:
+        """Leave the broken group and wait for the agent's request; False: re-form is not coming."""
+        s, now = self.session, self.session.clock.now
+        t0 = now()
+        s._send(PhaseChanged(s.rank, PHASE, self.timeout_s * 3, t0))
+        port = int(s.env.get("MASTER_PORT", "0") or 0)
+        abandon_group(port)
+        s._ckpt.abandon(self.timeout_s)  # its engine's group was the old generation's
+        t1 = now()
+        s._send(Reforming(s.rank, self.generation.current + 1, t1 - t0, t1))
+        want = exc.generation if isinstance(exc, Reform) else self.generation.wait(self.timeout_s)
+        if not want:
+            s._send(PhaseChanged(s.rank, "", 0.0, now()))
+            return False
+        if self.state is not None:
+            step, objs = self.boundary
+            self.held = Held(self.state, s.completed, objs if step == s.completed else None)
+        self.state = None
+        self.generation.current = want
+        self.phases = {"abort": t1 - t0, "wait": now() - t1}
+        self.t_rejoin = now()
+        return True
+
+    # --- the process group and the state --------------------------------------------------------
+
+    def init_group(self, backend: str, rank: int, world_size: int, **kwargs: Any) -> None:
+        """Join this generation's process group through a fresh prefix of the agent's store."""
+        import torch.distributed as dist
+
+        env = self.session.env
+        timeout = timedelta(seconds=self.timeout_s)
+        if self._store is None:
+            self._store = dist.TCPStore(
+                env.get("MASTER_ADDR", "127.0.0.1"),
+                int(env.get("MASTER_PORT", "0")),
+                None,
+                False,
+                timeout=timeout,
+            )
+        kwargs["timeout"] = kwargs.get("timeout", timeout)
+        prefixed = dist.PrefixStore(self.generation.store_prefix(), self._store)
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, **kwargs)
+
+    def take_live_state(self, state: dict[str, Any]) -> Adopted | None:
+        """In a re-formed group: the newest live state into ``state`` (collective), or None when there
+        is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
+        that the agent takes the next rung (a whole-group restart from a checkpoint)."""
+        self.state = state
+        if self.generation.current == 0:
+            return None
+        now = self.session.clock.now
+        t0 = now()
+        rejoin = self.t_rejoin or t0
+        try:
+            got = adopt(state, self.held, restore_rng=lambda step: restore_at(self.rank_rng.path, step))
+        except LiveStateError as exc:
+            raise RuntimeError(f"in-place recovery: {exc}") from None
+        self.held = None
+        self.phases.update({"rendezvous": t0 - rejoin, "transfer": now() - t0})
+        return got
+
+    def start(self, state: dict[str, Any], resume: bool) -> int | None:
+        """The step a re-formed group's loop starts at (the live state, else a checkpoint); None in
+        generation 0 (the session resumes as usual)."""
+        s = self.session
+        got = self.take_live_state(state)
+        if got is None:
+            if self.generation.current == 0:
+                return None
+            step = s.resume(state) if resume else 0  # no live replica of every shard: a checkpoint
+            self.joined(step, 0)
+            return step
+        self.joined(got.step, got.received)
+        s._completed = got.step
+        if got.rng_note:
+            s._send(Note(s.rank, f"rank {s.rank}: {got.rng_note}; its random streams differ", s.clock.now()))
+        if s.rank == 0:
+            s.emit(
+                TrainingResumed(
+                    ts=s.clock.now(), step=got.step, from_checkpoint=f"live:rank{got.source}", **s._ctx()
+                )
+            )
+        return got.step
+
+    def joined(self, step: int, received: int) -> None:
+        """This rank is in the re-formed group with the state after ``step`` steps (from a replica, or
+        from a checkpoint when no live replica held every rank's shards): tell the agent."""
+        s, now = self.session, self.session.clock.now
+        if self.generation.current == 0:
+            return
+        s._send(PhaseChanged(s.rank, "", 0.0, now()))
+        s._send(Reformed(s.rank, self.generation.current, step, received, dict(self.phases), now()))
+
+    def step_began(self, step: int) -> None:
+        """At every step start: the RNG record (for a replacement of this rank) and the state dicts of
+        the objects a step changes before its end (a loader's position), for a redo of this step."""
+        self.rank_rng.write(step)
+        if self.state is not None:
+            self.boundary = (step, boundary_objects(self.state))
+
+    def check(self) -> None:
+        """Between two steps: raise :class:`Reform` when the agent asked for a new generation."""
+        want = self.generation.requested()
+        if want:
+            raise Reform(want)
+
+    def close(self) -> None:
+        if self._rng is not None:
+            self._rng.close()
+
+
+def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the state dicts of the objects that are neither models nor optimizers (the part of a
+    checkpoint's extras called ``objects``), as :func:`stalwart.train.state.capture` takes them."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, obj in state.items():
+        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+            continue
+        out[key] = copy.deepcopy(obj.state_dict() if hasattr(obj, "state_dict") else obj)
+    return out
+
+
+def rng_dir(mem_dir: str, run_dir: Path | None) -> Path:
+    """Where a rank's RNG records go: the node's memory directory, else the run's control directory."""
+    if mem_dir:
+        return Path(mem_dir)
+    return (run_dir / "control") if run_dir is not None else Path(os.getcwd())

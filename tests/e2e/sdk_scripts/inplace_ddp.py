@@ -1,0 +1,51 @@
+"""A DDP job with dropout under ``Session.run`` (in-place recovery). Each call of ``train`` appends this
+process's pid to ``<out>/pids-rank<R>.txt``; rank 0 saves the final weights to ``<out>/final.pt``. With ``stop_rank stop_step``, that rank SIGSTOPs
+itself once at the start of that step's work (a hang at a known point).
+argv: steps out_dir [stop_rank stop_step]."""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+from stalwart.train import Session
+from stalwart.train.determinism import rank_ordered_allreduce_hook
+
+STEPS = int(sys.argv[1])
+OUT = sys.argv[2]
+STOP = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
+
+
+def train(session: Session) -> None:
+    session.init_process_group("gloo")
+    rank = session.rank
+    with open(os.path.join(OUT, f"pids-rank{rank}.txt"), "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.1), nn.Linear(64, 4))
+    torch.manual_seed(100 + rank)  # a per-rank dropout stream: exact only if each rank's RNG is kept
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(None, rank_ordered_allreduce_hook)  # a reduction order that survives re-forming
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"model": model, "optimizer": opt}
+    for step in session.loop(STEPS, state, checkpoint_every=10):
+        marker = os.path.join(OUT, "stopped")
+        if STOP == (rank, step) and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        g = torch.Generator().manual_seed(step * 97 + rank)
+        x = torch.randn(8, 16, generator=g)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        time.sleep(0.05)
+    if rank == 0:
+        torch.save(model.state_dict(), os.path.join(OUT, "final.pt"))
+    session.finish()
+
+
+Session().run(train)

@@ -1,0 +1,172 @@
+"""In-place recovery on real processes (4-rank DDP on gloo, a script under ``Session.run``):
+
+* a rank SIGKILLed mid-run: the other three keep their pids, the run ends bit-identical to an
+  uninterrupted one, the ledger records the in-place path with no step redone beyond the interrupted one;
+* a rank SIGSTOPped (a hang): the same, after the hang is detected;
+* the in-place rung forced to fail: the whole group restarts, and with its warm start forced to fail
+  too, cold; each rung and why it was left is in the ledger and the run still ends bit-identical.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stalwart.account.recovery import recoveries
+from stalwart.events import DecisionTaken, FailureDetected, JobEnded, ReformedInPlace, StepCompleted
+
+from .runner import events, same_params, stalwart
+
+pytestmark = pytest.mark.e2e
+SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
+STEPS = 40
+RANKS = 4
+
+
+def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
+    args = ["run", "-q", "--nproc-per-node", str(RANKS), "--run-dir", str(tmp / "run"), *extra]
+    res = stalwart(*args, SCRIPT, str(STEPS), str(tmp), timeout=420)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    return res
+
+
+def _pids(tmp: Path) -> dict[int, list[int]]:
+    out = {}
+    for r in range(RANKS):
+        path = tmp / f"pids-rank{r}.txt"
+        out[r] = [int(x) for x in path.read_text().split()] if path.exists() else []
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("inplace-baseline")
+    _run(tmp)
+    return tmp / "final.pt"
+
+
+def _check_in_place(tmp: Path, baseline: Path, replaced: int) -> None:
+    run = tmp / "run"
+    assert same_params(tmp / "final.pt", baseline), "in-place recovery changed the result"
+    pids = _pids(tmp)
+    for r in range(RANKS):
+        if r == replaced:
+            assert len(pids[r]) == 2 and pids[r][0] != pids[r][1], pids
+        else:  # a survivor ran train() twice in the same process
+            assert len(pids[r]) == 2 and pids[r][0] == pids[r][1], pids
+    [done] = events(run, ReformedInPlace)
+    assert done.ranks == (replaced,) and done.lost_steps == 0 and done.bytes_moved > 0
+    assert set(done.phases) >= {"detect", "abort", "rendezvous", "transfer"}
+    [rec] = recoveries(events(run))
+    assert rec.path == "in-place" and rec.total_s is not None
+    assert {e.attempt for e in events(run, StepCompleted)} == {0}  # no whole-group restart
+    [end] = events(run, JobEnded)
+    assert end.exit_code == 0
+
+
+def test_a_killed_rank_is_replaced_in_place_and_the_run_ends_bit_identical(tmp_path, baseline):
+    _run(tmp_path, "--chaos", "crash@rank=2,step=17")
+    _check_in_place(tmp_path, baseline, replaced=2)
+
+
+def test_a_stopped_rank_is_detected_as_hung_and_replaced_in_place(tmp_path, baseline):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = [
+        "run",
+        "-q",
+        "--nproc-per-node",
+        str(RANKS),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--hang-floor",
+        "4",
+    ]
+    res = stalwart(*args, SCRIPT, str(STEPS), str(tmp_path), "1", "17", timeout=420)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    assert (tmp_path / "stopped").exists()  # rank 1 did stop itself
+    [hang] = [e for e in events(tmp_path / "run", FailureDetected) if e.failure == "hang"]
+    assert hang.rank == 1
+    _check_in_place(tmp_path, baseline, replaced=1)
+
+
+def test_a_failed_in_place_rung_falls_to_warm_then_cold_each_recorded(tmp_path, baseline):
+    conf = tmp_path / "stalwart.toml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    conf.write_text("in_place_fail_attempt = 0\nwarm_fail_attempt = 1\n")
+    _run(tmp_path, "--config", str(conf), "--chaos", "crash@rank=2,step=17")
+    run = tmp_path / "run"
+    assert same_params(tmp_path / "final.pt", baseline)
+    assert not events(run, ReformedInPlace)
+    actions = [(e.attempt, e.action, e.reason) for e in events(run, DecisionTaken)]
+    skipped = [a for a in actions if a[1] == "in_place_skipped"]
+    assert skipped and "forced to fail" in skipped[0][2], actions
+    assert any(a[:2] == (0, "restart") for a in actions), actions
+    cold = [a for a in actions if a[:2] == (1, "start_cold")]
+    assert cold and "forced by chaos" in cold[0][2], actions
+    [rec] = recoveries(events(run))
+    assert rec.path == "cold" and "in-place not taken" in rec.why
+
+
+FSDP = str(Path(__file__).parent / "scripts" / "fsdp_train.py")
+
+
+@pytest.mark.timeout(900)
+def test_hsdp_replica_hands_a_replaced_rank_its_shards(tmp_path):
+    """FSDP2 + HSDP (2 replica groups x 2 shards): rank 3's shards come from rank 1, which holds the
+    same shards in the other replica group; the run ends bit-identical (model and optimizer)."""
+    import torch
+
+    pytest.importorskip("torchdata")
+    from .test_sharded_run import _same
+
+    common = ["run", "-q", "--nproc-per-node", "4"]
+    train = [FSDP, "--steps", "16", "--checkpoint-every", "4", "--mesh", "2x2", "--in-place"]
+    ref = stalwart(*common, "--run-dir", str(tmp_path / "ref"), *train, "--out", str(tmp_path / "ref.pt"))
+    assert ref.code == 0, ref.err + ref.out
+    run_dir = tmp_path / "hsdp"
+    res = stalwart(
+        *common, "--run-dir", str(run_dir), "--chaos", "crash@rank=3,step=9", *train, "--out",
+        str(tmp_path / "hsdp.pt"),
+    )  # fmt: skip
+    assert res.code == 0, res.err + res.out
+    [done] = events(run_dir, ReformedInPlace)
+    assert done.ranks == (3,) and done.lost_steps == 0 and done.bytes_moved > 0
+    _same(
+        torch.load(tmp_path / "ref.pt", weights_only=True),
+        torch.load(tmp_path / "hsdp.pt", weights_only=True),
+    )
+
+
+@pytest.mark.timeout(900)
+def test_plain_fsdp_without_a_replica_of_the_lost_shards_resumes_from_a_checkpoint_in_place(tmp_path):
+    """Plain FSDP over 4 ranks: no survivor holds rank 3's shards, so the re-formed group (the same
+    processes for ranks 0-2) resumes from the newest checkpoint instead, still bit-identical."""
+    import torch
+
+    pytest.importorskip("torchdata")
+    from stalwart.events import TrainingResumed
+
+    from .test_sharded_run import _same
+
+    common = ["run", "-q", "--nproc-per-node", "4"]
+    train = [FSDP, "--steps", "12", "--checkpoint-every", "4", "--in-place"]
+    ref = stalwart(*common, "--run-dir", str(tmp_path / "ref"), *train, "--out", str(tmp_path / "ref.pt"))
+    assert ref.code == 0, ref.err + ref.out
+    run_dir = tmp_path / "fsdp"
+    res = stalwart(
+        *common, "--run-dir", str(run_dir), "--chaos", "crash@rank=3,step=9", *train, "--out",
+        str(tmp_path / "fsdp.pt"),
+    )  # fmt: skip
+    assert res.code == 0, res.err + res.out
+    [done] = events(run_dir, ReformedInPlace)
+    assert done.bytes_moved == 0 and done.step in (4, 8)
+    resumed = [e for e in events(run_dir, TrainingResumed) if e.ts > done.ts - 60 and e.step == done.step]
+    assert resumed and not resumed[0].from_checkpoint.startswith("live:")
+    assert {e.attempt for e in events(run_dir, StepCompleted)} == {0}
+    _same(
+        torch.load(tmp_path / "ref.pt", weights_only=True),
+        torch.load(tmp_path / "fsdp.pt", weights_only=True),
+    )

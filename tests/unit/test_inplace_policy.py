@@ -1,0 +1,89 @@
+"""The recovery ladder's first rung (policy/inplace.py): in place, or why not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stalwart.policy.inplace import InPlace, InPlaceCase, NotInPlace, decide
+from stalwart.policy.restart_policy import FailureKind
+
+RANKS = frozenset({0, 1, 2, 3})
+BASE = InPlaceCase(
+    enabled=True,
+    failure=FailureKind.CRASH,
+    failed=frozenset({2}),
+    ranks=RANKS,
+    in_place_ranks=RANKS,
+    num_nodes=1,
+    used=0,
+    allowed=3,
+    generation=4,
+)
+
+
+def test_a_crashed_rank_of_a_ready_group_is_replaced_in_place_into_the_next_generation():
+    got = decide(BASE)
+    assert isinstance(got, InPlace)
+    assert got.ranks == frozenset({2}) and got.generation == 5
+    assert "rank 2" in got.reason and "3 surviving ranks" in got.reason
+
+
+@pytest.mark.parametrize("kind", [FailureKind.CRASH, FailureKind.HANG, FailureKind.PEER_LOST])
+def test_lost_or_stuck_ranks_are_recoverable(kind):
+    assert isinstance(decide(dataclasses.replace(BASE, failure=kind)), InPlace)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"enabled": False}, "--no-in-place"),
+        ({"stopping": True}, "stop was requested"),
+        ({"reforming": True}, "during an in-place re-formation"),
+        ({"failure": FailureKind.EXCEPTION}, "script's own failure"),
+        ({"in_place_ranks": frozenset({0, 1, 2})}, "rank 3 does not run under Session.run"),
+        ({"num_nodes": 2}, "across nodes"),
+        ({"failed": RANKS}, "no rank survived"),
+        ({"used": 3}, "--in-place-max 3"),
+        ({"forced_failure": True}, "forced to fail"),
+    ],
+)
+def test_each_reason_to_leave_the_rung_is_named(change, why):
+    got = decide(dataclasses.replace(BASE, **change))
+    assert isinstance(got, NotInPlace)
+    assert why in got.reason
+
+
+def test_the_first_reason_that_applies_wins():
+    got = decide(dataclasses.replace(BASE, enabled=False, failure=FailureKind.EXCEPTION))
+    assert isinstance(got, NotInPlace) and "--no-in-place" in got.reason
+
+
+def test_a_hang_is_pinned_on_the_stopped_rank_not_on_the_first_silent_one():
+    from stalwart.policy.inplace import hang_culprits
+
+    states = {0: "S", 1: "T", 2: "S", 3: "S"}
+    assert hang_culprits(states, frozenset({0, 2, 3})) == {1}
+    assert hang_culprits(states, frozenset()) == {1}  # stopped is evidence on its own
+    running = {0: "S", 1: "S", 2: "R", 3: "S"}
+    assert hang_culprits(running, frozenset({0, 2, 3})) == {1}  # the one that could not dump its stack
+    assert hang_culprits(running, frozenset({0})) == frozenset()  # too few answered: no evidence
+    assert hang_culprits(running, frozenset({0, 1, 2, 3})) == frozenset()  # all answered: all wait alike
+
+
+def test_a_hang_without_a_culprit_goes_down_the_ladder():
+    got = decide(dataclasses.replace(BASE, failure=FailureKind.HANG, failed=frozenset()))
+    assert isinstance(got, NotInPlace) and "cannot be told" in got.reason
+
+
+def test_each_rank_lacking_the_state_receives_it_from_a_holder_of_the_same_shards():
+    from stalwart.train.live_state import plan_sources
+
+    # DDP: one shard key; rank 2 was replaced, rank 0 finished the interrupted step, ranks 1 and 3 did not
+    assert plan_sources([(18, 7), (17, 7), (-1, 7), (17, 7)]) == (17, {0: 1, 2: 1})
+    # HSDP, 2 replica groups of 2 shards (keys 10, 11): rank 3 gets shard 11 from rank 1, not rank 0
+    assert plan_sources([(5, 10), (5, 11), (5, 10), (-1, 11)]) == (5, {3: 1})
+    # plain FSDP: the replaced rank's shard lives nowhere else, so every rank falls back to a checkpoint
+    assert plan_sources([(5, 10), (5, 11), (-1, 12), (5, 13)]) is None
+    assert plan_sources([(-1, 1), (-1, 1)]) is None  # no live state at all
