@@ -169,6 +169,7 @@ def test_sigstop_of_a_worker_without_sdk_is_a_hang_of_that_rank(tmp_path: Path):
         "3",
         "--max-restarts",
         "0",
+        "--no-instrument",  # no step hooks: the process-state evidence (hooked ranks: test_unchanged_scripts)
         str(SCRIPTS / "epoch_trainer.py"),
         "--epochs",
         "100000",

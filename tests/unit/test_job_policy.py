@@ -70,7 +70,7 @@ def exception(attempt: int, step: int = 7) -> Failure:
             Outcome(AttemptStatus.STOPPED, signal=signal.SIGUSR1),
             "preempted",
             EXIT_PREEMPTED,
-            "preempted by SIGUSR1: workers stopped (no SDK",
+            "preempted by SIGUSR1: the signal was passed to the workers",
         ),
         (Outcome(AttemptStatus.STOPPED), "preempted", EXIT_PREEMPTED, "preempted by SIGTERM"),
         (

@@ -129,3 +129,9 @@ def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_t
         ln.split()[1:5] == ["straggler", "│", "2", "│"] for ln in table.splitlines() if "straggler" in ln
     )
     assert "50%" in table
+
+
+def test_no_step_observed_says_productive_time_is_unknown_not_zero():
+    (note,) = notes({"startup": 5.0, "productive": 0.0, "other": 95.0}, 100.0, 0)
+    assert note.startswith("productive time unknown") and "--no-instrument" in note
+    assert not any(n.startswith("productive time unknown") for n in notes({"productive": 90.0}, 100.0, 2))

@@ -169,6 +169,8 @@ def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
 
 def test_sigterm_asks_for_a_coordinated_stop_and_a_committed_save_is_preempted():
     def script(tick, w):
+        if tick == 0:  # the ranks run the SDK's Session: it coordinates the stop
+            w.send(*(Hello(r, w.clock.now()) for r in (0, 1)))
         if tick <= 4:
             for r in (0, 1):
                 w.step(r, tick)
@@ -338,9 +340,11 @@ def test_without_anything_to_say_the_monitors_return_nothing():
 
 
 def test_the_agent_asks_its_monitors_in_the_documented_priority_order():
+    from stalwart.launch.forwarded_stop import ForwardedStop
     from stalwart.launch.monitors import PRIORITY, HangMonitor, StragglerMonitor, default_monitors
 
     names = {
+        ForwardedStop: "forwarded_stop",
         StragglerMonitor: "stragglers",
         SignalMonitor: "signals",
         HangMonitor: "hangs",

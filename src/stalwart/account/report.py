@@ -109,6 +109,12 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
 def notes(buckets: dict[str, float], wall_s: float, ranks: int) -> list[str]:
     """Plain-language notes that keep the goodput figure honest (pure)."""
     out = []
+    if wall_s > 0 and ranks == 0:  # zero (issue 25): no step observed is not 0% productive
+        out.append(
+            "productive time unknown: no step was observed (the script does not use the SDK and no "
+            "torch optimizer step hook fired: it steps no torch optimizer, or ran with --no-instrument); "
+            "the goodput figure is not measured, it is not zero progress"
+        )
     if wall_s > 0:
         spin = buckets.get("startup", 0.0) + buckets.get("restart", 0.0)
         if spin / wall_s >= 0.3:
@@ -151,7 +157,9 @@ def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(
         f"wall {_fmt_s(rep['wall_s'])}, {rep['steps_completed']} steps, "
-        f"ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, [bold]goodput {100 * rep['goodput']:.1f}%[/]"
+        f"ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, [bold]goodput "
+        + (f"{100 * rep['goodput']:.1f}%" if rep["steps_completed"] or not rep["wall_s"] else "unknown")
+        + "[/]"
     )
     if rep["jobs"] > 1 or rep["preemptions"]:
         when = ", ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in rep["preemptions"]) or "none"

@@ -117,6 +117,22 @@ def _check_module(name: str) -> None:
         raise ConfigError(f"module {name!r} not found", "check -m NAME and the Python path (PYTHONPATH)")
 
 
+def _finished(cfg) -> str:
+    """What to say when this run id already ended ``succeeded`` ("" otherwise)."""
+    from ..errors import LedgerError
+    from ..launch.finished_run import finished
+    from ..ledger import read_merged
+
+    ledger = cfg.run_dir / "ledger"
+    if not ledger.is_dir() or not any(ledger.iterdir()):
+        return ""
+    try:
+        done = finished(read_merged(cfg.run_dir))
+    except LedgerError:
+        return ""  # an unreadable ledger: the agent's own start says what is wrong with it
+    return done.message(cfg.run_id, cfg.run_dir) if done is not None else ""
+
+
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(run)
 
@@ -131,6 +147,10 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
         raise ConfigError(f"python interpreter {cfg.python!r} not found")
     claim_run_dir(cfg)
+    done = _finished(cfg)
+    if done:  # a finished run stays finished: launch nothing
+        print(done, flush=True)
+        sys.exit(0)
     console = RunConsole(quiet=cfg.quiet)
     for line in intro or ():
         console.say(line)

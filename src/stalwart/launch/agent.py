@@ -223,6 +223,7 @@ class Agent:
             env=WorkerEnv.strip(os.environ, set(CONFIG_SETTINGS)),
             cwd=os.getcwd(),
             label=f"stalwart-fork-server run_dir={self.run.root}",
+            instrument=cfg.workers.instrument,
         )
         pool.launch()  # its imports overlap with the rendezvous
         return pool

@@ -27,6 +27,7 @@ from ..policy.restart_policy import RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..policy.world_size import SizeRule
 from . import setting_sources as _sources
+from .finished_run import fingerprint
 from .settings import (
     ChaosSettings,
     CheckpointSettings,
@@ -84,6 +85,11 @@ class RunConfig(BaseSettings):
     )
     run_dir: Annotated[Path | None, setting("run_dir", "--run-dir")] = Field(
         default=None, description="Where ledger, checkpoints and logs go."
+    )
+    continue_changed: Annotated[bool, setting("continue_changed", "--continue-changed")] = Field(
+        default=False,
+        description="Resume this run id although the script changed since the run started "
+        "(otherwise bad input, exit 2).",
     )
     node_name: Annotated[str, setting("node_name", "--node-name")] = Field(
         default="", description="Name of this node in the ledger (default hostname)."
@@ -173,10 +179,10 @@ class RunConfig(BaseSettings):
             store_timeout_s=self.rendezvous.store_timeout_s,
             keepalive_s=self.rendezvous.keepalive_s,
         )
-        if self.hang.cpu_stall_s >= self.hang.pg_timeout_s:
+        if self.hang.cpu_stall_s > self.hang.pg_timeout_s:
             raise ValueError(
-                f"--cpu-stall {self.hang.cpu_stall_s:g}s must be below the process-group timeout "
-                f"{self.hang.pg_timeout_s:g}s, or ranks time out before the hang is seen"
+                f"--cpu-stall {self.hang.cpu_stall_s:g}s must not exceed the process-group timeout "
+                f"{self.hang.pg_timeout_s:g}s (0 means that timeout), or ranks time out before the hang is seen"
             )
         return self
 
@@ -340,7 +346,11 @@ def claim_run_dir(cfg: RunConfig) -> None:
     if cfg.run_dir is None:
         raise ValueError("claim_run_dir needs a resolved configuration (RunConfig.resolved)")
     path = cfg.run_dir / "run.json"
-    mine = {"run_id": cfg.run_id, **cfg.identity()}
+    mine = {
+        "run_id": cfg.run_id,
+        **cfg.identity(),
+        "sha256": fingerprint(cfg.script, cfg.module, cfg.no_python),
+    }
     try:
         theirs = json.loads(path.read_text())
     except FileNotFoundError:
@@ -364,6 +374,22 @@ def claim_run_dir(cfg: RunConfig) -> None:
             f"run id {cfg.run_id!r} belongs to another run (script {other}, run dir {cfg.run_dir})",
             "give another --run-id, or --run-dir for this script",
         )
+    _same_script(cfg, theirs, mine, path)
+
+
+def _same_script(cfg: RunConfig, theirs: dict[str, Any], mine: dict[str, Any], path: Path) -> None:
+    """zero (issue 25): the script's content changed under the same run id: bad input unless
+    --continue-changed (then the new content is recorded)."""
+    if theirs.get("sha256", "") == mine.get("sha256", "") or not theirs.get("sha256"):
+        return
+    if not cfg.continue_changed:
+        raise ConfigError(
+            f"the script {mine['script']} changed since run {cfg.run_id!r} started (run dir {cfg.run_dir})",
+            "resume it anyway with --continue-changed, or start a new run with another --run-id",
+        )
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({**theirs, "sha256": mine["sha256"]}))
+    os.replace(tmp, path)
 
 
 _RDZV_CONF = {

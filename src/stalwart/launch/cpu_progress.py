@@ -1,12 +1,18 @@
-"""Hang detection for scripts without the SDK, from what the agent can see of each worker process.
+"""Hang detection for workers that no hook and no SDK ever reported, from what the agent can see of
+each worker process. A last resort: a worker whose optimizer-step hooks fired (the worker bootstrap)
+or that uses the SDK is judged by its messages instead (``progress.py``).
 
 Collector: ``read_proc`` reads a worker's state and CPU time from ``/proc/<pid>/stat``.
-Policy: ``detect_cpu_stall`` (pure) decides from per-rank samples. A rank makes progress while it
-burns CPU; one that only waits (blocked in a collective for a busy peer, sleeping) does not. So:
+Policy: ``detect_cpu_stall`` (pure) decides from per-rank samples. Idleness is no evidence of a
+hang: a healthy job waits too (one small all-reduce every 0.5 s, a rank reading slow storage, an RL
+rollout). So:
 
-* a rank stopped by a signal (state ``T``/``t``) with no CPU progress for ``stall_s`` is the culprit;
+* a rank stopped by a signal (state ``T``/``t``) with no CPU progress for ``stopped_s`` is the culprit
+  (a stopped process is evidence);
 * otherwise only when **every** live rank has made no CPU progress for ``stall_s`` is it a hang, and
-  the rank that stopped progressing first is blamed (the others went idle waiting for it).
+  the rank that stopped progressing first is blamed (the others went idle waiting for it). The agent's
+  default ``stall_s`` is the process-group timeout, so no healthy job that waits is declared hung
+  before its own collectives would have timed out.
 
 A slow collective, or rank 0 evaluating while the others wait, is never a hang: the busy rank
 keeps burning CPU. Background threads of an idle rank burn a little CPU: progress means more than
@@ -81,11 +87,15 @@ class CpuState(Protocol):
     def state(self) -> str: ...
 
 
-def detect_cpu_stall(ranks: Mapping[int, CpuState], now: float, stall_s: float) -> CpuStall | None:
-    """Pure: a verdict when a stopped rank or every rank has made no CPU progress for ``stall_s``."""
+def detect_cpu_stall(
+    ranks: Mapping[int, CpuState], now: float, stall_s: float, stopped_s: float | None = None
+) -> CpuStall | None:
+    """Pure: a verdict when a stopped rank has made no CPU progress for ``stopped_s`` (default
+    ``stall_s``), or every rank for ``stall_s``."""
     if not ranks:
         return None
-    stopped = [(r, p) for r, p in ranks.items() if p.state in ("T", "t") and now - p.since >= stall_s]
+    stop_limit = stall_s if stopped_s is None else stopped_s
+    stopped = [(r, p) for r, p in ranks.items() if p.state in ("T", "t") and now - p.since >= stop_limit]
     if stopped:
         r, p = min(stopped, key=lambda x: x[1].since)
         return CpuStall(
@@ -93,7 +103,7 @@ def detect_cpu_stall(ranks: Mapping[int, CpuState], now: float, stall_s: float) 
             now - p.since,
             p.since,
             f"rank {r} stopped (process state {p.state}) and used no CPU "
-            f"for {now - p.since:.2f}s (timeout {stall_s:.2f}s, no SDK: CPU progress)",
+            f"for {now - p.since:.2f}s (timeout {stop_limit:.2f}s, no hook or SDK: process state)",
         )
     if all(now - p.since >= stall_s for p in ranks.values()):
         r, p = min(ranks.items(), key=lambda x: (x[1].since, x[0]))
@@ -102,6 +112,6 @@ def detect_cpu_stall(ranks: Mapping[int, CpuState], now: float, stall_s: float) 
             now - p.since,
             p.since,
             f"rank {r} stopped using CPU first, {now - p.since:.2f}s ago, "
-            f"and every rank has been idle since (timeout {stall_s:.2f}s, no SDK: CPU progress)",
+            f"and every rank has been idle since (timeout {stall_s:.2f}s, no hook or SDK: CPU progress)",
         )
     return None

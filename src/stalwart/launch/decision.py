@@ -41,6 +41,7 @@ class DecisionKind(Label):
     # continuing
     REQUEST_STOP = "request_stop"  # ask every rank to stop after ``stop_step`` (a coordinated emergency save)
     HOLD = "hold"  # an emergency save is under way: do nothing else this tick
+    FORWARD_SIGNAL = "forward_signal"  # no SDK Session: pass the agent's signal to the workers at once
     STRAGGLERS = "stragglers"  # record stragglers that appeared or cleared (observe only)
 
 
@@ -104,4 +105,4 @@ class Decision:
     @property
     def ends_tick(self) -> bool:
         """Whether the supervisor asks no further monitor this tick."""
-        return self.kind in ENDING or self.kind is DecisionKind.HOLD
+        return self.kind in ENDING or self.kind in (DecisionKind.HOLD, DecisionKind.FORWARD_SIGNAL)

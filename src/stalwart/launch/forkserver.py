@@ -52,6 +52,8 @@ DEFAULT_PRELOAD = (
     "stalwart.train.session",  # what a Session imports lazily: the checkpoint engine, pydantic, sqlite
     "stalwart.checkpoint.engine",
     "stalwart.ledger",
+    "stalwart.launch.worker_boot",  # the bootstrap every warm worker runs before its script
+    "setproctitle",
 )
 
 
@@ -107,6 +109,7 @@ class WarmStart:
     env: dict[str, str]
     cwd: str
     log: str = ""  # file for stdout and stderr; "" keeps the server's (the agent's) streams
+    instrument: bool = False  # start through the worker bootstrap's observers (worker_boot.install)
 
 
 class ForkServer:
@@ -215,6 +218,7 @@ class ForkServer:
                     "env": start.env,
                     "cwd": start.cwd,
                     "log": start.log,
+                    "instrument": start.instrument,
                     "fds": list(fds),
                     "stdio": stdio is not None,
                 }

@@ -61,6 +61,8 @@ def serve() -> None:
     # worker's full collections walk only what it made itself (with torch loaded a full collection
     # took 0.19 s, and beside a CPU hog over 3 s: long enough to be declared a hang), and its pages
     # stay shared with the server (the fork-server recipe of the gc module's documentation)
+    if "setproctitle" in loaded:
+        _title_ready()
     gc.collect()
     gc.freeze()
     if _threads() > 1:
@@ -94,6 +96,15 @@ def serve() -> None:
             _send(sock, _fork_worker(req, mine, sock))
             for f in mine:
                 os.close(f)
+
+
+def _title_ready() -> None:
+    """Let setproctitle find the argument and environment memory now, while the C library's
+    environment is the original one (a worker clears and refills it before naming itself). The
+    server keeps its own command line as its title."""
+    import setproctitle
+
+    setproctitle.setproctitle(setproctitle.getproctitle())
 
 
 def _warm_up_torch() -> None:
@@ -226,7 +237,7 @@ def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
 
 
 def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
-    import runpy
+    from .worker_boot import install, run_main
 
     code = 1
     try:
@@ -242,12 +253,9 @@ def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> 
         _match_threads(req["env"])
         _reseed()
         argv = list(req["argv"])
-        sys.argv = argv[:]
-        sys.path[0] = "" if req["module"] else os.path.dirname(os.path.abspath(argv[0]))
-        if req["module"]:
-            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(argv[0], run_name="__main__")
+        if req.get("instrument"):
+            install(req["env"], (["-m"] if req["module"] else []) + argv, python=sys.executable, forked=True)
+        run_main(argv, bool(req["module"]))
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -90,7 +90,10 @@ class HangMonitor:
         # declare the hang up to one tick before the timeout, so that detection never lands after it,
         # whatever the poll phase (the supervisor also sleeps exactly to the deadline)
         if not s.sdk_ranks:
-            stall = detect_cpu_stall(s.cpu, s.now + s.tick, self.cpu_stall_s)
+            # a stopped rank is evidence: caught after the hang floor; idleness alone only after
+            # --cpu-stall (by default the process-group timeout)
+            stopped_s = min(self.cpu_stall_s, self.policy.floor_s)
+            stall = detect_cpu_stall(s.cpu, s.now + s.tick, self.cpu_stall_s, stopped_s)
             if stall is None:
                 return None
             return _hang(
@@ -98,7 +101,7 @@ class HangMonitor:
                 stall.culprit,
                 stall.onset,
                 stall.evidence,
-                "no SDK in the script: hang detection by CPU progress",
+                "no step hook fired and no SDK in the script: hang detection by process state and CPU",
                 -1,
                 tuple(sorted(r for r in s.cpu if r != stall.culprit)),
                 HangSource.CPU,

@@ -35,6 +35,7 @@ from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule
 from .decision import AttemptOutcome, Decision, DecisionKind
+from .forwarded_stop import ForwardedStop
 from .hang_monitor import HangMonitor, HangPhase, HangSource
 from .progress import durability_problem_in
 from .snapshot import RankView, Snapshot
@@ -293,7 +294,10 @@ class _HangPart(Protocol):
     def startup_s(self) -> float: ...
 
     @property
-    def cpu_stall_s(self) -> float: ...
+    def cpu_stall_s(self) -> float: ...  # 0: the process-group timeout
+
+    @property
+    def pg_timeout_s(self) -> float: ...
 
 
 class _CheckpointPart(Protocol):
@@ -336,9 +340,10 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
             gate=straggler_gate,
         ),
         worker_exits,
+        ForwardedStop(cfg.checkpoint.emergency_deadline_s),  # zero: a signal without a Session, as torchrun
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
-        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s),
+        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s or cfg.hang.pg_timeout_s),
         store_lost,
         membership,
     )
@@ -349,4 +354,13 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
 # silence could suggest (a worker that exited says more than one that is quiet), then the stop a
 # signal asks for (while it runs, hangs and membership wait), then hangs (a silent peer is seen there
 # first: its hang timeout is shorter than the store timeout), then a lost store, then a joining node
-PRIORITY = ("stragglers", "worker_exits", "durability", "signals", "hangs", "store_lost", "membership")
+PRIORITY = (
+    "stragglers",
+    "worker_exits",
+    "forwarded_stop",
+    "durability",
+    "signals",
+    "hangs",
+    "store_lost",
+    "membership",
+)

@@ -25,6 +25,9 @@ from ..protocol import (
     StepBegan,
     StepDone,
 )
+from .worker_boot import HOOK_SECTION
+
+RATE_WINDOW = 20  # steps the progress line's rate is measured over
 
 
 @dataclass
@@ -40,7 +43,8 @@ class RankProgress:
     loop_done: bool = False  # past the loop's last step (or its final save): the script's own wrap-up
     beat_t: float = 0.0  # time of the newest shared-memory heartbeat seen
     ckpt_t0: float = 0.0
-    sdk: bool = False  # the worker announced that it uses the SDK (its heartbeats count)
+    sdk: bool = False  # the worker's messages count: it uses the SDK or its step hooks fired
+    session: bool = False  # the worker said Hello: it runs the SDK's Session (a coordinated stop)
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
@@ -72,6 +76,8 @@ class ProgressTracker:
     preempted_ranks: set[int] = field(default_factory=set)
     # rank -> CheckpointDone of its emergency or final save
     durability: dict[int, CheckpointDone] = field(default_factory=dict)
+    # (end time, step) each time the job's newest completed step advanced: the job's rate
+    advances: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
 
     def __post_init__(self) -> None:
         for r in self.ranks:
@@ -80,7 +86,7 @@ class ProgressTracker:
     def observe(self, msg: Message, now: float) -> StepRecord | None:
         """Take one message from a worker; the step's record when it completes a step."""
         p = self.progress.get(msg.rank)
-        if p is None:
+        if p is None or _hooked_in_session(p, msg):  # the SDK's own records count, not the hooks'
             return None
         # the sender's timestamp: the pipe is drained once a tick, so arrival can lag by a tick
         p.last_msg = min(max(msg.t, p.last_msg), now)
@@ -97,7 +103,7 @@ class ProgressTracker:
             case StepDone():
                 return self._step_done(p, msg)
             case Hello():
-                p.sdk = True
+                p.sdk = p.session = True
                 p.in_place = p.in_place or msg.in_place
             case Reforming():
                 p.reforming = msg
@@ -150,7 +156,11 @@ class ProgressTracker:
         p.done_steps += 1
         p.last_done = max(p.last_done, rec.step)
         p.section = None
+        if HOOK_SECTION in msg.sections:  # the hooks send no StepBegan: the rank is in the next step now
+            p.step = max(p.step, msg.step + 1)
         self.step_times.append(rec.duration)
+        if rec.step > self.max_done_step:
+            self.advances.append((rec.start + rec.duration, rec.step))
         self.max_done_step = max(self.max_done_step, rec.step)
         if self.total_steps and rec.step + 1 >= self.total_steps:
             p.loop_done = True
@@ -181,15 +191,38 @@ class ProgressTracker:
         else:
             p.in_checkpoint = False
 
+    def rate(self) -> float:
+        """The job's steps per second over its newest steps, wall clock from step end to step end
+        (data loading, evaluation between steps and every rank's wait included); 0 until two seen."""
+        return job_rate(self.advances)
+
     def sdk_ranks(self) -> list[int]:
-        """Ranks that announced the SDK: only their silence can be a hang by heartbeat."""
+        """Ranks whose messages count (the SDK, or the bootstrap's step hooks): only their silence
+        can be a hang by heartbeat."""
         return [r for r, p in self.progress.items() if p.sdk]
+
+    def session_ranks(self) -> list[int]:
+        """Ranks that run the SDK's Session: only they take part in a coordinated stop."""
+        return [r for r, p in self.progress.items() if p.session]
 
     def steps_seen(self) -> bool:
         return any(p.done_steps for p in self.progress.values())
 
     def max_step_in_progress(self) -> int:
         return max((p.step for p in self.progress.values()), default=-1)
+
+
+def _hooked_in_session(p: RankProgress, msg: Message) -> bool:
+    return p.session and isinstance(msg, StepDone) and HOOK_SECTION in msg.sections
+
+
+def job_rate(advances: Iterable[tuple[float, int]]) -> float:
+    """Steps per second between the oldest and newest (end time, step) of the window (pure)."""
+    seen = list(advances)
+    if len(seen) < 2:
+        return 0.0
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -78,11 +78,14 @@ class HangSettings(BaseModel):
     min_samples: Annotated[int, setting("hang_min_samples", "--hang-min-samples")] = Field(
         default=HANG_MIN_SAMPLES, ge=1, description="Steps seen before calibrating."
     )
-    cpu_stall_s: Annotated[float, setting("cpu_stall_s", "--cpu-stall")] = Field(
-        default=CPU_STALL_S, gt=0, description="Hang timeout without the SDK: seconds with no CPU progress."
-    )
     pg_timeout_s: Annotated[float, setting("pg_timeout_s", "--pg-timeout")] = Field(
         default=DEFAULT_PG_TIMEOUT_S, gt=0, description="Process-group timeout given to workers, seconds."
+    )
+    cpu_stall_s: Annotated[float, setting("cpu_stall_s", "--cpu-stall")] = Field(
+        default=CPU_STALL_S,
+        ge=0,
+        description="Hang timeout of workers never reported by a hook or the SDK: seconds of no CPU "
+        "progress on every rank (a stopped rank: the hang floor); 0: the process-group timeout.",
     )
 
     @property
@@ -198,6 +201,9 @@ class WorkerSettings(BaseModel):
     warm: Annotated[bool, setting("warm", "--warm/--no-warm")] = Field(
         default=True,
         description="Start workers from a fork server with torch preloaded; see docs/fast-recovery.md.",
+    )
+    instrument: Annotated[bool, setting("instrument", "--instrument/--no-instrument")] = Field(
+        default=True, description="Start workers through the bootstrap: step hooks, stacks, process titles."
     )
     warm_fail_attempt: Annotated[int, setting("warm_fail_attempt")] = Field(
         default=-1, ge=-1, description="The attempt whose warm start is forced to fail (testing); -1: none."

@@ -47,6 +47,7 @@ class RankView:
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
     loop_done: bool = False
+    session: bool = False  # the rank runs the SDK's Session (said Hello)
 
     @classmethod
     def of(cls, p: RankProgress) -> RankView:
@@ -63,6 +64,7 @@ class RankView:
             p.phase_budget_s,
             p.phase_t0,
             p.loop_done,
+            p.session,
         )
 
 
@@ -116,6 +118,11 @@ class Snapshot:
     @property
     def sdk_ranks(self) -> list[int]:
         return [r.rank for r in self.ranks if r.sdk]
+
+    @property
+    def session_ranks(self) -> list[int]:
+        """Ranks running the SDK's Session (a coordinated stop applies to them)."""
+        return [r.rank for r in self.ranks if r.session]
 
     @property
     def steps_seen(self) -> bool:

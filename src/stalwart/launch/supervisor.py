@@ -189,9 +189,9 @@ class Supervisor:
         self.window.extend(batch)
         if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
             self.last_straggler_check = straggler_step = top.step
-        recent = list(tracker.step_times)[-20:]
-        rate = len(recent) / max(sum(recent), 1e-9) if recent else 0.0
-        self.console.progress(top.step + 1, tracker.total_steps, self.attempt, rate / max(1, len(self.specs)))
+        self.console.progress(
+            top.step + 1, tracker.total_steps, self.attempt, tracker.rate()
+        )  # zero: wall rate
         return straggler_step
 
     def _raised_and_stuck(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:
@@ -278,7 +278,7 @@ class Supervisor:
                 outcome = self.apply(d, snap)
                 if outcome is not None:
                     return outcome
-            if decisions and decisions[-1].kind is DecisionKind.HOLD:
+            if decisions and decisions[-1].kind in (DecisionKind.HOLD, DecisionKind.FORWARD_SIGNAL):
                 self.clock.sleep(snap.tick)
                 continue
             deadline = self.hangs.next_check(snap) if self.hangs is not None else snap.now + snap.tick
@@ -318,6 +318,9 @@ class Supervisor:
             case DecisionKind.REQUEST_STOP:
                 self.stop_requested_at = snap.now
                 self.block.request_stop(d.stop_step)
+            case DecisionKind.FORWARD_SIGNAL:  # no Session: the signal goes to the workers, as torchrun
+                self.stop_requested_at = snap.now
+                self.group.signal(snap.signal) if snap.signal is not None else None
             case DecisionKind.HOLD | DecisionKind.STOPPED_EXIT:
                 pass
             case DecisionKind.CRASH:
@@ -428,8 +431,9 @@ class Supervisor:
         assert d.outcome is not None and d.outcome.failure is not None
         failure = d.outcome.failure
         ctx = self.ledger.ctx()
-        # faulthandler is the SDK's: without it SIGUSR2 would only kill the workers
-        stacks = self.files.capture_stacks() if snap.sdk_ranks else {}
+        # faulthandler is the SDK's or the bootstrap's (zero): without either SIGUSR2 only kills
+        booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
+        stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
         # every rank of a hung group is silent: a stopped rank, or one that cannot even dump its
         # stack while its peers can, is the hung one rather than the rank the monitor named first
         stuck = self.in_place.hang_culprits(set(stacks))

@@ -97,8 +97,10 @@ class WarmPool:
         env: dict[str, str],
         cwd: str,
         label: str = "",
+        instrument: bool = False,
     ) -> None:
         self.python = python
+        self.instrument = instrument
         self.label = label
         self.script, self.module, self.script_args = script, module, list(script_args)
         self.cwd = cwd
@@ -176,7 +178,9 @@ class WarmPool:
     def spawn(self, env: dict[str, str], fds: tuple[int, ...], stdio: tuple[int, int] | None) -> int:
         if self.server is None:
             raise ForkServerError(self.failure or "no fork server")
-        start = WarmStart((self.script, *self.script_args), self.module, env, self.cwd)
+        start = WarmStart(
+            (self.script, *self.script_args), self.module, env, self.cwd, instrument=self.instrument
+        )
         try:
             return self.server.spawn(start, fds=fds, stdio=stdio, timeout_s=SPAWN_TIMEOUT_S)
         except ForkServerError as exc:

@@ -28,6 +28,7 @@ from .ports import Console, Round
 from .rendezvous import NodeRendezvous
 from .supervisor import Supervisor
 from .warm import WarmPool, choose_path
+from .worker_boot import BOOT_CODE
 from .workers import WorkerGroup, WorkerSpec
 
 
@@ -43,6 +44,8 @@ def argv(cfg: RunConfig) -> list[str]:
         ]
     elif cfg.no_python:
         head = [cfg.script]
+    elif cfg.workers.instrument:  # zero: through the worker bootstrap (launch/worker_boot.py)
+        head = [cfg.python, "-u", "-c", BOOT_CODE, *(["-m"] if cfg.module else []), cfg.script]
     elif cfg.module:
         head = [cfg.python, "-u", "-m", cfg.script]
     else:

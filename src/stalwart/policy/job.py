@@ -206,8 +206,8 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
         ),
         "stopped": Verdict(
             "preempted",
-            "preempted by {signal}: workers stopped (no SDK, no emergency checkpoint); requeue to resume "
-            "from the script's own checkpoints",
+            "preempted by {signal}: the signal was passed to the workers and they stopped (no SDK, no "
+            "emergency checkpoint by Stalwart); the script's own checkpoints decide where a requeue resumes",
             EXIT_PREEMPTED,
         ),
         "preempted": Verdict(

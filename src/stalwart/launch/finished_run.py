@@ -1,0 +1,56 @@
+"""A finished run stays finished: what a re-run of a run that already succeeded is told (pure), and
+the script's fingerprint that makes a changed script under the same run id bad input.
+
+Re-running the identical command of a run whose newest verdict is ``succeeded`` launches nothing: it
+says when the run finished, at which step, and how to start a new one. A run that ended otherwise
+(preempted, a crash budget spent, interrupted) is resumed as before: that is what a requeue is for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..events import Event, JobEnded, StepCompleted
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    ended_at: float
+    final_step: int  # the newest step completed (-1: none observed)
+    verdict: str
+
+    def message(self, run_id: str, run_dir: Path) -> str:
+        when = datetime.fromtimestamp(self.ended_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        step = f" at step {self.final_step}" if self.final_step >= 0 else ""
+        return (
+            f"run {run_id} already finished{step} on {when} ({self.verdict}); nothing launched. "
+            f"To train again start a new run: give another --run-id, or --run-dir (this one: {run_dir})"
+        )
+
+
+def finished(events: Iterable[Event]) -> FinishedRun | None:
+    """The run's success when its newest verdict is ``succeeded``, else None (pure)."""
+    last: JobEnded | None = None
+    top = -1
+    for e in events:
+        if isinstance(e, JobEnded) and (last is None or e.ts >= last.ts):
+            last = e
+        elif isinstance(e, StepCompleted):
+            top = max(top, e.step)
+    if last is None or last.outcome != "succeeded":
+        return None
+    return FinishedRun(last.ts, top, last.verdict)
+
+
+def fingerprint(script: str, module: bool, no_python: bool) -> str:
+    """sha256 of the script file ("" for a module or a program: their code is not one file here)."""
+    if module or no_python:
+        return ""
+    try:
+        return hashlib.sha256(Path(script).read_bytes()).hexdigest()
+    except OSError:
+        return ""
