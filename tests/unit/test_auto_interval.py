@@ -4,6 +4,7 @@ function for a live run and for `plan --ledger`."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -103,3 +104,37 @@ def test_a_live_run_saves_first_to_measure_then_at_the_decided_interval_and_reco
     assert all(b - a == choice.steps for a, b in zip(saves[1:], saves[2:], strict=False))
     assert [type(e) for e in events] == [CheckpointIntervalAdvised]  # one decision, kept after
     assert events[0].interval_steps == choice.steps and events[0].applied and "MTBF" in events[0].reason
+
+
+def test_the_node_history_reaches_a_run_that_has_not_failed_yet(tmp_path):
+    """The agent reads the node's quarantines from its health store (HealthStore.failure_mtbf) and the
+    session's auto interval decides on that MTBF instead of the stated default."""
+    from stalwart.checkpoint.auto_every import auto_every_for
+    from stalwart.health.events import NodeStateChanged
+    from stalwart.health.node_store import HealthStore
+
+    def changed(ts: float, to: str, node: str = "n0") -> NodeStateChanged:
+        return NodeStateChanged(
+            ts=ts, node=node, from_state="healthy", to_state=to, action="none", reason="r"
+        )
+
+    history = [changed(0.0, "suspect"), changed(1800.0, "quarantined"), changed(2000.0, "healthy")]
+    history += [changed(5000.0, "quarantined"), changed(10.0, "quarantined", node="n1")]
+    store = HealthStore(tmp_path / "health")
+    assert store.failure_mtbf("n0", 7200.0, history) == 3600.0  # 2 quarantines over 2 hours
+    assert store.failure_mtbf("n2", 7200.0, history) is None  # no record: no history
+    assert store.failure_mtbf("n0", 7200.0, [changed(0.0, "suspect")]) is None  # never failed: no rate
+
+    clock = iter(float(t) for t in range(100))
+    auto = auto_every_for(
+        SimpleNamespace(last_stall_s=0.1, last_persist_s={"local": 0.2}),
+        None,
+        lambda: next(clock),
+        None,
+        dict,
+        history_mtbf_s=3600.0,
+    )
+    auto.due(1)
+    auto.due(2)
+    choice = auto.saved(2)
+    assert choice is not None and "node history" in choice.reason

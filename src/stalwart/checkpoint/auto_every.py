@@ -134,9 +134,10 @@ def auto_every_for(
     now: Callable[[], float],
     emit: Callable[[Event], None] | None,
     context: Callable[[], dict[str, Any]],
+    history_mtbf_s: float | None = None,
 ) -> AutoEvery:
-    """An :class:`AutoEvery` on a checkpoint engine's measurements and the run's ledger so far (the
-    session's one call)."""
+    """An :class:`AutoEvery` on a checkpoint engine's measurements, the run's ledger so far and the
+    node's failure history (the agent passes its MTBF; the session's one call)."""
     from ..ledger.store import read_available
 
     found = read_available(run_root, require_some=False).events if run_root is not None else []
@@ -147,6 +148,7 @@ def auto_every_for(
         now=now,
         failures=failures,
         training_s=trained,
+        history_mtbf_s=history_mtbf_s,
         emit=emit,
         context=context,
     )

@@ -97,6 +97,20 @@ class HealthStore:
                 )
         return out
 
+    def failure_mtbf(self, node: str, now: float, events: Iterable[Event] | None = None) -> float | None:
+        """This node's mean time between failures from its history: the span of its record divided
+        by the times it was quarantined; None when it never was (no history of failing says nothing
+        about the rate, the caller's default applies)."""
+        evs = [
+            e
+            for e in (self.events() if events is None else events)
+            if isinstance(e, NodeStateChanged) and e.node == node
+        ]
+        faults = sum(1 for e in evs if e.to_state == NodeState.QUARANTINED.value)
+        if not evs or faults == 0:
+            return None
+        return max(0.0, now - min(e.ts for e in evs)) / faults
+
     def excluded(self) -> set[str]:
         """Nodes the agent must not place work on: quarantined ones (irrecoverable or not)."""
         return {n for n, r in self.records().items() if r.state == NodeState.QUARANTINED}

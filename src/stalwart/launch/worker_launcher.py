@@ -222,8 +222,23 @@ class NodeWorkers:
             if cfg.reform.enabled and self.world is not None and len(self.world.active) == 1
             else 0.0,
             chaos=self.faults.to_json(),
+            history_mtbf_s=self._history_mtbf(),
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()
+
+    def _history_mtbf(self) -> float:
+        """This node's MTBF from its health history (0: none, or the store unreadable), for the
+        workers' ``--checkpoint-every auto`` when their run has not failed yet."""
+        from ..health.node_store import HealthStore
+
+        state_dir = self.cfg.health.state_dir or self.run_dir.root / "health"
+        if not state_dir.is_dir():
+            return 0.0
+        try:
+            got = HealthStore(state_dir).failure_mtbf(self.cfg.node_name, self.clock.now())
+        except Exception:  # noqa: BLE001 - a history that cannot be read only loses this estimate
+            return 0.0
+        return got or 0.0
 
     def _warm_path(self) -> tuple[WarmPool | None, str, bool]:
         """Offer the fork server to this attempt's start, or say why it starts cold. A server that died

@@ -62,6 +62,7 @@ class WorkerEnv:
     peer_secret: str = ""  # hex per-run secret that authenticates requests to the peer stores
     generation: int = 0  # the process group's generation this worker joins (> 0: an in-place replacement)
     reform_timeout_s: float = DEFAULT_REFORM_TIMEOUT_S  # bound on each wait of a re-formation; 0: not offered
+    history_mtbf_s: float = 0.0  # this node's MTBF from its health history (0: none), for an auto interval
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -79,6 +80,7 @@ class WorkerEnv:
             f"{PREFIX}PEER_SECRET": self.peer_secret,
             f"{PREFIX}GENERATION": str(self.generation),
             f"{PREFIX}REFORM_TIMEOUT_S": repr(self.reform_timeout_s),
+            f"{PREFIX}HISTORY_MTBF_S": repr(self.history_mtbf_s),
         }
 
     @classmethod
@@ -102,6 +104,7 @@ class WorkerEnv:
                 peer_secret=env.get(f"{PREFIX}PEER_SECRET", ""),
                 generation=int(env.get(f"{PREFIX}GENERATION", "0") or 0),
                 reform_timeout_s=float(env.get(f"{PREFIX}REFORM_TIMEOUT_S", DEFAULT_REFORM_TIMEOUT_S)),
+                history_mtbf_s=float(env.get(f"{PREFIX}HISTORY_MTBF_S", "0") or 0),
             )
         except ValueError:
             return None

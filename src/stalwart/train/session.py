@@ -331,7 +331,7 @@ class Session:
         start = self._start(state, resume)
         root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
         auto = (
-            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx)
+            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx, self._history_mtbf())
             if checkpoint_every == "auto"
             else None
         )
@@ -368,6 +368,11 @@ class Session:
             if step is not None:
                 return step
         return self.resume(state) if resume else 0
+
+    def _history_mtbf(self) -> float | None:
+        """The node's MTBF from its health history, as the agent passed it (None: no history)."""
+        w = self.worker_env
+        return w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
 
     def _stop(self, state: dict[str, Any]) -> None:
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
