@@ -165,3 +165,11 @@ def test_with_a_session_the_agent_coordinates_and_forwards_nothing():
     sup, group = _supervisor(script, signal_at=3, session=True)
     sup.run()
     assert group.signals == [] and len(sup.block.stop_after) == 1  # one coordinated stop request
+
+
+def test_a_signal_before_any_worker_spoke_waits_a_bounded_start_up_grace():
+    silent = (RankView(0, T0), RankView(1, T0))  # not a word yet: a Session may still be importing
+    early = FWD(snap(signal=signal.SIGTERM, ranks=silent, now=T0 + 2.0))
+    assert early is not None and early.kind == "hold" and "start-up" in early.reason
+    late = FWD(snap(signal=signal.SIGTERM, ranks=silent, now=T0 + FWD.startup_grace_s + 0.1))
+    assert late is not None and late.kind == "forward_signal"

@@ -12,6 +12,10 @@ did, never a claim about checkpoints Stalwart cannot see:
 * workers still running ``deadline_s`` after the signal (``--emergency-deadline``): stopped within the
   stop grace, as torchrun's shutdown timeout does.
 
+A signal in an attempt's first ``STARTUP_GRACE_S`` seconds, before any rank said Hello or stepped,
+waits for that (bounded): forwarding it then would kill an SDK worker still importing instead of
+letting its Session save.
+
 A Session coordinates its own emergency save (``SignalMonitor`` in ``monitors.py``); this monitor
 stands aside as soon as any rank said Hello.
 """
@@ -34,14 +38,28 @@ def _name(signum: int) -> str:
         return f"signal {signum}"
 
 
+# A signal in the first seconds of an attempt may land before the workers said whether they run a
+# Session (a warm worker says Hello within a second; a cold one after its imports): until one says so,
+# a step is seen, or this grace has passed, the signal waits. Forwarded too early, it would kill an SDK
+# worker still importing instead of letting its Session save an emergency checkpoint.
+STARTUP_GRACE_S = 10.0
+
+
 @dataclass(frozen=True)
 class ForwardedStop:
     deadline_s: float  # how long the script's own handler may take before the workers are stopped
+    startup_grace_s: float = STARTUP_GRACE_S
 
     def __call__(self, s: Snapshot) -> Decision | None:
         if s.signal is None or s.session_ranks:
             return None
         name = _name(s.signal)
+        unknown = not s.sdk_ranks and not s.steps_seen  # no rank has said anything yet (step hooks, Hello)
+        if s.stop_requested_at is None and unknown and s.now - s.started < self.startup_grace_s:
+            return Decision(
+                DecisionKind.HOLD,
+                f"{name} during start-up: waiting for the workers to say whether they run a Session",
+            )
         if s.stop_requested_at is None:
             return Decision(
                 DecisionKind.FORWARD_SIGNAL,
