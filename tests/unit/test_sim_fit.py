@@ -209,16 +209,3 @@ def test_plan_from_a_ledger_reports_recovery_per_path(tmp_path, capsys, monkeypa
     assert "recovery per path" in out
     warm = next(line for line in out.splitlines() if line.strip().startswith("warm"))
     assert warm.split()[1:3] == ["4", "80.0%"]
-
-
-def test_a_run_recovered_mostly_in_place_is_replayed_without_a_rollback():
-    from types import SimpleNamespace
-
-    from stalwart.sim.fit import PathFit, in_place_share
-
-    def fit(*paths: tuple[str, int]) -> SimpleNamespace:
-        return SimpleNamespace(recover_paths=tuple(PathFit(p, n, 1.0, {}) for p, n in paths))
-
-    assert in_place_share(fit(("in-place", 3), ("warm", 1))) == 0.75
-    assert in_place_share(fit(("warm", 2), ("cold", 1))) == 0.0
-    assert in_place_share(fit()) == 0.0

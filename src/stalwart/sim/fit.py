@@ -300,9 +300,6 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         startup_s=fit.startup_s,
         fail_in_recovery=not fit.injected,
         fail_in_save=not fit.injected,
-        # a run whose recoveries were mostly in place lost no work to a rollback: the replay keeps the
-        # work since the checkpoint as well (one setting for the whole run: the majority's)
-        no_rollback=in_place_share(fit) > 0.5,
         spare_nodes=None,
         tiers=[
             {
@@ -315,12 +312,6 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         ],
     )
     return values
-
-
-def in_place_share(fit: RunFit) -> float:
-    """The share of the run's recoveries that kept the survivors and the live state (path in-place)."""
-    total = sum(p.count for p in fit.recover_paths)
-    return sum(p.count for p in fit.recover_paths if p.path.startswith("in-place")) / total if total else 0.0
 
 
 def _seconds(value: object, default: float) -> float:
