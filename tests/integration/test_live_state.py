@@ -47,7 +47,7 @@ def _worker(rank: int, init: str, case: str, out: str) -> None:
                         dist.send(bufs[d], 1)
                     live_state._send_bytes(b"", 1)
                 else:
-                    live_state._send(cap, 1)
+                    live_state._send(live_state._payload(cap), 1)
                     torch.save(
                         {k: v.clone() for k, v in model.state_dict().items()}, os.path.join(out, "sent.pt")
                     )

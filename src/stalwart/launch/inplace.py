@@ -136,7 +136,9 @@ class InPlaceRecovery:
         assert isinstance(self.block, ControlBlock)
         self._record("in_place", plan.reason, now)
         bound = self.cfg.reform.timeout_s  # type: ignore[attr-defined]
-        before = [dataclasses.replace(q) for q in self.tracker.progress.values()]
+        # the interrupted step: the lowest one not completed by every rank (the failed ones included,
+        # before their progress is reset for the replacements)
+        interrupted = min((q.last_done + 1 for q in self.tracker.progress.values()), default=0)
         try:
             for rank in sorted(plan.ranks):
                 spec = self.specs[rank]
@@ -160,8 +162,6 @@ class InPlaceRecovery:
         self.used += 1
         self.block.request_reform(plan.generation)
         started = self.clock.now()
-        # the interrupted step: the lowest one not completed by every rank (the failed ones included)
-        interrupted = min((q.last_done + 1 for q in before), default=0)
         self.pending = Pending(d, plan, started, started + 3 * bound, interrupted, started - now)
         return True
 

@@ -158,9 +158,16 @@ def plan_sources(ranks: list[tuple[int, int]]) -> tuple[int, dict[int, int]] | N
     return target, sources
 
 
-def _send(cap: state.Captured, dst: int) -> int:
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class _Payload:
+    """What a holder sends each rank that lacks the state: built once, however many receive it."""
 
+    head: bytes  # JSON: layout, dtypes, values per dtype, digest, extras size
+    buffers: dict[str, torch.Tensor]  # one flat buffer per dtype
+    extras: bytes  # torch.save of the plain extras (read back with weights_only=True)
+
+
+def _payload(cap: state.Captured) -> _Payload:
     buffers = _flat(cap.sharded)
     blob = io.BytesIO()
     torch.save({k: v for k, v in cap.extras.items() if k != "rng"}, blob)
@@ -171,14 +178,22 @@ def _send(cap: state.Captured, dst: int) -> int:
         "digest": _digest(buffers),
         "extras": len(blob.getvalue()),
     }
-    _send_bytes(json.dumps(head).encode(), dst)
+    return _Payload(json.dumps(head).encode(), buffers, blob.getvalue())
+
+
+def _send(payload: _Payload, dst: int) -> int:
+    """Send the payload to ``dst``; the bytes sent (tensors and extras)."""
+    import torch.distributed as dist
+
+    _send_bytes(payload.head, dst)
     sent = 0
-    for d in sorted(buffers):
-        if buffers[d].numel():
-            dist.send(buffers[d], dst)
-            sent += buffers[d].numel() * buffers[d].element_size()
-    _send_bytes(blob.getvalue(), dst)
-    return sent + len(blob.getvalue())
+    for d in sorted(payload.buffers):
+        buf = payload.buffers[d]
+        if buf.numel():
+            dist.send(buf, dst)
+            sent += buf.numel() * buf.element_size()
+    _send_bytes(payload.extras, dst)
+    return sent + len(payload.extras)
 
 
 def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
@@ -191,11 +206,15 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
             f"rank {src}'s state does not match this rank's model and optimizer "
             "(different keys, shapes or dtypes): the training function built different objects"
         )
-    expect = _flat(mine)
+    numel: dict[str, int] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for t in mine.values():  # the sizes only: no copy of this rank's own (fresh) state
+        numel[str(t.dtype)] = numel.get(str(t.dtype), 0) + t.numel()
+        dtypes[str(t.dtype)] = t.dtype
     buffers: dict[str, torch.Tensor] = {}
     got = 0
     for d in head["dtypes"]:
-        buf = torch.empty_like(expect[d])
+        buf = torch.empty(numel.get(d, 0), dtype=dtypes.get(d, torch.uint8))
         if buf.numel() != head["numel"][d]:
             raise LiveStateError(f"rank {src} sent {head['numel'][d]} values of {d}, expected {buf.numel()}")
         if buf.numel():
@@ -251,8 +270,11 @@ def adopt(
             for k, t in targets.tensors.items():
                 _local(t).copy_(_local(cap.sharded[k]))
         state.apply(new, targets, cap.extras, own_rng=False)
-        for r in sorted(r for r, src in sources.items() if src == me):
-            _send(cap, r)
+        receivers = sorted(r for r, src in sources.items() if src == me)
+        if receivers:
+            payload = _payload(cap)  # flattened, digested and serialised once for every receiver
+            for r in receivers:
+                _send(payload, r)
     else:
         extras, received = _receive(targets, sources[me], extras_limit)
         state.apply(new, targets, extras, own_rng=False)
