@@ -10,7 +10,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..diagnose.incident import Incident
 from ..diagnose.precision import GateDecision
+from ..diagnose.slow_link import SilenceVerdict
 from ..diagnose.straggler import RelativeStraggler, own_work, relative_stragglers
 from ..diagnose.straggler_action import (
     StragglerActionConfig,
@@ -69,7 +71,9 @@ class StragglerMonitor:
         )
         slow = {r.rank: r.ratio for r in rep.stragglers}
         detected = tuple((r, score) for r, score in sorted(slow.items()) if r not in s.stragglers)
-        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow)
+        # a rank flagged while no step could be compared (one rank per host: a slow link's rank) is
+        # not cleared by a comparison that did not happen
+        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow) if rep.windows else ()
         if not detected and not cleared:
             return None
         new = {r for r, _ in detected}
@@ -99,6 +103,48 @@ class StragglerMonitor:
             detected=detected,
             cleared=cleared,
             evidence=rep.reason,
+            advice=advice,
+        )
+
+    def slow_link(
+        self, s: Snapshot, rank: int, v: SilenceVerdict, incident: Incident, step_time: float
+    ) -> Decision:
+        """A slow link's verdict as straggler evidence, communication time included: the silent rank is
+        flagged with the slowdown of its step so far. On the slow host itself the straggler-action
+        policy weighs keeping it, excluding it for a spare or shrinking, by cost, and the gate says
+        whether an exclusion is carried out; a witness host only records (it cannot exclude another)."""
+        detected = ((rank, round(v.slowdown, 3)),)
+        verdict = None
+        if v.local and self.action is not None and s.world is not None and s.world.runnable:
+            remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
+            case = StragglerCase(s.node, rank, max(v.slowdown, 1e-9), v.confidence, incident.onset)
+            work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+            verdict = decide_straggler(case, work, s.now, self.action)
+        acting = self.gate is not None and self.gate.mode == "act" and not s.failed
+        advice = (
+            ()
+            if verdict is None
+            else (self._advice(dataclasses.replace(verdict, incident=incident), acting),)
+        )
+        if verdict is None or not (acting and verdict.exclude):
+            return Decision(
+                DecisionKind.STRAGGLERS,
+                v.reason,
+                incident=incident,
+                detected=detected,
+                evidence=v.reason,
+                advice=advice,
+            )
+        inc = dataclasses.replace(incident, action=f"{verdict.action}: {verdict.reason}", action_taken=True)
+        return Decision(
+            DecisionKind.EXCLUDE_STRAGGLER,
+            f"slow link on {s.node}: {verdict.reason}",
+            AttemptOutcome(AttemptStatus.EXCLUDED, detected_at=s.now, detail=verdict.reason),
+            inc,
+            rank=rank,
+            onset=inc.onset,
+            detected=detected,
+            evidence=v.reason,
             advice=advice,
         )
 

@@ -13,6 +13,8 @@ def record_stragglers(
 ) -> None:
     """Write ``d``'s straggler records and update ``current`` (rank -> score of the ranks now slow)."""
     ctx = ledger.ctx()
+    if d.incident is not None and not d.ends_attempt:  # a slow link's incident (an exclusion's: the caller)
+        ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]))
     for rank, score in d.detected:
         ledger.emit(StragglerDetected(ts=now, rank=rank, score=score, step=step, evidence=d.evidence, **ctx))
         current[rank] = score

@@ -29,6 +29,7 @@ from ..events import (
     TimeoutsCalibrated,
     WorkersStopped,
 )
+from ..health.link_counters import LinkSampler
 from ..policy.world_size import WorldPlan
 from ..protocol import LoopStarted, Note
 from .clock import Clock
@@ -91,6 +92,7 @@ class Supervisor:
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
+        link: LinkSampler | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -131,6 +133,7 @@ class Supervisor:
             specs={s.global_rank: s for s in self.specs},
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
+        self.link = link  # this host's link counters, for the slow-link check (None: not read)
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -149,7 +152,8 @@ class Supervisor:
         )
         self._sample_cpu(codes, now)
         snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
-        return dataclasses.replace(snap, kills=frozen(self.witness.observe(self.group.pid, codes, logs, now)))
+        kills = frozen(self.witness.observe(self.group.pid, codes, logs, now))
+        return dataclasses.replace(snap, kills=kills, link=self.link.sample(now) if self.link else ())
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the

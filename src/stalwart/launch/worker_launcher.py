@@ -13,6 +13,7 @@ from typing import Any
 
 from ..chaos.plan import FaultPlan
 from ..events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
+from ..health.link_counters import LinkSampler
 from ..policy.job import AttemptStatus
 from ..policy.world_size import WorldPlan
 from ..protocol import WorkerEnv, control, elastic_env
@@ -310,6 +311,7 @@ class NodeWorkers:
             node=self.cfg.node_name,
             world=self.world,
             straggler_gate=self._straggler_gate(),
+            link=LinkSampler() if self.cfg.hang.slow_link_kbit else None,
         ).run()
 
     def _straggler_gate(self):
