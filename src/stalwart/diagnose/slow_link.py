@@ -23,7 +23,7 @@ from ..policy.label import Label
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .straggler import COMM_SECTIONS
 
-RECENT_S = 2.0  # the link must still be moving data over the newest seconds of the silence
+RECENT_S = 3.0  # the link must still be moving data over the newest seconds of the silence
 # sections a collective can run in: the comm sections, a forward (parameter all-gathers) and a rank
 # whose section is unknown (step hooks without the SDK's sections)
 COLLECTIVE_SECTIONS = frozenset(COMM_SECTIONS | {"forward"})
@@ -142,11 +142,12 @@ def judge_silence(s: Silence, window: LinkWindow | None, min_bps: float) -> Sile
         return SilenceVerdict(hang, f"rank {s.rank} is silent in '{s.section}', where no collective runs")
     if window is None:
         return SilenceVerdict(hang, "no link counters on this host")
-    if window.recent_bps < min_bps or window.bps < min_bps:
+    # a trickle at the end still counts (TCP backs off after a drop); a link gone quiet does not
+    if window.recent_bps < min_bps / 4 or window.bps < min_bps:
         return SilenceVerdict(
             hang,
             f"the host's links moved {window.bytes:,} bytes in {window.seconds:.1f}s ({_kbit(window.bps)}, "
-            f"newest {RECENT_S:g}s {_kbit(window.recent_bps)}; progress needs {_kbit(min_bps)}): nothing moves",
+            f"newest {RECENT_S:g}s {_kbit(window.recent_bps)}; progress needs {_kbit(min_bps)}, a quarter of it at the end): nothing moves",
         )
     slowdown = max(1.0, s.silence_s / s.step_s) if s.step_s > 0 else 1.0
     moving = (

@@ -139,7 +139,7 @@ class HangMonitor:
         verdict = judge_silence(silence, link_window(s.link, v.onset), self.link_min_bps)
         if not verdict.slow_link:
             return False, None
-        if v.culprit in s.stragglers:
+        if v.culprit in s.slow_links:
             return True, None  # flagged already: keep training, watched up to the ceiling
         incident = slow_link_incident(verdict, s.node, v.culprit, s.now, v.onset)
         mon = self.stragglers if self.stragglers is not None else StragglerMonitor()

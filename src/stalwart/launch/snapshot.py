@@ -110,6 +110,7 @@ class Snapshot:
     total_steps: int = 0  # the steps the script announced (0: unknown)
     kills: Mapping[int, KillVerdict] = field(default_factory=_empty)  # failed ranks killed by a signal
     link: tuple[LinkSample, ...] = ()  # this host's link counters, oldest first (the slow-link check)
+    slow_links: frozenset[int] = frozenset()  # ranks whose silence was raised as a slow link (once)
 
     # --- derived views ------------------------------------------------------------------------
 

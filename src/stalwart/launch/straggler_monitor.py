@@ -74,6 +74,12 @@ class StragglerMonitor:
         # a rank flagged while no step could be compared (one rank per host: a slow link's rank) is
         # not cleared by a comparison that did not happen
         cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow) if rep.windows else ()
+        # ... but by its own steps back at the healthy pace
+        cleared += tuple(
+            (r, 1.0)
+            for r in sorted(s.slow_links)
+            if r in s.stragglers and r not in slow and r not in dict(cleared) and self._back(s, r)
+        )
         if not detected and not cleared:
             return None
         new = {r for r, _ in detected}
@@ -113,7 +119,9 @@ class StragglerMonitor:
         flagged with the slowdown of its step so far. On the slow host itself the straggler-action
         policy weighs keeping it, excluding it for a spare or shrinking, by cost, and the gate says
         whether an exclusion is carried out; a witness host only records (it cannot exclude another)."""
-        detected = ((rank, round(v.slowdown, 3)),)
+        # the slow host's rank is straggler evidence, its step's communication time included; a
+        # witness's rank is not slow itself: it records the incident only
+        detected = ((rank, round(v.slowdown, 3)),) if v.local else ()
         verdict = None
         if v.local and self.action is not None and s.world is not None and s.world.runnable:
             remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
@@ -131,6 +139,7 @@ class StragglerMonitor:
                 DecisionKind.STRAGGLERS,
                 v.reason,
                 incident=incident,
+                rank=rank,
                 detected=detected,
                 evidence=v.reason,
                 advice=advice,
@@ -147,6 +156,13 @@ class StragglerMonitor:
             evidence=v.reason,
             advice=advice,
         )
+
+    def _back(self, s: Snapshot, rank: int) -> bool:
+        """A slow link's rank whose newest ``window`` steps all ran at the healthy pace again (within
+        ``threshold`` of the attempt's median step time)."""
+        mine = sorted((e for e in s.recent_steps if e.rank == rank), key=lambda e: e.step)[-self.window :]
+        healthy = statistics.median(s.step_times) if s.step_times else 0.0
+        return len(mine) == self.window and all(e.duration <= self.threshold * healthy for e in mine)
 
     def _advice(self, v: StragglerDecision, acting: bool) -> StragglerAdvice:
         gate = self.gate.reason if self.gate is not None else "observe only"

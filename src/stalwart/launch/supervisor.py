@@ -114,6 +114,7 @@ class Supervisor:
         self.tracker = ProgressTracker(ranks=ranks, started=clock.now())
         self.window: deque[StepCompleted] = deque(maxlen=strag.steps_kept * max(1, len(ranks)))
         self.stragglers: dict[int, float] = {}
+        self.slow_links: set[int] = set()  # ranks whose silence was raised as a slow link
         self.last_straggler_check = -1
         self.last_membership_check = self.tracker.started
         self.store_unreachable = ""  # why the rendezvous store counts as gone (the store monitor acts)
@@ -257,6 +258,7 @@ class Supervisor:
             recent_steps=tuple(self.window) if straggler_step >= 0 else (),
             straggler_step=straggler_step,
             stragglers=frozen(self.stragglers),
+            slow_links=frozenset(self.slow_links),
             attempt=self.attempt,
             world=self.world,
             total_steps=tr.total_steps,
@@ -357,7 +359,9 @@ class Supervisor:
         return self._crash(crash(again, raised), again)
 
     def _stragglers(self, d: Decision, snap: Snapshot) -> None:
-        record_stragglers(self.ledger, self.clock.now(), self.stragglers, d, snap.straggler_step)
+        record_stragglers(
+            self.ledger, self.clock.now(), self.stragglers, d, snap.straggler_step, self.slow_links
+        )
 
     def _exclude(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         """This node is the straggler to exclude: record it, quarantine the node, stop the workers at
