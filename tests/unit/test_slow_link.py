@@ -16,7 +16,14 @@ from stalwart.diagnose.slow_link import (
 )
 from stalwart.diagnose.straggler_action import StragglerActionConfig
 from stalwart.events import StepCompleted
-from stalwart.health.link_counters import IfCounters, LinkSample, LinkSampler, parse_qdiscs, read_sysfs
+from stalwart.health.link_counters import (
+    IfCounters,
+    LinkSample,
+    LinkSampler,
+    parse_qdiscs,
+    parse_sockets,
+    read_sysfs,
+)
 from stalwart.launch.decision import DecisionKind
 from stalwart.launch.hang_monitor import HangMonitor
 from stalwart.launch.snapshot import RankView, Snapshot
@@ -70,19 +77,49 @@ def test_sysfs_counters_skip_loopback_and_sum_drops_and_errors(tmp_path):
     assert read_sysfs(tmp_path / "absent") == {}
 
 
-def test_the_sampler_reads_qdiscs_at_its_cadence_and_keeps_a_bounded_history():
+def test_the_sampler_samples_at_its_cadence_and_keeps_a_bounded_history():
     reads: list[int] = []
 
     def qdiscs():
         reads.append(1)
         return {"eth0": ("tbf", 0, len(reads))}
 
-    sampler = LinkSampler(lambda: {"eth0": IfCounters(1, 2, 0)}, qdiscs, keep_s=10.0, qdisc_every_s=2.0)
+    def sockets(pids):
+        assert list(pids) == [41, 42]
+        return {"10.77.0.1": (100 * len(reads), 7)}, 5
+
+    sampler = LinkSampler(
+        lambda: [41, 42], lambda: {"eth0": IfCounters(1, 2, 0)}, qdiscs, sockets, keep_s=10.0, every_s=2.0
+    )
     for t in range(0, 30):
         got = sampler.sample(T0 + t * 0.5)
     assert len(reads) == 8  # every 2 s over 14.5 s
     assert got[-1].ifaces["eth0"] == IfCounters(1, 2, 0, "tbf", 0, 8)
-    assert got[-1].t - got[0].t <= 10.0 and len(got) == 21
+    assert got[-1].peers == {"10.77.0.1": (800, 7)} and got[-1].send_queued == 5
+    assert got[-1].t - got[0].t <= 10.0 and len(got) == 6
+
+
+def test_the_workers_sockets_are_summed_per_peer_and_other_processes_do_not_count():
+    text = (
+        '0      4096   10.77.0.2:41000 10.77.0.1:29500 users:(("python",pid=42,fd=9))\n'
+        "\t cubic rtt:400/20 bytes_sent:9000 bytes_acked:8000 bytes_received:5000 delivery_rate 1000000bps\n"
+        '0      0      [::ffff:10.77.0.2]:41001 [::ffff:10.77.0.1]:41002 users:(("python",pid=42,fd=10))\n'
+        "\t cubic bytes_acked:2000 bytes_received:1000\n"
+        '0      999    10.77.0.2:22 10.9.9.9:5000 users:(("sshd",pid=7,fd=3))\n'
+        "\t cubic bytes_acked:123456 bytes_received:654321\n"
+    )
+    assert parse_sockets(text, {42}) == ({"10.77.0.1": (10_000, 6_000)}, 4096)
+    assert parse_sockets(text, {99}) == ({}, 0)
+
+
+def test_with_the_workers_sockets_read_the_window_counts_their_bytes_per_peer():
+    def at(t, sent, other):
+        c = IfCounters(rx_bytes=other, tx_bytes=0, dropped=0)
+        return LinkSample(t, MappingProxyType({"eth0": c}), MappingProxyType({"10.77.0.1": (sent, 0)}), 4096)
+
+    w = link_window((at(T0, 0, 0), at(T0 + 4, 400_000, 10**9)), since=T0)
+    assert w.bytes == 400_000 and w.source == "the workers' connections"  # not the other gigabyte
+    assert w.per_peer == "10.77.0.1 400,000 bytes" and w.send_queued == 4096
 
 
 # --- the window and the policy ----------------------------------------------------------------------

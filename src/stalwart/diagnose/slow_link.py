@@ -34,11 +34,14 @@ class LinkWindow:
     """What this host's links did between two samples (the silence)."""
 
     seconds: float
-    bytes: int  # received + sent, every non-loopback interface
+    bytes: int  # received + sent: the workers' own connections when read, else every interface's
     recent_bps: float  # bytes per second over the newest ``RECENT_S`` of the window
     drops: int  # device drops/errors and qdisc drops
     overlimits: int  # times a shaping qdisc held packets over its rate
     shaped: str  # "tbf on eth0" for the interfaces with a shaping root qdisc, "" without
+    source: str = "this host's interfaces"  # or "the workers' connections"
+    per_peer: str = ""  # "10.77.0.1 368,068 bytes" per peer address, busiest first (the workers')
+    send_queued: int = 0  # bytes the workers' sockets held unsent at the newest sample
 
     @property
     def bps(self) -> float:
@@ -46,6 +49,7 @@ class LinkWindow:
 
 
 def _delta(a: LinkSample, b: LinkSample) -> tuple[int, int, int]:
+    """Interface bytes moved, drops, over-limits from ``a`` to ``b``."""
     moved = drops = over = 0
     for name, y in b.ifaces.items():
         x = a.ifaces.get(name)
@@ -57,28 +61,50 @@ def _delta(a: LinkSample, b: LinkSample) -> tuple[int, int, int]:
     return moved, drops, over
 
 
+def _peer_delta(a: LinkSample, b: LinkSample) -> dict[str, int]:
+    """Bytes the workers' connections moved per peer from ``a`` to ``b`` (both read)."""
+    if a.peers is None or b.peers is None:
+        return {}
+    out = {}
+    for peer, (sent, got) in b.peers.items():
+        s0, g0 = a.peers.get(peer, (sent, got))  # a connection opened in between: from its first sight
+        out[peer] = max(0, sent - s0) + max(0, got - g0)
+    return out
+
+
+def _moved(a: LinkSample, b: LinkSample) -> int:
+    if a.peers is not None and b.peers is not None:
+        return sum(_peer_delta(a, b).values())
+    return _delta(a, b)[0]
+
+
 def link_window(samples: Sequence[LinkSample], since: float, recent_s: float = RECENT_S) -> LinkWindow | None:
     """The window from the newest sample at or before ``since`` (else the oldest) to the newest one;
-    None with fewer than two samples."""
+    None with fewer than two samples. Bytes are the workers' own connections' when both ends were
+    read (other processes' traffic does not count), the interfaces' otherwise."""
     if len(samples) < 2:
         return None
     first = next((s for s in reversed(samples) if s.t <= since), samples[0])
     last = samples[-1]
     if last.t <= first.t:
         return None
-    moved, drops, over = _delta(first, last)
+    _, drops, over = _delta(first, last)
     tail = next((s for s in reversed(samples) if s.t <= last.t - recent_s), first)
-    recent_moved, _, _ = _delta(tail, last) if last.t > tail.t else (0, 0, 0)
+    sockets = first.peers is not None and last.peers is not None
+    peers = sorted(_peer_delta(first, last).items(), key=lambda kv: -kv[1])
     shaped = ", ".join(
         f"{c.qdisc} on {name}" for name, c in sorted(last.ifaces.items()) if c.qdisc in SHAPING_QDISCS
     )
     return LinkWindow(
         seconds=last.t - first.t,
-        bytes=moved,
-        recent_bps=recent_moved / (last.t - tail.t) if last.t > tail.t else 0.0,
+        bytes=_moved(first, last),
+        recent_bps=_moved(tail, last) / (last.t - tail.t) if last.t > tail.t else 0.0,
         drops=drops,
         overlimits=over,
         shaped=shaped,
+        source="the workers' connections" if sockets else "this host's interfaces",
+        per_peer=", ".join(f"{p} {n:,} bytes" for p, n in peers if n),
+        send_queued=last.send_queued,
     )
 
 
@@ -146,14 +172,16 @@ def judge_silence(s: Silence, window: LinkWindow | None, min_bps: float) -> Sile
     if window.recent_bps < min_bps / 4 or window.bps < min_bps:
         return SilenceVerdict(
             hang,
-            f"the host's links moved {window.bytes:,} bytes in {window.seconds:.1f}s ({_kbit(window.bps)}, "
+            f"{window.source} moved {window.bytes:,} bytes in {window.seconds:.1f}s ({_kbit(window.bps)}, "
             f"newest {RECENT_S:g}s {_kbit(window.recent_bps)}; progress needs {_kbit(min_bps)}, a quarter of it at the end): nothing moves",
         )
     slowdown = max(1.0, s.silence_s / s.step_s) if s.step_s > 0 else 1.0
+    peers = f"; to and from {window.per_peer}" if window.per_peer else ""
+    queued = f"; {window.send_queued:,} bytes wait to be sent" if window.send_queued else ""
     moving = (
         f"rank {s.rank} silent {s.silence_s:.1f}s in {f'{s.section!r}' if s.section else 'its step'} "
-        f"(hang timeout {s.timeout_s:.1f}s, healthy step {s.step_s:.2f}s) while this host's links move "
-        f"{_kbit(window.bps)} ({window.bytes:,} bytes): the collective is slow, not stuck"
+        f"(hang timeout {s.timeout_s:.1f}s, healthy step {s.step_s:.2f}s) while {window.source} move "
+        f"{_kbit(window.bps)} ({window.bytes:,} bytes{peers}{queued}): the collective is slow, not stuck"
     )
     if window.overlimits or window.drops:
         shaped = f"{window.shaped}: " if window.shaped else ""

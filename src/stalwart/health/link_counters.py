@@ -1,27 +1,31 @@
 """This host's network link counters: bytes, drops and errors per interface from
-``/sys/class/net/*/statistics``, and the queueing disciplines' drops and over-limit counts from
-``tc -s -j qdisc show`` (iproute2). What the slow-link check (diagnose/slow_link.py) reads to tell a
-collective that moves data slowly from one that moves nothing.
+``/sys/class/net/*/statistics``, the queueing disciplines' drops and over-limit counts from
+``tc -s -j qdisc show``, and the bytes each worker process's own TCP connections moved, per peer
+address, from ``ss -tinp`` (iproute2's socket statistics, the kernel's ``tcp_info``). What the
+slow-link check (diagnose/slow_link.py) reads to tell a collective that moves data slowly from one
+that moves nothing: the workers' own sockets when ``ss`` answers (traffic of other processes does not
+count), the interfaces otherwise.
 
-Reads are local (sysfs files, one netlink query through ``tc`` bounded by :data:`QDISC_READ_TIMEOUT_S`);
-nothing here touches the network. Counters of an interface that appears or disappears between two
+Reads are local (sysfs files, netlink dumps through ``tc`` and ``ss`` bounded by
+:data:`READ_TIMEOUT_S`); nothing here touches the network. Counters of an interface that appears or disappears between two
 samples are not compared (a window over them reports what both samples share).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 SYS_NET = Path("/sys/class/net")
-QDISC_READ_TIMEOUT_S = 1.0  # one local netlink dump; a tc that takes longer is skipped this time
-QDISC_EVERY_S = 2.0  # the qdisc counters are read at most this often (a process each time)
+READ_TIMEOUT_S = 1.0  # one local netlink dump; a tc or ss that takes longer is skipped this time
+SAMPLE_EVERY_S = 1.0  # samples are taken at most this often (two short processes each time)
 KEEP_S = 180.0  # samples kept: longer than any silence the slow-link check weighs
 _DEVICE_DROPS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 SHAPING_QDISCS = frozenset({"tbf", "htb", "hfsc", "cbq", "netem", "cake", "police"})
@@ -41,10 +45,13 @@ class IfCounters:
 
 @dataclass(frozen=True)
 class LinkSample:
-    """Every non-loopback interface's counters at time ``t`` (the agent's clock)."""
+    """Every non-loopback interface's counters at time ``t`` (the agent's clock), and the workers'
+    TCP connections' bytes (acked sent, received) summed per peer address (None: not read)."""
 
     t: float
     ifaces: Mapping[str, IfCounters] = field(default_factory=lambda: MappingProxyType({}))
+    peers: Mapping[str, tuple[int, int]] | None = None
+    send_queued: int = 0  # bytes the workers' sockets hold unsent (the link cannot take them yet)
 
 
 def _int(path: Path) -> int:
@@ -93,7 +100,7 @@ def parse_qdiscs(text: str) -> dict[str, tuple[str, int, int]]:
     return out
 
 
-def read_qdiscs(timeout_s: float = QDISC_READ_TIMEOUT_S) -> dict[str, tuple[str, int, int]]:
+def read_qdiscs(timeout_s: float = READ_TIMEOUT_S) -> dict[str, tuple[str, int, int]]:
     """The queueing disciplines' counters by interface; {} without ``tc`` or when it does not answer."""
     tc = shutil.which("tc")
     if tc is None:
@@ -107,32 +114,83 @@ def read_qdiscs(timeout_s: float = QDISC_READ_TIMEOUT_S) -> dict[str, tuple[str,
     return parse_qdiscs(res.stdout) if res.returncode == 0 else {}
 
 
+def _peer_host(addr: str) -> str:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host.removeprefix("::ffff:")
+
+
+def parse_sockets(text: str, pids: Collection[int]) -> tuple[dict[str, tuple[int, int]], int]:
+    """``ss -tinpH state established`` output -> the sockets of ``pids``: peer address -> (bytes
+    acked, bytes received), and their unsent bytes (pure). A socket line is followed by its
+    indented ``tcp_info`` line."""
+    peers: dict[str, tuple[int, int]] = {}
+    queued = 0
+    peer, mine, sendq = "", False, 0
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            cols = line.split()
+            owners = {int(m) for m in re.findall(r"pid=(\d+)", line)}
+            mine = len(cols) >= 4 and bool(owners & set(pids))
+            peer, sendq = (_peer_host(cols[3]), int(cols[1]) if cols[1].isdigit() else 0) if mine else ("", 0)
+            continue
+        if not mine:
+            continue
+        info = dict(re.findall(r"(bytes_acked|bytes_received):(\d+)", line))
+        sent, got = peers.get(peer, (0, 0))
+        peers[peer] = (sent + int(info.get("bytes_acked", 0)), got + int(info.get("bytes_received", 0)))
+        queued += sendq
+        mine = False
+    return peers, queued
+
+
+def read_sockets(
+    pids: Collection[int], timeout_s: float = READ_TIMEOUT_S
+) -> tuple[dict[str, tuple[int, int]], int] | None:
+    """The established TCP connections of ``pids`` (:func:`parse_sockets`); None without ``ss``."""
+    ss = shutil.which("ss")
+    if ss is None or not pids:
+        return None
+    try:
+        res = subprocess.run(
+            [ss, "-tinpH", "state", "established"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_sockets(res.stdout, pids) if res.returncode == 0 else None
+
+
 class LinkSampler:
-    """Samples of this host's link counters, one per call, kept for ``keep_s`` (the agent's tick calls
-    :meth:`sample`). The qdisc counters are re-read every ``qdisc_every_s`` and carried between."""
+    """Samples of this host's link counters, at most one per ``every_s`` (the agent's tick calls
+    :meth:`sample`), kept for ``keep_s``; ``pids``: the worker processes whose sockets count."""
 
     def __init__(
         self,
+        pids: Callable[[], Collection[int]] = lambda: (),
         sysfs: Callable[[], Mapping[str, IfCounters]] = read_sysfs,
         qdiscs: Callable[[], Mapping[str, tuple[str, int, int]]] = read_qdiscs,
+        sockets: Callable[[Collection[int]], tuple[dict[str, tuple[int, int]], int] | None] = read_sockets,
         keep_s: float = KEEP_S,
-        qdisc_every_s: float = QDISC_EVERY_S,
+        every_s: float = SAMPLE_EVERY_S,
     ) -> None:
-        self._sysfs, self._qdiscs = sysfs, qdiscs
-        self.keep_s, self.qdisc_every_s = keep_s, qdisc_every_s
+        self._pids, self._sysfs, self._qdiscs, self._sockets = pids, sysfs, qdiscs, sockets
+        self.keep_s, self.every_s = keep_s, every_s
         self.samples: deque[LinkSample] = deque()
-        self._q: Mapping[str, tuple[str, int, int]] = {}
-        self._q_at = float("-inf")
+        self._kept: tuple[LinkSample, ...] = ()
 
     def sample(self, now: float) -> tuple[LinkSample, ...]:
-        """Take a sample at ``now``; every sample kept, oldest first."""
-        if now - self._q_at >= self.qdisc_every_s:
-            self._q, self._q_at = self._qdiscs(), now
+        """Take a sample at ``now`` when ``every_s`` has passed since the last; every sample kept,
+        oldest first."""
+        if self.samples and now - self.samples[-1].t < self.every_s:
+            return self._kept
+        q = self._qdiscs()
         ifaces = {}
         for name, c in self._sysfs().items():
-            kind, drops, over = self._q.get(name, ("", 0, 0))
+            kind, drops, over = q.get(name, ("", 0, 0))
             ifaces[name] = IfCounters(c.rx_bytes, c.tx_bytes, c.dropped, kind, drops, over)
-        self.samples.append(LinkSample(now, MappingProxyType(ifaces)))
+        socks = self._sockets(self._pids())
+        peers, queued = (MappingProxyType(socks[0]), socks[1]) if socks is not None else (None, 0)
+        self.samples.append(LinkSample(now, MappingProxyType(ifaces), peers, queued))
         while self.samples and now - self.samples[0].t > self.keep_s:
             self.samples.popleft()
-        return tuple(self.samples)
+        self._kept = tuple(self.samples)
+        return self._kept

@@ -311,7 +311,9 @@ class NodeWorkers:
             node=self.cfg.node_name,
             world=self.world,
             straggler_gate=self._straggler_gate(),
-            link=LinkSampler() if self.cfg.hang.slow_link_kbit else None,
+            link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs])
+            if self.cfg.hang.slow_link_kbit
+            else None,
         ).run()
 
     def _straggler_gate(self):
