@@ -222,6 +222,17 @@ def test_a_crawling_collective_raises_a_slow_link_incident_instead_of_a_hang():
     assert HANGS(snap(T0 + 8, ())).kind is DecisionKind.HANG
 
 
+def test_traffic_from_before_the_silence_never_makes_a_hang_a_slow_link():
+    # a busy step's all-reduce ran until the rank stopped at T0; from then on the workers' connections
+    # are quiet: the sample before the onset must not lend the silence its bytes
+    busy = moving(T0 - 5, T0, 2_000_000, over_per_s=50)
+    link = busy + tuple(sample(T0 + i, int(2_000_000 * 5), over=250) for i in (0.5, 1.5, 2.5))
+    d = HANGS(snap(T0 + 3, link))
+    assert d is not None and d.kind is DecisionKind.HANG
+    # with one sample inside the silence there is no window: a hang as before
+    assert HANGS(snap(T0 + 3, busy + (sample(T0 + 0.5, 10_000_000),))).kind is DecisionKind.HANG
+
+
 def test_past_the_timeout_the_next_check_is_a_tick_away_not_a_busy_loop():
     s = snap(T0 + 8, moving(T0 - 5, T0 + 8, 125_000, over_per_s=50))
     assert HANGS.next_check(s) == s.now + s.tick

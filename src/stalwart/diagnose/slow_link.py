@@ -79,17 +79,16 @@ def _moved(a: LinkSample, b: LinkSample) -> int:
 
 
 def link_window(samples: Sequence[LinkSample], since: float, recent_s: float = RECENT_S) -> LinkWindow | None:
-    """The window from the newest sample at or before ``since`` (else the oldest) to the newest one;
-    None with fewer than two samples. Bytes are the workers' own connections' when both ends were
-    read (other processes' traffic does not count), the interfaces' otherwise."""
-    if len(samples) < 2:
+    """The window inside the silence: from the oldest sample at or after ``since`` to the newest one
+    (traffic from before the silence never counts); None without two such samples. Bytes are the
+    workers' own connections' when both ends were read (other processes' traffic does not count),
+    the interfaces' otherwise."""
+    inside = [s for s in samples if s.t >= since]
+    if len(inside) < 2 or inside[-1].t <= inside[0].t:
         return None
-    first = next((s for s in reversed(samples) if s.t <= since), samples[0])
-    last = samples[-1]
-    if last.t <= first.t:
-        return None
+    first, last = inside[0], inside[-1]
     _, drops, over = _delta(first, last)
-    tail = next((s for s in reversed(samples) if s.t <= last.t - recent_s), first)
+    tail = next((s for s in reversed(inside) if s.t <= last.t - recent_s), first)
     sockets = first.peers is not None and last.peers is not None
     peers = sorted(_peer_delta(first, last).items(), key=lambda kv: -kv[1])
     shaped = ", ".join(
