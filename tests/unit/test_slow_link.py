@@ -15,7 +15,7 @@ from stalwart.diagnose.slow_link import (
     slow_link_incident,
 )
 from stalwart.diagnose.straggler_action import StragglerActionConfig
-from stalwart.events import StepCompleted
+from stalwart.events import IncidentRaised, StepCompleted, StragglerDetected
 from stalwart.health.link_counters import (
     IfCounters,
     LinkSample,
@@ -24,10 +24,12 @@ from stalwart.health.link_counters import (
     parse_sockets,
     read_sysfs,
 )
-from stalwart.launch.decision import DecisionKind
+from stalwart.launch.decision import Decision, DecisionKind
+from stalwart.launch.fakes import RecordingLedger
 from stalwart.launch.hang_monitor import HangMonitor
 from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.launch.straggler_monitor import StragglerMonitor
+from stalwart.launch.straggler_records import record_stragglers
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import WorldPlan
 
@@ -287,3 +289,19 @@ def test_a_slow_links_straggler_clears_when_its_own_steps_are_back_at_the_health
     assert back is not None and back.cleared == ((0, 1.0),)
     # a rank flagged by the comparison is not cleared for want of one (one rank per host)
     assert mon(snap(T0, (), recent_steps=steps([0.2] * 10), stragglers={0: 1.5}, straggler_step=30)) is None
+
+
+def test_the_records_of_a_slow_link_name_the_host_once_and_flag_the_rank_until_it_clears():
+    ledger = RecordingLedger(node="h1")
+    current: dict[int, float] = {}
+    slow_links: set[int] = set()
+    d = HANGS(snap(T0 + 8, moving(T0 - 5, T0 + 8, 125_000, over_per_s=50)))
+    record_stragglers(ledger, T0 + 8, current, d, 41, slow_links)
+    raised = ledger.of(IncidentRaised)
+    assert len(raised) == 1 and raised[0].nodes == ("h1",) and raised[0] in ledger.shown
+    assert raised[0].cause.startswith("slow link on host h1")
+    assert current == {0: 40.25} and slow_links == {0}
+    assert [(e.rank, e.step) for e in ledger.of(StragglerDetected)] == [(0, 41)]
+    cleared = Decision(DecisionKind.STRAGGLERS, "back", cleared=((0, 1.0),))
+    record_stragglers(ledger, T0 + 30, current, cleared, 60, slow_links)
+    assert current == {} and slow_links == set() and len(ledger.of(IncidentRaised)) == 1

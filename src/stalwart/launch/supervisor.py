@@ -359,9 +359,8 @@ class Supervisor:
         return self._crash(crash(again, raised), again)
 
     def _stragglers(self, d: Decision, snap: Snapshot) -> None:
-        record_stragglers(
-            self.ledger, self.clock.now(), self.stragglers, d, snap.straggler_step, self.slow_links
-        )
+        step = snap.straggler_step if snap.straggler_step >= 0 else snap.max_done_step + 1  # a slow link
+        record_stragglers(self.ledger, self.clock.now(), self.stragglers, d, step, self.slow_links)
 
     def _exclude(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         """This node is the straggler to exclude: record it, quarantine the node, stop the workers at
