@@ -9,7 +9,7 @@ Scenarios (each agent runs stalwart.examples.charlm, 1 worker per host, default 
   store) drops off and dies, with its etcd member: the survivors' first step at world size 2
   (``--startup-timeout 20``: the fault may hit a checkpoint save, whose silence is allowed that long).
 
-* ``slow-link``: 2 hosts, h1's link limited by ``tc tbf`` both ways (1 and 4 Mbit/s) for 40 s, then
+* ``slow-link``: 2 hosts, h1's link limited by ``tc tbf`` both ways (1 and 2 Mbit/s) for 40 s, then
   20 s at full speed, with the slow-link check and without it (``--slow-link-kbit 0``, the hang
   detector alone): time to the verdict, hang restarts, steps h0 completed, the newest step's progress
   and the steps lost to rollbacks in that minute (``--hang-floor 3``, a checkpoint every 5 steps).
@@ -132,6 +132,7 @@ def _slow_link_run(root: Path, rate: str, throttle_s: float, after_s: float, che
     hangs = [e for e in evs if type(e).__name__ == "FailureDetected"]
     slow = [e for e in evs if type(e).__name__ == "IncidentRaised" and "slow link" in e.cause]
     steps = [e for e in evs if type(e).__name__ == "StepCompleted" and e.node == "h0"]
+    crawled = [e for e in steps if e.ts <= cut + throttle_s]
     top = max((e.step for e in steps), default=top_at_cut)
     verdicts = [e.ts for e in slow] or [e.ts for e in hangs]
     return {
@@ -140,6 +141,7 @@ def _slow_link_run(root: Path, rate: str, throttle_s: float, after_s: float, che
         if slow
         else (hangs[0].failure if hangs else "none"),
         "restarts": len({(e.node, e.attempt) for e in hangs}),
+        "steps_while_slow": len(crawled),  # steps h0 completed while the link was slow
         "steps_done": len(steps),  # steps h0 completed in the window, redone ones included
         "net_progress": top - top_at_cut,  # how far the newest step moved in the window
         "steps_lost": len(steps) - (top - top_at_cut),  # completed, then redone after a rollback
@@ -147,7 +149,7 @@ def _slow_link_run(root: Path, rate: str, throttle_s: float, after_s: float, che
     }
 
 
-def slow_link(root: Path, rates: tuple[str, ...] = ("1mbit", "4mbit"), throttle_s: float = 40.0) -> dict:
+def slow_link(root: Path, rates: tuple[str, ...] = ("1mbit", "2mbit"), throttle_s: float = 40.0) -> dict:
     """One host's link slow for ``throttle_s`` (``tc tbf`` both ways), at each rate: the slow-link check
     against the hang detector alone (the old behaviour: a hang restart per crawling step)."""
     out = {}

@@ -90,7 +90,7 @@ class HangSettings(BaseModel):
     slow_link_kbit: Annotated[float, setting("slow_link_kbit", "--slow-link-kbit")] = Field(
         default=64.0,
         ge=0,
-        description="A rank silent past its hang timeout while this host's links move "
+        description="A rank silent past its hang timeout while its connections move "
         "this many kbit/s is on a slow link, not hung (up to --pg-timeout); 0: off.",
     )
 
