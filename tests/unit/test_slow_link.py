@@ -3,6 +3,7 @@ applies it, over hand-built samples and snapshots (no network, no clock, no slee
 
 from __future__ import annotations
 
+import threading
 from types import MappingProxyType
 
 from stalwart.diagnose.precision import GateDecision, GateMode
@@ -305,3 +306,25 @@ def test_the_records_of_a_slow_link_name_the_host_once_and_flag_the_rank_until_i
     cleared = Decision(DecisionKind.STRAGGLERS, "back", cleared=((0, 1.0),))
     record_stragglers(ledger, T0 + 30, current, cleared, 60, slow_links)
     assert current == {} and slow_links == set() and len(ledger.of(IncidentRaised)) == 1
+
+
+def test_with_the_agents_clock_the_reads_run_off_the_callers_thread_and_stop_when_not_asked():
+    taken = threading.Event()
+    readers: set[int] = set()
+
+    def sysfs():
+        readers.add(threading.get_ident())
+        taken.set()
+        return {"eth0": IfCounters(5, 6, 0)}
+
+    sampler = LinkSampler(
+        sysfs=sysfs, qdiscs=dict, sockets=lambda pids: None, clock=lambda: T0, every_s=0.01, idle_s=0.2
+    )
+    sampler.sample(T0)
+    assert taken.wait(timeout=30), "the sampling thread took no sample"
+    assert sampler._thread is not None
+    sampler._thread.join(timeout=30)  # nobody asks any more: it ends by itself
+    assert not sampler._thread.is_alive()
+    assert threading.get_ident() not in readers
+    got = sampler.sample(T0)
+    assert got and got[-1].ifaces["eth0"] == IfCounters(5, 6, 0) and got[-1].peers is None

@@ -17,6 +17,8 @@ import json
 import re
 import shutil
 import subprocess
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from types import MappingProxyType
 SYS_NET = Path("/sys/class/net")
 READ_TIMEOUT_S = 1.0  # one local netlink dump; a tc or ss that takes longer is skipped this time
 SAMPLE_EVERY_S = 1.0  # samples are taken at most this often (two short processes each time)
+IDLE_S = 10.0  # the sampling thread ends once its samples were not asked for this long
 KEEP_S = 180.0  # samples kept: longer than any silence the slow-link check weighs
 _DEVICE_DROPS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 SHAPING_QDISCS = frozenset({"tbf", "htb", "hfsc", "cbq", "netem", "cake", "police"})
@@ -160,8 +163,14 @@ def read_sockets(
 
 
 class LinkSampler:
-    """Samples of this host's link counters, at most one per ``every_s`` (the agent's tick calls
-    :meth:`sample`), kept for ``keep_s``; ``pids``: the worker processes whose sockets count."""
+    """Samples of this host's link counters, one per ``every_s``, kept for ``keep_s``; ``pids``: the
+    worker processes whose sockets count.
+
+    With ``clock`` (the agent's: samples share its time base) the reads run on a daemon thread, so
+    the agent's tick never waits for ``ss`` or ``tc`` (on a busy host ``ss -p`` takes up to a second):
+    :meth:`sample` starts it and returns the samples taken so far; the thread ends once nobody has
+    asked for ``idle_s``. Without a clock, :meth:`sample` reads in the caller when ``every_s`` has
+    passed (tests drive it on their own clock)."""
 
     def __init__(
         self,
@@ -171,17 +180,37 @@ class LinkSampler:
         sockets: Callable[[Collection[int]], tuple[dict[str, tuple[int, int]], int] | None] = read_sockets,
         keep_s: float = KEEP_S,
         every_s: float = SAMPLE_EVERY_S,
+        clock: Callable[[], float] | None = None,
+        idle_s: float = IDLE_S,
     ) -> None:
         self._pids, self._sysfs, self._qdiscs, self._sockets = pids, sysfs, qdiscs, sockets
-        self.keep_s, self.every_s = keep_s, every_s
+        self.keep_s, self.every_s, self.idle_s = keep_s, every_s, idle_s
         self.samples: deque[LinkSample] = deque()
         self._kept: tuple[LinkSample, ...] = ()
+        self._clock = clock
+        self._asked = 0.0
+        self._thread: threading.Thread | None = None
 
     def sample(self, now: float) -> tuple[LinkSample, ...]:
-        """Take a sample at ``now`` when ``every_s`` has passed since the last; every sample kept,
-        oldest first."""
-        if self.samples and now - self.samples[-1].t < self.every_s:
+        """Every sample kept, oldest first (taking one at ``now`` first when read in the caller)."""
+        if self._clock is None:
+            if not self.samples or now - self.samples[-1].t >= self.every_s:
+                self._take(now)
             return self._kept
+        self._asked = time.monotonic()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="stalwart-link-sampler", daemon=True)
+            self._thread.start()
+        return self._kept
+
+    def _loop(self) -> None:
+        assert self._clock is not None
+        while time.monotonic() - self._asked < self.idle_s:
+            began = time.monotonic()
+            self._take(self._clock())
+            time.sleep(max(0.0, self.every_s - (time.monotonic() - began)))
+
+    def _take(self, now: float) -> None:
         q = self._qdiscs()
         ifaces = {}
         for name, c in self._sysfs().items():
@@ -192,5 +221,4 @@ class LinkSampler:
         self.samples.append(LinkSample(now, MappingProxyType(ifaces), peers, queued))
         while self.samples and now - self.samples[0].t > self.keep_s:
             self.samples.popleft()
-        self._kept = tuple(self.samples)
-        return self._kept
+        self._kept = tuple(self.samples)  # one reference swap: the reader sees the old or the new tuple

@@ -311,7 +311,7 @@ class NodeWorkers:
             node=self.cfg.node_name,
             world=self.world,
             straggler_gate=self._straggler_gate(),
-            link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs])
+            link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
             if self.cfg.hang.slow_link_kbit
             else None,
         ).run()
