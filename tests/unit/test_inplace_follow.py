@@ -95,3 +95,92 @@ def test_the_kernel_state_of_a_process_is_read_from_proc(tmp_path):
 
     assert proc_state(os.getpid()) in ("R", "S")
     assert proc_state(2**22 + 12345) == ""
+
+
+class _Board:
+    def __init__(self) -> None:
+        self.seen = None
+        self.sent: list = []
+
+    def announce(self, a) -> None:
+        self.sent.append(a)
+
+    def latest(self):
+        return self.seen
+
+    def close(self) -> None:
+        pass
+
+
+def _node(tmp_path, clock: ManualClock, ledger: RecordingLedger):
+    """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
+    from stalwart.protocol import control
+
+    ctl = tmp_path / "ctl.bin"
+    control.create(ctl, slots=2)
+    block = control.ControlBlock(ctl, writable=True)
+    board = _Board()
+    rec = InPlaceRecovery(
+        cfg=SimpleNamespace(reform=SimpleNamespace(enabled=True, announce_s=5.0)),
+        ledger=ledger,
+        group=None,
+        receiver=None,
+        block=block,
+        tracker=ProgressTracker(ranks=[2, 3], started=clock.now()),
+        num_nodes=2,
+        attempt=0,
+        clock=clock,
+        board=board,
+        node="n1",
+    )
+    return rec, board, block
+
+
+def _snap_at(clock: ManualClock):
+    return SimpleNamespace(now=clock.now(), stop_requested_at=None)
+
+
+def test_a_node_asks_its_ranks_to_join_the_generation_another_node_announced(tmp_path):
+    from stalwart.launch.reform_board import Announcement
+    from stalwart.protocol import Reforming
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0  # nothing announced yet: the rank waits
+    board.seen = Announcement(1, "n0", (1,))
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 1 and rec.generation == 1
+    [joined] = [e for e in ledger.of(DecisionTaken) if e.action == "joined_in_place"]
+    assert "node n0" in joined.reason
+    rec.watch(_snap_at(clock))  # the same announcement is not joined twice
+    assert len([e for e in ledger.of(DecisionTaken) if e.action == "joined_in_place"]) == 1
+
+
+def test_ranks_left_waiting_past_the_announce_bound_are_told_none_is_coming(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(3, 1, 0.01, clock.now()), clock.now())
+    clock.advance(4.9)
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0
+    clock.advance(0.2)
+    rec.watch(_snap_at(clock))
+    assert block.reform() == REFUSED
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "within 5s" in why.reason
+
+
+def test_a_worker_waiting_for_a_generation_gives_up_at_once_when_refused():
+    from stalwart.protocol.control import REFUSED
+    from stalwart.train.inplace import Generation
+
+    clock = ManualClock()
+    t0 = clock.now()
+    asked = iter([0, 0, REFUSED])
+    gen = Generation(1, lambda: next(asked), clock.sleep, clock.now)
+    assert gen.wait(30.0) == 0 and clock.now() - t0 < 1.0  # two polls, not the 30 s bound

@@ -6,7 +6,17 @@ import dataclasses
 
 import pytest
 
-from stalwart.policy.inplace import InPlace, InPlaceCase, NotInPlace, decide
+from stalwart.policy.inplace import (
+    InPlace,
+    InPlaceCase,
+    Join,
+    JoinCase,
+    NotInPlace,
+    Refuse,
+    Wait,
+    decide,
+    join,
+)
 from stalwart.policy.restart_policy import FailureKind
 
 RANKS = frozenset({0, 1, 2, 3})
@@ -43,7 +53,8 @@ def test_lost_or_stuck_ranks_are_recoverable(kind):
         ({"reforming": True}, "during an in-place re-formation"),
         ({"failure": FailureKind.EXCEPTION}, "script's own failure"),
         ({"in_place_ranks": frozenset({0, 1, 2})}, "rank 3 does not run under Session.run"),
-        ({"num_nodes": 2}, "across nodes"),
+        ({"num_nodes": 2, "failure": FailureKind.PEER_LOST}, "the lost peer is on another node"),
+        ({"num_nodes": 2, "failure": FailureKind.HANG}, "a hang across nodes"),
         ({"failed": RANKS}, "no rank survived"),
         ({"used": 3}, "--in-place-max 3"),
         ({"forced_failure": True}, "forced to fail"),
@@ -87,3 +98,54 @@ def test_each_rank_lacking_the_state_receives_it_from_a_holder_of_the_same_shard
     # plain FSDP: the replaced rank's shard lives nowhere else, so every rank falls back to a checkpoint
     assert plan_sources([(5, 10), (5, 11), (-1, 12), (5, 13)]) is None
     assert plan_sources([(-1, 1), (-1, 1)]) is None  # no live state at all
+
+
+def test_a_rank_crashed_on_one_node_of_several_is_replaced_in_place_by_its_own_agent():
+    got = decide(dataclasses.replace(BASE, num_nodes=4))
+    assert isinstance(got, InPlace) and got.ranks == frozenset({2}) and got.generation == 5
+
+
+JOIN = JoinCase(
+    enabled=True,
+    generation=2,
+    announced=0,
+    announced_by="",
+    waiting_since=None,
+    now=100.0,
+    bound_s=5.0,
+    busy=False,
+    stopping=False,
+)
+
+
+def test_a_node_joins_the_generation_another_node_announced():
+    got = join(dataclasses.replace(JOIN, announced=3, announced_by="n7", waiting_since=99.0))
+    assert isinstance(got, Join) and got.generation == 3 and "node n7" in got.reason
+
+
+def test_an_announcement_of_the_current_or_an_older_generation_is_not_joined_again():
+    for gen in (1, 2):
+        assert isinstance(join(dataclasses.replace(JOIN, announced=gen, announced_by="n1")), Wait)
+
+
+def test_ranks_waiting_for_an_announcement_wait_within_the_bound_and_are_refused_after_it():
+    assert isinstance(join(dataclasses.replace(JOIN, waiting_since=96.0)), Wait)
+    got = join(dataclasses.replace(JOIN, waiting_since=95.0))
+    assert isinstance(got, Refuse) and "within 5s" in got.reason and "restarts" in got.reason
+
+
+def test_nothing_to_do_when_no_rank_waits_and_nothing_is_announced():
+    assert isinstance(join(JOIN), Wait)
+
+
+def test_a_node_busy_with_its_own_re_formation_neither_joins_nor_refuses():
+    busy = dataclasses.replace(JOIN, busy=True, announced=3, announced_by="n1", waiting_since=0.0)
+    assert isinstance(join(busy), Wait)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"), [({"stopping": True}, "stop was requested"), ({"enabled": False}, "off")]
+)
+def test_a_stopping_or_disabled_node_refuses_an_announced_re_formation(change, why):
+    got = join(dataclasses.replace(JOIN, announced=3, announced_by="n1", **change))
+    assert isinstance(got, Refuse) and why in got.reason

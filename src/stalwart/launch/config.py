@@ -176,6 +176,7 @@ class RunConfig(BaseSettings):
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
             reform_timeout_s=self.reform.timeout_s,
+            announce_s=self.reform.announce_s,
             store_timeout_s=self.rendezvous.store_timeout_s,
             keepalive_s=self.rendezvous.keepalive_s,
         )

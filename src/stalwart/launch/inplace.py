@@ -26,13 +26,25 @@ from dataclasses import dataclass, field
 from typing_extensions import assert_never
 
 from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
-from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
+from ..policy.inplace import (
+    InPlace,
+    InPlaceCase,
+    Join,
+    JoinCase,
+    NotInPlace,
+    Refuse,
+    Wait,
+    decide,
+    hang_culprits,
+    join,
+)
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
 from .decision import AttemptOutcome, Decision
 from .ports import LedgerSink
 from .progress import ProgressTracker
+from .reform_board import Announcement, Board
 from .snapshot import Snapshot
 from .workers import WorkerSpec
 
@@ -77,6 +89,17 @@ class InPlaceRecovery:
     pending: Pending | None = None
     specs: dict[int, WorkerSpec] = field(default_factory=dict)
     read_state: Callable[[int], str] = field(default=lambda pid: proc_state(pid))
+    board: Board | None = None  # several nodes: how agents tell each other of a re-formation
+    node: str = ""
+    refused: bool = False  # this node told its ranks no re-formation is coming (the group restarts)
+    xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
+
+    def __post_init__(self) -> None:
+        if self.xids is None:
+            from .gpu_faults import XidWatch
+
+            diagnosis = getattr(self.cfg, "diagnosis", None)
+            self.xids = XidWatch(self.clock.now(), getattr(diagnosis, "kernel_log", None))
 
     def hang_culprits(self, answered: set[int]) -> frozenset[int]:
         """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
@@ -109,6 +132,7 @@ class InPlaceRecovery:
             reforming=self.pending is not None,
             stopping=snap.stop_requested_at is not None,
             forced_failure=settings.fail_attempt == self.attempt,
+            xids=self.xids() if self.xids is not None and settings.enabled else (),
         )
         choice = decide(case)
         match choice:
@@ -161,9 +185,56 @@ class InPlaceRecovery:
         self.generation = plan.generation
         self.used += 1
         self.block.request_reform(plan.generation)
+        if self.board is not None:  # the other nodes' ranks lost this peer too: they join this generation
+            self.board.announce(Announcement(plan.generation, self.node, tuple(sorted(plan.ranks))))
         started = self.clock.now()
         self.pending = Pending(d, plan, started, started + 3 * bound, interrupted, started - now)
         return True
+
+    def watch(self, snap: Snapshot) -> None:
+        """A tick on a node of a multi-node group: join another node's in-place re-formation, or, when
+        none is announced within the bound after a local rank lost a peer, tell the local ranks none is
+        coming (they exit with their communication error, and the group restarts whole)."""
+        if self.board is None or self.refused:
+            return
+        seen = self.board.latest()
+        waiting = [
+            q.reforming.t
+            for q in self.tracker.progress.values()
+            if q.reforming is not None and q.reforming.generation > self.generation
+        ]
+        settings = self.cfg.reform  # type: ignore[attr-defined]
+        case = JoinCase(
+            enabled=settings.enabled,
+            generation=self.generation,
+            announced=seen.generation if seen is not None else 0,
+            announced_by=seen.node if seen is not None else "",
+            waiting_since=min(waiting) if waiting else None,
+            now=snap.now,
+            bound_s=settings.announce_s,
+            busy=self.pending is not None,
+            stopping=snap.stop_requested_at is not None,
+        )
+        choice = join(case)
+        match choice:
+            case Wait():
+                pass
+            case Join(generation=gen, reason=reason):
+                from ..protocol.control import ControlBlock
+
+                assert isinstance(self.block, ControlBlock)
+                self.generation = gen
+                self.block.request_reform(gen)
+                self._record("joined_in_place", reason, snap.now)
+            case Refuse(reason=reason):
+                from ..protocol.control import ControlBlock
+
+                assert isinstance(self.block, ControlBlock)
+                self.refused = True
+                self.block.refuse_reform()
+                self._record("in_place_skipped", reason, snap.now)
+            case _:
+                assert_never(choice)
 
     def follow(self, snap: Snapshot) -> Decision | None:
         """A tick during a re-formation: None while it goes on or once it completed; the original

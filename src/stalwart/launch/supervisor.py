@@ -38,6 +38,7 @@ from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
+from .reform_board import Board
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .store_watch import StoreUnreachable
 from .straggler_records import record_stragglers
@@ -91,6 +92,7 @@ class Supervisor:
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
+        board: Board | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -129,6 +131,8 @@ class Supervisor:
             attempt=attempt,
             clock=clock,
             specs={s.global_rank: s for s in self.specs},
+            board=board,
+            node=node,
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 
@@ -268,6 +272,7 @@ class Supervisor:
     def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
+            self.in_place.watch(snap)
             if self.in_place.pending is not None:
                 failed = self.in_place.follow(snap)
                 if failed is not None:

@@ -108,6 +108,11 @@ class NodeWorkers:
         )
         warm, path_reason, forced = self._warm_path()
         group = WorkerGroup(argv(cfg), specs, warm=warm)
+        board = None
+        if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
+            from .reform_board import StoreBoard
+
+            board = StoreBoard(met.addr, met.port, cfg.rendezvous.store_timeout_s, self.console.note)
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
@@ -122,8 +127,10 @@ class NodeWorkers:
                 ),
                 show=False,
             )
-            outcome = self._supervise(group, receiver, block, specs)
+            outcome = self._supervise(group, receiver, block, specs, board)
         finally:
+            if board is not None:
+                board.close()
             receiver.close()
             block.close()
             group.close()
@@ -217,10 +224,9 @@ class NodeWorkers:
             control=str(ctl),
             agent_pid=os.getpid(),
             pg_timeout_s=cfg.hang.pg_timeout_s,
-            # in place is offered on one node only (policy/inplace.py): elsewhere a survivor must not wait
-            reform_timeout_s=cfg.reform.timeout_s
-            if cfg.reform.enabled and self.world is not None and len(self.world.active) == 1
-            else 0.0,
+            # a survivor waits (bounded) for the agent's word; with several nodes the agent gives up on
+            # another node's announcement after --in-place-announce-timeout (launch/inplace.py)
+            reform_timeout_s=cfg.reform.timeout_s if cfg.reform.enabled else 0.0,
             chaos=self.faults.to_json(),
             history_mtbf_s=self._history_mtbf(),
             **(self.memory.env() if self.memory is not None else {}),
@@ -283,7 +289,9 @@ class NodeWorkers:
             )
         )
 
-    def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
+    def _supervise(
+        self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec], board=None
+    ) -> AttemptOutcome:
         """One attempt's supervision: the monitors decide, the supervisor acts (launch/supervisor.py)."""
         files = AttemptFiles(
             self.run_dir,
@@ -310,6 +318,7 @@ class NodeWorkers:
             node=self.cfg.node_name,
             world=self.world,
             straggler_gate=self._straggler_gate(),
+            board=board,
         ).run()
 
     def _straggler_gate(self):

@@ -44,6 +44,7 @@ class InPlaceCase:
     reforming: bool = False  # a re-formation is still in progress (a second failure during it)
     stopping: bool = False  # a stop was requested (preemption): save, do not re-form
     forced_failure: bool = False  # chaos: this attempt's in-place rung must fail
+    xids: tuple[str, ...] = ()  # severe Xids this node's GPUs reported since the attempt started
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,27 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         return NotInPlace(f"rank {failed} failed during an in-place re-formation")
     if case.failure not in RECOVERABLE:
         return NotInPlace(f"a {case.failure} is the script's own failure: replacing the rank would repeat it")
+    if case.xids:
+        return NotInPlace(
+            f"{case.xids[0]} since the attempt started: a surviving rank may hold an unsound device, so "
+            "the whole group restarts and the health gate re-checks the node first"
+        )
     missing = sorted(case.ranks - case.in_place_ranks)
     if missing:
         shown = ", ".join(str(r) for r in missing[:8])
         return NotInPlace(
             f"rank {shown} does not run under Session.run, so its process group cannot be re-formed in place"
         )
-    if case.num_nodes != 1:
-        return NotInPlace("in-place re-formation across nodes is not coordinated yet: the group restarts")
+    if case.num_nodes > 1 and case.failure is FailureKind.PEER_LOST:
+        return NotInPlace(
+            "the lost peer is on another node: that node's agent re-forms the group in place when it "
+            "can (this node then joins), else the whole group restarts"
+        )
+    if case.num_nodes > 1 and case.failure is FailureKind.HANG:
+        return NotInPlace(
+            "a hang across nodes silences every node's ranks, and only the node of the stopped rank "
+            "can pin it: the group restarts"
+        )
     if not case.failed:
         return NotInPlace(
             "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
@@ -93,12 +107,74 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
     if case.forced_failure:
         return NotInPlace("in-place recovery forced to fail (chaos)")
     survivors = len(case.ranks) - len(case.failed)
+    kept = f"{survivors} surviving ranks" if case.num_nodes == 1 else "the surviving ranks of every node"
     return InPlace(
         case.failed,
         case.generation + 1,
-        f"rank {failed} ({case.failure}) replaced in place; {survivors} surviving ranks keep their "
-        f"processes and hand over the live state (generation {case.generation + 1})",
+        f"rank {failed} ({case.failure}) replaced in place; {kept} keep their processes and hand over "
+        f"the live state (generation {case.generation + 1})",
     )
+
+
+@dataclass(frozen=True)
+class JoinCase:
+    """What a node's agent knows when another node may be re-forming the group in place."""
+
+    enabled: bool  # --in-place
+    generation: int  # this node's current generation
+    announced: int  # the newest generation another node's agent announced (0: none)
+    announced_by: str  # that node
+    waiting_since: float | None  # when a local rank first left its group for a newer generation
+    now: float
+    bound_s: float  # how long local ranks may wait for an announcement (--in-place-announce-timeout)
+    busy: bool  # this node's own re-formation is in progress
+    stopping: bool  # a stop was requested
+
+
+@dataclass(frozen=True)
+class Join:
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    pass
+
+
+JoinDecision = Join | Refuse | Wait
+
+
+def join(case: JoinCase) -> JoinDecision:
+    """On a node that replaced none of its own ranks: join another node's in-place re-formation, keep
+    waiting for one (bounded), or tell the local ranks none is coming (they exit with their
+    communication error and the group restarts whole)."""
+    if case.busy:
+        return Wait()
+    if case.announced > case.generation:
+        if case.stopping or not case.enabled:
+            why = "a stop was requested" if case.stopping else "in-place recovery is off here"
+            return Refuse(f"node {case.announced_by} re-forms in place, but {why}: the group restarts")
+        return Join(
+            case.announced,
+            f"node {case.announced_by} replaced its failed ranks in place; this node's ranks keep their "
+            f"processes and join generation {case.announced}",
+        )
+    if case.waiting_since is None:
+        return Wait()
+    if not case.enabled or case.stopping:
+        return Refuse("no in-place re-formation here: the ranks that lost a peer exit and the group restarts")
+    if case.now - case.waiting_since >= case.bound_s:
+        return Refuse(
+            f"a rank lost a peer and no node announced an in-place re-formation within {case.bound_s:g}s "
+            "(a lost node, or a failure its agent cannot replace): the group restarts"
+        )
+    return Wait()
 
 
 def hang_culprits(states: dict[int, str], answered: frozenset[int]) -> frozenset[int]:

@@ -96,6 +96,7 @@ def validate_hierarchy(
     rdzv_timeout_s: float,
     stop_grace_s: float,
     reform_timeout_s: float | None = None,
+    announce_s: float | None = None,
     store_timeout_s: float | None = None,
     keepalive_s: float = 0.0,
 ) -> None:
@@ -145,6 +146,17 @@ def validate_hierarchy(
                 "--pg-timeout",
             )
         )
+        if announce_s is not None:  # a rank waits for the announcement, then for the new group
+            checks.append(
+                (
+                    "in-place announce timeout",
+                    announce_s,
+                    "in-place timeout",
+                    reform_timeout_s,
+                    "--in-place-announce-timeout",
+                    "--in-place-timeout",
+                )
+            )
     if store_timeout_s is not None:
         checks += [
             (

@@ -1,0 +1,74 @@
+"""The in-place announcement board over a real TCPStore (launch/reform_board.py): an announcement
+from one agent reaches another; a malformed value written by someone else is ignored with one
+note."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from stalwart.launch.reform_board import KEY, Announcement, StoreBoard
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store():
+    from torch.distributed import TCPStore
+
+    master = TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield master
+
+
+def _until(pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError("the board did not see it in time")
+
+
+def test_an_announcement_from_one_agent_reaches_another(store):
+    a = StoreBoard("127.0.0.1", store.port, 10.0)
+    b = StoreBoard("127.0.0.1", store.port, 10.0)
+    try:
+        assert b.latest() is None
+        a.announce(Announcement(3, "n0", (1, 5)))
+        got = _until(b.latest)
+        assert got == Announcement(3, "n0", (1, 5))
+        assert Announcement.decode(store.get(KEY)) == got
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"\xff\xfe", "not JSON"),
+        (b"[1, 2]", "not an object"),
+        (b'{"generation": 0, "node": "n0", "ranks": []}', "not a positive integer"),
+        (b'{"generation": true, "node": "n0", "ranks": []}', "not a positive integer"),
+        (b'{"generation": 2, "node": "", "ranks": []}', "node is not a name"),
+        (b'{"generation": 2, "node": "n0", "ranks": [-1]}', "not a list of ranks"),
+    ],
+)
+def test_a_malformed_announcement_is_refused_with_what_is_wrong(raw, why):
+    with pytest.raises(ValueError, match=why):
+        Announcement.decode(raw)
+
+
+def test_a_malformed_value_in_the_store_is_ignored_with_one_note(store):
+    notes: list[str] = []
+    store.set(KEY, b"not json")
+    board = StoreBoard("127.0.0.1", store.port, 10.0, notes.append)
+    try:
+        _until(lambda: notes)
+        time.sleep(0.5)  # several more polls of the same value
+        assert board.latest() is None and len(notes) == 1 and "malformed" in notes[0]
+    finally:
+        board.close()
