@@ -72,3 +72,25 @@ def test_a_malformed_value_in_the_store_is_ignored_with_one_note(store):
         assert board.latest() is None and len(notes) == 1 and "malformed" in notes[0]
     finally:
         board.close()
+
+
+def test_a_spare_sees_a_silent_node_and_waiting_peers_and_only_one_spare_holds_a_claim(store):
+    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
+    n1 = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
+    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"))
+    s2 = StoreBoard("127.0.0.1", store.port, 10.0, node="s2", watch=("n0", "n1"))
+    try:
+        _until(lambda: store.add("stalwart/inplace/beat/n1", 0) > 3)
+        n1.close()  # n1's agent is gone: its heartbeat stops
+        time.sleep(1.0)
+        silence = s1.silence()
+        assert silence["n1"] > silence["n0"] + 0.5, silence  # n0 still beats
+        n0.waiting(4)
+        assert _until(lambda: s1.nodes_waiting()) == {"n0": 4}
+        s1.claim("n1")
+        s2.claim("n1")
+        assert _until(lambda: s1.claimed_by("n1")) == _until(lambda: s2.claimed_by("n1"))
+        assert s1.claimed_by("n1") in ("s1", "s2")
+    finally:
+        for b in (n0, n1, s1, s2):
+            b.close()

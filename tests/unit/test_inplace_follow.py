@@ -111,6 +111,9 @@ class _Board:
     def close(self) -> None:
         pass
 
+    def waiting(self, generation: int) -> None:
+        self.sent.append(("waiting", generation))
+
 
 def _node(tmp_path, clock: ManualClock, ledger: RecordingLedger):
     """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
@@ -184,3 +187,58 @@ def test_a_worker_waiting_for_a_generation_gives_up_at_once_when_refused():
     asked = iter([0, 0, REFUSED])
     gen = Generation(1, lambda: next(asked), clock.sleep, clock.now)
     assert gen.wait(30.0) == 0 and clock.now() - t0 < 1.0  # two polls, not the 30 s bound
+
+
+def test_a_spare_holding_the_claim_announces_the_next_generation_with_the_lost_nodes_ranks():
+    from stalwart.launch.reform_board import Announcement
+    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.policy.world_size import WorldPlan
+
+    class Board(_Board):
+        def __init__(self) -> None:
+            super().__init__()
+            self.claims: dict[str, str] = {}
+            self.seen = Announcement(2, "n0", (0, 1))
+
+        def silence(self):
+            return {"n0": 0.1, "n1": 9.0}
+
+        def nodes_waiting(self):
+            return {"n0": 3}
+
+        def claim(self, lost):
+            self.claims[lost] = "s"
+
+        def claimed_by(self, lost):
+            return self.claims.get(lost)
+
+    cfg = SimpleNamespace(node_name="s", reform=SimpleNamespace(enabled=True, announce_s=5.0))
+    board = Board()
+    plan = WorldPlan(("n0", "n1"), ("s",), 2, "pow2")
+    watch = SpareWatch(cfg, board, plan)  # type: ignore[arg-type]
+    assert watch.poll() is None and board.claims == {"n1": "s"}  # claimed: the store answers next poll
+    took = watch.poll()
+    assert took is not None and took.plan.active == ("n0", "s") and took.plan.spares == ()
+    assert board.sent == [Announcement(3, "s", (2, 3))] and watch.generation == 3
+
+
+def test_a_spare_whose_claim_another_spare_holds_stands_by_again():
+    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.policy.world_size import WorldPlan
+
+    class Board(_Board):
+        def silence(self):
+            return {"n0": 0.1, "n1": 9.0}
+
+        def nodes_waiting(self):
+            return {"n0": 1}
+
+        def claim(self, lost):
+            pass
+
+        def claimed_by(self, lost):
+            return "other"
+
+    cfg = SimpleNamespace(node_name="s", reform=SimpleNamespace(enabled=True, announce_s=5.0))
+    watch = SpareWatch(cfg, Board(), WorldPlan(("n0", "n1"), ("s", "other"), 1, ""))  # type: ignore[arg-type]
+    assert watch.poll() is None and watch.poll() is None and watch.claiming is None

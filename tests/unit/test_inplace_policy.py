@@ -13,9 +13,12 @@ from stalwart.policy.inplace import (
     JoinCase,
     NotInPlace,
     Refuse,
+    TakeOver,
+    TakeOverCase,
     Wait,
     decide,
     join,
+    take_over,
 )
 from stalwart.policy.restart_policy import FailureKind
 
@@ -149,3 +152,52 @@ def test_a_node_busy_with_its_own_re_formation_neither_joins_nor_refuses():
 def test_a_stopping_or_disabled_node_refuses_an_announced_re_formation(change, why):
     got = join(dataclasses.replace(JOIN, announced=3, announced_by="n1", **change))
     assert isinstance(got, Refuse) and why in got.reason
+
+
+def test_a_node_whose_every_rank_failed_is_replaced_in_place_when_other_nodes_survive():
+    alone = dataclasses.replace(BASE, ranks=frozenset({2}), in_place_ranks=frozenset({2}), num_nodes=2)
+    assert isinstance(decide(alone), NotInPlace)  # no world size known: this node is the group
+    got = decide(dataclasses.replace(alone, world_size=8))
+    assert isinstance(got, InPlace) and got.ranks == frozenset({2})
+
+
+SPARE = TakeOverCase(
+    enabled=True,
+    spare="s1",
+    spares=("s1", "s2"),
+    active=("n0", "n1", "n2"),
+    silent={"n0": 0.1, "n1": 3.0, "n2": 0.2},
+    waiting=frozenset({"n0", "n2"}),
+    bound_s=2.5,
+)
+
+
+def test_a_spare_takes_the_place_of_a_silent_node_whose_peers_wait():
+    got = take_over(SPARE)
+    assert isinstance(got, TakeOver) and got.lost == "n1" and got.group_rank == 1
+    assert "node n1 is lost" in got.reason and "n0, n2 wait" in got.reason
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"waiting": frozenset()},  # a slow agent whose peers still train is never replaced
+        {"silent": {"n0": 0.1, "n1": 2.0, "n2": 0.2}},  # not silent long enough
+        {"enabled": False},
+        {"spare": "s2"},  # one lost node: the first spare in order takes it
+    ],
+)
+def test_a_spare_waits_otherwise(change):
+    assert isinstance(take_over(dataclasses.replace(SPARE, **change)), Wait)
+
+
+def test_two_lost_nodes_go_to_two_spares_in_order():
+    both = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 3.0, "n2": 9.0}, waiting=frozenset({"n0"}))
+    first, second = take_over(both), take_over(dataclasses.replace(both, spare="s2"))
+    assert isinstance(first, TakeOver) and isinstance(second, TakeOver)
+    assert (first.lost, second.lost) == ("n1", "n2")
+
+
+def test_a_node_whose_own_ranks_wait_is_alive_even_when_its_beat_stalls():
+    stalled = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 3.0, "n2": 0.2}, waiting=frozenset({"n1"}))
+    assert isinstance(take_over(stalled), Wait)

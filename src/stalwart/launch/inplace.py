@@ -92,6 +92,9 @@ class InPlaceRecovery:
     board: Board | None = None  # several nodes: how agents tell each other of a re-formation
     node: str = ""
     refused: bool = False  # this node told its ranks no re-formation is coming (the group restarts)
+    world_size: int = 0  # every node's ranks (0: this node's are the whole group)
+    said_waiting: bool = False  # this node told the board its ranks wait for an announcement
+    taking_over: float | None = None  # a hot spare's ranks replace a lost node's: when they started
     xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
 
     def __post_init__(self) -> None:
@@ -133,6 +136,7 @@ class InPlaceRecovery:
             stopping=snap.stop_requested_at is not None,
             forced_failure=settings.fail_attempt == self.attempt,
             xids=self.xids() if self.xids is not None and settings.enabled else (),
+            world_size=self.world_size,
         )
         choice = decide(case)
         match choice:
@@ -195,6 +199,8 @@ class InPlaceRecovery:
         """A tick on a node of a multi-node group: join another node's in-place re-formation, or, when
         none is announced within the bound after a local rank lost a peer, tell the local ranks none is
         coming (they exit with their communication error, and the group restarts whole)."""
+        if self.taking_over is not None:
+            self._took_over(snap.now)
         if self.board is None or self.refused:
             return
         seen = self.board.latest()
@@ -218,12 +224,15 @@ class InPlaceRecovery:
         choice = join(case)
         match choice:
             case Wait():
-                pass
+                if waiting and not self.said_waiting and not case.busy:  # a hot spare may take the lost place
+                    self.said_waiting = True
+                    self.board.waiting(self.generation + 1)
             case Join(generation=gen, reason=reason):
                 from ..protocol.control import ControlBlock
 
                 assert isinstance(self.block, ControlBlock)
                 self.generation = gen
+                self.said_waiting = False
                 self.block.request_reform(gen)
                 self._record("joined_in_place", reason, snap.now)
             case Refuse(reason=reason):
@@ -235,6 +244,35 @@ class InPlaceRecovery:
                 self._record("in_place_skipped", reason, snap.now)
             case _:
                 assert_never(choice)
+
+    def _took_over(self, now: float) -> None:
+        """A hot spare's ranks joined the other nodes' generation with the live state: the record of
+        the lost node's recovery in place. Survivors keep their last completed step (a data-parallel
+        step completes on every rank or on none), so nothing beyond the interrupted step is redone."""
+        progress = self.tracker.progress
+        msgs = [
+            q.reformed for q in progress.values() if q.reformed and q.reformed.generation == self.generation
+        ]
+        if len(msgs) < len(progress) or self.taking_over is None:
+            return
+        phases = {"replace": max(0.0, min(m.t for m in msgs) - self.taking_over)}
+        for name in ("rendezvous", "transfer"):
+            phases[name] = max((m.phases.get(name, 0.0) for m in msgs), default=0.0)
+        self.taking_over = None
+        self.completed += 1
+        self.ledger.emit(
+            ReformedInPlace(
+                ts=now,
+                generation=self.generation,
+                ranks=tuple(sorted(progress)),
+                step=max(m.step for m in msgs),
+                lost_steps=0,
+                bytes_moved=sum(m.received for m in msgs),
+                state_bytes=max(m.received for m in msgs),
+                phases=phases,
+                **self.ledger.ctx(),
+            )
+        )
 
     def follow(self, snap: Snapshot) -> Decision | None:
         """A tick during a re-formation: None while it goes on or once it completed; the original

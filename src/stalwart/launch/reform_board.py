@@ -10,6 +10,14 @@ No store call runs on the supervisor's thread: :class:`StoreBoard` owns one daem
 every call with the store timeout as its deadline, writes the announcements handed to it and polls the
 key; the tick reads the latest value it saw and never waits. A value that is not a well-formed
 announcement (another program writing the key) is ignored with a note, never trusted.
+
+A lost node's agent is gone with it, so nobody replaces its ranks from inside. For that case the board
+also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
+
+* a heartbeat per active agent (a counter each board thread bumps every poll); a hot spare's board
+  watches the active nodes' counters and measures, on its own clock, how long each has not moved;
+* which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
+* a claim per lost node (compare-and-set), so that two spares never take the same node's place.
 """
 
 from __future__ import annotations
@@ -17,11 +25,16 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
 KEY = "stalwart/inplace/announce"
+BEAT = "stalwart/inplace/beat/"
+WAITING = "stalwart/inplace/waiting/"
+CLAIM = "stalwart/inplace/claim/"
 POLL_S = 0.1
 
 
@@ -68,17 +81,39 @@ class Board(Protocol):
 
     def close(self) -> None: ...
 
+    def waiting(self, generation: int) -> None:
+        """Say that this node's ranks wait for ``generation`` (a lost peer nobody announced)."""
+        ...
+
 
 class StoreBoard:
     """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
 
-    def __init__(self, addr: str, port: int, timeout_s: float, note=lambda text: None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        note: Callable[[str], None] = lambda text: None,
+        *,
+        node: str = "",
+        watch: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
-        self._note = note
+        self._note, self._node, self._clock = note, node, clock
         self._out: queue.Queue[Announcement] = queue.Queue()
         self._stop = threading.Event()
         self._seen: Announcement | None = None
         self._bad = b""
+        # a spare's view of the active nodes: the last counter read, and when it last moved
+        start = clock()
+        self._beats: dict[str, int] = {}
+        self._moved: dict[str, float] = dict.fromkeys(watch, start)
+        self._waiting: dict[str, int] = {}  # node -> the generation its ranks wait for
+        self._wait_out: queue.Queue[int] = queue.Queue()
+        self._claims_out: queue.Queue[str] = queue.Queue()
+        self._claimed: dict[str, str] = {}  # lost node -> the spare that holds its claim
         self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
         self._thread.start()
 
@@ -90,6 +125,26 @@ class StoreBoard:
 
     def close(self) -> None:
         self._stop.set()  # the thread leaves at its next poll; a call stuck on a dead host is a daemon
+
+    def waiting(self, generation: int) -> None:
+        self._wait_out.put(generation)
+
+    def silence(self) -> dict[str, float]:
+        """Seconds since each watched node's heartbeat last moved (on this board's clock)."""
+        now = self._clock()
+        return {n: now - t for n, t in dict(self._moved).items()}
+
+    def nodes_waiting(self) -> dict[str, int]:
+        """Nodes whose ranks wait for a generation nobody announced, and that generation."""
+        return dict(self._waiting)
+
+    def claim(self, lost: str) -> None:
+        """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
+        self._claims_out.put(lost)
+
+    def claimed_by(self, lost: str) -> str | None:
+        """The node holding the claim on ``lost``'s place, once the store answered."""
+        return self._claimed.get(lost)
 
     def _loop(self) -> None:
         store: Any = None
@@ -114,6 +169,26 @@ class StoreBoard:
                 break
             store.set(KEY, a.encode())
             self._take(a)
+        if self._node:
+            store.add(BEAT + self._node, 1)
+            while not self._wait_out.empty():
+                store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+        while not self._claims_out.empty():
+            lost = self._claims_out.get_nowait()
+            holder = store.compare_set(CLAIM + lost, "", self._node)
+            self._claimed[lost] = (
+                holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
+            )
+        for n in list(self._moved):
+            count = store.add(BEAT + n, 0)
+            if count != self._beats.get(n):
+                self._beats[n] = count
+                if count:  # a node that never beat keeps its silence from the board's start
+                    self._moved[n] = self._clock()
+            if store.check([WAITING + n]):
+                raw = store.get(WAITING + n)
+                if raw.isdigit():
+                    self._waiting[n] = int(raw)
         if store.check([KEY]):
             raw = store.get(KEY)
             try:

@@ -133,6 +133,7 @@ class Supervisor:
             specs={s.global_rank: s for s in self.specs},
             board=board,
             node=node,
+            world_size=world.world_size if world is not None else 0,
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
 

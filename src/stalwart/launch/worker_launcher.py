@@ -13,7 +13,7 @@ from typing import Any
 
 from ..chaos.plan import FaultPlan
 from ..events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
-from ..policy.job import AttemptStatus
+from ..policy.job import AttemptStatus, TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol import WorkerEnv, control, elastic_env
 from ..protocol.run_dir import RunDir
@@ -25,7 +25,9 @@ from .failure_files import AttemptFiles
 from .ledger_sink import NodeLedger
 from .output import routes
 from .ports import Console, Round
+from .reform_board import StoreBoard
 from .rendezvous import NodeRendezvous
+from .spare_takeover import SpareWatch
 from .supervisor import Supervisor
 from .warm import WarmPool, choose_path
 from .worker_boot import BOOT_CODE
@@ -79,6 +81,8 @@ class NodeWorkers:
             None  # this attempt's world plan (the straggler-action policy weighs it)
         )
         self.routed: dict[str, str] = {}  # the NCCL environment changes of a sick link routed around
+        self.spare: SpareWatch | None = None  # a hot spare's watch for a lost node's place
+        self.joining = 0  # > 0: this attempt's ranks replace a lost node's, in this generation
 
     # --- the attempt ---------------------------------------------------------------------------------
 
@@ -110,9 +114,9 @@ class NodeWorkers:
         group = WorkerGroup(argv(cfg), specs, warm=warm)
         board = None
         if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
-            from .reform_board import StoreBoard
-
-            board = StoreBoard(met.addr, met.port, cfg.rendezvous.store_timeout_s, self.console.note)
+            board = StoreBoard(
+                met.addr, met.port, cfg.rendezvous.store_timeout_s, self.console.note, node=cfg.node_name
+            )
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
@@ -129,8 +133,12 @@ class NodeWorkers:
             )
             outcome = self._supervise(group, receiver, block, specs, board)
         finally:
+            self.joining = 0
             if board is not None:
                 board.close()
+            if self.spare is not None:  # its announcement was written long before the attempt ended
+                self.spare.close()
+                self.spare = None
             receiver.close()
             block.close()
             group.close()
@@ -140,6 +148,19 @@ class NodeWorkers:
             AttemptEnded(ts=self.clock.now(), reason=str(outcome.status), **self.ledger.ctx()), show=False
         )
         return outcome
+
+    def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
+        """A hot spare's check, each stand-by poll: a lost node's place taken in place (never waits)."""
+        if self.rendezvous is None or not self.cfg.reform.enabled:
+            return None
+        if self.spare is None or self.spare.plan != plan:
+            if self.spare is not None:
+                self.spare.close()
+            self.spare = SpareWatch.open(self.cfg, plan, met, self.console.note)
+        took = self.spare.poll()
+        if took is not None:
+            self.joining = self.spare.generation
+        return took
 
     def worker_specs(
         self,
@@ -174,7 +195,7 @@ class NodeWorkers:
             fd = receiver.new_channel()
             env = {**inherited, **(route or {})}
             env.update(self._elastic_env(rank, local, group_rank, num_nodes, addr, port))
-            env.update(self._stalwart_env(fd, ctl))
+            env.update(self._stalwart_env(fd, ctl, self.joining))
             if cfg.workers.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
                 env["CUDA_VISIBLE_DEVICES"] = str(local)
             env["PYTHONUNBUFFERED"] = "1"
@@ -213,7 +234,7 @@ class NodeWorkers:
             use_agent_store=True,  # an agent hosts the store; workers only connect to it
         )
 
-    def _stalwart_env(self, fd: int, ctl: Path) -> dict[str, str]:
+    def _stalwart_env(self, fd: int, ctl: Path, generation: int = 0) -> dict[str, str]:
         cfg = self.cfg
         return WorkerEnv(
             run_dir=str(self.run_dir.root),
@@ -229,6 +250,7 @@ class NodeWorkers:
             reform_timeout_s=cfg.reform.timeout_s if cfg.reform.enabled else 0.0,
             chaos=self.faults.to_json(),
             history_mtbf_s=self._history_mtbf(),
+            generation=generation,
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()
 
@@ -302,7 +324,7 @@ class NodeWorkers:
             specs,
             self.cfg.workers.stop_grace_s,
         )
-        return Supervisor(
+        sup = Supervisor(
             cfg=self.cfg,
             ledger=self.ledger,
             console=self.console,
@@ -319,7 +341,10 @@ class NodeWorkers:
             world=self.world,
             straggler_gate=self._straggler_gate(),
             board=board,
-        ).run()
+        )
+        if self.joining:  # a spare's ranks start in the generation they join
+            sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
+        return sup.run()
 
     def _straggler_gate(self):
         """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's

@@ -45,6 +45,7 @@ class InPlaceCase:
     stopping: bool = False  # a stop was requested (preemption): save, do not re-form
     forced_failure: bool = False  # chaos: this attempt's in-place rung must fail
     xids: tuple[str, ...] = ()  # severe Xids this node's GPUs reported since the attempt started
+    world_size: int = 0  # every node's ranks (0: this node's ``ranks`` are the whole group)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         return NotInPlace(
             "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
         )
-    if case.failed == case.ranks:
+    if len(case.failed) >= max(case.world_size, len(case.ranks)):  # other nodes' ranks survive too
         return NotInPlace("no rank survived to keep the live state")
     if case.used >= case.allowed:
         return NotInPlace(
@@ -162,8 +163,8 @@ def join(case: JoinCase) -> JoinDecision:
             return Refuse(f"node {case.announced_by} re-forms in place, but {why}: the group restarts")
         return Join(
             case.announced,
-            f"node {case.announced_by} replaced its failed ranks in place; this node's ranks keep their "
-            f"processes and join generation {case.announced}",
+            f"node {case.announced_by} started the replacements of the failed ranks in place; this "
+            f"node's ranks keep their processes and join generation {case.announced}",
         )
     if case.waiting_since is None:
         return Wait()
@@ -175,6 +176,50 @@ def join(case: JoinCase) -> JoinDecision:
             "(a lost node, or a failure its agent cannot replace): the group restarts"
         )
     return Wait()
+
+
+@dataclass(frozen=True)
+class TakeOverCase:
+    """What a hot spare's agent knows of the active nodes while it stands by."""
+
+    enabled: bool  # --in-place
+    spare: str  # this node
+    spares: tuple[str, ...]  # the round's hot spares, in the plan's order
+    active: tuple[str, ...]  # the active nodes by group rank
+    silent: dict[str, float]  # seconds since each active node's heartbeat last moved
+    waiting: frozenset[str]  # active nodes whose ranks wait for a generation nobody announced
+    bound_s: float  # silence after which a node counts as lost
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    lost: str
+    group_rank: int  # the lost node's place, which this spare takes
+    reason: str
+
+
+TakeOverDecision = TakeOver | Wait
+
+
+def take_over(case: TakeOverCase) -> TakeOverDecision:
+    """Whether this hot spare takes a lost node's place in place: the node's heartbeat is silent past
+    the bound *and* the ranks of another node wait for a re-formation nobody announced (a slow agent
+    whose ranks still train is never replaced). Lost nodes go to spares in order, one each, so every
+    spare reaches the same pairing from the same view; the claim in the store settles the rest."""
+    if not case.enabled or not case.waiting:
+        return Wait()
+    lost = sorted(n for n in case.active if case.silent.get(n, 0.0) >= case.bound_s and n not in case.waiting)
+    pairs = dict(zip(sorted(case.spares), lost, strict=False))
+    mine = pairs.get(case.spare)
+    if mine is None:
+        return Wait()
+    waiting = ", ".join(sorted(case.waiting))
+    return TakeOver(
+        mine,
+        case.active.index(mine),
+        f"node {mine} is lost (no heartbeat for {case.silent[mine]:.1f}s, the ranks of {waiting} wait): "
+        f"hot spare {case.spare} takes its place in place, the other nodes' ranks keep their processes",
+    )
 
 
 def hang_culprits(states: dict[int, str], answered: frozenset[int]) -> frozenset[int]:
