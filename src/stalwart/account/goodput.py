@@ -20,6 +20,11 @@ The timeline is built from ledger events (pure function, no clocks):
 Where intervals overlap, the bucket earlier in this list wins; sweeping over the boundaries
 assigns each elementary interval once, so the buckets add up to the wall time exactly.
 
+Several agents' ledgers make one timeline: a fault's detection and restart end where the job was
+training again, so a host that noticed late (cut off by a partition while the others re-formed and
+trained on) never books the survivors' productive time as its detection; what each host saw on its
+own is account/hosts.py's.
+
 Ideal step time follows Google's ml-goodput-measurement definition (mean of the step times at or
 below median + 3 x MAD), computed over rank 0's steps.
 """
@@ -118,6 +123,7 @@ class Goodput:
     segments: tuple[Segment, ...] = field(default_factory=tuple)
     jobs: int = 1  # jobs of the run (a requeued run has one per requeue)
     preemptions: tuple[float, ...] = ()  # when each preempted job ended
+    timeline: tuple[tuple[float, float, str], ...] = ()  # (from, to, bucket): the wall time, in order
 
     @property
     def goodput(self) -> float:
@@ -165,8 +171,11 @@ def _segments(
     return sorted(out, key=lambda seg: seg.first_start)
 
 
-def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> dict[str, float]:
-    """Assign every instant of [t0, t1] to the highest-priority interval covering it."""
+def _sweep(
+    intervals: list[tuple[float, float, str]], t0: float, t1: float
+) -> tuple[dict[str, float], list[tuple[float, float, str]]]:
+    """Assign every instant of [t0, t1] to the highest-priority interval covering it: the totals per
+    bucket, and the pieces in time order (neighbours of one bucket joined)."""
     points = {t0, t1}
     clipped = []
     for a, b, label in intervals:
@@ -183,6 +192,7 @@ def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> d
         starts.setdefault(a, []).append(label)
         stops.setdefault(b, []).append(label)
     active = dict.fromkeys(BUCKETS, 0)
+    pieces: list[tuple[float, float, str]] = []
     for left, right in zip(edges, edges[1:], strict=False):
         for label in stops.get(left, ()):
             active[label] -= 1
@@ -191,7 +201,11 @@ def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> d
         live = [lab for lab, n in active.items() if n > 0]
         label = max(live, key=_PRIORITY.__getitem__) if live else "other"
         totals[label] += right - left
-    return totals
+        if pieces and pieces[-1][2] == label and pieces[-1][1] == left:
+            pieces[-1] = (pieces[-1][0], right, label)
+        else:
+            pieces.append((left, right, label))
+    return totals, pieces
 
 
 def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
@@ -227,14 +241,18 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
             failed = None  # the failing attempt never completed a step: it had no work to lose
         safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
-        intervals.append((it.onset, it.detected, "detection"))
+        # the job trained again (other hosts re-formed) before this host noticed: from then on the
+        # late detection and its restart are this host's view, not the job's (account/hosts.py)
+        back = next((s.first_start for s in segs if s.first_start > it.onset), t1)
+        intervals.append((it.onset, min(it.detected, back), "detection"))
         nxt = next((s for s in segs if s.first_start > it.detected), None)
-        intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
+        if it.detected < back:
+            intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
         costs.append(_cost(it, safe, nxt, events))
     for (_, a_end), (b_start, _) in zip(windows, windows[1:], strict=False):
         if b_start > a_end:
             intervals.append((a_end, b_start, "queue"))
-    totals = _sweep(intervals, t0, t1)
+    totals, pieces = _sweep(intervals, t0, t1)
     last = max(ends, key=lambda e: e.ts) if ends else None
     return Goodput(
         job_start=t0,
@@ -251,6 +269,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         segments=tuple(segs),
         jobs=len(windows),
         preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")),
+        timeline=tuple(pieces),
     )
 
 
