@@ -1,5 +1,6 @@
 """Agents on separate hosts (network namespaces, tests/hosts.py): a rendezvous host that vanishes
-without a reset, a partitioned host, a killed host. Each fault is a real one: nftables drops, SIGKILL.
+without a reset, a partitioned host, a killed host, hosts that start apart, an agent that arrives
+after the end. Each fault is a real one: nftables drops, SIGKILL.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hosts
-from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, JobEnded
+from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, JobEnded, JobStarted
 from stalwart.exit_codes import EXIT_INFRA
 
 from .runner import EXAMPLE, events, events_so_far
@@ -29,10 +30,13 @@ def _agent(
     run_id: str,
     *extra: str,
     batch: int = 32,
-    last_call: int = 60,
+    last_call: int | None = 60,
     read_timeout: int | None = 15,
+    steps: int = 100000,
 ) -> subprocess.Popen:
-    conf = f"is_host={int(name == 'h0')},last_call_timeout={last_call}"
+    conf = f"is_host={int(name == 'h0')}"
+    if last_call is not None:
+        conf += f",last_call_timeout={last_call}"
     if read_timeout is not None:
         conf += f",read_timeout={read_timeout}"
     argv = [
@@ -60,7 +64,7 @@ def _agent(
         *extra,
         *EXAMPLE,
         "--steps",
-        "100000",
+        str(steps),
         "--checkpoint-every",
         "5",
         "--global-batch",
@@ -149,10 +153,12 @@ def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
 
 
-def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
-    """One etcd member per host; the client endpoints, once the cluster answers (bounded wait)."""
-    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in h.names)
-    for n in h.names:
+def _etcd_cluster(h: hosts.Hosts, root: Path, names: list[str] | None = None) -> str:
+    """One etcd member per host (of ``names``, default all); the client endpoints, once the cluster
+    answers (bounded wait)."""
+    names = names or h.names
+    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in names)
+    for n in names:
         ip = h.addr(n)
         argv = ["etcd", "--name", n, "--data-dir", str(root / f"etcd-{n}"), "--initial-cluster", peers]
         argv += ["--listen-client-urls", f"http://{ip}:2379", "--advertise-client-urls", f"http://{ip}:2379"]
@@ -164,10 +170,10 @@ def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
         ]
         argv += ["--initial-cluster-state", "new", "--initial-cluster-token", f"{h.tag}-etcd"]
         h.popen(n, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoints = ",".join(f"{h.addr(n)}:2379" for n in h.names)
+    endpoints = ",".join(f"{h.addr(n)}:2379" for n in names)
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
-        check = h.popen(h.names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
+        check = h.popen(names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
         if check.wait(timeout=30) == 0:
             return endpoints
         time.sleep(0.5)
@@ -239,3 +245,64 @@ def test_with_etcd_the_survivors_keep_training_after_the_round_leader_vanishes(t
             procs[n].wait(timeout=30)
     assert resumed, "the survivors did not train on together after the round leader vanished"
     assert {e.node for e in resumed} == set(survivors) and all(e.num_nodes == 2 for e in resumed)
+
+
+# --- membership edges: hosts that start apart, an agent that arrives after the end ---------------------
+
+
+def _when_started(run_dir: Path, node: str, timeout: float = 120.0) -> None:
+    """Wait (bounded) until ``node``'s agent wrote its JobStarted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.node == node for e in events_so_far(run_dir, JobStarted)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{node}'s agent did not start within {timeout:.0f}s")
+
+
+def _formed_attempt_0_together(run_dir: Path, node: str, nodes: int) -> None:
+    started = [e for e in events(run_dir, AttemptStarted) if e.node == node]
+    assert [(e.attempt, e.num_nodes) for e in started] == [(0, nodes)], started
+
+
+def test_a_host_starting_seconds_late_joins_attempt_0_and_a_later_agent_is_told_the_run_succeeded(tmp_path):
+    # default windows: torch's 3 s last call for re-forms, Stalwart's 30 s start-up window for the first
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-skew", last_call=None, steps=40)
+        _when_started(tmp_path, "h0")
+        time.sleep(5.0)  # the skew under test: h1's agent starts 5 s after h0's is up
+        b = _agent(h, "h1", tmp_path, "mh-skew", last_call=None, steps=40)
+        out_a, _ = a.communicate(timeout=240)
+        out_b, _ = b.communicate(timeout=60)
+        assert (a.returncode, b.returncode) == (0, 0), out_a + out_b
+        late = _agent(h, "h1", tmp_path, "mh-skew", last_call=None, steps=40)
+        out_late, _ = late.communicate(timeout=60)
+    for node in ("h0", "h1"):
+        _formed_attempt_0_together(tmp_path, node, 2)
+    final = max(e.step for e in events(tmp_path) if type(e).__name__ == "StepCompleted")
+    assert late.returncode == 0, out_late
+    assert f"already finished at step {final}" in out_late and "nothing launched" in out_late
+
+
+def test_with_etcd_an_agent_arriving_after_the_success_says_so_without_a_shared_run_dir(tmp_path):
+    with hosts.Hosts(["h0", "h1"]) as h:
+        endpoints = _etcd_cluster(h, tmp_path)
+        etcd = ("--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints)
+        dirs = {n: tmp_path / f"run-{n}" for n in ("h0", "h1", "late")}  # each host its own run dir
+        a = _agent(h, "h0", dirs["h0"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        _when_started(dirs["h0"], "h0")
+        time.sleep(5.0)  # h1 starts late: the start-up window on etcd holds attempt 0 for it
+        b = _agent(h, "h1", dirs["h1"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        out_a, _ = a.communicate(timeout=240)
+        out_b, _ = b.communicate(timeout=60)
+        assert (a.returncode, b.returncode) == (0, 0), out_a + out_b
+        late = _agent(h, "h1", dirs["late"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        out_late, _ = late.communicate(timeout=60)
+    _formed_attempt_0_together(dirs["h0"], "h0", 2)
+    _formed_attempt_0_together(dirs["h1"], "h1", 2)
+    final = max(e.step for e in events(dirs["h0"]) if type(e).__name__ == "StepCompleted")
+    assert late.returncode == 0, out_late
+    assert f"already succeeded at step {final}" in out_late, out_late
+    end = events(dirs["late"], JobEnded)[-1]
+    assert (end.outcome, end.exit_code) == ("succeeded", 0)
+    assert not events(dirs["late"], AttemptStarted)  # it started no worker
