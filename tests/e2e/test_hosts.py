@@ -33,6 +33,7 @@ def _agent(
     last_call: int | None = 60,
     read_timeout: int | None = 15,
     steps: int = 100000,
+    hang_floor: int = 3,
 ) -> subprocess.Popen:
     conf = f"is_host={int(name == 'h0')}"
     if last_call is not None:
@@ -60,7 +61,7 @@ def _agent(
         "--node-name",
         name,
         "--hang-floor",
-        "3",
+        str(hang_floor),
         *extra,
         *EXAMPLE,
         "--steps",
@@ -127,6 +128,61 @@ def test_a_partitioned_host_notices_within_its_hang_timeout(tmp_path):
     # the isolated host's own monitors saw it while the cut lasted (no frozen tick behind the store)
     assert noticed, "the isolated host detected nothing while it was cut off"
     assert noticed[0].ts < healed and noticed[0].failure in ("hang", "peer_lost")
+
+
+def test_the_merged_report_of_a_partition_books_the_survivors_steps_and_the_isolated_hosts_wait(tmp_path):
+    # h1 notices the cut late (a 25 s hang floor) while h0 re-forms alone and trains: the merged
+    # account must not book h0's training as h1's detection; each host's line says what it saw
+    extra = ("--max-restarts", "5", "--startup-timeout", "30")
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-acct", *extra, read_timeout=None, last_call=None)
+        b = _agent(h, "h1", tmp_path, "mh-acct", *extra, read_timeout=None, last_call=None, hang_floor=25)
+        _training_on_two(tmp_path, [a, b])
+        cut = time.time()
+        h.partition("h1")
+        deadline = time.monotonic() + 90.0
+        while time.monotonic() < deadline:
+            alone = [e for e in events_so_far(tmp_path) if type(e).__name__ == "StepCompleted" and e.ts > cut]
+            late = [e for e in events_so_far(tmp_path, FailureDetected) if e.node == "h1" and e.ts > cut]
+            if late and len({e.step for e in alone if e.node == "h0"}) >= 10:
+                break
+            time.sleep(0.5)
+        h.heal("h1")
+        for p in (a, b):
+            p.kill()
+            p.wait(timeout=30)
+    from stalwart.account.report import build
+
+    evs = events(tmp_path)
+    rep = build(tmp_path)
+    solo = [e for e in evs if isinstance(e, AttemptStarted) and e.node == "h0" and e.ts > cut]
+    assert solo and solo[0].num_nodes == 1, solo
+    mine = [
+        e
+        for e in evs
+        if type(e).__name__ == "StepCompleted" and e.node == "h0" and e.attempt == solo[0].attempt
+    ]
+    line0 = next(x for x in rep["hosts"] if x["node"] == "h0")
+    seen = next(a for a in line0["attempts"] if a["attempt"] == solo[0].attempt)
+    assert (seen["num_nodes"], seen["steps"]) == (1, len({e.step for e in mine})) and seen["steps"] >= 10
+    # h1's own detection, as its ledger says
+    late = [e for e in evs if isinstance(e, FailureDetected) and e.node == "h1" and e.ts > cut]
+    line1 = next(x for x in rep["hosts"] if x["node"] == "h1")
+    assert late and line1["detections"][0]["detected"] == late[0].ts
+    # in the merged timeline h0's steps alone are never h1's detection, restart or lost work
+    ranks0 = [e for e in mine if e.rank == 0]
+    lo, hi = min(e.start for e in ranks0), max(e.start + e.duration for e in ranks0)
+    from stalwart.account.goodput import compute
+
+    gp = compute(evs)
+    booked: dict[str, float] = {}
+    for a0, b0, label in gp.timeline:
+        booked[label] = booked.get(label, 0.0) + max(0.0, min(b0, hi) - max(a0, lo))
+    assert late[0].ts > lo, "h1 noticed before h0 trained alone: nothing late to keep apart"
+    training = {"productive", "checkpoint_stall", "straggler_slowdown"}
+    assert {k for k, v in booked.items() if v > 0} <= training and booked.get("productive", 0.0) > 0, booked
+    top = max(e.step for e in evs if type(e).__name__ == "StepCompleted" and e.rank == 0)
+    assert rep["steps_completed"] == top + 1
 
 
 def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
