@@ -131,16 +131,18 @@ def test_a_partitioned_host_notices_within_its_hang_timeout(tmp_path):
 
 
 def test_the_merged_report_of_a_partition_books_the_survivors_steps_and_the_isolated_hosts_wait(tmp_path):
-    # h1 notices the cut late (a 25 s hang floor) while h0 re-forms alone and trains: the merged
-    # account must not book h0's training as h1's detection; each host's line says what it saw
-    extra = ("--max-restarts", "5", "--startup-timeout", "30")
+    # h1 notices the cut late (a 40 s hang floor, 60 s in a save) while h0 (3 s, 15 s in a save)
+    # re-forms alone and trains: the merged account must not book h0's training as h1's detection;
+    # each host's line says what it saw
+    quick = ("--max-restarts", "5", "--startup-timeout", "15")
+    slow = ("--max-restarts", "5", "--startup-timeout", "60")
     with hosts.Hosts(["h0", "h1"]) as h:
-        a = _agent(h, "h0", tmp_path, "mh-acct", *extra, read_timeout=None, last_call=None)
-        b = _agent(h, "h1", tmp_path, "mh-acct", *extra, read_timeout=None, last_call=None, hang_floor=25)
+        a = _agent(h, "h0", tmp_path, "mh-acct", *quick, read_timeout=None, last_call=None)
+        b = _agent(h, "h1", tmp_path, "mh-acct", *slow, read_timeout=None, last_call=None, hang_floor=40)
         _training_on_two(tmp_path, [a, b])
         cut = time.time()
         h.partition("h1")
-        deadline = time.monotonic() + 90.0
+        deadline = time.monotonic() + 120.0
         while time.monotonic() < deadline:
             alone = [e for e in events_so_far(tmp_path) if type(e).__name__ == "StepCompleted" and e.ts > cut]
             late = [e for e in events_so_far(tmp_path, FailureDetected) if e.node == "h1" and e.ts > cut]
