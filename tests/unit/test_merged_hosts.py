@@ -96,12 +96,29 @@ def test_a_late_detection_never_books_the_survivors_training_as_detection():
     assert abs(sum(b - a for a, b, _ in gp.timeline) - gp.wall_s) < 1e-9
     # the survivor's 20 steps alone (t=35..55) are productive, whatever h1 noticed at t=54
     assert _booked(gp, 35.0, 55.0)["productive"] == 20.0
-    # detection is the job's: from the cut to the survivor's first step alone, not h1's 34 s
-    assert gp.buckets["detection"] == 15.0
+    # detection is the job's: from the cut to the first host noticing it, not h1's 34 s
+    assert gp.buckets["detection"] == 10.0
     assert gp.buckets["productive"] == 18.0 - 5.0 + 20.0 + 5.0  # less lost work since step 13's save
     assert gp.steps_completed == 38
-    # the interruptions table still shows each host's own detection
-    assert sorted((c.node, c.detection_s) for c in gp.interruptions) == [("h0", 10.0), ("h1", 34.0)]
+    # one fault, seen from both sides: one interruption, detected when the first host noticed, put
+    # on the cut-off host (its hang is the root cause; the survivor saw a peer lost)
+    assert [(c.node, c.detection_s, c.failure) for c in gp.interruptions] == [("h1", 10.0, "hang")]
+
+
+def test_two_hosts_failing_apart_are_two_interruptions():
+    h0, h1 = partition_run()
+    later = [
+        e
+        if not (isinstance(e, FailureDetected) and e.node == "h1")
+        else FailureDetected(
+            ts=54.0, failure="crash", evidence="gone", onset=45.0, step=40, rank=1, **_ctx("h1", 0)
+        )
+        for e in h1
+    ]  # h1's own crash long after h0 noticed the first fault: a fault of its own
+    gp = compute(sorted(h0 + later, key=lambda e: e.ts))
+    assert [(c.node, c.failure) for c in gp.interruptions] == [("h0", "peer_lost"), ("h1", "crash")]
+    # h1's crash came while h0 trained alone without it: it costs the job's timeline nothing
+    assert _booked(gp, 35.0, 55.0)["productive"] == 20.0
 
 
 def test_one_ledger_alone_keeps_its_own_detection():
@@ -140,5 +157,6 @@ def test_the_report_of_a_run_dir_with_two_agents_ledgers_merges_them(tmp_path):
         w.close()
     rep = build(tmp_path)
     assert [h["node"] for h in rep["hosts"]] == ["h0", "h1"]
-    assert rep["buckets_s"]["detection"] == 15.0 and rep["steps_completed"] == 38
+    assert rep["buckets_s"]["detection"] == 10.0 and rep["steps_completed"] == 38
     assert rep["hosts"][0]["steps"] == 20 + 18 + 5
+    assert rep["reliability"]["failures"] == 1 and rep["reliability"]["mttr_s"]["detect_s"] == 10.0

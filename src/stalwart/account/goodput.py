@@ -22,7 +22,8 @@ assigns each elementary interval once, so the buckets add up to the wall time ex
 
 Several agents' ledgers make one timeline: a fault's detection and restart end where the job was
 training again, so a host that noticed late (cut off by a partition while the others re-formed and
-trained on) never books the survivors' productive time as its detection; what each host saw on its
+trained on) never books the survivors' productive time as its detection, and a fault of a host
+that was not in the group training at its onset costs the job nothing; what each host saw on its
 own is account/hosts.py's.
 
 Ideal step time follows Google's ml-goodput-measurement definition (mean of the step times at or
@@ -220,7 +221,8 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         )
     t0 = min(e.ts for e in starts)
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
-    steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
+    every_step = [e for e in events if isinstance(e, StepCompleted)]
+    steps = sorted((e for e in every_step if e.rank == 0), key=lambda e: e.start)
     windows = job_windows(starts, ends)
     splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action == "in_place"]
     segs = _segments(steps, windows, splits)
@@ -239,6 +241,11 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         began = max((t for t in attempt_starts if t <= it.onset), default=None)
         if failed is not None and began is not None and began > failed.last_end:
             failed = None  # the failing attempt never completed a step: it had no work to lose
+        if failed is not None and it.node and it.node not in _hosts_in(failed, every_step):
+            # a host outside the group that was training (it left, the others trained on without
+            # it): its fault is its own view (account/hosts.py), the job lost nothing to it
+            costs.append(_cost(it, it.onset, None, events))
+            continue
         safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
         # the job trained again (other hosts re-formed) before this host noticed: from then on the
@@ -271,6 +278,11 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")),
         timeline=tuple(pieces),
     )
+
+
+def _hosts_in(seg: Segment, every_step: Sequence[StepCompleted]) -> set[str]:
+    """The hosts whose ranks completed steps while ``seg`` (global rank 0's) ran."""
+    return {s.node for s in every_step if seg.first_start <= s.start <= seg.last_end}
 
 
 def _checkpoint_intervals(
