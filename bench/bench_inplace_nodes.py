@@ -65,7 +65,7 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
             cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", str(nodes)]
             cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
             cmd += ["--rdzv-id", "bench-nodes", "--rdzv-conf", "last_call_timeout=60"]
-            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}"]
+            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
             cmd += ["--chaos", f"crash@rank=1,step={CRASH_STEP}"]
             cmd += [] if in_place else ["--no-in-place"]
             procs.append(

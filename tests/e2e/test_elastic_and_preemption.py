@@ -46,6 +46,10 @@ def _agent(run_dir, node, port, steps, *extra):
         str(run_dir),
         "--node-name",
         node,
+        # torch orders a round's nodes by (address, pid) and pids wrap on a busy machine: a loopback
+        # address per node (n0 -> 127.0.0.1, n1 -> 127.0.0.2) keeps n0, the store's host, group rank 0
+        "--local-addr",
+        f"127.0.0.{int(node[1:]) + 1}",
         "--hang-floor",
         "3",
         *extra,

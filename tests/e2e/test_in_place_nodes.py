@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from netutil import free_port
+from stalwart.account.recovery import recoveries
 from stalwart.events import DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
 
 from .runner import events, same_params, wait_listening
@@ -61,6 +62,8 @@ def _two_nodes(
             str(tmp / "run"),
             "--node-name",
             f"n{i}",
+            "--local-addr",  # group rank i (torch orders nodes by address, then by pid, which can wrap)
+            f"127.0.0.{i + 1}",
             *extra,
             SCRIPT,
             str(STEPS),
@@ -134,4 +137,6 @@ def test_a_lost_node_is_replaced_in_place_by_a_hot_spare(tmp_path):
     [done] = events(run, ReformedInPlace)
     assert done.node == "n2" and done.ranks == (1,) and done.bytes_moved > 0
     assert {e.node for e in events(run, AttemptStarted) if e.attempt > 0} <= {"n2"}  # n0 never restarted
+    [rec] = recoveries(events(run))  # the lost node, detected by the spare, recovered in place
+    assert (rec.failure, rec.path) == ("agent_lost", "in-place") and rec.total_s is not None, rec
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}

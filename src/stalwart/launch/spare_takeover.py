@@ -31,6 +31,7 @@ class SpareWatch:
     plan: WorldPlan
     claiming: TakeOver | None = None
     generation: int = 0  # the generation this spare's ranks join, once it took a place
+    silent_s: float = 0.0  # how long the lost node's heartbeat had not moved when its place was taken
 
     @classmethod
     def open(cls, cfg, plan: WorldPlan, met: Round, note) -> SpareWatch:
@@ -76,6 +77,7 @@ class SpareWatch:
             self.claiming = None
             return None
         lost = self.claiming
+        self.silent_s = board.silence().get(lost.lost, 0.0)
         seen = board.latest()
         self.generation = (seen.generation if seen is not None else 0) + 1
         nproc = self.plan.nproc_per_node

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chaos.plan import FaultPlan
-from ..events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
+from ..events import AttemptEnded, AttemptStarted, DecisionTaken, FailureDetected, WorkersStarted
 from ..policy.job import AttemptStatus, TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol import WorkerEnv, control, elastic_env
@@ -160,7 +160,28 @@ class NodeWorkers:
         took = self.spare.poll()
         if took is not None:
             self.joining = self.spare.generation
+            self._lost_node(took, self.spare.silent_s)
         return took
+
+    def _lost_node(self, took: TookOver, silent_s: float) -> None:
+        """The lost node's failure, as this spare detected it, and the in-place rung it takes."""
+        now, ctx = self.clock.now(), self.ledger.ctx()
+        lost = next(n for n in self.world_before(took) if n not in took.plan.active)
+        first = took.plan.active.index(self.cfg.node_name) * self.cfg.nproc_per_node
+        self.ledger.emit(
+            FailureDetected(
+                ts=now,
+                failure="agent_lost",
+                evidence=f"node {lost}: no heartbeat for {silent_s:.1f}s while its peers wait",
+                onset=now - silent_s,
+                rank=first,
+                **ctx,
+            )
+        )
+        self.ledger.emit(DecisionTaken(ts=now, action="in_place", reason=took.reason, **ctx))
+
+    def world_before(self, took: TookOver) -> tuple[str, ...]:
+        return self.spare.plan.active if self.spare is not None else took.plan.active
 
     def worker_specs(
         self,
