@@ -94,3 +94,17 @@ def test_a_spare_sees_a_silent_node_and_waiting_peers_and_only_one_spare_holds_a
     finally:
         for b in (n0, n1, s1, s2):
             b.close()
+
+
+def test_the_first_refusal_is_kept_and_seen_by_every_node(store):
+    a = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
+    b = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
+    try:
+        a.refuse("rank 0 raised ValueError")
+        assert _until(b.refusal) == ("n0", "rank 0 raised ValueError")
+        b.refuse("later")
+        time.sleep(0.5)
+        assert a.refusal() == ("n0", "rank 0 raised ValueError")
+    finally:
+        a.close()
+        b.close()

@@ -114,6 +114,18 @@ class _Board:
     def waiting(self, generation: int) -> None:
         self.sent.append(("waiting", generation))
 
+    def refuse(self, reason: str) -> None:
+        self.sent.append(("refuse", reason))
+
+    def refusal(self):
+        return self.refused
+
+    def silence(self):
+        return self.quiet
+
+    refused: tuple[str, str] | None = None
+    quiet: dict[str, float] = {}
+
 
 def _node(tmp_path, clock: ManualClock, ledger: RecordingLedger):
     """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
@@ -242,3 +254,46 @@ def test_a_spare_whose_claim_another_spare_holds_stands_by_again():
     cfg = SimpleNamespace(node_name="s", reform=SimpleNamespace(enabled=True, announce_s=5.0))
     watch = SpareWatch(cfg, Board(), WorldPlan(("n0", "n1"), ("s", "other"), 1, ""))  # type: ignore[arg-type]
     assert watch.poll() is None and watch.poll() is None and watch.claiming is None
+
+
+def test_a_node_stops_waiting_at_once_when_the_failed_nodes_agent_refused(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    board.refused = ("n0", "a exception is the script's own failure")
+    rec.watch(_snap_at(clock))  # even before its own ranks noticed
+    assert block.reform() == REFUSED
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "node n0 does not re-form in place" in why.reason
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    rec.watch(_snap_at(clock))
+    assert len(ledger.of(DecisionTaken)) == 1  # refused once
+
+
+def test_a_lost_node_without_a_spare_is_refused_before_the_full_bound(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    board.quiet = {"n0": 2.6}  # half the 5 s bound
+    rec.watch(_snap_at(clock))
+    assert block.reform() == REFUSED
+    assert ("waiting", 1) not in board.sent
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "node n0 is lost" in why.reason and "no hot spare" in why.reason
+
+
+def test_with_a_spare_a_lost_node_is_waited_for_and_the_board_told_the_ranks_wait(tmp_path):
+    from stalwart.protocol import Reforming
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.spares = True
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    board.quiet = {"n0": 2.6}
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0 and board.sent == [("waiting", 1)]

@@ -201,3 +201,15 @@ def test_two_lost_nodes_go_to_two_spares_in_order():
 def test_a_node_whose_own_ranks_wait_is_alive_even_when_its_beat_stalls():
     stalled = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 3.0, "n2": 0.2}, waiting=frozenset({"n1"}))
     assert isinstance(take_over(stalled), Wait)
+
+
+def test_a_refusal_from_another_node_ends_the_wait_even_before_a_rank_waits():
+    got = join(dataclasses.replace(JOIN, refused_by="n3", refused_why="the script raised"))
+    assert isinstance(got, Refuse) and "node n3 does not re-form in place (the script raised)" in got.reason
+
+
+def test_a_silent_node_ends_the_wait_only_when_no_spare_can_take_its_place():
+    waiting = dataclasses.replace(JOIN, waiting_since=99.0, lost=("n4",))
+    got = join(waiting)
+    assert isinstance(got, Refuse) and "node n4 is lost" in got.reason
+    assert isinstance(join(dataclasses.replace(waiting, spares=True)), Wait)

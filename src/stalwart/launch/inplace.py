@@ -93,6 +93,7 @@ class InPlaceRecovery:
     node: str = ""
     refused: bool = False  # this node told its ranks no re-formation is coming (the group restarts)
     world_size: int = 0  # every node's ranks (0: this node's are the whole group)
+    spares: bool = False  # the round has hot spares
     said_waiting: bool = False  # this node told the board its ranks wait for an announcement
     taking_over: float | None = None  # a hot spare's ranks replace a lost node's: when they started
     xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
@@ -142,6 +143,13 @@ class InPlaceRecovery:
         match choice:
             case NotInPlace(reason=reason):
                 self._record("in_place_skipped", reason, now)
+                if self.board is not None and not self.refused:  # the other nodes stop waiting for it
+                    self.refused = True
+                    self.board.refuse(reason)
+                    from ..protocol.control import ControlBlock
+
+                    if isinstance(self.block, ControlBlock):
+                        self.block.refuse_reform()
                 return False
             case InPlace():
                 return self._start(d, snap, choice, now)
@@ -210,6 +218,8 @@ class InPlaceRecovery:
             if q.reforming is not None and q.reforming.generation > self.generation
         ]
         settings = self.cfg.reform  # type: ignore[attr-defined]
+        refused = self.board.refusal()
+        silent = self.board.silence()
         case = JoinCase(
             enabled=settings.enabled,
             generation=self.generation,
@@ -220,6 +230,10 @@ class InPlaceRecovery:
             bound_s=settings.announce_s,
             busy=self.pending is not None,
             stopping=snap.stop_requested_at is not None,
+            refused_by=refused[0] if refused is not None and refused[0] != self.node else "",
+            refused_why=refused[1] if refused is not None else "",
+            lost=tuple(sorted(n for n, t in silent.items() if t >= settings.announce_s / 2)),
+            spares=self.spares,
         )
         choice = join(case)
         match choice:

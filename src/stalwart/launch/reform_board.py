@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 KEY = "stalwart/inplace/announce"
+REFUSED = "stalwart/inplace/refused"
 BEAT = "stalwart/inplace/beat/"
 WAITING = "stalwart/inplace/waiting/"
 CLAIM = "stalwart/inplace/claim/"
@@ -85,6 +86,18 @@ class Board(Protocol):
         """Say that this node's ranks wait for ``generation`` (a lost peer nobody announced)."""
         ...
 
+    def refuse(self, reason: str) -> None:
+        """Say that this node's failure is not recovered in place (the others stop waiting)."""
+        ...
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(node, reason) of the first node that said so, once read; never waits."""
+        ...
+
+    def silence(self) -> dict[str, float]:
+        """Seconds since each watched node's heartbeat last moved."""
+        ...
+
 
 class StoreBoard:
     """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
@@ -114,6 +127,8 @@ class StoreBoard:
         self._wait_out: queue.Queue[int] = queue.Queue()
         self._claims_out: queue.Queue[str] = queue.Queue()
         self._claimed: dict[str, str] = {}  # lost node -> the spare that holds its claim
+        self._refuse_out: queue.Queue[str] = queue.Queue()
+        self._refused: tuple[str, str] | None = None
         self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
         self._thread.start()
 
@@ -128,6 +143,12 @@ class StoreBoard:
 
     def waiting(self, generation: int) -> None:
         self._wait_out.put(generation)
+
+    def refuse(self, reason: str) -> None:
+        self._refuse_out.put(reason)
+
+    def refusal(self) -> tuple[str, str] | None:
+        return self._refused
 
     def silence(self) -> dict[str, float]:
         """Seconds since each watched node's heartbeat last moved (on this board's clock)."""
@@ -162,23 +183,49 @@ class StoreBoard:
             self._stop.wait(POLL_S)
 
     def _exchange(self, store: Any) -> None:
-        while True:
+        """One poll: write what was handed over, then read what the others wrote."""
+        self._write(store)
+        self._read_refusal(store)
+        self._read_nodes(store)
+        if store.check([KEY]):
+            raw = store.get(KEY)
             try:
-                a = self._out.get_nowait()
-            except queue.Empty:
-                break
+                self._take(Announcement.decode(raw))
+            except ValueError as exc:
+                if raw != self._bad:
+                    self._bad = raw
+                    self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
+
+    def _write(self, store: Any) -> None:
+        while not self._out.empty():
+            a = self._out.get_nowait()
             store.set(KEY, a.encode())
             self._take(a)
         if self._node:
             store.add(BEAT + self._node, 1)
             while not self._wait_out.empty():
                 store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+        while not self._refuse_out.empty():  # the first node to refuse keeps the key
+            why = self._refuse_out.get_nowait()
+            store.compare_set(REFUSED, "", json.dumps({"node": self._node, "reason": why[:500]}))
         while not self._claims_out.empty():
             lost = self._claims_out.get_nowait()
             holder = store.compare_set(CLAIM + lost, "", self._node)
             self._claimed[lost] = (
                 holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
             )
+
+    def _read_refusal(self, store: Any) -> None:
+        if self._refused is not None or not store.check([REFUSED]):
+            return
+        try:
+            doc = json.loads(store.get(REFUSED).decode())
+            self._refused = (str(doc["node"])[:256], str(doc["reason"])[:500])
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            self._refused = ("?", "a malformed refusal in the worker store")
+
+    def _read_nodes(self, store: Any) -> None:
+        """The watched nodes' heartbeats (when each last moved) and which of them wait."""
         for n in list(self._moved):
             count = store.add(BEAT + n, 0)
             if count != self._beats.get(n):
@@ -189,14 +236,6 @@ class StoreBoard:
                 raw = store.get(WAITING + n)
                 if raw.isdigit():
                     self._waiting[n] = int(raw)
-        if store.check([KEY]):
-            raw = store.get(KEY)
-            try:
-                self._take(Announcement.decode(raw))
-            except ValueError as exc:
-                if raw != self._bad:
-                    self._bad = raw
-                    self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
 
     def _take(self, a: Announcement) -> None:
         if self._seen is None or a.generation > self._seen.generation:

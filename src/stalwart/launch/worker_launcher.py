@@ -114,8 +114,14 @@ class NodeWorkers:
         group = WorkerGroup(argv(cfg), specs, warm=warm)
         board = None
         if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
+            others = tuple(n for n in plan.active if n != cfg.node_name)  # whose heartbeats to watch
             board = StoreBoard(
-                met.addr, met.port, cfg.rendezvous.store_timeout_s, self.console.note, node=cfg.node_name
+                met.addr,
+                met.port,
+                cfg.rendezvous.store_timeout_s,
+                self.console.note,
+                node=cfg.node_name,
+                watch=others,
             )
         try:
             pids = group.start()
@@ -363,6 +369,7 @@ class NodeWorkers:
             straggler_gate=self._straggler_gate(),
             board=board,
         )
+        sup.in_place.spares = bool(self.world is not None and self.world.spares)
         if self.joining:  # a spare's ranks start in the generation they join
             sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
         return sup.run()

@@ -130,6 +130,10 @@ class JoinCase:
     bound_s: float  # how long local ranks may wait for an announcement (--in-place-announce-timeout)
     busy: bool  # this node's own re-formation is in progress
     stopping: bool  # a stop was requested
+    refused_by: str = ""  # a node whose agent said the failure is not recovered in place
+    refused_why: str = ""
+    lost: tuple[str, ...] = ()  # other active nodes whose heartbeat has been silent past half the bound
+    spares: bool = False  # the round has hot spares (one may take a lost node's place)
 
 
 @dataclass(frozen=True)
@@ -166,10 +170,19 @@ def join(case: JoinCase) -> JoinDecision:
             f"node {case.announced_by} started the replacements of the failed ranks in place; this "
             f"node's ranks keep their processes and join generation {case.announced}",
         )
+    if case.refused_by:  # its ranks are going: waiting for an announcement would only delay the restart
+        return Refuse(
+            f"node {case.refused_by} does not re-form in place ({case.refused_why}): the group restarts"
+        )
     if case.waiting_since is None:
         return Wait()
     if not case.enabled or case.stopping:
         return Refuse("no in-place re-formation here: the ranks that lost a peer exit and the group restarts")
+    if case.lost and not case.spares:
+        return Refuse(
+            f"node {', '.join(case.lost)} is lost (no heartbeat) and the round has no hot spare to take its "
+            "place: the group restarts"
+        )
     if case.now - case.waiting_since >= case.bound_s:
         return Refuse(
             f"a rank lost a peer and no node announced an in-place re-formation within {case.bound_s:g}s "
