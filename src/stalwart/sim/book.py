@@ -66,16 +66,34 @@ class _Recovery:
 
 
 def book(
-    cfg: SimConfig, sch: Schedule, m: Model, rng: np.random.Generator, d: Draws, want_trace: bool
+    cfg: SimConfig,
+    sch: Schedule,
+    m: Model,
+    rng: np.random.Generator,
+    d: Draws,
+    want_trace: bool,
+    *,
+    trim: bool = True,
 ) -> Booked:
-    """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
+    """Every bucket of every trial, given the draws and the repair queue's waits and shares.
+
+    ``trim``: book only the cycles up to the last that starts before the horizon in some trial; the
+    cycles after it book nothing (every bucket's share of them is zero, and a straggler draw with a
+    zero mean takes nothing from the stream), so only the order of the sums' terms changes."""
     horizon = cfg.horizon_s
+    end, wait = _ends(cfg, m, d)
+    if trim and end.shape[0]:
+        keep = int(np.count_nonzero(end < horizon, axis=1).max()) + 1  # cycles that start before it
+        if keep < end.shape[1]:
+            cut = slice(0, keep)
+            share = None if d.share is None else d.share[:, cut]
+            d = Draws(d.e[:, cut], d.det[:, cut], d.cls[:, cut], None, share, None)
+            end, wait = end[:, cut], None if wait is None else wait[:, cut]
     e, det, cls = d.e, d.det, d.cls
     rows, cols = e.shape
     planned = cls == m.n_cls
     lost = m.node_loss[cls]
     r = _recovery(m, e, cls)
-    end, wait = _ends(cfg, m, d)
     start = np.empty_like(end)
     start[:, 0] = 0.0
     start[:, 1:] = end[:, :-1]

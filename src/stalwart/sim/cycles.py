@@ -36,6 +36,9 @@ def shares(
     must = np.zeros(rows, dtype=bool)
     if m.sizer is None or m.replica:  # nobody waits, the job always runs at full size
         return None, must
+    spares = cfg.spare_nodes or 0
+    if not m.sizer.share(spares + 1)[0]:  # the job never shrinks: it waits, or runs whole
+        return None, waits_for_repair(cfg.horizon_s, m.repair_s, spares, e, m.node_loss[cls], end)
     flat = np.flatnonzero(m.node_loss[cls])
     col = flat % cols
     ends = end.ravel()
@@ -51,6 +54,30 @@ def shares(
     nxt = at % cols < cols - 1  # a shrunk job runs the next cycle at the smaller size
     share.ravel()[at[nxt] + 1] = values[nxt]
     return share, must
+
+
+def waits_for_repair(
+    horizon: float, repair_s: float, spares: int, e: np.ndarray, lost: np.ndarray, end: np.ndarray
+) -> np.ndarray:
+    """Trials whose job (one that never shrinks) ever waits for a repaired node, assuming nobody waits:
+    some node loss before the horizon comes while the loss ``spares`` places earlier is in repair.
+    Failure times only grow along a trial, so the losses before the horizon are a prefix of them and
+    the first such loss decides. Trial by trial: no index array over every loss of the chunk."""
+    rows = e.shape[0]
+    must = np.zeros(rows, dtype=bool)
+    for r in range(rows):
+        at = np.flatnonzero(lost[r])  # the cycles of its node losses
+        if len(at) <= spares:
+            continue
+        t = end[r].take(at)  # when each loss was detected, without waits
+        over = t[: len(t) - spares] > t[spares:] - repair_s  # [k - spares] still in repair at loss k
+        k = int(np.argmax(over))
+        if not over[k]:
+            continue
+        c = int(at[k + spares])
+        start = float(end[r, c - 1]) if c else 0.0
+        must[r] = float(e[r, c]) < horizon - start  # a failure after the horizon never happens
+    return must
 
 
 def run_split(sch: Schedule, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
