@@ -11,7 +11,7 @@ import numpy as np
 
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
-from .cycles import backoff, recovery, run_split
+from .cycles import backoff, recovery, run_split, running_sum
 from .model import Model, Schedule
 
 # one cycle of trial 0 (seconds unless said otherwise); "class" is a Python keyword, hence this form
@@ -171,10 +171,10 @@ def _ends(cfg: SimConfig, m: Model, d: Draws) -> tuple[np.ndarray, np.ndarray | 
     wait, end = d.wait, d.end
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
-        end = np.cumsum(d.e + d.det + cfg.replica_rejoin_s, axis=1, dtype=np.float64)
+        end = running_sum(d.e + d.det + cfg.replica_rejoin_s)
     elif wait is not None:
         wait = wait.astype(m.ft, copy=False)
-        end = np.cumsum(d.e + d.det + wait, axis=1, dtype=np.float64)
+        end = running_sum(d.e + d.det + wait)
     assert end is not None
     return end, wait
 

@@ -13,6 +13,14 @@ from .repair_queue import repair_queue
 BACKOFF_PASSES = 64  # the longest streak of failures without progress that back-off alone makes
 
 
+def running_sum(steps: np.ndarray) -> np.ndarray:
+    """Cumulative sums along each trial's cycles, in float64: ``np.cumsum(steps, axis=1,
+    dtype=np.float64)``, cast first (an accumulate that casts as it goes is ~3x slower)."""
+    out = steps.astype(np.float64)
+    np.cumsum(out, axis=1, out=out)
+    return out
+
+
 def draw(m: Model, rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Time from each cycle's start to its failure, and the failure's class (n_cls = planned)."""
     if m.lam <= 0:
@@ -109,7 +117,7 @@ def recovery(m: Model, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     stopped = np.zeros((rows, cols), dtype=bool)  # the restart policy stopped the job: requeue
     if m.period is not None:
         infra = cls != m.n_cls
-        infra_n = np.cumsum(infra, axis=1)
+        infra_n = np.cumsum(infra.astype(np.int64), axis=1)  # cast first: an accumulate that casts is slow
         stopped[:, 1:] = infra[:, :-1] & (infra_n[:, :-1] % m.period == 0)
         r_restart[:, 1:] = np.where(stopped[:, 1:], m.requeue[0], r_restart[:, 1:])
         r_restore[:, 1:] = np.where(stopped[:, 1:], m.requeue[1], r_restore[:, 1:])

@@ -46,7 +46,7 @@ from ..policy.world_size import SizeRule
 from .book import Booked, Draws, TraceRow, book
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
-from .cycles import draw, fail_at, shares
+from .cycles import draw, fail_at, running_sum, shares
 from .model import Model, Schedule, alias
 from .model import schedule as _schedule
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
@@ -346,7 +346,7 @@ class _Run:
                 cfg, self.sch, m, e, cls
             )  # from here on: offset of the failure from the cycle's start
             det = m.detect[cls]
-            end = np.cumsum(e + det, axis=1, dtype=np.float64)  # when each cycle ends, without waits
+            end = running_sum(e + det)  # when each cycle ends, without waits
             if (end[:, -1] >= cfg.horizon_s).all():
                 break
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)

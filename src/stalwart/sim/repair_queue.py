@@ -143,7 +143,7 @@ def fixed_waits(
     """The waits of trials whose job cannot run with more nodes in repair than spares (it never
     shrinks), loss by loss instead of cycle by cycle (``fixed_waits_of`` for one array of trials).
     ``end``: the cumulative sums of ``e + det`` along the cycles (float64), when the caller has them."""
-    done = np.cumsum(e + det, axis=1, dtype=np.float64) if end is None else end
+    done = np.cumsum((e + det).astype(np.float64), axis=1) if end is None else end
     return np.concatenate(fixed_waits_of(repair_s, spares, horizon, [Piece(e, det, lost, done)]))
 
 
