@@ -61,6 +61,27 @@ def test_loss_by_loss_waits_equal_the_cycle_by_cycle_walk(config, seed):
 BORDERLINE = [(16384, 20.0, 20, 48.0, 24), (16384, 20.0, 24, 48.0, 48), (4096, 30.0, 8, 48.0, 24)]
 
 
+def test_a_piece_longer_than_a_block_and_a_whole_engine_run_where_every_trial_waits():
+    from stalwart.sim import simulate
+    from stalwart.sim.repair_queue import STEP_CELLS
+
+    # 40 spares: blocks of 200 trials; pieces of 250 and 3 trials
+    cfg, m, e, cls, det, end = _drawn(16384, 54.0, 40, 400.0, 253, seed=6)
+    assert STEP_CELLS // 41 < 250
+    lost = m.node_loss[cls]
+    pieces = [
+        Piece(e[:250], det[:250], lost[:250], end[:250]),
+        Piece(e[250:], det[250:], lost[250:], end[250:]),
+    ]
+    fast = fixed_waits_of(m.repair_s, 40, cfg.horizon_s, pieces)
+    assert [len(w) for w in fast] == [250, 3]
+    walked, _ = sequential_waits(m.sizer, m.repair_s, 40, cfg.horizon_s, e, det, lost, end, by_loss=False)
+    np.testing.assert_allclose(np.concatenate(fast), walked, rtol=0, atol=1e-6 * m.repair_s)
+    # the engine's chunks hold more trials than a block here, and every trial waits
+    r = simulate(SimConfig(gpus=16384, days=54.0, trials=600, seed=6, spare_nodes=40, repair_hours=400.0))
+    assert r.iterations == 2 and (r.buckets["wait_nodes"] > 0).all()
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 @pytest.mark.parametrize("config", CONFIGS + BORDERLINE)
 def test_which_trials_wait_is_the_vectorised_windows_answer(config, seed):

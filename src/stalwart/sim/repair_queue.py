@@ -172,15 +172,21 @@ def fixed_waits_of(repair_s: float, spares: int, horizon: float, pieces: list[Pi
     losses go per step (few spares), so that each step still works on thousands of values; the
     pieces are never concatenated."""
     step = max(BLOCK_ROWS, -(-STEP_CELLS // (spares + 1)))
-    cut = [Piece(*(a[lo : lo + step] for a in p)) for p in pieces for lo in range(0, len(p.e), step)]
-    out: list[np.ndarray] = []
-    block: list[Piece] = []
-    for i, p in enumerate(cut):
-        block.append(p)
-        if sum(len(b.e) for b in block) >= step or i == len(cut) - 1:
-            out.extend(_block_waits(repair_s, spares, horizon, block))
+    cut = [
+        (i, Piece(*(a[lo : lo + step] for a in p)))
+        for i, p in enumerate(pieces)
+        for lo in range(0, len(p.e), step)
+    ]
+    out: list[list[np.ndarray]] = [[] for _ in pieces]  # a piece longer than a block comes back in parts
+    block: list[tuple[int, Piece]] = []
+    for j, (i, p) in enumerate(cut):
+        block.append((i, p))
+        if sum(len(b.e) for _, b in block) >= step or j == len(cut) - 1:
+            done = _block_waits(repair_s, spares, horizon, [b for _, b in block])
+            for (owner, _), w in zip(block, done, strict=True):
+                out[owner].append(w)
             block = []
-    return out
+    return [w[0] if len(w) == 1 else np.concatenate(w) for w in out]
 
 
 def _block_waits(repair_s: float, spares: int, horizon: float, block: list[Piece]) -> list[np.ndarray]:
