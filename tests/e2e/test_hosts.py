@@ -1,5 +1,6 @@
 """Agents on separate hosts (network namespaces, tests/hosts.py): a rendezvous host that vanishes
-without a reset, a partitioned host, a killed host. Each fault is a real one: nftables drops, SIGKILL.
+without a reset, a partitioned host, a killed host, hosts that start apart, an agent that arrives
+after the end. Each fault is a real one: nftables drops, SIGKILL.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hosts
-from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, JobEnded
+from stalwart.events import AttemptStarted, FailureDetected, IncidentRaised, JobEnded, JobStarted
 from stalwart.exit_codes import EXIT_INFRA
 
 from .runner import EXAMPLE, events, events_so_far
@@ -29,10 +30,14 @@ def _agent(
     run_id: str,
     *extra: str,
     batch: int = 32,
-    last_call: int = 60,
+    last_call: int | None = 60,
     read_timeout: int | None = 15,
+    steps: int = 100000,
+    hang_floor: int = 3,
 ) -> subprocess.Popen:
-    conf = f"is_host={int(name == 'h0')},last_call_timeout={last_call}"
+    conf = f"is_host={int(name == 'h0')}"
+    if last_call is not None:
+        conf += f",last_call_timeout={last_call}"
     if read_timeout is not None:
         conf += f",read_timeout={read_timeout}"
     argv = [
@@ -56,11 +61,11 @@ def _agent(
         "--node-name",
         name,
         "--hang-floor",
-        "3",
+        str(hang_floor),
         *extra,
         *EXAMPLE,
         "--steps",
-        "100000",
+        str(steps),
         "--checkpoint-every",
         "5",
         "--global-batch",
@@ -125,6 +130,63 @@ def test_a_partitioned_host_notices_within_its_hang_timeout(tmp_path):
     assert noticed[0].ts < healed and noticed[0].failure in ("hang", "peer_lost")
 
 
+def test_the_merged_report_of_a_partition_books_the_survivors_steps_and_the_isolated_hosts_wait(tmp_path):
+    # h1 notices the cut late (a 40 s hang floor, 60 s in a save) while h0 (3 s, 15 s in a save)
+    # re-forms alone and trains: the merged account must not book h0's training as h1's detection;
+    # each host's line says what it saw
+    quick = ("--max-restarts", "5", "--startup-timeout", "15")
+    slow = ("--max-restarts", "5", "--startup-timeout", "60")
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-acct", *quick, read_timeout=None, last_call=None)
+        b = _agent(h, "h1", tmp_path, "mh-acct", *slow, read_timeout=None, last_call=None, hang_floor=40)
+        _training_on_two(tmp_path, [a, b])
+        cut = time.time()
+        h.partition("h1")
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline:
+            alone = [e for e in events_so_far(tmp_path) if type(e).__name__ == "StepCompleted" and e.ts > cut]
+            late = [e for e in events_so_far(tmp_path, FailureDetected) if e.node == "h1" and e.ts > cut]
+            if late and len({e.step for e in alone if e.node == "h0"}) >= 10:
+                break
+            time.sleep(0.5)
+        h.heal("h1")
+        for p in (a, b):
+            p.kill()
+            p.wait(timeout=30)
+    from stalwart.account.report import build
+
+    evs = events(tmp_path)
+    rep = build(tmp_path)
+    solo = [e for e in evs if isinstance(e, AttemptStarted) and e.node == "h0" and e.ts > cut]
+    assert solo and solo[0].num_nodes == 1, solo
+    mine = [
+        e
+        for e in evs
+        if type(e).__name__ == "StepCompleted" and e.node == "h0" and e.attempt == solo[0].attempt
+    ]
+    line0 = next(x for x in rep["hosts"] if x["node"] == "h0")
+    seen = next(a for a in line0["attempts"] if a["attempt"] == solo[0].attempt)
+    assert (seen["num_nodes"], seen["steps"]) == (1, len({e.step for e in mine})) and seen["steps"] >= 10
+    # h1's own detection, as its ledger says
+    late = [e for e in evs if isinstance(e, FailureDetected) and e.node == "h1" and e.ts > cut]
+    line1 = next(x for x in rep["hosts"] if x["node"] == "h1")
+    assert late and line1["detections"][0]["detected"] == late[0].ts
+    # in the merged timeline h0's steps alone are never h1's detection, restart or lost work
+    ranks0 = [e for e in mine if e.rank == 0]
+    lo, hi = min(e.start for e in ranks0), max(e.start + e.duration for e in ranks0)
+    from stalwart.account.goodput import compute
+
+    gp = compute(evs)
+    booked: dict[str, float] = {}
+    for a0, b0, label in gp.timeline:
+        booked[label] = booked.get(label, 0.0) + max(0.0, min(b0, hi) - max(a0, lo))
+    assert late[0].ts > lo, "h1 noticed before h0 trained alone: nothing late to keep apart"
+    training = {"productive", "checkpoint_stall", "straggler_slowdown"}
+    assert {k for k, v in booked.items() if v > 0} <= training and booked.get("productive", 0.0) > 0, booked
+    top = max(e.step for e in evs if type(e).__name__ == "StepCompleted" and e.rank == 0)
+    assert rep["steps_completed"] == top + 1
+
+
 def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
     with hosts.Hosts(["h0", "h1"]) as h:
         a = _agent(h, "h0", tmp_path, "mh-kill")
@@ -149,10 +211,12 @@ def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
 
 
-def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
-    """One etcd member per host; the client endpoints, once the cluster answers (bounded wait)."""
-    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in h.names)
-    for n in h.names:
+def _etcd_cluster(h: hosts.Hosts, root: Path, names: list[str] | None = None) -> str:
+    """One etcd member per host (of ``names``, default all); the client endpoints, once the cluster
+    answers (bounded wait)."""
+    names = names or h.names
+    peers = ",".join(f"{n}=http://{h.addr(n)}:2380" for n in names)
+    for n in names:
         ip = h.addr(n)
         argv = ["etcd", "--name", n, "--data-dir", str(root / f"etcd-{n}"), "--initial-cluster", peers]
         argv += ["--listen-client-urls", f"http://{ip}:2379", "--advertise-client-urls", f"http://{ip}:2379"]
@@ -164,10 +228,10 @@ def _etcd_cluster(h: hosts.Hosts, root: Path) -> str:
         ]
         argv += ["--initial-cluster-state", "new", "--initial-cluster-token", f"{h.tag}-etcd"]
         h.popen(n, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoints = ",".join(f"{h.addr(n)}:2379" for n in h.names)
+    endpoints = ",".join(f"{h.addr(n)}:2379" for n in names)
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
-        check = h.popen(h.names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
+        check = h.popen(names[0], ["etcdctl", "--endpoints", endpoints, "endpoint", "health"])
         if check.wait(timeout=30) == 0:
             return endpoints
         time.sleep(0.5)
@@ -239,3 +303,64 @@ def test_with_etcd_the_survivors_keep_training_after_the_round_leader_vanishes(t
             procs[n].wait(timeout=30)
     assert resumed, "the survivors did not train on together after the round leader vanished"
     assert {e.node for e in resumed} == set(survivors) and all(e.num_nodes == 2 for e in resumed)
+
+
+# --- membership edges: hosts that start apart, an agent that arrives after the end ---------------------
+
+
+def _when_started(run_dir: Path, node: str, timeout: float = 120.0) -> None:
+    """Wait (bounded) until ``node``'s agent wrote its JobStarted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.node == node for e in events_so_far(run_dir, JobStarted)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{node}'s agent did not start within {timeout:.0f}s")
+
+
+def _formed_attempt_0_together(run_dir: Path, node: str, nodes: int) -> None:
+    started = [e for e in events(run_dir, AttemptStarted) if e.node == node]
+    assert [(e.attempt, e.num_nodes) for e in started] == [(0, nodes)], started
+
+
+def test_a_host_starting_seconds_late_joins_attempt_0_and_a_later_agent_is_told_the_run_succeeded(tmp_path):
+    # default windows: torch's 3 s last call for re-forms, Stalwart's 30 s start-up window for the first
+    with hosts.Hosts(["h0", "h1"]) as h:
+        a = _agent(h, "h0", tmp_path, "mh-skew", last_call=None, steps=40)
+        _when_started(tmp_path, "h0")
+        time.sleep(5.0)  # the skew under test: h1's agent starts 5 s after h0's is up
+        b = _agent(h, "h1", tmp_path, "mh-skew", last_call=None, steps=40)
+        out_a, _ = a.communicate(timeout=240)
+        out_b, _ = b.communicate(timeout=60)
+        assert (a.returncode, b.returncode) == (0, 0), out_a + out_b
+        late = _agent(h, "h1", tmp_path, "mh-skew", last_call=None, steps=40)
+        out_late, _ = late.communicate(timeout=60)
+    for node in ("h0", "h1"):
+        _formed_attempt_0_together(tmp_path, node, 2)
+    final = max(e.step for e in events(tmp_path) if type(e).__name__ == "StepCompleted")
+    assert late.returncode == 0, out_late
+    assert f"already finished at step {final}" in out_late and "nothing launched" in out_late
+
+
+def test_with_etcd_an_agent_arriving_after_the_success_says_so_without_a_shared_run_dir(tmp_path):
+    with hosts.Hosts(["h0", "h1"]) as h:
+        endpoints = _etcd_cluster(h, tmp_path)
+        etcd = ("--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints)
+        dirs = {n: tmp_path / f"run-{n}" for n in ("h0", "h1", "late")}  # each host its own run dir
+        a = _agent(h, "h0", dirs["h0"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        _when_started(dirs["h0"], "h0")
+        time.sleep(5.0)  # h1 starts late: the start-up window on etcd holds attempt 0 for it
+        b = _agent(h, "h1", dirs["h1"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        out_a, _ = a.communicate(timeout=240)
+        out_b, _ = b.communicate(timeout=60)
+        assert (a.returncode, b.returncode) == (0, 0), out_a + out_b
+        late = _agent(h, "h1", dirs["late"], "mh-etcd-end", *etcd, last_call=None, steps=30)
+        out_late, _ = late.communicate(timeout=60)
+    _formed_attempt_0_together(dirs["h0"], "h0", 2)
+    _formed_attempt_0_together(dirs["h1"], "h1", 2)
+    final = max(e.step for e in events(dirs["h0"]) if type(e).__name__ == "StepCompleted")
+    assert late.returncode == 0, out_late
+    assert f"already succeeded at step {final}" in out_late, out_late
+    end = events(dirs["late"], JobEnded)[-1]
+    assert (end.outcome, end.exit_code) == ("succeeded", 0)
+    assert not events(dirs["late"], AttemptStarted)  # it started no worker

@@ -49,6 +49,10 @@ def test_spare_steps_in_at_a_valid_world_size(tmp_path):
             str(tmp_path),
             "--node-name",
             f"n{i}",
+            # torch orders a round's nodes by (address, pid) and pids wrap on a busy machine: an address
+            # per node keeps n0 (the store's host) group rank 0, so the chaos never kills the store
+            "--local-addr",
+            f"127.0.0.{i + 1}",
             "--hang-floor",
             "3",
             *chaos,

@@ -95,3 +95,205 @@ def test_the_kernel_state_of_a_process_is_read_from_proc(tmp_path):
 
     assert proc_state(os.getpid()) in ("R", "S")
     assert proc_state(2**22 + 12345) == ""
+
+
+class _Board:
+    def __init__(self) -> None:
+        self.seen = None
+        self.sent: list = []
+
+    def announce(self, a) -> None:
+        self.sent.append(a)
+
+    def latest(self):
+        return self.seen
+
+    def close(self) -> None:
+        pass
+
+    def waiting(self, generation: int) -> None:
+        self.sent.append(("waiting", generation))
+
+    def refuse(self, reason: str) -> None:
+        self.sent.append(("refuse", reason))
+
+    def refusal(self):
+        return self.refused
+
+    def silence(self):
+        return self.quiet
+
+    refused: tuple[str, str] | None = None
+    quiet: dict[str, float] = {}
+
+
+def _node(tmp_path, clock: ManualClock, ledger: RecordingLedger):
+    """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
+    from stalwart.protocol import control
+
+    ctl = tmp_path / "ctl.bin"
+    control.create(ctl, slots=2)
+    block = control.ControlBlock(ctl, writable=True)
+    board = _Board()
+    rec = InPlaceRecovery(
+        cfg=SimpleNamespace(reform=SimpleNamespace(enabled=True, announce_s=5.0)),
+        ledger=ledger,
+        group=None,
+        receiver=None,
+        block=block,
+        tracker=ProgressTracker(ranks=[2, 3], started=clock.now()),
+        num_nodes=2,
+        attempt=0,
+        clock=clock,
+        board=board,
+        node="n1",
+    )
+    return rec, board, block
+
+
+def _snap_at(clock: ManualClock):
+    return SimpleNamespace(now=clock.now(), stop_requested_at=None)
+
+
+def test_a_node_asks_its_ranks_to_join_the_generation_another_node_announced(tmp_path):
+    from stalwart.launch.reform_board import Announcement
+    from stalwart.protocol import Reforming
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0  # nothing announced yet: the rank waits
+    board.seen = Announcement(1, "n0", (1,))
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 1 and rec.generation == 1
+    [joined] = [e for e in ledger.of(DecisionTaken) if e.action == "joined_in_place"]
+    assert "node n0" in joined.reason
+    rec.watch(_snap_at(clock))  # the same announcement is not joined twice
+    assert len([e for e in ledger.of(DecisionTaken) if e.action == "joined_in_place"]) == 1
+
+
+def test_ranks_left_waiting_past_the_announce_bound_are_told_none_is_coming(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(3, 1, 0.01, clock.now()), clock.now())
+    clock.advance(4.9)
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0
+    clock.advance(0.2)
+    rec.watch(_snap_at(clock))
+    assert block.reform() == REFUSED
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "within 5s" in why.reason
+
+
+def test_a_worker_waiting_for_a_generation_gives_up_at_once_when_refused():
+    from stalwart.protocol.control import REFUSED
+    from stalwart.train.inplace import Generation
+
+    clock = ManualClock()
+    t0 = clock.now()
+    asked = iter([0, 0, REFUSED])
+    gen = Generation(1, lambda: next(asked), clock.sleep, clock.now)
+    assert gen.wait(30.0) == 0 and clock.now() - t0 < 1.0  # two polls, not the 30 s bound
+
+
+def test_a_spare_holding_the_claim_announces_the_next_generation_with_the_lost_nodes_ranks():
+    from stalwart.launch.reform_board import Announcement
+    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.policy.world_size import WorldPlan
+
+    class Board(_Board):
+        def __init__(self) -> None:
+            super().__init__()
+            self.claims: dict[str, str] = {}
+            self.seen = Announcement(2, "n0", (0, 1))
+
+        def silence(self):
+            return {"n0": 0.1, "n1": 9.0}
+
+        def nodes_waiting(self):
+            return {"n0": 3}
+
+        def claim(self, lost):
+            self.claims[lost] = "s"
+
+        def claimed_by(self, lost):
+            return self.claims.get(lost)
+
+    cfg = SimpleNamespace(node_name="s", reform=SimpleNamespace(enabled=True, announce_s=5.0))
+    board = Board()
+    plan = WorldPlan(("n0", "n1"), ("s",), 2, "pow2")
+    watch = SpareWatch(cfg, board, plan)  # type: ignore[arg-type]
+    assert watch.poll() is None and board.claims == {"n1": "s"}  # claimed: the store answers next poll
+    took = watch.poll()
+    assert took is not None and took.plan.active == ("n0", "s") and took.plan.spares == ()
+    assert board.sent == [Announcement(3, "s", (2, 3))] and watch.generation == 3
+
+
+def test_a_spare_whose_claim_another_spare_holds_stands_by_again():
+    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.policy.world_size import WorldPlan
+
+    class Board(_Board):
+        def silence(self):
+            return {"n0": 0.1, "n1": 9.0}
+
+        def nodes_waiting(self):
+            return {"n0": 1}
+
+        def claim(self, lost):
+            pass
+
+        def claimed_by(self, lost):
+            return "other"
+
+    cfg = SimpleNamespace(node_name="s", reform=SimpleNamespace(enabled=True, announce_s=5.0))
+    watch = SpareWatch(cfg, Board(), WorldPlan(("n0", "n1"), ("s", "other"), 1, ""))  # type: ignore[arg-type]
+    assert watch.poll() is None and watch.poll() is None and watch.claiming is None
+
+
+def test_a_node_stops_waiting_at_once_when_the_failed_nodes_agent_refused(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    board.refused = ("n0", "a exception is the script's own failure")
+    rec.watch(_snap_at(clock))  # even before its own ranks noticed
+    assert block.reform() == REFUSED
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "node n0 does not re-form in place" in why.reason
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    rec.watch(_snap_at(clock))
+    assert len(ledger.of(DecisionTaken)) == 1  # refused once
+
+
+def test_a_lost_node_without_a_spare_is_refused_before_the_full_bound(tmp_path):
+    from stalwart.protocol import Reforming
+    from stalwart.protocol.control import REFUSED
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    board.quiet = {"n0": 2.6}  # half the 5 s bound
+    rec.watch(_snap_at(clock))
+    assert block.reform() == REFUSED
+    assert ("waiting", 1) not in board.sent
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert "node n0 is lost" in why.reason and "no hot spare" in why.reason
+
+
+def test_with_a_spare_a_lost_node_is_waited_for_and_the_board_told_the_ranks_wait(tmp_path):
+    from stalwart.protocol import Reforming
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger)
+    rec.spares = True
+    rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
+    board.quiet = {"n0": 2.6}
+    rec.watch(_snap_at(clock))
+    assert block.reform() == 0 and board.sent == [("waiting", 1)]

@@ -6,7 +6,20 @@ import dataclasses
 
 import pytest
 
-from stalwart.policy.inplace import InPlace, InPlaceCase, NotInPlace, decide
+from stalwart.policy.inplace import (
+    InPlace,
+    InPlaceCase,
+    Join,
+    JoinCase,
+    NotInPlace,
+    Refuse,
+    TakeOver,
+    TakeOverCase,
+    Wait,
+    decide,
+    join,
+    take_over,
+)
 from stalwart.policy.restart_policy import FailureKind
 
 RANKS = frozenset({0, 1, 2, 3})
@@ -43,7 +56,8 @@ def test_lost_or_stuck_ranks_are_recoverable(kind):
         ({"reforming": True}, "during an in-place re-formation"),
         ({"failure": FailureKind.EXCEPTION}, "script's own failure"),
         ({"in_place_ranks": frozenset({0, 1, 2})}, "rank 3 does not run under Session.run"),
-        ({"num_nodes": 2}, "across nodes"),
+        ({"num_nodes": 2, "failure": FailureKind.PEER_LOST}, "the lost peer is on another node"),
+        ({"num_nodes": 2, "failure": FailureKind.HANG}, "a hang across nodes"),
         ({"failed": RANKS}, "no rank survived"),
         ({"used": 3}, "--in-place-max 3"),
         ({"forced_failure": True}, "forced to fail"),
@@ -87,3 +101,115 @@ def test_each_rank_lacking_the_state_receives_it_from_a_holder_of_the_same_shard
     # plain FSDP: the replaced rank's shard lives nowhere else, so every rank falls back to a checkpoint
     assert plan_sources([(5, 10), (5, 11), (-1, 12), (5, 13)]) is None
     assert plan_sources([(-1, 1), (-1, 1)]) is None  # no live state at all
+
+
+def test_a_rank_crashed_on_one_node_of_several_is_replaced_in_place_by_its_own_agent():
+    got = decide(dataclasses.replace(BASE, num_nodes=4))
+    assert isinstance(got, InPlace) and got.ranks == frozenset({2}) and got.generation == 5
+
+
+JOIN = JoinCase(
+    enabled=True,
+    generation=2,
+    announced=0,
+    announced_by="",
+    waiting_since=None,
+    now=100.0,
+    bound_s=5.0,
+    busy=False,
+    stopping=False,
+)
+
+
+def test_a_node_joins_the_generation_another_node_announced():
+    got = join(dataclasses.replace(JOIN, announced=3, announced_by="n7", waiting_since=99.0))
+    assert isinstance(got, Join) and got.generation == 3 and "node n7" in got.reason
+
+
+def test_an_announcement_of_the_current_or_an_older_generation_is_not_joined_again():
+    for gen in (1, 2):
+        assert isinstance(join(dataclasses.replace(JOIN, announced=gen, announced_by="n1")), Wait)
+
+
+def test_ranks_waiting_for_an_announcement_wait_within_the_bound_and_are_refused_after_it():
+    assert isinstance(join(dataclasses.replace(JOIN, waiting_since=96.0)), Wait)
+    got = join(dataclasses.replace(JOIN, waiting_since=95.0))
+    assert isinstance(got, Refuse) and "within 5s" in got.reason and "restarts" in got.reason
+
+
+def test_nothing_to_do_when_no_rank_waits_and_nothing_is_announced():
+    assert isinstance(join(JOIN), Wait)
+
+
+def test_a_node_busy_with_its_own_re_formation_neither_joins_nor_refuses():
+    busy = dataclasses.replace(JOIN, busy=True, announced=3, announced_by="n1", waiting_since=0.0)
+    assert isinstance(join(busy), Wait)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"), [({"stopping": True}, "stop was requested"), ({"enabled": False}, "off")]
+)
+def test_a_stopping_or_disabled_node_refuses_an_announced_re_formation(change, why):
+    got = join(dataclasses.replace(JOIN, announced=3, announced_by="n1", **change))
+    assert isinstance(got, Refuse) and why in got.reason
+
+
+def test_a_node_whose_every_rank_failed_is_replaced_in_place_when_other_nodes_survive():
+    alone = dataclasses.replace(BASE, ranks=frozenset({2}), in_place_ranks=frozenset({2}), num_nodes=2)
+    assert isinstance(decide(alone), NotInPlace)  # no world size known: this node is the group
+    got = decide(dataclasses.replace(alone, world_size=8))
+    assert isinstance(got, InPlace) and got.ranks == frozenset({2})
+
+
+SPARE = TakeOverCase(
+    enabled=True,
+    spare="s1",
+    spares=("s1", "s2"),
+    active=("n0", "n1", "n2"),
+    silent={"n0": 0.1, "n1": 3.0, "n2": 0.2},
+    waiting=frozenset({"n0", "n2"}),
+    bound_s=2.5,
+)
+
+
+def test_a_spare_takes_the_place_of_a_silent_node_whose_peers_wait():
+    got = take_over(SPARE)
+    assert isinstance(got, TakeOver) and got.lost == "n1" and got.group_rank == 1
+    assert "node n1 is lost" in got.reason and "n0, n2 wait" in got.reason
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"waiting": frozenset()},  # a slow agent whose peers still train is never replaced
+        {"silent": {"n0": 0.1, "n1": 2.0, "n2": 0.2}},  # not silent long enough
+        {"enabled": False},
+        {"spare": "s2"},  # one lost node: the first spare in order takes it
+    ],
+)
+def test_a_spare_waits_otherwise(change):
+    assert isinstance(take_over(dataclasses.replace(SPARE, **change)), Wait)
+
+
+def test_two_lost_nodes_go_to_two_spares_in_order():
+    both = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 3.0, "n2": 9.0}, waiting=frozenset({"n0"}))
+    first, second = take_over(both), take_over(dataclasses.replace(both, spare="s2"))
+    assert isinstance(first, TakeOver) and isinstance(second, TakeOver)
+    assert (first.lost, second.lost) == ("n1", "n2")
+
+
+def test_a_node_whose_own_ranks_wait_is_alive_even_when_its_beat_stalls():
+    stalled = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 3.0, "n2": 0.2}, waiting=frozenset({"n1"}))
+    assert isinstance(take_over(stalled), Wait)
+
+
+def test_a_refusal_from_another_node_ends_the_wait_even_before_a_rank_waits():
+    got = join(dataclasses.replace(JOIN, refused_by="n3", refused_why="the script raised"))
+    assert isinstance(got, Refuse) and "node n3 does not re-form in place (the script raised)" in got.reason
+
+
+def test_a_silent_node_ends_the_wait_only_when_no_spare_can_take_its_place():
+    waiting = dataclasses.replace(JOIN, waiting_since=99.0, lost=("n4",))
+    got = join(waiting)
+    assert isinstance(got, Refuse) and "node n4 is lost" in got.reason
+    assert isinstance(join(dataclasses.replace(waiting, spares=True)), Wait)

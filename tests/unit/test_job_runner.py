@@ -176,6 +176,29 @@ def test_a_hot_spare_steps_in_when_the_group_re_forms():
     assert [type(d) for d in r.decided] == [StandBy, Restart, Replace, End]
 
 
+def test_a_hot_spare_that_takes_a_lost_nodes_place_in_place_runs_that_attempt_without_a_new_round():
+    from dataclasses import replace
+
+    from stalwart.policy.job import TookOver
+
+    polls = []
+
+    def takes_over(plan):
+        polls.append(plan)
+        if len(polls) < 3:
+            return None
+        return TookOver(replace(plan, active=("a", "c"), spares=()), "node b is lost")
+
+    rdzv = FakeRendezvous([("a", "b", "c")])
+    w = ScriptedWorkers([AttemptOutcome(AttemptStatus.SUCCEEDED)], takes_over=takes_over)
+    r = runner(rdzv, w, node="c", max_nodes=2)
+    assert r.run() == EXIT_OK
+    assert w.started == [(0, ("a", "c"))]  # the same round: no re-rendezvous, the attempt it stood by in
+    assert [type(d) for d in r.decided] == [StandBy, Replace, End]
+    assert [d.action for d in decisions(r)] == ["standby", "take_over"]
+    assert verdict(r).exit_code == EXIT_OK and "hot spare" not in verdict(r).verdict
+
+
 def test_a_hot_spare_whose_store_goes_away_aborts():
     rdzv = FakeRendezvous([("a", "b", "c")], lost_at=1)
     r = runner(rdzv, ScriptedWorkers([]), node="c", max_nodes=2)

@@ -225,3 +225,17 @@ def test_a_bad_target_job_is_one_line_naming_its_flag(capsys, flags, says):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
+
+
+def test_a_run_checkpointing_faster_than_the_target_jobs_stall_still_plans(tmp_path, monkeypatch, capsys):
+    """A small run's checkpoint interval (10 steps of 5 ms) is far shorter than the target job's
+    modelled stall: the plan seeds its interval at no less than one stall and re-optimises it, instead
+    of refusing the run's interval as a unit error (a CI run on a fast machine failed this way)."""
+    monkeypatch.setitem(globals(), "STEP_S", 0.005)
+    _chaos_run(tmp_path)
+    cli.main(["plan", "--ledger", str(tmp_path), "--gpus", "64", "--trials", "20", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["measured"]["interval_s"] < 0.1  # the run's own interval was that short
+    (tier,) = d["tiers"]
+    assert tier["current_s"] > d["measured"]["interval_s"]
+    assert tier["recommended_s"] > tier["current_s"]

@@ -20,6 +20,12 @@ The timeline is built from ledger events (pure function, no clocks):
 Where intervals overlap, the bucket earlier in this list wins; sweeping over the boundaries
 assigns each elementary interval once, so the buckets add up to the wall time exactly.
 
+Several agents' ledgers make one timeline: a fault's detection and restart end where the job was
+training again, so a host that noticed late (cut off by a partition while the others re-formed and
+trained on) never books the survivors' productive time as its detection, and a fault of a host
+that was not in the group training at its onset costs the job nothing; what each host saw on its
+own is account/hosts.py's.
+
 Ideal step time follows Google's ml-goodput-measurement definition (mean of the step times at or
 below median + 3 x MAD), computed over rank 0's steps.
 """
@@ -118,6 +124,7 @@ class Goodput:
     segments: tuple[Segment, ...] = field(default_factory=tuple)
     jobs: int = 1  # jobs of the run (a requeued run has one per requeue)
     preemptions: tuple[float, ...] = ()  # when each preempted job ended
+    timeline: tuple[tuple[float, float, str], ...] = ()  # (from, to, bucket): the wall time, in order
 
     @property
     def goodput(self) -> float:
@@ -165,8 +172,11 @@ def _segments(
     return sorted(out, key=lambda seg: seg.first_start)
 
 
-def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> dict[str, float]:
-    """Assign every instant of [t0, t1] to the highest-priority interval covering it."""
+def _sweep(
+    intervals: list[tuple[float, float, str]], t0: float, t1: float
+) -> tuple[dict[str, float], list[tuple[float, float, str]]]:
+    """Assign every instant of [t0, t1] to the highest-priority interval covering it: the totals per
+    bucket, and the pieces in time order (neighbours of one bucket joined)."""
     points = {t0, t1}
     clipped = []
     for a, b, label in intervals:
@@ -183,6 +193,7 @@ def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> d
         starts.setdefault(a, []).append(label)
         stops.setdefault(b, []).append(label)
     active = dict.fromkeys(BUCKETS, 0)
+    pieces: list[tuple[float, float, str]] = []
     for left, right in zip(edges, edges[1:], strict=False):
         for label in stops.get(left, ()):
             active[label] -= 1
@@ -191,7 +202,11 @@ def _sweep(intervals: list[tuple[float, float, str]], t0: float, t1: float) -> d
         live = [lab for lab, n in active.items() if n > 0]
         label = max(live, key=_PRIORITY.__getitem__) if live else "other"
         totals[label] += right - left
-    return totals
+        if pieces and pieces[-1][2] == label and pieces[-1][1] == left:
+            pieces[-1] = (pieces[-1][0], right, label)
+        else:
+            pieces.append((left, right, label))
+    return totals, pieces
 
 
 def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
@@ -206,7 +221,8 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         )
     t0 = min(e.ts for e in starts)
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
-    steps = sorted((e for e in events if isinstance(e, StepCompleted) and e.rank == 0), key=lambda e: e.start)
+    every_step = [e for e in events if isinstance(e, StepCompleted)]
+    steps = sorted((e for e in every_step if e.rank == 0), key=lambda e: e.start)
     windows = job_windows(starts, ends)
     splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action == "in_place"]
     segs = _segments(steps, windows, splits)
@@ -225,16 +241,25 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         began = max((t for t in attempt_starts if t <= it.onset), default=None)
         if failed is not None and began is not None and began > failed.last_end:
             failed = None  # the failing attempt never completed a step: it had no work to lose
+        if failed is not None and it.node and it.node not in _hosts_in(failed, every_step):
+            # a host outside the group that was training (it left, the others trained on without
+            # it): its fault is its own view (account/hosts.py), the job lost nothing to it
+            costs.append(_cost(it, it.onset, None, events))
+            continue
         safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at)
         intervals.append((safe, it.onset, "lost_work"))
-        intervals.append((it.onset, it.detected, "detection"))
+        # the job trained again (other hosts re-formed) before this host noticed: from then on the
+        # late detection and its restart are this host's view, not the job's (account/hosts.py)
+        back = next((s.first_start for s in segs if s.first_start > it.onset), t1)
+        intervals.append((it.onset, min(it.detected, back), "detection"))
         nxt = next((s for s in segs if s.first_start > it.detected), None)
-        intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
+        if it.detected < back:
+            intervals.append((it.detected, nxt.first_start if nxt else t1, "restart"))
         costs.append(_cost(it, safe, nxt, events))
     for (_, a_end), (b_start, _) in zip(windows, windows[1:], strict=False):
         if b_start > a_end:
             intervals.append((a_end, b_start, "queue"))
-    totals = _sweep(intervals, t0, t1)
+    totals, pieces = _sweep(intervals, t0, t1)
     last = max(ends, key=lambda e: e.ts) if ends else None
     return Goodput(
         job_start=t0,
@@ -251,7 +276,13 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         segments=tuple(segs),
         jobs=len(windows),
         preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")),
+        timeline=tuple(pieces),
     )
+
+
+def _hosts_in(seg: Segment, every_step: Sequence[StepCompleted]) -> set[str]:
+    """The hosts whose ranks completed steps while ``seg`` (global rank 0's) ran."""
+    return {s.node for s in every_step if seg.first_start <= s.start <= seg.last_end}
 
 
 def _checkpoint_intervals(

@@ -162,6 +162,19 @@ def by_component(interruptions: Sequence[Interruption], exposure: Exposure) -> d
     return {c: failure_rates(n, exposure) for c, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
+def _one_fault_across_hosts(groups: list[list[FailureDetected]]) -> list[list[FailureDetected]]:
+    out: list[list[FailureDetected]] = []
+    for g in groups:
+        if out:
+            prev = out[-1]
+            seen_on = {f.node for f in prev}
+            if all(f.node not in seen_on for f in g) and min(f.onset for f in g) <= min(f.ts for f in prev):
+                out[-1] = prev + g
+                continue
+        out.append(g)
+    return out
+
+
 # --- from ledger events ------------------------------------------------------------------------
 
 
@@ -176,7 +189,10 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
     """Group FailureDetected events into interruptions and measure the exposure of one run.
 
     Failures detected before the next decision belong to one interruption (several ranks report the
-    same fault); the earliest onset wins, and a root cause beats ``peer_lost``. ``decided`` is the
+    same fault); the earliest onset wins, and a root cause beats ``peer_lost``. A host that notices
+    later, after another host's decision, joins that interruption when none of its failures is on
+    a host already in it and its onset is no later than the interruption's first detection: it saw
+    the same fault from the other side (a partition noticed late by the cut-off host). ``decided`` is the
     first DecisionTaken after detection; ``recovered`` is the first StepCompleted after the next
     TrainingResumed (or the TrainingResumed itself when no step followed). GPUs = world size of the
     attempt in force at the onset.
@@ -199,7 +215,7 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
             cur if cur != (0, 0) or not attempts else (attempts[0].world_size, max(1, attempts[0].num_nodes))
         )
 
-    groups = failure_groups(evs)
+    groups = _one_fault_across_hosts(failure_groups(evs))
 
     out = []
     for g in groups:

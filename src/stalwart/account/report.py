@@ -18,6 +18,7 @@ from ..diagnose.straggler_episodes import episodes
 from ..events import CheckpointRejected, IncidentRaised, StepCompleted
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
+from .hosts import host_views
 from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
 
@@ -52,6 +53,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "recoveries": [dict(asdict(r), total_s=r.total_s) for r in recoveries(events)],
         "jobs": gp.jobs,
         "preemptions": list(gp.preemptions),
+        "hosts": _hosts(events),
         "reliability": {
             "failures": n,
             "mtbf_job_hours": mtbf(n, rel.exposure, "job_hours").value,
@@ -106,6 +108,17 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+def _hosts(events) -> list[dict[str, Any]]:
+    """Each host's own view (account/hosts.py), for a run of more than one host."""
+    views = host_views(events)
+    if len(views) < 2:
+        return []
+    return [
+        {"node": v.node, "line": v.line(), "steps": v.steps, "trained_s": v.trained_s, **asdict(v)}
+        for v in views
+    ]
+
+
 def notes(buckets: dict[str, float], wall_s: float, ranks: int) -> list[str]:
     """Plain-language notes that keep the goodput figure honest (pure)."""
     out = []
@@ -143,6 +156,10 @@ def render(rep: dict[str, Any], console: Console | None = None) -> None:
 
     _render_summary(rep, con, say)
     _render_buckets(rep, con)
+    if rep.get("hosts"):
+        say("what each host saw (the table above is the merged account of all of them):")
+        for h in rep["hosts"]:
+            say(f"  {esc(h['line'])}")
     _render_interruptions(rep["interruptions"], con)
     _render_recoveries(rep.get("recoveries", []), con)
     _render_reliability(rep, say)
@@ -190,12 +207,13 @@ def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> 
     if not interruptions:
         return
     it = Table(title="Interruptions")
-    for col in ("#", "failure", "rank", "step", "detect", "lost work", "recovery", "total cost"):
-        it.add_column(col, justify="right" if col not in ("failure",) else "left")
+    for col in ("#", "failure", "host", "rank", "step", "detect", "lost work", "recovery", "total cost"):
+        it.add_column(col, justify="right" if col not in ("failure", "host") else "left")
     for i, c in enumerate(interruptions, 1):
         it.add_row(
             str(i),
             c["failure"],
+            c["node"] or "-",
             str(c["rank"]),
             str(c["step"]),
             _fmt_s(c["detection_s"]),

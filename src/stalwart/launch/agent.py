@@ -20,7 +20,7 @@ from pathlib import Path
 from ..chaos.plan import FaultPlan, build_plan
 from ..errors import CheckpointError, ConfigError
 from ..events import Event, JobStarted
-from ..exit_codes import EXIT_INFRA
+from ..exit_codes import EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter
 from ..policy import job
 from ..protocol import WorkerEnv
@@ -140,12 +140,19 @@ class Agent:
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         diagnosis = memory = warm = rendezvous = None
         try:  # everything started for the job is inside: the finally stops whatever did start
+            done = NodeRendezvous(cfg, None, self.clock).finished_elsewhere()
+            if done is not None:  # arrived after the job succeeded (etcd keeps its mark)
+                text = done.message(cfg.run_id)
+                self.console.note(text)
+                return write_verdict(self.ledger, self.clock, "succeeded", text, EXIT_OK)
             memory = self._node_memory()
             diagnosis = self._start_diagnosis()
             warm = self._warm_pool()
             rendezvous = NodeRendezvous(cfg, memory, self.clock)
             self.runner = self._runner(rendezvous, memory, diagnosis, warm)
             code = self.runner.run()
+            if self.runner.ended is not None and self.runner.ended.outcome == "succeeded":
+                rendezvous.leave_finished_mark(self._finished_mark())
             self._say_missing()
             return code
         except BaseException as exc:
@@ -203,6 +210,21 @@ class Agent:
         write_verdict(self.ledger, self.clock, outcome, verdict, code)
         self._say_missing()
         return code
+
+    def _finished_mark(self):
+        """The final step and the end of a job that succeeded, for agents that arrive later."""
+        from ..errors import LedgerError
+        from ..ledger import read_merged
+        from .arrival import FinishedMark
+        from .finished_run import finished
+
+        try:
+            done = finished(read_merged(self.run.root))
+        except LedgerError:
+            done = None
+        if done is None:
+            return FinishedMark(-1, self.clock.now())
+        return FinishedMark(done.final_step, done.ended_at)
 
     def _say_missing(self) -> None:
         if self.ledger.missing:

@@ -169,6 +169,7 @@ class RunConfig(BaseSettings):
         self._check_inputs()
         self._check_nodes()
         self._check_world()
+        late_hosts = self.use_c10d and self.min_nodes < self.max_nodes  # the first round waits for them
         validate_hierarchy(
             monitor_interval_s=self.monitor_interval_s,
             policy=self.hang_policy,
@@ -176,8 +177,10 @@ class RunConfig(BaseSettings):
             rdzv_timeout_s=self.rendezvous.timeout_s,
             stop_grace_s=self.workers.stop_grace_s,
             reform_timeout_s=self.reform.timeout_s,
+            announce_s=self.reform.announce_s,
             store_timeout_s=self.rendezvous.store_timeout_s,
             keepalive_s=self.rendezvous.keepalive_s,
+            startup_window_s=self.rendezvous.startup_window_s if late_hosts else None,
         )
         if self.hang.cpu_stall_s > self.hang.pg_timeout_s:
             raise ValueError(
@@ -399,6 +402,7 @@ _RDZV_CONF = {
     "keep_alive_interval": "rdzv_keepalive_s",
     "is_host": "rdzv_host",
     "read_timeout": "rdzv_read_timeout_s",
+    "startup_window": "rdzv_startup_window_s",
 }
 _RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "use_libuv", "store_type"}
 

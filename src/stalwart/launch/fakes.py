@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Event
+from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol.error_record import ErrorRecord
 from .decision import AttemptOutcome
@@ -245,6 +246,10 @@ class ScriptedWorkers:
     outcomes: list[AttemptOutcome] = field(default_factory=list)
     outcome: Callable[[int, WorldPlan], AttemptOutcome] | None = None
     started: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    takes_over: Callable[[WorldPlan], TookOver | None] = lambda plan: None  # a spare's take-over
+
+    def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
+        return self.takes_over(plan)
 
     def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
         self.started.append((attempt, plan.active))

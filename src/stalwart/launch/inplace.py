@@ -26,13 +26,25 @@ from dataclasses import dataclass, field
 from typing_extensions import assert_never
 
 from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
-from ..policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
+from ..policy.inplace import (
+    InPlace,
+    InPlaceCase,
+    Join,
+    JoinCase,
+    NotInPlace,
+    Refuse,
+    Wait,
+    decide,
+    hang_culprits,
+    join,
+)
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
 from .decision import AttemptOutcome, Decision
 from .ports import LedgerSink
 from .progress import ProgressTracker
+from .reform_board import Announcement, Board
 from .snapshot import Snapshot
 from .workers import WorkerSpec
 
@@ -77,6 +89,21 @@ class InPlaceRecovery:
     pending: Pending | None = None
     specs: dict[int, WorkerSpec] = field(default_factory=dict)
     read_state: Callable[[int], str] = field(default=lambda pid: proc_state(pid))
+    board: Board | None = None  # several nodes: how agents tell each other of a re-formation
+    node: str = ""
+    refused: bool = False  # this node told its ranks no re-formation is coming (the group restarts)
+    world_size: int = 0  # every node's ranks (0: this node's are the whole group)
+    spares: bool = False  # the round has hot spares
+    said_waiting: bool = False  # this node told the board its ranks wait for an announcement
+    taking_over: float | None = None  # a hot spare's ranks replace a lost node's: when they started
+    xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
+
+    def __post_init__(self) -> None:
+        if self.xids is None:
+            from .gpu_faults import XidWatch
+
+            diagnosis = getattr(self.cfg, "diagnosis", None)
+            self.xids = XidWatch(self.clock.now(), getattr(diagnosis, "kernel_log", None))
 
     def hang_culprits(self, answered: set[int]) -> frozenset[int]:
         """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
@@ -109,11 +136,20 @@ class InPlaceRecovery:
             reforming=self.pending is not None,
             stopping=snap.stop_requested_at is not None,
             forced_failure=settings.fail_attempt == self.attempt,
+            xids=self.xids() if self.xids is not None and settings.enabled else (),
+            world_size=self.world_size,
         )
         choice = decide(case)
         match choice:
             case NotInPlace(reason=reason):
                 self._record("in_place_skipped", reason, now)
+                if self.board is not None and not self.refused:  # the other nodes stop waiting for it
+                    self.refused = True
+                    self.board.refuse(reason)
+                    from ..protocol.control import ControlBlock
+
+                    if isinstance(self.block, ControlBlock):
+                        self.block.refuse_reform()
                 return False
             case InPlace():
                 return self._start(d, snap, choice, now)
@@ -161,9 +197,96 @@ class InPlaceRecovery:
         self.generation = plan.generation
         self.used += 1
         self.block.request_reform(plan.generation)
+        if self.board is not None:  # the other nodes' ranks lost this peer too: they join this generation
+            self.board.announce(Announcement(plan.generation, self.node, tuple(sorted(plan.ranks))))
         started = self.clock.now()
         self.pending = Pending(d, plan, started, started + 3 * bound, interrupted, started - now)
         return True
+
+    def watch(self, snap: Snapshot) -> None:
+        """A tick on a node of a multi-node group: join another node's in-place re-formation, or, when
+        none is announced within the bound after a local rank lost a peer, tell the local ranks none is
+        coming (they exit with their communication error, and the group restarts whole)."""
+        if self.taking_over is not None:
+            self._took_over(snap.now)
+        if self.board is None or self.refused:
+            return
+        seen = self.board.latest()
+        waiting = [
+            q.reforming.t
+            for q in self.tracker.progress.values()
+            if q.reforming is not None and q.reforming.generation > self.generation
+        ]
+        settings = self.cfg.reform  # type: ignore[attr-defined]
+        refused = self.board.refusal()
+        silent = self.board.silence()
+        case = JoinCase(
+            enabled=settings.enabled,
+            generation=self.generation,
+            announced=seen.generation if seen is not None else 0,
+            announced_by=seen.node if seen is not None else "",
+            waiting_since=min(waiting) if waiting else None,
+            now=snap.now,
+            bound_s=settings.announce_s,
+            busy=self.pending is not None,
+            stopping=snap.stop_requested_at is not None,
+            refused_by=refused[0] if refused is not None and refused[0] != self.node else "",
+            refused_why=refused[1] if refused is not None else "",
+            lost=tuple(sorted(n for n, t in silent.items() if t >= settings.announce_s / 2)),
+            spares=self.spares,
+        )
+        choice = join(case)
+        match choice:
+            case Wait():
+                if waiting and not self.said_waiting and not case.busy:  # a hot spare may take the lost place
+                    self.said_waiting = True
+                    self.board.waiting(self.generation + 1)
+            case Join(generation=gen, reason=reason):
+                from ..protocol.control import ControlBlock
+
+                assert isinstance(self.block, ControlBlock)
+                self.generation = gen
+                self.said_waiting = False
+                self.block.request_reform(gen)
+                self._record("joined_in_place", reason, snap.now)
+            case Refuse(reason=reason):
+                from ..protocol.control import ControlBlock
+
+                assert isinstance(self.block, ControlBlock)
+                self.refused = True
+                self.block.refuse_reform()
+                self._record("in_place_skipped", reason, snap.now)
+            case _:
+                assert_never(choice)
+
+    def _took_over(self, now: float) -> None:
+        """A hot spare's ranks joined the other nodes' generation with the live state: the record of
+        the lost node's recovery in place. Survivors keep their last completed step (a data-parallel
+        step completes on every rank or on none), so nothing beyond the interrupted step is redone."""
+        progress = self.tracker.progress
+        msgs = [
+            q.reformed for q in progress.values() if q.reformed and q.reformed.generation == self.generation
+        ]
+        if len(msgs) < len(progress) or self.taking_over is None:
+            return
+        phases = {"replace": max(0.0, min(m.t for m in msgs) - self.taking_over)}
+        for name in ("rendezvous", "transfer"):
+            phases[name] = max((m.phases.get(name, 0.0) for m in msgs), default=0.0)
+        self.taking_over = None
+        self.completed += 1
+        self.ledger.emit(
+            ReformedInPlace(
+                ts=now,
+                generation=self.generation,
+                ranks=tuple(sorted(progress)),
+                step=max(m.step for m in msgs),
+                lost_steps=0,
+                bytes_moved=sum(m.received for m in msgs),
+                state_bytes=max(m.received for m in msgs),
+                phases=phases,
+                **self.ledger.ctx(),
+            )
+        )
 
     def follow(self, snap: Snapshot) -> Decision | None:
         """A tick during a re-formation: None while it goes on or once it completed; the original

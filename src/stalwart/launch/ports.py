@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..events import Event
+from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol.error_record import ErrorRecord
 from .decision import AttemptOutcome
@@ -132,6 +133,11 @@ class Rendezvous(Protocol):
 class WorkerLauncher(Protocol):
     def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
         """Start this node's workers for ``attempt`` on ``plan`` and supervise them to an outcome."""
+        ...
+
+    def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
+        """A hot spare of ``plan``: the plan with this node in a lost node's place once it claimed that
+        place (its workers then join the other nodes' in-place re-formation), else None. Never waits."""
         ...
 
 

@@ -61,6 +61,7 @@ class NodeRendezvous:
         self.store: Any = None  # this round's store (c10d)
         self.worker_store: Any = None  # the TCPStore this node hosts for this round's workers
         self.watch: StoreWatch | None = None  # the store's reader off the tick (c10d), from the first round
+        self.arrivals: Any = None  # how the first round's start-up window ended (launch/arrival.py)
 
     @property
     def elastic(self) -> bool:
@@ -99,6 +100,7 @@ class NodeRendezvous:
         cfg = self.cfg
         if self.handler is None:
             self.handler = make_handler(cfg)
+            self._await_hosts()
         info = self.handler.next_rendezvous()
         store, group_rank, num_nodes = info.store, info.rank, info.world_size
         self.store = store
@@ -117,6 +119,47 @@ class NodeRendezvous:
         if self.memory is not None:
             self.memory.exchange(store, group_rank, num_nodes)
         return Round(group_rank, names, addr, int(port_text))
+
+    def _await_hosts(self) -> None:
+        """The first round's start-up window (launch/arrival.py): wait, bounded, for every host of
+        --nnodes MAX to count itself in before joining, so hosts that start apart form attempt 0."""
+        cfg = self.cfg
+        window = float(cfg.rendezvous.startup_window_s)
+        if cfg.min_nodes >= cfg.max_nodes or window <= 0:
+            return  # torch's round already waits for every host (or the window is off)
+        from .arrival import await_hosts, store_for
+
+        try:
+            store = store_for(cfg, min(5.0, self.timeout_s / 2))
+            got = await_hosts(store, cfg.rendezvous.id, cfg.max_nodes, window, self.clock)
+        except Exception:  # noqa: BLE001 - the round itself says what is wrong with the store
+            return
+        self.arrivals = got
+
+    def finished_elsewhere(self):
+        """The mark a job that already succeeded left in etcd (launch/arrival.py), or None: none there,
+        no etcd member answered within the probe deadline, or a c10d store (it ends with its host)."""
+        cfg = self.cfg
+        if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
+            return None
+        from .arrival import read_finished, store_for
+
+        try:
+            return read_finished(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id)
+        except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
+            return None
+
+    def leave_finished_mark(self, mark) -> None:
+        """Tell agents that arrive later that the job succeeded (etcd; best effort, bounded)."""
+        cfg = self.cfg
+        if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
+            return
+        from .arrival import mark_finished, store_for
+
+        try:
+            mark_finished(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id, mark)
+        except Exception:  # noqa: BLE001 - the store went with the job: the run directory says it
+            pass
 
     def _static(self) -> Round:
         """One node, or torchrun's static node ranks (--node-rank/--master-addr/--master-port)."""

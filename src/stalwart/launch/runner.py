@@ -30,6 +30,7 @@ from ..policy.job import (
     Restart,
     Shrink,
     StandBy,
+    TookOver,
     Unhealthy,
 )
 from ..policy.world_size import WorldPlan
@@ -82,7 +83,12 @@ class JobRunner:
             case End():
                 return decision
             case StandBy(plan=plan):
-                return self._ask(self._stand_by(plan))
+                waited = self._stand_by(plan, met)
+                if isinstance(waited, TookOver):  # a lost node's place, taken in place
+                    took = self._ask(waited)
+                    assert isinstance(took, Replace)
+                    return self._after(self._ask(self._attempt(took.plan, met)))
+                return self._ask(waited)
             case Restart(plan=None):
                 return decision  # the policy re-forms before it starts anything
             case Restart(plan=plan) | Replace(plan=plan) | Shrink(plan=plan) if plan is not None:
@@ -131,11 +137,15 @@ class JobRunner:
         newest = self.files.newest_good() if out.status in NEEDS_NEWEST else None
         return Outcome(out.status, out.failure, out.step, out.detail, newest, self.signal(), out.in_place)
 
-    def _stand_by(self, plan: WorldPlan) -> Outcome:
-        """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done."""
+    def _stand_by(self, plan: WorldPlan, met: Round) -> Outcome | TookOver:
+        """A hot spare: no workers; re-join when the active nodes re-form, leave when the job is done,
+        or take a lost node's place in place (the launcher watches for one without waiting)."""
         while True:
             if self.signal() is not None:
                 return Outcome(AttemptStatus.INTERRUPTED, signal=self.signal())
+            took = self.workers.take_over(plan, met)
+            if took is not None:
+                return took
             try:
                 if self.rendezvous.job_done():
                     return Outcome(AttemptStatus.SUCCEEDED)

@@ -129,6 +129,13 @@ class RendezvousSettings(BaseModel):
     last_call_s: Annotated[float, setting("rdzv_last_call_s")] = Field(
         default=3.0, ge=0, description="Seconds a rendezvous waits for late agents once the minimum is there."
     )
+    startup_window_s: Annotated[float, setting("rdzv_startup_window_s", "--rdzv-startup-window")] = Field(
+        default=30.0,
+        ge=0,
+        description="First round only: seconds an agent waits for every host of --nnodes MAX to arrive "
+        "before it joins (hosts that start apart still form attempt 0 together); ends at once when they "
+        "are all there, so it costs time only when fewer start. 0: off. --rdzv-conf startup_window.",
+    )
     keepalive_s: Annotated[float, setting("rdzv_keepalive_s")] = Field(
         default=1.0, gt=0, description="Seconds between an agent's keep-alive beats."
     )

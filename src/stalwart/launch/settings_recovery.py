@@ -26,6 +26,16 @@ class InPlaceSettings(BaseModel):
         gt=0,
         description="Seconds each step of an in-place re-formation may take before the whole group restarts.",
     )
+    announce_s: Annotated[float, setting("in_place_announce_timeout_s", "--in-place-announce-timeout")] = (
+        Field(
+            default=5.0,
+            gt=0,
+            description=(
+                "Seconds a node whose ranks lost a peer on another node waits for that node's agent to "
+                "announce an in-place re-formation before the whole group restarts (multi-node)."
+            ),
+        )
+    )
     max_per_attempt: Annotated[int, setting("in_place_max", "--in-place-max")] = Field(
         default=10,
         ge=0,

@@ -39,6 +39,7 @@ from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
+from .reform_board import Board
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .store_watch import StoreUnreachable
 from .straggler_records import record_stragglers
@@ -92,6 +93,7 @@ class Supervisor:
         world: WorldPlan | None = None,
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
+        board: Board | None = None,
         link: LinkSampler | None = None,
     ) -> None:
         self.world = world
@@ -132,6 +134,9 @@ class Supervisor:
             attempt=attempt,
             clock=clock,
             specs={s.global_rank: s for s in self.specs},
+            board=board,
+            node=node,
+            world_size=world.world_size if world is not None else 0,
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
@@ -274,6 +279,7 @@ class Supervisor:
     def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
+            self.in_place.watch(snap)
             if self.in_place.pending is not None:
                 failed = self.in_place.follow(snap)
                 if failed is not None:

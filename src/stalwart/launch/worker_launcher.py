@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..chaos.plan import FaultPlan
-from ..events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
+from ..events import AttemptEnded, AttemptStarted, DecisionTaken, FailureDetected, WorkersStarted
 from ..health.link_counters import LinkSampler
-from ..policy.job import AttemptStatus
+from ..policy.job import AttemptStatus, TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol import WorkerEnv, control, elastic_env
 from ..protocol.run_dir import RunDir
@@ -26,7 +26,9 @@ from .failure_files import AttemptFiles
 from .ledger_sink import NodeLedger
 from .output import routes
 from .ports import Console, Round
+from .reform_board import StoreBoard
 from .rendezvous import NodeRendezvous
+from .spare_takeover import SpareWatch
 from .supervisor import Supervisor
 from .warm import WarmPool, choose_path
 from .worker_boot import BOOT_CODE
@@ -80,6 +82,8 @@ class NodeWorkers:
             None  # this attempt's world plan (the straggler-action policy weighs it)
         )
         self.routed: dict[str, str] = {}  # the NCCL environment changes of a sick link routed around
+        self.spare: SpareWatch | None = None  # a hot spare's watch for a lost node's place
+        self.joining = 0  # > 0: this attempt's ranks replace a lost node's, in this generation
 
     # --- the attempt ---------------------------------------------------------------------------------
 
@@ -109,6 +113,17 @@ class NodeWorkers:
         )
         warm, path_reason, forced = self._warm_path()
         group = WorkerGroup(argv(cfg), specs, warm=warm)
+        board = None
+        if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
+            others = tuple(n for n in plan.active if n != cfg.node_name)  # whose heartbeats to watch
+            board = StoreBoard(
+                met.addr,
+                met.port,
+                cfg.rendezvous.store_timeout_s,
+                self.console.note,
+                node=cfg.node_name,
+                watch=others,
+            )
         try:
             pids = group.start()
             for spec in specs:  # the workers hold their write ends now
@@ -123,8 +138,14 @@ class NodeWorkers:
                 ),
                 show=False,
             )
-            outcome = self._supervise(group, receiver, block, specs)
+            outcome = self._supervise(group, receiver, block, specs, board)
         finally:
+            self.joining = 0
+            if board is not None:
+                board.close()
+            if self.spare is not None:  # its announcement was written long before the attempt ended
+                self.spare.close()
+                self.spare = None
             receiver.close()
             block.close()
             group.close()
@@ -134,6 +155,40 @@ class NodeWorkers:
             AttemptEnded(ts=self.clock.now(), reason=str(outcome.status), **self.ledger.ctx()), show=False
         )
         return outcome
+
+    def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
+        """A hot spare's check, each stand-by poll: a lost node's place taken in place (never waits)."""
+        if self.rendezvous is None or not self.cfg.reform.enabled:
+            return None
+        if self.spare is None or self.spare.plan != plan:
+            if self.spare is not None:
+                self.spare.close()
+            self.spare = SpareWatch.open(self.cfg, plan, met, self.console.note)
+        took = self.spare.poll()
+        if took is not None:
+            self.joining = self.spare.generation
+            self._lost_node(took, self.spare.silent_s)
+        return took
+
+    def _lost_node(self, took: TookOver, silent_s: float) -> None:
+        """The lost node's failure, as this spare detected it, and the in-place rung it takes."""
+        now, ctx = self.clock.now(), self.ledger.ctx()
+        lost = next(n for n in self.world_before(took) if n not in took.plan.active)
+        first = took.plan.active.index(self.cfg.node_name) * self.cfg.nproc_per_node
+        self.ledger.emit(
+            FailureDetected(
+                ts=now,
+                failure="agent_lost",
+                evidence=f"node {lost}: no heartbeat for {silent_s:.1f}s while its peers wait",
+                onset=now - silent_s,
+                rank=first,
+                **ctx,
+            )
+        )
+        self.ledger.emit(DecisionTaken(ts=now, action="in_place", reason=took.reason, **ctx))
+
+    def world_before(self, took: TookOver) -> tuple[str, ...]:
+        return self.spare.plan.active if self.spare is not None else took.plan.active
 
     def worker_specs(
         self,
@@ -168,7 +223,7 @@ class NodeWorkers:
             fd = receiver.new_channel()
             env = {**inherited, **(route or {})}
             env.update(self._elastic_env(rank, local, group_rank, num_nodes, addr, port))
-            env.update(self._stalwart_env(fd, ctl))
+            env.update(self._stalwart_env(fd, ctl, self.joining))
             if cfg.workers.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in os.environ:
                 env["CUDA_VISIBLE_DEVICES"] = str(local)
             env["PYTHONUNBUFFERED"] = "1"
@@ -207,7 +262,7 @@ class NodeWorkers:
             use_agent_store=True,  # an agent hosts the store; workers only connect to it
         )
 
-    def _stalwart_env(self, fd: int, ctl: Path) -> dict[str, str]:
+    def _stalwart_env(self, fd: int, ctl: Path, generation: int = 0) -> dict[str, str]:
         cfg = self.cfg
         return WorkerEnv(
             run_dir=str(self.run_dir.root),
@@ -218,12 +273,12 @@ class NodeWorkers:
             control=str(ctl),
             agent_pid=os.getpid(),
             pg_timeout_s=cfg.hang.pg_timeout_s,
-            # in place is offered on one node only (policy/inplace.py): elsewhere a survivor must not wait
-            reform_timeout_s=cfg.reform.timeout_s
-            if cfg.reform.enabled and self.world is not None and len(self.world.active) == 1
-            else 0.0,
+            # a survivor waits (bounded) for the agent's word; with several nodes the agent gives up on
+            # another node's announcement after --in-place-announce-timeout (launch/inplace.py)
+            reform_timeout_s=cfg.reform.timeout_s if cfg.reform.enabled else 0.0,
             chaos=self.faults.to_json(),
             history_mtbf_s=self._history_mtbf(),
+            generation=generation,
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()
 
@@ -284,7 +339,9 @@ class NodeWorkers:
             )
         )
 
-    def _supervise(self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec]) -> AttemptOutcome:
+    def _supervise(
+        self, group: WorkerGroup, receiver, block, specs: list[WorkerSpec], board=None
+    ) -> AttemptOutcome:
         """One attempt's supervision: the monitors decide, the supervisor acts (launch/supervisor.py)."""
         files = AttemptFiles(
             self.run_dir,
@@ -295,7 +352,7 @@ class NodeWorkers:
             specs,
             self.cfg.workers.stop_grace_s,
         )
-        return Supervisor(
+        sup = Supervisor(
             cfg=self.cfg,
             ledger=self.ledger,
             console=self.console,
@@ -311,10 +368,15 @@ class NodeWorkers:
             node=self.cfg.node_name,
             world=self.world,
             straggler_gate=self._straggler_gate(),
+            board=board,
             link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
             if self.cfg.hang.slow_link_kbit
             else None,
-        ).run()
+        )
+        sup.in_place.spares = bool(self.world is not None and self.world.spares)
+        if self.joining:  # a spare's ranks start in the generation they join
+            sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
+        return sup.run()
 
     def _straggler_gate(self):
         """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's

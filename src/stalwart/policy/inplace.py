@@ -44,6 +44,8 @@ class InPlaceCase:
     reforming: bool = False  # a re-formation is still in progress (a second failure during it)
     stopping: bool = False  # a stop was requested (preemption): save, do not re-form
     forced_failure: bool = False  # chaos: this attempt's in-place rung must fail
+    xids: tuple[str, ...] = ()  # severe Xids this node's GPUs reported since the attempt started
+    world_size: int = 0  # every node's ranks (0: this node's ``ranks`` are the whole group)
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,32 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         return NotInPlace(f"rank {failed} failed during an in-place re-formation")
     if case.failure not in RECOVERABLE:
         return NotInPlace(f"a {case.failure} is the script's own failure: replacing the rank would repeat it")
+    if case.xids:
+        return NotInPlace(
+            f"{case.xids[0]} since the attempt started: a surviving rank may hold an unsound device, so "
+            "the whole group restarts and the health gate re-checks the node first"
+        )
     missing = sorted(case.ranks - case.in_place_ranks)
     if missing:
         shown = ", ".join(str(r) for r in missing[:8])
         return NotInPlace(
             f"rank {shown} does not run under Session.run, so its process group cannot be re-formed in place"
         )
-    if case.num_nodes != 1:
-        return NotInPlace("in-place re-formation across nodes is not coordinated yet: the group restarts")
+    if case.num_nodes > 1 and case.failure is FailureKind.PEER_LOST:
+        return NotInPlace(
+            "the lost peer is on another node: that node's agent re-forms the group in place when it "
+            "can (this node then joins), else the whole group restarts"
+        )
+    if case.num_nodes > 1 and case.failure is FailureKind.HANG:
+        return NotInPlace(
+            "a hang across nodes silences every node's ranks, and only the node of the stopped rank "
+            "can pin it: the group restarts"
+        )
     if not case.failed:
         return NotInPlace(
             "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
         )
-    if case.failed == case.ranks:
+    if len(case.failed) >= max(case.world_size, len(case.ranks)):  # other nodes' ranks survive too
         return NotInPlace("no rank survived to keep the live state")
     if case.used >= case.allowed:
         return NotInPlace(
@@ -93,11 +108,130 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
     if case.forced_failure:
         return NotInPlace("in-place recovery forced to fail (chaos)")
     survivors = len(case.ranks) - len(case.failed)
+    kept = f"{survivors} surviving ranks" if case.num_nodes == 1 else "the surviving ranks of every node"
     return InPlace(
         case.failed,
         case.generation + 1,
-        f"rank {failed} ({case.failure}) replaced in place; {survivors} surviving ranks keep their "
-        f"processes and hand over the live state (generation {case.generation + 1})",
+        f"rank {failed} ({case.failure}) replaced in place; {kept} keep their processes and hand over "
+        f"the live state (generation {case.generation + 1})",
+    )
+
+
+@dataclass(frozen=True)
+class JoinCase:
+    """What a node's agent knows when another node may be re-forming the group in place."""
+
+    enabled: bool  # --in-place
+    generation: int  # this node's current generation
+    announced: int  # the newest generation another node's agent announced (0: none)
+    announced_by: str  # that node
+    waiting_since: float | None  # when a local rank first left its group for a newer generation
+    now: float
+    bound_s: float  # how long local ranks may wait for an announcement (--in-place-announce-timeout)
+    busy: bool  # this node's own re-formation is in progress
+    stopping: bool  # a stop was requested
+    refused_by: str = ""  # a node whose agent said the failure is not recovered in place
+    refused_why: str = ""
+    lost: tuple[str, ...] = ()  # other active nodes whose heartbeat has been silent past half the bound
+    spares: bool = False  # the round has hot spares (one may take a lost node's place)
+
+
+@dataclass(frozen=True)
+class Join:
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    pass
+
+
+JoinDecision = Join | Refuse | Wait
+
+
+def join(case: JoinCase) -> JoinDecision:
+    """On a node that replaced none of its own ranks: join another node's in-place re-formation, keep
+    waiting for one (bounded), or tell the local ranks none is coming (they exit with their
+    communication error and the group restarts whole)."""
+    if case.busy:
+        return Wait()
+    if case.announced > case.generation:
+        if case.stopping or not case.enabled:
+            why = "a stop was requested" if case.stopping else "in-place recovery is off here"
+            return Refuse(f"node {case.announced_by} re-forms in place, but {why}: the group restarts")
+        return Join(
+            case.announced,
+            f"node {case.announced_by} started the replacements of the failed ranks in place; this "
+            f"node's ranks keep their processes and join generation {case.announced}",
+        )
+    if case.refused_by:  # its ranks are going: waiting for an announcement would only delay the restart
+        return Refuse(
+            f"node {case.refused_by} does not re-form in place ({case.refused_why}): the group restarts"
+        )
+    if case.waiting_since is None:
+        return Wait()
+    if not case.enabled or case.stopping:
+        return Refuse("no in-place re-formation here: the ranks that lost a peer exit and the group restarts")
+    if case.lost and not case.spares:
+        return Refuse(
+            f"node {', '.join(case.lost)} is lost (no heartbeat) and the round has no hot spare to take its "
+            "place: the group restarts"
+        )
+    if case.now - case.waiting_since >= case.bound_s:
+        return Refuse(
+            f"a rank lost a peer and no node announced an in-place re-formation within {case.bound_s:g}s "
+            "(a lost node, or a failure its agent cannot replace): the group restarts"
+        )
+    return Wait()
+
+
+@dataclass(frozen=True)
+class TakeOverCase:
+    """What a hot spare's agent knows of the active nodes while it stands by."""
+
+    enabled: bool  # --in-place
+    spare: str  # this node
+    spares: tuple[str, ...]  # the round's hot spares, in the plan's order
+    active: tuple[str, ...]  # the active nodes by group rank
+    silent: dict[str, float]  # seconds since each active node's heartbeat last moved
+    waiting: frozenset[str]  # active nodes whose ranks wait for a generation nobody announced
+    bound_s: float  # silence after which a node counts as lost
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    lost: str
+    group_rank: int  # the lost node's place, which this spare takes
+    reason: str
+
+
+TakeOverDecision = TakeOver | Wait
+
+
+def take_over(case: TakeOverCase) -> TakeOverDecision:
+    """Whether this hot spare takes a lost node's place in place: the node's heartbeat is silent past
+    the bound *and* the ranks of another node wait for a re-formation nobody announced (a slow agent
+    whose ranks still train is never replaced). Lost nodes go to spares in order, one each, so every
+    spare reaches the same pairing from the same view; the claim in the store settles the rest."""
+    if not case.enabled or not case.waiting:
+        return Wait()
+    lost = sorted(n for n in case.active if case.silent.get(n, 0.0) >= case.bound_s and n not in case.waiting)
+    pairs = dict(zip(sorted(case.spares), lost, strict=False))
+    mine = pairs.get(case.spare)
+    if mine is None:
+        return Wait()
+    waiting = ", ".join(sorted(case.waiting))
+    return TakeOver(
+        mine,
+        case.active.index(mine),
+        f"node {mine} is lost (no heartbeat for {case.silent[mine]:.1f}s, the ranks of {waiting} wait): "
+        f"hot spare {case.spare} takes its place in place, the other nodes' ranks keep their processes",
     )
 
 

@@ -7,7 +7,8 @@ Observations, in the order a round meets them:
 * :class:`Unhealthy`: the health gate refused this node before a start;
 * :class:`RendezvousFailed`: the round could not be formed;
 * :class:`Met`: the round formed with these nodes (by group rank), and a signal may have come in;
-* :class:`Outcome`: an attempt (or a hot spare's wait) ended with an :class:`AttemptStatus`.
+* :class:`Outcome`: an attempt (or a hot spare's wait) ended with an :class:`AttemptStatus`;
+* :class:`TookOver`: a hot spare, while it stood by, took a lost node's place in place.
 
 Decisions (frozen, each with a reason, and the job's state after it):
 
@@ -89,7 +90,16 @@ class Met:
     signal: int | None = None  # a signal that came in while the round formed
 
 
-Observation = Outcome | Unhealthy | RendezvousFailed | Met
+@dataclass(frozen=True)
+class TookOver:
+    """This hot spare takes a lost node's place in place (policy/inplace.py ``take_over``): the other
+    nodes' ranks keep their processes and join the generation this node's new ranks form."""
+
+    plan: WorldPlan  # the round's plan with this node in the lost node's place
+    reason: str
+
+
+Observation = Outcome | Unhealthy | RendezvousFailed | Met | TookOver
 
 
 # --- the job ----------------------------------------------------------------------------------------
@@ -305,6 +315,9 @@ def next(state: JobState, observation: Observation, now: float) -> JobDecision: 
             return end(state, "rendezvous_failed", Outcome(AttemptStatus.FAILED, detail=error))
         case Met():
             return _world(state, observation, now)
+        case TookOver(plan=plan, reason=reason):
+            after = replace(state, plan=plan, standing_by=False)
+            return Replace(f"take over: {reason}", after, plan, (Record("take_over", reason, now),))
         case Outcome():
             if observation.in_place:
                 state = replace(state, in_place=state.in_place + observation.in_place)
@@ -434,6 +447,7 @@ __all__ = [
     "Restart",
     "Shrink",
     "StandBy",
+    "TookOver",
     "Unhealthy",
     "Verdict",
     "end",

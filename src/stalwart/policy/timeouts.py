@@ -5,6 +5,8 @@ steps have been seen the start-up timeout applies. The hierarchy
 
     heartbeat interval < hang timeout cap < process-group timeout < rendezvous timeout
     monitor interval, rendezvous keep-alive interval < store timeout < rendezvous timeout
+    start-up window (the first round's wait for late hosts) < rendezvous timeout
+    in-place announce timeout < in-place timeout < process-group timeout
 
 is validated when the agent is configured, so a bad ordering is an error before the job starts
 (a process-group timeout shorter than the hang cap would turn every hang into a crash with a
@@ -96,8 +98,10 @@ def validate_hierarchy(
     rdzv_timeout_s: float,
     stop_grace_s: float,
     reform_timeout_s: float | None = None,
+    announce_s: float | None = None,
     store_timeout_s: float | None = None,
     keepalive_s: float = 0.0,
+    startup_window_s: float | None = None,
 ) -> None:
     """Raise ConfigError naming the first pair of timeouts that is out of order."""
     if policy.floor_s <= 0 or policy.multiplier <= 0:
@@ -145,6 +149,17 @@ def validate_hierarchy(
                 "--pg-timeout",
             )
         )
+        if announce_s is not None:  # a rank waits for the announcement, then for the new group
+            checks.append(
+                (
+                    "in-place announce timeout",
+                    announce_s,
+                    "in-place timeout",
+                    reform_timeout_s,
+                    "--in-place-announce-timeout",
+                    "--in-place-timeout",
+                )
+            )
     if store_timeout_s is not None:
         checks += [
             (
@@ -172,6 +187,17 @@ def validate_hierarchy(
                 "--rdzv-timeout",
             ),
         ]
+    if startup_window_s:  # the first round's wait for late hosts is part of its rendezvous timeout
+        checks.append(
+            (
+                "start-up window",
+                startup_window_s,
+                "rendezvous timeout",
+                rdzv_timeout_s,
+                "--rdzv-startup-window",
+                "--rdzv-timeout",
+            )
+        )
     for a_name, a, b_name, b, a_flag, b_flag in checks:
         if not a < b:
             raise ConfigError(

@@ -4,7 +4,8 @@ Layout of the memory-mapped file:
 
 * header, 24 bytes: int64 ``stop_after`` (-1 = none: stop and save an emergency checkpoint once
   this many steps are done), int64 ``generation`` (bumped on every write of ``stop_after``), int64
-  ``reform`` (the process-group generation the agent asks every worker to re-form into; 0 = none);
+  ``reform`` (the process-group generation the agent asks every worker to re-form into; 0 = none;
+  -1 = none is coming: a worker waiting for one gives up);
 * one 32-byte slot per local worker: float64 wall time, int64 step, 16 bytes of section name.
 
 A worker writes its slot at every step start and section start (a memory store, no system call)
@@ -22,6 +23,7 @@ from pathlib import Path
 _HEAD = "<qqq"
 _SLOT = "<dq16s"
 HEAD_SIZE = struct.calcsize(_HEAD)
+REFUSED = -1  # the ``reform`` value that tells a waiting worker no re-formation is coming
 SLOT_SIZE = struct.calcsize(_SLOT)
 SIZE = HEAD_SIZE  # kept for readers of the header only
 
@@ -58,7 +60,8 @@ class ControlBlock:
         self._mm.flush()
 
     def reform(self) -> int:
-        """The process-group generation the agent asked the workers to re-form into (0: none)."""
+        """The process-group generation the agent asked the workers to re-form into (0: none;
+        ``REFUSED``: none is coming)."""
         return struct.unpack_from(_HEAD, self._mm, 0)[2]
 
     def request_reform(self, generation: int) -> None:
@@ -66,6 +69,10 @@ class ControlBlock:
         stop, gen, _ = struct.unpack_from(_HEAD, self._mm, 0)
         struct.pack_into(_HEAD, self._mm, 0, stop, gen, generation)
         self._mm.flush()
+
+    def refuse_reform(self) -> None:
+        """Agent side: no re-formation is coming; a worker waiting for one gives up at once."""
+        self.request_reform(REFUSED)
 
     def beat(self, t: float, step: int, section: str = "") -> None:
         """Worker side: record progress in this worker's slot (no system call)."""

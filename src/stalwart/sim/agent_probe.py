@@ -235,6 +235,9 @@ class _SupervisedKills:
     def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
         return _supervised_kill(attempt)
 
+    def take_over(self, plan: WorldPlan, met: Round) -> None:
+        return None  # the probe has no hot spare
+
 
 @dataclass(frozen=True)
 class RestartProbe:

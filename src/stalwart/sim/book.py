@@ -11,7 +11,7 @@ import numpy as np
 
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
-from .cycles import backoff, recovery, run_split
+from .cycles import backoff, recovery, run_split, running_sum
 from .model import Model, Schedule
 
 # one cycle of trial 0 (seconds unless said otherwise); "class" is a Python keyword, hence this form
@@ -66,16 +66,34 @@ class _Recovery:
 
 
 def book(
-    cfg: SimConfig, sch: Schedule, m: Model, rng: np.random.Generator, d: Draws, want_trace: bool
+    cfg: SimConfig,
+    sch: Schedule,
+    m: Model,
+    rng: np.random.Generator,
+    d: Draws,
+    want_trace: bool,
+    *,
+    trim: bool = True,
 ) -> Booked:
-    """Every bucket of every trial, given the draws and the repair queue's waits and shares."""
+    """Every bucket of every trial, given the draws and the repair queue's waits and shares.
+
+    ``trim``: book only the cycles up to the last that starts before the horizon in some trial; the
+    cycles after it book nothing (every bucket's share of them is zero, and a straggler draw with a
+    zero mean takes nothing from the stream), so only the order of the sums' terms changes."""
     horizon = cfg.horizon_s
+    end, wait = _ends(cfg, m, d)
+    if trim and end.shape[0]:
+        keep = int(np.count_nonzero(end < horizon, axis=1).max()) + 1  # cycles that start before it
+        if keep < end.shape[1]:
+            cut = slice(0, keep)
+            share = None if d.share is None else d.share[:, cut]
+            d = Draws(d.e[:, cut], d.det[:, cut], d.cls[:, cut], None, share, None)
+            end, wait = end[:, cut], None if wait is None else wait[:, cut]
     e, det, cls = d.e, d.det, d.cls
     rows, cols = e.shape
     planned = cls == m.n_cls
     lost = m.node_loss[cls]
     r = _recovery(m, e, cls)
-    end, wait = _ends(cfg, m, d)
     start = np.empty_like(end)
     start[:, 0] = 0.0
     start[:, 1:] = end[:, :-1]
@@ -153,10 +171,10 @@ def _ends(cfg: SimConfig, m: Model, d: Draws) -> tuple[np.ndarray, np.ndarray | 
     wait, end = d.wait, d.end
     if m.replica:
         # the job never stops for a recovery: one cycle = run until the failure, detection, rejoin
-        end = np.cumsum(d.e + d.det + cfg.replica_rejoin_s, axis=1, dtype=np.float64)
+        end = running_sum(d.e + d.det + cfg.replica_rejoin_s)
     elif wait is not None:
         wait = wait.astype(m.ft, copy=False)
-        end = np.cumsum(d.e + d.det + wait, axis=1, dtype=np.float64)
+        end = running_sum(d.e + d.det + wait)
     assert end is not None
     return end, wait
 

@@ -46,12 +46,12 @@ from ..policy.world_size import SizeRule
 from .book import Booked, Draws, TraceRow, book
 from .buckets import SIM_BUCKETS
 from .config import SimConfig
-from .cycles import draw, fail_at, shares
+from .cycles import draw, fail_at, running_sum, shares
 from .model import Model, Schedule, alias
 from .model import schedule as _schedule
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
 from .repair import effective
-from .repair_queue import sequential_waits
+from .repair_queue import Piece, fixed_waits_of, sequential_waits
 
 BUCKETS = SIM_BUCKETS
 CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
@@ -346,13 +346,15 @@ class _Run:
                 cfg, self.sch, m, e, cls
             )  # from here on: offset of the failure from the cycle's start
             det = m.detect[cls]
-            end = np.cumsum(e + det, axis=1, dtype=np.float64)  # when each cycle ends, without waits
+            end = running_sum(e + det)  # when each cycle ends, without waits
             if (end[:, -1] >= cfg.horizon_s).all():
                 break
             kk *= 2  # some trial did not reach the horizon in kk cycles: draw more (rare)
         rows = np.arange(lo, hi)
         share, must = shares(cfg, m, e, det, cls, end)
         waited = None
+        if must.all():  # every trial waited for a repaired node: all of them for the second pass
+            return kk, _Waited(rows, e, cls, det, end)
         if must.any():  # these trials waited for a repaired node: every later cycle moves
             waited = (kk, _Waited(rows[must], e[must], cls[must], det[must], end[must]))
             keep = ~must
@@ -383,6 +385,20 @@ class _Run:
         cfg, m = self.cfg, self.m
         sizer = m.sizer
         assert sizer is not None  # only a finite pool of spares makes a trial wait
+        spares = cfg.spare_nodes or 0
+        if not sizer.share(spares + 1)[0]:  # it never shrinks: the waits alone, loss by loss, no copies
+
+            def waits(group: list[_Waited]) -> list[np.ndarray]:
+                pieces = [Piece(p.e, p.det, m.node_loss[p.cls], p.end) for p in group]
+                return fixed_waits_of(m.repair_s, spares, cfg.horizon_s, pieces)
+
+            bounds = np.linspace(0, len(parts), min(self.threads, len(parts)) + 1).astype(int)
+            groups = [parts[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            return _jobs(
+                parts,
+                [w for ws in _in_parallel(waits, groups, self.threads) for w in ws],
+                self.rows_per_chunk,
+            )
         rows = np.concatenate([p.rows for p in parts])
         e = np.concatenate([p.e for p in parts])
         cls = np.concatenate([p.cls for p in parts])
@@ -412,3 +428,41 @@ class _Run:
             _Job(rows[sl], e[sl], det[sl], cls[sl], wait[sl], None if share is None else share[sl])
             for sl in (slice(lo, lo + step) for lo in range(0, len(rows), step))
         ]
+
+
+def _jobs(parts: list[_Waited], waits: list[np.ndarray], step: int) -> list[_Job]:
+    """The parts' trials, with their waits, in jobs of ``step`` trials (the last may have fewer): the
+    jobs the concatenated trials would be cut into, copied only where a job spans parts."""
+    jobs: list[_Job] = []
+    bits: list[tuple[_Waited, np.ndarray, slice]] = []
+    have = 0
+    for p, w in zip(parts, waits, strict=True):
+        lo = 0
+        while lo < len(p.rows):
+            take = min(step - have, len(p.rows) - lo)
+            bits.append((p, w, slice(lo, lo + take)))
+            have, lo = have + take, lo + take
+            if have == step:
+                jobs.append(_job(bits))
+                bits, have = [], 0
+    if bits:
+        jobs.append(_job(bits))
+    return jobs
+
+
+def _job(bits: list[tuple[_Waited, np.ndarray, slice]]) -> _Job:
+    if len(bits) == 1:
+        p, w, sl = bits[0]
+        return _Job(p.rows[sl], p.e[sl], p.det[sl], p.cls[sl], w[sl], None)
+
+    def cat(pick: Callable[[_Waited, np.ndarray], np.ndarray]) -> np.ndarray:
+        return np.concatenate([pick(p, w)[sl] for p, w, sl in bits])
+
+    return _Job(
+        cat(lambda p, w: p.rows),
+        cat(lambda p, w: p.e),
+        cat(lambda p, w: p.det),
+        cat(lambda p, w: p.cls),
+        cat(lambda p, w: w),
+        None,
+    )

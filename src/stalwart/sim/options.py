@@ -170,7 +170,10 @@ def apply(cfg: SimConfig, c: OptionCosts) -> SimConfig:
     """``cfg`` recovering by ``c``'s mechanism: its restart and restore times, its checkpoint tiers
     (the durable interval kept), its strategy and spares."""
     durable = min((t for t in cfg.tiers if t.survives_node_loss), key=lambda t: t.interval_s)
-    base = {"interval_s": durable.interval_s, "stall_s": c.stall.value, "persist_s": c.persist.value}
+    # the interval is a seed the planner re-optimises for this stall; a small run's interval can be
+    # shorter than the target job's stall, and no interval shorter than one stall is a real schedule
+    interval = max(durable.interval_s, c.stall.value)
+    base = {"interval_s": interval, "stall_s": c.stall.value, "persist_s": c.persist.value}
     tiers: list[dict[str, object]] = []
     opt = c.option
     if opt in (RecoveryOption.WARM, RecoveryOption.PEER, RecoveryOption.HOT_SPARES):

@@ -9,11 +9,15 @@ did wait, since a wait moves every later failure.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .policies import WorldSizer
 
-BLOCK = 512  # losses per block of the loss-by-loss walk (a block of every trial's times stays cached)
+BLOCK_ROWS = 64  # trials per block of the loss-by-loss waits, at least
+STEP_CELLS = 8192  # trials x losses per step of the loss-by-loss waits, at least
+CHECK_EVERY = 512  # losses between checks whether every trial is past the horizon
 
 
 def repair_queue(
@@ -59,11 +63,14 @@ def sequential_waits(
     det: np.ndarray,
     lost: np.ndarray,
     end: np.ndarray | None = None,
+    *,
+    by_loss: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(wait, share of each cycle: None when the job runs whole whenever it runs) of trials whose job
     waited for a repaired node, cycle by cycle (a
-    wait moves every later failure, so the window cannot be taken at once)."""
-    if not sizer.share(spares + 1)[0]:  # one node over the spares stops the job: the waits alone
+    wait moves every later failure, so the window cannot be taken at once). ``by_loss``: a job that
+    never shrinks takes ``fixed_waits`` (False: the cycle-by-cycle walk, which it must agree with)."""
+    if by_loss and not sizer.share(spares + 1)[0]:  # one node over the spares stops the job: the waits alone
         return fixed_waits(repair_s, spares, horizon, e, det, lost, end), None
     rows, cols = e.shape
     e_t, d_t, l_t = np.ascontiguousarray(e.T), np.ascontiguousarray(det.T), np.ascontiguousarray(lost.T)
@@ -134,58 +141,116 @@ def fixed_waits(
     end: np.ndarray | None = None,
 ) -> np.ndarray:
     """The waits of trials whose job cannot run with more nodes in repair than spares (it never
-    shrinks), loss by loss instead of cycle by cycle.
+    shrinks), loss by loss instead of cycle by cycle (``fixed_waits_of`` for one array of trials).
+    ``end``: the cumulative sums of ``e + det`` along the cycles (float64), when the caller has them."""
+    done = np.cumsum((e + det).astype(np.float64), axis=1) if end is None else end
+    return np.concatenate(fixed_waits_of(repair_s, spares, horizon, [Piece(e, det, lost, done)]))
+
+
+class Piece(NamedTuple):
+    """Some trials' cycles: failure offsets, detection, node lost, cycle ends without waits (float64)."""
+
+    e: np.ndarray
+    det: np.ndarray
+    lost: np.ndarray
+    done: np.ndarray
+
+
+def fixed_waits_of(repair_s: float, spares: int, horizon: float, pieces: list[Piece]) -> list[np.ndarray]:
+    """The waits of each piece's trials (of the same width), for a job that never shrinks.
 
     Repairs take the same time, so nodes come back in the order they were lost, and at the k-th
     node loss (detected at X_k) more than ``spares`` nodes are in repair exactly when the loss
     ``spares`` places earlier is still in repair; the job then waits until it is back:
     ``w_k = max(0, X_{k-S} + R - X_k)``. Writing X_k = C_k + Z_{k-1}, with C_k the detection time
-    without waits and Z the waits so far, gives ``Z_k = max(Z_{k-1}, C_{k-S} + R - C_k + Z_{k-S-1})``:
-    one step per node loss, two array operations over the trials. Losses after the horizon change
-    only what comes after it. ``end``: the cumulative sums of ``e + det`` along the cycles (float64),
-    when the caller has them."""
-    rows, cols = e.shape
-    where = [np.flatnonzero(lost[r]) for r in range(rows)]  # row by row: no index array of every loss
-    n = max(len(ix) for ix in where)
+    without waits and Z the waits so far, gives ``Z_k = max(Z_{k-1}, C_{k-S} + R - C_k + Z_{k-S-1})``.
+    The second term only reads waits at least S + 1 losses back, so S + 1 losses at a time it is known
+    for all of them and Z over them is a running maximum: one ``fmax.accumulate`` per S + 1 losses.
+    Losses after the horizon change only what comes after it.
+
+    Trials go a block at a time (a block's losses stay cached), more of them per block when few
+    losses go per step (few spares), so that each step still works on thousands of values; the
+    pieces are never concatenated."""
+    step = max(BLOCK_ROWS, -(-STEP_CELLS // (spares + 1)))
+    cut = [
+        (i, Piece(*(a[lo : lo + step] for a in p)))
+        for i, p in enumerate(pieces)
+        for lo in range(0, len(p.e), step)
+    ]
+    out: list[list[np.ndarray]] = [[] for _ in pieces]  # a piece longer than a block comes back in parts
+    block: list[tuple[int, Piece]] = []
+    for j, (i, p) in enumerate(cut):
+        block.append((i, p))
+        if sum(len(b.e) for _, b in block) >= step or j == len(cut) - 1:
+            done = _block_waits(repair_s, spares, horizon, [b for _, b in block])
+            for (owner, _), w in zip(block, done, strict=True):
+                out[owner].append(w)
+            block = []
+    return [w[0] if len(w) == 1 else np.concatenate(w) for w in out]
+
+
+def _block_waits(repair_s: float, spares: int, horizon: float, block: list[Piece]) -> list[np.ndarray]:
+    """``fixed_waits_of`` one block of trials."""
+    waits = [np.zeros(p.e.shape, dtype=p.e.dtype) for p in block]
+    flats = [np.flatnonzero(p.lost) for p in block]  # each trial's losses (a mask is slower here)
+    counts = [np.count_nonzero(p.lost, axis=1) for p in block]
+    count = np.concatenate(counts)
+    rows, n = len(count), int(count.max())
     if n <= spares:
-        return np.zeros((rows, cols), dtype=e.dtype)
-    # every trial's losses as a padded (trials x losses) table of their cycles; padding points at an
-    # extra cycle past the last, so that it never lands on a real one
-    pos = np.full((rows, n), cols, dtype=np.int32 if cols < 2**31 - 1 else np.int64)
-    for r, ix in enumerate(where):
-        pos[r, : len(ix)] = ix
-    real = pos < cols
-    at = np.minimum(pos, cols - 1)  # where to read (the padding's values are masked)
-    done = np.cumsum(e + det, axis=1, dtype=np.float64) if end is None else end
-    by_row = np.take_along_axis(done, at, axis=1)  # detection times without waits
-    by_row[~real] = np.nan
+        return waits
+    # the losses as a padded (losses x trials) table: loss k of every trial in one contiguous row, so
+    # that each step works on whole rows; NaN past a trial's last loss, which fmax skips. Filled trial
+    # by trial (writes in order), then transposed (a copy that reads each cache line in one go).
+    by_trial = np.full((rows, n), np.nan)
+    cells, firsts, r0 = [], [], 0
+    for p, flat, cnt in zip(block, flats, counts, strict=True):
+        first = np.zeros(len(cnt), dtype=np.int64)
+        np.cumsum(cnt[:-1], out=first[1:])  # each trial's first loss in ``flat``
+        cell = np.arange(len(flat), dtype=np.int64)  # loss i of trial r goes to (r, i - first[r])
+        cell += np.repeat((np.arange(len(cnt), dtype=np.int64) + r0) * n - first, cnt)
+        by_trial.ravel()[cell] = p.done.ravel()[flat]  # detection times without waits
+        cells.append(cell)
+        firsts.append(first)
+        r0 += len(cnt)
+    c = np.ascontiguousarray(by_trial.T)
+    del by_trial
     z = np.zeros((n + 1, rows))  # z[k + 1] = waits up to and including loss k; z[0] = 0
-    zt = np.zeros((rows, n + 1))  # the same, trial by trial
-    gap = np.empty(rows)
     s = spares
-    for k0 in range(s, n, BLOCK):  # losses k0..k1-1; each step reads two losses of every trial
-        k1 = min(n, k0 + BLOCK)
-        c = np.ascontiguousarray(by_row[:, k0 - s : k1].T)  # c[j] = loss k0 - s + j, a block at a time
-        if not np.any(c[s] + z[k0] < horizon):  # every trial is past the horizon
-            z[k0 + 1 :] = z[k0]  # no wait from here on: nothing after the horizon is booked
-            zt[:, k0 + 1 :] = z[k0][:, None]
-            break
-        ahead = c[: k1 - k0] - c[s:]  # C_{k-S} - C_k for the block's losses
-        ahead += repair_s
-        for j, k in enumerate(range(k0, k1)):
-            np.add(ahead[j], z[k - s], out=gap)
-            np.fmax(z[k], gap, out=z[k + 1])
-        zt[:, k0 + 1 : k1 + 1] = z[k0 + 1 : k1 + 1].T
-    del z, c, gap
-    w = np.diff(zt, axis=1)  # the wait at each loss
-    # a failure drawn after the horizon never happens (its cycle started too late): no wait there
-    offset = np.take_along_axis(e, at, axis=1)
-    start = by_row  # reused in place: the start of each loss's cycle
-    start -= offset + np.take_along_axis(det, at, axis=1)
-    start += zt[:, :n]
-    del zt, at
-    w[~(real & (offset < horizon - start))] = 0.0
-    del start, offset, real
-    waits = np.zeros((rows, cols + 1), dtype=e.dtype)
-    np.put_along_axis(waits, pos, w.astype(e.dtype, copy=False), axis=1)
-    return waits[:, :cols]
+    top = (
+        max(float(np.max(p.det)) for p in block) + 1.0
+    )  # detected this much after the horizon: failed after it
+    safe = 0  # every loss before this one was detected ``top`` or more before the horizon
+    for k0 in range(s, n, s + 1):  # losses k0..k1-1 read waits up to loss k0 - 1 only
+        k1 = min(n, k0 + s + 1)
+        if (k0 - s) % CHECK_EVERY < s + 1:  # detection times (with waits) only grow along a trial
+            seen = c[k0] + z[k0]
+            if not np.any(seen - top < horizon):
+                z[k0 + 1 :] = z[k0]  # every trial is past the horizon: no wait from here on
+                break
+            if not np.any(seen >= horizon - top):
+                safe = k0
+        gap = c[k0 - s : k1 - s] - c[k0:k1]  # C_{k-S} - C_k
+        gap += repair_s
+        gap += z[k0 - s : k1 - s]  # + Z_{k-S-1}
+        np.fmax(gap[0], z[k0], out=gap[0])
+        np.fmax.accumulate(gap, axis=0, out=z[k0 + 1 : k1 + 1])
+    w = np.diff(z, axis=0)  # the wait at each loss
+    # a failure drawn after the horizon never happens (its cycle started too late): no wait there.
+    # Detected ``top`` or more before the horizon, a loss failed before it; ``top`` or more after,
+    # after it; the few in between are tested exactly
+    seen = c[safe:] + z[safe:n]  # detection time with waits (NaN past a trial's last loss)
+    w[safe:][~(seen < horizon + top)] = 0.0
+    near = np.flatnonzero((seen >= horizon - top) & (seen < horizon + top)) + safe * rows
+    k, r = np.divmod(near, rows)
+    r0 = 0
+    for p, flat, first in zip(block, flats, firsts, strict=True):
+        mine = (r >= r0) & (r < r0 + len(first))
+        at = flat[first[r[mine] - r0] + k[mine]]  # the loss's cycle
+        offset, d = p.e.take(at), p.det.take(at)
+        start = c.take(near[mine]) - (offset + d) + z.take(near[mine])
+        w.ravel()[near[mine][~(offset < horizon - start)]] = 0.0
+        r0 += len(first)
+    w_by_trial = np.ascontiguousarray(w.T).ravel()
+    for wt, flat, cell in zip(waits, flats, cells, strict=True):
+        wt.ravel()[flat] = w_by_trial[cell].astype(wt.dtype)
+    return waits

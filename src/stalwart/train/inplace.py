@@ -130,11 +130,13 @@ class Generation:
         return want if want > self.current else 0
 
     def wait(self, timeout_s: float, poll_s: float = 0.005) -> int:
-        """Wait (bounded) for the agent's request; the new generation, or 0 when none came in time."""
+        """Wait (bounded) for the agent's request; the new generation, or 0 when none came in time or
+        the agent said none is coming."""
         deadline = self.now() + timeout_s
         while True:
-            want = self.requested()
-            if want or self.now() >= deadline:
+            asked = self.read_request()
+            want = asked if asked > self.current else 0
+            if want or asked < 0 or self.now() >= deadline:  # < 0: the agent refused
                 return want
             self.sleep(poll_s)
 

@@ -25,7 +25,8 @@ def train(session: Session) -> None:
     with open(os.path.join(OUT, f"pids-rank{rank}.txt"), "a") as fh:
         fh.write(f"{os.getpid()}\n")
     torch.manual_seed(0)  # the same initial weights on every rank
-    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.1), nn.Linear(64, 4))
+    drop = float(os.environ.get("INPLACE_DROPOUT", "0.1"))  # 0: no random stream a lost node takes along
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(drop), nn.Linear(64, 4))
     torch.manual_seed(100 + rank)  # a per-rank dropout stream: exact only if each rank's RNG is kept
     ddp = nn.parallel.DistributedDataParallel(model)
     ddp.register_comm_hook(None, rank_ordered_allreduce_hook)  # a reduction order that survives re-forming

@@ -1,0 +1,145 @@
+"""In-place recovery across nodes against a whole-group restart, at 2, 4 and 8 nodes: how the cost of one
+rank's crash grows with the number of agents.
+
+Each node is one ``stalwart run`` agent over loopback (``--nnodes N``, one rank per node by default,
+the c10d rendezvous on the first agent), running the same DDP job (stalwart.examples.charlm, a
+checkpoint every EVERY steps). Rank 1 (on node n1) is SIGKILLed at step CRASH_STEP, two ways:
+
+* ``in-place``: n1's agent replaces the rank and announces the new generation; every other node's
+  agent joins it, so their ranks keep their processes and hand over the live state;
+* ``whole``: ``--no-in-place``: every node's workers stop, the agents re-rendezvous, the group restarts
+  warm from the fork servers and loads the newest checkpoint.
+
+Measured from the merged ledger: fault -> every rank completed a step that began after the fault was
+detected (the first productive step of the whole group), and the steps lost (in place: the ledger's
+``lost_steps``; whole: the steps completed before the fault that the checkpoint did not hold).
+
+Run: .venv/bin/python bench/bench_inplace_nodes.py [--nodes 2,4,8] [--per-node 1] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
+from stalwart.ledger import read_merged
+
+STEPS, EVERY, CRASH_STEP = 40, 10, 27
+JOB = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-every", "0"]
+JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the first agent exited before hosting the rendezvous store")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the rendezvous store never listened")
+
+
+def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
+    port, run_dir = _port(), work / "run"
+    procs = []
+    try:
+        for i in range(nodes):
+            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", str(nodes)]
+            cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+            cmd += ["--rdzv-id", "bench-nodes", "--rdzv-conf", "last_call_timeout=60"]
+            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
+            cmd += ["--chaos", f"crash@rank=1,step={CRASH_STEP}"]
+            cmd += [] if in_place else ["--no-in-place"]
+            procs.append(
+                subprocess.Popen([*cmd, *JOB], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
+            if i == 0:
+                _listening(port, procs[0])
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
+    evs = read_merged(run_dir)
+    fault = min(e.ts for e in evs if isinstance(e, ChaosInjected) and e.fault.startswith("crash"))
+    detected = min(e.ts for e in evs if isinstance(e, FailureDetected) and e.ts >= fault)
+    steps = [e for e in evs if isinstance(e, StepCompleted)]
+    ranks = {e.rank for e in steps}
+    firsts = [min(e.ts for e in steps if e.rank == r and e.start > detected) for r in ranks]
+    row: dict = {"first_step_s": max(firsts) - fault, "detect_s": detected - fault}
+    reformed = [e for e in evs if isinstance(e, ReformedInPlace)]
+    if in_place:
+        if not reformed:
+            raise RuntimeError("the in-place run did not recover in place")
+        row.update(
+            steps_lost=reformed[0].lost_steps, phases=reformed[0].phases, bytes_moved=reformed[0].bytes_moved
+        )
+    else:
+        done = max((e.step for e in steps if e.ts <= fault), default=0)
+        resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > fault), default=0)
+        row["steps_lost"] = max(0, done - resumed)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="2,4,8")
+    ap.add_argument("--per-node", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    res: dict = {"cpus": os.cpu_count(), "load_before": os.getloadavg(), "nodes": {}}
+    for n in [int(x) for x in args.nodes.split(",")]:
+        rows: dict[str, list[dict]] = {"in-place": [], "whole": []}
+        for i in range(args.repeats):
+            for name in rows:
+                work = Path(tempfile.mkdtemp(prefix=f"bench-inplace-nodes-{n}-"))
+                try:
+                    rows[name].append(run(work, n, args.per_node, name == "in-place"))
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                r = rows[name][-1]
+                print(
+                    f"{n} nodes, round {i + 1}, {name}: fault -> first step {r['first_step_s']:.2f}s "
+                    f"(detect {r['detect_s']:.2f}s), steps lost {r['steps_lost']}"
+                    + (f", phases {r['phases']}" if "phases" in r else ""),
+                    flush=True,
+                )
+        res["nodes"][n] = rows
+    print(
+        f"\nfault -> first productive step, median (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs)"
+    )
+    print("nodes | in-place | whole-group restart | whole / in-place | steps lost (in-place/whole)")
+    for n, rows in res["nodes"].items():
+        med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in rows.items()}
+        lost = "/".join(str(max(r["steps_lost"] for r in v)) for v in rows.values())
+        print(
+            f"{n:5d} | {med['in-place']:.2f}s | {med['whole']:.2f}s | {med['whole'] / med['in-place']:.1f}x | {lost}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

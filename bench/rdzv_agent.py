@@ -1,0 +1,57 @@
+"""One host's side of bench_rdzv.py: Stalwart's rendezvous handler (launch/rendezvous.make_handler),
+c10d or etcd, through ``rounds`` rounds; each round starts at a file barrier shared by all hosts and
+its times go to ``<out>/<name>.json``.
+
+argv: backend endpoint run_id hosts name out_dir rounds is_host
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from stalwart.launch.config import RunConfig
+from stalwart.launch.rendezvous import make_handler
+
+
+def _barrier(out: Path, tag: str, name: str, hosts: int, timeout: float = 300.0) -> None:
+    (out / f"{tag}.{name}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(out.glob(f"{tag}.*"))) < hosts:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: barrier {tag} not reached in {timeout:.0f}s")
+        time.sleep(0.005)
+
+
+def main() -> None:
+    backend, endpoint, run_id, n, name, out_dir, rounds, is_host = sys.argv[1:9]
+    hosts, out = int(n), Path(out_dir)
+    cfg = RunConfig(
+        script="x.py",
+        run_dir=out / f"run-{name}",
+        run_id=run_id,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_id=run_id,
+        rdzv_host=bool(int(is_host)),
+        nnodes=str(hosts),
+        node_name=name,
+    )
+    handler = make_handler(cfg)
+    times = []
+    for r in range(int(rounds)):
+        _barrier(out, f"r{r}", name, hosts)
+        t0 = time.time()
+        info = handler.next_rendezvous()
+        t1 = time.time()
+        times.append({"round": r, "joined": t0, "done": t1, "rank": info.rank, "world": info.world_size})
+    (out / f"{name}.json").write_text(json.dumps(times))
+    _barrier(out, "end", name, hosts)
+    if int(is_host):
+        time.sleep(2.0)  # the others read their last answers from this host's store before it goes
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""In-place re-formation across nodes: how one node's agent tells the others (docs/fast-recovery.md).
+
+Each agent supervises only its own node's ranks. When one of them fails and its agent re-forms the
+group in place (policy/inplace.py), the other nodes' ranks see their peer vanish and wait for a new
+generation; their agents must learn which one. The replacing agent writes an :class:`Announcement`
+under one key of the round's worker store (the TCPStore every rank of the round already uses, fresh
+for every attempt); every agent reads that key.
+
+No store call runs on the supervisor's thread: :class:`StoreBoard` owns one daemon thread that makes
+every call with the store timeout as its deadline, writes the announcements handed to it and polls the
+key; the tick reads the latest value it saw and never waits. A value that is not a well-formed
+announcement (another program writing the key) is ignored with a note, never trusted.
+
+A lost node's agent is gone with it, so nobody replaces its ranks from inside. For that case the board
+also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
+
+* a heartbeat per active agent (a counter each board thread bumps every poll); a hot spare's board
+  watches the active nodes' counters and measures, on its own clock, how long each has not moved;
+* which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
+* a claim per lost node (compare-and-set), so that two spares never take the same node's place.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+KEY = "stalwart/inplace/announce"
+REFUSED = "stalwart/inplace/refused"
+BEAT = "stalwart/inplace/beat/"
+WAITING = "stalwart/inplace/waiting/"
+CLAIM = "stalwart/inplace/claim/"
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Announcement:
+    generation: int  # the generation every rank re-forms into
+    node: str  # the node whose agent replaced its failed ranks
+    ranks: tuple[int, ...]  # the ranks replaced
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"generation": self.generation, "node": self.node, "ranks": list(self.ranks)}
+        ).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Announcement:
+        """Parse a stored announcement; ValueError names what is wrong with it."""
+        try:
+            doc = json.loads(raw.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("ranks")
+        if not isinstance(gen, int) or isinstance(gen, bool) or gen <= 0:
+            raise ValueError(f"generation {gen!r} is not a positive integer")
+        if not isinstance(node, str) or not node or len(node) > 256:
+            raise ValueError("node is not a name")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+            raise ValueError("ranks is not a list of ranks")
+        return Announcement(gen, node, tuple(ranks))
+
+
+class Board(Protocol):
+    """The port the in-place recovery uses to tell other nodes, and to hear from them."""
+
+    def announce(self, a: Announcement) -> None:
+        """Hand an announcement over; never waits on the network."""
+        ...
+
+    def latest(self) -> Announcement | None:
+        """The newest announcement seen (ours included); never waits."""
+        ...
+
+    def close(self) -> None: ...
+
+    def waiting(self, generation: int) -> None:
+        """Say that this node's ranks wait for ``generation`` (a lost peer nobody announced)."""
+        ...
+
+    def refuse(self, reason: str) -> None:
+        """Say that this node's failure is not recovered in place (the others stop waiting)."""
+        ...
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(node, reason) of the first node that said so, once read; never waits."""
+        ...
+
+    def silence(self) -> dict[str, float]:
+        """Seconds since each watched node's heartbeat last moved."""
+        ...
+
+
+class StoreBoard:
+    """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        note: Callable[[str], None] = lambda text: None,
+        *,
+        node: str = "",
+        watch: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
+        self._note, self._node, self._clock = note, node, clock
+        self._out: queue.Queue[Announcement] = queue.Queue()
+        self._stop = threading.Event()
+        self._seen: Announcement | None = None
+        self._bad = b""
+        # a spare's view of the active nodes: the last counter read, and when it last moved
+        start = clock()
+        self._beats: dict[str, int] = {}
+        self._moved: dict[str, float] = dict.fromkeys(watch, start)
+        self._waiting: dict[str, int] = {}  # node -> the generation its ranks wait for
+        self._wait_out: queue.Queue[int] = queue.Queue()
+        self._claims_out: queue.Queue[str] = queue.Queue()
+        self._claimed: dict[str, str] = {}  # lost node -> the spare that holds its claim
+        self._refuse_out: queue.Queue[str] = queue.Queue()
+        self._refused: tuple[str, str] | None = None
+        self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
+        self._thread.start()
+
+    def announce(self, a: Announcement) -> None:
+        self._out.put(a)
+
+    def latest(self) -> Announcement | None:
+        return self._seen
+
+    def close(self) -> None:
+        self._stop.set()  # the thread leaves at its next poll; a call stuck on a dead host is a daemon
+
+    def waiting(self, generation: int) -> None:
+        self._wait_out.put(generation)
+
+    def refuse(self, reason: str) -> None:
+        self._refuse_out.put(reason)
+
+    def refusal(self) -> tuple[str, str] | None:
+        return self._refused
+
+    def silence(self) -> dict[str, float]:
+        """Seconds since each watched node's heartbeat last moved (on this board's clock)."""
+        now = self._clock()
+        return {n: now - t for n, t in dict(self._moved).items()}
+
+    def nodes_waiting(self) -> dict[str, int]:
+        """Nodes whose ranks wait for a generation nobody announced, and that generation."""
+        return dict(self._waiting)
+
+    def claim(self, lost: str) -> None:
+        """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
+        self._claims_out.put(lost)
+
+    def claimed_by(self, lost: str) -> str | None:
+        """The node holding the claim on ``lost``'s place, once the store answered."""
+        return self._claimed.get(lost)
+
+    def _loop(self) -> None:
+        store: Any = None
+        while not self._stop.is_set():
+            try:
+                if store is None:
+                    from torch.distributed import TCPStore
+
+                    store = TCPStore(
+                        self._addr, self._port, None, False, timeout=self._timeout, wait_for_workers=False
+                    )
+                self._exchange(store)
+            except Exception:  # noqa: BLE001 - the store is unreachable: try again on a new connection
+                store = None
+            self._stop.wait(POLL_S)
+
+    def _exchange(self, store: Any) -> None:
+        """One poll: write what was handed over, then read what the others wrote."""
+        self._write(store)
+        self._read_refusal(store)
+        self._read_nodes(store)
+        if store.check([KEY]):
+            raw = store.get(KEY)
+            try:
+                self._take(Announcement.decode(raw))
+            except ValueError as exc:
+                if raw != self._bad:
+                    self._bad = raw
+                    self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
+
+    def _write(self, store: Any) -> None:
+        while not self._out.empty():
+            a = self._out.get_nowait()
+            store.set(KEY, a.encode())
+            self._take(a)
+        if self._node:
+            store.add(BEAT + self._node, 1)
+            while not self._wait_out.empty():
+                store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+        while not self._refuse_out.empty():  # the first node to refuse keeps the key
+            why = self._refuse_out.get_nowait()
+            store.compare_set(REFUSED, "", json.dumps({"node": self._node, "reason": why[:500]}))
+        while not self._claims_out.empty():
+            lost = self._claims_out.get_nowait()
+            holder = store.compare_set(CLAIM + lost, "", self._node)
+            self._claimed[lost] = (
+                holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
+            )
+
+    def _read_refusal(self, store: Any) -> None:
+        if self._refused is not None or not store.check([REFUSED]):
+            return
+        try:
+            doc = json.loads(store.get(REFUSED).decode())
+            self._refused = (str(doc["node"])[:256], str(doc["reason"])[:500])
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            self._refused = ("?", "a malformed refusal in the worker store")
+
+    def _read_nodes(self, store: Any) -> None:
+        """The watched nodes' heartbeats (when each last moved) and which of them wait."""
+        for n in list(self._moved):
+            count = store.add(BEAT + n, 0)
+            if count != self._beats.get(n):
+                self._beats[n] = count
+                if count:  # a node that never beat keeps its silence from the board's start
+                    self._moved[n] = self._clock()
+            if store.check([WAITING + n]):
+                raw = store.get(WAITING + n)
+                if raw.isdigit():
+                    self._waiting[n] = int(raw)
+
+    def _take(self, a: Announcement) -> None:
+        if self._seen is None or a.generation > self._seen.generation:
+            self._seen = a

@@ -1,0 +1,142 @@
+"""In-place recovery across nodes (agents on loopback, DDP on gloo under ``Session.run``):
+
+* two nodes of two ranks, rank 1 on node n0 SIGKILLed mid-run: n0's agent replaces only that rank and
+  announces the new generation in the round's worker store; n1's agent joins it, so every other rank
+  keeps its process, the run ends bit-identical to an uninterrupted one and no rank restarts whole;
+* two active nodes and a hot spare, one rank each, the agent of n1 SIGKILLed with its rank (a lost
+  node): the spare sees n1's heartbeat stop while n0's rank waits, claims n1's place and starts its
+  rank in the next generation; n0's rank keeps its process and hands over the live state, and the run
+  ends bit-identical to an uninterrupted two-node run (dropout off: a lost node's random streams go
+  with it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netutil import free_port
+from stalwart.account.recovery import recoveries
+from stalwart.events import DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
+
+from .runner import events, same_params, wait_listening
+
+pytestmark = pytest.mark.e2e
+SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
+STEPS, NODES, PER_NODE = 40, 2, 2
+RANKS = NODES * PER_NODE
+
+
+def _two_nodes(
+    tmp: Path,
+    *extra: str,
+    nodes: int = NODES,
+    per_node: int = PER_NODE,
+    killed: str = "",
+    env: dict[str, str] | None = None,
+    nnodes: str = "",
+) -> dict[str, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = {}
+    for i in range(nodes):
+        cmd = [
+            sys.executable,
+            "-m",
+            "stalwart.cli",
+            "run",
+            "-q",
+            "--nnodes",
+            nnodes or str(nodes),
+            "--nproc-per-node",
+            str(per_node),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "inplace-nodes",
+            "--run-dir",
+            str(tmp / "run"),
+            "--node-name",
+            f"n{i}",
+            "--local-addr",  # group rank i (torch orders nodes by address, then by pid, which can wrap)
+            f"127.0.0.{i + 1}",
+            *extra,
+            SCRIPT,
+            str(STEPS),
+            str(tmp),
+        ]
+        procs[f"n{i}"] = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        if i == 0:
+            wait_listening(port, procs["n0"])  # n0 hosts the rendezvous store
+    try:
+        outs = {n: p.communicate(timeout=420)[0] for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for n, p in procs.items():
+        assert p.returncode == (-signal.SIGKILL if n == killed else 0), (n, outs)
+    return outs
+
+
+def _pids(tmp: Path) -> dict[int, list[int]]:
+    return {r: [int(x) for x in (tmp / f"pids-rank{r}.txt").read_text().split()] for r in range(RANKS)}
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_killed_on_one_node_is_replaced_in_place_and_the_other_node_joins(tmp_path):
+    _two_nodes(tmp_path / "ref")
+    _two_nodes(tmp_path / "cut", "--chaos", "crash@rank=1,step=17")
+    cut = tmp_path / "cut"
+    assert same_params(cut / "final.pt", tmp_path / "ref" / "final.pt"), (
+        "in-place recovery changed the result"
+    )
+    pids = _pids(cut)
+    assert len(pids[1]) == 2 and pids[1][0] != pids[1][1], pids  # the killed rank was replaced
+    for r in (0, 2, 3):  # every other rank ran train() twice in the same process, on both nodes
+        assert len(pids[r]) == 2 and pids[r][0] == pids[r][1], pids
+    run = cut / "run"
+    [done] = events(run, ReformedInPlace)
+    assert done.node == "n0" and done.ranks == (1,) and done.lost_steps == 0 and done.bytes_moved > 0
+    joined = [e for e in events(run, DecisionTaken) if e.action == "joined_in_place"]
+    assert [e.node for e in joined] == ["n1"] and "node n0" in joined[0].reason, joined
+    assert {e.attempt for e in events(run, StepCompleted)} == {0}  # no whole-group restart on either node
+    assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n1": 0}
+
+
+@pytest.mark.timeout(900)
+def test_a_lost_node_is_replaced_in_place_by_a_hot_spare(tmp_path):
+    from stalwart.events import AttemptStarted, JobEnded
+
+    env = {"INPLACE_DROPOUT": "0"}
+    _two_nodes(tmp_path / "ref", per_node=1, env=env)
+    # 2 to 3 nodes at a power-of-two size: two train, the third stands by; the first round waits for
+    # all three (each agent can take tens of seconds to start on a busy machine)
+    spare = ["--valid-sizes", "pow2", "--rdzv-conf", "last_call_timeout=60"]
+    chaos = ["--chaos", "kill-agent@node=1,step=17"]
+    _two_nodes(tmp_path / "cut", *spare, *chaos, nodes=3, nnodes="2:3", per_node=1, killed="n1", env=env)
+    cut, run = tmp_path / "cut", tmp_path / "cut" / "run"
+    assert same_params(cut / "final.pt", tmp_path / "ref" / "final.pt"), "the take-over changed the result"
+    pid = {r: [int(x) for x in (cut / f"pids-rank{r}.txt").read_text().split()] for r in (0, 1)}
+    assert len(pid[0]) == 2 and pid[0][0] == pid[0][1], pid  # n0's rank stayed and re-formed
+    assert len(pid[1]) == 2 and pid[1][0] != pid[1][1], pid  # rank 1 is new, on the spare
+    [took] = [e for e in events(run, DecisionTaken) if e.action == "take_over"]
+    assert took.node == "n2" and "node n1 is lost" in took.reason, took
+    assert [e.node for e in events(run, DecisionTaken) if e.action == "joined_in_place"] == ["n0"]
+    [done] = events(run, ReformedInPlace)
+    assert done.node == "n2" and done.ranks == (1,) and done.bytes_moved > 0
+    assert {e.node for e in events(run, AttemptStarted) if e.attempt > 0} <= {"n2"}  # n0 never restarted
+    [rec] = recoveries(events(run))  # the lost node, detected by the spare, recovered in place
+    assert (rec.failure, rec.path) == ("agent_lost", "in-place") and rec.total_s is not None, rec
+    assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}

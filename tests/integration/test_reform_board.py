@@ -1,0 +1,110 @@
+"""The in-place announcement board over a real TCPStore (launch/reform_board.py): an announcement
+from one agent reaches another; a malformed value written by someone else is ignored with one
+note."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from stalwart.launch.reform_board import KEY, Announcement, StoreBoard
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store():
+    from torch.distributed import TCPStore
+
+    master = TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield master
+
+
+def _until(pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError("the board did not see it in time")
+
+
+def test_an_announcement_from_one_agent_reaches_another(store):
+    a = StoreBoard("127.0.0.1", store.port, 10.0)
+    b = StoreBoard("127.0.0.1", store.port, 10.0)
+    try:
+        assert b.latest() is None
+        a.announce(Announcement(3, "n0", (1, 5)))
+        got = _until(b.latest)
+        assert got == Announcement(3, "n0", (1, 5))
+        assert Announcement.decode(store.get(KEY)) == got
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"\xff\xfe", "not JSON"),
+        (b"[1, 2]", "not an object"),
+        (b'{"generation": 0, "node": "n0", "ranks": []}', "not a positive integer"),
+        (b'{"generation": true, "node": "n0", "ranks": []}', "not a positive integer"),
+        (b'{"generation": 2, "node": "", "ranks": []}', "node is not a name"),
+        (b'{"generation": 2, "node": "n0", "ranks": [-1]}', "not a list of ranks"),
+    ],
+)
+def test_a_malformed_announcement_is_refused_with_what_is_wrong(raw, why):
+    with pytest.raises(ValueError, match=why):
+        Announcement.decode(raw)
+
+
+def test_a_malformed_value_in_the_store_is_ignored_with_one_note(store):
+    notes: list[str] = []
+    store.set(KEY, b"not json")
+    board = StoreBoard("127.0.0.1", store.port, 10.0, notes.append)
+    try:
+        _until(lambda: notes)
+        time.sleep(0.5)  # several more polls of the same value
+        assert board.latest() is None and len(notes) == 1 and "malformed" in notes[0]
+    finally:
+        board.close()
+
+
+def test_a_spare_sees_a_silent_node_and_waiting_peers_and_only_one_spare_holds_a_claim(store):
+    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
+    n1 = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
+    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"))
+    s2 = StoreBoard("127.0.0.1", store.port, 10.0, node="s2", watch=("n0", "n1"))
+    try:
+        _until(lambda: store.add("stalwart/inplace/beat/n1", 0) > 3)
+        n1.close()  # n1's agent is gone: its heartbeat stops
+        time.sleep(1.0)
+        silence = s1.silence()
+        assert silence["n1"] > silence["n0"] + 0.5, silence  # n0 still beats
+        n0.waiting(4)
+        assert _until(lambda: s1.nodes_waiting()) == {"n0": 4}
+        s1.claim("n1")
+        s2.claim("n1")
+        assert _until(lambda: s1.claimed_by("n1")) == _until(lambda: s2.claimed_by("n1"))
+        assert s1.claimed_by("n1") in ("s1", "s2")
+    finally:
+        for b in (n0, n1, s1, s2):
+            b.close()
+
+
+def test_the_first_refusal_is_kept_and_seen_by_every_node(store):
+    a = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
+    b = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
+    try:
+        a.refuse("rank 0 raised ValueError")
+        assert _until(b.refusal) == ("n0", "rank 0 raised ValueError")
+        b.refuse("later")
+        time.sleep(0.5)
+        assert a.refusal() == ("n0", "rank 0 raised ValueError")
+    finally:
+        a.close()
+        b.close()
