@@ -9,7 +9,12 @@ Scenarios (each agent runs stalwart.examples.charlm, 1 worker per host, default 
   store) drops off and dies, with its etcd member: the survivors' first step at world size 2
   (``--startup-timeout 20``: the fault may hit a checkpoint save, whose silence is allowed that long).
 
-Needs root. Run: .venv/bin/python bench/bench_hosts.py [--scenario c10d-vanish|etcd-vanish] [--json out]
+* ``slow-link``: 2 hosts, h1's link limited by ``tc tbf`` both ways (1 and 2 Mbit/s) for 40 s, then
+  20 s at full speed, with the slow-link check and without it (``--slow-link-kbit 0``, the hang
+  detector alone): time to the verdict, hang restarts, steps h0 completed, the newest step's progress
+  and the steps lost to rollbacks in that minute (``--hang-floor 3``, a checkpoint every 5 steps).
+
+Needs root. Run: .venv/bin/python bench/bench_hosts.py [--scenario c10d-vanish|etcd-vanish|slow-link] [--json out]
 """
 
 from __future__ import annotations
@@ -103,7 +108,60 @@ def etcd_vanish(root: Path) -> dict:
     }
 
 
-SCENARIOS = {"c10d-vanish": c10d_vanish, "etcd-vanish": etcd_vanish}
+def _slow_link_run(root: Path, rate: str, throttle_s: float, after_s: float, check: bool) -> dict:
+    """2 hosts; h1's link limited to ``rate`` for ``throttle_s``, then ``after_s`` at full speed; with
+    the slow-link check on (``check``) or off (``--slow-link-kbit 0``: the hang detector alone)."""
+    run = root / ("run-check" if check else "run-nocheck")
+    extra = () if check else ("--slow-link-kbit", "0")
+    with hosts.Hosts(["h0", "h1"]) as h:
+        procs = [_agent(h, n, run, f"bench-slow-{int(check)}", *extra, read_timeout=None) for n in h.names]
+        _wait(
+            lambda: len({e.node for e in _steps(run)}) == 2 and len(_steps(run, "h0")) >= 20, 300, "training"
+        )
+        cut = time.time()
+        top_at_cut = max(e.step for e in _steps(run, "h0"))
+        h.slow("h1", rate)
+        time.sleep(throttle_s)
+        h.unslow("h1")
+        time.sleep(after_s)
+        end = time.time()
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)
+    evs = [e for e in events_so_far(run) if cut < e.ts <= end]
+    hangs = [e for e in evs if type(e).__name__ == "FailureDetected"]
+    slow = [e for e in evs if type(e).__name__ == "IncidentRaised" and "slow link" in e.cause]
+    steps = [e for e in evs if type(e).__name__ == "StepCompleted" and e.node == "h0"]
+    crawled = [e for e in steps if e.ts <= cut + throttle_s]
+    top = max((e.step for e in steps), default=top_at_cut)
+    verdicts = [e.ts for e in slow] or [e.ts for e in hangs]
+    return {
+        "fault_to_verdict_s": round(min(verdicts) - cut, 2) if verdicts else None,
+        "verdict": ("slow link on " + ",".join(sorted(set(slow[0].nodes))))
+        if slow
+        else (hangs[0].failure if hangs else "none"),
+        "restarts": len({(e.node, e.attempt) for e in hangs}),
+        "steps_while_slow": len(crawled),  # steps h0 completed while the link was slow
+        "steps_done": len(steps),  # steps h0 completed in the window, redone ones included
+        "net_progress": top - top_at_cut,  # how far the newest step moved in the window
+        "steps_lost": len(steps) - (top - top_at_cut),  # completed, then redone after a rollback
+        "window_s": round(end - cut, 1),
+    }
+
+
+def slow_link(root: Path, rates: tuple[str, ...] = ("1mbit", "2mbit"), throttle_s: float = 40.0) -> dict:
+    """One host's link slow for ``throttle_s`` (``tc tbf`` both ways), at each rate: the slow-link check
+    against the hang detector alone (the old behaviour: a hang restart per crawling step)."""
+    out = {}
+    for rate in rates:
+        for check in (True, False):
+            key = f"{rate} {'slow-link check' if check else 'hang detector only'}"
+            out[key] = _slow_link_run(root / rate, rate, throttle_s, 20.0, check)
+            print(key, out[key], flush=True)
+    return out
+
+
+SCENARIOS = {"c10d-vanish": c10d_vanish, "etcd-vanish": etcd_vanish, "slow-link": slow_link}
 
 
 def main() -> None:

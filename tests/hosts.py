@@ -159,6 +159,11 @@ class Hosts:
         self._in(self.ns[name], "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)
         self._in(self.bridge_ns, "tc", "qdisc", "add", "dev", self._outer[name], "root", *tbf)
 
+    def unslow(self, name: str) -> None:
+        """Lift :meth:`slow`'s rate limits from ``name``'s link."""
+        self._in(self.ns[name], "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        self._in(self.bridge_ns, "tc", "qdisc", "del", "dev", self._outer[name], "root", check=False)
+
     def kill(self, name: str) -> None:
         """SIGKILL every process of host ``name`` (a host lost loudly: its peers see resets)."""
         for pid in self.pids(name):

@@ -3,20 +3,23 @@ or, without the SDK, CPU progress; a hang incident. One of the agent's monitors 
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from typing_extensions import assert_never
 
 from ..diagnose.incident import BlastRadius, Incident
 from ..diagnose.root_cause import component_class, incident_class
+from ..diagnose.slow_link import Silence, judge_silence, link_window, slow_link_incident
 from ..policy.job import AttemptStatus
 from ..policy.label import Label
 from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from .cpu_progress import detect_cpu_stall
 from .decision import AttemptOutcome, Decision, DecisionKind
-from .progress import detect_hang_in
+from .progress import HangVerdict, detect_hang_in
 from .snapshot import Snapshot
+from .straggler_monitor import StragglerMonitor
 
 
 class HangSource(Label):
@@ -57,6 +60,11 @@ class HangMonitor:
     policy: HangTimeoutPolicy
     startup_timeout_s: float
     cpu_stall_s: float
+    # a silent rank whose host's links still move this many bytes/s is on a slow link, not hung
+    # (diagnose/slow_link.py); 0: off. Past ``link_ceiling_s`` (the collective's timeout) it is a hang.
+    link_min_bps: float = 0.0
+    link_ceiling_s: float = 0.0
+    stragglers: StragglerMonitor | None = None  # acts on a slow link's verdict (keep, exclude, shrink)
 
     def phase(self, s: Snapshot) -> HangPhase:
         if not s.steps_seen:
@@ -84,7 +92,9 @@ class HangMonitor:
         live = [r.last_msg for r in s.ranks if not r.finished and r.sdk]
         if not s.sdk_ranks or not live:
             return s.now + s.tick
-        return min(live) + self.timeout(s)[1] - s.tick
+        # past the timeout (a slow link's silence is let run): the next tick, not a busy loop
+        due = min(live) + self.timeout(s)[1] - s.tick
+        return due if due > s.now else s.now + s.tick
 
     def __call__(self, s: Snapshot) -> Decision | None:
         # declare the hang up to one tick before the timeout, so that detection never lands after it,
@@ -110,7 +120,30 @@ class HangMonitor:
         v = detect_hang_in(s.ranks, s.now + s.tick, seconds, self.phase(s))
         if v is None:
             return None
+        if self.link_min_bps > 0 and self.phase(s) is HangPhase.TRAINING:
+            slow, decision = self._slow_link(s, v, ht.seconds)
+            if slow:
+                return decision
         return _hang(s, v.culprit, v.onset, v.evidence, ht.reason, v.step, v.victims, HangSource.HEARTBEAT)
+
+    def _slow_link(self, s: Snapshot, v: HangVerdict, timeout_s: float) -> tuple[bool, Decision | None]:
+        """Whether the silence is a slow link, and its decision (its incident once: later silences of
+        a flagged rank pass with None)."""
+        p = s.progress.get(v.culprit)
+        peers = tuple(n for n in (s.world.active if s.world is not None else ()) if n != s.node)
+        step_s = statistics.median(s.step_times) if s.step_times else 0.0
+        ceiling = self.link_ceiling_s or self.cpu_stall_s
+        silence = Silence(
+            s.node, peers, v.culprit, p.section if p else None, v.silence_s, timeout_s, ceiling, step_s
+        )
+        verdict = judge_silence(silence, link_window(s.link, v.onset), self.link_min_bps)
+        if not verdict.slow_link:
+            return False, None
+        if v.culprit in s.slow_links:
+            return True, None  # flagged already: keep training, watched up to the ceiling
+        incident = slow_link_incident(verdict, s.node, v.culprit, s.now, v.onset)
+        mon = self.stragglers if self.stragglers is not None else StragglerMonitor()
+        return True, mon.slow_link(s, v.culprit, verdict, incident, step_s)
 
 
 def _hang(

@@ -331,19 +331,28 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
     """The monitors of a run configuration, in :data:`PRIORITY` order; ``straggler_gate``: whether
     this attempt may act on the straggler policy's verdicts (None: observe only)."""
     policy: StragglerActionConfig | None = getattr(cfg, "straggler_policy", None)
+    stragglers = StragglerMonitor(
+        action=policy if policy is not None else StragglerActionConfig.model_validate({}),
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        rule=cfg.size_rule,
+        gate=straggler_gate,
+    )
+    link_bps = getattr(cfg.hang, "slow_link_kbit", 0.0) * 1000 / 8
     return (
-        StragglerMonitor(
-            action=policy if policy is not None else StragglerActionConfig.model_validate({}),
-            min_nodes=cfg.min_nodes,
-            max_nodes=cfg.max_nodes,
-            rule=cfg.size_rule,
-            gate=straggler_gate,
-        ),
+        stragglers,
         worker_exits,
         ForwardedStop(cfg.checkpoint.emergency_deadline_s),  # zero: a signal without a Session, as torchrun
         durability,
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
-        HangMonitor(cfg.hang_policy, cfg.hang.startup_s, cfg.hang.cpu_stall_s or cfg.hang.pg_timeout_s),
+        HangMonitor(
+            cfg.hang_policy,
+            cfg.hang.startup_s,
+            cfg.hang.cpu_stall_s or cfg.hang.pg_timeout_s,
+            link_bps,
+            getattr(cfg.hang, "pg_timeout_s", 0.0),
+            stragglers,
+        ),
         store_lost,
         membership,
     )

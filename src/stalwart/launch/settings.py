@@ -87,6 +87,12 @@ class HangSettings(BaseModel):
         description="Hang timeout of workers never reported by a hook or the SDK: seconds of no CPU "
         "progress on every rank (a stopped rank: the hang floor); 0: the process-group timeout.",
     )
+    slow_link_kbit: Annotated[float, setting("slow_link_kbit", "--slow-link-kbit")] = Field(
+        default=64.0,
+        ge=0,
+        description="A rank silent past its hang timeout while its connections move "
+        "this many kbit/s is on a slow link, not hung (up to --pg-timeout); 0: off.",
+    )
 
     @property
     def policy(self) -> HangTimeoutPolicy:

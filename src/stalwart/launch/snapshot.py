@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ..diagnose.kill_cause import KillVerdict
 from ..events import StepCompleted
+from ..health.link_counters import LinkSample
 from ..policy.world_size import WorldPlan
 from ..protocol import CheckpointDone
 from ..protocol.error_record import ErrorRecord
@@ -108,6 +109,8 @@ class Snapshot:
     world: WorldPlan | None = None  # this attempt's nodes (for the straggler-action policy)
     total_steps: int = 0  # the steps the script announced (0: unknown)
     kills: Mapping[int, KillVerdict] = field(default_factory=_empty)  # failed ranks killed by a signal
+    link: tuple[LinkSample, ...] = ()  # this host's link counters, oldest first (the slow-link check)
+    slow_links: frozenset[int] = frozenset()  # ranks whose silence was raised as a slow link (once)
 
     # --- derived views ------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..diagnose.incident import Incident
 from ..diagnose.precision import GateDecision
+from ..diagnose.slow_link import SilenceVerdict
 from ..diagnose.straggler import RelativeStraggler, own_work, relative_stragglers
 from ..diagnose.straggler_action import (
     StragglerActionConfig,
@@ -69,7 +71,15 @@ class StragglerMonitor:
         )
         slow = {r.rank: r.ratio for r in rep.stragglers}
         detected = tuple((r, score) for r, score in sorted(slow.items()) if r not in s.stragglers)
-        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow)
+        # a rank flagged while no step could be compared (one rank per host: a slow link's rank) is
+        # not cleared by a comparison that did not happen
+        cleared = tuple((r, 1.0) for r in sorted(s.stragglers) if r not in slow) if rep.windows else ()
+        # ... but by its own steps back at the healthy pace
+        cleared += tuple(
+            (r, 1.0)
+            for r in sorted(s.slow_links)
+            if r in s.stragglers and r not in slow and r not in dict(cleared) and self._back(s, r)
+        )
         if not detected and not cleared:
             return None
         new = {r for r, _ in detected}
@@ -101,6 +111,58 @@ class StragglerMonitor:
             evidence=rep.reason,
             advice=advice,
         )
+
+    def slow_link(
+        self, s: Snapshot, rank: int, v: SilenceVerdict, incident: Incident, step_time: float
+    ) -> Decision:
+        """A slow link's verdict as straggler evidence, communication time included: the silent rank is
+        flagged with the slowdown of its step so far. On the slow host itself the straggler-action
+        policy weighs keeping it, excluding it for a spare or shrinking, by cost, and the gate says
+        whether an exclusion is carried out; a witness host only records (it cannot exclude another)."""
+        # the slow host's rank is straggler evidence, its step's communication time included; a
+        # witness's rank is not slow itself: it records the incident only
+        detected = ((rank, round(v.slowdown, 3)),) if v.local else ()
+        verdict = None
+        if v.local and self.action is not None and s.world is not None and s.world.runnable:
+            remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
+            case = StragglerCase(s.node, rank, max(v.slowdown, 1e-9), v.confidence, incident.onset)
+            work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+            verdict = decide_straggler(case, work, s.now, self.action)
+        acting = self.gate is not None and self.gate.mode == "act" and not s.failed
+        advice = (
+            ()
+            if verdict is None
+            else (self._advice(dataclasses.replace(verdict, incident=incident), acting),)
+        )
+        if verdict is None or not (acting and verdict.exclude):
+            return Decision(
+                DecisionKind.STRAGGLERS,
+                v.reason,
+                incident=incident,
+                rank=rank,
+                detected=detected,
+                evidence=v.reason,
+                advice=advice,
+            )
+        inc = dataclasses.replace(incident, action=f"{verdict.action}: {verdict.reason}", action_taken=True)
+        return Decision(
+            DecisionKind.EXCLUDE_STRAGGLER,
+            f"slow link on {s.node}: {verdict.reason}",
+            AttemptOutcome(AttemptStatus.EXCLUDED, detected_at=s.now, detail=verdict.reason),
+            inc,
+            rank=rank,
+            onset=inc.onset,
+            detected=detected,
+            evidence=v.reason,
+            advice=advice,
+        )
+
+    def _back(self, s: Snapshot, rank: int) -> bool:
+        """A slow link's rank whose newest ``window`` steps all ran at the healthy pace again (within
+        ``threshold`` of the attempt's median step time)."""
+        mine = sorted((e for e in s.recent_steps if e.rank == rank), key=lambda e: e.step)[-self.window :]
+        healthy = statistics.median(s.step_times) if s.step_times else 0.0
+        return len(mine) == self.window and all(e.duration <= self.threshold * healthy for e in mine)
 
     def _advice(self, v: StragglerDecision, acting: bool) -> StragglerAdvice:
         gate = self.gate.reason if self.gate is not None else "observe only"

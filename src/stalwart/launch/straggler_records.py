@@ -9,10 +9,22 @@ from .ports import LedgerSink
 
 
 def record_stragglers(
-    ledger: LedgerSink, now: float, current: dict[int, float], d: Decision, step: int
+    ledger: LedgerSink,
+    now: float,
+    current: dict[int, float],
+    d: Decision,
+    step: int,
+    slow_links: set[int] | None = None,
 ) -> None:
-    """Write ``d``'s straggler records and update ``current`` (rank -> score of the ranks now slow)."""
+    """Write ``d``'s straggler records and update ``current`` (rank -> score of the ranks now slow)
+    and ``slow_links`` (the ranks whose silence was raised as a slow link: raised once, until cleared)."""
     ctx = ledger.ctx()
+    if d.incident is not None and not d.ends_attempt:  # a slow link's incident (an exclusion's: the caller)
+        ledger.emit(d.incident.to_event(ctx["run_id"], ctx["node"], ctx["attempt"]))
+        if slow_links is not None and d.rank >= 0:
+            slow_links.add(d.rank)
+    if slow_links is not None:
+        slow_links.difference_update(r for r, _ in d.cleared)
     for rank, score in d.detected:
         ledger.emit(StragglerDetected(ts=now, rank=rank, score=score, step=step, evidence=d.evidence, **ctx))
         current[rank] = score

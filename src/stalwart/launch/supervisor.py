@@ -29,6 +29,7 @@ from ..events import (
     TimeoutsCalibrated,
     WorkersStopped,
 )
+from ..health.link_counters import LinkSampler
 from ..policy.world_size import WorldPlan
 from ..protocol import LoopStarted, Note
 from .clock import Clock
@@ -93,6 +94,7 @@ class Supervisor:
         straggler_gate: GateDecision | None = None,
         read_proc: Callable[[int], ProcSample | None] = read_proc,
         board: Board | None = None,
+        link: LinkSampler | None = None,
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -114,6 +116,7 @@ class Supervisor:
         self.tracker = ProgressTracker(ranks=ranks, started=clock.now())
         self.window: deque[StepCompleted] = deque(maxlen=strag.steps_kept * max(1, len(ranks)))
         self.stragglers: dict[int, float] = {}
+        self.slow_links: set[int] = set()  # ranks whose silence was raised as a slow link
         self.last_straggler_check = -1
         self.last_membership_check = self.tracker.started
         self.store_unreachable = ""  # why the rendezvous store counts as gone (the store monitor acts)
@@ -136,6 +139,7 @@ class Supervisor:
             world_size=world.world_size if world is not None else 0,
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
+        self.link = link  # this host's link counters, for the slow-link check (None: not read)
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -154,7 +158,8 @@ class Supervisor:
         )
         self._sample_cpu(codes, now)
         snap = self._snapshot(now, codes, errors, self._nodes_waiting(now), straggler_step)
-        return dataclasses.replace(snap, kills=frozen(self.witness.observe(self.group.pid, codes, logs, now)))
+        kills = frozen(self.witness.observe(self.group.pid, codes, logs, now))
+        return dataclasses.replace(snap, kills=kills, link=self.link.sample(now) if self.link else ())
 
     def _collect_messages(self, now: float) -> int:
         """The workers' messages and heartbeats into the tracker, step records into the ledger; the
@@ -258,6 +263,7 @@ class Supervisor:
             recent_steps=tuple(self.window) if straggler_step >= 0 else (),
             straggler_step=straggler_step,
             stragglers=frozen(self.stragglers),
+            slow_links=frozenset(self.slow_links),
             attempt=self.attempt,
             world=self.world,
             total_steps=tr.total_steps,
@@ -359,7 +365,8 @@ class Supervisor:
         return self._crash(crash(again, raised), again)
 
     def _stragglers(self, d: Decision, snap: Snapshot) -> None:
-        record_stragglers(self.ledger, self.clock.now(), self.stragglers, d, snap.straggler_step)
+        step = snap.straggler_step if snap.straggler_step >= 0 else snap.max_done_step + 1  # a slow link
+        record_stragglers(self.ledger, self.clock.now(), self.stragglers, d, step, self.slow_links)
 
     def _exclude(self, d: Decision, snap: Snapshot) -> AttemptOutcome:
         """This node is the straggler to exclude: record it, quarantine the node, stop the workers at

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..chaos.plan import FaultPlan
 from ..events import AttemptEnded, AttemptStarted, DecisionTaken, FailureDetected, WorkersStarted
+from ..health.link_counters import LinkSampler
 from ..policy.job import AttemptStatus, TookOver
 from ..policy.world_size import WorldPlan
 from ..protocol import WorkerEnv, control, elastic_env
@@ -368,6 +369,9 @@ class NodeWorkers:
             world=self.world,
             straggler_gate=self._straggler_gate(),
             board=board,
+            link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
+            if self.cfg.hang.slow_link_kbit
+            else None,
         )
         sup.in_place.spares = bool(self.world is not None and self.world.spares)
         if self.joining:  # a spare's ranks start in the generation they join
