@@ -40,9 +40,11 @@ def main():
             loss.backward()
         with session.section("optimizer"):
             opt.step()
-        if i == per_epoch - 1 and rank == 0:
-            save_snapshot(args.snapshot, model, opt, epoch + 1)
-            print(f"epoch {epoch} loss {loss.item():.4f}: snapshot saved", flush=True)
+        if i == per_epoch - 1:
+            it = None  # the epoch is over: its loader worker stops here, as the plain loop's does
+            if rank == 0:
+                save_snapshot(args.snapshot, model, opt, epoch + 1)
+                print(f"epoch {epoch} loss {loss.item():.4f}: snapshot saved", flush=True)
     session.finish()
     torch.distributed.destroy_process_group()
 
