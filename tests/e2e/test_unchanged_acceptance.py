@@ -3,13 +3,16 @@ each runs under ``stalwart run`` with the bootstrap's optimizer step hooks, and 
 model, data and steps through ``stalwart.train.Session``) runs the same way; the two reports agree.
 
 What is compared, from the report of each run (what ``stalwart report --json`` prints): steps (equal),
-productive seconds and goodput (within 5%), straggler scores (the same ranks flagged, scores within
-5%). The two runs go at the same time, so they share the machine: start-up (the agent, the fork
-server, importing torch, forming the process group) runs the same code for both and on a shared
-2-core machine varies by seconds from one minute to the next, which would make a goodput comparison
-of runs taken one after the other a comparison of the load. The hooked step 0 starts at its
-optimizer step (no hook sees where its data loading began), so its first batch is start-up in the
-hooked report and a step in the SDK's: about one step of difference, inside the 5%.
+goodput's productive seconds (within 5%) and straggler scores (the same ranks flagged, scores within
+5%). Goodput is productive time over the run's wall time; the wall time is mostly start-up here (the
+agent, the fork server, importing torch, forming the process group: the same code whatever observes
+the steps), and on this shared 2-core machine start-up differed by up to 2.5 s between two runs
+started at the same moment, which moved the whole-run goodput by up to 8% with the productive
+seconds 1% apart. So the test compares what the observation of steps decides, the productive
+seconds, and prints both whole-run goodputs (recorded in docs/benchmarks.md). The two runs go at the
+same time so they share the machine's load. The hooked step 0 starts at its optimizer step (no hook
+sees where its data loading began), so its first batch is start-up in the hooked report and a step
+in the SDK's: about one step of difference, inside the 5%.
 
 A job without an optimizer (collectives only) has no step to observe (torch has no public hook for
 a collective's completion): it must run to the end without a hang decision, and its report must say
@@ -66,10 +69,9 @@ def _run_pair(tmp_path: Path, hooked: str, sdk: str, *args: str) -> list[tuple[P
 
 
 def _figures(rep: dict[str, Any]) -> dict[str, Any]:
-    b = rep["buckets_s"]
     return {
         "steps": rep["steps_completed"],
-        "productive_s": b["productive"],
+        "productive_s": rep["buckets_s"]["productive"],
         "goodput": rep["goodput"],
         "stragglers": {sp["rank"]: sp["score"] for sp in rep["stragglers"]["spans"]},
     }
@@ -85,7 +87,6 @@ def _assert_same_report(hooked: dict[str, Any], sdk: dict[str, Any]) -> None:
     print(why)  # the figures docs/benchmarks.md records
     assert h["steps"] == s["steps"] > 0, why
     assert _close(h["productive_s"], s["productive_s"]), why
-    assert _close(h["goodput"], s["goodput"]), why
     assert h["stragglers"].keys() == s["stragglers"].keys(), why
     assert all(_close(h["stragglers"][r], s["stragglers"][r]) for r in s["stragglers"]), why
 
@@ -93,25 +94,27 @@ def _assert_same_report(hooked: dict[str, Any], sdk: dict[str, Any]) -> None:
 def test_a_ddp_epochs_loop_with_loader_workers_and_its_own_snapshot_reports_what_its_sdk_twin_does(
     tmp_path: Path,
 ):
-    # rank 1's data loader worker takes 0.25 s a batch: the job's straggler, rank 0 waits for it in
-    # the gradient all-reduce; 2 epochs of 24 steps, enough windows for the straggler detector
-    args = ("--epochs", "2", "--samples", "384", "--batch", "8", "--slow-rank", "1", "--slow-s", "0.25")
+    # rank 1's data loader worker takes 0.15 s a batch: the job's straggler, rank 0 waits for it in
+    # the gradient all-reduce; 3 epochs of 24 steps, enough windows for the straggler detector
+    args = ("--epochs", "3", "--samples", "384", "--batch", "8", "--slow-rank", "1", "--slow-s", "0.15")
     (hooked_dir, hooked), (sdk_dir, sdk) = _run_pair(tmp_path, "ddp_epochs.py", "ddp_epochs_sdk.py", *args)
     _assert_same_report(hooked, sdk)
     assert _figures(sdk)["stragglers"].keys() == {1}  # the twin sees the slow rank: so must the hooks
     for cwd in (hooked_dir, sdk_dir):
         snap = torch.load(cwd / "snapshot.pt", weights_only=True)  # the script's own snapshot
-        assert snap["epochs_run"] == 2
+        assert snap["epochs_run"] == 3
         assert events(cwd / "run", FailureDetected) == []
 
 
 def test_an_fsdp2_job_with_its_own_dcp_checkpoints_reports_what_its_sdk_twin_does(tmp_path: Path):
-    args = ("--steps", "20", "--save-every", "10", "--data-s", "0.25")
+    # checkpoints at steps 15 and 30, none after the last step: work after the last optimizer step
+    # is not a step to the hooks (it is shutdown in the hooked report), while it is in the SDK's last step
+    args = ("--steps", "40", "--save-every", "15", "--data-s", "0.2")
     (hooked_dir, hooked), (sdk_dir, sdk) = _run_pair(tmp_path, "fsdp2_dcp.py", "fsdp2_dcp_sdk.py", *args)
     _assert_same_report(hooked, sdk)
     for cwd in (hooked_dir, sdk_dir):
-        assert sorted(p.name for p in (cwd / "dcp").iterdir()) == ["step_10", "step_20"]
-        assert (cwd / "dcp" / "step_20" / ".metadata").exists()  # DCP's own commit marker
+        assert sorted(p.name for p in (cwd / "dcp").iterdir()) == ["step_15", "step_30"]
+        assert (cwd / "dcp" / "step_30" / ".metadata").exists()  # DCP's own commit marker
         assert events(cwd / "run", FailureDetected) == []
 
 
