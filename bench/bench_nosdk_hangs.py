@@ -15,8 +15,8 @@ waits ``--idle`` s, then one small all-reduce and an SGD step.
   timeout, 600 s under Stalwart, 30 min in torch), not re-run.
 * overhead: one process, one torch thread, a tiny model's SGD step plus 64x64 matmuls sized to
   1 ms and 16 ms; median step time with the hooks registered against the same loop without them,
-  alternating rounds, and the observer's own cost per step (pre + post: a record encoded and written
-  to a real pipe drained by ``cat``).
+  alternating rounds, and the observer's own cost per step (the kept gradient hook's call, pre and
+  post: a record encoded and written to a real pipe drained by ``cat``).
 
 Run: .venv/bin/python bench/bench_nosdk_hangs.py [--healthy 3] [--stops 3] [--json out.json]
 """
@@ -112,7 +112,8 @@ def overhead(step_ms: float, rounds: int, steps: int) -> dict:
     torch.set_num_threads(1)
     sink = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert sink.stdin is not None
-    obs = StepObserver(0, Sender(os.dup(sink.stdin.fileno())))
+    sender = Sender(os.dup(sink.stdin.fileno()))
+    obs = StepObserver(0, sender)
     model = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, a = torch.randn(8, 16), torch.randn(64, 64)
@@ -140,6 +141,7 @@ def overhead(step_ms: float, rounds: int, steps: int) -> dict:
     def direct(n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
+            obs.grad_ready(0)  # the kept gradient hook's call (the others are gone after 3 steps)
             obs.pre(opt, (), {})
             obs.post(opt, (), {})
         return (time.perf_counter() - t0) / n
@@ -148,13 +150,15 @@ def overhead(step_ms: float, rounds: int, steps: int) -> dict:
     bare, hooked = [], []
     for _ in range(rounds):
         bare.append(loop())
-        handles = [register_optimizer_step_pre_hook(obs.pre), register_optimizer_step_post_hook(obs.post)]
+        fresh = StepObserver(0, sender)  # its gradient hooks come with its first step, go with the round
+        handles = [register_optimizer_step_pre_hook(fresh.pre), register_optimizer_step_post_hook(fresh.post)]
         hooked.append(loop())
-        for h in handles:
+        for h in [*handles, *fresh.grad_hooks.values()]:
             h.remove()
     direct_us = statistics.median(direct(2000) for _ in range(rounds)) * 1e6
-    if obs.sender is not None:
-        obs.sender.close()
+    for h in obs.grad_hooks.values():
+        h.remove()
+    sender.close()
     sink.stdin.close()
     sink.wait(timeout=60)
     b, h = statistics.median(bare), statistics.median(hooked)
@@ -165,7 +169,7 @@ def overhead(step_ms: float, rounds: int, steps: int) -> dict:
         "overhead_pct": 100 * (h - b) / b,
         "observer_us_per_step": direct_us,
         "observer_pct_of_step": 100 * direct_us / (b * 1e6),
-        "dropped": obs.sender.dropped if obs.sender else 0,
+        "dropped": sender.dropped,
     }
 
 

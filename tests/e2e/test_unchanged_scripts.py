@@ -111,6 +111,8 @@ def test_a_stopped_hooked_rank_is_a_hang_caught_by_its_step_timeout_with_stacks(
     assert calibrated and calibrated[0].hang_timeout_s == 2.0  # the floor: steps of ~0.1 s
     stacks = {e.rank: e.stack for e in events(run, StackCaptured)}
     assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the waiting peer's stack, without the SDK
+    # the stopped rank's own stack: faulthandler cannot run in it, py-spy reads it from outside
+    assert "py-spy" in stacks.get(1, "") and "lowcpu_trainer.py" in stacks.get(1, ""), stacks
 
 
 def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_path: Path):
@@ -153,3 +155,4 @@ def test_a_stopped_rank_of_a_job_without_an_optimizer_is_caught_by_process_state
     assert events(run, StepCompleted) == []  # nothing counted that did not happen
     stacks = {e.rank: e.stack for e in events(run, StackCaptured)}
     assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the bootstrap's faulthandler
+    assert "lowcpu_trainer.py" in stacks.get(1, ""), stacks  # py-spy, from outside the stopped rank

@@ -9,7 +9,15 @@ import sys
 import torch
 
 from stalwart.launch import worker_boot
-from stalwart.launch.worker_boot import HOOK_SECTION, StepObserver, install, prepare_main, title_of
+from stalwart.launch.worker_boot import (
+    GRAD_WATCH_STEPS,
+    HOOK_SECTION,
+    WAIT_SECTION,
+    StepObserver,
+    install,
+    prepare_main,
+    title_of,
+)
 from stalwart.protocol import PREFIX, StepDone, WorkerPlace, decode
 from stalwart.protocol.pipe import Receiver
 
@@ -47,6 +55,41 @@ def test_steps_run_from_the_end_of_one_to_the_end_of_the_next_and_only_the_first
     assert (first.t0, round(first.duration, 6)) == (100.0, 0.1)  # the first: its optimizer step only
     assert (second.t0, round(second.duration, 6)) == (100.1, 0.5)  # data, forward, backward included
     assert round(second.sections[HOOK_SECTION], 6) == 0.1
+
+
+def test_the_wait_from_the_last_gradient_to_the_step_is_a_communication_section():
+    # a data-parallel rank's step lasts as long as the slowest rank's; the wait after its own last
+    # gradient (the all-reduce's tail) is what tells its own work from its peers'
+    clock, out = Clock(0.0), FakeSender()
+    obs = StepObserver(rank=0, sender=out, clock=clock)  # type: ignore[arg-type]
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(GRAD_WATCH_STEPS + 3):
+        t = 10.0 * step
+        clock.t = t + 1.0  # every gradient is accumulated at t + 1 ...
+        model(torch.ones(1, 2)).sum().backward()
+        clock.t = t + 1.0 + 0.1 * step  # ... and the optimizer steps after a wait of 0.1 x step
+        obs.pre(opt, (), {})
+        clock.t = t + 2.0
+        obs.post(opt, (), {})
+    assert WAIT_SECTION not in out.sent[0].sections  # the hooks came with the first step: no wait seen
+    waits = [round(m.sections.get(WAIT_SECTION, 0.0), 6) for m in out.sent[1:]]
+    assert waits == [round(0.1 * s, 6) for s in range(1, GRAD_WATCH_STEPS + 3)]
+    # after the watched steps only the parameters whose gradient came last stay hooked
+    assert 1 <= len(obs.grad_hooks) < 4 and set(obs.grad_hooks) <= obs.grad_lasts
+
+
+def test_no_gradient_through_autograd_no_wait_and_no_hook_left():
+    clock, out = Clock(0.0), FakeSender()
+    obs = StepObserver(rank=0, sender=out, clock=clock)  # type: ignore[arg-type]
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    for step in range(GRAD_WATCH_STEPS + 1):
+        param.grad = torch.ones(3)  # assigned, as FSDP2 assigns its reduced shards
+        clock.t = float(step)
+        obs.pre(opt, (), {})
+        obs.post(opt, (), {})
+    assert all(WAIT_SECTION not in m.sections for m in out.sent) and obs.grad_hooks == {}
 
 
 def test_the_script_sees_the_argv_and_path_of_python_script_py(tmp_path):

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ..diagnose.pyspy import stopped_stacks
 from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..protocol.run_dir import RunDir
 from .clock import Clock
@@ -88,7 +89,8 @@ class AttemptFiles:
         return {r: c if c not in (None, 0) else 1 for r in ranks for c in (codes.get(r),)}
 
     def capture_stacks(self, wait_s: float = 0.5) -> dict[int, str]:
-        """faulthandler in each worker dumps every thread's Python stack on SIGUSR2."""
+        """faulthandler in each worker dumps every thread's Python stack on SIGUSR2; a stopped rank
+        cannot, and py-spy reads its stack from outside (diagnose/pyspy.py), within the stop grace."""
         paths = {r: self.run.stack_file(self.node, self.attempt, r) for r in self.group.procs}
         sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
         self.group.signal(signal.SIGUSR2)
@@ -102,6 +104,8 @@ class AttemptFiles:
                         fh.seek(sizes[r])
                         out[r] = fh.read()
             self.clock.sleep(0.02)
+        silent = {r: getattr(p, "pid", -1) for r, p in self.group.procs.items() if r not in out}
+        out.update(stopped_stacks({r: pid for r, pid in silent.items() if pid > 0}, self.stop_grace_s))
         return out
 
 

@@ -11,6 +11,14 @@ and nothing patched:
   the end of this one (data loading, forward and backward included); the first from its optimizer
   step's start. Its ``sections`` name :data:`HOOK_SECTION`, so the agent drops these records from a
   rank that runs the SDK's Session (the SDK's own records count; nothing is counted twice).
+* **own work**: in data parallelism every rank's step lasts as long as the slowest rank's (the
+  others wait for it in the gradient all-reduce), so step times alone cannot score a straggler. The
+  leading optimizer's parameters get ``Tensor.register_post_accumulate_grad_hook`` (public): the time
+  from this rank's last gradient to its optimizer step is its wait for the all-reduce (section
+  :data:`WAIT_SECTION`, a communication section to the straggler scores). After
+  :data:`GRAD_WATCH_STEPS` steps only the parameters whose gradient came last stay hooked, so the
+  cost is one call per step. Where gradients are not accumulated through autograd (FSDP2 assigns its
+  reduced shards) no hook fires and the wait is 0: the step is the rank's own work.
 * **stacks**: ``faulthandler`` on the agent's stack-dump signal writes every thread's stack to the
   rank's stack file, so a hang's stacks reach the ledger without the SDK.
 * **names**: the process title carries the script's command line and the rank, local rank and
@@ -43,6 +51,8 @@ from ..protocol.pipe import Sender
 from ..protocol.run_dir import RunDir
 
 HOOK_SECTION = "hook.optimizer"  # the optimizer step's own seconds, in a StepDone the hooks sent
+WAIT_SECTION = "sync"  # from this rank's last gradient to its optimizer step: the all-reduce's wait
+GRAD_WATCH_STEPS = 3  # steps with every parameter hooked before keeping only the last-ready ones
 BOOT_CODE = "from stalwart.launch.worker_boot import main; main()"
 
 
@@ -57,12 +67,25 @@ class StepObserver:
     lead: int = 0  # id() of the optimizer whose steps count (the first one that stepped)
     last_end: float = 0.0
     began: float = 0.0
+    waited: float = 0.0
+    grad_at: float = 0.0  # when this step's latest gradient was accumulated (0: none seen)
+    grad_last: int = -1  # which watched parameter that gradient belonged to
+    grad_hooks: dict[int, Any] = field(default_factory=dict)  # parameter index -> hook handle
+    grad_lasts: set[int] = field(default_factory=set)  # parameters seen last in a watched step
 
     def pre(self, optimizer: object, args: object, kwargs: object) -> None:
         if not self.lead:
             self.lead = id(optimizer)
-        if id(optimizer) == self.lead:
-            self.began = self.clock()
+            self._watch_grads(optimizer)
+        if id(optimizer) != self.lead:
+            return
+        self.began = self.clock()
+        fresh = self.grad_at > self.last_end and self.grad_last >= 0
+        self.waited = max(0.0, self.began - self.grad_at) if fresh else 0.0
+        if fresh and self.steps < GRAD_WATCH_STEPS:
+            self.grad_lasts.add(self.grad_last)
+        if self.steps == GRAD_WATCH_STEPS and len(self.grad_hooks) > len(self.grad_lasts):
+            self._keep_last_grads()
 
     def post(self, optimizer: object, args: object, kwargs: object) -> None:
         if id(optimizer) != self.lead:
@@ -71,10 +94,30 @@ class StepObserver:
         start = self.last_end if self.last_end else self.began
         self.last_end = end
         if self.sender is not None:
-            self.sender.send(
-                StepDone(self.rank, self.steps, start, end - start, {HOOK_SECTION: end - self.began})
-            )
+            sections = {HOOK_SECTION: end - self.began}
+            if self.waited > 0:
+                sections[WAIT_SECTION] = self.waited
+            self.sender.send(StepDone(self.rank, self.steps, start, end - start, sections))
         self.steps += 1
+
+    def grad_ready(self, index: int) -> None:
+        self.grad_at = self.clock()
+        self.grad_last = index
+
+    def _watch_grads(self, optimizer: object) -> None:
+        """Hook every trainable parameter of the leading optimizer (public tensor hooks)."""
+        groups = getattr(optimizer, "param_groups", ())
+        params = [p for g in groups for p in g.get("params", ()) if getattr(p, "requires_grad", False)]
+        for i, p in enumerate(params):
+            try:
+                self.grad_hooks[i] = p.register_post_accumulate_grad_hook(lambda _p, i=i: self.grad_ready(i))
+            except RuntimeError:  # not a leaf (a parameter view): no gradient accumulated there
+                continue
+
+    def _keep_last_grads(self) -> None:
+        """Only the parameters whose gradient came last in the watched steps stay hooked."""
+        for i in [i for i in self.grad_hooks if i not in self.grad_lasts]:
+            self.grad_hooks.pop(i).remove()
 
 
 @dataclass
