@@ -110,6 +110,38 @@ def test_clean_exit_succeeds_and_an_unsaved_final_state_never_does():
     assert (d.outcome.status, d.outcome.step, d.outcome.detail) == ("final_unsaved", 10, "rank 1: disk full")
 
 
+def test_a_finished_rank_that_never_exits_is_stopped_after_the_process_group_timeout():
+    from stalwart.launch.finish_exit import FinishedNotExited
+
+    watch = FinishedNotExited(bound_s=30.0)
+    ranks = (rank(0, finished=True, finished_at=T0 + 1.0), rank(1, finished=True, finished_at=T0 + 2.0))
+    lingering = dict(ranks=ranks, codes={0: 0, 1: None})
+    assert watch(snap(now=T0 + 31.9, **lingering)) is None  # 29.9 s after the last finish
+    d = watch(snap(now=T0 + 32.0, **lingering))
+    assert d is not None and d.kind == "deadline" and d.outcome.status == "succeeded"
+    assert "rank 1 did not exit within 30s" in d.reason
+    unsaved = watch(
+        snap(
+            now=T0 + 40,
+            max_done_step=9,
+            durability={1: done(1, 10, False, "final", "disk full")},
+            **lingering,
+        )
+    )
+    assert unsaved is not None and unsaved.outcome.status == "final_unsaved"
+
+
+def test_no_exit_bound_while_a_rank_still_trains_or_every_process_is_gone():
+    from stalwart.launch.finish_exit import FinishedNotExited
+
+    watch = FinishedNotExited(bound_s=30.0)
+    training = (rank(0, finished=True, finished_at=T0), rank(1))
+    assert watch(snap(now=T0 + 100, ranks=training, codes={0: 0, 1: None})) is None
+    done_ = (rank(0, finished=True, finished_at=T0), rank(1, finished=True, finished_at=T0))
+    assert watch(snap(now=T0 + 100, ranks=done_, codes={0: 0, 1: 0})) is None
+    assert watch(snap(now=T0 + 100, ranks=done_, codes={0: 0, 1: None}, stop_requested_at=T0)) is None
+
+
 def test_exit_76_only_for_an_emergency_save_every_rank_committed():
     stopped = dict(codes={0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, stop_requested_at=T0 + 5)
     d = durability(snap(durability={0: done(0), 1: done(1)}, **stopped))

@@ -340,10 +340,12 @@ def test_without_anything_to_say_the_monitors_return_nothing():
 
 
 def test_the_agent_asks_its_monitors_in_the_documented_priority_order():
+    from stalwart.launch.finish_exit import FinishedNotExited
     from stalwart.launch.forwarded_stop import ForwardedStop
     from stalwart.launch.monitors import PRIORITY, HangMonitor, StragglerMonitor, default_monitors
 
     names = {
+        FinishedNotExited: "finished_not_exited",
         ForwardedStop: "forwarded_stop",
         StragglerMonitor: "stragglers",
         SignalMonitor: "signals",

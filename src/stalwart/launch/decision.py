@@ -35,7 +35,9 @@ class DecisionKind(Label):
     STOPPED_EXIT = "stopped_exit"  # every worker exited after a stop (signal or worker-side preemption)
     INTERRUPT = "interrupt"  # SIGINT: stop the group within its grace
     PASS_STOP = "pass_stop"  # a stop for a script without the SDK: stop the group within its grace
-    DEADLINE = "deadline"  # the emergency save ran out of time: stop within grace; saved or not
+    DEADLINE = (
+        "deadline"  # a bounded wait ran out (an emergency save; a finished rank's exit): stop within grace
+    )
     MEMBERSHIP = "membership"  # a node waits to join: stop within grace and re-form
     EXCLUDE_STRAGGLER = "exclude_straggler"  # this node is the straggler: quarantine, stop at once, leave
     # continuing

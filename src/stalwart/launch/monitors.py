@@ -34,7 +34,9 @@ from ..policy.job import AttemptStatus
 from ..policy.restart_policy import Failure, FailureKind
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule
+from ..protocol import DEFAULT_PG_TIMEOUT_S
 from .decision import AttemptOutcome, Decision, DecisionKind
+from .finish_exit import FinishedNotExited
 from .forwarded_stop import ForwardedStop
 from .hang_monitor import HangMonitor, HangPhase, HangSource
 from .progress import durability_problem_in
@@ -344,6 +346,7 @@ def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None =
         worker_exits,
         ForwardedStop(cfg.checkpoint.emergency_deadline_s),  # zero: a signal without a Session, as torchrun
         durability,
+        FinishedNotExited(getattr(cfg.hang, "pg_timeout_s", DEFAULT_PG_TIMEOUT_S)),
         SignalMonitor(cfg.checkpoint.emergency_deadline_s),
         HangMonitor(
             cfg.hang_policy,
@@ -368,6 +371,7 @@ PRIORITY = (
     "worker_exits",
     "forwarded_stop",
     "durability",
+    "finished_not_exited",
     "signals",
     "hangs",
     "store_lost",

@@ -51,6 +51,7 @@ class RankProgress:
     in_place: bool = False  # the script runs under Session.run: it can re-form its group in place
     reforming: Reforming | None = None  # the survivor left its group and waits for the next generation
     reformed: Reformed | None = None  # the rank joined the newest generation with the live state
+    finished_at: float = 0.0  # when the rank said its training finished
 
 
 @dataclass
@@ -118,6 +119,7 @@ class ProgressTracker:
                 self._phase_changed(p, msg, now)
             case Finished():
                 p.finished = True
+                p.finished_at = now
                 if msg.preempted:
                     self.preempted_ranks.add(msg.rank)
             case SignalSeen():

@@ -49,6 +49,7 @@ class RankView:
     phase_t0: float = 0.0
     loop_done: bool = False
     session: bool = False  # the rank runs the SDK's Session (said Hello)
+    finished_at: float = 0.0  # when the rank said its training finished
 
     @classmethod
     def of(cls, p: RankProgress) -> RankView:
@@ -66,6 +67,7 @@ class RankView:
             p.phase_t0,
             p.loop_done,
             p.session,
+            p.finished_at,
         )
 
 
