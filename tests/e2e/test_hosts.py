@@ -34,6 +34,7 @@ def _agent(
     read_timeout: int | None = 15,
     steps: int = 100000,
     hang_floor: int = 3,
+    nnodes: str = "1:2",
 ) -> subprocess.Popen:
     conf = f"is_host={int(name == 'h0')}"
     if last_call is not None:
@@ -47,7 +48,7 @@ def _agent(
         "run",
         "-q",
         "--nnodes",
-        "1:2",
+        nnodes,
         "--nproc-per-node",
         "1",
         "--rdzv-endpoint",
@@ -206,6 +207,32 @@ def test_a_killed_host_is_named_in_the_survivors_incident(tmp_path):
     inc = named[0]
     assert "h1" in inc.nodes and "h0" not in inc.nodes, inc
     assert "h1" in inc.cause and any("witness" in e and "h0" in e for e in inc.evidence), inc
+
+
+def test_a_killed_host_is_replaced_in_place_by_a_hot_spare_host(tmp_path):
+    """Three hosts at a power-of-two size: h0 and h1 train, h2 stands by. h1 is killed (every process
+    in its namespace): h2 sees h1's heartbeat stop while h0's rank waits, takes h1's place in place,
+    and h0's rank keeps its process; the job finishes on h0 and h2."""
+    from stalwart.events import DecisionTaken, ReformedInPlace
+
+    spare = ["--valid-sizes", "pow2"]
+    with hosts.Hosts(["h0", "h1", "h2"]) as h:
+        procs = {
+            n: _agent(h, n, tmp_path, "mh-spare", *spare, nnodes="2:3", steps=240) for n in ("h0", "h1", "h2")
+        }
+        _training_on_two(tmp_path, [procs["h0"], procs["h1"]])
+        h.kill("h1")
+        outs = {n: procs[n].communicate(timeout=300)[0] for n in ("h0", "h2")}
+    assert procs["h0"].returncode == 0 and procs["h2"].returncode == 0, outs
+    took = [e for e in events(tmp_path, DecisionTaken) if e.action == "take_over"]
+    assert [e.node for e in took] == ["h2"] and "node h1 is lost" in took[0].reason, took
+    assert [e.node for e in events(tmp_path, DecisionTaken) if e.action == "joined_in_place"] == ["h0"]
+    [done] = events(tmp_path, ReformedInPlace)
+    assert done.node == "h2" and done.bytes_moved > 0
+    assert not [e for e in events(tmp_path, AttemptStarted) if e.node == "h0" and e.attempt > 0], (
+        "h0 restarted"
+    )
+    assert pid0, "h0 had processes"
 
 
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
