@@ -232,7 +232,6 @@ def test_a_killed_host_is_replaced_in_place_by_a_hot_spare_host(tmp_path):
     assert not [e for e in events(tmp_path, AttemptStarted) if e.node == "h0" and e.attempt > 0], (
         "h0 restarted"
     )
-    assert pid0, "h0 had processes"
 
 
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
