@@ -160,3 +160,14 @@ def test_the_report_of_a_run_dir_with_two_agents_ledgers_merges_them(tmp_path):
     assert rep["buckets_s"]["detection"] == 10.0 and rep["steps_completed"] == 38
     assert rep["hosts"][0]["steps"] == 20 + 18 + 5
     assert rep["reliability"]["failures"] == 1 and rep["reliability"]["mttr_s"]["detect_s"] == 10.0
+
+
+def test_one_fault_seen_from_both_hosts_is_one_row_of_the_recovery_table():
+    from stalwart.account.recovery import recoveries
+
+    h0, h1 = partition_run()
+    rows = recoveries(sorted(h0 + h1, key=lambda e: e.ts))
+    # h1's hang (the root cause) and h0's lost peer are one interruption: one row, told from the root
+    assert [(r.failure, r.rank) for r in rows] == [("hang", 1)]
+    h0_alone = recoveries(sorted(h0, key=lambda e: e.ts))
+    assert [(r.failure, r.rank) for r in h0_alone] == [("peer_lost", 0)]

@@ -64,10 +64,24 @@ def _first(
 
 
 def recoveries(events: list[Event]) -> list[Recovery]:
-    """One Recovery per FailureDetected that was followed by a restart."""
+    """One Recovery per interruption that was followed by a restart (or recovered in place). An
+    interruption is grouped as the reliability account groups it: several ranks or hosts that saw
+    the same fault (a lost node's survivors, both sides of a partition) give one row, told from its
+    root detection (a root cause before a lost peer, else the first)."""
+    from .reliability import failure_groups, one_fault_across_hosts
+
     evs = sorted(events, key=lambda e: e.ts)
-    found = (_recovery(evs, fd) for fd in evs if isinstance(fd, FailureDetected))
-    return [r for r in found if r is not None]
+    found = []
+    for group in one_fault_across_hosts(failure_groups(evs)):
+        root = next((f for f in group if f.failure != "peer_lost"), group[0])
+        rec = _recovery(evs, root)
+        if rec is None:  # the root's node ended there (a killed host): the first that recovered
+            rec = next(
+                (r for r in (_recovery(evs, f) for f in group if f is not root) if r is not None), None
+            )
+        if rec is not None:
+            found.append(rec)
+    return found
 
 
 def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:

@@ -162,7 +162,7 @@ def by_component(interruptions: Sequence[Interruption], exposure: Exposure) -> d
     return {c: failure_rates(n, exposure) for c, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
-def _one_fault_across_hosts(groups: list[list[FailureDetected]]) -> list[list[FailureDetected]]:
+def one_fault_across_hosts(groups: list[list[FailureDetected]]) -> list[list[FailureDetected]]:
     out: list[list[FailureDetected]] = []
     for g in groups:
         if out:
@@ -215,7 +215,7 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
             cur if cur != (0, 0) or not attempts else (attempts[0].world_size, max(1, attempts[0].num_nodes))
         )
 
-    groups = _one_fault_across_hosts(failure_groups(evs))
+    groups = one_fault_across_hosts(failure_groups(evs))
 
     out = []
     for g in groups:
