@@ -255,6 +255,8 @@ class InPlaceRecovery:
                 assert isinstance(self.block, ControlBlock)
                 self.refused = True
                 self.block.refuse_reform()
+                if not case.refused_by:  # the other nodes stop waiting too
+                    self.board.refuse(reason)
                 self._record("in_place_skipped", reason, snap.now)
             case _:
                 assert_never(choice)

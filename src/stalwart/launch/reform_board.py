@@ -14,10 +14,16 @@ announcement (another program writing the key) is ignored with a note, never tru
 A lost node's agent is gone with it, so nobody replaces its ranks from inside. For that case the board
 also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
 
-* a heartbeat per active agent (a counter each board thread bumps every poll); a hot spare's board
-  watches the active nodes' counters and measures, on its own clock, how long each has not moved;
+* a heartbeat per active agent (a counter each board thread bumps every 0.5 s); a hot spare's board
+  (and the first node's) watches the active nodes' counters and measures, on its own clock, how long
+  each has not moved;
 * which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
 * a claim per lost node (compare-and-set), so that two spares never take the same node's place.
+
+What each board costs the store does not grow with the job while nothing fails: one read of a
+version counter per poll (every write the others must see bumps it) and one heartbeat every 0.5 s.
+The watched nodes' heartbeats are read only during an incident (a node's ranks wait for a
+generation), every 0.5 s, and only by the spares and the first node.
 """
 
 from __future__ import annotations
@@ -33,10 +39,14 @@ from typing import Any, Protocol
 
 KEY = "stalwart/inplace/announce"
 REFUSED = "stalwart/inplace/refused"
+VERSION = "stalwart/inplace/version"  # bumped by every write the others must read
+WAITING_ANY = "stalwart/inplace/waiting-any"
 BEAT = "stalwart/inplace/beat/"
 WAITING = "stalwart/inplace/waiting/"
 CLAIM = "stalwart/inplace/claim/"
 POLL_S = 0.1
+BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
+WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,9 @@ class StoreBoard:
         self._claimed: dict[str, str] = {}  # lost node -> the spare that holds its claim
         self._refuse_out: queue.Queue[str] = queue.Queue()
         self._refused: tuple[str, str] | None = None
+        self._polls = 0
+        self._version = -1  # the first poll reads whatever is already there
+        self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
         self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
         self._thread.start()
 
@@ -151,7 +164,10 @@ class StoreBoard:
         return self._refused
 
     def silence(self) -> dict[str, float]:
-        """Seconds since each watched node's heartbeat last moved (on this board's clock)."""
+        """Seconds since each watched node's heartbeat last moved (on this board's clock), counted from
+        the start of the incident at the earliest; empty outside an incident (nothing is read then)."""
+        if not self._incident:
+            return {}
         now = self._clock()
         return {n: now - t for n, t in dict(self._moved).items()}
 
@@ -183,37 +199,64 @@ class StoreBoard:
             self._stop.wait(POLL_S)
 
     def _exchange(self, store: Any) -> None:
-        """One poll: write what was handed over, then read what the others wrote."""
+        """One poll: write what was handed over; read what the others wrote when the version moved."""
+        self._polls += 1
         self._write(store)
-        self._read_refusal(store)
-        self._read_nodes(store)
-        if store.check([KEY]):
-            raw = store.get(KEY)
-            try:
-                self._take(Announcement.decode(raw))
-            except ValueError as exc:
-                if raw != self._bad:
-                    self._bad = raw
-                    self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
+        version = store.add(VERSION, 0)
+        if version != self._version:
+            self._version = version
+            self._read_refusal(store)
+            self._read_announcement(store)
+            if not self._incident and self._moved and store.add(WAITING_ANY, 0) > 0:
+                self._watch_from_now()
+        if self._incident and self._polls % WATCH_EVERY == 1:
+            self._read_nodes(store)
+
+    def _watch_from_now(self) -> None:
+        """Start reading the watched heartbeats; their silence counts from now, not from before."""
+        now = self._clock()
+        self._moved = dict.fromkeys(self._moved, now)
+        self._beats = {}
+        self._incident = True
+
+    def _read_announcement(self, store: Any) -> None:
+        if not store.check([KEY]):
+            return
+        raw = store.get(KEY)
+        try:
+            self._take(Announcement.decode(raw))
+        except ValueError as exc:
+            if raw != self._bad:
+                self._bad = raw
+                self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
 
     def _write(self, store: Any) -> None:
+        bump = False
         while not self._out.empty():
             a = self._out.get_nowait()
             store.set(KEY, a.encode())
             self._take(a)
-        if self._node:
+            bump = True
+        if self._node and self._polls % BEAT_EVERY == 1:
             store.add(BEAT + self._node, 1)
-            while not self._wait_out.empty():
-                store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+        while self._node and not self._wait_out.empty():
+            store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+            store.add(WAITING_ANY, 1)
+            if not self._incident and self._moved:
+                self._watch_from_now()
+            bump = True
         while not self._refuse_out.empty():  # the first node to refuse keeps the key
             why = self._refuse_out.get_nowait()
             store.compare_set(REFUSED, "", json.dumps({"node": self._node, "reason": why[:500]}))
+            bump = True
         while not self._claims_out.empty():
             lost = self._claims_out.get_nowait()
             holder = store.compare_set(CLAIM + lost, "", self._node)
             self._claimed[lost] = (
                 holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
             )
+        if bump:
+            store.add(VERSION, 1)
 
     def _read_refusal(self, store: Any) -> None:
         if self._refused is not None or not store.check([REFUSED]):

@@ -115,7 +115,9 @@ class NodeWorkers:
         group = WorkerGroup(argv(cfg), specs, warm=warm)
         board = None
         if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
-            others = tuple(n for n in plan.active if n != cfg.node_name)  # whose heartbeats to watch
+            # the first node watches the others' heartbeats during an incident (a lost node without a
+            # spare is refused early); the rest only read the version counter, whatever the job's size
+            others = tuple(n for n in plan.active if n != cfg.node_name) if self.group_rank == 0 else ()
             board = StoreBoard(
                 met.addr,
                 met.port,
