@@ -3,11 +3,13 @@ applies it, over hand-built samples and snapshots (no network, no clock, no slee
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from types import MappingProxyType
 
 from stalwart.diagnose.precision import GateDecision, GateMode
 from stalwart.diagnose.slow_link import (
+    WORKERS,
     LinkWindow,
     Silence,
     SilenceKind,
@@ -43,7 +45,8 @@ def sample(t: float, moved: int, over: int = 0, drops: int = 0, qdisc: str = "tb
     c = IfCounters(
         rx_bytes=moved // 2, tx_bytes=moved - moved // 2, dropped=drops, qdisc=qdisc, qdisc_overlimits=over
     )
-    return LinkSample(t, MappingProxyType({"eth0": c}))
+    peers = MappingProxyType({"10.77.0.1": (moved // 2, moved - moved // 2)})  # the workers' own sockets
+    return LinkSample(t, MappingProxyType({"eth0": c}), peers)
 
 
 def moving(
@@ -141,7 +144,18 @@ SILENT = Silence("h1", ("h0",), 0, "backward", 8.0, 3.0, 1800.0, 0.2)
 
 
 def window(bps: float, over: int = 0, drops: int = 0, recent: float | None = None) -> LinkWindow:
-    return LinkWindow(8.0, int(bps * 8), bps if recent is None else recent, drops, over, "tbf on eth0")
+    recent_bps = bps if recent is None else recent
+    return LinkWindow(8.0, int(bps * 8), recent_bps, drops, over, "tbf on eth0", source=WORKERS)
+
+
+def test_only_the_workers_own_traffic_between_hosts_is_evidence_of_a_slow_link():
+    # on one host the ranks talk over loopback, where other processes' traffic moves too (a busy CI
+    # machine made a hung single-host job a "slow link" and delayed its hang past its bound)
+    alone = judge_silence(Silence("h1", (), 0, "backward", 8.0, 3.0, 1800.0, 0.2), window(125_000), 8000.0)
+    assert alone.kind is SilenceKind.HANG and "one host" in alone.reason
+    nic = dataclasses.replace(window(125_000, over=900), source="this host's interfaces")
+    only_nic = judge_silence(SILENT, nic, 8000.0)
+    assert only_nic.kind is SilenceKind.HANG and "could not be read" in only_nic.reason
 
 
 def test_a_link_still_moving_data_is_a_slow_link_on_the_host_whose_link_is_over_its_limit():

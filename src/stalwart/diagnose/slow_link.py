@@ -23,6 +23,7 @@ from ..policy.label import Label
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .straggler import COMM_SECTIONS
 
+WORKERS = "the workers' connections"
 RECENT_S = 3.0  # the link must still be moving data over the newest seconds of the silence
 # sections a collective can run in: the comm sections, a forward (parameter all-gathers) and a rank
 # whose section is unknown (step hooks without the SDK's sections)
@@ -101,7 +102,7 @@ def link_window(samples: Sequence[LinkSample], since: float, recent_s: float = R
         drops=drops,
         overlimits=over,
         shaped=shaped,
-        source="the workers' connections" if sockets else "this host's interfaces",
+        source=WORKERS if sockets else "this host's interfaces",
         per_peer=", ".join(f"{p} {n:,} bytes" for p, n in peers if n),
         send_queued=last.send_queued,
     )
@@ -165,8 +166,12 @@ def judge_silence(s: Silence, window: LinkWindow | None, min_bps: float) -> Sile
         )
     if s.section is not None and s.section not in COLLECTIVE_SECTIONS:
         return SilenceVerdict(hang, f"rank {s.rank} is silent in '{s.section}', where no collective runs")
+    if not s.peers:  # one host: its ranks talk over loopback, no link between hosts can be slow
+        return SilenceVerdict(hang, "the job runs on one host: no link between hosts")
     if window is None:
         return SilenceVerdict(hang, "no link counters on this host")
+    if window.source != WORKERS:  # a NIC's bytes include every other process's: no evidence of the job's
+        return SilenceVerdict(hang, "the workers' own connections could not be read, only the interfaces'")
     # a trickle at the end still counts (TCP backs off after a drop); a link gone quiet does not
     if window.recent_bps < min_bps / 4 or window.bps < min_bps:
         return SilenceVerdict(
