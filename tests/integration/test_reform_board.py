@@ -110,3 +110,18 @@ def test_the_first_refusal_is_kept_and_seen_by_every_node(store):
     finally:
         a.close()
         b.close()
+
+
+def test_an_announcement_ends_the_incident_and_the_waits_it_answered(store):
+    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
+    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"))
+    try:
+        n0.waiting(1)
+        assert _until(lambda: s1.nodes_waiting()) == {"n0": 1} and s1.silence()
+        n0.announce(Announcement(1, "n0", (0,)))
+        _until(s1.latest)
+        # answered: no node waits any more, and no heartbeat is read (a later silence is no evidence)
+        assert _until(lambda: s1.silence() == {}) and s1.nodes_waiting() == {}
+    finally:
+        n0.close()
+        s1.close()

@@ -142,6 +142,7 @@ class StoreBoard:
         self._polls = 0
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
+        self._waits = 0  # the waits counted so far (a new one starts an incident)
         self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
         self._thread.start()
 
@@ -172,8 +173,10 @@ class StoreBoard:
         return {n: now - t for n, t in dict(self._moved).items()}
 
     def nodes_waiting(self) -> dict[str, int]:
-        """Nodes whose ranks wait for a generation nobody announced, and that generation."""
-        return dict(self._waiting)
+        """Nodes whose ranks wait for a generation nobody announced yet, and that generation (a wait
+        an announcement answered is over: it never makes a later silence look like a lost node)."""
+        seen = self._seen.generation if self._seen is not None else 0
+        return {n: g for n, g in dict(self._waiting).items() if g > seen}
 
     def claim(self, lost: str) -> None:
         """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
@@ -207,8 +210,10 @@ class StoreBoard:
             self._version = version
             self._read_refusal(store)
             self._read_announcement(store)
-            if not self._incident and self._moved and store.add(WAITING_ANY, 0) > 0:
+            waits = store.add(WAITING_ANY, 0)
+            if waits > self._waits and self._moved and not self._incident:  # a new wait: an incident
                 self._watch_from_now()
+            self._waits = waits
         if self._incident and self._polls % WATCH_EVERY == 1:
             self._read_nodes(store)
 
@@ -283,3 +288,4 @@ class StoreBoard:
     def _take(self, a: Announcement) -> None:
         if self._seen is None or a.generation > self._seen.generation:
             self._seen = a
+            self._incident = False  # the waits are answered: stop reading heartbeats
