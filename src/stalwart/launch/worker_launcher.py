@@ -167,15 +167,14 @@ class NodeWorkers:
                 self.spare.close()
             self.spare = SpareWatch.open(self.cfg, plan, met, self.console.note)
         took = self.spare.poll()
-        if took is not None:
+        if took is not None and self.spare.claiming is not None:
             self.joining = self.spare.generation
-            self._lost_node(took, self.spare.silent_s)
+            self._lost_node(took, self.spare.claiming.lost, self.spare.silent_s)
         return took
 
-    def _lost_node(self, took: TookOver, silent_s: float) -> None:
+    def _lost_node(self, took: TookOver, lost: str, silent_s: float) -> None:
         """The lost node's failure, as this spare detected it, and the in-place rung it takes."""
         now, ctx = self.clock.now(), self.ledger.ctx()
-        lost = next(n for n in self.world_before(took) if n not in took.plan.active)
         first = took.plan.active.index(self.cfg.node_name) * self.cfg.nproc_per_node
         self.ledger.emit(
             FailureDetected(
@@ -188,9 +187,6 @@ class NodeWorkers:
             )
         )
         self.ledger.emit(DecisionTaken(ts=now, action="in_place", reason=took.reason, **ctx))
-
-    def world_before(self, took: TookOver) -> tuple[str, ...]:
-        return self.spare.plan.active if self.spare is not None else took.plan.active
 
     def worker_specs(
         self,
