@@ -214,3 +214,18 @@ def test_an_excluded_straggler_leaves_the_rendezvous_open():
     )
     assert r.run() == EXIT_INFRA
     assert r.ended is not None and r.ended.left and verdict(r).outcome == "node_excluded"
+
+
+def test_what_the_job_started_is_stopped_before_the_verdict_so_the_verdict_is_the_last_event():
+    # a final diagnosis round used to write its incident after the verdict, outside the job's wall time
+    w = ScriptedWorkers([crash(0), crash(1)])
+    r = runner([("n0",)] * 2, w, budget=RestartBudget(max_restarts=1))
+    seen: list[tuple[str, int]] = []
+
+    def closing(end: End) -> None:
+        seen.append((end.outcome, len(r.ledger.of(JobEnded))))  # type: ignore[attr-defined]
+
+    r.closing = closing
+    assert r.run() == EXIT_INFRA
+    assert seen == [("infra_exhausted", 0)]
+    assert verdict(r).outcome == "infra_exhausted"

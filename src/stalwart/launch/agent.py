@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..chaos.plan import FaultPlan, build_plan
 from ..errors import CheckpointError, ConfigError
@@ -23,6 +25,7 @@ from ..events import Event, JobStarted
 from ..exit_codes import EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter
 from ..policy import job
+from ..policy.job import End
 from ..protocol import WorkerEnv
 from ..protocol.run_dir import RunDir
 from .agent_chaos import AgentChaos
@@ -35,6 +38,10 @@ from .runner import JobRunner, write_verdict
 from .warm import WarmPool
 from .worker_launcher import NodeWorkers
 from .workers import WorkerSpec
+
+if TYPE_CHECKING:
+    from ..checkpoint.node_memory import NodeMemory
+    from ..diagnose.live import LiveDiagnosis
 
 
 class _Console:
@@ -74,6 +81,35 @@ def job_spec(cfg: RunConfig) -> job.JobSpec:
         size_rule=cfg.size_rule,
         budget=cfg.budget,
     )
+
+
+@dataclass
+class _Started:
+    """What the agent started for the job, each stopped once: before the verdict when the policy
+    ends the job (:meth:`JobRunner.finish`), else on the way out."""
+
+    diagnosis: LiveDiagnosis | None = None
+    memory: NodeMemory | None = None
+    warm: WarmPool | None = None
+    rendezvous: NodeRendezvous | None = None
+
+    def close(self, *, leaving: bool) -> None:
+        diagnosis, rendezvous, memory, warm = self.diagnosis, self.rendezvous, self.memory, self.warm
+        self.diagnosis = self.rendezvous = self.memory = self.warm = None
+        try:
+            if diagnosis is not None:
+                diagnosis.stop()  # its last round may raise incidents
+        finally:
+            try:
+                if rendezvous is not None:
+                    rendezvous.close(leaving=leaving)
+            finally:
+                try:
+                    if memory is not None:
+                        memory.close()  # the memory tier goes with the job
+                finally:
+                    if warm is not None:
+                        warm.close()
 
 
 class Agent:
@@ -138,21 +174,25 @@ class Agent:
         handled |= {getattr(signal, n.strip()) for n in cfg.workers.signals_to_handle.split(",") if n.strip()}
         handled -= {signal.SIGKILL, signal.SIGSTOP, signal.SIGUSR2, signal.SIGCHLD}
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
-        diagnosis = memory = warm = rendezvous = None
+        held = _Started()
         try:  # everything started for the job is inside: the finally stops whatever did start
             done = NodeRendezvous(cfg, None, self.clock).finished_elsewhere()
             if done is not None:  # arrived after the job succeeded (etcd keeps its mark)
                 text = done.message(cfg.run_id)
                 self.console.note(text)
                 return write_verdict(self.ledger, self.clock, "succeeded", text, EXIT_OK)
-            memory = self._node_memory()
-            diagnosis = self._start_diagnosis()
-            warm = self._warm_pool()
-            rendezvous = NodeRendezvous(cfg, memory, self.clock)
-            self.runner = self._runner(rendezvous, memory, diagnosis, warm)
+            held.memory = memory = self._node_memory()
+            held.diagnosis = diagnosis = self._start_diagnosis()
+            held.warm = warm = self._warm_pool()
+            held.rendezvous = rendezvous = NodeRendezvous(cfg, memory, self.clock)
+
+            def closing(end: End) -> None:
+                if end.outcome == "succeeded":
+                    rendezvous.leave_finished_mark(self._finished_mark())
+                held.close(leaving=end.left)
+
+            self.runner = self._runner(rendezvous, memory, diagnosis, warm, closing)
             code = self.runner.run()
-            if self.runner.ended is not None and self.runner.ended.outcome == "succeeded":
-                rendezvous.leave_finished_mark(self._finished_mark())
             self._say_missing()
             return code
         except BaseException as exc:
@@ -160,20 +200,22 @@ class Agent:
             self._end("agent_error", f"agent error: {type(exc).__name__}: {exc}", EXIT_INFRA)
             raise
         finally:
-            if diagnosis is not None:
-                diagnosis.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
-            if rendezvous is not None:
+            try:
                 ended = self.runner.ended if self.runner is not None else None
-                rendezvous.close(leaving=ended is not None and ended.left)
-            if memory is not None:
-                memory.close()  # the node's memory tier and peer copies go with the job
-            if warm is not None:
-                warm.close()
-            self.ledger.close()
+                held.close(leaving=ended is not None and ended.left)
+            finally:
+                self.ledger.close()
 
-    def _runner(self, rendezvous: NodeRendezvous, memory, diagnosis, warm: WarmPool | None) -> JobRunner:
+    def _runner(
+        self,
+        rendezvous: NodeRendezvous,
+        memory,
+        diagnosis,
+        warm: WarmPool | None,
+        closing: Callable[[End], None],
+    ) -> JobRunner:
         chaos = AgentChaos(self.plan, self.run, self.ledger, self.clock, memory)
         workers = NodeWorkers(
             self.cfg,
@@ -203,6 +245,7 @@ class Agent:
             signal=self._signal,
             gate=NodeHealthGate(self.cfg, self.clock, self.run.root),
             on_attempt=on_attempt,
+            closing=closing,
         )
 
     def _end(self, outcome: str, verdict: str, code: int) -> int:

@@ -59,6 +59,9 @@ class JobRunner:
     signal: Callable[[], int | None] = lambda: None
     gate: HealthGate = NoGate()
     on_attempt: Callable[[int], None] = lambda attempt: None  # the ledger's and the console's attempt
+    # stops what the job started before its verdict is written, so the verdict is the ledger's last
+    # event and its time the job's end (a final diagnosis after it was outside the report's wall time)
+    closing: Callable[[End], None] = lambda end: None
     ended: End | None = None  # the decision the job ended with
     decided: list[JobDecision] = field(default_factory=list)  # every decision of the policy, in order
 
@@ -156,8 +159,9 @@ class JobRunner:
             self.clock.sleep(SPARE_POLL_S)
 
     def finish(self, end: End) -> int:
-        """Write the verdict; the exit code."""
+        """Stop what the job started, then write the verdict; the exit code."""
         self.ended = end
+        self.closing(end)
         return write_verdict(self.ledger, self.clock, end.outcome, end.verdict, end.exit_code)
 
 
