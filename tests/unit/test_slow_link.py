@@ -140,6 +140,58 @@ def test_the_window_starts_at_the_silences_onset_and_measures_the_newest_seconds
     assert link_window(samples[:1], T0) is None
 
 
+def test_a_tc_read_that_did_not_answer_is_not_a_count_of_zero():
+    # on a busy host ``tc`` can miss its 1 s bound; the sample then holds no qdisc counts. When that
+    # was the newest sample, the throttled host saw 0 over-limits and blamed its peer (a CI run)
+    samples = tuple(sample(T0 + i, 125_000 * i, over=5 * i) for i in range(10))
+    missed = dataclasses.replace(
+        sample(T0 + 10, 1_250_000, over=0, qdisc=""), qdiscs_read=False
+    )  # what LinkSampler records when read_qdiscs returns None
+    w = link_window((*samples, missed), since=T0)
+    assert w is not None and w.seconds == 10.0 and w.bytes == 1_250_000
+    assert w.overlimits == 45 and w.shaped == "tbf on eth0"
+    assert judge_silence(SILENT, w, 64 * KBIT).host == "h1"
+    none_read = tuple(dataclasses.replace(s, qdiscs_read=False) for s in samples)
+    w = link_window(none_read, since=T0)
+    assert w is not None and w.overlimits == 0 and w.shaped == ""
+
+
+def test_the_hosts_own_throttling_counts_over_the_whole_silence_not_only_its_sampled_part():
+    # a CI run: the throttled host sent its share at the start of the collective (over its limit),
+    # then only received (its ingress shaped on the switch side); on a busy host the first sample
+    # inside the silence came late, and the window saw no over-limit: it named its peer instead
+    before = sample(T0, 0, over=0)
+    sending = sample(T0 + 2.2, 250_000, over=40)  # the sampler was late: the first sample inside
+    receiving = sample(T0 + 3.2, 350_000, over=40)
+    w = link_window((before, sending, receiving), since=T0 + 0.1)
+    assert w is not None and w.seconds == 1.0 and w.bytes == 100_000  # progress: inside only
+    assert w.overlimits == 40
+    assert judge_silence(SILENT, w, 64 * KBIT).host == "h1"
+
+
+def test_an_ss_read_that_did_not_answer_is_skipped_not_taken_for_silence():
+    # the newest sample's ``ss`` timed out: the window still counts the workers' own bytes (before,
+    # it fell back to "could not be read" and a crawling collective became a hang)
+    samples = tuple(sample(T0 + i, 125_000 * i, over=5 * i) for i in range(10))
+    missed = dataclasses.replace(sample(T0 + 10, 1_250_000, over=50), peers=None)
+    w = link_window((*samples, missed), since=T0)
+    assert w is not None and w.source == WORKERS and w.seconds == 9.0 and w.bytes == 1_125_000
+    assert w.recent_bps == 125_000 and w.overlimits == 50
+    assert judge_silence(SILENT, w, 64 * KBIT).kind is SilenceKind.SLOW_LINK
+    only_one = (samples[0], *(dataclasses.replace(s, peers=None) for s in samples[1:]))
+    w = link_window(only_one, since=T0)
+    assert w is not None and w.source != WORKERS
+
+
+def test_the_sampler_records_a_missed_tc_read_as_not_read():
+    answers = iter([{"eth0": ("tbf", 0, 3)}, None])
+    sampler = LinkSampler(lambda: [], lambda: {"eth0": IfCounters(1, 2, 0)}, lambda: next(answers))
+    first = sampler.sample(T0)[-1]
+    second = sampler.sample(T0 + 2)[-1]
+    assert first.qdiscs_read and first.ifaces["eth0"].qdisc_overlimits == 3
+    assert not second.qdiscs_read
+
+
 SILENT = Silence("h1", ("h0",), 0, "backward", 8.0, 3.0, 1800.0, 0.2)
 
 

@@ -49,17 +49,33 @@ class LinkWindow:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
 
-def _delta(a: LinkSample, b: LinkSample) -> tuple[int, int, int]:
-    """Interface bytes moved, drops, over-limits from ``a`` to ``b``."""
-    moved = drops = over = 0
+def _delta(a: LinkSample, b: LinkSample) -> tuple[int, int]:
+    """Interface bytes moved and device drops/errors from ``a`` to ``b``."""
+    moved = drops = 0
     for name, y in b.ifaces.items():
         x = a.ifaces.get(name)
         if x is None:
             continue
         moved += max(0, y.rx_bytes - x.rx_bytes) + max(0, y.tx_bytes - x.tx_bytes)
-        drops += max(0, y.dropped - x.dropped) + max(0, y.qdisc_drops - x.qdisc_drops)
+        drops += max(0, y.dropped - x.dropped)
+    return moved, drops
+
+
+def _qdisc_delta(inside: Sequence[LinkSample]) -> tuple[int, int, LinkSample | None]:
+    """Qdisc drops and over-limits between the oldest and newest samples whose ``tc`` read answered
+    (a read that timed out is not a count of zero), and the newest such sample."""
+    read = [s for s in inside if s.qdiscs_read]
+    if not read:
+        return 0, 0, None
+    a, b = read[0], read[-1]
+    drops = over = 0
+    for name, y in b.ifaces.items():
+        x = a.ifaces.get(name)
+        if x is None:
+            continue
+        drops += max(0, y.qdisc_drops - x.qdisc_drops)
         over += max(0, y.qdisc_overlimits - x.qdisc_overlimits)
-    return moved, drops, over
+    return drops, over, b
 
 
 def _peer_delta(a: LinkSample, b: LinkSample) -> dict[str, int]:
@@ -81,25 +97,37 @@ def _moved(a: LinkSample, b: LinkSample) -> int:
 
 def link_window(samples: Sequence[LinkSample], since: float, recent_s: float = RECENT_S) -> LinkWindow | None:
     """The window inside the silence: from the oldest sample at or after ``since`` to the newest one
-    (traffic from before the silence never counts); None without two such samples. Bytes are the
-    workers' own connections' when both ends were read (other processes' traffic does not count),
-    the interfaces' otherwise."""
+    (traffic from before the silence never counts as progress); None without two such samples. Bytes are the
+    workers' own connections' between the oldest and newest samples whose ``ss`` read answered
+    (other processes' traffic does not count; a read that timed out on a busy host is skipped, not
+    taken for silence), the interfaces' when fewer than two did."""
     inside = [s for s in samples if s.t >= since]
     if len(inside) < 2 or inside[-1].t <= inside[0].t:
         return None
-    first, last = inside[0], inside[-1]
-    _, drops, over = _delta(first, last)
-    tail = next((s for s in reversed(inside) if s.t <= last.t - recent_s), first)
-    sockets = first.peers is not None and last.peers is not None
+    # whether this host's own link throttled or dropped is counted over the whole silence, from the
+    # newest sample before it: a host whose rate limit held its sends at the start of a collective
+    # and that only receives at the end (its ingress is shaped where it cannot see) is still the one
+    before = [s for s in samples if s.t < since][-1:]
+    _, device_drops = _delta((before or inside)[0], inside[-1])
+    qdisc_drops, over, shaping = _qdisc_delta(before + inside)
+    read = [s for s in inside if s.peers is not None]
+    sockets = len(read) >= 2 and read[-1].t > read[0].t
+    span = read if sockets else inside
+    first, last = span[0], span[-1]
+    tail = next((s for s in reversed(span) if s.t <= last.t - recent_s), first)
     peers = sorted(_peer_delta(first, last).items(), key=lambda kv: -kv[1])
     shaped = ", ".join(
-        f"{c.qdisc} on {name}" for name, c in sorted(last.ifaces.items()) if c.qdisc in SHAPING_QDISCS
+        f"{c.qdisc} on {name}"
+        for name, c in sorted(shaping.ifaces.items() if shaping is not None else ())
+        if c.qdisc in SHAPING_QDISCS
     )
     return LinkWindow(
         seconds=last.t - first.t,
-        bytes=_moved(first, last),
-        recent_bps=_moved(tail, last) / (last.t - tail.t) if last.t > tail.t else 0.0,
-        drops=drops,
+        bytes=_moved(first, last) if sockets else _delta(first, last)[0],
+        recent_bps=(_moved(tail, last) if sockets else _delta(tail, last)[0]) / (last.t - tail.t)
+        if last.t > tail.t
+        else 0.0,
+        drops=device_drops + qdisc_drops,
         overlimits=over,
         shaped=shaped,
         source=WORKERS if sockets else "this host's interfaces",

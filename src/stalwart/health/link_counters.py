@@ -55,6 +55,7 @@ class LinkSample:
     ifaces: Mapping[str, IfCounters] = field(default_factory=lambda: MappingProxyType({}))
     peers: Mapping[str, tuple[int, int]] | None = None
     send_queued: int = 0  # bytes the workers' sockets hold unsent (the link cannot take them yet)
+    qdiscs_read: bool = True  # False: ``tc`` did not answer this time, the qdisc fields are not counts
 
 
 def _int(path: Path) -> int:
@@ -103,18 +104,19 @@ def parse_qdiscs(text: str) -> dict[str, tuple[str, int, int]]:
     return out
 
 
-def read_qdiscs(timeout_s: float = READ_TIMEOUT_S) -> dict[str, tuple[str, int, int]]:
-    """The queueing disciplines' counters by interface; {} without ``tc`` or when it does not answer."""
+def read_qdiscs(timeout_s: float = READ_TIMEOUT_S) -> dict[str, tuple[str, int, int]] | None:
+    """The queueing disciplines' counters by interface; None without ``tc`` or when it does not
+    answer in time (on a busy host it may not): a missed read is not a reading of zero."""
     tc = shutil.which("tc")
     if tc is None:
-        return {}
+        return None
     try:
         res = subprocess.run(
             [tc, "-s", "-j", "qdisc", "show"], capture_output=True, text=True, timeout=timeout_s
         )
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_qdiscs(res.stdout) if res.returncode == 0 else {}
+        return None
+    return parse_qdiscs(res.stdout) if res.returncode == 0 else None
 
 
 def _peer_host(addr: str) -> str:
@@ -176,7 +178,7 @@ class LinkSampler:
         self,
         pids: Callable[[], Collection[int]] = lambda: (),
         sysfs: Callable[[], Mapping[str, IfCounters]] = read_sysfs,
-        qdiscs: Callable[[], Mapping[str, tuple[str, int, int]]] = read_qdiscs,
+        qdiscs: Callable[[], Mapping[str, tuple[str, int, int]] | None] = read_qdiscs,
         sockets: Callable[[Collection[int]], tuple[dict[str, tuple[int, int]], int] | None] = read_sockets,
         keep_s: float = KEEP_S,
         every_s: float = SAMPLE_EVERY_S,
@@ -211,14 +213,15 @@ class LinkSampler:
             time.sleep(max(0.0, self.every_s - (time.monotonic() - began)))
 
     def _take(self, now: float) -> None:
-        q = self._qdiscs()
+        read = self._qdiscs()
+        q = read or {}
         ifaces = {}
         for name, c in self._sysfs().items():
             kind, drops, over = q.get(name, ("", 0, 0))
             ifaces[name] = IfCounters(c.rx_bytes, c.tx_bytes, c.dropped, kind, drops, over)
         socks = self._sockets(self._pids())
         peers, queued = (MappingProxyType(socks[0]), socks[1]) if socks is not None else (None, 0)
-        self.samples.append(LinkSample(now, MappingProxyType(ifaces), peers, queued))
+        self.samples.append(LinkSample(now, MappingProxyType(ifaces), peers, queued, read is not None))
         while self.samples and now - self.samples[0].t > self.keep_s:
             self.samples.popleft()
         self._kept = tuple(self.samples)  # one reference swap: the reader sees the old or the new tuple

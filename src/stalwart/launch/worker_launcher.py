@@ -368,13 +368,18 @@ class NodeWorkers:
             straggler_gate=self._straggler_gate(),
             board=board,
             link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
-            if self.cfg.hang.slow_link_kbit
+            if self.cfg.hang.slow_link_kbit and self._across_hosts()
             else None,
         )
         sup.in_place.spares = bool(self.world is not None and self.world.spares)
         if self.joining:  # a spare's ranks start in the generation they join
             sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
         return sup.run()
+
+    def _across_hosts(self) -> bool:
+        """Whether this attempt's group spans other nodes: only then can a link between hosts be slow,
+        and only then are the link counters sampled (``ss`` and ``tc`` every second cost a busy host)."""
+        return self.world is not None and len(self.world.active) > 1
 
     def _straggler_gate(self):
         """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's
