@@ -31,6 +31,6 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/stalwart" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest -q -ra "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -q -ra --durations=30 "$@" ;;  # the slowest 30: where the suite's time goes
   *) echo "usage: ./dev.sh {demo|test|setup} [args]" >&2; exit 2 ;;
 esac
