@@ -10,7 +10,7 @@ import pytest
 from stalwart.errors import ConfigError
 from stalwart.events import JobEnded, StepCompleted
 from stalwart.launch.config import RunConfig, claim_run_dir
-from stalwart.launch.finished_run import fingerprint, finished
+from stalwart.launch.finished_run import fingerprint, finished, last_step
 
 CTX = dict(run_id="r", node="n0", attempt=0)
 
@@ -33,6 +33,12 @@ def test_the_newest_verdict_decides_and_the_message_says_how_to_start_anew():
     text = done.message("job-1", Path("/runs/job-1"))
     assert "already finished at step 79" in text and "nothing launched" in text and "--run-id" in text
     assert finished([ended(2, "succeeded"), step(3, 5), ended(4, "infra_exhausted", 75)]) is None
+
+
+def test_the_last_step_needs_no_verdict():
+    # the finished mark is left before the verdict is written: its step comes from the steps
+    assert last_step([]) == -1
+    assert last_step([step(1, 3), step(2, 79), ended(3, "preempted", 76), step(4, 40)]) == 79
 
 
 def _cfg(tmp_path: Path, script: Path, **kw) -> RunConfig:

@@ -189,7 +189,10 @@ class Agent:
             def closing(end: End) -> None:
                 if end.outcome == "succeeded":
                     rendezvous.leave_finished_mark(self._finished_mark())
-                held.close(leaving=end.left)
+                try:
+                    held.close(leaving=end.left)
+                except Exception as exc:  # noqa: BLE001 - the policy's verdict is written whatever this did
+                    self.console.note(f"stopping the job's services failed: {type(exc).__name__}: {exc}")
 
             self.runner = self._runner(rendezvous, memory, diagnosis, warm, closing)
             code = self.runner.run()
@@ -255,19 +258,19 @@ class Agent:
         return code
 
     def _finished_mark(self):
-        """The final step and the end of a job that succeeded, for agents that arrive later."""
+        """The final step and the end of a job that succeeded, for agents that arrive later. Left
+        before the verdict is written (the verdict is the ledger's last event), so the step comes
+        from the steps themselves, not from a verdict on disk."""
         from ..errors import LedgerError
         from ..ledger import read_merged
         from .arrival import FinishedMark
-        from .finished_run import finished
+        from .finished_run import last_step
 
         try:
-            done = finished(read_merged(self.run.root))
+            step = last_step(read_merged(self.run.root))
         except LedgerError:
-            done = None
-        if done is None:
-            return FinishedMark(-1, self.clock.now())
-        return FinishedMark(done.final_step, done.ended_at)
+            step = -1
+        return FinishedMark(step, self.clock.now())
 
     def _say_missing(self) -> None:
         if self.ledger.missing:

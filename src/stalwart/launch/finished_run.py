@@ -32,6 +32,11 @@ class FinishedRun:
         )
 
 
+def last_step(events: Iterable[Event]) -> int:
+    """The highest step any rank completed (-1: none) (pure)."""
+    return max((e.step for e in events if isinstance(e, StepCompleted)), default=-1)
+
+
 def finished(events: Iterable[Event]) -> FinishedRun | None:
     """The run's success when its newest verdict is ``succeeded``, else None (pure)."""
     last: JobEnded | None = None
