@@ -35,6 +35,7 @@ from ..events import (
     WorkersStopped,
 )
 
+IN_PLACE = "in-place"  # the path of a recovery in place: survivors kept, only the failed ranks replaced
 PHASES = ("detect", "tear_down", "decide", "re_form", "load", "first_step")
 
 
@@ -43,7 +44,7 @@ class Recovery:
     attempt: int  # the attempt that failed
     failure: str
     rank: int
-    path: str  # warm | cold | mixed | "" (no start recorded: the run stopped)
+    path: str  # in-place | warm | cold | mixed | "" (no start recorded: the run stopped)
     why: str
     phases: dict[str, float | None]
 
@@ -68,10 +69,16 @@ def recoveries(events: list[Event]) -> list[Recovery]:
     interruption is grouped as the reliability account groups it: several ranks or hosts that saw
     the same fault (a lost node's survivors, both sides of a partition) give one row, told from its
     root detection (a root cause before a lost peer, else the first)."""
+    return [r for r in recovery_per_interruption(events) if r is not None]
+
+
+def recovery_per_interruption(events: list[Event]) -> list[Recovery | None]:
+    """The recovery of every interruption, None where none followed, in the order and grouping of the
+    reliability account's interruptions (``interruptions_from_events``): the two lists pair up."""
     from .reliability import failure_groups, one_fault_across_hosts
 
     evs = sorted(events, key=lambda e: e.ts)
-    found = []
+    found: list[Recovery | None] = []
     for group in one_fault_across_hosts(failure_groups(evs)):
         root = next((f for f in group if f.failure != "peer_lost"), group[0])
         rec = _recovery(evs, root)
@@ -79,8 +86,7 @@ def recoveries(events: list[Event]) -> list[Recovery]:
             rec = next(
                 (r for r in (_recovery(evs, f) for f in group if f is not root) if r is not None), None
             )
-        if rec is not None:
-            found.append(rec)
+        found.append(rec)
     return found
 
 
@@ -107,7 +113,7 @@ def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         "load": ph.get("transfer", 0.0),
         "first_step": max(0.0, max(first.values()) - done.ts) if first else None,
     }
-    return Recovery(a, fd.failure, fd.rank, "in-place", chosen.reason, phases)
+    return Recovery(a, fd.failure, fd.rank, IN_PLACE, chosen.reason, phases)
 
 
 def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:

@@ -112,7 +112,7 @@ def _print(d: dict) -> None:
                 for p in paths
             ]
             if m["recover_s"] is not None:
-                rows.append(["all (the simulated mean)", "", "", duration(m["recover_s"])])
+                rows.append(["all (mean)", "", "", duration(m["recover_s"])])
             c.print(
                 table(
                     "recovery per path (restart decision -> first step)",

@@ -108,7 +108,9 @@ def book(
     done = e >= r.total
     fails_in_run = hit & done
     compute, n_ckpt, stalled = run_split(sch, x)
-    kept = _kept(sch, m, x, n_ckpt, compute, lost, fails_in_run & ~planned)
+    # a planned stop takes a checkpoint and a class recovered in place keeps its state: neither rolls back
+    rolls = fails_in_run & ~planned if m.rolls_back is None else fails_in_run & m.rolls_back[cls]
+    kept = _kept(sch, m, x, n_ckpt, compute, lost, rolls)
     _productive(cfg, m, rng, b, x, kept, d.share, r.away)
     # a save cut short by the failure never committed: its stall is lost work, as the report sees it
     cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1, dtype=np.float64)

@@ -67,6 +67,19 @@ class FailureClass(BaseModel):
     detect_s: float = Field(60.0, ge=0)
     # "hang": detected by the agent's hang timeout (policy.timeouts) when SimConfig.step_s is set
     kind: Literal["crash", "hang"] = "crash"
+    in_place: bool = Field(
+        default=False,
+        description="recovered in place: the survivors keep their processes and live state and only "
+        "the failed ranks are replaced, so nothing rolls back to the checkpoint (the interrupted step "
+        "at most is lost)",
+    )
+    restart_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="the whole restart after a failure of this class (a spare's join included); "
+        "None: the strategy's restart",
+    )
 
 
 def llama3_failure_mix(scale: float = 1.0) -> list[FailureClass]:

@@ -16,7 +16,8 @@ node (which moves every later failure) is recomputed cycle by cycle, for those t
 
 The run phase follows a periodic checkpoint schedule that restarts at every resume: compute
 ``interval`` of the fastest tier, stall for every tier due at that point, repeat. A failure rolls back
-to the newest completed checkpoint of a tier that survives it.
+to the newest completed checkpoint of a tier that survives it, unless its class is recovered in place
+(``FailureClass.in_place``: the survivors keep the live state); a class may have its own restart time.
 
 Policies are the agent's own (``sim/policies.py``): the restart budget, the hang timeout and the
 world-size / spare choice. Time is booked into the report's bucket names (``sim/buckets.py``).
@@ -140,6 +141,7 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
     restart, restore = _recovery_costs(cfg, sch, node_loss, n_cls)
     plan_stall = np.zeros(n_cls + 1)
     plan_stall[n_cls] = sum(t.stall_s for t in cfg.tiers)
+    rolls_back = np.array([not f.in_place for f in classes] + [False])
     sizer = _sizer(cfg)
     budget = None if cfg.max_restarts is None else RestartBudget(max_restarts=cfg.max_restarts)
     alias_p, alias_i = alias(weights if lam > 0 else np.array([0.0] * n_cls + [1.0]))
@@ -162,13 +164,15 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
         no_rollback=cfg.no_rollback,
+        rolls_back=None if rolls_back[:n_cls].all() else rolls_back,
     )
 
 
 def _recovery_costs(
     cfg: SimConfig, sch: Schedule, node_loss: np.ndarray, n_cls: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(restart, restore) seconds after a failure of each class (+ planned), by strategy."""
+    """(restart, restore) seconds after a failure of each class (+ planned), by strategy; a class's own
+    restart (``restart_s``) replaces the strategy's."""
     match cfg.strategy:
         case "in_process":
             # restarting in place skips work a job restart does, so it is never slower than one (a
@@ -181,6 +185,10 @@ def _recovery_costs(
         case _:
             assert_never(cfg.strategy)
     restart = np.where(node_loss, hard + cfg.repair.spare_join_s, soft)  # a spare joins after a node loss
+    own = [f.restart_s for f in cfg.failures]
+    if any(s is not None for s in own):
+        given = np.array([s is not None for s in own] + [False])
+        restart = np.where(given, np.array([s or 0.0 for s in own] + [0.0]), restart)
     if cfg.strategy == "replica":
         restore = np.full(n_cls + 1, sch.restore_all)
     else:

@@ -7,8 +7,13 @@ when the workers were forked from standbys, ``cold`` when spawned afresh, ``mixe
 disagreed, ``unknown`` when the ledger has no start record), marked ``+peer`` when the new attempt
 loaded state from a peer node's memory (a ``CheckpointLoaded`` of tier ``peer``), with the mean of its
 phases from the restart decision to every rank's first step (re-form, load, first step), and how
-often each path was taken. The simulator keeps one recovery time: the measured mean over every
-recovery, which is the per-path means weighted by the measured mix.
+often each path was taken.
+
+Failure classes are split by mechanism: the failures of one kind that were recovered in place (the
+survivors kept their processes and live state, only the failed ranks were replaced) form a class of
+their own (``crash (in place)``), which the replay never rolls back to the checkpoint. Every class
+keeps its own rate, detection and mean recovery (detected -> the first step after it, the decision
+included); the replay's recovery of a failure is its class's.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from dataclasses import dataclass
 
 from ..account.goodput import Segment
 from ..account.goodput import compute as goodput_of
-from ..account.recovery import recoveries
-from ..account.reliability import interruptions_from_events
+from ..account.recovery import IN_PLACE, recoveries, recovery_per_interruption
+from ..account.reliability import Interruption, interruptions_from_events
 from ..errors import ConfigError, LedgerError
 from ..events import (
     AttemptStarted,
@@ -84,6 +89,8 @@ class ClassFit:
     detect_s: float
     node_loss: bool
     hang: bool
+    in_place: bool = False  # recovered in place: the survivors kept the live state, nothing rolled back
+    restart_s: float | None = None  # mean, detected -> first step after the recovery; None: none recovered
 
 
 RECOVER_PHASES = ("re_form", "load", "first_step")  # the restart decision -> every rank's first step
@@ -177,6 +184,16 @@ def _training_s(segments: Sequence[Segment], onsets: Sequence[float]) -> float:
     return total
 
 
+def _restart_s(group: Sequence[Interruption]) -> float | None:
+    """The mean time from detection to the first step after the recovery (the decision booked into
+    it, as the report does); None when no failure of ``group`` was recovered."""
+    recovers = [i.recover_s for i in group if i.recover_s is not None]
+    if not recovers:
+        return None
+    decides = [i.decide_s for i in group if i.decide_s is not None]
+    return (statistics.fmean(decides) if decides else 0.0) + statistics.fmean(recovers)
+
+
 def fit_run(events: Sequence[Event]) -> RunFit:
     run = interruptions_from_events(events)
     if run.exposure.node_hours <= 0:
@@ -190,8 +207,15 @@ def fit_run(events: Sequence[Event]) -> RunFit:
             "the ledger's timestamps look like milliseconds, not seconds since the epoch",
             "write events with ts in seconds",
         )
-    faults = [i for i in run.interruptions if i.failure not in NOT_A_FAULT]
-    kinds = sorted({i.failure for i in faults})
+    # each interruption paired with whether it was recovered in place (the same grouping, in order)
+    paths = [r.path if r is not None else "" for r in recovery_per_interruption(list(events))]
+    placed = [
+        (i, p == IN_PLACE)
+        for i, p in zip(run.interruptions, paths, strict=True)
+        if i.failure not in NOT_A_FAULT
+    ]
+    faults = [i for i, _ in placed]
+    kinds = sorted({(i.failure, in_place) for i, in_place in placed})
     g = goodput_of(events)
     attempts = [e for e in events if isinstance(e, AttemptStarted)]
     nodes = max(max(1, a.num_nodes) for a in attempts)
@@ -203,12 +227,12 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         if exposure <= 0:
             raise LedgerError("the run never trained, so there is no exposure to measure rates over")
     classes = []
-    for k in kinds:
-        group = [i for i in faults if i.failure == k]
+    for k, in_place in kinds:
+        group = [i for i, p in placed if (i.failure, p) == (k, in_place)]
         low, high = poisson_interval(len(group), exposure)
         classes.append(
             ClassFit(
-                name=k,
+                name=f"{k} (in place)" if in_place else k,
                 events=len(group),
                 per_node_hour=len(group) / exposure,
                 low=low,
@@ -216,6 +240,8 @@ def fit_run(events: Sequence[Event]) -> RunFit:
                 detect_s=statistics.fmean(i.detect_s for i in group),
                 node_loss=k in NODE_LOSING,
                 hang=k in HANGS,
+                in_place=in_place,
+                restart_s=_restart_s(group),
             )
         )
     gpus = max(a.world_size for a in attempts)
@@ -277,6 +303,8 @@ def sim_failures(fit: RunFit, *, hang_by_timeout: bool = False) -> list[dict[str
             "node_loss": c.node_loss,
             "detect_s": c.detect_s,
             "kind": "hang" if c.hang and hang_by_timeout else "crash",
+            "in_place": c.in_place,
+            "restart_s": c.restart_s,
         }
         for c in fit.classes
     ]
@@ -329,10 +357,16 @@ def check_feasible(cfg: SimConfig, source: str) -> None:
     lam = cfg.failure_rate_per_s()
     if lam <= 0 or not cfg.fail_in_recovery:  # failures only while training: every recovery finishes
         return
-    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / sum(
-        f.per_1000_gpu_days for f in cfg.failures
+    total = sum(f.per_1000_gpu_days for f in cfg.failures)
+    det = sum(f.per_1000_gpu_days * f.detect_s for f in cfg.failures) / total
+    restart = (
+        sum(
+            f.per_1000_gpu_days * (cfg.job_restart_s if f.restart_s is None else f.restart_s)
+            for f in cfg.failures
+        )
+        / total
     )
-    down = det + cfg.decide_s + cfg.job_restart_s + min(t.restore_s for t in cfg.tiers)
+    down = det + cfg.decide_s + restart + min(t.restore_s for t in cfg.tiers)
     if lam * down >= 1.0:
         raise ConfigError(
             f"at {cfg.gpus:,} GPUs the {source} rate means a failure every {duration(1.0 / lam)}, sooner "

@@ -73,6 +73,9 @@ class Model:
     repair_s: float
     replica: bool
     no_rollback: bool = False  # state from a live replica: the work since the checkpoint is kept
+    # per class (+ planned, False): a failure rolls back to the checkpoint (False: recovered in place);
+    # None when every class rolls back
+    rolls_back: np.ndarray | None = None
     ft: type = np.float64  # dtype of per-cycle quantities
 
 
