@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stalwart.account.goodput import BUCKETS, compute, ideal_step_time
@@ -115,6 +117,24 @@ def test_lost_work_of_a_crash_is_onset_minus_the_last_commit():
     assert cost.lost_since == 7.5 and cost.lost_work_s == pytest.approx(11.0 - 7.5)
     assert cost.detection_s == pytest.approx(0.2) and cost.recovery_s == pytest.approx(13.0 - 11.2)
     assert cost.total_s == pytest.approx(3.5 + 0.2 + 1.8) and cost.failure == "crash" and cost.rank == 1
+
+
+def test_a_crash_while_the_checkpoint_it_resumes_from_is_being_taken_loses_no_work():
+    # rank 1 dies at 7.45, during the step-5 save's stall; rank 0's snapshot completes at 7.5 and the
+    # next attempt resumes from it. Every completed step survived: no work is lost (the report booked
+    # the whole attempt as lost because the snapshot came after the onset)
+    ev = []
+    for e in crash_run():
+        if isinstance(e, StepCompleted) and e.attempt == 0 and e.step >= 5:
+            continue
+        if isinstance(e, FailureDetected):
+            e = dataclasses.replace(e, onset=7.45, ts=7.65, step=5)
+        ev.append(e)
+    g = compute(ev)
+    (cost,) = g.interruptions
+    assert cost.lost_since == 7.45 and cost.lost_work_s == 0.0
+    assert g.buckets["lost_work"] == 0.0 and g.buckets["productive"] == pytest.approx(10.0)
+    assert sum(g.buckets.values()) == pytest.approx(g.wall_s, abs=1e-9)
 
 
 def test_crash_without_a_checkpoint_loses_the_whole_attempt():

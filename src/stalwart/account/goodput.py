@@ -367,8 +367,10 @@ def _surviving_until(
     if resumed is not None and resumed.from_checkpoint.startswith("live:"):
         return min(seg.last_end, it.onset)  # in place: every completed step survived in the replicas
     if resumed is not None:
+        # the checkpoint resumed from holds the work up to its snapshot; one taken just after the
+        # onset (the save in progress when a peer died) still holds everything done before it
         snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
-        return snap if snap is not None and snap <= it.onset else seg.first_start
+        return min(snap, it.onset) if snap is not None else seg.first_start
     safe = seg.first_start
     for c in commits:
         if seg.first_start <= c.ts <= it.detected:
