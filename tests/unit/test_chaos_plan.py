@@ -45,6 +45,10 @@ def test_parse_every_kind():
         ("slow@rank=1,factor=1.0", "factor=1 must be in (1, 100]"),
         ("slow@rank=1,factor=fast", "factor='fast' is not a number"),
         ("slow@rank=1,factor=2,from=10,to=5", "to=5 is before from=10"),
+        ("hang@rank=1,step=4,at=0.5", "takes no at="),
+        ("crash@rank=1,step=4,at=1", "at=1 must be in [0, 1)"),
+        ("crash@rank=1,step=4,at=soon", "at='soon' is not a number"),
+        ("crash@rank=1,step=4,at=nan", "at=nan is not a number"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec, fragment):

@@ -263,6 +263,52 @@ def test_a_fault_fires_once_per_run_at_its_step(tmp_path):
     assert actions.fired == []
 
 
+class Timers:
+    """Timers that start nothing: the test fires them."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[float, object, tuple]] = []
+
+    def __call__(self, delay, fn, args):
+        timers = self
+
+        class T:
+            daemon = False
+
+            def start(self) -> None:
+                timers.started.append((delay, fn, args))
+
+        return T()
+
+
+def test_a_kill_with_at_strikes_that_far_into_the_step_from_a_timer(tmp_path):
+    # a fault at a step boundary loses whole steps only; real faults strike mid-step (the planner's
+    # replay of a chaos run assumes that), so at= puts the kill a fraction of the step time in
+    timers = Timers()
+    events, actions = [], Actions()
+    hook = ChaosHook(
+        (Fault("crash", rank=1, step=3, at=0.25), Fault("exit", rank=1, step=0, at=0.5)),
+        rank=1,
+        chaos_dir=tmp_path / "chaos",
+        emit=events.append,
+        context={"run_id": "r", "node": "n", "attempt": 0, "rank": 1},
+        clock=FakeClock(),
+        actions=actions,
+        timer=timers,
+    )
+    for step in range(4):
+        hook.step_began(step)
+        if step < 3:
+            hook.step_ended(step, 2.0)
+    # step 0: no step time known yet, so it fires at once; step 3: a quarter of the 2 s step in
+    assert actions.fired == ["exit"] and len(timers.started) == 1
+    delay, fire, args = timers.started[0]
+    assert delay == pytest.approx(0.5) and not [e for e in events if e.fault == "crash"]
+    fire(*args)  # type: ignore[operator]
+    assert actions.fired == ["exit", "crash"]
+    assert [(e.fault, e.step) for e in events if isinstance(e, ChaosInjected)] == [("exit", 0), ("crash", 3)]
+
+
 def test_a_raise_fault_raises_in_the_training_loop(tmp_path):
     hook, _, _ = hook_for([Fault("raise", rank=1, step=1)], tmp_path)
     hook.step_began(0)

@@ -3,6 +3,8 @@
 Flag syntax (``--chaos``, repeatable, or comma-separated)::
 
     crash@rank=1,step=40          the worker SIGKILLs itself at the start of step 40
+    crash@rank=1,step=40,at=0.3   ... 0.3 of its step time into step 40 (crash and exit; a fault
+                                  that strikes mid-step, as real ones do, not at a step boundary)
     exit@rank=1,step=40           the worker exits with code 1 (no traceback)
     raise@rank=0,step=30          the worker raises RuntimeError at step 30 (every attempt: a user bug)
     hang@rank=2,step=60           the worker stops making progress at step 60
@@ -80,7 +82,7 @@ class FaultKind(Label):
 WORKER_FAULTS = tuple(k for k in FaultKind if k.in_worker)
 AGENT_FAULTS = tuple(k for k in FaultKind if not k.in_worker)
 KINDS = WORKER_FAULTS + AGENT_FAULTS
-_KEYS = {"rank", "step", "factor", "node", "from", "to", "id"}
+_KEYS = {"rank", "step", "factor", "node", "from", "to", "id", "at"}
 MAX_FAULTS = 1000  # a plan is a handful of faults; thousands are a mistake (and blow the env size)
 MAX_PLAN_BYTES = 1 << 20
 MAX_SPEC_CHARS = 1000
@@ -97,6 +99,7 @@ class Fault:
     start: int = 0  # for slow: first slowed step
     stop: int | None = None  # for slow: last slowed step (inclusive)
     ident: str = ""
+    at: float = 0.0  # crash, exit: how far into the step it strikes, as a fraction of the step time
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FaultKind(self.kind))
@@ -119,7 +122,8 @@ class Fault:
             where.append(f"rank {self.rank}")
         if self.step is not None:
             where.append(f"step {self.step}")
-        return f"{self.kind} at " + ", ".join(where)
+        into = f" ({self.at:g} of the way through)" if self.at else ""
+        return f"{self.kind} at " + ", ".join(where) + into
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,7 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
     stop = _int(name, "to", params["to"]) if "to" in params else None
     if stop is not None and stop < start:
         raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
+    at = _fraction(fault_kind, params["at"]) if "at" in params else 0.0
     return Fault(
         kind=fault_kind,
         rank=rank,
@@ -206,16 +211,33 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         start=start,
         stop=stop,
         ident=_ident(name, params.get("id", "")),
+        at=at,
     )
 
 
-def _factor(name: str, raw: Any) -> float:
+def _fraction(kind: FaultKind, raw: Any) -> float:
+    """``at=``: a fraction of the step in [0, 1), for the faults a timer can fire mid-step (a kill)."""
+    name = kind.value
+    if kind not in (FaultKind.CRASH, FaultKind.EXIT):
+        raise FaultPlanError(
+            f"fault {name!r} takes no at= (only crash and exit strike mid-step)", "drop at=, or use crash"
+        )
+    value = _factor(name, raw, key="at")
+    if not 0.0 <= value < 1.0:
+        raise FaultPlanError(f"fault {name!r}: at={value:g} must be in [0, 1), a fraction of the step")
+    return value
+
+
+def _factor(name: str, raw: Any, key: str = "factor") -> float:
     try:
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)) or len(str(raw)) > 30:
             raise ValueError
-        return float(raw)
+        value = float(raw)
     except (ValueError, OverflowError):
-        raise FaultPlanError(f"fault {name!r}: factor={_shown(raw)} is not a number") from None
+        raise FaultPlanError(f"fault {name!r}: {key}={_shown(raw)} is not a number") from None
+    if value != value:  # NaN passes every range check
+        raise FaultPlanError(f"fault {name!r}: {key}=nan is not a number")
+    return value
 
 
 def _check_needs(

@@ -4,7 +4,9 @@ Imported only when the agent passed a fault plan (``stalwart run --chaos``), so 
 neither imports :mod:`stalwart.chaos` nor pays a per-step call for it.
 
 * ``crash``/``exit``/``raise``/``hang`` fire once per run at the start of their step (a marker file
-  in the run directory, so a restart does not repeat them);
+  in the run directory, so a restart does not repeat them); a ``crash`` or ``exit`` with ``at=`` fires
+  that fraction of this rank's step time into the step, from a timer thread (a kill needs no help
+  from the training thread);
 * ``slow`` makes every step in its span ``factor`` times as long: the first section of each step
   spends (factor - 1) x this rank's own unslowed step time extra.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ class ChaosHook:
         context: dict[str, Any],
         clock: Clock = SYSTEM_CLOCK,
         actions: FaultActions | None = None,
+        timer: Callable[[float, Callable[..., None], tuple[Any, ...]], Any] = threading.Timer,
     ) -> None:
         self.rank = rank
         self._at_step = tuple(f for f in faults if f.kind != "slow")
@@ -60,6 +64,7 @@ class ChaosHook:
         self._context = context
         self._clock = clock
         self._actions = actions or FaultActions(clock)
+        self._timer = timer  # a mid-step fault's timer (a test passes its own)
         self._pending = False  # a slow fault may apply in the step's first section
         self._extra = 0.0  # seconds slept this step
         self.base_step_s = 0.0  # this rank's unslowed step time (moving average)
@@ -76,16 +81,25 @@ class ChaosHook:
         for fault in self._at_step:
             if fault.step != step or not claim(self._chaos_dir, fault):
                 continue
-            self._emit(
-                ChaosInjected(
-                    ts=self._clock.now(),
-                    fault=fault.kind,
-                    step=step,
-                    detail=fault.describe(),
-                    **self._context,
-                )
+            delay = fault.at * self.base_step_s
+            if delay > 0:  # mid-step: the training thread goes on until the timer kills the process
+                timer = self._timer(delay, self._fire, (fault, step))
+                timer.daemon = True
+                timer.start()
+            else:
+                self._fire(fault, step)
+
+    def _fire(self, fault: Fault, step: int) -> None:
+        self._emit(
+            ChaosInjected(
+                ts=self._clock.now(),
+                fault=fault.kind,
+                step=step,
+                detail=fault.describe(),
+                **self._context,
             )
-            self._inject(fault, step)
+        )
+        self._inject(fault, step)
 
     def _inject(self, fault: Fault, step: int) -> None:
         match fault.kind:
