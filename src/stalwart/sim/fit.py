@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -150,7 +151,7 @@ class RunFit:
     stall_s: float | None
     restore_s: float | None
     interval_s: float | None  # training seconds between checkpoints
-    persist_s: float  # snapshot -> the checkpoint is committed in every tier (0: synchronous saves)
+    persist_s: float  # snapshot -> restorable: committed in the tier restarts read from (0: synchronous)
     step_s: float | None
     goodput: float  # as the report measures it
     buckets: dict[str, float]
@@ -255,15 +256,9 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         key = (e.node, e.attempt, e.step)
         per_ckpt[key] = per_ckpt.get(key, 0.0) + e.stall_s
     stalls = list(per_ckpt.values())
-    # persist: from the snapshot (end of staging) to the last tier's commit of that checkpoint
-    snap = {(e.node, e.attempt, e.step): e.ts for e in staged}
-    done: dict[tuple[str, int, int], float] = {}
-    for c in commits:
-        key = (c.node, c.attempt, c.step)
-        if key in snap:
-            done[key] = max(done.get(key, 0.0), c.ts - snap[key])
-    persist = statistics.fmean(done.values()) if done else 0.0
-    loads = [e.duration_s for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
+    loaded = [e for e in events if isinstance(e, CheckpointLoaded) and e.rank <= 0]
+    persist = _persist_s(staged, commits, loaded)
+    loads = [e.duration_s for e in loaded]
     steps = [e for e in events if isinstance(e, StepCompleted) and e.rank <= 0]
     step_s = _median([s.duration for s in steps])
     # the interval in training seconds: steps between consecutive checkpoints x the median step
@@ -291,6 +286,30 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         buckets=dict(g.buckets),
         recover_paths=recovery_paths(events),
     )
+
+
+def _persist_s(
+    staged: Sequence[CheckpointStaged],
+    commits: Sequence[CheckpointCommitted],
+    loaded: Sequence[CheckpointLoaded],
+) -> float:
+    """How long after its snapshot (end of staging) a checkpoint can be restored from: its commit in
+    the tier the run's restarts read from most (the node memory tier when it has one: a restart
+    never waits for the copy on storage), else in its last tier; 0 for synchronous saves."""
+    tiers = Counter(e.tier for e in loaded if e.tier)
+    restored = tiers.most_common(1)[0][0] if tiers else None
+    snap = {(e.node, e.attempt, e.step): e.ts for e in staged}
+    done: dict[tuple[str, int, int], float] = {}
+    first: dict[tuple[str, int, int], float] = {}
+    for c in commits:
+        key = (c.node, c.attempt, c.step)
+        if key not in snap:
+            continue
+        if c.tier == restored:
+            first[key] = c.ts - snap[key]
+        done[key] = max(done.get(key, 0.0), c.ts - snap[key])
+    use = first or done
+    return statistics.fmean(use.values()) if use else 0.0
 
 
 def sim_failures(fit: RunFit, *, hang_by_timeout: bool = False) -> list[dict[str, object]]:
