@@ -192,6 +192,8 @@ def _kept(
 ) -> np.ndarray:
     """The compute each cycle keeps: all of it, or (a failure during the run) what its newest
     committed checkpoint holds."""
+    if m.replica or not rolls_back.any():
+        return compute  # survivors never roll back; the failed ranks take a live replica's state
     committed_n = n_ckpt
     if sch.persist > 0:  # a checkpoint counts once its background persist has finished
         committed_n = run_split(sch, np.maximum(x - sch.persist, 0.0))[1]
@@ -199,8 +201,6 @@ def _kept(
     if sch.durable_every > 1:  # a node loss rolls back further, to the newest durable checkpoint
         durable = np.floor(committed_n / sch.durable_every) * sch.durable_every * sch.base
         committed = np.where(lost, durable, committed)
-    if m.replica or m.no_rollback:
-        return compute  # survivors never roll back; the failed ranks take a live replica's state
     return np.where(rolls_back, committed, compute)
 
 

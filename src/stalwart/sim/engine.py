@@ -141,7 +141,7 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
     restart, restore = _recovery_costs(cfg, sch, node_loss, n_cls)
     plan_stall = np.zeros(n_cls + 1)
     plan_stall[n_cls] = sum(t.stall_s for t in cfg.tiers)
-    rolls_back = np.array([not f.in_place for f in classes] + [False])
+    rolls_back = np.array([not (f.in_place or cfg.no_rollback) for f in classes] + [False])
     sizer = _sizer(cfg)
     budget = None if cfg.max_restarts is None else RestartBudget(max_restarts=cfg.max_restarts)
     alias_p, alias_i = alias(weights if lam > 0 else np.array([0.0] * n_cls + [1.0]))
@@ -163,7 +163,6 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
         sizer=sizer,
         repair_s=cfg.repair_hours * 3600.0,
         replica=cfg.strategy == "replica",
-        no_rollback=cfg.no_rollback,
         rolls_back=None if rolls_back[:n_cls].all() else rolls_back,
     )
 

@@ -72,9 +72,9 @@ class Model:
     sizer: WorldSizer | None
     repair_s: float
     replica: bool
-    no_rollback: bool = False  # state from a live replica: the work since the checkpoint is kept
-    # per class (+ planned, False): a failure rolls back to the checkpoint (False: recovered in place);
-    # None when every class rolls back
+    # per class (+ planned, False): a failure rolls back to the checkpoint (False: its state comes from
+    # a live replica, for a class recovered in place or with SimConfig.no_rollback); None when every
+    # class rolls back
     rolls_back: np.ndarray | None = None
     ft: type = np.float64  # dtype of per-cycle quantities
 
