@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,22 +95,19 @@ class _Started:
     rendezvous: NodeRendezvous | None = None
 
     def close(self, *, leaving: bool) -> None:
+        """Each stop runs even when an earlier one raised: the diagnosis first (its last round may
+        raise incidents), then the rendezvous, the memory tier, the fork server."""
         diagnosis, rendezvous, memory, warm = self.diagnosis, self.rendezvous, self.memory, self.warm
         self.diagnosis = self.rendezvous = self.memory = self.warm = None
-        try:
+        with ExitStack() as stops:  # last pushed, first run
+            if warm is not None:
+                stops.callback(warm.close)
+            if memory is not None:
+                stops.callback(memory.close)
+            if rendezvous is not None:
+                stops.callback(rendezvous.close, leaving=leaving)
             if diagnosis is not None:
-                diagnosis.stop()  # its last round may raise incidents
-        finally:
-            try:
-                if rendezvous is not None:
-                    rendezvous.close(leaving=leaving)
-            finally:
-                try:
-                    if memory is not None:
-                        memory.close()  # the memory tier goes with the job
-                finally:
-                    if warm is not None:
-                        warm.close()
+                stops.callback(diagnosis.stop)
 
 
 class Agent:
