@@ -1,6 +1,7 @@
 """Failures between steps (chaos faults) never land inside a save; the fitted exposure of a chaos run
 runs until each fault, as the simulator's time at risk does."""
 
+import numpy as np
 import pytest
 
 from stalwart.account.goodput import Segment
@@ -61,3 +62,44 @@ def test_a_chaos_runs_time_at_risk_runs_until_each_fault():
     onsets = [153.0, 200.0, 120.0]
     assert _training_s(segs, onsets) == pytest.approx(53.0 + 30.0 + 30.0)
     assert _training_s(segs, []) == pytest.approx(50.0 + 30.0 + 30.0)
+
+
+@pytest.mark.parametrize("interval", [20.0, 0.30995249999999996, 0.30998349524999996, 0.1 + 0.2])
+def test_a_failure_drawn_in_compute_is_never_moved_to_the_next_save(interval):
+    """Only a failure drawn inside a save waits for its end. Intervals whose sums round differently
+    (a fitted run's 0.30995 s, 0.1 + 0.2) once moved about half the failures drawn in compute too."""
+    import numpy as np
+
+    from stalwart.sim.cycles import fail_at, recovery
+    from stalwart.sim.engine import _model
+    from stalwart.sim.model import schedule
+
+    cfg = _cfg(
+        fail_in_save=False, tiers=[CheckpointTier(name="fs", interval_s=interval, stall_s=interval / 4)]
+    )
+    sch = schedule(cfg)
+    m = _model(cfg, sch)
+    rng = np.random.default_rng(3)
+    e = rng.exponential(50 * sch.period_wall, size=(20, 30))
+    cls = np.zeros(e.shape, dtype=np.int16)
+    r_restart, r_restore, r_stall, _ = recovery(m, cls)
+    rec = r_restart + r_restore + r_stall
+    shift = fail_at(cfg, sch, m, e, cls) - (e + rec)
+    into = e - np.floor(e / sch.period_wall) * sch.period_wall  # where in its period each was drawn
+    in_compute = into < sch.base * (1 - 1e-9)
+    assert in_compute.sum() > 100 and (~in_compute).sum() > 20
+    assert np.all(shift[in_compute] == 0.0)
+    # one drawn in a save waits for that save's end, never longer
+    waited = shift[~in_compute]
+    assert np.all(waited > 0) and np.all(waited <= interval / 4 + 1e-9)
+
+
+def test_steady_slow_steps_take_their_share_of_training_and_nothing_else():
+    plain = simulate(_cfg(trials=20))
+    slow = simulate(_cfg(trials=20, slow_steps=0.25))
+    trained = plain.buckets["productive"]
+    # the same draws: only the split of the kept training time changes, 1.25 s of it per 1 s of work
+    np.testing.assert_allclose(slow.buckets["productive"], trained / 1.25)
+    np.testing.assert_allclose(slow.buckets["straggler_slowdown"], trained * 0.25 / 1.25)
+    for bucket in ("lost_work", "detection", "restart", "checkpoint_stall"):
+        np.testing.assert_allclose(slow.buckets[bucket], plain.buckets[bucket])

@@ -229,6 +229,10 @@ def _productive(
         slow *= slow_loss
         b["straggler_slowdown"] = (good * slow).sum(axis=1, dtype=np.float64)
         good = good - good * slow
+    if cfg.slow_steps > 0:  # steady slow steps (a measured run's): the same share of every run phase
+        slow_all = good * (cfg.slow_steps / (1.0 + cfg.slow_steps))
+        b["straggler_slowdown"] = b.get("straggler_slowdown", 0.0) + slow_all.sum(axis=1, dtype=np.float64)
+        good = good - slow_all
     if m.replica:
         # the previous failure's group is away for its recovery (and any wait): its share is lost
         assert away_rec is not None

@@ -152,6 +152,13 @@ class SimConfig(BaseModel):
     straggler_per_node_day: float = Field(0.0, ge=0)
     straggler_slowdown: float = Field(0.0, ge=0, description="0.3 = steps 30% slower while it lasts")
     straggler_mitigate_s: float = Field(1800.0, ge=0)
+    slow_steps: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="steps this much slower than the median step all run long (0.03 = 3%): a measured "
+        "run's slow steps, which a replay keeps",
+    )
     gpu_hour_price: float = Field(2.0, ge=0)
     # the agent's own policies (sim/policies.py asks them; see docs/simulator.md)
     max_restarts: int | None = Field(

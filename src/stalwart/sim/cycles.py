@@ -162,10 +162,12 @@ def fail_at(cfg: SimConfig, sch: Schedule, m: Model, e: np.ndarray, cls: np.ndar
     at = e if cfg.fail_in_recovery else e + rec
     if not cfg.fail_in_save:
         x = np.maximum(at - rec, 0.0)  # into the run phase (0: the failure came during the recovery)
-        compute, _, stalled = run_split(sch, x)
         q = np.floor(x / sch.period_wall)
         r = x - q * sch.period_wall
         j = np.minimum(np.searchsorted(sch.stall_end, r, side="right"), len(sch.stall_end) - 1)
-        inside = (x - compute - stalled) > 0
+        # inside the stall that ends segment j: past its compute. Compared directly, not as a remainder
+        # (x - compute - stalled > 0): that difference is 0 only up to rounding, and its sign then
+        # moved about half the failures drawn in compute to the next save's end
+        inside = (r - sch.stall_cum.astype(at.dtype)[j]) > (j + 1).astype(at.dtype) * sch.base
         at = np.where(inside, at + (sch.stall_end.astype(at.dtype)[j] - r), at)
     return at.astype(e.dtype, copy=False)

@@ -156,6 +156,8 @@ class RunFit:
     goodput: float  # as the report measures it
     buckets: dict[str, float]
     recover_paths: tuple[PathFit, ...] = ()  # recovery per path (warm, cold, ...), most frequent first
+    slow_steps: float = 0.0  # surviving steps' time beyond the ideal step, as a share of productive
+    resume_s: float | None = None  # mean: the restart decision -> the first step's start (training again)
 
     @property
     def failures(self) -> int:
@@ -185,10 +187,22 @@ def _training_s(segments: Sequence[Segment], onsets: Sequence[float]) -> float:
     return total
 
 
-def _restart_s(group: Sequence[Interruption]) -> float | None:
-    """The mean time from detection to the first step after the recovery (the decision booked into
-    it, as the report does); None when no failure of ``group`` was recovered."""
-    recovers = [i.recover_s for i in group if i.recover_s is not None]
+def _until_training(group: Sequence[Interruption], first_steps: dict[float, float]) -> list[float]:
+    """Per recovered interruption: its decision -> the start of the first step after the recovery.
+    An interruption's ``recover_s`` runs to that step's end (fault to first productive step, the MTTR
+    the report shows); the report books that step as training, so a replay that restarted for the
+    whole ``recover_s`` and then trained would count it twice (~one step per failure)."""
+    return [
+        max(0.0, i.recover_s - first_steps.get(i.recovered or 0.0, 0.0))
+        for i in group
+        if i.recover_s is not None
+    ]
+
+
+def _restart_s(group: Sequence[Interruption], first_steps: dict[float, float]) -> float | None:
+    """The mean time from detection until training resumes after the recovery (the decision booked
+    into it, as the report does); None when no failure of ``group`` was recovered."""
+    recovers = _until_training(group, first_steps)
     if not recovers:
         return None
     decides = [i.decide_s for i in group if i.decide_s is not None]
@@ -217,6 +231,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     ]
     faults = [i for i, _ in placed]
     kinds = sorted({(i.failure, in_place) for i, in_place in placed})
+    first_steps = {e.ts: e.duration for e in events if isinstance(e, StepCompleted)}
     g = goodput_of(events)
     attempts = [e for e in events if isinstance(e, AttemptStarted)]
     nodes = max(max(1, a.num_nodes) for a in attempts)
@@ -242,12 +257,13 @@ def fit_run(events: Sequence[Event]) -> RunFit:
                 node_loss=k in NODE_LOSING,
                 hang=k in HANGS,
                 in_place=in_place,
-                restart_s=_restart_s(group),
+                restart_s=_restart_s(group, first_steps),
             )
         )
     gpus = max(a.world_size for a in attempts)
     decides = [i.decide_s for i in faults if i.decide_s is not None]
     recovers = [i.recover_s for i in faults if i.recover_s is not None]
+    resumes = _until_training(faults, first_steps)
     commits = [e for e in events if isinstance(e, CheckpointCommitted) and e.rank <= 0 and not e.emergency]
     staged = [e for e in events if isinstance(e, CheckpointStaged) and e.rank <= 0]
     # the stall of one checkpoint: every tier's stall at that step (staging, else a synchronous save)
@@ -265,7 +281,11 @@ def fit_run(events: Sequence[Event]) -> RunFit:
     ckpt_steps = sorted({k[2] for k in per_ckpt})
     gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:], strict=False) if b > a]
     gap = _median(gaps)
-    interval = gap * step_s if gap is not None and step_s else None
+    # the report books a surviving step's time beyond its ideal as slowdown: steps that slow throughout
+    # the run, so every training second of the replay is that much slower (and so is its interval)
+    productive = g.buckets.get("productive", 0.0)
+    slow = g.buckets.get("straggler_slowdown", 0.0) / productive if productive > 0 else 0.0
+    interval = gap * step_s * (1.0 + slow) if gap is not None and step_s else None
     first = min((s.start for s in steps), default=None)
     return RunFit(
         classes=tuple(classes),
@@ -276,6 +296,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         injected=injected,
         decide_s=statistics.fmean(decides) if decides else None,
         recover_s=statistics.fmean(recovers) if recovers else None,
+        resume_s=statistics.fmean(resumes) if resumes else None,
         startup_s=(first - g.job_start) if first is not None else None,
         stall_s=statistics.fmean(stalls) if stalls else None,
         restore_s=statistics.fmean(loads) if loads else None,
@@ -285,6 +306,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         goodput=g.goodput,
         buckets=dict(g.buckets),
         recover_paths=recovery_paths(events),
+        slow_steps=slow,
     )
 
 
@@ -343,11 +365,12 @@ def run_config(fit: RunFit, base: dict[str, object], trials: int = 200) -> dict[
         # the report books the decision into restart (detected -> next first step), so does the replay
         decide_s=0.0,
         job_restart_s=(fit.decide_s or 0.0)
-        + (fit.recover_s if fit.recover_s is not None else _seconds(values.get("job_restart_s"), 300.0)),
+        + (fit.resume_s if fit.resume_s is not None else _seconds(values.get("job_restart_s"), 300.0)),
         startup_s=fit.startup_s,
         fail_in_recovery=not fit.injected,
         fail_in_save=not fit.injected,
         spare_nodes=None,
+        slow_steps=fit.slow_steps,
         tiers=[
             {
                 "name": "measured",

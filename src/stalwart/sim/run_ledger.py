@@ -59,7 +59,7 @@ def _check(result: SimResult, step_s: float) -> None:
         raise ConfigError("a simulation with a background persist cannot be written as a ledger yet")
     if cfg.strategy == "replica":
         raise ConfigError("a replica-level simulation cannot be written as a ledger")
-    if cfg.straggler_per_node_day > 0 and cfg.straggler_slowdown > 0:
+    if (cfg.straggler_per_node_day > 0 and cfg.straggler_slowdown > 0) or cfg.slow_steps > 0:
         raise ConfigError("a simulation with stragglers cannot be written as a ledger")
     base = cfg.tiers[0].interval_s
     if not step_s > 0 or abs(base / step_s - round(base / step_s)) > 1e-9:
