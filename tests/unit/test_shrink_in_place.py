@@ -90,7 +90,11 @@ def test_the_first_survivor_shrinks_the_group_in_place_and_records_it_once_its_r
     [why] = [e for e in ledger.of(DecisionTaken) if e.action == "shrink_in_place"]
     assert "node n1 is lost" in why.reason and "from 6 to 4" in why.reason
     [lost] = ledger.of(FailureDetected)  # the lost node's failure, detected here: its agent is gone
-    assert (lost.failure, lost.rank, lost.onset) == ("agent_lost", 2, clock.now() - 2.6) and "n1" in lost.evidence
+    assert (lost.failure, lost.rank, lost.onset) == (
+        "agent_lost",
+        2,
+        clock.now() - 2.6,
+    ) and "n1" in lost.evidence
     assert not [e for e in ledger.of(DecisionTaken) if e.action in ("joined_in_place", "in_place_skipped")]
     for r in (0, 1):
         clock.advance(0.1)
@@ -204,3 +208,31 @@ def test_messages_keep_the_rank_the_worker_was_launched_as():
     finally:
         rx.close()
     assert [(m.rank, m.text) for m in got] == [(4, "trained as rank 2 of a shrunk group"), (4, "as launched")]
+
+
+def test_the_console_and_the_ledger_say_the_job_shrank_in_place():
+    import io
+
+    from stalwart.events import decode, encode
+    from stalwart.launch.console import RunConsole
+
+    ev = ReformedInPlace(
+        ts=1.0,
+        generation=1,
+        ranks=(),
+        step=18,
+        lost_steps=0,
+        bytes_moved=0,
+        state_bytes=0,
+        phases={},
+        world_size=2,
+        shrunk_from=3,
+        node="n0",
+    )
+    live = io.StringIO()
+    RunConsole(stream=live).event(ev)
+    assert "shrank in place from 3 to 2 processes" in live.getvalue()
+    assert decode(*encode(ev)) == ev  # the new fields survive the ledger
+    old = {k: v for k, v in ev.to_payload().items() if k not in ("world_size", "shrunk_from")}
+    before = decode("ReformedInPlace", old)  # a ledger written before reads as unchanged
+    assert isinstance(before, ReformedInPlace) and (before.world_size, before.shrunk_from) == (0, 0)
