@@ -113,6 +113,17 @@ def test_the_first_survivor_shrinks_the_group_in_place_and_records_it_once_its_r
     assert len(ledger.of(DecisionTaken)) == 1 and block.reform() == 1
 
 
+def test_a_generation_another_node_announced_is_joined_rather_than_shrunk_over(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger, node="n0", ranks=(0, 1), active=("n0", "n1", "n2"))
+    _waiting(rec, 0, clock)
+    board.quiet = {"n1": 2.6, "n2": 0.3}
+    board.seen = Announcement(1, "n2", (4,))  # n2 replaced a rank of its own at the same moment
+    rec.watch(SimpleNamespace(now=clock.now(), stop_requested_at=None))
+    assert (block.reform(), block.place()) == (1, None) and not board.sent
+    assert [e.action for e in ledger.of(DecisionTaken)] == ["joined_in_place"]
+
+
 def test_a_survivor_joins_the_shrunk_group_in_its_new_place(tmp_path):
     clock, ledger = ManualClock(), RecordingLedger()
     rec, board, block = _node(tmp_path, clock, ledger, node="n2", ranks=(4, 5), active=("n0", "n1", "n2"))

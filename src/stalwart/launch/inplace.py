@@ -226,7 +226,8 @@ class InPlaceRecovery:
         refused = self.board.refusal()
         silent = self.board.silence()
         lost = tuple(n for n in self.active or tuple(silent) if silent.get(n, 0.0) >= settings.announce_s / 2)
-        if waiting and lost and self.pending is None and self._shrink(lost, silent, snap):
+        newer = seen is not None and seen.generation > self.generation  # another node's, to join instead
+        if waiting and lost and not newer and self.pending is None and self._shrink(lost, silent, snap):
             return
         case = JoinCase(
             enabled=settings.enabled,
