@@ -207,6 +207,56 @@ def test_the_session_takes_the_place_the_agent_wrote_when_it_re_forms(tmp_path):
         rx.close()
 
 
+def test_sharded_live_state_is_dropped_when_the_world_shrank_and_kept_otherwise(tmp_path, monkeypatch):
+    import torch
+
+    import stalwart.train.reform as reform_mod
+    from stalwart.protocol import control
+    from stalwart.train.inplace import Generation
+    from stalwart.train.reform import Reformer
+
+    monkeypatch.setattr(reform_mod, "sharded", lambda objects: True)  # as if FSDP2 held the parameters
+    ctl = tmp_path / "ctl.bin"
+    control.create(ctl, slots=2)
+    agent = control.ControlBlock(ctl, writable=True)
+    rx = Receiver()
+    env = {**PLACE, "STALWART_W_IPC": str(rx.new_channel()), "STALWART_W_CONTROL": str(ctl)}
+    try:
+        with Session(env) as session:
+            gen = Generation(0, session._link.reform, lambda s: None, session.clock.now)
+            reformer = Reformer(session, gen, 1.0, tmp_path)
+            reformer.state = {"model": torch.nn.Linear(2, 2)}
+            agent.request_reform(1)  # the same world (a rank replaced): the live state is kept
+            assert reformer._reform(Exception("Connection closed by peer")) and reformer.held is not None
+            reformer.state = {"model": torch.nn.Linear(2, 2)}
+            agent.request_reform(2, (0, 4))  # shrunk: shards cut for 6 ranks fit no rank of 4
+            assert reformer._reform(Exception("Connection closed by peer")) and reformer.held is None
+        notes = [m.text for m in rx.drain() if isinstance(m, protocol.Note)]
+    finally:
+        agent.close()
+        rx.close()
+    assert any("shrank from 6 to 4" in n and "newest checkpoint" in n for n in notes), notes
+
+
+def test_a_model_with_dtensor_parameters_is_sharded_and_a_plain_one_is_not():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from stalwart.train.reform import sharded
+
+    plain = torch.nn.Linear(4, 4)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        cut = torch.nn.Linear(4, 4)
+        cut.weight = torch.nn.Parameter(distribute_tensor(cut.weight.detach(), mesh, [Shard(0)]))
+        assert sharded({"model": cut, "step": 3}) and not sharded({"model": plain, "data": object()})
+    finally:
+        dist.destroy_process_group()
+
+
 def test_messages_keep_the_rank_the_worker_was_launched_as():
     rx = Receiver()
     wenv = SimpleNamespace(ipc_fd=rx.new_channel(), control="")
