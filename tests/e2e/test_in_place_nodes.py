@@ -163,30 +163,28 @@ def _seen(out: Path) -> dict[int, list[int]]:
 
 
 @pytest.mark.timeout(900)
-def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path):
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_node):
     from stalwart.events import AttemptStarted
 
     env = {"INPLACE_DROPOUT": "0", "INPLACE_DATA": "1"}
     # 2 to 3 nodes, any size valid: all three train; the first round waits for all three
     wait = ["--rdzv-conf", "last_call_timeout=60"]
     chaos = ["--chaos", "kill-agent@node=1,step=17"]
-    _two_nodes(tmp_path, *wait, *chaos, nodes=3, nnodes="2:3", per_node=1, killed="n1", env=env)
-    run = tmp_path / "run"
-    places = {
-        r: [
-            tuple(int(x) for x in ln.split())
-            for ln in (tmp_path / f"place-rank{r}.txt").read_text().splitlines()
-        ]
-        for r in (0, 2)
-    }
-    for r, new_rank in ((0, 0), (2, 1)):  # the survivors kept their processes, in their new places
-        (pid0, rank0, world0), (pid1, rank1, world1) = places[r]
-        assert pid0 == pid1 and (rank0, world0) == (r, 3) and (rank1, world1) == (new_rank, 2), places
+    _two_nodes(tmp_path, *wait, *chaos, nodes=3, nnodes="2:3", per_node=per_node, killed="n1", env=env)
+    run, old, new = tmp_path / "run", 3 * per_node, 2 * per_node
+    survivors = {r: r for r in range(per_node)} | {2 * per_node + i: per_node + i for i in range(per_node)}
+    for r, new_rank in survivors.items():  # the survivors kept their processes, in their new places
+        lines = (tmp_path / f"place-rank{r}.txt").read_text().splitlines()
+        (pid0, rank0, world0), (pid1, rank1, world1) = (tuple(int(x) for x in ln.split()) for ln in lines)
+        assert pid0 == pid1 and (rank0, world0) == (r, old) and (rank1, world1) == (new_rank, new), lines
     [shrunk] = [e for e in events(run, DecisionTaken) if e.action == "shrink_in_place"]
-    assert shrunk.node == "n0" and "node n1 is lost" in shrunk.reason and "from 3 to 2" in shrunk.reason
+    assert (
+        shrunk.node == "n0" and "node n1 is lost" in shrunk.reason and f"from {old} to {new}" in shrunk.reason
+    )
     assert [e.node for e in events(run, DecisionTaken) if e.action == "joined_in_place"] == ["n2"]
     [done] = events(run, ReformedInPlace)
-    assert done.node == "n0" and done.ranks == () and (done.world_size, done.shrunk_from) == (2, 3), done
+    assert done.node == "n0" and done.ranks == () and (done.world_size, done.shrunk_from) == (new, old), done
     assert done.lost_steps <= 1, done  # at most the interrupted step
     assert {e.attempt for e in events(run, AttemptStarted)} == {0}  # no whole-group restart anywhere
     [rec] = recoveries(events(run))  # the lost node, detected by n0, recovered in place
@@ -194,6 +192,6 @@ def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path):
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}
     seen = _seen(tmp_path)
     assert sorted(seen) == list(range(STEPS)), sorted(seen)
-    assert any(len(v) == 3 for v in seen.values()) and len(seen[STEPS - 1]) == 2, seen
+    assert any(len(v) == old for v in seen.values()) and len(seen[STEPS - 1]) == new, seen
     taken = sorted(i for v in seen.values() for i in v)
     assert taken == list(range(len(taken))), taken  # every sample once: none twice, none skipped
