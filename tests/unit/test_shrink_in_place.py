@@ -297,3 +297,14 @@ def test_the_console_and_the_ledger_say_the_job_shrank_in_place():
     old = {k: v for k, v in ev.to_payload().items() if k not in ("world_size", "shrunk_from")}
     before = decode("ReformedInPlace", old)  # a ledger written before reads as unchanged
     assert isinstance(before, ReformedInPlace) and (before.world_size, before.shrunk_from) == (0, 0)
+
+
+def test_an_error_record_after_a_shrink_is_filed_under_the_rank_the_agent_launched(tmp_path):
+    from stalwart.protocol.error_record import read_error
+
+    with Session({**PLACE, "STALWART_W_RUN_DIR": str(tmp_path)}) as session:
+        move(session, 2, 4)
+        session._write_error(ValueError, ValueError("boom"), None)
+        path = session.run_dir.error_file(session.node, session.attempt, 4)
+    record = read_error(path)
+    assert record is not None and record.message == "boom"
