@@ -151,7 +151,6 @@ def _node(
         reform=SimpleNamespace(enabled=True, announce_s=5.0),
         nproc_per_node=len(ranks),
         min_nodes=min_nodes,
-        max_nodes=len(active),
         size_rule=rule,
     )
     rec = InPlaceRecovery(

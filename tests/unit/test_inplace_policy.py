@@ -228,7 +228,6 @@ SHRINK = ShrinkCase(
     spares=False,
     nproc_per_node=2,
     min_nodes=2,
-    max_nodes=3,
     rule=SizeRule("multiple", 2),
     generation=4,
 )

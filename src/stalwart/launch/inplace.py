@@ -306,7 +306,6 @@ class InPlaceRecovery:
                 spares=self.spares,
                 nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
                 min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
-                max_nodes=cfg.max_nodes,  # type: ignore[attr-defined]
                 rule=cfg.size_rule,  # type: ignore[attr-defined]
                 generation=self.generation,
             )

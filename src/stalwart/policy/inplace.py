@@ -256,7 +256,6 @@ class ShrinkCase:
     spares: bool  # the round has hot spares (one takes a lost node's place instead)
     nproc_per_node: int
     min_nodes: int
-    max_nodes: int
     rule: SizeRule
     generation: int  # this node's current generation
 
