@@ -14,6 +14,12 @@ ladder policy (policy/inplace.py) answers; on ``InPlace`` this module:
 On completion it writes :class:`~stalwart.events.ReformedInPlace` with the phases: detect (fault ->
 detection), replace (-> replacements started), abort, wait, rendezvous, transfer (the slowest rank's
 worker-side figures) and the bytes moved.
+
+Across nodes (:meth:`InPlaceRecovery.watch`), a node joins the generation another node announced, or
+refuses when none comes. A lost node (its heartbeat silent) with no hot spare is shrunk away in place
+by the first surviving node (policy :func:`~stalwart.policy.inplace.shrink`): it announces the smaller
+world and the surviving nodes' order, and every survivor asks its ranks to join in their new places
+(the control block carries each node's first global rank and the world size).
 """
 
 from __future__ import annotations
