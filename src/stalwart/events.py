@@ -134,7 +134,9 @@ class TrainingFinished(Event):
 class ReformedInPlace(Event):
     """An in-place recovery completed: the failed ranks were replaced, every rank joined process-group
     ``generation`` and holds the live state after ``step`` steps (``lost_steps`` beyond the
-    interrupted one were redone). ``phases``: seconds, fault -> first step (docs/fast-recovery.md)."""
+    interrupted one were redone). ``phases``: seconds, fault -> first step (docs/fast-recovery.md).
+    When the group shrank in place (a lost node, no hot spare), ``ranks`` is empty and ``world_size``
+    is the new world size, ``shrunk_from`` the old one."""
 
     generation: int
     ranks: tuple[int, ...]  # the replaced ranks
@@ -143,6 +145,9 @@ class ReformedInPlace(Event):
     bytes_moved: int
     state_bytes: int
     phases: dict[str, float]
+    # a lost node without a hot spare: the survivors re-formed at a smaller world size (0: unchanged)
+    world_size: int = 0
+    shrunk_from: int = 0
 
 
 # --- checkpoints ----------------------------------------------------------------------------

@@ -7,7 +7,11 @@
   node): the spare sees n1's heartbeat stop while n0's rank waits, claims n1's place and starts its
   rank in the next generation; n0's rank keeps its process and hands over the live state, and the run
   ends bit-identical to an uninterrupted two-node run (dropout off: a lost node's random streams go
-  with it)."""
+  with it);
+* three nodes of one rank and no hot spare, the agent of n1 SIGKILLed with its rank: n0 (the first
+  surviving node, which watches the heartbeats) shrinks the group in place to two ranks; the ranks of
+  n0 and n2 keep their processes, n2's rank trains on as rank 1 of 2, no node restarts whole, and the
+  data position is re-split once: no sample is taken twice or skipped."""
 
 from __future__ import annotations
 
@@ -140,3 +144,54 @@ def test_a_lost_node_is_replaced_in_place_by_a_hot_spare(tmp_path):
     [rec] = recoveries(events(run))  # the lost node, detected by the spare, recovered in place
     assert (rec.failure, rec.path) == ("agent_lost", "in-place") and rec.total_s is not None, rec
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}
+
+
+def _seen(out: Path) -> dict[int, list[int]]:
+    """Each step's samples as the run kept them: a redone step's records replace the earlier ones."""
+    rows: dict[int, tuple[int, list[int]]] = {}
+    for f in sorted(out.glob("seen-rank*.txt")):
+        for line in f.read_text().split("\n"):
+            if not line:
+                continue
+            call, step, idx = (int(x) for x in line.split())
+            kept = rows.get(step)
+            if kept is None or call > kept[0]:
+                rows[step] = (call, [idx])
+            elif call == kept[0]:
+                kept[1].append(idx)
+    return {step: idxs for step, (_, idxs) in rows.items()}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_node):
+    from stalwart.events import AttemptStarted
+
+    env = {"INPLACE_DROPOUT": "0", "INPLACE_DATA": "1"}
+    # 2 to 3 nodes, any size valid: all three train; the first round waits for all three
+    wait = ["--rdzv-conf", "last_call_timeout=60"]
+    chaos = ["--chaos", "kill-agent@node=1,step=17"]
+    _two_nodes(tmp_path, *wait, *chaos, nodes=3, nnodes="2:3", per_node=per_node, killed="n1", env=env)
+    run, old, new = tmp_path / "run", 3 * per_node, 2 * per_node
+    survivors = {r: r for r in range(per_node)} | {2 * per_node + i: per_node + i for i in range(per_node)}
+    for r, new_rank in survivors.items():  # the survivors kept their processes, in their new places
+        lines = (tmp_path / f"place-rank{r}.txt").read_text().splitlines()
+        (pid0, rank0, world0), (pid1, rank1, world1) = (tuple(int(x) for x in ln.split()) for ln in lines)
+        assert pid0 == pid1 and (rank0, world0) == (r, old) and (rank1, world1) == (new_rank, new), lines
+    [shrunk] = [e for e in events(run, DecisionTaken) if e.action == "shrink_in_place"]
+    assert (
+        shrunk.node == "n0" and "node n1 is lost" in shrunk.reason and f"from {old} to {new}" in shrunk.reason
+    )
+    assert [e.node for e in events(run, DecisionTaken) if e.action == "joined_in_place"] == ["n2"]
+    [done] = events(run, ReformedInPlace)
+    assert done.node == "n0" and done.ranks == () and (done.world_size, done.shrunk_from) == (new, old), done
+    assert done.lost_steps <= 1, done  # at most the interrupted step
+    assert {e.attempt for e in events(run, AttemptStarted)} == {0}  # no whole-group restart anywhere
+    [rec] = recoveries(events(run))  # the lost node, detected by n0, recovered in place
+    assert (rec.failure, rec.path) == ("agent_lost", "in-place") and rec.total_s is not None, rec
+    assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}
+    seen = _seen(tmp_path)
+    assert sorted(seen) == list(range(STEPS)), sorted(seen)
+    assert any(len(v) == old for v in seen.values()) and len(seen[STEPS - 1]) == new, seen
+    taken = sorted(i for v in seen.values() for i in v)
+    assert taken == list(range(len(taken))), taken  # every sample once: none twice, none skipped

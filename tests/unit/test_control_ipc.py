@@ -24,7 +24,7 @@ def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
         writer.request_stop(43)
         assert reader.stop_after() == 43
         # generation counts the writes
-        assert struct.unpack("<qqq", path.read_bytes()) == (43, 2, 0)
+        assert struct.unpack("<qqqqq", path.read_bytes()) == (43, 2, 0, -1, 0)
     finally:
         reader.close()
         writer.close()
@@ -44,6 +44,32 @@ def test_control_block_reform_request_is_seen_and_keeps_the_stop_request(tmp_pat
         assert (reader.reform(), reader.stop_after()) == (3, 9)
         reader.beat(1.0, 5, "forward")  # the slots sit after the longer header
         assert writer.read_beat(1) == (1.0, 5, "forward")
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_shrink_request_carries_the_nodes_new_place_and_later_requests_keep_it(tmp_path):
+    path = tmp_path / "ctl" / "a0.bin"
+    control.create(path, slots=2)
+    reader = control.ControlBlock(path, slot=0)
+    writer = control.ControlBlock(path, writable=True)
+    try:
+        assert reader.place() is None  # a new block: every worker keeps its launch place
+        writer.request_stop(7)
+        writer.request_reform(2, (2, 4))  # this node's ranks start at 2 in a world of 4
+        assert (reader.reform(), reader.place(), reader.stop_after()) == (2, (2, 4), 7)
+        writer.request_reform(3)  # a later re-formation in the shrunk group keeps the place
+        writer.request_stop(9)
+        assert (reader.reform(), reader.place(), reader.stop_after()) == (3, (2, 4), 9)
+        writer.refuse_reform()
+        assert (reader.reform(), reader.place()) == (control.REFUSED, (2, 4))
+        for bad in ((4, 4), (-1, 2), (0, 0)):
+            with pytest.raises(ValueError, match="does not fit"):
+                writer.request_reform(5, bad)
+        assert (reader.reform(), reader.place()) == (control.REFUSED, (2, 4))  # a bad place writes nothing
+        reader.beat(1.0, 5, "forward")  # the slots sit after the header with the place
+        assert writer.read_beat(0) == (1.0, 5, "forward")
     finally:
         reader.close()
         writer.close()

@@ -127,26 +127,46 @@ class _Board:
     quiet: dict[str, float] = {}
 
 
-def _node(tmp_path, clock: ManualClock, ledger: RecordingLedger):
+def _node(
+    tmp_path,
+    clock: ManualClock,
+    ledger: RecordingLedger,
+    *,
+    node: str = "n1",
+    ranks: tuple[int, ...] = (2, 3),
+    active: tuple[str, ...] = ("n0", "n1"),
+    min_nodes: int = 2,
+    valid_sizes: str = "",
+):
     """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
+    from stalwart.policy.world_size import SizeRule
     from stalwart.protocol import control
 
     ctl = tmp_path / "ctl.bin"
     control.create(ctl, slots=2)
     block = control.ControlBlock(ctl, writable=True)
     board = _Board()
+    rule = SizeRule("power_of_two") if valid_sizes == "pow2" else SizeRule("multiple", 1)
+    cfg = SimpleNamespace(
+        reform=SimpleNamespace(enabled=True, announce_s=5.0),
+        nproc_per_node=len(ranks),
+        min_nodes=min_nodes,
+        size_rule=rule,
+    )
     rec = InPlaceRecovery(
-        cfg=SimpleNamespace(reform=SimpleNamespace(enabled=True, announce_s=5.0)),
+        cfg=cfg,
         ledger=ledger,
         group=None,
         receiver=None,
         block=block,
-        tracker=ProgressTracker(ranks=[2, 3], started=clock.now()),
-        num_nodes=2,
+        tracker=ProgressTracker(ranks=list(ranks), started=clock.now()),
+        num_nodes=len(active),
         attempt=0,
         clock=clock,
         board=board,
-        node="n1",
+        node=node,
+        world_size=len(active) * len(ranks),
+        active=active,
     )
     return rec, board, block
 

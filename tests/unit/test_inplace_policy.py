@@ -13,14 +13,18 @@ from stalwart.policy.inplace import (
     JoinCase,
     NotInPlace,
     Refuse,
+    ShrinkCase,
+    ShrinkInPlace,
     TakeOver,
     TakeOverCase,
     Wait,
     decide,
     join,
+    shrink,
     take_over,
 )
 from stalwart.policy.restart_policy import FailureKind
+from stalwart.policy.world_size import SizeRule
 
 RANKS = frozenset({0, 1, 2, 3})
 BASE = InPlaceCase(
@@ -213,3 +217,66 @@ def test_a_silent_node_ends_the_wait_only_when_no_spare_can_take_its_place():
     got = join(waiting)
     assert isinstance(got, Refuse) and "node n4 is lost" in got.reason
     assert isinstance(join(dataclasses.replace(waiting, spares=True)), Wait)
+
+
+SHRINK = ShrinkCase(
+    enabled=True,
+    stopping=False,
+    node="n0",
+    active=("n0", "n1", "n2"),
+    lost=("n1",),
+    spares=False,
+    nproc_per_node=2,
+    min_nodes=2,
+    rule=SizeRule("multiple", 2),
+    generation=4,
+)
+
+
+def test_a_lost_node_without_a_spare_shrinks_the_survivors_in_place_in_their_order():
+    got = shrink(SHRINK)
+    assert isinstance(got, ShrinkInPlace)
+    assert (got.active, got.world_size, got.generation) == (("n0", "n2"), 4, 5)
+    assert "node n1 is lost" in got.reason and "from 6 to 4 processes" in got.reason
+
+
+def test_only_the_first_survivor_decides_a_shrink():
+    assert isinstance(shrink(dataclasses.replace(SHRINK, node="n2")), Wait)
+    first_lost = dataclasses.replace(SHRINK, node="n1", lost=("n0",))  # the next node decides
+    got = shrink(first_lost)
+    assert isinstance(got, ShrinkInPlace) and got.active == ("n1", "n2"), got
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"lost": ()},  # nothing lost
+        {"lost": ("n9",)},  # a node outside the group (already dropped) is not lost again
+        {"spares": True},  # a hot spare takes the place instead
+        {"lost": ("n0", "n1", "n2")},  # no survivor
+    ],
+)
+def test_no_shrink_is_decided_otherwise(change):
+    assert isinstance(shrink(dataclasses.replace(SHRINK, **change)), Wait)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"enabled": False}, "in-place recovery is off"),
+        ({"stopping": True}, "a stop was requested"),
+        ({"min_nodes": 3}, "fewer than the minimum of 3"),
+        (
+            {"active": ("n0", "n1", "n2", "n3"), "rule": SizeRule("power_of_two")},
+            "6 processes is not a power of two",
+        ),
+    ],
+)
+def test_each_reason_not_to_shrink_in_place_is_named(change, why):
+    got = shrink(dataclasses.replace(SHRINK, **change))
+    assert isinstance(got, Refuse) and why in got.reason and "the group restarts" in got.reason, got
+
+
+def test_a_node_joins_a_shrink_in_its_new_place():
+    got = join(dataclasses.replace(JOIN, announced=5, announced_by="n0", shrunk_to=4))
+    assert isinstance(got, Join) and got.generation == 5 and "shrank the group in place to 4" in got.reason

@@ -49,6 +49,7 @@ from ..events import (
     StepCompleted,
     TrainingResumed,
 )
+from .recovery import TAKEN as IN_PLACE_TAKEN
 from .reliability import Interruption, interruptions_from_events
 
 BUCKETS = (
@@ -224,7 +225,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     every_step = [e for e in events if isinstance(e, StepCompleted)]
     steps = sorted((e for e in every_step if e.rank == 0), key=lambda e: e.start)
     windows = job_windows(starts, ends)
-    splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action == "in_place"]
+    splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action in IN_PLACE_TAKEN]
     segs = _segments(steps, windows, splits)
     ideal = ideal_step_time([s.duration for s in steps])
     commits = sorted(

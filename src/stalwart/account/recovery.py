@@ -36,6 +36,9 @@ from ..events import (
 )
 
 IN_PLACE = "in-place"  # the path of a recovery in place: survivors kept, only the failed ranks replaced
+# the in-place rung's decisions; taken: the failed ranks replaced, or a lost node's survivors shrunk
+TAKEN = ("in_place", "shrink_in_place")
+RUNGS = (*TAKEN, "in_place_skipped", "in_place_failed")
 PHASES = ("detect", "tear_down", "decide", "re_form", "load", "first_step")
 
 
@@ -93,8 +96,8 @@ def recovery_per_interruption(events: list[Event]) -> list[Recovery | None]:
 def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
     """The in-place recovery of ``fd``, if its rung was taken and completed."""
     a = fd.attempt
-    chosen = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action.startswith("in_place"))
-    if chosen is None or chosen.action != "in_place":
+    chosen = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action in RUNGS)
+    if chosen is None or chosen.action not in TAKEN:
         return None
     done = _first(evs, ReformedInPlace, chosen.ts, lambda e: e.attempt == a)
     nxt = _first(evs, FailureDetected, fd.ts, lambda e: e.attempt == a and e is not fd)
@@ -109,7 +112,7 @@ def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         "detect": max(0.0, fd.ts - fd.onset) if fd.onset else None,
         "tear_down": ph.get("abort", 0.0),
         "decide": max(0.0, chosen.ts - fd.ts),
-        "re_form": ph.get("replace", 0.0) + ph.get("wait", 0.0) + ph.get("rendezvous", 0.0),
+        "re_form": ph.get("replace", ph.get("join", 0.0)) + ph.get("wait", 0.0) + ph.get("rendezvous", 0.0),
         "load": ph.get("transfer", 0.0),
         "first_step": max(0.0, max(first.values()) - done.ts) if first else None,
     }

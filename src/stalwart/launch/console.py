@@ -19,6 +19,7 @@ from ..events import (
     IncidentRaised,
     JobEnded,
     JobStarted,
+    ReformedInPlace,
     StackCaptured,
     StragglerCleared,
     StragglerDetected,
@@ -60,6 +61,11 @@ class RunConsole:
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
             self.say(f"{t} [green]resumed[/] at step {ev.step}")
+        elif isinstance(ev, ReformedInPlace) and ev.shrunk_from:
+            self.say(
+                f"{t} [green]shrank in place[/] from {ev.shrunk_from} to {ev.world_size} processes: the "
+                f"surviving ranks kept their processes and the live state after step {ev.step}"
+            )
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
@@ -76,16 +82,8 @@ class RunConsole:
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
             self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
-        elif isinstance(ev, StragglerDetected):
-            # the score of this rank (the evidence text names the worst rank, which may be another one)
-            self.say(
-                f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {ev.score:.2f}x the fleet "
-                f"median own-work time"
-            )
-        elif isinstance(ev, StragglerCleared):
-            self.say(
-                f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
-            )
+        elif isinstance(ev, (StragglerDetected, StragglerCleared)):
+            self._straggler(t, ev)
         elif isinstance(ev, IncidentRaised):
             self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
         elif isinstance(ev, DecisionTaken) and ev.action.startswith("start_"):
@@ -104,6 +102,18 @@ class RunConsole:
             self.say(
                 f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}",
                 always=True,
+            )
+
+    def _straggler(self, t: str, ev: StragglerDetected | StragglerCleared) -> None:
+        if isinstance(ev, StragglerDetected):
+            # the score of this rank (the evidence text names the worst rank, which may be another one)
+            self.say(
+                f"{t} [yellow]straggler[/]: rank {ev.rank} at step {ev.step}: {ev.score:.2f}x the fleet "
+                f"median own-work time"
+            )
+        else:
+            self.say(
+                f"{t} straggler cleared: rank {ev.rank} back to {ev.score:.2f}x the fleet median at step {ev.step}"
             )
 
     def _recovered(self, now: float) -> None:

@@ -14,6 +14,12 @@ ladder policy (policy/inplace.py) answers; on ``InPlace`` this module:
 On completion it writes :class:`~stalwart.events.ReformedInPlace` with the phases: detect (fault ->
 detection), replace (-> replacements started), abort, wait, rendezvous, transfer (the slowest rank's
 worker-side figures) and the bytes moved.
+
+Across nodes (:meth:`InPlaceRecovery.watch`), a node joins the generation another node announced, or
+refuses when none comes. A lost node (its heartbeat silent) with no hot spare is shrunk away in place
+by the first surviving node (policy :func:`~stalwart.policy.inplace.shrink`): it announces the smaller
+world and the surviving nodes' order, and every survivor asks its ranks to join in their new places
+(the control block carries each node's first global rank and the world size).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
-from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
+from ..events import DecisionTaken, FailureDetected, ReformedInPlace, WorkersStopped
 from ..policy.inplace import (
     InPlace,
     InPlaceCase,
@@ -33,10 +39,13 @@ from ..policy.inplace import (
     JoinCase,
     NotInPlace,
     Refuse,
+    ShrinkCase,
+    ShrinkInPlace,
     Wait,
     decide,
     hang_culprits,
     join,
+    shrink,
 )
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
@@ -97,6 +106,8 @@ class InPlaceRecovery:
     said_waiting: bool = False  # this node told the board its ranks wait for an announcement
     taking_over: float | None = None  # a hot spare's ranks replace a lost node's: when they started
     xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
+    active: tuple[str, ...] = ()  # the group's nodes by group rank (a shrink in place drops the lost)
+    shrunk: tuple[int, int] | None = None  # this node shrank the group: (old world size, interrupted step)
 
     def __post_init__(self) -> None:
         if self.xids is None:
@@ -220,6 +231,10 @@ class InPlaceRecovery:
         settings = self.cfg.reform  # type: ignore[attr-defined]
         refused = self.board.refusal()
         silent = self.board.silence()
+        lost = tuple(n for n in self.active or tuple(silent) if silent.get(n, 0.0) >= settings.announce_s / 2)
+        newer = seen is not None and seen.generation > self.generation  # another node's, to join instead
+        if waiting and lost and not newer and self.pending is None and self._shrink(lost, silent, snap):
+            return
         case = JoinCase(
             enabled=settings.enabled,
             generation=self.generation,
@@ -232,8 +247,9 @@ class InPlaceRecovery:
             stopping=snap.stop_requested_at is not None,
             refused_by=refused[0] if refused is not None and refused[0] != self.node else "",
             refused_why=refused[1] if refused is not None else "",
-            lost=tuple(sorted(n for n, t in silent.items() if t >= settings.announce_s / 2)),
+            lost=lost,
             spares=self.spares,
+            shrunk_to=seen.world_size if seen is not None else 0,
         )
         choice = join(case)
         match choice:
@@ -242,24 +258,92 @@ class InPlaceRecovery:
                     self.said_waiting = True
                     self.board.waiting(self.generation + 1)
             case Join(generation=gen, reason=reason):
-                from ..protocol.control import ControlBlock
-
-                assert isinstance(self.block, ControlBlock)
-                self.generation = gen
-                self.said_waiting = False
-                self.block.request_reform(gen)
-                self._record("joined_in_place", reason, snap.now)
+                if seen is not None and seen.world_size and self.node not in seen.active:
+                    self._refuse(f"node {seen.node} shrank the group in place without this node", snap.now)
+                    return
+                self._join(gen, seen, reason, snap.now)
             case Refuse(reason=reason):
-                from ..protocol.control import ControlBlock
-
-                assert isinstance(self.block, ControlBlock)
-                self.refused = True
-                self.block.refuse_reform()
-                if not case.refused_by:  # the other nodes stop waiting too
-                    self.board.refuse(reason)
-                self._record("in_place_skipped", reason, snap.now)
+                self._refuse(reason, snap.now, tell=not case.refused_by)  # the others stop waiting too
             case _:
                 assert_never(choice)
+
+    def _refuse(self, reason: str, now: float, tell: bool = True) -> None:
+        """Tell the local ranks no re-formation is coming (and, with ``tell``, the other nodes)."""
+        from ..protocol.control import ControlBlock
+
+        assert isinstance(self.block, ControlBlock) and self.board is not None
+        self.refused = True
+        self.block.refuse_reform()
+        if tell:
+            self.board.refuse(reason)
+        self._record("in_place_skipped", reason, now)
+
+    def _join(
+        self, gen: int, seen: Announcement | None, reason: str, now: float, record: bool = True
+    ) -> None:
+        """Ask the local ranks to join generation ``gen``, in their new place when the group shrank."""
+        from ..protocol.control import ControlBlock
+
+        assert isinstance(self.block, ControlBlock)
+        place = None
+        if seen is not None and seen.world_size:  # the group shrank: this node's new place in it
+            place = seen.place(self.node, self.cfg.nproc_per_node)  # type: ignore[attr-defined]
+        if seen is not None and place is not None:
+            self.active, self.world_size, self.num_nodes = seen.active, seen.world_size, len(seen.active)
+        self.generation = gen
+        self.said_waiting = False
+        self.block.request_reform(gen, place)
+        if record:
+            self._record("joined_in_place", reason, now)
+
+    def _shrink(self, lost: tuple[str, ...], silent: dict[str, float], snap: Snapshot) -> bool:
+        """On the node that watches the others' heartbeats: a lost node and no hot spare. Re-form the
+        survivors in place at the smaller size (announced, then joined like any generation), or
+        refuse; False when another node (or a spare) decides."""
+        cfg = self.cfg
+        settings = cfg.reform  # type: ignore[attr-defined]
+        choice = shrink(
+            ShrinkCase(
+                enabled=settings.enabled,
+                stopping=snap.stop_requested_at is not None,
+                node=self.node,
+                active=self.active,
+                lost=lost,
+                spares=self.spares,
+                nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
+                min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
+                rule=cfg.size_rule,  # type: ignore[attr-defined]
+                generation=self.generation,
+            )
+        )
+        match choice:
+            case Wait():
+                return False
+            case Refuse(reason=reason):
+                self._refuse(reason, snap.now)
+            case ShrinkInPlace(active=active, world_size=world, generation=gen, reason=reason):
+                assert self.board is not None
+                old = self.world_size
+                interrupted = min((q.last_done + 1 for q in self.tracker.progress.values()), default=0)
+                quiet = max(silent.get(n, 0.0) for n in lost)
+                self.ledger.emit(  # the lost node's failure, as this node detected it (its agent is gone)
+                    FailureDetected(
+                        ts=snap.now,
+                        failure="agent_lost",
+                        evidence=f"node {', '.join(lost)}: no heartbeat for {quiet:.1f}s while its peers wait",
+                        onset=snap.now - quiet,
+                        rank=min(self.active.index(n) for n in lost) * cfg.nproc_per_node,  # type: ignore[attr-defined]
+                        **self.ledger.ctx(),
+                    )
+                )
+                self._record("shrink_in_place", reason, snap.now)
+                shrunk = Announcement(gen, self.node, (), world, active)
+                self.board.announce(shrunk)
+                self._join(gen, shrunk, reason, snap.now, record=False)
+                self.shrunk, self.taking_over = (old, interrupted), self.clock.now()
+            case _:
+                assert_never(choice)
+        return True
 
     def _took_over(self, now: float) -> None:
         """A hot spare's ranks joined the other nodes' generation with the live state: the record of
@@ -271,21 +355,27 @@ class InPlaceRecovery:
         ]
         if len(msgs) < len(progress) or self.taking_over is None:
             return
-        phases = {"replace": max(0.0, min(m.t for m in msgs) - self.taking_over)}
+        first = "join" if self.shrunk is not None else "replace"  # a shrink starts no rank
+        phases = {first: max(0.0, min(m.t for m in msgs) - self.taking_over)}
         for name in ("rendezvous", "transfer"):
             phases[name] = max((m.phases.get(name, 0.0) for m in msgs), default=0.0)
         self.taking_over = None
         self.completed += 1
+        step = max(m.step for m in msgs)
+        old, interrupted = self.shrunk if self.shrunk is not None else (0, step)
+        self.shrunk = None
         self.ledger.emit(
             ReformedInPlace(
                 ts=now,
                 generation=self.generation,
-                ranks=tuple(sorted(progress)),
-                step=max(m.step for m in msgs),
-                lost_steps=0,
+                ranks=() if old else tuple(sorted(progress)),  # a shrink replaced no rank
+                step=step,
+                lost_steps=max(0, interrupted - step),
                 bytes_moved=sum(m.received for m in msgs),
                 state_bytes=max(m.received for m in msgs),
                 phases=phases,
+                world_size=self.world_size if old else 0,
+                shrunk_from=old,
                 **self.ledger.ctx(),
             )
         )

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 KEY = "stalwart/inplace/announce"
 REFUSED = "stalwart/inplace/refused"
@@ -52,13 +52,25 @@ WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, dur
 @dataclass(frozen=True)
 class Announcement:
     generation: int  # the generation every rank re-forms into
-    node: str  # the node whose agent replaced its failed ranks
+    node: str  # the node whose agent replaced its failed ranks (or decided the shrink)
     ranks: tuple[int, ...]  # the ranks replaced
+    # a group that shrank in place (a lost node, no hot spare): the new world size and the surviving
+    # nodes in their new group-rank order; 0 and () when every node keeps its place
+    world_size: int = 0
+    active: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"generation": self.generation, "node": self.node, "ranks": list(self.ranks)}
-        ).encode()
+        doc: dict[str, object] = {"generation": self.generation, "node": self.node, "ranks": list(self.ranks)}
+        if self.world_size:
+            doc.update(world_size=self.world_size, active=list(self.active))
+        return json.dumps(doc).encode()
+
+    def place(self, node: str, nproc_per_node: int) -> tuple[int, int] | None:
+        """(first global rank, world size) of ``node`` in the shrunk group; None when the group did not
+        shrink or ``node`` is not in it."""
+        if not self.world_size or node not in self.active:
+            return None
+        return self.active.index(node) * nproc_per_node, self.world_size
 
     @staticmethod
     def decode(raw: bytes) -> Announcement:
@@ -70,13 +82,32 @@ class Announcement:
         if not isinstance(doc, dict):
             raise ValueError("not an object")
         gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("ranks")
-        if not isinstance(gen, int) or isinstance(gen, bool) or gen <= 0:
+        if not _count(gen):
             raise ValueError(f"generation {gen!r} is not a positive integer")
-        if not isinstance(node, str) or not node or len(node) > 256:
+        if not _name(node):
             raise ValueError("node is not a name")
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+        if not isinstance(ranks, list) or not all(_count(r) or r == 0 for r in ranks):
             raise ValueError("ranks is not a list of ranks")
-        return Announcement(gen, node, tuple(ranks))
+        world, active = doc.get("world_size", 0), doc.get("active", [])
+        if world == 0 and active == []:
+            return Announcement(gen, node, tuple(ranks))
+        if not _count(world):
+            raise ValueError(f"world_size {world!r} is not a positive integer")
+        if not isinstance(active, list) or not active or not all(_name(n) for n in active):
+            raise ValueError("active is not a list of node names")
+        if len(set(active)) != len(active) or node not in active:
+            raise ValueError("active repeats a node or lacks the announcing node")
+        if world % len(active):
+            raise ValueError(f"world_size {world} is not a multiple of {len(active)} nodes")
+        return Announcement(gen, node, tuple(ranks), world, tuple(active))
+
+
+def _count(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _name(v: object) -> TypeGuard[str]:
+    return isinstance(v, str) and 0 < len(v) <= 256
 
 
 class Board(Protocol):

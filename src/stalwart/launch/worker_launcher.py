@@ -372,6 +372,7 @@ class NodeWorkers:
             else None,
         )
         sup.in_place.spares = bool(self.world is not None and self.world.spares)
+        sup.in_place.active = self.world.active if self.world is not None else ()
         if self.joining:  # a spare's ranks start in the generation they join
             sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
         return sup.run()

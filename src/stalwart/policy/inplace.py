@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .label import Label
 from .restart_policy import FailureKind
+from .world_size import SizeRule
 
 
 class Rung(Label):
@@ -134,6 +135,7 @@ class JoinCase:
     refused_why: str = ""
     lost: tuple[str, ...] = ()  # other active nodes whose heartbeat has been silent past half the bound
     spares: bool = False  # the round has hot spares (one may take a lost node's place)
+    shrunk_to: int = 0  # the announced generation shrinks the group to this world size (0: it does not)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,13 @@ def join(case: JoinCase) -> JoinDecision:
         if case.stopping or not case.enabled:
             why = "a stop was requested" if case.stopping else "in-place recovery is off here"
             return Refuse(f"node {case.announced_by} re-forms in place, but {why}: the group restarts")
+        if case.shrunk_to:
+            return Join(
+                case.announced,
+                f"node {case.announced_by} shrank the group in place to {case.shrunk_to} processes (a lost "
+                f"node, no hot spare); this node's ranks keep their processes and join generation "
+                f"{case.announced} in their new places",
+            )
         return Join(
             case.announced,
             f"node {case.announced_by} started the replacements of the failed ranks in place; this "
@@ -232,6 +241,71 @@ def take_over(case: TakeOverCase) -> TakeOverDecision:
         case.active.index(mine),
         f"node {mine} is lost (no heartbeat for {case.silent[mine]:.1f}s, the ranks of {waiting} wait): "
         f"hot spare {case.spare} takes its place in place, the other nodes' ranks keep their processes",
+    )
+
+
+@dataclass(frozen=True)
+class ShrinkCase:
+    """What the node that watches the others' heartbeats knows when some of them fell silent."""
+
+    enabled: bool  # --in-place
+    stopping: bool  # a stop was requested
+    node: str  # this node
+    active: tuple[str, ...]  # the group's nodes by group rank
+    lost: tuple[str, ...]  # active nodes whose heartbeat has been silent past half the bound
+    spares: bool  # the round has hot spares (one takes a lost node's place instead)
+    nproc_per_node: int
+    min_nodes: int
+    rule: SizeRule
+    generation: int  # this node's current generation
+
+
+@dataclass(frozen=True)
+class ShrinkInPlace:
+    active: tuple[str, ...]  # the surviving nodes, in their old order: new group rank = index
+    world_size: int
+    generation: int  # the generation the survivors re-form into
+    reason: str
+
+
+ShrinkDecision = ShrinkInPlace | Refuse | Wait
+
+
+def shrink(case: ShrinkCase) -> ShrinkDecision:
+    """A lost node and no hot spare: whether the surviving nodes re-form in place at a smaller world
+    size (their ranks keep their processes and get new global ranks), decided only by the first
+    surviving node, so that exactly one announces; or the reason the group restarts whole. Every
+    survivor stays: when their count is no valid size, the whole-group restart re-plans (and may
+    keep some as spares)."""
+    lost = [n for n in case.active if n in case.lost]
+    survivors = tuple(n for n in case.active if n not in case.lost)
+    if not lost or case.spares or not survivors or survivors[0] != case.node:
+        return Wait()  # nothing lost, a spare takes the place, or another node decides
+    gone = ", ".join(lost)
+    if not case.enabled or case.stopping:
+        why = "a stop was requested" if case.stopping else "in-place recovery is off (--no-in-place)"
+        return Refuse(f"node {gone} is lost, but {why}: the group restarts")
+    old = len(case.active) * case.nproc_per_node
+    world = len(survivors) * case.nproc_per_node
+    if len(survivors) < case.min_nodes:
+        return Refuse(
+            f"node {gone} is lost and the round has no hot spare; {len(survivors)} surviving node(s) are "
+            f"fewer than the minimum of {case.min_nodes}: the group restarts"
+        )
+    if not case.rule.valid(world):
+        return Refuse(
+            f"node {gone} is lost and the round has no hot spare; {len(survivors)} surviving node(s) x "
+            f"{case.nproc_per_node} = {world} processes is not {case.rule.describe()}: the group restarts "
+            "at the next valid size"
+        )
+    gen = case.generation + 1
+    return ShrinkInPlace(
+        survivors,
+        world,
+        gen,
+        f"node {gone} is lost (no heartbeat) and the round has no hot spare: the {len(survivors)} "
+        f"surviving node(s) re-form in place, shrinking the world from {old} to {world} processes; "
+        f"their ranks keep their processes (generation {gen})",
     )
 
 

@@ -2,10 +2,12 @@
 
 Layout of the memory-mapped file:
 
-* header, 24 bytes: int64 ``stop_after`` (-1 = none: stop and save an emergency checkpoint once
+* header, 40 bytes: int64 ``stop_after`` (-1 = none: stop and save an emergency checkpoint once
   this many steps are done), int64 ``generation`` (bumped on every write of ``stop_after``), int64
   ``reform`` (the process-group generation the agent asks every worker to re-form into; 0 = none;
-  -1 = none is coming: a worker waiting for one gives up);
+  -1 = none is coming: a worker waiting for one gives up), int64 ``first_rank`` and int64
+  ``world_size`` (the node's place in the group ``reform`` names when it shrank: its first global
+  rank and the new world size; -1 and 0 = the place is unchanged);
 * one 32-byte slot per local worker: float64 wall time, int64 step, 16 bytes of section name.
 
 A worker writes its slot at every step start and section start (a memory store, no system call)
@@ -20,7 +22,7 @@ import os
 import struct
 from pathlib import Path
 
-_HEAD = "<qqq"
+_HEAD = "<qqqqq"
 _SLOT = "<dq16s"
 HEAD_SIZE = struct.calcsize(_HEAD)
 REFUSED = -1  # the ``reform`` value that tells a waiting worker no re-formation is coming
@@ -33,7 +35,7 @@ def create(path: Path, slots: int = 0) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.fchmod(fd, 0o600)  # the run's private files are 0600 (docs/security.md)
     with open(fd, "wb") as fh:
-        fh.write(struct.pack(_HEAD, -1, 0, 0) + bytes(SLOT_SIZE * slots))
+        fh.write(struct.pack(_HEAD, -1, 0, 0, -1, 0) + bytes(SLOT_SIZE * slots))
 
 
 class ControlBlock:
@@ -55,8 +57,8 @@ class ControlBlock:
         return struct.unpack_from(_HEAD, self._mm, 0)[0]
 
     def request_stop(self, after_steps: int) -> None:
-        _, gen, reform = struct.unpack_from(_HEAD, self._mm, 0)
-        struct.pack_into(_HEAD, self._mm, 0, after_steps, gen + 1, reform)
+        _, gen, *rest = struct.unpack_from(_HEAD, self._mm, 0)
+        struct.pack_into(_HEAD, self._mm, 0, after_steps, gen + 1, *rest)
         self._mm.flush()
 
     def reform(self) -> int:
@@ -64,11 +66,24 @@ class ControlBlock:
         ``REFUSED``: none is coming)."""
         return struct.unpack_from(_HEAD, self._mm, 0)[2]
 
-    def request_reform(self, generation: int) -> None:
-        """Agent side: ask every worker to leave its process group and join ``generation``."""
-        stop, gen, _ = struct.unpack_from(_HEAD, self._mm, 0)
-        struct.pack_into(_HEAD, self._mm, 0, stop, gen, generation)
+    def request_reform(self, generation: int, place: tuple[int, int] | None = None) -> None:
+        """Agent side: ask every worker to leave its process group and join ``generation``; with
+        ``place`` (first global rank of this node, world size), in a group that shrank. The place is
+        written before the generation, so a worker that sees the generation reads its place too."""
+        stop, gen, _, first, world = struct.unpack_from(_HEAD, self._mm, 0)
+        if place is not None:
+            first, world = place
+            if first < 0 or world < 1 or first >= world:
+                raise ValueError(f"first rank {first} does not fit a world of {world}")
+            struct.pack_into("<qq", self._mm, HEAD_SIZE - 16, first, world)
+        struct.pack_into("<q", self._mm, 16, generation)
         self._mm.flush()
+
+    def place(self) -> tuple[int, int] | None:
+        """Worker side: (first global rank of this node, world size) of the shrunk group the agent
+        asked for, or None when the node's place is unchanged."""
+        first, world = struct.unpack_from("<qq", self._mm, HEAD_SIZE - 16)
+        return (first, world) if first >= 0 and world > 0 else None
 
     def refuse_reform(self) -> None:
         """Agent side: no re-formation is coming; a worker waiting for one gives up at once."""

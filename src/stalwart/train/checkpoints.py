@@ -172,6 +172,11 @@ class Checkpoints:
         if self.last_saved > self.durable_step:
             self.last_saved = self.durable_step
 
+    def move(self, place: WorkerPlace) -> None:
+        """The group shrank in place: later saves and loads are this rank's in the new world (the
+        engine built on the old group was abandoned; the next save builds one with this place)."""
+        self._place = place
+
     def close(self) -> None:
         """Wait for background persists and release the engine (a later save builds a new one)."""
         if self._engine is not None:

@@ -12,6 +12,7 @@ Every phase is timed on the worker and reported to the agent with :class:`~stalw
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ class Reformer:
     def rank_rng(self) -> LiveRng:
         if self._rng is None:
             s = self.session
-            self._rng = LiveRng(path_for(self.rng_dir, s.node, s.rank))
+            self._rng = LiveRng(path_for(self.rng_dir, s.node, s._link.rank))  # its launch rank's record
         return self._rng
 
     # --- the training function ------------------------------------------------------------------
@@ -85,9 +86,29 @@ class Reformer:
             self.held = Held(self.state, s.completed, objs if step == s.completed else None)
         self.state = None
         self.generation.current = want
+        world = s.world_size
+        self.take_place()
+        if s.world_size != world and self.held is not None and sharded(self.held.objects):
+            # the shards were cut for the old world: no survivor holds the new layout, so every rank
+            # resumes from the newest checkpoint (DCP reshards), in this process
+            self.held = None
+            s._send(
+                Note(
+                    s.rank,
+                    f"rank {s.rank}: the world shrank from {world} to {s.world_size} and the "
+                    "state is sharded: resuming from the newest checkpoint",
+                    now(),
+                )
+            )
         self.phases = {"abort": t1 - t0, "wait": now() - t1}
         self.t_rejoin = now()
         return True
+
+    def take_place(self) -> None:
+        """Take the place the agent gave this node in a group that shrank in place (none: unchanged)."""
+        place = self.session._link.place()
+        if place is not None:
+            move(self.session, *place)
 
     # --- the process group and the state --------------------------------------------------------
 
@@ -175,6 +196,48 @@ class Reformer:
     def close(self) -> None:
         if self._rng is not None:
             self._rng.close()
+
+
+def sharded(state: dict[str, Any]) -> bool:
+    """Whether a model of ``state`` holds its parameters as shards (FSDP2/HSDP DTensors)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    return any(
+        isinstance(obj, torch.nn.Module) and any(isinstance(p, DTensor) for p in obj.parameters())
+        for obj in state.values()
+    )
+
+
+# the variables a worker's environment names its place with (protocol.elastic_env)
+PLACE_VARS = ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+
+
+def move(s: Session, first_rank: int, world_size: int) -> None:
+    """The group shrank in place: this worker trains from now on as global rank ``first_rank +
+    local_rank`` of ``world_size``. The session's rank and world size, its environment view and the
+    process's environment (where it still holds the old place) and its checkpoint place follow; its
+    messages to the agent keep the rank it was launched as (train/worker_link.py)."""
+    old = s._place
+    local_world = max(1, old.local_world_size)
+    rank = first_rank + old.local_rank
+    if not 0 <= rank < world_size:
+        raise RuntimeError(f"in-place recovery: rank {rank} does not fit a world of {world_size}")
+    new = dataclasses.replace(old, rank=rank, world_size=world_size, group_rank=first_rank // local_world)
+    before = dict(zip(PLACE_VARS, _place_values(old, local_world), strict=True))
+    after = dict(zip(PLACE_VARS, _place_values(new, local_world), strict=True))
+    for env in (s.env, os.environ):
+        for key, value in after.items():
+            if env is s.env or env.get(key) == before[key]:
+                env[key] = value
+    s._place, s.rank, s.world_size = new, rank, world_size
+    s._ckpt.move(new)
+
+
+def _place_values(place: Any, local_world: int) -> tuple[str, ...]:
+    groups = str(max(1, place.world_size // local_world))
+    ws = str(place.world_size)
+    return (str(place.rank), ws, str(place.group_rank), groups, str(place.rank), ws)
 
 
 def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:

@@ -182,6 +182,7 @@ class Session:
                 rng_dir(wenv.mem_dir, self.run_dir.root if self.run_dir else None),
             )
             self._reform.t_rejoin = self._now()
+            self._reform.take_place()  # a replacement started after the group shrank in place
             self._send(Hello(self.rank, self._now(), in_place=True))
         if self._reform is None:
             return train(self)
@@ -223,8 +224,8 @@ class Session:
         """Record an uncaught exception for the agent's restart policy."""
         if self.run_dir is None or etype in (SystemExit, KeyboardInterrupt):
             return
-        path = self.run_dir.error_file(self.node, self.attempt, self.rank)
-        write_error(path, etype, value, tb, step=self._step, rank=self.rank, ts=self._now())
+        path = self.run_dir.error_file(self.node, self.attempt, self._link.rank)  # as launched, shrunk or not
+        write_error(path, etype, value, tb, step=self._step, rank=self._link.rank, ts=self._now())
 
     # --- events -------------------------------------------------------------------------------
 

@@ -4,9 +4,16 @@ control block. Without an agent (plain ``python``) both are absent and every cal
 The hot path goes through :meth:`WorkerLink.beat` (every step and section start) and
 :meth:`WorkerLink.send` (the per-step record); neither blocks nor takes a lock. Which way a beat
 travels (a store into shared memory, or a message when the agent gave no slot) is chosen once.
+
+The link names the worker by the rank it was launched as, its identity on the agent's side, for the
+life of the process: after the group shrank in place the worker trains under a new global rank
+(:meth:`place`), but its messages still carry the launch rank, which is how the agent's supervisor,
+hang monitor and straggler checks key it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..protocol import Message, SectionBegan, StepBegan, WorkerEnv
 from ..protocol.control import ControlBlock
@@ -32,6 +39,8 @@ class WorkerLink:
 
     def send(self, msg: Message) -> None:
         if self.pipe is not None:
+            if msg.rank != self.rank:  # a message built with the rank of a shrunk group
+                msg = dataclasses.replace(msg, rank=self.rank)
             self.pipe.send(msg)
 
     def beat(self, step: int, section: str, t: float) -> None:
@@ -53,6 +62,11 @@ class WorkerLink:
     def reform(self) -> int:
         """The process-group generation the agent asked every worker to re-form into (0: none)."""
         return self.control.reform() if self.control is not None else 0
+
+    def place(self) -> tuple[int, int] | None:
+        """(first global rank of this node, world size) of the shrunk group the agent asked this
+        worker to join, or None when its place is unchanged."""
+        return self.control.place() if self.control is not None else None
 
     def close(self) -> None:
         """Release the control block's mapping and the pipe's write end; later calls do nothing."""

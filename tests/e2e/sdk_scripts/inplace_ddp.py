@@ -1,6 +1,10 @@
 """A DDP job with dropout under ``Session.run`` (in-place recovery). Each call of ``train`` appends this
-process's pid to ``<out>/pids-rank<R>.txt``; rank 0 saves the final weights to ``<out>/final.pt``. With ``stop_rank stop_step``, that rank SIGSTOPs
-itself once at the start of that step's work (a hang at a known point).
+process's pid to ``<out>/pids-rank<R>.txt`` (R: the rank it was launched as) and "pid rank world" to
+``<out>/place-rank<R>.txt`` (its place in the group that call trains in, which a shrink in place
+changes); rank 0 saves the final weights to ``<out>/final.pt``. With ``stop_rank stop_step``, that
+rank SIGSTOPs itself once at the start of that step's work (a hang at a known point). With
+``INPLACE_DATA=1`` each rank takes one sample per step from an ``ElasticDistributedSampler`` kept in
+the state and appends "call step index" to ``<out>/seen-rank<R>.txt``.
 argv: steps out_dir [stop_rank stop_step]."""
 
 import os
@@ -12,18 +16,26 @@ import torch
 import torch.nn as nn
 
 from stalwart.train import Session
+from stalwart.train.data import ElasticDistributedSampler
 from stalwart.train.determinism import rank_ordered_allreduce_hook
 
 STEPS = int(sys.argv[1])
 OUT = sys.argv[2]
 STOP = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
+LAUNCHED = int(os.environ.get("RANK", "0"))  # the rank this process was started as
+DATA = os.environ.get("INPLACE_DATA") == "1"
+calls = 0
 
 
 def train(session: Session) -> None:
+    global calls
+    calls += 1
     session.init_process_group("gloo")
     rank = session.rank
-    with open(os.path.join(OUT, f"pids-rank{rank}.txt"), "a") as fh:
+    with open(os.path.join(OUT, f"pids-rank{LAUNCHED}.txt"), "a") as fh:
         fh.write(f"{os.getpid()}\n")
+    with open(os.path.join(OUT, f"place-rank{LAUNCHED}.txt"), "a") as fh:
+        fh.write(f"{os.getpid()} {rank} {session.world_size}\n")
     torch.manual_seed(0)  # the same initial weights on every rank
     drop = float(os.environ.get("INPLACE_DROPOUT", "0.1"))  # 0: no random stream a lost node takes along
     model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(drop), nn.Linear(64, 4))
@@ -32,7 +44,15 @@ def train(session: Session) -> None:
     ddp.register_comm_hook(None, rank_ordered_allreduce_hook)  # a reduction order that survives re-forming
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = {"model": model, "optimizer": opt}
+    sampler = ElasticDistributedSampler(100_000, rank=rank, world_size=session.world_size, shuffle=False)
+    if DATA:
+        state["data"] = sampler
+    samples = None
     for step in session.loop(STEPS, state, checkpoint_every=10):
+        if DATA:
+            samples = samples or iter(sampler)  # after the loop loaded the position
+            with open(os.path.join(OUT, f"seen-rank{LAUNCHED}.txt"), "a") as fh:
+                fh.write(f"{calls} {step} {next(samples)}\n")
         marker = os.path.join(OUT, "stopped")
         if STOP == (rank, step) and not os.path.exists(marker):
             open(marker, "w").close()

@@ -1,0 +1,133 @@
+"""A lost node without a hot spare: the survivors shrink in place against a whole-group restart at the
+smaller size, at 3, 4 and 6 nodes (one rank each by default).
+
+Each node is one ``stalwart run`` agent over loopback (``--nnodes 2:N``, any size valid, the c10d
+rendezvous on the first agent), running the same DDP job (stalwart.examples.charlm, a checkpoint every
+EVERY steps). The agent of node n1 is SIGKILLed with its rank at step KILL_STEP, two ways:
+
+* ``shrink``: n0 (the first surviving node, which watches the heartbeats) decides the node is lost
+  after half of ``--in-place-announce-timeout`` of silence, announces the smaller world, and every
+  surviving rank keeps its process, takes its new rank and the live state;
+* ``whole``: ``--no-in-place``: the survivors' ranks fail on the lost peer, every agent stops its
+  workers, the agents meet again in a new rendezvous round of N-1 nodes (which waits out the
+  round's ``last_call_timeout`` for a node that might still join, ``--last-call``) and the group
+  restarts warm from the fork servers and loads the newest checkpoint.
+
+Measured from the merged ledger: fault -> every surviving rank completed a step that began after the
+fault was detected, and the steps lost (shrink: the ledger's ``lost_steps``; whole: the steps
+completed before the fault that the checkpoint did not hold).
+
+Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--last-call 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_inplace_nodes import _listening, _port
+
+from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
+from stalwart.ledger import read_merged
+
+STEPS, EVERY, KILL_STEP = 40, 10, 27
+JOB = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-every", "0"]
+JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--global-batch", "60"]  # 2 to 6 ranks
+
+
+def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 4.0) -> dict:
+    port, run_dir = _port(), work / "run"
+    procs = []
+    try:
+        for i in range(nodes):
+            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", f"2:{nodes}"]
+            cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+            cmd += ["--rdzv-id", "bench-shrink", "--rdzv-conf", f"last_call_timeout={last_call:g}"]
+            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
+            cmd += ["--chaos", f"kill-agent@node=1,step={KILL_STEP}"]
+            cmd += [] if shrink else ["--no-in-place"]
+            procs.append(
+                subprocess.Popen([*cmd, *JOB], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
+            if i == 0:
+                _listening(port, procs[0])
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode != 0 for i, p in enumerate(procs) if i != 1):
+        raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
+    evs = read_merged(run_dir)
+    starts = [e for e in evs if type(e).__name__ == "AttemptStarted" and e.attempt == 0]
+    if len(starts) != nodes:
+        raise RuntimeError(f"the first round did not hold all {nodes} nodes")
+    fault = min(e.ts for e in evs if isinstance(e, ChaosInjected) and e.fault.startswith("kill-agent"))
+    detected = min(e.ts for e in evs if isinstance(e, FailureDetected) and e.ts >= fault)
+    after = [e for e in evs if isinstance(e, StepCompleted) and e.start > detected and e.node != "n1"]
+    ranks = {(e.node, e.rank) for e in after}
+    firsts = [min(e.ts for e in after if (e.node, e.rank) == r) for r in ranks]
+    row: dict = {"first_step_s": max(firsts) - fault, "detect_s": detected - fault, "ranks_after": len(ranks)}
+    reformed = [e for e in evs if isinstance(e, ReformedInPlace)]
+    if shrink:
+        if not reformed or not reformed[0].shrunk_from:
+            raise RuntimeError("the shrink run did not shrink in place")
+        row.update(steps_lost=reformed[0].lost_steps, phases=reformed[0].phases)
+    else:
+        steps = [e for e in evs if isinstance(e, StepCompleted)]
+        done = max((e.step for e in steps if e.ts <= fault), default=0)
+        resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > fault), default=0)
+        row["steps_lost"] = max(0, done - resumed)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="3,4,6")
+    ap.add_argument("--per-node", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--last-call", type=float, default=4.0, help="the rendezvous round's last_call_timeout")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    res: dict = {"cpus": os.cpu_count(), "load_before": os.getloadavg(), "nodes": {}}
+    for n in [int(x) for x in args.nodes.split(",")]:
+        rows: dict[str, list[dict]] = {"shrink": [], "whole": []}
+        for i in range(args.repeats):
+            for name in rows:
+                work = Path(tempfile.mkdtemp(prefix=f"bench-shrink-{n}-"))
+                try:
+                    rows[name].append(run(work, n, args.per_node, name == "shrink", args.last_call))
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                r = rows[name][-1]
+                print(
+                    f"{n} nodes, round {i + 1}, {name}: fault -> first step {r['first_step_s']:.2f}s "
+                    f"(detect {r['detect_s']:.2f}s), steps lost {r['steps_lost']}"
+                    + (f", phases {r['phases']}" if "phases" in r else ""),
+                    flush=True,
+                )
+        res["nodes"][n] = rows
+    print(
+        f"\nfault -> first productive step, median (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs)"
+    )
+    print("nodes | shrink in place | whole-group restart | whole / shrink | steps lost (shrink/whole)")
+    for n, rows in res["nodes"].items():
+        med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in rows.items()}
+        lost = "/".join(str(max(r["steps_lost"] for r in v)) for v in rows.values())
+        print(
+            f"{n:5d} | {med['shrink']:.2f}s | {med['whole']:.2f}s | {med['whole'] / med['shrink']:.1f}x | {lost}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
