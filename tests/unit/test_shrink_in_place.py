@@ -13,7 +13,7 @@ import pytest
 from test_inplace_follow import _node  # the node of a multi-node group, over a fake board
 
 from stalwart import protocol
-from stalwart.events import DecisionTaken, FailureDetected, ReformedInPlace
+from stalwart.events import DecisionTaken, FailureDetected, IncidentRaised, ReformedInPlace
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import RecordingLedger
 from stalwart.launch.reform_board import Announcement
@@ -95,6 +95,11 @@ def test_the_first_survivor_shrinks_the_group_in_place_and_records_it_once_its_r
         2,
         clock.now() - 2.6,
     ) and "n1" in lost.evidence
+    # the survivor names the lost host, not itself: n1 is the blast radius, n0 its witness
+    [inc] = ledger.of(IncidentRaised)
+    assert (inc.node, inc.nodes, inc.action_taken) == ("n0", ("n1",), True)
+    assert inc.cause.startswith("host n1 left the job") and inc.onset == lost.onset
+    assert any(e.startswith("witness n0") for e in inc.evidence)
     assert not [e for e in ledger.of(DecisionTaken) if e.action in ("joined_in_place", "in_place_skipped")]
     for r in (0, 1):
         clock.advance(0.1)

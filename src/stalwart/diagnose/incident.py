@@ -163,3 +163,30 @@ def lost_host(witness: str, active: tuple[str, ...], text: str) -> LostHost | No
     if len(others) == 1:
         return LostHost(others[0], "the only other host of the round")
     return None
+
+
+SILENT_HOST_CONFIDENCE = 0.6  # a heartbeat silent past its bound while the peers' ranks wait for it
+
+
+def silent_host_incident(
+    lost: tuple[str, ...], witness: str, silent_s: float, now: float, action: str
+) -> Incident:
+    """The incident of hosts whose agents fell silent (no heartbeat past its bound) while ``witness``'s
+    ranks waited for them: the lost hosts are the blast radius, the witness is named as such. A host
+    that vanishes this way (powered off, cut off the network) leaves no exit code and no error text,
+    so neither says which part failed: the class stays unknown."""
+    gone = ", ".join(lost)
+    return Incident(
+        cause=f"host {gone} left the job: no heartbeat for {silent_s:.1f}s while the ranks of {witness} waited",
+        fault_class=FaultClass.UNKNOWN,
+        component=Component.UNKNOWN,
+        confidence=SILENT_HOST_CONFIDENCE,
+        action=action,
+        ts=now,
+        onset=now - silent_s,
+        rule="inplace:silent-host",
+        evidence=tuple(f"lost host {n}: no heartbeat for {silent_s:.1f}s" for n in lost)
+        + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
+        blast_radius=BlastRadius(nodes=lost),
+        action_taken=True,
+    )

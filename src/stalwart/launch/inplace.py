@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
+from ..diagnose.incident import silent_host_incident
 from ..events import DecisionTaken, FailureDetected, ReformedInPlace, WorkersStopped
 from ..policy.inplace import (
     InPlace,
@@ -326,15 +327,21 @@ class InPlaceRecovery:
                 old = self.world_size
                 interrupted = min((q.last_done + 1 for q in self.tracker.progress.values()), default=0)
                 quiet = max(silent.get(n, 0.0) for n in lost)
+                gone = ", ".join(lost)
                 self.ledger.emit(  # the lost node's failure, as this node detected it (its agent is gone)
                     FailureDetected(
                         ts=snap.now,
                         failure="agent_lost",
-                        evidence=f"node {', '.join(lost)}: no heartbeat for {quiet:.1f}s while its peers wait",
+                        evidence=f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait",
                         onset=snap.now - quiet,
                         rank=min(self.active.index(n) for n in lost) * cfg.nproc_per_node,  # type: ignore[attr-defined]
                         **self.ledger.ctx(),
                     )
+                )
+                self.ledger.emit(
+                    silent_host_incident(
+                        lost, self.node, quiet, snap.now, f"re-formed the group in place without host {gone}"
+                    ).to_event(**self.ledger.ctx())
                 )
                 self._record("shrink_in_place", reason, snap.now)
                 shrunk = Announcement(gen, self.node, (), world, active)
