@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
@@ -102,21 +103,21 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default="2,4,8")
-    ap.add_argument("--per-node", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
+def compare(
+    nodes: list[int], repeats: int, arms: dict[str, Callable[[Path, int], dict]], prefix: str, json_path: str
+) -> None:
+    """Run every arm (name -> run(work dir, nodes)) ``repeats`` times at each size, each in a fresh
+    work directory; print every run, then the median fault -> first step per size, the first arm
+    against the second, and the most steps lost."""
+    first, second = list(arms)
     res: dict = {"cpus": os.cpu_count(), "load_before": os.getloadavg(), "nodes": {}}
-    for n in [int(x) for x in args.nodes.split(",")]:
-        rows: dict[str, list[dict]] = {"in-place": [], "whole": []}
-        for i in range(args.repeats):
-            for name in rows:
-                work = Path(tempfile.mkdtemp(prefix=f"bench-inplace-nodes-{n}-"))
+    for n in nodes:
+        rows: dict[str, list[dict]] = {name: [] for name in arms}
+        for i in range(repeats):
+            for name, arm in arms.items():
+                work = Path(tempfile.mkdtemp(prefix=f"{prefix}-{n}-"))
                 try:
-                    rows[name].append(run(work, n, args.per_node, name == "in-place"))
+                    rows[name].append(arm(work, n))
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 r = rows[name][-1]
@@ -130,15 +131,27 @@ def main() -> None:
     print(
         f"\nfault -> first productive step, median (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs)"
     )
-    print("nodes | in-place | whole-group restart | whole / in-place | steps lost (in-place/whole)")
+    print(f"nodes | {first} | {second} | {second} / {first} | steps lost ({first}/{second})")
     for n, rows in res["nodes"].items():
         med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in rows.items()}
         lost = "/".join(str(max(r["steps_lost"] for r in v)) for v in rows.values())
-        print(
-            f"{n:5d} | {med['in-place']:.2f}s | {med['whole']:.2f}s | {med['whole'] / med['in-place']:.1f}x | {lost}"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        print(f"{n:5d} | {med[first]:.2f}s | {med[second]:.2f}s | {med[second] / med[first]:.1f}x | {lost}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1, default=str))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="2,4,8")
+    ap.add_argument("--per-node", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    arms = {
+        "in-place": lambda work, n: run(work, n, args.per_node, True),
+        "whole-group restart": lambda work, n: run(work, n, args.per_node, False),
+    }
+    compare([int(x) for x in args.nodes.split(",")], args.repeats, arms, "bench-inplace-nodes", args.json)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,11 @@ Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--las
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from bench_inplace_nodes import _listening, _port
+from bench_inplace_nodes import _listening, _port, compare
 
 from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
 from stalwart.ledger import read_merged
@@ -97,36 +92,11 @@ def main() -> None:
     ap.add_argument("--last-call", type=float, default=4.0, help="the rendezvous round's last_call_timeout")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    res: dict = {"cpus": os.cpu_count(), "load_before": os.getloadavg(), "nodes": {}}
-    for n in [int(x) for x in args.nodes.split(",")]:
-        rows: dict[str, list[dict]] = {"shrink": [], "whole": []}
-        for i in range(args.repeats):
-            for name in rows:
-                work = Path(tempfile.mkdtemp(prefix=f"bench-shrink-{n}-"))
-                try:
-                    rows[name].append(run(work, n, args.per_node, name == "shrink", args.last_call))
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
-                r = rows[name][-1]
-                print(
-                    f"{n} nodes, round {i + 1}, {name}: fault -> first step {r['first_step_s']:.2f}s "
-                    f"(detect {r['detect_s']:.2f}s), steps lost {r['steps_lost']}"
-                    + (f", phases {r['phases']}" if "phases" in r else ""),
-                    flush=True,
-                )
-        res["nodes"][n] = rows
-    print(
-        f"\nfault -> first productive step, median (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs)"
-    )
-    print("nodes | shrink in place | whole-group restart | whole / shrink | steps lost (shrink/whole)")
-    for n, rows in res["nodes"].items():
-        med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in rows.items()}
-        lost = "/".join(str(max(r["steps_lost"] for r in v)) for v in rows.values())
-        print(
-            f"{n:5d} | {med['shrink']:.2f}s | {med['whole']:.2f}s | {med['whole'] / med['shrink']:.1f}x | {lost}"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    arms = {
+        "shrink in place": lambda work, n: run(work, n, args.per_node, True, args.last_call),
+        "whole-group restart": lambda work, n: run(work, n, args.per_node, False, args.last_call),
+    }
+    compare([int(x) for x in args.nodes.split(",")], args.repeats, arms, "bench-shrink", args.json)
 
 
 if __name__ == "__main__":
