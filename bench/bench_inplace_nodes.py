@@ -58,28 +58,46 @@ def _listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) -> Non
     raise RuntimeError("the rendezvous store never listened")
 
 
-def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
-    port, run_dir = _port(), work / "run"
-    procs = []
+def agents(
+    run_dir: Path,
+    nodes: int,
+    per_node: int,
+    nnodes: str,
+    tag: str,
+    last_call: float,
+    chaos: str,
+    in_place: bool,
+    job: list[str],
+) -> tuple[list[subprocess.Popen], list[str]]:
+    """Start ``nodes`` agents of ``job`` over loopback (one address each, the rendezvous store on the first), wait
+    for all of them, and return them with their output; every agent left running is killed."""
+    port = _port()
+    procs: list[subprocess.Popen] = []
     try:
         for i in range(nodes):
-            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", str(nodes)]
+            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", nnodes]
             cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-            cmd += ["--rdzv-id", "bench-nodes", "--rdzv-conf", "last_call_timeout=60"]
+            cmd += ["--rdzv-id", tag, "--rdzv-conf", f"last_call_timeout={last_call:g}"]
             cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
-            cmd += ["--chaos", f"crash@rank=1,step={CRASH_STEP}"]
+            cmd += ["--chaos", chaos]
             cmd += [] if in_place else ["--no-in-place"]
             procs.append(
-                subprocess.Popen([*cmd, *JOB], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                subprocess.Popen([*cmd, *job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             )
             if i == 0:
                 _listening(port, procs[0])
-        outs = [p.communicate(timeout=1800)[0] for p in procs]
+        return procs, [p.communicate(timeout=1800)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
+    run_dir = work / "run"
+    chaos = f"crash@rank=1,step={CRASH_STEP}"
+    procs, outs = agents(run_dir, nodes, per_node, str(nodes), "bench-nodes", 60, chaos, in_place, JOB)
     if any(p.returncode != 0 for p in procs):
         raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
     evs = read_merged(run_dir)

@@ -23,11 +23,9 @@ Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--las
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
-from bench_inplace_nodes import _listening, _port, compare
+from bench_inplace_nodes import agents, compare
 
 from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
 from stalwart.ledger import read_merged
@@ -38,27 +36,11 @@ JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--global-batch
 
 
 def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 4.0) -> dict:
-    port, run_dir = _port(), work / "run"
-    procs = []
-    try:
-        for i in range(nodes):
-            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", f"2:{nodes}"]
-            cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-            cmd += ["--rdzv-id", "bench-shrink", "--rdzv-conf", f"last_call_timeout={last_call:g}"]
-            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
-            cmd += ["--chaos", f"kill-agent@node=1,step={KILL_STEP}"]
-            cmd += [] if shrink else ["--no-in-place"]
-            procs.append(
-                subprocess.Popen([*cmd, *JOB], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            )
-            if i == 0:
-                _listening(port, procs[0])
-        outs = [p.communicate(timeout=1800)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    run_dir = work / "run"
+    chaos = f"kill-agent@node=1,step={KILL_STEP}"
+    procs, outs = agents(
+        run_dir, nodes, per_node, f"2:{nodes}", "bench-shrink", last_call, chaos, shrink, JOB
+    )
     if any(p.returncode != 0 for i, p in enumerate(procs) if i != 1):
         raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
     evs = read_merged(run_dir)
