@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -12,12 +14,22 @@ from stalwart.protocol import CheckpointDone, Finished, StepBegan, StepDone, con
 from stalwart.protocol.pipe import Receiver, Sender
 
 
-def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
+@contextmanager
+def _blocks(tmp_path, slots: int = 0, slot: int | None = None) -> Iterator[tuple]:
+    """A new control block, its worker-side reader (on ``slot``) and its agent-side writer."""
     path = tmp_path / "ctl" / "a0.bin"
-    control.create(path)
-    reader = control.ControlBlock(path)
+    control.create(path, slots=slots)
+    reader = control.ControlBlock(path, slot=slot)
     writer = control.ControlBlock(path, writable=True)
     try:
+        yield path, reader, writer
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
+    with _blocks(tmp_path) as (path, reader, writer):
         assert reader.stop_after() == -1
         writer.request_stop(42)
         assert reader.stop_after() == 42
@@ -25,17 +37,10 @@ def test_control_block_stop_request_is_seen_by_the_reader(tmp_path):
         assert reader.stop_after() == 43
         # generation counts the writes
         assert struct.unpack("<qqqqq", path.read_bytes()) == (43, 2, 0, -1, 0)
-    finally:
-        reader.close()
-        writer.close()
 
 
 def test_control_block_reform_request_is_seen_and_keeps_the_stop_request(tmp_path):
-    path = tmp_path / "ctl" / "a0.bin"
-    control.create(path, slots=2)
-    reader = control.ControlBlock(path, slot=1)
-    writer = control.ControlBlock(path, writable=True)
-    try:
+    with _blocks(tmp_path, slots=2, slot=1) as (_, reader, writer):
         assert reader.reform() == 0
         writer.request_stop(7)
         writer.request_reform(3)
@@ -44,17 +49,10 @@ def test_control_block_reform_request_is_seen_and_keeps_the_stop_request(tmp_pat
         assert (reader.reform(), reader.stop_after()) == (3, 9)
         reader.beat(1.0, 5, "forward")  # the slots sit after the longer header
         assert writer.read_beat(1) == (1.0, 5, "forward")
-    finally:
-        reader.close()
-        writer.close()
 
 
 def test_a_shrink_request_carries_the_nodes_new_place_and_later_requests_keep_it(tmp_path):
-    path = tmp_path / "ctl" / "a0.bin"
-    control.create(path, slots=2)
-    reader = control.ControlBlock(path, slot=0)
-    writer = control.ControlBlock(path, writable=True)
-    try:
+    with _blocks(tmp_path, slots=2, slot=0) as (_, reader, writer):
         assert reader.place() is None  # a new block: every worker keeps its launch place
         writer.request_stop(7)
         writer.request_reform(2, (2, 4))  # this node's ranks start at 2 in a world of 4
@@ -70,9 +68,6 @@ def test_a_shrink_request_carries_the_nodes_new_place_and_later_requests_keep_it
         assert (reader.reform(), reader.place()) == (control.REFUSED, (2, 4))  # a bad place writes nothing
         reader.beat(1.0, 5, "forward")  # the slots sit after the header with the place
         assert writer.read_beat(0) == (1.0, 5, "forward")
-    finally:
-        reader.close()
-        writer.close()
 
 
 def test_messages_round_trip_through_the_pipe():
