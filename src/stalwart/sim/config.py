@@ -156,8 +156,8 @@ class SimConfig(BaseModel):
         0.0,
         ge=0,
         le=10,
-        description="steps this much slower than the median step all run long (0.03 = 3%): a measured "
-        "run's slow steps, which a replay keeps",
+        description="steps this much slower than the ideal step all run long (0.03 = 3%): a measured "
+        "run's slowdown over its productive time, which a replay keeps",
     )
     gpu_hour_price: float = Field(2.0, ge=0)
     # the agent's own policies (sim/policies.py asks them; see docs/simulator.md)
