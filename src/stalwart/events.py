@@ -136,7 +136,9 @@ class ReformedInPlace(Event):
     ``generation`` and holds the live state after ``step`` steps (``lost_steps`` beyond the
     interrupted one were redone). ``phases``: seconds, fault -> first step (docs/fast-recovery.md).
     When the group shrank in place (a lost node, no hot spare), ``ranks`` is empty and ``world_size``
-    is the new world size, ``shrunk_from`` the old one."""
+    is the new world size, ``shrunk_from`` the old one; when it grew back in place (a node returned and
+    took a free place), ``ranks`` are the newcomer's ranks, ``world_size`` the new size and
+    ``grown_from`` the old one."""
 
     generation: int
     ranks: tuple[int, ...]  # the replaced ranks
@@ -148,6 +150,7 @@ class ReformedInPlace(Event):
     # a lost node without a hot spare: the survivors re-formed at a smaller world size (0: unchanged)
     world_size: int = 0
     shrunk_from: int = 0
+    grown_from: int = 0  # a node returned: the group grew in place from this world size
 
 
 # --- checkpoints ----------------------------------------------------------------------------
