@@ -123,8 +123,18 @@ class _Board:
     def silence(self):
         return self.quiet
 
+    def publish_group(self, a) -> None:
+        self.sent.append(("group", a))
+
+    def offers(self):
+        return self.offered
+
+    def watch_more(self, nodes) -> None:
+        self.sent.append(("watch", tuple(nodes)))
+
     refused: tuple[str, str] | None = None
     quiet: dict[str, float] = {}
+    offered: tuple[str, ...] = ()
 
 
 def _node(

@@ -14,6 +14,10 @@ when fewer than MAX hosts start at all.
 exits 0. A c10d store ends with the agent that hosts it, so there a late agent learns the end from
 a run directory the hosts share (its ledger's verdict, commands/run.py), or not at all.
 
+**The workers' store.** The first node of every round records where it hosts the round's worker store
+(``stalwart/workers/<run id>``). A node that arrives while the job runs reads it to find the group's
+in-place board (launch/rejoin.py) before it joins the rendezvous.
+
 Every store call is bounded (the store's own timeout); the waits take their time from the injected
 clock.
 """
@@ -30,6 +34,7 @@ from .clock import Clock
 
 ARRIVED_KEY = "stalwart/arrived"
 FINISHED_KEY = "stalwart/finished"
+WORKERS_KEY = "stalwart/workers"
 POLL_S = 0.2
 
 
@@ -77,6 +82,25 @@ class FinishedMark:
         )
 
 
+def mark_workers(store: Any, run_id: str, addr: str, port: int) -> None:
+    store.set(f"{WORKERS_KEY}/{run_id}", json.dumps({"addr": addr, "port": port}))
+
+
+def read_workers(store: Any, run_id: str) -> tuple[str, int] | None:
+    """Where the running round hosts its worker store (None: no round recorded one, or not a record)."""
+    key = f"{WORKERS_KEY}/{run_id}"
+    if not store.check([key]):
+        return None
+    try:
+        d = json.loads(store.get(key))
+        addr, port = d["addr"], d["port"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(addr, str) or not addr or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    return addr, port
+
+
 def store_for(cfg, timeout_s: float) -> Any:
     """A client of the rendezvous store with ``add``/``set``/``check``/``get`` (a torch Store):
     the c10d host's TCPStore on a new connection, or a key prefix in etcd."""
@@ -117,7 +141,9 @@ __all__ = [
     "FinishedMark",
     "await_hosts",
     "mark_finished",
+    "mark_workers",
     "read_finished",
+    "read_workers",
     "store_for",
     "wait_for_hosts",
 ]

@@ -61,11 +61,8 @@ class RunConsole:
             self.say(f"{t} attempt {ev.attempt}: world size {ev.world_size} on {ev.num_nodes} node(s)")
         elif isinstance(ev, TrainingResumed):
             self.say(f"{t} [green]resumed[/] at step {ev.step}")
-        elif isinstance(ev, ReformedInPlace) and ev.shrunk_from:
-            self.say(
-                f"{t} [green]shrank in place[/] from {ev.shrunk_from} to {ev.world_size} processes: the "
-                f"surviving ranks kept their processes and the live state after step {ev.step}"
-            )
+        elif isinstance(ev, ReformedInPlace) and (ev.shrunk_from or ev.grown_from):
+            self.say(resized_line(t, ev))
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
         elif isinstance(ev, FailureDetected):
@@ -167,3 +164,18 @@ def innermost_frame(stack: str) -> str:
     start = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), 0)
     frames = [ln.strip() for ln in lines[start:] if ln.strip().startswith("File")]
     return frames[0] if frames else "(no Python frame)"
+
+
+def resized_line(t: str, ev: ReformedInPlace) -> str:
+    """The console's line for a group that shrank or grew in place."""
+    if ev.shrunk_from:
+        return (
+            f"{t} [green]shrank in place[/] from {ev.shrunk_from} to {ev.world_size} processes: the "
+            f"surviving ranks kept their processes and the live state after step {ev.step}"
+        )
+    ranks = f"{ev.ranks[0]}-{ev.ranks[-1]}" if len(ev.ranks) > 1 else ", ".join(map(str, ev.ranks))
+    return (
+        f"{t} [green]grew back in place[/] from {ev.grown_from} to {ev.world_size} processes: the "
+        f"ranks kept their processes and a replica sent new rank {ranks} the live state after "
+        f"step {ev.step} ({ev.bytes_moved / 2**20:.1f} MiB)"
+    )

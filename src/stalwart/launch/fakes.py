@@ -247,6 +247,10 @@ class ScriptedWorkers:
     outcome: Callable[[int, WorldPlan], AttemptOutcome] | None = None
     started: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     takes_over: Callable[[WorldPlan], TookOver | None] = lambda plan: None  # a spare's take-over
+    returns: tuple[TookOver, Round] | None = None  # a place in a running group, taken before the rendezvous
+
+    def rejoin(self) -> tuple[TookOver, Round] | None:
+        return self.returns
 
     def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
         return self.takes_over(plan)

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
-from ..diagnose.incident import silent_host_incident
-from ..events import DecisionTaken, FailureDetected, ReformedInPlace, WorkersStopped
+from ..events import DecisionTaken, ReformedInPlace, WorkersStopped
 from ..policy.inplace import (
     InPlace,
     InPlaceCase,
@@ -40,18 +39,16 @@ from ..policy.inplace import (
     JoinCase,
     NotInPlace,
     Refuse,
-    ShrinkCase,
-    ShrinkInPlace,
     Wait,
     decide,
     hang_culprits,
     join,
-    shrink,
 )
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
 from .decision import AttemptOutcome, Decision
+from .inplace_resize import grow_group, shrink_group
 from .ports import LedgerSink
 from .progress import ProgressTracker
 from .reform_board import Announcement, Board
@@ -108,7 +105,8 @@ class InPlaceRecovery:
     taking_over: float | None = None  # a hot spare's ranks replace a lost node's: when they started
     xids: Callable[[], tuple[str, ...]] | None = None  # severe GPU Xids since the attempt started
     active: tuple[str, ...] = ()  # the group's nodes by group rank (a shrink in place drops the lost)
-    shrunk: tuple[int, int] | None = None  # this node shrank the group: (old world size, interrupted step)
+    # this node resized the group in place: ("shrink" | "grow", old world size, interrupted step)
+    resized: tuple[str, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.xids is None:
@@ -234,8 +232,12 @@ class InPlaceRecovery:
         silent = self.board.silence()
         lost = tuple(n for n in self.active or tuple(silent) if silent.get(n, 0.0) >= settings.announce_s / 2)
         newer = seen is not None and seen.generation > self.generation  # another node's, to join instead
-        if waiting and lost and not newer and self.pending is None and self._shrink(lost, silent, snap):
+        if waiting and lost and not newer and self.pending is None and shrink_group(self, lost, silent, snap):
             return
+        if not waiting and not newer and grow_group(self, snap):
+            return
+        resized = seen.world_size if seen is not None and newer else 0
+        grown = resized if resized > self.world_size > 0 else 0
         case = JoinCase(
             enabled=settings.enabled,
             generation=self.generation,
@@ -250,7 +252,8 @@ class InPlaceRecovery:
             refused_why=refused[1] if refused is not None else "",
             lost=lost,
             spares=self.spares,
-            shrunk_to=seen.world_size if seen is not None else 0,
+            shrunk_to=resized if resized and not grown else 0,
+            grown_to=grown,
         )
         choice = join(case)
         match choice:
@@ -282,12 +285,13 @@ class InPlaceRecovery:
     def _join(
         self, gen: int, seen: Announcement | None, reason: str, now: float, record: bool = True
     ) -> None:
-        """Ask the local ranks to join generation ``gen``, in their new place when the group shrank."""
+        """Ask the local ranks to join generation ``gen``, in their new place when the group shrank or
+        grew."""
         from ..protocol.control import ControlBlock
 
         assert isinstance(self.block, ControlBlock)
         place = None
-        if seen is not None and seen.world_size:  # the group shrank: this node's new place in it
+        if seen is not None and seen.world_size:  # the group resized: this node's new place in it
             place = seen.place(self.node, self.cfg.nproc_per_node)  # type: ignore[attr-defined]
         if seen is not None and place is not None:
             self.active, self.world_size, self.num_nodes = seen.active, seen.world_size, len(seen.active)
@@ -296,61 +300,6 @@ class InPlaceRecovery:
         self.block.request_reform(gen, place)
         if record:
             self._record("joined_in_place", reason, now)
-
-    def _shrink(self, lost: tuple[str, ...], silent: dict[str, float], snap: Snapshot) -> bool:
-        """On the node that watches the others' heartbeats: a lost node and no hot spare. Re-form the
-        survivors in place at the smaller size (announced, then joined like any generation), or
-        refuse; False when another node (or a spare) decides."""
-        cfg = self.cfg
-        settings = cfg.reform  # type: ignore[attr-defined]
-        choice = shrink(
-            ShrinkCase(
-                enabled=settings.enabled,
-                stopping=snap.stop_requested_at is not None,
-                node=self.node,
-                active=self.active,
-                lost=lost,
-                spares=self.spares,
-                nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
-                min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
-                rule=cfg.size_rule,  # type: ignore[attr-defined]
-                generation=self.generation,
-            )
-        )
-        match choice:
-            case Wait():
-                return False
-            case Refuse(reason=reason):
-                self._refuse(reason, snap.now)
-            case ShrinkInPlace(active=active, world_size=world, generation=gen, reason=reason):
-                assert self.board is not None
-                old = self.world_size
-                interrupted = min((q.last_done + 1 for q in self.tracker.progress.values()), default=0)
-                quiet = max(silent.get(n, 0.0) for n in lost)
-                gone = ", ".join(lost)
-                self.ledger.emit(  # the lost node's failure, as this node detected it (its agent is gone)
-                    FailureDetected(
-                        ts=snap.now,
-                        failure="agent_lost",
-                        evidence=f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait",
-                        onset=snap.now - quiet,
-                        rank=min(self.active.index(n) for n in lost) * cfg.nproc_per_node,  # type: ignore[attr-defined]
-                        **self.ledger.ctx(),
-                    )
-                )
-                self.ledger.emit(
-                    silent_host_incident(
-                        lost, self.node, quiet, snap.now, f"re-formed the group in place without host {gone}"
-                    ).to_event(**self.ledger.ctx())
-                )
-                self._record("shrink_in_place", reason, snap.now)
-                shrunk = Announcement(gen, self.node, (), world, active)
-                self.board.announce(shrunk)
-                self._join(gen, shrunk, reason, snap.now, record=False)
-                self.shrunk, self.taking_over = (old, interrupted), self.clock.now()
-            case _:
-                assert_never(choice)
-        return True
 
     def _took_over(self, now: float) -> None:
         """A hot spare's ranks joined the other nodes' generation with the live state: the record of
@@ -362,27 +311,38 @@ class InPlaceRecovery:
         ]
         if len(msgs) < len(progress) or self.taking_over is None:
             return
-        first = "join" if self.shrunk is not None else "replace"  # a shrink starts no rank
+        kind, old, interrupted = (
+            self.resized if self.resized is not None else ("", 0, max(m.step for m in msgs))
+        )
+        first = "join" if kind else "replace"  # a resize starts no rank here
         phases = {first: max(0.0, min(m.t for m in msgs) - self.taking_over)}
         for name in ("rendezvous", "transfer"):
             phases[name] = max((m.phases.get(name, 0.0) for m in msgs), default=0.0)
         self.taking_over = None
-        self.completed += 1
+        if kind != "grow":  # a grow recovers no failure: the job's failure count stays
+            self.completed += 1
         step = max(m.step for m in msgs)
-        old, interrupted = self.shrunk if self.shrunk is not None else (0, step)
-        self.shrunk = None
+        self.resized = None
+        match kind:
+            case "shrink":
+                ranks: tuple[int, ...] = ()  # a shrink replaced no rank
+            case "grow":
+                ranks = tuple(range(old, self.world_size))  # the newcomers' ranks
+            case _:
+                ranks = tuple(sorted(progress))
         self.ledger.emit(
             ReformedInPlace(
                 ts=now,
                 generation=self.generation,
-                ranks=() if old else tuple(sorted(progress)),  # a shrink replaced no rank
+                ranks=ranks,
                 step=step,
                 lost_steps=max(0, interrupted - step),
                 bytes_moved=sum(m.received for m in msgs),
                 state_bytes=max(m.received for m in msgs),
                 phases=phases,
-                world_size=self.world_size if old else 0,
-                shrunk_from=old,
+                world_size=self.world_size if kind else 0,
+                shrunk_from=old if kind == "shrink" else 0,
+                grown_from=old if kind == "grow" else 0,
                 **self.ledger.ctx(),
             )
         )

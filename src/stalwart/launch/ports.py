@@ -135,6 +135,11 @@ class WorkerLauncher(Protocol):
         """Start this node's workers for ``attempt`` on ``plan`` and supervise them to an outcome."""
         ...
 
+    def rejoin(self) -> tuple[TookOver, Round] | None:
+        """Before the first rendezvous: this node's place in a running group that shrank in place and
+        took it back in (its workers then join that group's next generation), else None. Bounded."""
+        ...
+
     def take_over(self, plan: WorldPlan, met: Round) -> TookOver | None:
         """A hot spare of ``plan``: the plan with this node in a lost node's place once it claimed that
         place (its workers then join the other nodes' in-place re-formation), else None. Never waits."""

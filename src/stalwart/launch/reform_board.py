@@ -18,7 +18,10 @@ also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
   (and the first node's) watches the active nodes' counters and measures, on its own clock, how long
   each has not moved;
 * which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
-* a claim per lost node (compare-and-set), so that two spares never take the same node's place.
+* a claim per lost node (compare-and-set), so that two spares never take the same node's place;
+* once the group shrank or grew in place, its nodes and size (the first node writes them), and the
+  offers of nodes that arrive while the job runs: the first node takes them back in place
+  (policy/inplace.py :func:`~stalwart.policy.inplace.grow`).
 
 What each board costs the store does not grow with the job while nothing fails: one read of a
 version counter per poll (every write the others must see bumps it) and one heartbeat every 0.5 s.
@@ -44,6 +47,8 @@ WAITING_ANY = "stalwart/inplace/waiting-any"
 BEAT = "stalwart/inplace/beat/"
 WAITING = "stalwart/inplace/waiting/"
 CLAIM = "stalwart/inplace/claim/"
+GROUP = "stalwart/inplace/group"  # the group's nodes and size since it last shrank or grew in place
+OFFERS = "stalwart/inplace/offers"  # "+node" (offers a free place) or "-node" (withdrew), one a line
 POLL_S = 0.1
 BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
 WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
@@ -139,6 +144,18 @@ class Board(Protocol):
         """Seconds since each watched node's heartbeat last moved."""
         ...
 
+    def publish_group(self, a: Announcement) -> None:
+        """Record the group's nodes and size after it shrank or grew in place; never waits."""
+        ...
+
+    def offers(self) -> tuple[str, ...]:
+        """Nodes that arrived during the job and offer a free place, in order; never waits."""
+        ...
+
+    def watch_more(self, nodes: Sequence[str]) -> None:
+        """Watch the heartbeats of ``nodes`` too."""
+        ...
+
 
 class StoreBoard:
     """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
@@ -171,6 +188,11 @@ class StoreBoard:
         self._refuse_out: queue.Queue[str] = queue.Queue()
         self._refused: tuple[str, str] | None = None
         self._polls = 0
+        self._answered = False  # one poll completed (what was in the store then is read)
+        self._group_out: queue.Queue[Announcement] = queue.Queue()
+        self._group: Announcement | None = None
+        self._offer_out: queue.Queue[str] = queue.Queue()  # "+node" offers, "-node" withdraws
+        self._offers: tuple[str, ...] = ()
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
         self._waits = 0  # the waits counted so far (a new one starts an incident)
@@ -209,6 +231,37 @@ class StoreBoard:
         seen = self._seen.generation if self._seen is not None else 0
         return {n: g for n, g in dict(self._waiting).items() if g > seen}
 
+    @property
+    def answered(self) -> bool:
+        """Whether one poll completed: :meth:`group` and :meth:`latest` hold what the store had then."""
+        return self._answered
+
+    def publish_group(self, a: Announcement) -> None:
+        """Record the group's nodes and size after it shrank or grew in place (for arriving nodes)."""
+        self._group_out.put(a)
+
+    def group(self) -> Announcement | None:
+        """The group's nodes and size as its first node last recorded them (None: never resized)."""
+        return self._group
+
+    def offer(self, node: str) -> None:
+        """Offer ``node`` (arrived during the job) for a free place in the group."""
+        self._offer_out.put("+" + node)
+
+    def withdraw(self, node: str) -> None:
+        """``node`` gave up waiting for a place (it joins the rendezvous instead)."""
+        self._offer_out.put("-" + node)
+
+    def offers(self) -> tuple[str, ...]:
+        """The nodes that offered a free place, in the order they offered."""
+        return self._offers
+
+    def watch_more(self, nodes: Sequence[str]) -> None:
+        """Watch the heartbeats of ``nodes`` too (newcomers the group took in)."""
+        now = self._clock()
+        for n in nodes:
+            self._moved.setdefault(n, now)
+
     def claim(self, lost: str) -> None:
         """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
         self._claims_out.put(lost)
@@ -241,12 +294,14 @@ class StoreBoard:
             self._version = version
             self._read_refusal(store)
             self._read_announcement(store)
+            self._read_group(store)
             waits = store.add(WAITING_ANY, 0)
             if waits > self._waits and self._moved and not self._incident:  # a new wait: an incident
                 self._watch_from_now()
             self._waits = waits
         if self._incident and self._polls % WATCH_EVERY == 1:
             self._read_nodes(store)
+        self._answered = True
 
     def _watch_from_now(self) -> None:
         """Start reading the watched heartbeats; their silence counts from now, not from before."""
@@ -291,6 +346,12 @@ class StoreBoard:
             self._claimed[lost] = (
                 holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
             )
+        while not self._group_out.empty():
+            store.set(GROUP, self._group_out.get_nowait().encode())
+            bump = True
+        while not self._offer_out.empty():
+            store.append(OFFERS, self._offer_out.get_nowait() + "\n")
+            bump = True
         if bump:
             store.add(VERSION, 1)
 
@@ -302,6 +363,22 @@ class StoreBoard:
             self._refused = (str(doc["node"])[:256], str(doc["reason"])[:500])
         except (UnicodeDecodeError, ValueError, TypeError, KeyError):
             self._refused = ("?", "a malformed refusal in the worker store")
+
+    def _read_group(self, store: Any) -> None:
+        """The group record and the offers (a malformed entry is ignored, never trusted)."""
+        if store.check([GROUP]):
+            try:
+                self._group = Announcement.decode(store.get(GROUP))
+            except ValueError as exc:
+                self._note(f"ignored a malformed group record in the worker store: {exc}")
+        if store.check([OFFERS]):
+            standing: dict[str, bool] = {}  # a node's last line says whether its offer stands
+            for line in store.get(OFFERS).decode(errors="replace").splitlines():
+                name = line[1:]
+                if line[:1] in ("+", "-") and _name(name) and name.isprintable():
+                    standing.pop(name, None)
+                    standing[name] = line[0] == "+"
+            self._offers = tuple(n for n, up in standing.items() if up)
 
     def _read_nodes(self, store: Any) -> None:
         """The watched nodes' heartbeats (when each last moved) and which of them wait."""

@@ -109,6 +109,7 @@ class NodeRendezvous:
             addr = cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint)
             port = self._host_worker_store(addr, 0)
             store.set("stalwart/master", f"{addr}:{port}")
+            self._mark_workers(addr, port)
         master = store.get("stalwart/master").decode()
         addr, _, port_text = master.rpartition(":")
         names = tuple(store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes))
@@ -135,6 +136,32 @@ class NodeRendezvous:
         except Exception:  # noqa: BLE001 - the round itself says what is wrong with the store
             return
         self.arrivals = got
+
+    def _mark_workers(self, addr: str, port: int) -> None:
+        """Record the round's worker store for nodes that arrive while the job runs (launch/rejoin.py;
+        best effort, bounded: without it they join the rendezvous as before)."""
+        cfg = self.cfg
+        if not cfg.reform.enabled or cfg.max_nodes < 2:
+            return
+        from .arrival import mark_workers, store_for
+
+        try:
+            mark_workers(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id, addr, port)
+        except Exception:  # noqa: BLE001 - an arriving node then joins the rendezvous instead
+            pass
+
+    def workers_elsewhere(self) -> tuple[str, int] | None:
+        """Where a running round of this job hosts its worker store (launch/arrival.py), or None: no
+        round recorded one, the store did not answer within the probe deadline, or one node."""
+        cfg = self.cfg
+        if not cfg.use_c10d or not cfg.reform.enabled or cfg.max_nodes < 2:
+            return None
+        from .arrival import read_workers, store_for
+
+        try:
+            return read_workers(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id)
+        except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
+            return None
 
     def finished_elsewhere(self):
         """The mark a job that already succeeded left in etcd (launch/arrival.py), or None: none there,

@@ -1,6 +1,7 @@
 """The job runner: asks the job policy (policy/job.py) what to do next and does only that.
 
-Each round: the health gate, the rendezvous, the policy's world decision (start the whole group,
+Each round: the health gate (then, before the first rendezvous only, a place in a running group that
+shrank in place and takes this node back: launch/rejoin.py), the rendezvous, the policy's world decision (start the whole group,
 replace a lost node by a hot spare, shrink, stand by as a spare, or end), the attempt (or the spare's
 wait), the policy's decision on its outcome (restart within the budget, or end with a verdict). Every
 effect goes through a port (launch/ports.py): no process, socket or file here, so a unit test or the
@@ -76,6 +77,10 @@ class JobRunner:
         unhealthy, node_state = self.gate.check(self.state.attempt)
         if unhealthy:
             return self._ask(Unhealthy(unhealthy, node_state))
+        if not self.decided:  # arrived while the job runs: a group that shrank in place may take it back
+            back = self.workers.rejoin()
+            if back is not None:
+                return self._took_over(*back)
         try:
             met = self.rendezvous.meet()
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
@@ -88,9 +93,7 @@ class JobRunner:
             case StandBy(plan=plan):
                 waited = self._stand_by(plan, met)
                 if isinstance(waited, TookOver):  # a lost node's place, taken in place
-                    took = self._ask(waited)
-                    assert isinstance(took, Replace)
-                    return self._after(self._ask(self._attempt(took.plan, met)))
+                    return self._took_over(waited, met)
                 return self._ask(waited)
             case Restart(plan=None):
                 return decision  # the policy re-forms before it starts anything
@@ -98,6 +101,12 @@ class JobRunner:
                 return self._after(self._ask(self._attempt(plan, met)))
             case _:
                 raise AssertionError(f"the job policy answered a round with {decision!r}")
+
+    def _took_over(self, took: TookOver, met: Round) -> JobDecision:
+        """A place in the running group, taken in place: this node's ranks join its next generation."""
+        decision = self._ask(took)
+        assert isinstance(decision, Replace)
+        return self._after(self._ask(self._attempt(decision.plan, met)))
 
     def _after(self, decision: JobDecision) -> JobDecision:
         match decision:

@@ -32,7 +32,9 @@ class InPlaceSettings(BaseModel):
             gt=0,
             description=(
                 "Seconds a node whose ranks lost a peer on another node waits for that node's agent to "
-                "announce an in-place re-formation before the whole group restarts (multi-node)."
+                "announce an in-place re-formation before the whole group restarts; also how long a node "
+                "arriving while a group that shrank in place trains waits to be taken back in before it "
+                "joins the rendezvous (multi-node)."
             ),
         )
     )

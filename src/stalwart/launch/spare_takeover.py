@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from typing_extensions import assert_never
 
+from ..events import DecisionTaken, FailureDetected
 from ..policy.inplace import TakeOver, TakeOverCase, Wait, take_over
 from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
@@ -94,3 +95,22 @@ class SpareWatch:
 
     def close(self) -> None:
         self.board.close()
+
+
+def lost_node_records(cfg, ledger, now: float, took: TookOver, watch: SpareWatch) -> None:
+    """The lost node's failure, as the spare that took its place detected it, and the in-place rung
+    it takes."""
+    assert watch.claiming is not None
+    ctx = ledger.ctx()
+    first = took.plan.active.index(cfg.node_name) * cfg.nproc_per_node
+    ledger.emit(
+        FailureDetected(
+            ts=now,
+            failure="agent_lost",
+            evidence=f"node {watch.claiming.lost}: no heartbeat for {watch.silent_s:.1f}s while its peers wait",
+            onset=now - watch.silent_s,
+            rank=first,
+            **ctx,
+        )
+    )
+    ledger.emit(DecisionTaken(ts=now, action="in_place", reason=took.reason, **ctx))

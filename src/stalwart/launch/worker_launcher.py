@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chaos.plan import FaultPlan
-from ..events import AttemptEnded, AttemptStarted, DecisionTaken, FailureDetected, WorkersStarted
+from ..events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
 from ..health.link_counters import LinkSampler
 from ..policy.job import AttemptStatus, TookOver
 from ..policy.world_size import WorldPlan
@@ -27,8 +27,9 @@ from .ledger_sink import NodeLedger
 from .output import routes
 from .ports import Console, Round
 from .reform_board import StoreBoard
+from .rejoin import find_place
 from .rendezvous import NodeRendezvous
-from .spare_takeover import SpareWatch
+from .spare_takeover import SpareWatch, lost_node_records
 from .supervisor import Supervisor
 from .warm import WarmPool, choose_path
 from .worker_boot import BOOT_CODE
@@ -169,24 +170,19 @@ class NodeWorkers:
         took = self.spare.poll()
         if took is not None and self.spare.claiming is not None:
             self.joining = self.spare.generation
-            self._lost_node(took, self.spare.claiming.lost, self.spare.silent_s)
+            lost_node_records(self.cfg, self.ledger, self.clock.now(), took, self.spare)
         return took
 
-    def _lost_node(self, took: TookOver, lost: str, silent_s: float) -> None:
-        """The lost node's failure, as this spare detected it, and the in-place rung it takes."""
-        now, ctx = self.clock.now(), self.ledger.ctx()
-        first = took.plan.active.index(self.cfg.node_name) * self.cfg.nproc_per_node
-        self.ledger.emit(
-            FailureDetected(
-                ts=now,
-                failure="agent_lost",
-                evidence=f"node {lost}: no heartbeat for {silent_s:.1f}s while its peers wait",
-                onset=now - silent_s,
-                rank=first,
-                **ctx,
-            )
-        )
-        self.ledger.emit(DecisionTaken(ts=now, action="in_place", reason=took.reason, **ctx))
+    def rejoin(self) -> tuple[TookOver, Round] | None:
+        """Before this node joins the rendezvous: a place in a running group that shrank in place,
+        offered and taken (launch/rejoin.py), or None (the rendezvous decides, as before)."""
+        if self.rendezvous is None or not self.cfg.reform.enabled or self.cfg.max_nodes < 2:
+            return None
+        place = find_place(self.cfg, self.rendezvous, self.clock, self.console.note)
+        if place is None:
+            return None
+        self.joining = place.generation
+        return TookOver(place.plan, place.reason), place.met
 
     def worker_specs(
         self,

@@ -136,6 +136,7 @@ class JoinCase:
     lost: tuple[str, ...] = ()  # other active nodes whose heartbeat has been silent past half the bound
     spares: bool = False  # the round has hot spares (one may take a lost node's place)
     shrunk_to: int = 0  # the announced generation shrinks the group to this world size (0: it does not)
+    grown_to: int = 0  # the announced generation grows the group back to this world size (0: it does not)
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,13 @@ def join(case: JoinCase) -> JoinDecision:
         if case.stopping or not case.enabled:
             why = "a stop was requested" if case.stopping else "in-place recovery is off here"
             return Refuse(f"node {case.announced_by} re-forms in place, but {why}: the group restarts")
+        if case.grown_to:
+            return Join(
+                case.announced,
+                f"node {case.announced_by} grew the group back in place to {case.grown_to} processes (a "
+                f"node returned); this node's ranks keep their processes and join generation "
+                f"{case.announced} at the next step boundary",
+            )
         if case.shrunk_to:
             return Join(
                 case.announced,
@@ -306,6 +314,111 @@ def shrink(case: ShrinkCase) -> ShrinkDecision:
         f"node {gone} is lost (no heartbeat) and the round has no hot spare: the {len(survivors)} "
         f"surviving node(s) re-form in place, shrinking the world from {old} to {world} processes; "
         f"their ranks keep their processes (generation {gen})",
+    )
+
+
+@dataclass(frozen=True)
+class GrowCase:
+    """What the first node of a group that shrank in place knows when nodes offer to return."""
+
+    enabled: bool  # --in-place
+    stopping: bool  # a stop was requested
+    busy: bool  # a re-formation is in progress, or some rank waits for one (an incident)
+    node: str  # this node
+    active: tuple[str, ...]  # the group's nodes by group rank
+    offers: tuple[str, ...]  # nodes that offered to take a free place, in the order they offered
+    nproc_per_node: int
+    max_nodes: int
+    rule: SizeRule
+    generation: int  # this node's current generation
+
+
+@dataclass(frozen=True)
+class GrowInPlace:
+    active: tuple[str, ...]  # the old nodes in their places, then the newcomers: new group rank = index
+    joining: tuple[str, ...]  # the newcomers
+    world_size: int
+    generation: int
+    reason: str
+
+
+GrowDecision = GrowInPlace | Wait
+
+
+def grow(case: GrowCase) -> GrowDecision:
+    """Whether the group takes returning nodes back in place: the old nodes keep their processes and
+    places, the newcomers take the next group ranks, and every rank re-forms at the next step boundary
+    with the live state sent to the newcomers by a replica. Only the first node decides (exactly one
+    announces); it takes as many of the offers, in order, as give the largest size that
+    ``--nnodes MAX`` and ``--valid-sizes`` allow. Otherwise it waits: a newcomer nobody takes in
+    joins the rendezvous after its own bound, and the whole group restarts with it there."""
+    offers = tuple(n for n in dict.fromkeys(case.offers) if n not in case.active)
+    if (
+        not case.enabled
+        or case.stopping
+        or case.busy
+        or not offers
+        or not case.active
+        or case.active[0] != case.node
+    ):
+        return Wait()
+    room = min(len(offers), case.max_nodes - len(case.active))
+    take = next(
+        (k for k in range(room, 0, -1) if case.rule.valid((len(case.active) + k) * case.nproc_per_node)), 0
+    )
+    if not take:
+        return Wait()
+    joining = offers[:take]
+    active = (*case.active, *joining)
+    old, world = len(case.active) * case.nproc_per_node, len(active) * case.nproc_per_node
+    gen = case.generation + 1
+    return GrowInPlace(
+        active,
+        joining,
+        world,
+        gen,
+        f"node {', '.join(joining)} offered to return: the group grows back in place from {old} to {world} "
+        f"processes at the next step boundary; the {len(case.active)} node(s) in it keep their processes "
+        f"and places, and a replica sends the newcomers the live state (generation {gen})",
+    )
+
+
+@dataclass(frozen=True)
+class OfferCase:
+    """What a node that arrives while the job runs knows of the group (its first node's record)."""
+
+    enabled: bool  # --in-place
+    node: str  # this node
+    active: tuple[str, ...]  # the group's nodes, as its first node last recorded them (() : unknown)
+    world_size: int
+    max_nodes: int
+
+
+@dataclass(frozen=True)
+class Offer:
+    reason: str
+
+
+OfferDecision = Offer | Refuse
+
+
+def offer(case: OfferCase) -> OfferDecision:
+    """Whether a node that arrives during the job offers to take a free place in the running group (it
+    then waits, bounded, for the group's first node to take it in), or joins the rendezvous as before
+    (the reason says why)."""
+    if not case.enabled:
+        return Refuse("in-place recovery is off (--no-in-place): joining the rendezvous")
+    if not case.active:
+        return Refuse("the running group has not shrunk in place: joining the rendezvous")
+    if case.node in case.active:
+        return Refuse(f"node {case.node} is already in the running group: joining the rendezvous")
+    if len(case.active) >= case.max_nodes:
+        return Refuse(
+            f"the running group already has --nnodes MAX {case.max_nodes} nodes: joining the rendezvous"
+        )
+    return Offer(
+        f"the running group has {len(case.active)} of at most {case.max_nodes} nodes ({case.world_size} "
+        f"processes): node {case.node} offers to take a free place in place"
     )
 
 

@@ -238,6 +238,9 @@ class _SupervisedKills:
     def take_over(self, plan: WorldPlan, met: Round) -> None:
         return None  # the probe has no hot spare
 
+    def rejoin(self) -> None:
+        return None  # nor a running group to join
+
 
 @dataclass(frozen=True)
 class RestartProbe:

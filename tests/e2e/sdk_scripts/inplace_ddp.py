@@ -4,7 +4,9 @@ process's pid to ``<out>/pids-rank<R>.txt`` (R: the rank it was launched as) and
 changes); rank 0 saves the final weights to ``<out>/final.pt``. With ``stop_rank stop_step``, that
 rank SIGSTOPs itself once at the start of that step's work (a hang at a known point). With
 ``INPLACE_DATA=1`` each rank takes one sample per step from an ``ElasticDistributedSampler`` kept in
-the state and appends "call step index" to ``<out>/seen-rank<R>.txt``.
+the state and appends "call step index" to ``<out>/seen-rank<R>.txt``. With ``INPLACE_STOP_FILE``,
+once that file exists (written whole by the test) every rank ends its loop at the step it names (a
+test that cannot know beforehand how long a run must last).
 argv: steps out_dir [stop_rank stop_step]."""
 
 import os
@@ -48,7 +50,10 @@ def train(session: Session) -> None:
     if DATA:
         state["data"] = sampler
     samples = None
+    stop_at = os.environ.get("INPLACE_STOP_FILE", "")
     for step in session.loop(STEPS, state, checkpoint_every=10):
+        if stop_at and os.path.exists(stop_at) and step >= int(open(stop_at).read()):
+            break
         if DATA:
             samples = samples or iter(sampler)  # after the loop loaded the position
             with open(os.path.join(OUT, f"seen-rank{LAUNCHED}.txt"), "a") as fh:

@@ -1,0 +1,142 @@
+"""In-place recovery across nodes, when the group changes size (docs/fast-recovery.md).
+
+Both are decided only by the group's first node (the one that watches the others' heartbeats), so
+exactly one node announces, and applied through the same board and control block as any generation:
+
+* **shrink**: a node is lost and the round has no hot spare. The pure policy
+  (:func:`~stalwart.policy.inplace.shrink`) drops it; the surviving nodes keep their processes and
+  re-form at the smaller world size in their old order.
+* **grow**: a node that arrived while the job runs offered a free place (launch/rejoin.py). The pure
+  policy (:func:`~stalwart.policy.inplace.grow`) takes it in at the next group ranks; the nodes in the
+  group keep their processes and places, re-form at the next step boundary, and a replica sends the
+  newcomer's ranks the live state.
+
+Each writes the group's new nodes and size to the board (what a node arriving later reads), asks the
+local ranks to join in their places, and records :class:`~stalwart.events.ReformedInPlace` once they
+did (:meth:`InPlaceRecovery._took_over`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from typing_extensions import assert_never
+
+from ..diagnose.incident import silent_host_incident
+from ..events import FailureDetected
+from ..policy.inplace import GrowCase, GrowInPlace, Refuse, ShrinkCase, ShrinkInPlace, Wait, grow, shrink
+from .reform_board import Announcement
+from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from .inplace import InPlaceRecovery
+
+
+def interrupted_step(rec: InPlaceRecovery) -> int:
+    """The lowest step not completed by every local rank (the one a re-formation may interrupt)."""
+    return min((q.last_done + 1 for q in rec.tracker.progress.values()), default=0)
+
+
+def shrink_group(
+    rec: InPlaceRecovery, lost: tuple[str, ...], silent: dict[str, float], snap: Snapshot
+) -> bool:
+    """A lost node and no hot spare: re-form the survivors in place at the smaller size (announced,
+    then joined like any generation), or refuse; False when another node (or a spare) decides."""
+    cfg = rec.cfg
+    settings = cfg.reform  # type: ignore[attr-defined]
+    choice = shrink(
+        ShrinkCase(
+            enabled=settings.enabled,
+            stopping=snap.stop_requested_at is not None,
+            node=rec.node,
+            active=rec.active,
+            lost=lost,
+            spares=rec.spares,
+            nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
+            min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
+            rule=cfg.size_rule,  # type: ignore[attr-defined]
+            generation=rec.generation,
+        )
+    )
+    match choice:
+        case Wait():
+            return False
+        case Refuse(reason=reason):
+            rec._refuse(reason, snap.now)
+        case ShrinkInPlace(active=active, world_size=world, generation=gen, reason=reason):
+            assert rec.board is not None
+            old = rec.world_size
+            quiet = max(silent.get(n, 0.0) for n in lost)
+            gone = ", ".join(lost)
+            rec.ledger.emit(  # the lost node's failure, as this node detected it (its agent is gone)
+                FailureDetected(
+                    ts=snap.now,
+                    failure="agent_lost",
+                    evidence=f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait",
+                    onset=snap.now - quiet,
+                    rank=min(rec.active.index(n) for n in lost) * cfg.nproc_per_node,  # type: ignore[attr-defined]
+                    **rec.ledger.ctx(),
+                )
+            )
+            rec.ledger.emit(
+                silent_host_incident(
+                    lost, rec.node, quiet, snap.now, f"re-formed the group in place without host {gone}"
+                ).to_event(**rec.ledger.ctx())
+            )
+            rec._record("shrink_in_place", reason, snap.now)
+            shrunk = Announcement(gen, rec.node, (), world, active)
+            _announce(rec, shrunk, reason, snap.now)
+            rec.resized = ("shrink", old, interrupted_step(rec))
+        case _:
+            assert_never(choice)
+    return True
+
+
+def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
+    """Nodes offered a free place: take them in at the next step boundary; False when nothing is
+    decided (no offer, not the first node, an incident or re-formation under way, no valid size)."""
+    board = rec.board
+    if board is None or not rec.active or rec.active[0] != rec.node:
+        return False
+    offers = board.offers()
+    if not offers:
+        return False
+    cfg = rec.cfg
+    settings = cfg.reform  # type: ignore[attr-defined]
+    choice = grow(
+        GrowCase(
+            enabled=settings.enabled,
+            stopping=snap.stop_requested_at is not None,
+            busy=rec.pending is not None or rec.taking_over is not None or rec.refused,
+            node=rec.node,
+            active=rec.active,
+            offers=offers,
+            nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
+            max_nodes=cfg.max_nodes,  # type: ignore[attr-defined]
+            rule=cfg.size_rule,  # type: ignore[attr-defined]
+            generation=rec.generation,
+        )
+    )
+    match choice:
+        case Wait():
+            return False
+        case GrowInPlace(active=active, joining=joining, world_size=world, generation=gen, reason=reason):
+            old = rec.world_size
+            rec._record("grow_in_place", reason, snap.now)
+            grown = Announcement(gen, rec.node, tuple(range(old, world)), world, active)
+            board.watch_more(joining)
+            _announce(rec, grown, reason, snap.now)
+            rec.resized = ("grow", old, interrupted_step(rec))
+            return True
+        case _:
+            assert_never(choice)
+
+
+def _announce(rec: InPlaceRecovery, a: Announcement, reason: str, now: float) -> None:
+    """Tell the other nodes (and nodes arriving later) the group's new nodes and size, and ask the
+    local ranks to join in their places."""
+    assert rec.board is not None
+    rec.board.publish_group(a)
+    rec.board.announce(a)
+    rec._join(a.generation, a, reason, now, record=False)
+    rec.taking_over = rec.clock.now()

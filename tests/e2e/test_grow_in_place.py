@@ -1,0 +1,168 @@
+"""A group that shrank in place grows back in place (agents on loopback, DDP on gloo under
+``Session.run``).
+
+Three nodes of one rank, no hot spare; the agent of n1 is SIGKILLed with its rank at step 17, and n0
+shrinks the group in place to two ranks (tests/e2e/test_in_place_nodes.py checks that part). Then
+n1 starts again, as a repaired host would: before joining the rendezvous its agent finds the running
+round's worker store, sees a group below ``--nnodes MAX`` and offers itself; n0 takes it in at the
+next step boundary. The ranks of n0 and n2 keep their processes through both re-formations, n1's new
+rank receives the live state from a replica, no node restarts whole, and the data position is
+re-split at each change: every sample is taken exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netutil import free_port
+from stalwart.events import AttemptStarted, DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
+
+from .runner import events, events_so_far, wait_listening
+
+pytestmark = pytest.mark.e2e
+SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
+STEPS = 3000  # an upper bound: the test ends the run 20 steps after the group grew back
+AFTER = 20
+
+
+def _agent(tmp: Path, port: int, i: int, out: Path, *extra: str) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli",
+        "run",
+        "-q",
+        "--nnodes",
+        "2:3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "grow-in-place",
+        "--run-dir",
+        str(tmp / "run"),
+        "--node-name",
+        f"n{i}",
+        "--local-addr",
+        f"127.0.0.{i + 1}",
+        "--rdzv-conf",
+        "last_call_timeout=60",  # the first round waits for all three
+        *extra,
+        SCRIPT,
+        str(STEPS),
+        str(out),
+    ]
+    env = {
+        **os.environ,
+        "INPLACE_DROPOUT": "0",
+        "INPLACE_DATA": "1",
+        "INPLACE_STOP_FILE": str(tmp / "stop-at"),
+    }
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _until(what: str, check, procs: dict[str, subprocess.Popen], timeout_s: float = 300.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if all(p.poll() is not None for p in procs.values()):
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not happen")
+
+
+def _seen(dirs: list[Path]) -> dict[int, list[int]]:
+    """Each step's samples as the run kept them. In one output directory (one set of processes and
+    their calls of ``train``), a step redone in a later call replaces every record of it from an
+    earlier one (a lost rank's record of the interrupted step included); the newcomer's directory
+    counts its own calls, and its samples join the others'."""
+    out: dict[int, list[int]] = {}
+    for d in dirs:
+        rows: dict[int, tuple[int, list[int]]] = {}
+        for f in sorted(d.glob("seen-rank*.txt")):
+            for line in f.read_text().split("\n"):
+                if not line:
+                    continue
+                call, step, idx = (int(x) for x in line.split())
+                kept = rows.get(step)
+                if kept is None or call > kept[0]:
+                    rows[step] = (call, [idx])
+                elif call == kept[0]:
+                    kept[1].append(idx)
+        for step, (_, idxs) in rows.items():
+            out.setdefault(step, []).extend(idxs)
+    return out
+
+
+def _places(path: Path) -> list[tuple[int, int, int]]:
+    return [tuple(int(x) for x in ln.split()) for ln in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+@pytest.mark.timeout(900)
+def test_a_returning_node_is_taken_back_in_place_by_the_shrunk_group(tmp_path):
+    port, run = free_port(), tmp_path / "run"
+    first, back = tmp_path / "first", tmp_path / "back"
+    procs: dict[str, subprocess.Popen] = {}
+    outs: dict[str, str] = {}
+    try:
+        for i in range(3):
+            chaos = ("--chaos", "kill-agent@node=1,step=17") if i == 1 else ()
+            procs[f"n{i}"] = _agent(tmp_path, port, i, first, *chaos)
+            if i == 0:
+                wait_listening(port, procs["n0"])  # n0 hosts the rendezvous store
+        shrunk = _until(
+            "the shrink", lambda: [e for e in events_so_far(run, ReformedInPlace) if e.shrunk_from], procs
+        )
+        assert procs["n1"].wait(timeout=60) == -signal.SIGKILL
+        outs["n1-lost"] = procs.pop("n1").communicate()[0]
+        procs["n1"] = _agent(tmp_path, port, 1, back)  # the host is back: same name, same address
+        grown = _until(
+            "the grow", lambda: [e for e in events_so_far(run, ReformedInPlace) if e.grown_from], procs
+        )
+        latest = max((e.step for e in events_so_far(run, StepCompleted)), default=0)
+        tmp = tmp_path / "stop-at.tmp"
+        tmp.write_text(str(max(latest, grown[0].step) + AFTER))
+        tmp.rename(tmp_path / "stop-at")  # whole, so no rank reads a partial number
+        for n, p in procs.items():
+            outs[n] = p.communicate(timeout=300)[0]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert {n: p.returncode for n, p in procs.items()} == {"n0": 0, "n1": 0, "n2": 0}, outs
+    assert shrunk[0].node == "n0" and (shrunk[0].shrunk_from, shrunk[0].world_size) == (3, 2)
+    [grow] = [e for e in events(run, DecisionTaken) if e.action == "grow_in_place"]
+    assert grow.node == "n0" and "node n1 offered" in grow.reason and "from 2 to 3" in grow.reason, grow
+    [done] = [e for e in events(run, ReformedInPlace) if e.grown_from]
+    assert done.node == "n0" and (done.grown_from, done.world_size, done.ranks) == (2, 3, (2,)), done
+    assert done.lost_steps <= 1, done  # at most the interrupted step
+    joined = [e for e in events(run, DecisionTaken) if e.action == "joined_in_place"]
+    assert [e.node for e in joined] == ["n2", "n2"] and "grew the group back" in joined[1].reason, joined
+    # the survivors kept their processes: launched as 0 and 2 of 3, then 0 and 1 of 2, then 0 and 1 of 3
+    assert [p[1:] for p in _places(first / "place-rank0.txt")] == [(0, 3), (0, 2), (0, 3)]
+    assert [p[1:] for p in _places(first / "place-rank2.txt")] == [(2, 3), (1, 2), (1, 3)]
+    for r in (0, 2):
+        assert len({p[0] for p in _places(first / f"place-rank{r}.txt")}) == 1, r
+    assert [p[1:] for p in _places(back / "place-rank2.txt")] == [(2, 3)]  # n1's new rank, at the end
+    starts = {(e.node, e.attempt, e.world_size) for e in events(run, AttemptStarted)}
+    assert starts == {("n0", 0, 3), ("n1", 0, 3), ("n2", 0, 3)}, starts  # no whole-group restart anywhere
+    assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n1": 0, "n2": 0}
+    seen = _seen([first, back])
+    last = max(seen)
+    assert sorted(seen) == list(range(last + 1)), sorted(seen)
+    sizes = [len(seen[s]) for s in sorted(seen)]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes  # full, reduced, full again
+    assert sizes.index(2) > 0 and all(n == 3 for n in sizes[len(sizes) - AFTER :]), sizes
+    taken = sorted(i for v in seen.values() for i in v)
+    assert taken == list(range(len(taken))), taken  # every sample once: none twice, none skipped
