@@ -48,7 +48,7 @@ from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
 from .clock import Clock
 from .decision import AttemptOutcome, Decision
-from .inplace_resize import grow_group, shrink_group
+from .inplace_resize import Invitation, cancel_invitation, grow_group, shrink_group
 from .ports import LedgerSink
 from .progress import ProgressTracker
 from .reform_board import Announcement, Board
@@ -107,6 +107,8 @@ class InPlaceRecovery:
     active: tuple[str, ...] = ()  # the group's nodes by group rank (a shrink in place drops the lost)
     # this node resized the group in place: ("shrink" | "grow", old world size, interrupted step)
     resized: tuple[str, int, int] | None = None
+    inviting: Invitation | None = None  # a grow under way: newcomers start their ranks (first node)
+    said_ready: bool = False  # a newcomer's ranks are about to join: this node told the first node
 
     def __post_init__(self) -> None:
         if self.xids is None:
@@ -218,6 +220,7 @@ class InPlaceRecovery:
         none is announced within the bound after a local rank lost a peer, tell the local ranks none is
         coming (they exit with their communication error, and the group restarts whole)."""
         if self.taking_over is not None:
+            self._say_ready()
             self._took_over(snap.now)
         if self.board is None or self.refused:
             return
@@ -234,6 +237,8 @@ class InPlaceRecovery:
         newer = seen is not None and seen.generation > self.generation  # another node's, to join instead
         if waiting and lost and not newer and self.pending is None and shrink_group(self, lost, silent, snap):
             return
+        if (waiting or newer) and self.inviting is not None:
+            cancel_invitation(self, "a failure during the grow", snap.now)
         if not waiting and not newer and grow_group(self, snap):
             return
         resized = seen.world_size if seen is not None and newer else 0
@@ -300,6 +305,16 @@ class InPlaceRecovery:
         self.block.request_reform(gen, place)
         if record:
             self._record("joined_in_place", reason, now)
+
+    def _say_ready(self) -> None:
+        """A newcomer's (or a spare's) ranks are all about to join their generation: tell the first
+        node, which re-forms the group with them only then (launch/inplace_resize.py)."""
+        if self.said_ready or self.board is None:
+            return
+        progress = self.tracker.progress.values()
+        if progress and all(q.reforming and q.reforming.generation == self.generation for q in progress):
+            self.said_ready = True
+            self.board.ready(self.generation)
 
     def _took_over(self, now: float) -> None:
         """A hot spare's ranks joined the other nodes' generation with the live state: the record of

@@ -7,9 +7,11 @@ exactly one node announces, and applied through the same board and control block
   (:func:`~stalwart.policy.inplace.shrink`) drops it; the surviving nodes keep their processes and
   re-form at the smaller world size in their old order.
 * **grow**: a node that arrived while the job runs offered a free place (launch/rejoin.py). The pure
-  policy (:func:`~stalwart.policy.inplace.grow`) takes it in at the next group ranks; the nodes in the
-  group keep their processes and places, re-form at the next step boundary, and a replica sends the
-  newcomer's ranks the live state.
+  policy (:func:`~stalwart.policy.inplace.grow`) takes it in at the next group ranks. First an
+  invitation: the newcomer starts its ranks in the next generation while the group trains on; once
+  they are about to join (each newcomer's agent says so on the board), the announcement: the nodes
+  in the group keep their processes and places, re-form at the next step boundary, and a replica
+  sends the newcomer's ranks the live state.
 
 Each writes the group's new nodes and size to the board (what a node arriving later reads), asks the
 local ranks to join in their places, and records :class:`~stalwart.events.ReformedInPlace` once they
@@ -18,6 +20,7 @@ did (:meth:`InPlaceRecovery._took_over`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from typing_extensions import assert_never
@@ -92,12 +95,28 @@ def shrink_group(
     return True
 
 
+@dataclass(frozen=True)
+class Invitation:
+    """A grow under way: the newcomers start their ranks in ``a.generation`` while the group trains on."""
+
+    a: Announcement  # the group after the grow (announced once every newcomer's ranks are ready)
+    joining: tuple[str, ...]
+    old: int  # the world size before
+    deadline: float  # on the agent's clock
+    bound_s: float
+    reason: str
+
+
 def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
-    """Nodes offered a free place: take them in at the next step boundary; False when nothing is
-    decided (no offer, not the first node, an incident or re-formation under way, no valid size)."""
+    """Nodes offered a free place: invite them; once every newcomer's ranks are ready, re-form the
+    group with them at the next step boundary. The group trains on while the newcomers start (their
+    processes, imports and set-up), so the pause is the re-formation alone. False when nothing is
+    under way (no offer, not the first node, an incident or re-formation under way, no valid size)."""
     board = rec.board
     if board is None or not rec.active or rec.active[0] != rec.node:
         return False
+    if rec.inviting is not None:
+        return _follow_invitation(rec, rec.inviting, snap)
     offers = board.offers()
     if not offers:
         return False
@@ -123,13 +142,44 @@ def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
         case GrowInPlace(active=active, joining=joining, world_size=world, generation=gen, reason=reason):
             old = rec.world_size
             rec._record("grow_in_place", reason, snap.now)
-            grown = Announcement(gen, rec.node, tuple(range(old, world)), world, active)
-            board.watch_more(joining)
-            _announce(rec, grown, reason, snap.now)
-            rec.resized = ("grow", old, interrupted_step(rec))
+            invited = Announcement(gen, rec.node, tuple(range(old, world)), world, active)
+            board.invite(invited)
+            bound = float(settings.timeout_s)
+            rec.inviting = Invitation(invited, joining, old, snap.now + bound, bound, reason)
             return True
         case _:
             assert_never(choice)
+
+
+def _follow_invitation(rec: InPlaceRecovery, inv: Invitation, snap: Snapshot) -> bool:
+    assert rec.board is not None
+    ready = rec.board.ready_nodes()
+    if all(ready.get(n) == inv.a.generation for n in inv.joining):
+        rec.inviting = None
+        rec.board.watch_more(inv.joining)
+        interrupted = interrupted_step(rec)
+        _announce(rec, inv.a, inv.reason, snap.now)
+        rec.resized = ("grow", inv.old, interrupted)
+        return True
+    if snap.now >= inv.deadline:
+        cancel_invitation(
+            rec,
+            f"the ranks of node {', '.join(inv.joining)} were not ready to join generation "
+            f"{inv.a.generation} within {inv.bound_s:g}s",
+            snap.now,
+        )
+        return False
+    return True
+
+
+def cancel_invitation(rec: InPlaceRecovery, why: str, now: float) -> None:
+    """Give a grow up: the group goes on at its size; the newcomers' ranks time out joining, and
+    their agent joins the rendezvous (the whole group then restarts with it)."""
+    inv = rec.inviting
+    if inv is None:
+        return
+    rec.inviting = None
+    rec._record("grow_in_place_failed", f"{why}: the group goes on at {inv.old} processes", now)
 
 
 def _announce(rec: InPlaceRecovery, a: Announcement, reason: str, now: float) -> None:

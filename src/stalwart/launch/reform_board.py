@@ -20,7 +20,8 @@ also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
 * which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
 * a claim per lost node (compare-and-set), so that two spares never take the same node's place;
 * once the group shrank or grew in place, its nodes and size (the first node writes them), and the
-  offers of nodes that arrive while the job runs: the first node takes them back in place
+  offers of nodes that arrive while the job runs: the first node invites them to start their ranks
+  in the next generation, and once each newcomer said its ranks are ready, announces that generation
   (policy/inplace.py :func:`~stalwart.policy.inplace.grow`).
 
 What each board costs the store does not grow with the job while nothing fails: one read of a
@@ -48,6 +49,8 @@ BEAT = "stalwart/inplace/beat/"
 WAITING = "stalwart/inplace/waiting/"
 CLAIM = "stalwart/inplace/claim/"
 GROUP = "stalwart/inplace/group"  # the group's nodes and size since it last shrank or grew in place
+INVITE = "stalwart/inplace/invite"  # the place the first node gives newcomers (their generation to start in)
+READY = "stalwart/inplace/ready/"  # a newcomer's ranks are about to join that generation
 OFFERS = "stalwart/inplace/offers"  # "+node" (offers a free place) or "-node" (withdrew), one a line
 POLL_S = 0.1
 BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
@@ -156,6 +159,18 @@ class Board(Protocol):
         """Watch the heartbeats of ``nodes`` too."""
         ...
 
+    def invite(self, a: Announcement) -> None:
+        """Give newcomers their places in ``a.generation``; never waits."""
+        ...
+
+    def ready(self, generation: int) -> None:
+        """Say that this node's ranks are about to join ``generation``; never waits."""
+        ...
+
+    def ready_nodes(self) -> dict[str, int]:
+        """Offered nodes whose ranks are ready, and the generation; never waits."""
+        ...
+
 
 class StoreBoard:
     """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
@@ -193,6 +208,10 @@ class StoreBoard:
         self._group: Announcement | None = None
         self._offer_out: queue.Queue[str] = queue.Queue()  # "+node" offers, "-node" withdraws
         self._offers: tuple[str, ...] = ()
+        self._invite_out: queue.Queue[Announcement] = queue.Queue()
+        self._invite: Announcement | None = None
+        self._ready_out: queue.Queue[int] = queue.Queue()
+        self._ready: dict[str, int] = {}  # offered node -> the generation its ranks are ready to join
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
         self._waits = 0  # the waits counted so far (a new one starts an incident)
@@ -257,10 +276,27 @@ class StoreBoard:
         return self._offers
 
     def watch_more(self, nodes: Sequence[str]) -> None:
-        """Watch the heartbeats of ``nodes`` too (newcomers the group took in)."""
+        """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now."""
         now = self._clock()
         for n in nodes:
-            self._moved.setdefault(n, now)
+            self._moved[n] = now
+            self._beats.pop(n, None)
+
+    def invite(self, a: Announcement) -> None:
+        """Give the newcomers of ``a`` their places: they start their ranks in ``a.generation``."""
+        self._invite_out.put(a)
+
+    def invited(self) -> Announcement | None:
+        """The latest invitation the first node wrote (None: none)."""
+        return self._invite
+
+    def ready(self, generation: int) -> None:
+        """Say that this node's ranks are about to join ``generation`` (a newcomer's)."""
+        self._ready_out.put(generation)
+
+    def ready_nodes(self) -> dict[str, int]:
+        """Offered nodes whose ranks are ready, and the generation they are ready to join."""
+        return dict(self._ready)
 
     def claim(self, lost: str) -> None:
         """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
@@ -352,6 +388,14 @@ class StoreBoard:
         while not self._offer_out.empty():
             store.append(OFFERS, self._offer_out.get_nowait() + "\n")
             bump = True
+        while not self._invite_out.empty():
+            a = self._invite_out.get_nowait()
+            store.set(INVITE, a.encode())
+            self._invite = a
+            bump = True
+        while self._node and not self._ready_out.empty():
+            store.set(READY + self._node, str(self._ready_out.get_nowait()))
+            bump = True
         if bump:
             store.add(VERSION, 1)
 
@@ -379,6 +423,16 @@ class StoreBoard:
                     standing.pop(name, None)
                     standing[name] = line[0] == "+"
             self._offers = tuple(n for n, up in standing.items() if up)
+        if store.check([INVITE]):
+            try:
+                self._invite = Announcement.decode(store.get(INVITE))
+            except ValueError as exc:
+                self._note(f"ignored a malformed invitation in the worker store: {exc}")
+        for n in self._offers:
+            if store.check([READY + n]):
+                raw = store.get(READY + n)
+                if raw.isdigit():
+                    self._ready[n] = int(raw)
 
     def _read_nodes(self, store: Any) -> None:
         """The watched nodes' heartbeats (when each last moved) and which of them wait."""

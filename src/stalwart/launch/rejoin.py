@@ -9,12 +9,13 @@ joins, the agent looks for a running round instead:
 2. the group's in-place board there says which nodes the group holds since it last shrank or grew;
 3. the pure policy (:func:`~stalwart.policy.inplace.offer`) says whether to offer a free place; the
    agent writes its offer and waits, bounded by ``--in-place-announce-timeout``, for the group's
-   first node to take it in (policy :func:`~stalwart.policy.inplace.grow`): an announcement of the
-   next generation whose nodes include this one.
+   first node to invite it (policy :func:`~stalwart.policy.inplace.grow`): the next generation and
+   the group's nodes in it, this one included.
 
-Taken in, the node starts its ranks in that generation at its place (the job runner's take-over
-path, as a hot spare's); the group's ranks keep their processes, re-form at the next step boundary
-and send the newcomer's ranks the live state. Not taken in (no running round, the group has not
+Invited, the node starts its ranks in that generation at its place (the job runner's take-over
+path, as a hot spare's) while the group trains on; once its ranks are about to join, its agent says
+so on the board, and the first node announces the generation: the group's ranks keep their
+processes, re-form at the next step boundary and send the newcomer's ranks the live state. Not taken in (no running round, the group has not
 shrunk, it is full, no answer in time), the agent withdraws its offer and joins the rendezvous as
 before. Every store call runs on the board's thread or under the store timeout; the waits are
 bounded and take their time from the injected clock.
@@ -106,7 +107,7 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
     bound = float(cfg.reform.announce_s)
     until = clock.monotonic() + bound
     while True:
-        place = _taken(board.latest(), group.generation, me)
+        place = _taken(board.invited(), group.generation, me)
         if place is not None:
             return _place(cfg, place, met)
         if clock.monotonic() >= until:
@@ -114,7 +115,7 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
         clock.sleep(POLL_S)
     board.withdraw(me)
     clock.sleep(3 * POLL_S)  # the board's thread writes the withdrawal before it is closed
-    place = _taken(board.latest(), group.generation, me)  # taken in just before the withdrawal
+    place = _taken(board.invited(), group.generation, me)  # invited just before the withdrawal
     if place is not None:
         return _place(cfg, place, met)
     note(f"the group did not take node {me} in within {bound:g}s: joining the rendezvous")
@@ -122,7 +123,7 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
 
 
 def _taken(seen: Announcement | None, since: int, me: str) -> Announcement | None:
-    """The announcement that takes ``me`` in: newer than the group record, with ``me`` among its nodes."""
+    """The invitation that takes ``me`` in: newer than the group record, with ``me`` among its nodes."""
     if seen is None or seen.generation <= since or not seen.world_size or me not in seen.active:
         return None
     return seen

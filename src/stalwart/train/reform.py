@@ -46,6 +46,7 @@ class Reformer:
     boundary: tuple[int, dict[str, Any] | None] = (-1, None)  # (step, other objects' state at its start)
     _rng: LiveRng | None = None
     _store: Any = None  # the client of the agent's store for generations > 0
+    joining: bool = False  # started as a replacement: say so once it is about to join its generation
 
     @property
     def rank_rng(self) -> LiveRng:
@@ -127,6 +128,10 @@ class Reformer:
                 timeout=timeout,
             )
         kwargs["timeout"] = kwargs.get("timeout", timeout)
+        if self.joining:  # a newcomer's agent tells the group it may re-form now (launch/inplace_resize.py)
+            self.joining = False
+            s, t = self.session, self.session.clock.now()
+            s._send(Reforming(s.rank, self.generation.current, 0.0, t))
         prefixed = dist.PrefixStore(self.generation.store_prefix(), self._store)
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, **kwargs)
 

@@ -182,6 +182,7 @@ class Session:
                 rng_dir(wenv.mem_dir, self.run_dir.root if self.run_dir else None),
             )
             self._reform.t_rejoin = self._now()
+            self._reform.joining = wenv.generation > 0  # a replacement, started in the generation it joins
             self._reform.take_place()  # a replacement started after the group shrank in place
             self._send(Hello(self.rank, self._now(), in_place=True))
         if self._reform is None:
