@@ -212,8 +212,8 @@ def test_the_report_books_it_and_says_it_in_words(tmp_path):
     json.dumps(rep, default=str)  # what --json prints
     text = _text(rep)
     assert (
-        "Trained at a reduced batch: 23 steps (steps 17-39, 23.0 s) at world 2 of 3 (a third fewer "
-        "samples per step; 7.7 full steps' worth of samples not seen)." in text
+        "Trained at a reduced batch: 23 steps (steps 17-39, 23.0 s) at world 2 of 3 (with a fixed "
+        "per-rank batch, a third fewer samples per step; 7.7 full steps' worth of samples not seen)." in text
     )
     assert (
         "Shrank 3->2 at step 17 (training paused 8.0 s); grew 2->3 at step 40 (training paused 3.0 s)."

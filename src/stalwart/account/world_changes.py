@@ -2,7 +2,10 @@
 
 A group that shrank in place (a lost node, no hot spare) keeps training with fewer ranks; with a
 fixed per-rank batch each of those steps averages the gradient over fewer samples. Goodput counts
-such steps as productive (they are progress); this account says what they cost in samples:
+such steps as productive (they are progress); this account says what they cost in samples. It
+assumes the per-rank batch is fixed (the ledger does not record batch sizes): a script that splits
+a fixed global batch over ``session.world_size`` sees every sample, and the forgone figure does not
+apply to it.
 
 * each **change** of the world size within an attempt, from the ledger's ``ReformedInPlace`` with
   ``shrunk_from`` or ``grown_from`` (written by the node that decided it; a copy on another node's
@@ -220,7 +223,7 @@ def lines(rep: dict) -> list[str]:
         out.append(
             f"Trained at a reduced batch: {p['steps']} step{'s' if p['steps'] != 1 else ''} ({span}"
             f"{p['wall_s']:.1f} s) at world {p['world_size']} of {p['full_world']} "
-            f"({_fewer(p['world_size'], p['full_world'])}; "
+            f"(with a fixed per-rank batch, {_fewer(p['world_size'], p['full_world'])}; "
             f"{p['forgone_step_equivalents']:.1f} full steps' worth of samples not seen)."
         )
     said = []
