@@ -21,6 +21,8 @@ from .goodput import BUCKETS, compute
 from .hosts import host_views
 from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
+from .world_changes import lines as world_change_lines
+from .world_changes import world_changes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,6 +56,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "jobs": gp.jobs,
         "preemptions": list(gp.preemptions),
         "hosts": _hosts(events),
+        "world_changes": _world_changes(events),
         "reliability": {
             "failures": n,
             "mtbf_job_hours": mtbf(n, rel.exposure, "job_hours").value,
@@ -105,6 +108,20 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         ],
         "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
         "skipped": [{"path": str(sk.path), "reason": sk.reason, "rows": sk.rows} for sk in read.skipped],
+    }
+
+
+def _world_changes(events) -> dict[str, Any]:
+    """Changes of world size in place and the steps trained below the launched size
+    (account/world_changes.py): an account beside goodput, which counts those steps as productive."""
+    found = world_changes(events)
+    return {
+        "changes": [asdict(c) for c in found.changes],
+        "periods": [
+            dict(asdict(p), forgone_step_equivalents=round(p.forgone_step_equivalents, 3))
+            for p in found.periods
+        ],
+        "summary": found.summary(),
     }
 
 
@@ -162,6 +179,8 @@ def render(rep: dict[str, Any], console: Console | None = None) -> None:
             say(f"  {esc(h['line'])}")
     _render_interruptions(rep["interruptions"], con)
     _render_recoveries(rep.get("recoveries", []), con)
+    for line in world_change_lines(rep.get("world_changes") or {}):
+        say(esc(line))
     _render_reliability(rep, say)
     _render_findings(rep, say)
     _render_detectors(rep.get("detectors") or [], con, say)
