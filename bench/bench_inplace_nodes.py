@@ -40,13 +40,13 @@ JOB = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-ever
 JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 
 
-def _port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+def listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -71,27 +71,41 @@ def agents(
 ) -> tuple[list[subprocess.Popen], list[str]]:
     """Start ``nodes`` agents of ``job`` over loopback (one address each, the rendezvous store on the first), wait
     for all of them, and return them with their output; every agent left running is killed."""
-    port = _port()
+    port = free_port()
     procs: list[subprocess.Popen] = []
     try:
         for i in range(nodes):
-            cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", nnodes]
-            cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-            cmd += ["--rdzv-id", tag, "--rdzv-conf", f"last_call_timeout={last_call:g}"]
-            cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
-            cmd += ["--chaos", chaos]
-            cmd += [] if in_place else ["--no-in-place"]
-            procs.append(
-                subprocess.Popen([*cmd, *job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            )
+            procs.append(agent(run_dir, port, i, per_node, nnodes, tag, last_call, chaos, in_place, job))
             if i == 0:
-                _listening(port, procs[0])
+                listening(port, procs[0])
         return procs, [p.communicate(timeout=1800)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def agent(
+    run_dir: Path,
+    port: int,
+    i: int,
+    per_node: int,
+    nnodes: str,
+    tag: str,
+    last_call: float,
+    chaos: str,
+    in_place: bool,
+    job: list[str],
+) -> subprocess.Popen:
+    """Start node ``n<i>``'s agent (address 127.0.0.<i+1>) of ``job`` on the rendezvous at ``port``."""
+    cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", nnodes]
+    cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    cmd += ["--rdzv-id", tag, "--rdzv-conf", f"last_call_timeout={last_call:g}"]
+    cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
+    cmd += ["--chaos", chaos] if chaos else []
+    cmd += [] if in_place else ["--no-in-place"]
+    return subprocess.Popen([*cmd, *job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:

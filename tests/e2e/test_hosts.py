@@ -234,6 +234,62 @@ def test_a_killed_host_is_replaced_in_place_by_a_hot_spare_host(tmp_path):
     )
 
 
+def test_a_killed_host_comes_back_and_the_shrunk_group_takes_it_in_place(tmp_path):
+    """Three hosts, any size valid, no spare. h1 is killed (every process in its namespace): h0 shrinks
+    the group in place to h0 and h2. Then h1's agent starts again on the same host: it finds the
+    running round's worker store on h0 through the rendezvous store, offers itself, starts its rank
+    while the group trains on, and the group grows back to three in place; h0 and h2 never restart."""
+    from stalwart.events import DecisionTaken, ReformedInPlace, StepCompleted
+
+    def until(what: str, check, timeout: float = 240.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"{what} did not happen within {timeout:.0f}s: {outs()}")
+
+    with hosts.Hosts(["h0", "h1", "h2"]) as h:
+        procs = {n: _agent(h, n, tmp_path, "mh-grow", nnodes="2:3") for n in ("h0", "h1", "h2")}
+
+        def outs() -> dict:
+            return {n: p.returncode for n, p in procs.items()}
+
+        until("training on three", lambda: len({e.node for e in events_so_far(tmp_path, StepCompleted)}) == 3)
+        h.kill("h1")
+        shrunk = until(
+            "the shrink", lambda: [e for e in events_so_far(tmp_path, ReformedInPlace) if e.shrunk_from]
+        )
+        procs["h1"] = _agent(h, "h1", tmp_path, "mh-grow", nnodes="2:3")
+        grown = until(
+            "the grow", lambda: [e for e in events_so_far(tmp_path, ReformedInPlace) if e.grown_from]
+        )
+        until(
+            "h1 stepping in the grown group",
+            lambda: [
+                e for e in events_so_far(tmp_path, StepCompleted) if e.node == "h1" and e.ts > grown[0].ts
+            ],
+        )
+        alive = {n: p.poll() for n, p in procs.items()}
+    assert alive == {"h0": None, "h1": None, "h2": None}, alive  # all three still training
+    assert shrunk[0].node == "h0" and (shrunk[0].shrunk_from, shrunk[0].world_size) == (3, 2), shrunk
+    assert grown[0].node == "h0" and (grown[0].grown_from, grown[0].world_size, grown[0].ranks) == (
+        2,
+        3,
+        (2,),
+    )
+    [grow] = [e for e in events(tmp_path, DecisionTaken) if e.action == "grow_in_place"]
+    assert "node h1 offered" in grow.reason, grow
+    [took] = [e for e in events(tmp_path, DecisionTaken) if e.action == "take_over"]
+    assert took.node == "h1" and "took node h1 back" in took.reason, took
+    assert not [e for e in events(tmp_path, AttemptStarted) if e.node != "h1" and e.attempt > 0], (
+        "a survivor restarted"
+    )
+    [back] = [e for e in events(tmp_path, ReformedInPlace) if e.node == "h1"]
+    assert back.bytes_moved > 0 and back.generation == grown[0].generation, back  # the live state, received
+
+
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
 
 
