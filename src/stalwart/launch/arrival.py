@@ -96,7 +96,9 @@ def read_workers(store: Any, run_id: str) -> tuple[str, int] | None:
         addr, port = d["addr"], d["port"]
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(addr, str) or not addr or not isinstance(port, int) or not 0 < port < 65536:
+    if not isinstance(addr, str) or not addr or not isinstance(port, int) or isinstance(port, bool):
+        return None  # JSON true reads as the int 1
+    if not 0 < port < 65536:
         return None
     return addr, port
 

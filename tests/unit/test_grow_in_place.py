@@ -1,0 +1,789 @@
+"""A group that shrank in place grows back in place when a node returns: the pure policies (the first
+node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board's new keys over a
+real TCPStore, the arriving agent's offer (launch/rejoin.py), the first node's invitation and
+announcement (launch/inplace_resize.py), the runner's take-over path before the first rendezvous,
+where the running round's worker store is read from (launch/arrival.py) and the console's line.
+Manual clocks throughout; only the real board's thread is waited on (bounded)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from stalwart.events import DecisionTaken, ReformedInPlace
+from stalwart.exit_codes import EXIT_OK
+from stalwart.launch.clock import ManualClock
+from stalwart.launch.decision import AttemptOutcome
+from stalwart.launch.fakes import FakeRendezvous, RecordingLedger, ScriptedWorkers
+from stalwart.launch.inplace import InPlaceRecovery
+from stalwart.launch.ports import Round
+from stalwart.launch.progress import ProgressTracker
+from stalwart.launch.reform_board import POLL_S, Announcement
+from stalwart.policy.inplace import (
+    GrowCase,
+    GrowInPlace,
+    Join,
+    JoinCase,
+    Offer,
+    OfferCase,
+    Refuse,
+    Wait,
+    grow,
+    join,
+    offer,
+)
+from stalwart.policy.job import AttemptStatus, End, Replace, TookOver
+from stalwart.policy.world_size import SizeRule, WorldPlan
+from stalwart.protocol import Reformed, Reforming
+
+ANY = SizeRule("multiple", 1)
+POW2 = SizeRule("power_of_two")
+
+# --- the first node's policy: grow --------------------------------------------------------------------
+
+GROW = GrowCase(
+    enabled=True,
+    stopping=False,
+    busy=False,
+    node="n0",
+    active=("n0", "n1"),
+    offers=("n2",),
+    nproc_per_node=2,
+    max_nodes=4,
+    rule=ANY,
+    generation=3,
+)
+
+
+def test_grow_takes_the_offers_in_the_order_they_came_after_the_nodes_in_the_group():
+    got = grow(dataclasses.replace(GROW, offers=("n3", "n2")))
+    assert got == GrowInPlace(
+        active=("n0", "n1", "n3", "n2"),
+        joining=("n3", "n2"),
+        world_size=8,
+        generation=4,
+        reason=(
+            "node n3, n2 offered to return: the group grows back in place from 4 to 8 processes at the "
+            "next step boundary; the 2 node(s) in it keep their processes and places, and a replica "
+            "sends the newcomers the live state (generation 4)"
+        ),
+    )
+
+
+def test_grow_takes_no_more_offers_than_the_maximum_node_count_allows():
+    got = grow(dataclasses.replace(GROW, offers=("n2", "n3", "n4"), max_nodes=3))
+    assert isinstance(got, GrowInPlace)
+    assert (got.active, got.joining, got.world_size) == (("n0", "n1", "n2"), ("n2",), 6)
+
+
+def test_grow_under_pow2_takes_the_largest_count_of_offers_that_gives_a_valid_size():
+    case = dataclasses.replace(GROW, offers=("n2", "n3", "n4"), max_nodes=8, nproc_per_node=1, rule=POW2)
+    got = grow(case)  # 5 nodes is no power of two; 4 is
+    assert isinstance(got, GrowInPlace)
+    assert (got.active, got.joining, got.world_size, got.generation) == (
+        ("n0", "n1", "n2", "n3"),
+        ("n2", "n3"),
+        4,
+        4,
+    )
+    assert "from 2 to 4 processes" in got.reason
+
+
+def test_grow_counts_a_repeated_offer_once():
+    got = grow(dataclasses.replace(GROW, offers=("n2", "n2", "n3")))
+    assert isinstance(got, GrowInPlace) and got.joining == ("n2", "n3")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"offers": ("n2",), "nproc_per_node": 1, "rule": POW2},  # 3 processes: no valid size
+        {"max_nodes": 2},  # already at the maximum
+        {"busy": True},
+        {"stopping": True},
+        {"enabled": False},
+        {"node": "n1"},  # only the group's first node decides
+        {"offers": ("n1", "n0")},  # offers only from nodes already in the group
+        {"offers": ()},
+        {"active": ()},
+    ],
+)
+def test_grow_waits(change):
+    assert grow(dataclasses.replace(GROW, **change)) == Wait()
+
+
+# --- the arriving node's policy: offer ----------------------------------------------------------------
+
+OFFER = OfferCase(enabled=True, node="n2", active=("n0", "n1"), world_size=4, max_nodes=3)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"enabled": False}, "in-place recovery is off (--no-in-place): joining the rendezvous"),
+        ({"active": ()}, "the running group has not shrunk in place: joining the rendezvous"),
+        ({"node": "n1"}, "node n1 is already in the running group: joining the rendezvous"),
+        ({"max_nodes": 2}, "the running group already has --nnodes MAX 2 nodes: joining the rendezvous"),
+    ],
+)
+def test_an_arriving_node_does_not_offer(change, why):
+    assert offer(dataclasses.replace(OFFER, **change)) == Refuse(why)
+
+
+def test_an_arriving_node_offers_a_free_place_in_a_group_below_its_maximum():
+    assert offer(OFFER) == Offer(
+        "the running group has 2 of at most 3 nodes (4 processes): node n2 offers to take a free place "
+        "in place"
+    )
+
+
+# --- the other nodes' policy: join a grow -------------------------------------------------------------
+
+JOIN = JoinCase(
+    enabled=True,
+    generation=3,
+    announced=4,
+    announced_by="n0",
+    waiting_since=None,
+    now=10.0,
+    bound_s=5.0,
+    busy=False,
+    stopping=False,
+    grown_to=6,
+)
+
+
+def test_a_node_joins_a_grow_another_node_announced():
+    assert join(JOIN) == Join(
+        4,
+        "node n0 grew the group back in place to 6 processes (a node returned); this node's ranks keep "
+        "their processes and join generation 4 at the next step boundary",
+    )
+
+
+def test_a_grow_reads_as_a_grow_even_when_a_shrink_size_is_set_too():
+    got = join(dataclasses.replace(JOIN, shrunk_to=2))
+    assert isinstance(got, Join) and "grew the group back" in got.reason
+
+
+def test_a_grow_is_refused_by_a_stopping_node_and_waited_out_by_a_busy_one():
+    assert join(dataclasses.replace(JOIN, stopping=True)) == Refuse(
+        "node n0 re-forms in place, but a stop was requested: the group restarts"
+    )
+    assert join(dataclasses.replace(JOIN, busy=True)) == Wait()
+
+
+# --- the board over a real TCPStore -------------------------------------------------------------------
+
+
+def _until(pred, what: str, timeout: float = 20.0):
+    """Poll the board (its own thread writes and reads the store) until ``pred`` holds, bounded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"the board did not see {what} within {timeout:g}s")
+
+
+@pytest.fixture
+def server():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+
+
+def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boards(server):
+    from stalwart.launch.reform_board import StoreBoard
+
+    first_notes: list[str] = []
+    first = StoreBoard("127.0.0.1", server.port, 10.0, first_notes.append, node="n0")
+    newcomer = StoreBoard("127.0.0.1", server.port, 10.0, node="n2")
+    other = StoreBoard("127.0.0.1", server.port, 10.0, node="n3")
+    try:
+        _until(lambda: first.answered and newcomer.answered and other.answered, "a first answer")
+        assert first.offers() == () and newcomer.invited() is None and first.group() is None
+        newcomer.offer("n2")
+        _until(lambda: first.offers() == ("n2",), "the offer")
+        other.offer("n3")
+        _until(lambda: first.offers() == ("n2", "n3"), "a second offer")
+        newcomer.withdraw("n2")
+        _until(lambda: first.offers() == ("n3",), "the withdrawal")
+        newcomer.offer("n2")  # the last line decides, and the order is the order of the last offers
+        _until(lambda: first.offers() == ("n3", "n2"), "the offer made again")
+
+        invitation = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
+        first.invite(invitation)
+        assert _until(newcomer.invited, "the invitation") == invitation
+        assert first.invited() == invitation  # the writer's own view is set at once
+
+        newcomer.ready(2)
+        assert _until(first.ready_nodes, "the readiness") == {"n2": 2}
+
+        first.publish_group(invitation)
+        assert _until(newcomer.group, "the group record") == invitation
+        assert first.latest() is None  # publishing the group is not an announcement
+    finally:
+        first.close()
+        newcomer.close()
+        other.close()
+
+
+def test_a_malformed_offer_line_or_invitation_in_the_store_is_ignored(server):
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from stalwart.launch.reform_board import INVITE, OFFERS, VERSION, StoreBoard
+
+    notes: list[str] = []
+    board = StoreBoard("127.0.0.1", server.port, 10.0, notes.append, node="n0")
+    writer = StoreBoard("127.0.0.1", server.port, 10.0, node="n0")
+    raw = TCPStore(
+        "127.0.0.1", server.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
+    )
+    try:
+        good = Announcement(2, "n0", (2, 3), 4, ("n0", "n1"))
+        writer.invite(good)
+        assert _until(board.invited, "the invitation") == good
+        raw.append(OFFERS, "+n2\n*n3\n+\nn4\n+bad\x07name\n+" + "x" * 300 + "\n-n9\n+n5\n")
+        raw.set(INVITE, b'{"generation": "two", "node": "n0", "ranks": []}')
+        raw.add(VERSION, 1)
+        _until(lambda: board.offers() == ("n2", "n5"), "the well-formed offers")
+        _until(lambda: any("malformed invitation" in n for n in notes), "the note")
+        assert board.invited() == good  # the last well-formed one stands
+        assert any("generation 'two' is not a positive integer" in n for n in notes), notes
+    finally:
+        board.close()
+        writer.close()
+
+
+# --- the arriving agent: rejoin -----------------------------------------------------------------------
+
+WORKERS = ("10.0.0.7", 29511)
+SHRUNK = Announcement(1, "n0", (), 4, ("n0", "n1"))
+INVITED = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
+
+
+class _ArrivalBoard:
+    """A board as an arriving agent sees it: answers, invitations and withdrawals on the manual clock."""
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        *,
+        answers_at: float | None = None,
+        group: Announcement | None = None,
+        invitation: Announcement | None = None,
+        invites_at: float | None = None,
+        invites_on_withdraw: bool = False,
+    ) -> None:
+        self.clock, self.answers_at, self._group = clock, answers_at, group
+        self.invitation, self.invites_at, self.invites_on_withdraw = (
+            invitation,
+            invites_at,
+            invites_on_withdraw,
+        )
+        self.calls: list[object] = []
+
+    @property
+    def answered(self) -> bool:
+        return self.answers_at is not None and self.clock.monotonic() >= self.answers_at
+
+    def group(self):
+        return self._group
+
+    def offer(self, node: str) -> None:
+        self.calls.append(("offer", node, self.clock.monotonic()))
+
+    def withdraw(self, node: str) -> None:
+        self.calls.append(("withdraw", node, self.clock.monotonic()))
+        if self.invites_on_withdraw:  # the first node's invitation crossed the withdrawal
+            self.invites_at = self.clock.monotonic()
+
+    def invited(self):
+        if self.invites_at is None or self.clock.monotonic() < self.invites_at:
+            return None
+        return self.invitation
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def _arriving(node: str = "n2", max_nodes: int = 3, enabled: bool = True):
+    return SimpleNamespace(
+        node_name=node,
+        nproc_per_node=2,
+        max_nodes=max_nodes,
+        reform=SimpleNamespace(enabled=enabled, announce_s=5.0),
+        rendezvous=SimpleNamespace(store_timeout_s=10.0),
+    )
+
+
+def _find(board: _ArrivalBoard, clock: ManualClock, cfg=None, where=WORKERS):
+    from stalwart.launch.rejoin import find_place
+
+    notes: list[str] = []
+    rendezvous = SimpleNamespace(workers_elsewhere=lambda: where)
+    got = find_place(cfg or _arriving(), rendezvous, clock, notes.append, board_for=lambda: board)
+    return got, notes
+
+
+def test_no_running_round_means_no_board_and_no_place():
+    clock = ManualClock(0.0)
+    opened: list[int] = []
+    from stalwart.launch.rejoin import find_place
+
+    rendezvous = SimpleNamespace(workers_elsewhere=lambda: None)
+    assert find_place(_arriving(), rendezvous, clock, print, board_for=lambda: opened.append(1)) is None
+    assert opened == [] and clock.now() == 0.0
+
+
+def test_a_board_that_never_answers_gives_up_after_the_probe_bound():
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock)
+    got, notes = _find(board, clock)
+    assert got is None and notes == [] and board.calls == ["close"]
+    assert 5.0 <= clock.now() <= 5.0 + POLL_S + 1e-9  # min(5 s, the store timeout / 2), then no more
+
+
+def test_a_group_that_never_resized_is_joined_through_the_rendezvous_without_a_note():
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock, answers_at=0.3)
+    got, notes = _find(board, clock)
+    assert got is None and notes == [] and board.calls == ["close"]
+    assert clock.now() == pytest.approx(0.3)  # waited for the first answer only
+
+
+@pytest.mark.parametrize(
+    ("cfg", "why"),
+    [
+        (_arriving(node="n1"), "node n1 is already in the running group: joining the rendezvous"),
+        (
+            _arriving(max_nodes=2),
+            "the running group already has --nnodes MAX 2 nodes: joining the rendezvous",
+        ),
+        (_arriving(enabled=False), "in-place recovery is off (--no-in-place): joining the rendezvous"),
+    ],
+)
+def test_a_node_that_does_not_offer_says_why_and_offers_nothing(cfg, why):
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock, answers_at=0.0, group=SHRUNK)
+    got, notes = _find(board, clock, cfg)
+    assert got is None and notes == [why] and board.calls == ["close"]
+
+
+def test_an_invited_node_gets_its_place_in_the_invitations_generation():
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock, answers_at=0.0, group=SHRUNK, invitation=INVITED, invites_at=1.0)
+    got, notes = _find(board, clock)
+    assert got is not None
+    active = ("n0", "n1", "n2")
+    assert got.plan == WorldPlan(active, (), 2, got.reason)
+    assert got.met == Round(2, active, *WORKERS) and got.generation == 2
+    assert got.reason == (
+        "node n0 took node n2 back into the group in place: its ranks start as group rank 2 of 3 "
+        "(6 processes) in generation 2, with the live state from a replica"
+    )
+    assert notes == [
+        "the running group has 2 of at most 3 nodes (4 processes): node n2 offers to take a free place "
+        "in place"
+    ]
+    assert board.calls == [("offer", "n2", 0.0), "close"]  # no withdrawal
+    assert 1.0 <= clock.now() <= 1.0 + POLL_S + 1e-9  # taken as soon as it was seen
+
+
+@pytest.mark.parametrize(
+    "invitation",
+    [
+        Announcement(1, "n0", (4, 5), 6, ("n0", "n1", "n2")),  # not newer than the group record
+        Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n3")),  # another node's
+        Announcement(2, "n0", (4, 5)),  # no group in it
+        None,
+    ],
+)
+def test_a_node_never_invited_withdraws_its_offer_and_joins_the_rendezvous(invitation):
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock, answers_at=0.0, group=SHRUNK, invitation=invitation, invites_at=0.0)
+    got, notes = _find(board, clock)
+    assert got is None
+    assert notes[-1] == "the group did not take node n2 in within 5s: joining the rendezvous"
+    offered, withdrew, closed = board.calls
+    assert offered[:2] == ("offer", "n2") and withdrew[:2] == ("withdraw", "n2") and closed == "close"
+    assert 5.0 <= withdrew[2] <= 5.0 + POLL_S + 1e-9  # after the announce bound, not before
+
+
+def test_a_node_invited_as_it_withdrew_still_takes_its_place():
+    clock = ManualClock(0.0)
+    board = _ArrivalBoard(clock, answers_at=0.0, group=SHRUNK, invitation=INVITED, invites_on_withdraw=True)
+    got, notes = _find(board, clock)
+    assert got is not None and got.generation == 2 and got.met.group_rank == 2
+    assert [c[0] for c in board.calls[:2]] == ["offer", "withdraw"] and board.calls[-1] == "close"
+    assert not any("did not take" in n for n in notes)
+
+
+# --- the first node: invite, then announce ------------------------------------------------------------
+
+
+class _GrowBoard:
+    """The first node's board: what it wrote, and what the test says the others wrote."""
+
+    def __init__(self) -> None:
+        self.seen: Announcement | None = None
+        self.sent: list = []
+        self.offered: tuple[str, ...] = ()
+        self.readied: dict[str, int] = {}
+
+    def announce(self, a) -> None:
+        self.sent.append(a)
+
+    def latest(self):
+        return self.seen
+
+    def close(self) -> None:
+        pass
+
+    def waiting(self, generation: int) -> None:
+        self.sent.append(("waiting", generation))
+
+    def refuse(self, reason: str) -> None:
+        self.sent.append(("refuse", reason))
+
+    def refusal(self):
+        return None
+
+    def silence(self):
+        return {}
+
+    def publish_group(self, a) -> None:
+        self.sent.append(("group", a))
+
+    def offers(self):
+        return self.offered
+
+    def watch_more(self, nodes) -> None:
+        self.sent.append(("watch", tuple(nodes)))
+
+    def invite(self, a) -> None:
+        self.sent.append(("invite", a))
+
+    def ready(self, generation: int) -> None:
+        self.sent.append(("ready", generation))
+
+    def ready_nodes(self):
+        return dict(self.readied)
+
+
+def _group_node(tmp_path, clock: ManualClock, ledger: RecordingLedger, *, node: str = "n0", ranks=(0, 1)):
+    """A node of a group shrunk in place to n0, n1 (two ranks each), which may grow back to three."""
+    from stalwart.protocol import control
+
+    ctl = tmp_path / "ctl.bin"
+    control.create(ctl, slots=len(ranks))
+    block = control.ControlBlock(ctl, writable=True)
+    board = _GrowBoard()
+    cfg = SimpleNamespace(
+        reform=SimpleNamespace(enabled=True, announce_s=5.0, timeout_s=30.0),
+        nproc_per_node=len(ranks),
+        min_nodes=1,
+        max_nodes=3,
+        size_rule=ANY,
+    )
+    rec = InPlaceRecovery(
+        cfg=cfg,
+        ledger=ledger,
+        group=None,
+        receiver=None,
+        block=block,
+        tracker=ProgressTracker(ranks=list(ranks), started=clock.now()),
+        num_nodes=2,
+        attempt=0,
+        clock=clock,
+        board=board,
+        node=node,
+        world_size=4,
+        active=("n0", "n1"),
+        xids=lambda: (),
+    )
+    return rec, board, block
+
+
+def _snap(clock: ManualClock):
+    return SimpleNamespace(now=clock.now(), stop_requested_at=None)
+
+
+def _actions(ledger: RecordingLedger) -> list[str]:
+    return [e.action for e in ledger.of(DecisionTaken)]
+
+
+GROWN = Announcement(1, "n0", (4, 5), 6, ("n0", "n1", "n2"))
+
+
+def test_the_first_node_invites_an_offered_node_and_re_forms_only_once_its_ranks_are_ready(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    rec.watch(_snap(clock))
+    assert board.sent == [] and ledger.events == []  # no offer: nothing to do
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    assert board.sent == [("invite", GROWN)]  # invited, nothing announced or published yet
+    assert _actions(ledger) == ["grow_in_place"]
+    assert "node n2 offered to return" in ledger.of(DecisionTaken)[0].reason
+    assert (block.reform(), block.place()) == (0, None)  # the group trains on
+    assert (rec.generation, rec.world_size, rec.active, rec.taking_over) == (0, 4, ("n0", "n1"), None)
+    clock.advance(10.0)
+    board.readied = {"n2": 0}  # ready for another generation: not this invitation
+    rec.watch(_snap(clock))
+    assert board.sent == [("invite", GROWN)] and _actions(ledger) == ["grow_in_place"]
+
+    board.readied = {"n2": 1}
+    rec.watch(_snap(clock))
+    assert board.sent == [("invite", GROWN), ("watch", ("n2",)), ("group", GROWN), GROWN]
+    assert (block.reform(), block.place()) == (1, (0, 6))
+    assert (rec.generation, rec.world_size, rec.num_nodes, rec.active) == (1, 6, 3, ("n0", "n1", "n2"))
+    assert rec.inviting is None and rec.taking_over == clock.now()
+    assert _actions(ledger) == ["grow_in_place"]  # the announcement is no second decision
+
+    for r in (0, 1):
+        rec.tracker.observe(Reforming(r, 1, 0.01, clock.now()), clock.now())
+    for r in (0, 1):
+        clock.advance(0.5)
+        rec.watch(_snap(clock))
+        assert not ledger.of(ReformedInPlace)  # not before every local rank joined
+        rec.tracker.observe(
+            Reformed(r, 1, 17, 1024 * r, {"rendezvous": 0.2, "transfer": 0.1}, clock.now()), clock.now()
+        )
+    rec.watch(_snap(clock))
+    rec.watch(_snap(clock))
+    [done] = ledger.of(ReformedInPlace)
+    assert (done.generation, done.ranks, done.world_size, done.grown_from, done.shrunk_from) == (
+        1,
+        (4, 5),
+        6,
+        4,
+        0,
+    )
+    assert (done.step, done.bytes_moved, done.lost_steps) == (17, 1024, 0)
+    assert done.phases == {"join": pytest.approx(0.5), "rendezvous": 0.2, "transfer": 0.1}
+    assert rec.completed == 0 and rec.resized is None  # a grow recovers no failure
+    rec.watch(_snap(clock))  # the offer still stands, but n2 is in the group now: no second grow
+    assert _actions(ledger) == ["grow_in_place"] and len(ledger.of(ReformedInPlace)) == 1
+
+
+def test_an_invitation_whose_newcomer_is_not_ready_in_time_is_given_up(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    clock.advance(29.9)
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place"] and rec.inviting is not None
+    clock.advance(0.1)
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"]
+    assert ledger.of(DecisionTaken)[-1].reason == (
+        "the ranks of node n2 were not ready to join generation 1 within 30s: the group goes on at 4 processes"
+    )
+    assert rec.inviting is None and board.sent == [("invite", GROWN)]
+    assert (block.reform(), rec.generation, rec.world_size) == (0, 0, 4)
+
+
+def test_a_local_rank_losing_a_peer_during_an_invitation_cancels_it(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    rec.tracker.observe(Reforming(0, 1, 0.01, clock.now()), clock.now())
+    board.readied = {"n2": 1}  # too late: the failure came first
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"]
+    assert (
+        ledger.of(DecisionTaken)[-1].reason == "a failure during the grow: the group goes on at 4 processes"
+    )
+    assert rec.inviting is None and GROWN not in board.sent and ("group", GROWN) not in board.sent
+    assert board.sent[-1] == ("waiting", 1) and block.reform() == 0  # the usual wait for an announcement
+
+
+def test_another_nodes_announcement_during_an_invitation_cancels_it_and_is_joined(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    board.seen = Announcement(1, "n1", (2,))  # n1 replaced a rank of its own
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed", "joined_in_place"]
+    assert (block.reform(), block.place(), rec.world_size) == (1, None, 4)
+
+
+def test_a_node_that_is_not_first_never_invites_and_joins_the_grow_in_its_place(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger, node="n1", ranks=(2, 3))
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    assert board.sent == [] and ledger.events == []
+    board.seen = GROWN
+    rec.watch(_snap(clock))
+    assert (block.reform(), block.place()) == (1, (2, 6))
+    assert (rec.world_size, rec.active) == (6, ("n0", "n1", "n2"))
+    [joined] = ledger.of(DecisionTaken)
+    assert joined.action == "joined_in_place"
+    assert joined.reason.startswith("node n0 grew the group back in place to 6 processes")
+
+
+# --- the runner: a place before the first rendezvous --------------------------------------------------
+
+
+def _runner(rounds, workers, node: str = "n2"):
+    from stalwart.launch.fakes import FakeGate, FakeRunFiles
+    from stalwart.launch.runner import JobRunner
+    from stalwart.policy import job
+    from stalwart.policy.job import JobSpec
+
+    ledger = RecordingLedger(run_id="r", node=node)
+    rdzv = FakeRendezvous(rounds)
+    r = JobRunner(
+        state=job.initial(JobSpec(node=node, nproc_per_node=2, max_nodes=3, size_rule=ANY)),
+        rendezvous=rdzv,
+        workers=workers,
+        files=FakeRunFiles(),
+        ledger=ledger,
+        clock=ManualClock(1_000_000.0),
+        signal=lambda: None,
+        gate=FakeGate(),
+        on_attempt=lambda attempt: setattr(ledger, "attempt", attempt),
+    )
+    return r, rdzv, ledger
+
+
+PLACE_PLAN = WorldPlan(("n0", "n1", "n2"), (), 2, "taken back in place")
+
+
+def test_a_node_given_a_place_runs_its_first_attempt_on_that_plan_without_a_rendezvous():
+    back = (TookOver(PLACE_PLAN, "node n0 took node n2 back"), Round(2, PLACE_PLAN.active, *WORKERS))
+    w = ScriptedWorkers([AttemptOutcome(AttemptStatus.SUCCEEDED)], returns=back)
+    r, rdzv, ledger = _runner([], w)  # no round: a rendezvous would fail the job
+    assert r.run() == EXIT_OK
+    assert w.started == [(0, ("n0", "n1", "n2"))] and rdzv.met == []
+    assert [type(d) for d in r.decided] == [Replace, End]
+    [took] = ledger.of(DecisionTaken)
+    assert (took.action, took.reason) == ("take_over", "node n0 took node n2 back")
+
+
+def test_the_place_is_looked_for_only_before_the_first_rendezvous():
+    from stalwart.policy.restart_policy import Failure, FailureKind
+
+    back = (TookOver(PLACE_PLAN, "node n0 took node n2 back"), Round(2, PLACE_PLAN.active, *WORKERS))
+    crash = AttemptOutcome(AttemptStatus.FAILED, Failure(FailureKind.CRASH, 0, 3, 4, "killed by SIGKILL"))
+    w = ScriptedWorkers([crash, AttemptOutcome(AttemptStatus.SUCCEEDED)], returns=back)
+    r, rdzv, ledger = _runner([("n0", "n1", "n2")], w)
+    assert r.run() == EXIT_OK
+    assert w.started == [(0, ("n0", "n1", "n2")), (1, ("n0", "n1", "n2"))]
+    assert rdzv.met == [("n0", "n1", "n2")]  # the restart met the others as before
+    assert [e.action for e in ledger.of(DecisionTaken)][:2] == ["take_over", "restart"]
+
+
+# --- where the running round's worker store is --------------------------------------------------------
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.kv: dict[str, bytes] = {}
+
+    def set(self, key: str, value) -> None:
+        self.kv[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys) -> bool:
+        return all(k in self.kv for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.kv[key]
+
+
+def test_the_worker_store_mark_round_trips():
+    from stalwart.launch.arrival import mark_workers, read_workers
+
+    store = _Store()
+    assert read_workers(store, "r1") is None  # no round recorded one
+    mark_workers(store, "r1", "10.0.0.7", 29511)
+    assert read_workers(store, "r1") == ("10.0.0.7", 29511)
+    assert read_workers(store, "r2") is None  # another run's
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'"10.0.0.7:29511"',
+        b'{"addr": "10.0.0.7"}',
+        b'{"port": 29511}',
+        b'{"addr": "", "port": 29511}',
+        b'{"addr": 7, "port": 29511}',
+        b'{"addr": "10.0.0.7", "port": 0}',
+        b'{"addr": "10.0.0.7", "port": 65536}',
+        b'{"addr": "10.0.0.7", "port": -1}',
+        b'{"addr": "10.0.0.7", "port": "29511"}',
+        b'{"addr": "10.0.0.7", "port": 29511.0}',
+        b'{"addr": "10.0.0.7", "port": true}',
+    ],
+)
+def test_a_worker_store_mark_that_is_not_a_record_reads_as_none(raw):
+    from stalwart.launch.arrival import WORKERS_KEY, read_workers
+
+    store = _Store()
+    store.set(f"{WORKERS_KEY}/r1", raw)
+    assert read_workers(store, "r1") is None
+
+
+# --- the console --------------------------------------------------------------------------------------
+
+
+def _grown(ranks: tuple[int, ...]) -> ReformedInPlace:
+    return ReformedInPlace(
+        ts=1.0,
+        generation=2,
+        ranks=ranks,
+        step=40,
+        lost_steps=0,
+        bytes_moved=3 * 2**20,
+        state_bytes=3 * 2**20,
+        phases={},
+        world_size=6,
+        grown_from=4,
+        node="n0",
+    )
+
+
+def test_the_console_says_the_group_grew_back_in_place():
+    from stalwart.launch.console import resized_line
+
+    assert resized_line("12:00:01", _grown((4, 5))) == (
+        "12:00:01 [green]grew back in place[/] from 4 to 6 processes: the ranks kept their processes and "
+        "a replica sent new rank 4-5 the live state after step 40 (3.0 MiB)"
+    )
+    assert "sent new rank 5 the live state" in resized_line("t", _grown((5,)))
+
+
+def test_the_console_and_the_ledger_carry_a_grow():
+    import io
+
+    from stalwart.events import decode, encode
+    from stalwart.launch.console import RunConsole
+
+    ev = _grown((4, 5))
+    live = io.StringIO()
+    RunConsole(stream=live).event(ev)
+    assert "grew back in place from 4 to 6 processes" in live.getvalue()
+    assert decode(*encode(ev)) == ev
+    old = {k: v for k, v in ev.to_payload().items() if k != "grown_from"}
+    before = decode("ReformedInPlace", old)  # a ledger written before the field reads as no grow
+    assert isinstance(before, ReformedInPlace) and before.grown_from == 0
+    assert json.loads(json.dumps(ev.to_payload()))["grown_from"] == 4
