@@ -218,6 +218,7 @@ def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boar
         _until(lambda: first.offers() == ("n3",), "the withdrawal")
         newcomer.offer("n2")  # the last line decides, and the order is the order of the last offers
         _until(lambda: first.offers() == ("n3", "n2"), "the offer made again")
+        assert (first.offer_seq("n2"), first.offer_seq("n3"), first.offer_seq("n9")) == (2, 1, 0)
 
         invitation = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
         first.invite(invitation)
@@ -439,6 +440,7 @@ class _GrowBoard:
         self.seen: Announcement | None = None
         self.sent: list = []
         self.offered: tuple[str, ...] = ()
+        self.seqs: dict[str, int] = {}
         self.readied: dict[str, int] = {}
 
     def announce(self, a) -> None:
@@ -467,6 +469,9 @@ class _GrowBoard:
 
     def offers(self):
         return self.offered
+
+    def offer_seq(self, node: str) -> int:
+        return self.seqs.get(node, 1)
 
     def watch_more(self, nodes) -> None:
         self.sent.append(("watch", tuple(nodes)))
@@ -593,6 +598,29 @@ def test_an_invitation_whose_newcomer_is_not_ready_in_time_is_given_up(tmp_path)
     )
     assert rec.inviting is None and board.sent == [("invite", GROWN)]
     assert (block.reform(), rec.generation, rec.world_size) == (0, 0, 4)
+
+
+def test_a_given_up_offer_is_not_invited_again_until_the_node_offers_anew_past_a_stale_readiness(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    clock.advance(30.0)
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"]
+    board.readied = {"n2": 1}  # the given-up newcomer's ranks said so too late: stale from here on
+    clock.advance(1.0)
+    rec.watch(_snap(clock))  # its offer still stands in the store, but it is the same offer
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"] and rec.inviting is None
+    board.seqs = {"n2": 2}  # n2's agent started again and offered anew
+    rec.watch(_snap(clock))
+    assert _actions(ledger)[-1] == "grow_in_place" and rec.inviting is not None
+    assert rec.inviting.a.generation == 2  # past the given-up invitation of generation 1
+    rec.watch(_snap(clock))
+    assert block.reform() == 0, "a readiness for the given-up generation started the re-formation"
+    board.readied = {"n2": 2}
+    rec.watch(_snap(clock))
+    assert block.reform() == 2 and rec.inviting is None
 
 
 def test_a_local_rank_losing_a_peer_during_an_invitation_cancels_it(tmp_path):

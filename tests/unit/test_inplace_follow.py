@@ -129,12 +129,16 @@ class _Board:
     def offers(self):
         return self.offered
 
+    def offer_seq(self, node: str) -> int:
+        return self.seqs.get(node, 1)
+
     def watch_more(self, nodes) -> None:
         self.sent.append(("watch", tuple(nodes)))
 
     refused: tuple[str, str] | None = None
     quiet: dict[str, float] = {}
     offered: tuple[str, ...] = ()
+    seqs: dict[str, int] = {}
 
 
 def _node(

@@ -109,6 +109,8 @@ class InPlaceRecovery:
     resized: tuple[str, int, int] | None = None
     inviting: Invitation | None = None  # a grow under way: newcomers start their ranks (first node)
     said_ready: bool = False  # a newcomer's ranks are about to join: this node told the first node
+    invited: int = 0  # the newest generation this (first) node invited newcomers to
+    given_up: dict[str, int] = field(default_factory=dict)  # node -> its offer whose invitation failed
 
     def __post_init__(self) -> None:
         if self.xids is None:

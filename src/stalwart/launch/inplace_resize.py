@@ -117,7 +117,8 @@ def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
         return False
     if rec.inviting is not None:
         return _follow_invitation(rec, rec.inviting, snap)
-    offers = board.offers()
+    # an offer whose invitation was given up stands until that node offers anew (it starts again)
+    offers = tuple(n for n in board.offers() if rec.given_up.get(n) != board.offer_seq(n))
     if not offers:
         return False
     cfg = rec.cfg
@@ -133,7 +134,8 @@ def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
             nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
             max_nodes=cfg.max_nodes,  # type: ignore[attr-defined]
             rule=cfg.size_rule,  # type: ignore[attr-defined]
-            generation=rec.generation,
+            # past any generation invited before: a readiness left from a given-up invitation is stale
+            generation=max(rec.generation, rec.invited),
         )
     )
     match choice:
@@ -144,6 +146,7 @@ def grow_group(rec: InPlaceRecovery, snap: Snapshot) -> bool:
             rec._record("grow_in_place", reason, snap.now)
             invited = Announcement(gen, rec.node, tuple(range(old, world)), world, active)
             board.invite(invited)
+            rec.invited = gen
             bound = float(settings.timeout_s)
             rec.inviting = Invitation(invited, joining, old, snap.now + bound, bound, reason)
             return True
@@ -179,6 +182,9 @@ def cancel_invitation(rec: InPlaceRecovery, why: str, now: float) -> None:
     if inv is None:
         return
     rec.inviting = None
+    if rec.board is not None:
+        for n in inv.joining:
+            rec.given_up[n] = rec.board.offer_seq(n)
     rec._record("grow_in_place_failed", f"{why}: the group goes on at {inv.old} processes", now)
 
 

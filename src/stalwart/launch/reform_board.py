@@ -155,6 +155,10 @@ class Board(Protocol):
         """Nodes that arrived during the job and offer a free place, in order; never waits."""
         ...
 
+    def offer_seq(self, node: str) -> int:
+        """How many times ``node`` offered; never waits."""
+        ...
+
     def watch_more(self, nodes: Sequence[str]) -> None:
         """Watch the heartbeats of ``nodes`` too."""
         ...
@@ -208,6 +212,7 @@ class StoreBoard:
         self._group: Announcement | None = None
         self._offer_out: queue.Queue[str] = queue.Queue()  # "+node" offers, "-node" withdraws
         self._offers: tuple[str, ...] = ()
+        self._offer_seq: dict[str, int] = {}  # node -> how many times it offered (a new offer counts up)
         self._invite_out: queue.Queue[Announcement] = queue.Queue()
         self._invite: Announcement | None = None
         self._ready_out: queue.Queue[int] = queue.Queue()
@@ -274,6 +279,10 @@ class StoreBoard:
     def offers(self) -> tuple[str, ...]:
         """The nodes that offered a free place, in the order they offered."""
         return self._offers
+
+    def offer_seq(self, node: str) -> int:
+        """How many times ``node`` offered (a node that starts again offers anew)."""
+        return self._offer_seq.get(node, 0)
 
     def watch_more(self, nodes: Sequence[str]) -> None:
         """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now."""
@@ -417,12 +426,15 @@ class StoreBoard:
                 self._note(f"ignored a malformed group record in the worker store: {exc}")
         if store.check([OFFERS]):
             standing: dict[str, bool] = {}  # a node's last line says whether its offer stands
+            seq: dict[str, int] = {}
             for line in store.get(OFFERS).decode(errors="replace").splitlines():
                 name = line[1:]
                 if line[:1] in ("+", "-") and _name(name) and name.isprintable():
                     standing.pop(name, None)
                     standing[name] = line[0] == "+"
+                    seq[name] = seq.get(name, 0) + (line[0] == "+")
             self._offers = tuple(n for n, up in standing.items() if up)
+            self._offer_seq = seq
         if store.check([INVITE]):
             try:
                 self._invite = Announcement.decode(store.get(INVITE))
