@@ -815,3 +815,60 @@ def test_the_console_and_the_ledger_carry_a_grow():
     before = decode("ReformedInPlace", old)  # a ledger written before the field reads as no grow
     assert isinstance(before, ReformedInPlace) and before.grown_from == 0
     assert json.loads(json.dumps(ev.to_payload()))["grown_from"] == 4
+
+
+def test_a_newcomer_tells_the_first_node_once_all_of_its_ranks_are_about_to_join(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5))
+    rec.active, rec.world_size, rec.num_nodes = GROWN.active, 6, 3
+    rec.generation, rec.taking_over = 1, clock.now()  # its ranks started in the invited generation
+    rec.tracker.observe(Reforming(4, 1, 0.0, clock.now()), clock.now())
+    rec.watch(_snap(clock))
+    assert ("ready", 1) not in board.sent  # one of its two ranks is not there yet
+    rec.tracker.observe(Reforming(5, 0, 0.0, clock.now()), clock.now())  # an older generation's
+    rec.watch(_snap(clock))
+    assert ("ready", 1) not in board.sent
+    rec.tracker.observe(Reforming(5, 1, 0.0, clock.now()), clock.now())
+    rec.watch(_snap(clock))
+    rec.watch(_snap(clock))
+    assert board.sent.count(("ready", 1)) == 1, board.sent  # said once
+    assert not [a for a in _actions(ledger) if a in ("in_place_skipped", "grow_in_place")]
+
+
+def test_a_replacement_rank_says_it_is_about_to_join_once_just_before_it_joins(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from stalwart.protocol import Reforming as ReformingMsg
+    from stalwart.protocol.pipe import Receiver
+    from stalwart.train.inplace import Generation
+    from stalwart.train.reform import Reformer
+    from stalwart.train.session import Session
+
+    joined: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: object())
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: prefix)
+    monkeypatch.setattr(
+        dist,
+        "init_process_group",
+        lambda backend, store, rank, world_size, **kw: joined.append((store, rank, world_size)),
+    )
+    rx = Receiver()
+    env = {
+        "RANK": "4",
+        "WORLD_SIZE": "6",
+        "LOCAL_RANK": "0",
+        "MASTER_PORT": "1",
+        "STALWART_W_IPC": str(rx.new_channel()),
+    }
+    try:
+        with Session(env) as session:
+            gen = Generation(2, lambda: 0, lambda s: None, session.clock.now)
+            reformer = Reformer(session, gen, 1.0, tmp_path)
+            reformer.joining = True
+            reformer.init_group("gloo", 4, 6)
+            reformer.init_group("gloo", 4, 6)  # a later generation of the same process: a survivor now
+        msgs = [m for m in rx.drain() if isinstance(m, ReformingMsg)]
+    finally:
+        rx.close()
+    assert joined == [("stalwart/gen2/", 4, 6)] * 2
+    assert [(m.rank, m.generation) for m in msgs] == [(4, 2)], msgs

@@ -9,7 +9,11 @@ generation. :func:`adopt` is collective over the new group:
 2. the group resumes at the lowest such step (the interrupted step is redone, exactly: see below);
    each rank that lacks it receives from the lowest rank holding it with the same shards (any rank of
    a DDP group; the rank at the same shard position of another HSDP replica group); when some rank's
-   shards are held by no live replica (plain FSDP), every rank resumes from a checkpoint instead;
+   shards are held by no live replica (plain FSDP), every rank resumes from a checkpoint instead.
+   After the group changed size, a survivor holds its state only where every local part sits in the
+   same place of the whole (:func:`same_shards`): always for DDP, and for HSDP when the shard groups
+   are unchanged (a replica group left or came back); plain FSDP over the changed world is cut anew,
+   so its survivors hold nothing and the group resumes from a checkpoint;
 3. a holder copies its own previous objects into the new ones (no bytes move);
 4. the source sends every other rank the tensors (one flat buffer per dtype, point to point, so the
    bytes moved are the state size times the ranks that lack it, not times the world) and the plain
@@ -81,6 +85,31 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
             coord = tuple(c for c, p in zip(at, t.placements, strict=False) if p.is_shard())
         parts.append((k, tuple(_local(t).shape), coord))
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little", signed=True)
+
+
+def _placement(t: torch.Tensor) -> tuple[Any, ...]:
+    """Where a tensor's local part sits in the whole: its local shape and, for a DTensor, the rank's
+    coordinates on the sharded mesh dims and those dims' sizes (a replicated dim may change size: an
+    HSDP group that lost or gained a replica group keeps every rank's shards)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return (tuple(t.shape),)
+    at = list(t.device_mesh.get_coordinate() or [])
+    dims = [d for d, p in enumerate(t.placements) if p.is_shard()]
+    return (
+        tuple(t.to_local().shape),
+        tuple(at[d] if d < len(at) else -1 for d in dims),
+        tuple(t.device_mesh.size(d) for d in dims),
+        tuple(str(t.placements[d]) for d in dims),
+    )
+
+
+def same_shards(held: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> bool:
+    """Whether the state a rank held fits its new objects part for part: the same keys, and every
+    tensor's local part in the same place of the whole. False when the group's change of size cut the
+    shards anew (plain FSDP over the changed world): that rank then holds nothing usable."""
+    return held.keys() == new.keys() and all(_placement(held[k]) == _placement(new[k]) for k in new)
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> list[list[Any]]:
@@ -251,7 +280,14 @@ def adopt(
     import torch.distributed as dist
 
     targets = state.load_targets(new)
-    plan = plan_sources(_gather(held.step if held is not None else -1, _shard_key(targets.tensors)))
+    cap = state.capture(held.objects) if held is not None else None
+    # a survivor whose shards were cut for another world holds nothing usable in this one
+    step = (
+        held.step
+        if held is not None and cap is not None and same_shards(cap.sharded, targets.tensors)
+        else -1
+    )
+    plan = plan_sources(_gather(step, _shard_key(targets.tensors)))
     if plan is None:
         state.forget_init(targets.fresh)
         return None
@@ -262,8 +298,7 @@ def adopt(
     me = dist.get_rank()
     received = 0
     if me not in sources:
-        assert held is not None
-        cap = state.capture(held.objects)
+        assert held is not None and cap is not None
         if held.boundary is not None:
             cap = state.Captured(cap.sharded, {**cap.extras, "objects": held.boundary})
         with torch.no_grad():

@@ -87,20 +87,7 @@ class Reformer:
             self.held = Held(self.state, s.completed, objs if step == s.completed else None)
         self.state = None
         self.generation.current = want
-        world = s.world_size
         self.take_place()
-        if s.world_size != world and self.held is not None and sharded(self.held.objects):
-            # the shards were cut for the old world: no survivor holds the new layout, so every rank
-            # resumes from the newest checkpoint (DCP reshards), in this process
-            self.held = None
-            s._send(
-                Note(
-                    s.rank,
-                    f"rank {s.rank}: the world shrank from {world} to {s.world_size} and the "
-                    "state is sharded: resuming from the newest checkpoint",
-                    now(),
-                )
-            )
         self.phases = {"abort": t1 - t0, "wait": now() - t1}
         self.t_rejoin = now()
         return True
@@ -145,11 +132,21 @@ class Reformer:
         now = self.session.clock.now
         t0 = now()
         rejoin = self.t_rejoin or t0
+        held, self.held = self.held, None
         try:
-            got = adopt(state, self.held, restore_rng=lambda step: restore_at(self.rank_rng.path, step))
+            got = adopt(state, held, restore_rng=lambda step: restore_at(self.rank_rng.path, step))
         except LiveStateError as exc:
             raise RuntimeError(f"in-place recovery: {exc}") from None
-        self.held = None
+        if got is None and held is not None:
+            s = self.session
+            s._send(
+                Note(
+                    s.rank,
+                    f"rank {s.rank}: no live replica holds every rank's part of the state in the group "
+                    f"of {s.world_size}: resuming from the newest checkpoint",
+                    now(),
+                )
+            )
         self.phases.update({"rendezvous": t0 - rejoin, "transfer": now() - t0})
         return got
 
@@ -201,17 +198,6 @@ class Reformer:
     def close(self) -> None:
         if self._rng is not None:
             self._rng.close()
-
-
-def sharded(state: dict[str, Any]) -> bool:
-    """Whether a model of ``state`` holds its parameters as shards (FSDP2/HSDP DTensors)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    return any(
-        isinstance(obj, torch.nn.Module) and any(isinstance(p, DTensor) for p in obj.parameters())
-        for obj in state.values()
-    )
 
 
 # the variables a worker's environment names its place with (protocol.elastic_env)

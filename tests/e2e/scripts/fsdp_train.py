@@ -2,12 +2,14 @@
 
     torchrun --nproc-per-node 4 fsdp_train.py --steps 20            # or: stalwart run ... fsdp_train.py
     --mesh 2x2                                                      # HSDP: replicate x shard
+    --mesh x2                                                       # HSDP: shards of 2, replicas fill the world
     --in-place                                                      # under Session.run
 
 Data comes from torchdata's StatefulDataLoader over Stalwart's ElasticDistributedSampler; the SDK
 checkpoints model, optimizer, LR schedule, data position and RNGs on every rank. Test hooks:
 ``--log-dir`` (every consumed sample id), ``--exit-at``/``--sigterm-at`` (faults on every rank),
-``--dump-at-start`` and ``--out`` (the full model and optimizer state, written by rank 0).
+``--dump-at-start`` and ``--out`` (the full model and optimizer state, written by rank 0),
+``--stop-file`` (once that file exists, written whole, every rank ends its loop at the step it names).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--checkpoint-every", type=int, default=4)
-    ap.add_argument("--mesh", default="", help="'N' (FSDP over N ranks) or 'RxS' (HSDP); default: world size")
+    ap.add_argument(
+        "--mesh", default="", help="'N' (FSDP over N ranks), 'RxS' or 'xS' (HSDP); default: world size"
+    )
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--batch", type=int, default=4, help="per rank")
     ap.add_argument("--seed", type=int, default=5)
@@ -77,6 +81,7 @@ def main() -> None:
     ap.add_argument("--sigterm-at", type=int, default=-1)
     ap.add_argument("--dump-at-start", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--stop-file", default="")
     ap.add_argument("--in-place", action="store_true", help="run under Session.run (in-place recovery)")
     args = ap.parse_args()
 
@@ -92,7 +97,10 @@ def main() -> None:
 def train(session: Session, args: argparse.Namespace) -> None:
     session.init_process_group("gloo")
     rank, world = session.rank, session.world_size
-    shape = tuple(int(x) for x in args.mesh.split("x")) if args.mesh else (world,)
+    if args.mesh.startswith("x"):  # shards of S, as many replica groups as the world holds
+        shape: tuple[int, ...] = (world // int(args.mesh[1:]), int(args.mesh[1:]))
+    else:
+        shape = tuple(int(x) for x in args.mesh.split("x")) if args.mesh else (world,)
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
 
@@ -121,6 +129,12 @@ def train(session: Session, args: argparse.Namespace) -> None:
         log = open(Path(args.log_dir) / f"a{session.attempt}-r{rank}-p{os.getpid()}.jsonl", "a")  # noqa: SIM115
     it = None
     for step in session.loop(args.steps, state, checkpoint_every=args.checkpoint_every):
+        if (
+            args.stop_file
+            and os.path.exists(args.stop_file)
+            and step >= int(Path(args.stop_file).read_text())
+        ):
+            break
         if it is None:
             if args.dump_at_start:
                 full = full_state(model, opt)
