@@ -62,7 +62,7 @@ def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 
         steps = [e for e in evs if isinstance(e, StepCompleted)]
         done = max((e.step for e in steps if e.ts <= fault), default=0)
         resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > fault), default=0)
-        row["steps_lost"] = max(0, done - resumed)
+        row["steps_lost"] = max(0, done + 1 - resumed)  # done is a step index, resumed a count
     return row
 
 

@@ -70,3 +70,27 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 180.0) ->
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"nothing listened on port {port} within {timeout:.0f}s")
+
+
+def seen_samples(dirs: list[Path]) -> dict[int, list[int]]:
+    """Each step's samples as a run of tests/e2e/sdk_scripts/inplace_ddp.py kept them (its
+    ``seen-rank*.txt``). In one output directory (one set of processes and their calls of ``train``),
+    a step redone in a later call replaces every record of it from an earlier one (a lost rank's
+    record of the interrupted step included); a node that joined later writes to its own directory
+    and counts its own calls, and its samples join the others'."""
+    out: dict[int, list[int]] = {}
+    for d in dirs:
+        rows: dict[int, tuple[int, list[int]]] = {}
+        for f in sorted(d.glob("seen-rank*.txt")):
+            for line in f.read_text().split("\n"):
+                if not line:
+                    continue
+                call, step, idx = (int(x) for x in line.split())
+                kept = rows.get(step)
+                if kept is None or call > kept[0]:
+                    rows[step] = (call, [idx])
+                elif call == kept[0]:
+                    kept[1].append(idx)
+        for step, (_, idxs) in rows.items():
+            out.setdefault(step, []).extend(idxs)
+    return out

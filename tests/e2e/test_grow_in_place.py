@@ -25,7 +25,7 @@ from netutil import free_port
 from stalwart.account.report import build
 from stalwart.events import AttemptStarted, DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
 
-from .runner import events, events_so_far, wait_listening
+from .runner import events, events_so_far, seen_samples, wait_listening
 
 pytestmark = pytest.mark.e2e
 SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
@@ -120,29 +120,6 @@ def _until(what: str, check, procs: dict[str, subprocess.Popen], timeout_s: floa
     raise AssertionError(f"{what} did not happen")
 
 
-def _seen(dirs: list[Path]) -> dict[int, list[int]]:
-    """Each step's samples as the run kept them. In one output directory (one set of processes and
-    their calls of ``train``), a step redone in a later call replaces every record of it from an
-    earlier one (a lost rank's record of the interrupted step included); the newcomer's directory
-    counts its own calls, and its samples join the others'."""
-    out: dict[int, list[int]] = {}
-    for d in dirs:
-        rows: dict[int, tuple[int, list[int]]] = {}
-        for f in sorted(d.glob("seen-rank*.txt")):
-            for line in f.read_text().split("\n"):
-                if not line:
-                    continue
-                call, step, idx = (int(x) for x in line.split())
-                kept = rows.get(step)
-                if kept is None or call > kept[0]:
-                    rows[step] = (call, [idx])
-                elif call == kept[0]:
-                    kept[1].append(idx)
-        for step, (_, idxs) in rows.items():
-            out.setdefault(step, []).extend(idxs)
-    return out
-
-
 def _places(path: Path) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in ln.split()) for ln in path.read_text().splitlines()]  # type: ignore[misc]
 
@@ -173,7 +150,7 @@ def test_a_returning_node_is_taken_back_in_place_by_the_shrunk_group(tmp_path):
     starts = {(e.node, e.attempt, e.world_size) for e in events(run, AttemptStarted)}
     assert starts == {("n0", 0, 3), ("n1", 0, 3), ("n2", 0, 3)}, starts  # no whole-group restart anywhere
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n1": 0, "n2": 0}
-    seen = _seen([first, back])
+    seen = seen_samples([first, back])
     last = max(seen)
     assert sorted(seen) == list(range(last + 1)), sorted(seen)
     sizes = [len(seen[s]) for s in sorted(seen)]

@@ -27,7 +27,7 @@ from netutil import free_port
 from stalwart.account.recovery import recoveries
 from stalwart.events import DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
 
-from .runner import events, same_params, wait_listening
+from .runner import events, same_params, seen_samples, wait_listening
 
 pytestmark = pytest.mark.e2e
 SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
@@ -146,22 +146,6 @@ def test_a_lost_node_is_replaced_in_place_by_a_hot_spare(tmp_path):
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}
 
 
-def _seen(out: Path) -> dict[int, list[int]]:
-    """Each step's samples as the run kept them: a redone step's records replace the earlier ones."""
-    rows: dict[int, tuple[int, list[int]]] = {}
-    for f in sorted(out.glob("seen-rank*.txt")):
-        for line in f.read_text().split("\n"):
-            if not line:
-                continue
-            call, step, idx = (int(x) for x in line.split())
-            kept = rows.get(step)
-            if kept is None or call > kept[0]:
-                rows[step] = (call, [idx])
-            elif call == kept[0]:
-                kept[1].append(idx)
-    return {step: idxs for step, (_, idxs) in rows.items()}
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_node):
@@ -190,7 +174,7 @@ def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_no
     [rec] = recoveries(events(run))  # the lost node, detected by n0, recovered in place
     assert (rec.failure, rec.path) == ("agent_lost", "in-place") and rec.total_s is not None, rec
     assert {e.node: e.exit_code for e in events(run, JobEnded)} == {"n0": 0, "n2": 0}
-    seen = _seen(tmp_path)
+    seen = seen_samples([tmp_path])
     assert sorted(seen) == list(range(STEPS)), sorted(seen)
     assert any(len(v) == old for v in seen.values()) and len(seen[STEPS - 1]) == new, seen
     taken = sorted(i for v in seen.values() for i in v)

@@ -18,7 +18,7 @@ from stalwart.events import DecisionTaken, ReformedInPlace
 from stalwart.exit_codes import EXIT_OK
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome
-from stalwart.launch.fakes import FakeRendezvous, RecordingLedger, ScriptedWorkers
+from stalwart.launch.fakes import FakeRendezvous, RecordingBoard, RecordingLedger, ScriptedWorkers
 from stalwart.launch.inplace import InPlaceRecovery
 from stalwart.launch.ports import Round
 from stalwart.launch.progress import ProgressTracker
@@ -433,57 +433,7 @@ def test_a_node_invited_as_it_withdrew_still_takes_its_place():
 # --- the first node: invite, then announce ------------------------------------------------------------
 
 
-class _GrowBoard:
-    """The first node's board: what it wrote, and what the test says the others wrote."""
-
-    def __init__(self) -> None:
-        self.seen: Announcement | None = None
-        self.sent: list = []
-        self.offered: tuple[str, ...] = ()
-        self.seqs: dict[str, int] = {}
-        self.readied: dict[str, int] = {}
-
-    def announce(self, a) -> None:
-        self.sent.append(a)
-
-    def latest(self):
-        return self.seen
-
-    def close(self) -> None:
-        pass
-
-    def waiting(self, generation: int) -> None:
-        self.sent.append(("waiting", generation))
-
-    def refuse(self, reason: str) -> None:
-        self.sent.append(("refuse", reason))
-
-    def refusal(self):
-        return None
-
-    def silence(self):
-        return {}
-
-    def publish_group(self, a) -> None:
-        self.sent.append(("group", a))
-
-    def offers(self):
-        return self.offered
-
-    def offer_seq(self, node: str) -> int:
-        return self.seqs.get(node, 1)
-
-    def watch_more(self, nodes) -> None:
-        self.sent.append(("watch", tuple(nodes)))
-
-    def invite(self, a) -> None:
-        self.sent.append(("invite", a))
-
-    def ready(self, generation: int) -> None:
-        self.sent.append(("ready", generation))
-
-    def ready_nodes(self):
-        return dict(self.readied)
+_GrowBoard = RecordingBoard
 
 
 def _group_node(tmp_path, clock: ManualClock, ledger: RecordingLedger, *, node: str = "n0", ranks=(0, 1)):

@@ -10,7 +10,7 @@ import pytest
 from stalwart.events import DecisionTaken, ReformedInPlace
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
-from stalwart.launch.fakes import RecordingLedger
+from stalwart.launch.fakes import RecordingBoard, RecordingLedger
 from stalwart.launch.inplace import InPlaceRecovery, Pending, proc_state
 from stalwart.launch.progress import ProgressTracker
 from stalwart.policy.inplace import InPlace
@@ -97,48 +97,7 @@ def test_the_kernel_state_of_a_process_is_read_from_proc(tmp_path):
     assert proc_state(2**22 + 12345) == ""
 
 
-class _Board:
-    def __init__(self) -> None:
-        self.seen = None
-        self.sent: list = []
-
-    def announce(self, a) -> None:
-        self.sent.append(a)
-
-    def latest(self):
-        return self.seen
-
-    def close(self) -> None:
-        pass
-
-    def waiting(self, generation: int) -> None:
-        self.sent.append(("waiting", generation))
-
-    def refuse(self, reason: str) -> None:
-        self.sent.append(("refuse", reason))
-
-    def refusal(self):
-        return self.refused
-
-    def silence(self):
-        return self.quiet
-
-    def publish_group(self, a) -> None:
-        self.sent.append(("group", a))
-
-    def offers(self):
-        return self.offered
-
-    def offer_seq(self, node: str) -> int:
-        return self.seqs.get(node, 1)
-
-    def watch_more(self, nodes) -> None:
-        self.sent.append(("watch", tuple(nodes)))
-
-    refused: tuple[str, str] | None = None
-    quiet: dict[str, float] = {}
-    offered: tuple[str, ...] = ()
-    seqs: dict[str, int] = {}
+_Board = RecordingBoard
 
 
 def _node(

@@ -295,3 +295,62 @@ class SignalLatch:
     def __call__(self) -> int | None:
         self.asks += 1
         return self.signum if self.signum is not None and self.asks > self.at else None
+
+
+# --- the in-place board -------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordingBoard:
+    """A :class:`~stalwart.launch.reform_board.Board` that records what this node wrote (``sent``, in
+    order) and answers what the test says the other nodes wrote."""
+
+    seen: Any = None  # the newest announcement (an Announcement)
+    refused: tuple[str, str] | None = None
+    quiet: dict[str, float] = field(default_factory=dict)  # seconds each watched node has been silent
+    offered: tuple[str, ...] = ()
+    seqs: dict[str, int] = field(default_factory=dict)  # how many times each node offered (default 1)
+    readied: dict[str, int] = field(default_factory=dict)
+    sent: list = field(default_factory=list)
+
+    def announce(self, a: Any) -> None:
+        self.sent.append(a)
+
+    def latest(self) -> Any:
+        return self.seen
+
+    def close(self) -> None:
+        pass
+
+    def waiting(self, generation: int) -> None:
+        self.sent.append(("waiting", generation))
+
+    def refuse(self, reason: str) -> None:
+        self.sent.append(("refuse", reason))
+
+    def refusal(self) -> tuple[str, str] | None:
+        return self.refused
+
+    def silence(self) -> dict[str, float]:
+        return self.quiet
+
+    def publish_group(self, a: Any) -> None:
+        self.sent.append(("group", a))
+
+    def offers(self) -> tuple[str, ...]:
+        return self.offered
+
+    def offer_seq(self, node: str) -> int:
+        return self.seqs.get(node, 1)
+
+    def watch_more(self, nodes: Sequence[str]) -> None:
+        self.sent.append(("watch", tuple(nodes)))
+
+    def invite(self, a: Any) -> None:
+        self.sent.append(("invite", a))
+
+    def ready(self, generation: int) -> None:
+        self.sent.append(("ready", generation))
+
+    def ready_nodes(self) -> dict[str, int]:
+        return dict(self.readied)
