@@ -189,11 +189,9 @@ def test_an_hsdp_replica_group_drops_out_and_comes_back_with_its_shards_from_a_r
     assert (shrunk[0].node, shrunk[0].shrunk_from, shrunk[0].world_size) == ("n0", 6, 4), shrunk
     assert (grown[0].node, grown[0].grown_from, grown[0].world_size, grown[0].ranks) == ("n0", 4, 6, (4, 5))
     assert shrunk[0].lost_steps <= 1 and grown[0].lost_steps <= 1, (shrunk, grown)
-    assert not [e for e in events(run, CheckpointLoaded) if e.ts > shrunk[0].ts - 30], (
-        "a checkpoint was loaded"
-    )
-    resumed = [e for e in events(run, TrainingResumed) if e.ts > shrunk[0].ts - 30]
-    assert resumed and all(e.from_checkpoint.startswith("live:") for e in resumed), resumed
+    assert not events(run, CheckpointLoaded), "a checkpoint was loaded"  # none was written after step 0
+    resumed = [e.from_checkpoint for e in events(run, TrainingResumed) if e.step > 0]  # after each re-form
+    assert len(resumed) == 2 and all(o.startswith("live:") for o in resumed), resumed
     [back] = [
         e for e in events(run, ReformedInPlace) if e.node == "n1" and e.generation == grown[0].generation
     ]
