@@ -822,3 +822,19 @@ def test_a_replacement_rank_says_it_is_about_to_join_once_just_before_it_joins(t
         rx.close()
     assert joined == [("stalwart/gen2/", 4, 6)] * 2
     assert [(m.rank, m.generation) for m in msgs] == [(4, 2)], msgs
+
+
+def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_generation_past_it(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _group_node(tmp_path, clock, ledger)
+    board.offered = ("n2",)
+    rec.watch(_snap(clock))
+    assert rec.inviting is not None and rec.inviting.a.generation == 1
+    rec.tracker.observe(Reforming(0, 1, 0.01, clock.now()), clock.now())  # n1 went silent: a peer lost
+    board.quiet = {"n1": 3.0}  # past half of the 5 s bound
+    rec.watch(_snap(clock))
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed", "shrink_in_place"], _actions(ledger)
+    assert "a node was lost during the grow" in ledger.of(DecisionTaken)[1].reason
+    [shrunk] = [a for a in board.sent if isinstance(a, Announcement)]
+    assert (shrunk.generation, shrunk.world_size, shrunk.active) == (2, 2, ("n0",)), shrunk
+    assert rec.inviting is None and block.reform() == 2

@@ -146,7 +146,7 @@ class InPlaceRecovery:
             num_nodes=self.num_nodes,
             used=self.used,
             allowed=settings.max_per_attempt,
-            generation=self.generation,
+            generation=max(self.generation, self.invited),  # past a grow's invitation, if any
             reforming=self.pending is not None,
             stopping=snap.stop_requested_at is not None,
             forced_failure=settings.fail_attempt == self.attempt,
@@ -166,6 +166,7 @@ class InPlaceRecovery:
                         self.block.refuse_reform()
                 return False
             case InPlace():
+                cancel_invitation(self, "a failure during the grow", now)  # its generation is passed
                 return self._start(d, snap, choice, now)
             case _:
                 assert_never(choice)

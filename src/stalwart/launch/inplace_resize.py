@@ -58,7 +58,7 @@ def shrink_group(
             nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
             min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
             rule=cfg.size_rule,  # type: ignore[attr-defined]
-            generation=rec.generation,
+            generation=max(rec.generation, rec.invited),  # past a grow's invitation, if any
         )
     )
     match choice:
@@ -68,6 +68,7 @@ def shrink_group(
             rec._refuse(reason, snap.now)
         case ShrinkInPlace(active=active, world_size=world, generation=gen, reason=reason):
             assert rec.board is not None
+            cancel_invitation(rec, "a node was lost during the grow", snap.now)
             old = rec.world_size
             quiet = max(silent.get(n, 0.0) for n in lost)
             gone = ", ".join(lost)
