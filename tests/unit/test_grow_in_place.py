@@ -838,3 +838,48 @@ def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_gene
     [shrunk] = [a for a in board.sent if isinstance(a, Announcement)]
     assert (shrunk.generation, shrunk.world_size, shrunk.active) == (2, 2, ("n0",)), shrunk
     assert rec.inviting is None and block.reform() == 2
+
+
+def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_client(monkeypatch):
+    """At a job's start the c10d endpoint may not listen yet (this agent may be its host): a store
+    client would retry until its timeout, so nothing is asked; once it listens, the record is read."""
+    import socket
+
+    import stalwart.launch.arrival as arrival
+    from stalwart.launch.rendezvous import NodeRendezvous
+
+    asked: list[str] = []
+
+    def store_for(cfg, timeout_s):
+        asked.append(cfg.rendezvous.endpoint)
+        return _Marks({f"stalwart/workers/{cfg.rendezvous.id}": b'{"addr": "10.0.0.7", "port": 4242}'})
+
+    monkeypatch.setattr(arrival, "store_for", store_for)
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        idle = free.getsockname()[1]
+    cfg = SimpleNamespace(
+        use_c10d=True,
+        max_nodes=3,
+        reform=SimpleNamespace(enabled=True),
+        rendezvous=SimpleNamespace(
+            backend="c10d", endpoint=f"127.0.0.1:{idle}", id="r", store_timeout_s=30.0
+        ),
+    )
+    assert NodeRendezvous(cfg).workers_elsewhere() is None and asked == []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        cfg.rendezvous.endpoint = f"127.0.0.1:{server.getsockname()[1]}"
+        assert NodeRendezvous(cfg).workers_elsewhere() == ("10.0.0.7", 4242) and len(asked) == 1
+
+
+class _Marks:
+    """The rendezvous store's ``check``/``get`` over a dict."""
+
+    def __init__(self, keys: dict[str, bytes]) -> None:
+        self.keys = keys
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.keys[key]

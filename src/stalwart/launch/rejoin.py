@@ -23,7 +23,6 @@ bounded and take their time from the injected clock.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from ..policy.world_size import WorldPlan
 from .clock import Clock
 from .ports import Round
 from .reform_board import POLL_S, Announcement, StoreBoard
+from .rendezvous import listening
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,6 @@ class Place:
     reason: str
 
 
-def reachable(addr: str, port: int, timeout_s: float) -> bool:
-    """Whether something listens at ``addr:port`` (a refused or silent port costs at most the bound,
-    where a store client would retry until its own timeout)."""
-    try:
-        with socket.create_connection((addr, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 def find_place(cfg, rendezvous, clock: Clock, note: Callable[[str], None], board_for=None) -> Place | None:
     """Offer this node to a running group that shrank in place; its place once taken in, else None."""
     where = rendezvous.workers_elsewhere()
@@ -64,7 +54,7 @@ def find_place(cfg, rendezvous, clock: Clock, note: Callable[[str], None], board
     addr, port = where
     probe_s = min(5.0, float(cfg.rendezvous.store_timeout_s) / 2)
     if board_for is None:
-        if not reachable(addr, port, min(1.0, probe_s)):
+        if not listening(addr, port, min(1.0, probe_s)):
             return None  # that round is over (its store went with its first node)
         board_for = lambda: StoreBoard(  # noqa: E731 - one use
             addr, port, cfg.rendezvous.store_timeout_s, note, node=cfg.node_name

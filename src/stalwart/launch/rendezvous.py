@@ -152,10 +152,18 @@ class NodeRendezvous:
 
     def workers_elsewhere(self) -> tuple[str, int] | None:
         """Where a running round of this job hosts its worker store (launch/arrival.py), or None: no
-        round recorded one, the store did not answer within the probe deadline, or one node."""
+        round recorded one, the store did not answer within the probe deadline, or one node. A c10d
+        endpoint where nothing listens yet (the job is starting, this agent may be its host) answers
+        None at once: a store client would retry until its timeout."""
         cfg = self.cfg
         if not cfg.use_c10d or not cfg.reform.enabled or cfg.max_nodes < 2:
             return None
+        if cfg.rendezvous.backend not in ETCD_BACKENDS:
+            from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+            host, port = parse_rendezvous_endpoint(cfg.rendezvous.endpoint, default_port=29400)
+            if not listening(host, port, min(1.0, self.timeout_s / 2)):
+                return None
         from .arrival import read_workers, store_for
 
         try:
@@ -275,6 +283,16 @@ class NodeRendezvous:
         if watch is not None:
             watch.stop()
         self.worker_store = None  # the last reference: the server stops and closes its socket
+
+
+def listening(host: str, port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections at ``host:port`` (a refused port answers at once, a
+    silent one within ``timeout_s``)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def make_handler(cfg):
