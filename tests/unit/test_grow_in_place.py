@@ -285,8 +285,9 @@ class _ArrivalBoard:
         invitation: Announcement | None = None,
         invites_at: float | None = None,
         invites_on_withdraw: bool = False,
+        stale: Announcement | None = None,
     ) -> None:
-        self.clock, self.answers_at, self._group = clock, answers_at, group
+        self.clock, self.answers_at, self._group, self.stale = clock, answers_at, group, stale
         self.invitation, self.invites_at, self.invites_on_withdraw = (
             invitation,
             invites_at,
@@ -311,7 +312,7 @@ class _ArrivalBoard:
 
     def invited(self):
         if self.invites_at is None or self.clock.monotonic() < self.invites_at:
-            return None
+            return self.stale  # what an earlier, given-up invitation left in the store (None: nothing)
         return self.invitation
 
     def close(self) -> None:
@@ -399,6 +400,15 @@ def test_an_invited_node_gets_its_place_in_the_invitations_generation():
     ]
     assert board.calls == [("offer", "n2", 0.0), "close"]  # no withdrawal
     assert 1.0 <= clock.now() <= 1.0 + POLL_S + 1e-9  # taken as soon as it was seen
+
+
+def test_an_invitation_left_from_an_earlier_given_up_grow_does_not_take_the_node_in():
+    clock = ManualClock(0.0)
+    stale = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))  # n2's earlier try, given up
+    fresh = Announcement(3, "n0", (4, 5), 6, ("n0", "n1", "n2"))
+    board = _ArrivalBoard(clock, answers_at=0.0, group=SHRUNK, invitation=fresh, invites_at=2.0, stale=stale)
+    got, _ = _find(board, clock)
+    assert got is not None and got.generation == 3 and clock.now() >= 2.0, got
 
 
 @pytest.mark.parametrize(

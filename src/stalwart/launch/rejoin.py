@@ -93,11 +93,15 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
             note(reason)
         case _:
             assert_never(choice)
+    # an invitation already in the store is an earlier one, given up (every new one takes a newer
+    # generation): only one written after this offer takes this node in
+    earlier = board.invited()
+    since = max(group.generation, earlier.generation if earlier is not None else 0)
     board.offer(me)
     bound = float(cfg.reform.announce_s)
     until = clock.monotonic() + bound
     while True:
-        place = _taken(board.invited(), group.generation, me)
+        place = _taken(board.invited(), since, me)
         if place is not None:
             return _place(cfg, place, met)
         if clock.monotonic() >= until:
@@ -105,7 +109,7 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
         clock.sleep(POLL_S)
     board.withdraw(me)
     clock.sleep(3 * POLL_S)  # the board's thread writes the withdrawal before it is closed
-    place = _taken(board.invited(), group.generation, me)  # invited just before the withdrawal
+    place = _taken(board.invited(), since, me)  # invited just before the withdrawal
     if place is not None:
         return _place(cfg, place, met)
     note(f"the group did not take node {me} in within {bound:g}s: joining the rendezvous")
@@ -113,7 +117,7 @@ def _offer(cfg, board, clock: Clock, note: Callable[[str], None], probe_s: float
 
 
 def _taken(seen: Announcement | None, since: int, me: str) -> Announcement | None:
-    """The invitation that takes ``me`` in: newer than the group record, with ``me`` among its nodes."""
+    """The invitation that takes ``me`` in: newer than ``since``, with ``me`` among its nodes."""
     if seen is None or seen.generation <= since or not seen.world_size or me not in seen.active:
         return None
     return seen
