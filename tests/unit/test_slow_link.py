@@ -41,20 +41,24 @@ HANGS_ACTION = StragglerActionConfig()  # the default costs: a 300 s recovery
 KBIT = 1000 / 8  # bytes/s per kbit/s
 
 
-def sample(t: float, moved: int, over: int = 0, drops: int = 0, qdisc: str = "tbf") -> LinkSample:
+def sample(
+    t: float, moved: int, over: int = 0, drops: int = 0, qdisc: str = "tbf", queued: int = 0
+) -> LinkSample:
     c = IfCounters(
         rx_bytes=moved // 2, tx_bytes=moved - moved // 2, dropped=drops, qdisc=qdisc, qdisc_overlimits=over
     )
     peers = MappingProxyType({"10.77.0.1": (moved // 2, moved - moved // 2)})  # the workers' own sockets
-    return LinkSample(t, MappingProxyType({"eth0": c}), peers)
+    return LinkSample(t, MappingProxyType({"eth0": c}), peers, send_queued=queued)
 
 
 def moving(
-    t0: float, t1: float, bps: float, over_per_s: int = 0, qdisc: str = "tbf"
+    t0: float, t1: float, bps: float, over_per_s: int = 0, qdisc: str = "tbf", queued: int = 0
 ) -> tuple[LinkSample, ...]:
-    """One sample a second from t0 to t1 of a link moving ``bps`` bytes/s."""
+    """One sample a second from t0 to t1 of a link moving ``bps`` bytes/s (``queued``: bytes its
+    workers' sockets hold unsent at each sample)."""
     return tuple(
-        sample(t0 + i, int(bps * i), over=over_per_s * i, qdisc=qdisc) for i in range(int(t1 - t0) + 1)
+        sample(t0 + i, int(bps * i), over=over_per_s * i, qdisc=qdisc, queued=queued)
+        for i in range(int(t1 - t0) + 1)
     )
 
 
@@ -217,9 +221,16 @@ def test_a_link_still_moving_data_is_a_slow_link_on_the_host_whose_link_is_over_
     assert "1,000 kbit/s" in v.reason and "900 over-limit" in v.reason
 
 
-def test_without_local_throttling_or_drops_the_one_peer_is_named_and_with_several_none_is():
-    v = judge_silence(SILENT, window(125_000), 64 * KBIT)
+def test_without_local_throttling_or_drops_the_one_peer_is_named_when_sends_wait_and_with_several_none_is():
+    waiting = dataclasses.replace(window(125_000), send_queued=371_523)
+    v = judge_silence(SILENT, waiting, 64 * KBIT)
     assert v.slow_link and v.host == "h0" and not v.local and "its one peer h0" in v.reason
+    assert "sends wait" in v.reason
+    # nothing waits to be sent: the data is slow coming in, which a shaped receiving side of this very
+    # host (outside its view) does too: no host is named, the peer is not blamed
+    inbound = judge_silence(SILENT, window(125_000), 64 * KBIT)
+    assert inbound.slow_link and inbound.host == "" and inbound.confidence == 0.5
+    assert "slow coming in" in inbound.reason and "not known here" in inbound.reason
     many = judge_silence(Silence("h1", ("h0", "h2"), 0, None, 8.0, 3.0, 1800.0, 0.2), window(125_000), 8000.0)
     assert many.slow_link and many.host == ""
 
@@ -246,8 +257,12 @@ def test_the_incident_names_the_slow_host_and_a_witness_is_not_the_blast_radius(
     own = slow_link_incident(judge_silence(SILENT, window(125_000, over=9), 8000.0), "h1", 0, T0, T0 - 8)
     assert own.cause.startswith("slow link on host h1") and own.blast_radius.nodes == ("h1",)
     assert own.blast_radius.ranks == (0,) and own.rule == "monitor:slow-link"
-    seen = slow_link_incident(judge_silence(SILENT, window(125_000), 8000.0), "h1", 0, T0, T0 - 8)
+    waiting = dataclasses.replace(window(125_000), send_queued=4096)  # its sends wait on the peer's end
+    seen = slow_link_incident(judge_silence(SILENT, waiting, 8000.0), "h1", 0, T0, T0 - 8)
     assert seen.blast_radius.nodes == ("h0",) and "witness h1: rank 0" in seen.evidence
+    unknown = slow_link_incident(judge_silence(SILENT, window(125_000), 8000.0), "h1", 0, T0, T0 - 8)
+    assert unknown.cause.startswith("slow link between hosts (which end is not known here)")
+    assert unknown.blast_radius.nodes == () and unknown.blast_radius.ranks == ()
 
 
 # --- the hang monitor applies it ----------------------------------------------------------------------
@@ -336,7 +351,8 @@ def test_a_witness_host_records_the_peers_slow_link_and_never_excludes_itself():
         1800.0,
         StragglerMonitor(max_nodes=2, gate=gate, action=HANGS_ACTION),
     )
-    d = hangs(snap(T0 + 8, moving(T0 - 5, T0 + 8, 125_000, qdisc="noqueue"), node="h0", total_steps=100_000))
+    link = moving(T0 - 5, T0 + 8, 125_000, qdisc="noqueue", queued=371_523)  # its sends wait on h1
+    d = hangs(snap(T0 + 8, link, node="h0", total_steps=100_000))
     assert d.kind is DecisionKind.STRAGGLERS and d.incident.blast_radius.nodes == ("h1",) and not d.advice
     assert d.detected == () and d.rank == 0  # its own rank is no straggler; it is raised once
 

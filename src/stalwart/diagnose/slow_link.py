@@ -222,19 +222,32 @@ def judge_silence(s: Silence, window: LinkWindow | None, min_bps: float) -> Sile
             f"{window.drops} dropped during the silence)"
         )
         return SilenceVerdict(SilenceKind.SLOW_LINK, why, s.node, True, slowdown, 0.9)
-    if len(s.peers) == 1:
-        why = f"{moving}; this host's link shows no drops or throttling: the slow end is its one peer {s.peers[0]}"
+    if len(s.peers) == 1 and window.send_queued:
+        # its sends wait and its own link does not hold them: the path out is slow past this host
+        why = (
+            f"{moving}; this host's sends wait and its link shows no drops or throttling: the slow end is "
+            f"its one peer {s.peers[0]}"
+        )
         return SilenceVerdict(SilenceKind.SLOW_LINK, why, s.peers[0], False, slowdown, 0.6)
+    if len(s.peers) == 1:
+        # nothing waits to be sent: the data is slow coming in, held either by the peer's link or by
+        # this host's own receiving side shaped where it cannot see (a switch port): not known here
+        why = (
+            f"{moving}; this host's link shows no drops or throttling and nothing waits to be sent: the "
+            f"data is slow coming in, from {s.peers[0]}'s link or to this host's receiving side (shaped "
+            "outside it): which end is not known here"
+        )
+        return SilenceVerdict(SilenceKind.SLOW_LINK, why, "", False, slowdown, 0.5)
     why = f"{moving}; this host's link shows no drops or throttling: the slow link is a peer's"
     return SilenceVerdict(SilenceKind.SLOW_LINK, why, "", False, slowdown, 0.5)
 
 
 def slow_link_incident(v: SilenceVerdict, node: str, rank: int, now: float, onset: float) -> Incident:
     """The incident of a slow-link verdict: the slow host is the blast radius; a witness says so."""
-    host = v.host or "a peer host"
+    where = f"on host {v.host}" if v.host else "between hosts (which end is not known here)"
     evidence = (v.reason,) if v.local else (v.reason, f"witness {node}: rank {rank}")
     return Incident(
-        cause=f"slow link on host {host}: collectives crawl ({v.slowdown:.1f}x the healthy step so far), not a hang",
+        cause=f"slow link {where}: collectives crawl ({v.slowdown:.1f}x the healthy step so far), not a hang",
         fault_class=FaultClass.HARDWARE if v.local else FaultClass.UNKNOWN,
         component=Component.NIC,
         confidence=v.confidence,
