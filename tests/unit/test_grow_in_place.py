@@ -893,3 +893,18 @@ class _Marks:
 
     def get(self, key: str) -> bytes:
         return self.keys[key]
+
+
+def test_a_newcomer_records_its_join_but_counts_no_failure_recovered(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5))
+    rec.active, rec.world_size, rec.num_nodes = GROWN.active, 6, 3
+    rec.generation, rec.taking_over, rec.newcomer = 1, clock.now(), True
+    for r in (4, 5):
+        rec.tracker.observe(
+            Reformed(r, 1, 40, 1000, {"rendezvous": 0.1, "transfer": 0.02}, clock.now()), clock.now()
+        )
+    rec.watch(_snap(clock))
+    [joined] = ledger.of(ReformedInPlace)
+    assert joined.ranks == (4, 5) and joined.bytes_moved == 2000 and joined.generation == 1
+    assert rec.completed == 0  # its verdict counts no failure: it recovered none

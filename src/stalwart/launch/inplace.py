@@ -109,6 +109,7 @@ class InPlaceRecovery:
     resized: tuple[str, int, int] | None = None
     inviting: Invitation | None = None  # a grow under way: newcomers start their ranks (first node)
     said_ready: bool = False  # a newcomer's ranks are about to join: this node told the first node
+    newcomer: bool = False  # this node's ranks joined a group that grew in place (no failure recovered)
     invited: int = 0  # the newest generation this (first) node invited newcomers to
     given_up: dict[str, int] = field(default_factory=dict)  # node -> its offer whose invitation failed
 
@@ -337,7 +338,7 @@ class InPlaceRecovery:
         for name in ("rendezvous", "transfer"):
             phases[name] = max((m.phases.get(name, 0.0) for m in msgs), default=0.0)
         self.taking_over = None
-        if kind != "grow":  # a grow recovers no failure: the job's failure count stays
+        if kind != "grow" and not self.newcomer:  # a grow recovers no failure: the count stays
             self.completed += 1
         step = max(m.step for m in msgs)
         self.resized = None

@@ -85,6 +85,7 @@ class NodeWorkers:
         self.routed: dict[str, str] = {}  # the NCCL environment changes of a sick link routed around
         self.spare: SpareWatch | None = None  # a hot spare's watch for a lost node's place
         self.joining = 0  # > 0: this attempt's ranks replace a lost node's, in this generation
+        self.newcomer = False  # ... or take a free place in a group that grows back in place
 
     # --- the attempt ---------------------------------------------------------------------------------
 
@@ -143,7 +144,7 @@ class NodeWorkers:
             )
             outcome = self._supervise(group, receiver, block, specs, board)
         finally:
-            self.joining = 0
+            self.joining, self.newcomer = 0, False
             if board is not None:
                 board.close()
             if self.spare is not None:  # its announcement was written long before the attempt ended
@@ -181,7 +182,7 @@ class NodeWorkers:
         place = find_place(self.cfg, self.rendezvous, self.clock, self.console.note)
         if place is None:
             return None
-        self.joining = place.generation
+        self.joining, self.newcomer = place.generation, True
         return TookOver(place.plan, place.reason), place.met
 
     def worker_specs(
@@ -371,6 +372,7 @@ class NodeWorkers:
         sup.in_place.active = self.world.active if self.world is not None else ()
         if self.joining:  # a spare's ranks start in the generation they join
             sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
+            sup.in_place.newcomer = self.newcomer
         return sup.run()
 
     def _across_hosts(self) -> bool:
