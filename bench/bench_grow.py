@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_inplace_nodes import agent, free_port, listening
+from bench_inplace_nodes import agent, free_port, listening, steps_redone
 
 from stalwart.errors import LedgerError
-from stalwart.events import AttemptStarted, ReformedInPlace, StepCompleted, TrainingResumed
+from stalwart.events import AttemptStarted, ReformedInPlace, StepCompleted
 from stalwart.ledger import read_merged
 
 STEPS, EVERY, KILL_STEP = 600, 10, 27
@@ -141,9 +141,7 @@ def measure(evs: list, back_at: float, world: int, in_place: bool) -> dict:
         moved = sum(e.bytes_moved for e in evs if isinstance(e, ReformedInPlace) and e.generation == gen)
         row.update(steps_lost=grown[0].lost_steps, phases=grown[0].phases, bytes_moved=moved)
     else:
-        done = max((e.step for e in steps if e.ts <= change), default=0)
-        resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > change), default=0)
-        row["steps_lost"] = max(0, done + 1 - resumed)
+        row["steps_lost"] = steps_redone(evs, change)
     return row
 
 

@@ -40,6 +40,14 @@ JOB = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-ever
 JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 
 
+def steps_redone(evs: list, at: float) -> int:
+    """Steps completed before ``at`` that the next resume did not hold (a whole-group restart's
+    rollback): the last completed step is an index, the resume point a count."""
+    done = max((e.step for e in evs if isinstance(e, StepCompleted) and e.ts <= at), default=0)
+    resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > at), default=0)
+    return max(0, done + 1 - resumed)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -129,9 +137,7 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
             steps_lost=reformed[0].lost_steps, phases=reformed[0].phases, bytes_moved=reformed[0].bytes_moved
         )
     else:
-        done = max((e.step for e in steps if e.ts <= fault), default=0)
-        resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > fault), default=0)
-        row["steps_lost"] = max(0, done + 1 - resumed)  # done is a step index, resumed a count
+        row["steps_lost"] = steps_redone(evs, fault)
     return row
 
 

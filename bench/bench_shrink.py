@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_inplace_nodes import agents, compare
+from bench_inplace_nodes import agents, compare, steps_redone
 
-from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
+from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted
 from stalwart.ledger import read_merged
 
 STEPS, EVERY, KILL_STEP = 40, 10, 27
@@ -59,10 +59,7 @@ def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 
             raise RuntimeError("the shrink run did not shrink in place")
         row.update(steps_lost=reformed[0].lost_steps, phases=reformed[0].phases)
     else:
-        steps = [e for e in evs if isinstance(e, StepCompleted)]
-        done = max((e.step for e in steps if e.ts <= fault), default=0)
-        resumed = min((e.step for e in evs if isinstance(e, TrainingResumed) and e.ts > fault), default=0)
-        row["steps_lost"] = max(0, done + 1 - resumed)  # done is a step index, resumed a count
+        row["steps_lost"] = steps_redone(evs, fault)
     return row
 
 
