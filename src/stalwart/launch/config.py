@@ -43,6 +43,7 @@ from .settings import (
     setting,
 )
 from .settings_recovery import InPlaceSettings
+from .settings_trust import TrustSettings
 
 
 class RunConfig(BaseSettings):
@@ -111,6 +112,7 @@ class RunConfig(BaseSettings):
     observe: ObserveSettings = ObserveSettings()
     diagnosis: DiagnosisSettings = DiagnosisSettings()
     straggler: StragglerSettings = StragglerSettings()
+    trust: TrustSettings = TrustSettings()
 
     @classmethod
     def settings_customise_sources(
