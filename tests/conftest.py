@@ -10,6 +10,22 @@ import pytest
 import netutil
 
 
+@pytest.fixture(scope="session", autouse=True)
+def job_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One job key for every agent the suite starts (multi-node runs refuse to start without one), and
+    a private config home, so no test makes ``~/.config/stalwart/job.key``. Every agent and worker
+    inherits the environment."""
+    home = tmp_path_factory.mktemp("config-home")
+    home.chmod(0o700)
+    key = home / "job.key"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(os.urandom(32).hex())
+    os.environ.setdefault("STALWART_JOB_KEY_FILE", str(key))
+    os.environ["XDG_CONFIG_HOME"] = str(home)
+    return Path(os.environ["STALWART_JOB_KEY_FILE"])
+
+
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (tests that need several: ``netutil``)."""

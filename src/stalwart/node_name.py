@@ -65,3 +65,10 @@ def validate_drain_reason(reason: object) -> str:
     if not reason.isprintable():
         raise ConfigError(f"drain reason {_shown(reason)} has control characters", "use one printable line")
     return reason
+
+
+def printable_name(text: str, limit: int = 256) -> str:
+    """``text`` from another process made safe to print or record: every non-printable character
+    escaped (``\\x1b``), at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."

@@ -9,7 +9,10 @@ from datetime import timedelta
 
 import pytest
 
+from stalwart.job_key import JobKey, KeySource, Opened
 from stalwart.launch.reform_board import KEY, Announcement, StoreBoard
+
+SIGNER = JobKey(b"k" * 32, KeySource.FILE).signer("job")
 
 pytestmark = pytest.mark.integration
 
@@ -33,14 +36,15 @@ def _until(pred, timeout: float = 20.0):
 
 
 def test_an_announcement_from_one_agent_reaches_another(store):
-    a = StoreBoard("127.0.0.1", store.port, 10.0)
-    b = StoreBoard("127.0.0.1", store.port, 10.0)
+    a = StoreBoard("127.0.0.1", store.port, 10.0, signer=SIGNER)
+    b = StoreBoard("127.0.0.1", store.port, 10.0, signer=SIGNER)
     try:
         assert b.latest() is None
         a.announce(Announcement(3, "n0", (1, 5)))
         got = _until(b.latest)
         assert got == Announcement(3, "n0", (1, 5))
-        assert Announcement.decode(store.get(KEY)) == got
+        stored = SIGNER.open(f"board/announce|127.0.0.1:{store.port}", store.get(KEY))
+        assert isinstance(stored, Opened) and Announcement.decode(stored.payload) == got
     finally:
         a.close()
         b.close()
@@ -62,10 +66,27 @@ def test_a_malformed_announcement_is_refused_with_what_is_wrong(raw, why):
         Announcement.decode(raw)
 
 
+def test_an_announcement_planted_without_the_key_is_ignored_counted_and_noted_once(store):
+    notes: list[str] = []
+    planted = Announcement(5, "n9", (0,), 1, ("n9",)).encode()  # well formed: "train alone at world 1"
+    store.set(KEY, planted)
+    board = StoreBoard("127.0.0.1", store.port, 10.0, notes.append, signer=SIGNER)
+    other_key = JobKey(b"o" * 32, KeySource.FILE).signer("job")  # signed, but with another job's key
+    try:
+        _until(lambda: board.refusals.count >= 1)
+        store.set(KEY, other_key.seal(f"board/announce|127.0.0.1:{store.port}", planted))
+        store.add("stalwart/inplace/version", 1)
+        _until(lambda: board.refusals.count >= 2)
+        assert board.latest() is None
+        assert len([n for n in notes if "unsigned in-place announcement" in n]) == 1, notes
+    finally:
+        board.close()
+
+
 def test_a_malformed_value_in_the_store_is_ignored_with_one_note(store):
     notes: list[str] = []
-    store.set(KEY, b"not json")
-    board = StoreBoard("127.0.0.1", store.port, 10.0, notes.append)
+    store.set(KEY, SIGNER.seal(f"board/announce|127.0.0.1:{store.port}", b"not json"))
+    board = StoreBoard("127.0.0.1", store.port, 10.0, notes.append, signer=SIGNER)
     try:
         _until(lambda: notes)
         time.sleep(0.5)  # several more polls of the same value
@@ -75,10 +96,10 @@ def test_a_malformed_value_in_the_store_is_ignored_with_one_note(store):
 
 
 def test_a_spare_sees_a_silent_node_and_waiting_peers_and_only_one_spare_holds_a_claim(store):
-    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
-    n1 = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
-    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"))
-    s2 = StoreBoard("127.0.0.1", store.port, 10.0, node="s2", watch=("n0", "n1"))
+    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0", signer=SIGNER)
+    n1 = StoreBoard("127.0.0.1", store.port, 10.0, node="n1", signer=SIGNER)
+    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"), signer=SIGNER)
+    s2 = StoreBoard("127.0.0.1", store.port, 10.0, node="s2", watch=("n0", "n1"), signer=SIGNER)
     try:
         _until(lambda: store.add("stalwart/inplace/beat/n1", 0) > 1)
         n1.close()  # n1's agent is gone: its heartbeat stops
@@ -99,8 +120,8 @@ def test_a_spare_sees_a_silent_node_and_waiting_peers_and_only_one_spare_holds_a
 
 
 def test_the_first_refusal_is_kept_and_seen_by_every_node(store):
-    a = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
-    b = StoreBoard("127.0.0.1", store.port, 10.0, node="n1")
+    a = StoreBoard("127.0.0.1", store.port, 10.0, node="n0", signer=SIGNER)
+    b = StoreBoard("127.0.0.1", store.port, 10.0, node="n1", signer=SIGNER)
     try:
         a.refuse("rank 0 raised ValueError")
         assert _until(b.refusal) == ("n0", "rank 0 raised ValueError")
@@ -113,8 +134,8 @@ def test_the_first_refusal_is_kept_and_seen_by_every_node(store):
 
 
 def test_an_announcement_ends_the_incident_and_the_waits_it_answered(store):
-    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0")
-    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"))
+    n0 = StoreBoard("127.0.0.1", store.port, 10.0, node="n0", signer=SIGNER)
+    s1 = StoreBoard("127.0.0.1", store.port, 10.0, node="s1", watch=("n0", "n1"), signer=SIGNER)
     try:
         n0.waiting(1)
         assert _until(lambda: s1.nodes_waiting()) == {"n0": 1} and s1.silence()

@@ -22,6 +22,7 @@ from stalwart.launch.fakes import FakeRendezvous, RecordingBoard, RecordingLedge
 from stalwart.launch.inplace import InPlaceRecovery
 from stalwart.launch.ports import Round
 from stalwart.launch.progress import ProgressTracker
+from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.reform_board import POLL_S, Announcement
 from stalwart.policy.inplace import (
     GrowCase,
@@ -57,6 +58,9 @@ GROW = GrowCase(
     rule=ANY,
     generation=3,
 )
+
+KEY = JobKey(b"k" * 32, KeySource.FILE)
+SIGNER = KEY.signer("job")  # one job key for every board of a test
 
 
 def test_grow_takes_the_offers_in_the_order_they_came_after_the_nodes_in_the_group():
@@ -200,13 +204,18 @@ def server():
     return TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
 
 
+def _board_seal(port: int):
+    """Seal a value as the boards of SIGNER's job do for the store at 127.0.0.1:``port``."""
+    return lambda kind, payload: SIGNER.seal(f"board/{kind}|127.0.0.1:{port}", payload)
+
+
 def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boards(server):
     from stalwart.launch.reform_board import StoreBoard
 
     first_notes: list[str] = []
-    first = StoreBoard("127.0.0.1", server.port, 10.0, first_notes.append, node="n0")
-    newcomer = StoreBoard("127.0.0.1", server.port, 10.0, node="n2")
-    other = StoreBoard("127.0.0.1", server.port, 10.0, node="n3")
+    first = StoreBoard("127.0.0.1", server.port, 10.0, first_notes.append, node="n0", signer=SIGNER)
+    newcomer = StoreBoard("127.0.0.1", server.port, 10.0, node="n2", signer=SIGNER)
+    other = StoreBoard("127.0.0.1", server.port, 10.0, node="n3", signer=SIGNER)
     try:
         _until(lambda: first.answered and newcomer.answered and other.answered, "a first answer")
         assert first.offers() == () and newcomer.invited() is None and first.group() is None
@@ -245,8 +254,8 @@ def test_a_malformed_offer_line_or_invitation_in_the_store_is_ignored(server):
     from stalwart.launch.reform_board import INVITE, OFFERS, VERSION, StoreBoard
 
     notes: list[str] = []
-    board = StoreBoard("127.0.0.1", server.port, 10.0, notes.append, node="n0")
-    writer = StoreBoard("127.0.0.1", server.port, 10.0, node="n0")
+    board = StoreBoard("127.0.0.1", server.port, 10.0, notes.append, node="n0", signer=SIGNER)
+    writer = StoreBoard("127.0.0.1", server.port, 10.0, node="n0", signer=SIGNER)
     raw = TCPStore(
         "127.0.0.1", server.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
     )
@@ -254,13 +263,17 @@ def test_a_malformed_offer_line_or_invitation_in_the_store_is_ignored(server):
         good = Announcement(2, "n0", (2, 3), 4, ("n0", "n1"))
         writer.invite(good)
         assert _until(board.invited, "the invitation") == good
-        raw.append(OFFERS, "+n2\n*n3\n+\nn4\n+bad\x07name\n+" + "x" * 300 + "\n-n9\n+n5\n")
-        raw.set(INVITE, b'{"generation": "two", "node": "n0", "ranks": []}')
+        lines = ["+n2", "*n3", "+", "n4", "+bad\x07name", "+" + "x" * 300, "-n9", "+n5"]
+        seal = _board_seal(server.port)
+        raw.append(OFFERS, b"".join(seal("offer", f"{line} 00") + b"\n" for line in lines))
+        raw.append(OFFERS, b"+n6 00\n")  # well formed but not signed: planted by someone without the key
+        raw.set(INVITE, seal("invite", b'{"generation": "two", "node": "n0", "ranks": []}'))
         raw.add(VERSION, 1)
         _until(lambda: board.offers() == ("n2", "n5"), "the well-formed offers")
         _until(lambda: any("malformed invitation" in n for n in notes), "the note")
         assert board.invited() == good  # the last well-formed one stands
         assert any("generation 'two' is not a positive integer" in n for n in notes), notes
+        assert board.refusals.count >= 1 and any("unsigned offer" in n for n in notes), notes
     finally:
         board.close()
         writer.close()
@@ -862,7 +875,8 @@ def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_c
 
     def store_for(cfg, timeout_s):
         asked.append(cfg.rendezvous.endpoint)
-        return _Marks({f"stalwart/workers/{cfg.rendezvous.id}": b'{"addr": "10.0.0.7", "port": 4242}'})
+        key = f"stalwart/workers/{cfg.rendezvous.id}"
+        return _Marks({key: KEY.signer("r").seal(f"{key}|", b'{"addr": "10.0.0.7", "port": 4242}')})
 
     monkeypatch.setattr(arrival, "store_for", store_for)
     with socket.socket() as free:  # a port nothing listens on
@@ -876,10 +890,10 @@ def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_c
             backend="c10d", endpoint=f"127.0.0.1:{idle}", id="r", store_timeout_s=30.0
         ),
     )
-    assert NodeRendezvous(cfg).workers_elsewhere() is None and asked == []
+    assert NodeRendezvous(cfg, key=KEY).workers_elsewhere() is None and asked == []
     with socket.create_server(("127.0.0.1", 0)) as server:
         cfg.rendezvous.endpoint = f"127.0.0.1:{server.getsockname()[1]}"
-        assert NodeRendezvous(cfg).workers_elsewhere() == ("10.0.0.7", 4242) and len(asked) == 1
+        assert NodeRendezvous(cfg, key=KEY).workers_elsewhere() == ("10.0.0.7", 4242) and len(asked) == 1
 
 
 class _Marks:

@@ -27,6 +27,7 @@ from stalwart.launch.fakes import (
     specs,
 )
 from stalwart.launch.monitors import default_monitors, store_lost
+from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.rendezvous import NodeRendezvous
 from stalwart.launch.snapshot import Snapshot
 from stalwart.launch.store_watch import StoreUnreachable, StoreWatch, within
@@ -182,14 +183,14 @@ def _cfg(timeout_s: float = 60.0):
     return SimpleNamespace(
         use_c10d=True,
         node_name="n1",
-        rendezvous=SimpleNamespace(store_timeout_s=timeout_s, endpoint="10.0.0.1:29400"),
+        rendezvous=SimpleNamespace(store_timeout_s=timeout_s, endpoint="10.0.0.1:29400", id="job"),
     )
 
 
 def test_the_membership_read_never_waits_on_a_blocked_store_and_fails_after_the_store_timeout():
     clock = ManualClock(T0)
     store = BlockingStore()
-    rdzv = NodeRendezvous(_cfg(), clock=clock)
+    rdzv = NodeRendezvous(_cfg(), clock=clock, key=JobKey(b"k" * 32, KeySource.FILE))
     rdzv.handler = BlockingHandler(store)
     rdzv.store = SimpleNamespace(check=store)
     rdzv.watch = StoreWatch(store, clock, every_s=0.01, probe_deadline_s=0.05).start()
@@ -215,7 +216,7 @@ def test_forming_a_round_with_a_silent_store_fails_within_the_store_timeout():
 
     clock = FastClock(T0)
     store = BlockingStore()
-    rdzv = NodeRendezvous(_cfg(), clock=clock)
+    rdzv = NodeRendezvous(_cfg(), clock=clock, key=JobKey(b"k" * 32, KeySource.FILE))
     rdzv.handler = BlockingHandler(store)
     rdzv.watch = StoreWatch(store, clock, every_s=HAND_OFF_S, probe_deadline_s=HAND_OFF_S)  # never answers
     try:

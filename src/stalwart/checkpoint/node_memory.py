@@ -38,8 +38,9 @@ def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
 
 
 class NodeMemory:
-    def __init__(self, *, run_id: str, node: str, host: str | None) -> None:
-        """``host``: the address to serve peers on (None: one node, no peer store).
+    def __init__(self, *, run_id: str, node: str, host: str | None, secret: bytes | None = None) -> None:
+        """``host``: the address to serve peers on (None: one node, no peer store); ``secret``: the peer
+        stores' request secret derived from the job key (job_key.py; else from a checkpoint key).
 
         The run's directory and the node's are opened without following links and must be ours
         and 0700 (:mod:`.private_fs`); a plant is refused with a :class:`CheckpointError`."""
@@ -60,13 +61,13 @@ class NodeMemory:
         except BaseException:
             os.close(self._run_fd)
             raise
-        key = configured_key()
-        self.secret = peer_secret_from_key(key, run_id) if key else b""
+        key = configured_key() if secret is None else None
+        self.secret = secret if secret is not None else peer_secret_from_key(key, run_id) if key else b""
         self.store: PeerStore | None = None
         self.peers: tuple[Peer, ...] = ()
         # several nodes but no key: no peer store (the one line the agent shows says how to get one)
-        self.notice = NO_KEY if host is not None and key is None else ""
-        self._host = host if key is not None else None
+        self.notice = NO_KEY if host is not None and not self.secret else ""
+        self._host = host if self.secret else None
 
     def _serve(self) -> PeerStore:
         """Start the peer store once the first rendezvous bound its own port (so the port the
@@ -84,7 +85,8 @@ class NodeMemory:
 
     def exchange(self, store, group_rank: int, num_nodes: int) -> None:
         """Publish this node's peer store address (never a secret) in the round's rendezvous store;
-        learn every node's address."""
+        learn every node's address. ``store`` seals what is set and checks what is read
+        (job_key.SealedStore): an address someone else planted is refused there."""
         if self._host is None:
             return
         served = self._serve()

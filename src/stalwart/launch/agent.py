@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from typing_extensions import assert_never
+
+from .. import job_key
 from ..chaos.plan import FaultPlan, build_plan
 from ..errors import CheckpointError, ConfigError
 from ..events import Event, JobStarted
@@ -129,6 +132,9 @@ class Agent:
         self.started = started or self.clock.now()
         self.run.archive_errors(cfg.node_name, f"{int(self.started)}-{os.getpid()}")
         self.plan: FaultPlan = build_plan(cfg.faults.specs, cfg.faults.file or None)
+        self.key = job_key.resolve(
+            key_file=cfg.trust.key_file, insecure=cfg.trust.insecure, multi_node=cfg.max_nodes > 1
+        )
         self._notify = notify or (lambda ev: None)
         self.console = _Console(
             note or (lambda text: None), progress or (lambda step, total, attempt, rate: None)
@@ -174,7 +180,8 @@ class Agent:
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         held = _Started()
         try:  # everything started for the job is inside: the finally stops whatever did start
-            done = NodeRendezvous(cfg, None, self.clock).finished_elsewhere()
+            self._say_key()
+            done = NodeRendezvous(cfg, None, self.clock, key=self.key).finished_elsewhere()
             if done is not None:  # arrived after the job succeeded (etcd keeps its mark)
                 text = done.message(cfg.run_id)
                 self.console.note(text)
@@ -182,7 +189,9 @@ class Agent:
             held.memory = memory = self._node_memory()
             held.diagnosis = diagnosis = self._start_diagnosis()
             held.warm = warm = self._warm_pool()
-            held.rendezvous = rendezvous = NodeRendezvous(cfg, memory, self.clock)
+            held.rendezvous = rendezvous = NodeRendezvous(
+                cfg, memory, self.clock, key=self.key, note=self.console.note
+            )
 
             def closing(end: End) -> None:
                 if end.outcome == "succeeded":
@@ -305,13 +314,40 @@ class Agent:
             else None
         )
         try:
-            memory = NodeMemory(run_id=cfg.run_id, node=cfg.node_name, host=host)
+            memory = NodeMemory(
+                run_id=cfg.run_id,
+                node=cfg.node_name,
+                host=host,
+                secret=self.key.peer_secret(cfg.rendezvous.id or cfg.run_id) if host is not None else None,
+            )
         except (OSError, CheckpointError) as exc:  # no tmpfs, or not ours: the job runs from disk
             self.console.note(f"no node memory tier ({exc}); checkpoints restore from disk only")
             return None
         if memory.notice:  # several nodes without a checkpoint key: no peer replication, and why
             self.console.note(memory.notice)
         return memory
+
+    def _say_key(self) -> None:
+        """Say where the job key came from when the user should know (a key made now, none at all)."""
+        key = self.key
+        match key.source:
+            case job_key.KeySource.INSECURE:
+                self.console.note(job_key.insecure_warning(self.cfg.node_name))
+            case job_key.KeySource.MADE_DEFAULT_FILE:
+                self.console.note(
+                    f"made the job key {key.where} (0600): every node of this job must read the same "
+                    "key, which a shared home gives; elsewhere copy it to each node or set "
+                    f"{job_key.KEY_FILE_ENV}"
+                )
+            case (
+                job_key.KeySource.FILE
+                | job_key.KeySource.ENV
+                | job_key.KeySource.DEFAULT_FILE
+                | job_key.KeySource.RUN
+            ):
+                pass
+            case _ as unreachable:
+                assert_never(unreachable)
 
     def _start_diagnosis(self):
         """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""

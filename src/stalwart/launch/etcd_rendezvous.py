@@ -184,7 +184,7 @@ class EtcdStore(Store):
             time.sleep(self.poll_s)
 
 
-def make_etcd_handler(cfg):
+def make_etcd_handler(cfg, seal=lambda backend: backend):
     """torch's dynamic rendezvous handler with its state and store on etcd."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
@@ -197,7 +197,7 @@ def make_etcd_handler(cfg):
     return DynamicRendezvousHandler.from_backend(
         run_id=rdzv.id,
         store=store,
-        backend=EtcdRendezvousBackend(client, rdzv.id),
+        backend=seal(EtcdRendezvousBackend(client, rdzv.id)),
         min_nodes=cfg.min_nodes,
         max_nodes=cfg.max_nodes,
         local_addr=rdzv.local_addr or None,

@@ -51,7 +51,7 @@ from .decision import AttemptOutcome, Decision
 from .inplace_resize import Invitation, cancel_invitation, grow_group, shrink_group
 from .ports import LedgerSink
 from .progress import ProgressTracker
-from .reform_board import Announcement, Board
+from .board_records import Announcement, Board
 from .snapshot import Snapshot
 from .workers import WorkerSpec
 

@@ -28,7 +28,7 @@ from typing_extensions import assert_never
 from ..diagnose.incident import silent_host_incident
 from ..events import FailureDetected
 from ..policy.inplace import GrowCase, GrowInPlace, Refuse, ShrinkCase, ShrinkInPlace, Wait, grow, shrink
-from .reform_board import Announcement
+from .board_records import Announcement
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:

@@ -24,6 +24,12 @@ also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
   in the next generation, and once each newcomer said its ranks are ready, announces that generation
   (policy/inplace.py :func:`~stalwart.policy.inplace.grow`).
 
+Every value on the board is sealed with the job key (job_key.py) and bound to the round's store
+(its address and port) and to its kind, so a value someone else planted, or one copied from another
+round or key, is ignored, counted (:attr:`StoreBoard.refusals`) and noted once; a planted claim or
+refusal is replaced. The counters (heartbeats, the version, the count of waits) cannot be signed: a
+forged bump can only delay a detection or cause an extra read, never admit, shrink or move a node.
+
 What each board costs the store does not grow with the job while nothing fails: one read of a
 version counter per poll (every write the others must see bumps it) and one heartbeat every 0.5 s.
 The watched nodes' heartbeats are read only during an incident (a node's ranks wait for a
@@ -34,12 +40,16 @@ from __future__ import annotations
 
 import json
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, TypeGuard
+from typing import Any
+
+from ..job_key import Opened, Refusals, Refused, Signer
+from ..node_name import printable_name
+from .board_records import Announcement, is_name
 
 KEY = "stalwart/inplace/announce"
 REFUSED = "stalwart/inplace/refused"
@@ -57,125 +67,6 @@ BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
 WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
 
 
-@dataclass(frozen=True)
-class Announcement:
-    generation: int  # the generation every rank re-forms into
-    node: str  # the node whose agent replaced its failed ranks (or decided the shrink)
-    ranks: tuple[int, ...]  # the ranks replaced
-    # a group that shrank in place (a lost node, no hot spare): the new world size and the surviving
-    # nodes in their new group-rank order; 0 and () when every node keeps its place
-    world_size: int = 0
-    active: tuple[str, ...] = ()
-
-    def encode(self) -> bytes:
-        doc: dict[str, object] = {"generation": self.generation, "node": self.node, "ranks": list(self.ranks)}
-        if self.world_size:
-            doc.update(world_size=self.world_size, active=list(self.active))
-        return json.dumps(doc).encode()
-
-    def place(self, node: str, nproc_per_node: int) -> tuple[int, int] | None:
-        """(first global rank, world size) of ``node`` in the shrunk group; None when the group did not
-        shrink or ``node`` is not in it."""
-        if not self.world_size or node not in self.active:
-            return None
-        return self.active.index(node) * nproc_per_node, self.world_size
-
-    @staticmethod
-    def decode(raw: bytes) -> Announcement:
-        """Parse a stored announcement; ValueError names what is wrong with it."""
-        try:
-            doc = json.loads(raw.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ValueError("not an object")
-        gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("ranks")
-        if not _count(gen):
-            raise ValueError(f"generation {gen!r} is not a positive integer")
-        if not _name(node):
-            raise ValueError("node is not a name")
-        if not isinstance(ranks, list) or not all(_count(r) or r == 0 for r in ranks):
-            raise ValueError("ranks is not a list of ranks")
-        world, active = doc.get("world_size", 0), doc.get("active", [])
-        if world == 0 and active == []:
-            return Announcement(gen, node, tuple(ranks))
-        if not _count(world):
-            raise ValueError(f"world_size {world!r} is not a positive integer")
-        if not isinstance(active, list) or not active or not all(_name(n) for n in active):
-            raise ValueError("active is not a list of node names")
-        if len(set(active)) != len(active) or node not in active:
-            raise ValueError("active repeats a node or lacks the announcing node")
-        if world % len(active):
-            raise ValueError(f"world_size {world} is not a multiple of {len(active)} nodes")
-        return Announcement(gen, node, tuple(ranks), world, tuple(active))
-
-
-def _count(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _name(v: object) -> TypeGuard[str]:
-    return isinstance(v, str) and 0 < len(v) <= 256
-
-
-class Board(Protocol):
-    """The port the in-place recovery uses to tell other nodes, and to hear from them."""
-
-    def announce(self, a: Announcement) -> None:
-        """Hand an announcement over; never waits on the network."""
-        ...
-
-    def latest(self) -> Announcement | None:
-        """The newest announcement seen (ours included); never waits."""
-        ...
-
-    def close(self) -> None: ...
-
-    def waiting(self, generation: int) -> None:
-        """Say that this node's ranks wait for ``generation`` (a lost peer nobody announced)."""
-        ...
-
-    def refuse(self, reason: str) -> None:
-        """Say that this node's failure is not recovered in place (the others stop waiting)."""
-        ...
-
-    def refusal(self) -> tuple[str, str] | None:
-        """(node, reason) of the first node that said so, once read; never waits."""
-        ...
-
-    def silence(self) -> dict[str, float]:
-        """Seconds since each watched node's heartbeat last moved."""
-        ...
-
-    def publish_group(self, a: Announcement) -> None:
-        """Record the group's nodes and size after it shrank or grew in place; never waits."""
-        ...
-
-    def offers(self) -> tuple[str, ...]:
-        """Nodes that arrived during the job and offer a free place, in order; never waits."""
-        ...
-
-    def offer_seq(self, node: str) -> int:
-        """How many times ``node`` offered; never waits."""
-        ...
-
-    def watch_more(self, nodes: Sequence[str]) -> None:
-        """Watch the heartbeats of ``nodes`` too."""
-        ...
-
-    def invite(self, a: Announcement) -> None:
-        """Give newcomers their places in ``a.generation``; never waits."""
-        ...
-
-    def ready(self, generation: int) -> None:
-        """Say that this node's ranks are about to join ``generation``; never waits."""
-        ...
-
-    def ready_nodes(self) -> dict[str, int]:
-        """Offered nodes whose ranks are ready, and the generation; never waits."""
-        ...
-
-
 class StoreBoard:
     """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
 
@@ -189,9 +80,12 @@ class StoreBoard:
         node: str = "",
         watch: Sequence[str] = (),
         clock: Callable[[], float] = time.monotonic,
+        signer: Signer,
     ) -> None:
         self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
         self._note, self._node, self._clock = note, node, clock
+        self._signer, self._round = signer, f"{addr}:{port}"
+        self.refusals = Refusals(note)  # records that failed their seal: ignored, counted, noted once
         self._out: queue.Queue[Announcement] = queue.Queue()
         self._stop = threading.Event()
         self._seen: Announcement | None = None
@@ -315,6 +209,25 @@ class StoreBoard:
         """The node holding the claim on ``lost``'s place, once the store answered."""
         return self._claimed.get(lost)
 
+    def _seal(self, kind: str, payload: bytes | str) -> bytes:
+        """A record bound to this job's key, this round's store and its kind (job_key.py)."""
+        return self._signer.seal(f"board/{kind}|{self._round}", payload)
+
+    def _open(self, kind: str, raw: bytes, what: str) -> bytes | None:
+        """The payload of a record read from the store; None (counted, noted once) unless signed."""
+        match self._signer.open(f"board/{kind}|{self._round}", raw):
+            case Opened(payload):
+                return payload
+            case Refused(reason):
+                self.refusals.refused(what, reason)
+                return None
+
+    def _read(self, store: Any, key: str, kind: str, what: str) -> bytes | None:
+        """The signed payload under ``key`` (None: absent, or not signed with this job's key)."""
+        if not store.check([key]):
+            return None
+        return self._open(kind, store.get(key), what)
+
     def _loop(self) -> None:
         store: Any = None
         while not self._stop.is_set():
@@ -356,9 +269,9 @@ class StoreBoard:
         self._incident = True
 
     def _read_announcement(self, store: Any) -> None:
-        if not store.check([KEY]):
+        raw = self._read(store, KEY, "announce", "an unsigned in-place announcement in the worker store")
+        if raw is None:
             return
-        raw = store.get(KEY)
         try:
             self._take(Announcement.decode(raw))
         except ValueError as exc:
@@ -370,81 +283,115 @@ class StoreBoard:
         bump = False
         while not self._out.empty():
             a = self._out.get_nowait()
-            store.set(KEY, a.encode())
+            store.set(KEY, self._seal("announce", a.encode()))
             self._take(a)
             bump = True
         if self._node and self._polls % BEAT_EVERY == 1:
             store.add(BEAT + self._node, 1)
         while self._node and not self._wait_out.empty():
-            store.set(WAITING + self._node, str(self._wait_out.get_nowait()))
+            store.set(
+                WAITING + self._node, self._seal("waiting/" + self._node, str(self._wait_out.get_nowait()))
+            )
             store.add(WAITING_ANY, 1)
             if not self._incident and self._moved:
                 self._watch_from_now()
             bump = True
         while not self._refuse_out.empty():  # the first node to refuse keeps the key
             why = self._refuse_out.get_nowait()
-            store.compare_set(REFUSED, "", json.dumps({"node": self._node, "reason": why[:500]}))
+            doc = json.dumps({"node": self._node, "reason": why[:500]})
+            self._claim_key(store, REFUSED, "refused", doc)
             bump = True
         while not self._claims_out.empty():
             lost = self._claims_out.get_nowait()
-            holder = store.compare_set(CLAIM + lost, "", self._node)
-            self._claimed[lost] = (
-                holder.decode(errors="replace") if isinstance(holder, bytes) else str(holder)
-            )
+            holder = self._claim_key(store, CLAIM + lost, "claim/" + lost, self._node)
+            self._claimed[lost] = holder.decode(errors="replace") if holder is not None else "?"
         while not self._group_out.empty():
-            store.set(GROUP, self._group_out.get_nowait().encode())
+            store.set(GROUP, self._seal("group", self._group_out.get_nowait().encode()))
             bump = True
         while not self._offer_out.empty():
-            store.append(OFFERS, self._offer_out.get_nowait() + "\n")
+            line = f"{self._offer_out.get_nowait()} {secrets.token_hex(8)}"  # a replayed line reads once
+            store.append(OFFERS, self._seal("offer", line) + b"\n")
             bump = True
         while not self._invite_out.empty():
             a = self._invite_out.get_nowait()
-            store.set(INVITE, a.encode())
+            store.set(INVITE, self._seal("invite", a.encode()))
             self._invite = a
             bump = True
         while self._node and not self._ready_out.empty():
-            store.set(READY + self._node, str(self._ready_out.get_nowait()))
+            store.set(
+                READY + self._node, self._seal("ready/" + self._node, str(self._ready_out.get_nowait()))
+            )
             bump = True
         if bump:
             store.add(VERSION, 1)
 
+    def _claim_key(self, store: Any, key: str, kind: str, value: str) -> bytes | None:
+        """Compare-and-set ``key`` from empty to our signed ``value``; the payload held there after
+        (ours, or the signed one another node set first). An unsigned value someone planted is no
+        claim: it is replaced once. None: still not signed (the planter raced us again)."""
+        mine = self._seal(kind, value)
+        held = store.compare_set(key, "", mine)
+        for _ in range(2):
+            raw = held if isinstance(held, bytes) else str(held).encode()
+            payload = self._open(kind, raw, f"an unsigned {kind.partition('/')[0]} in the worker store")
+            if payload is not None:
+                return payload
+            held = store.compare_set(key, raw, mine)
+        return None
+
     def _read_refusal(self, store: Any) -> None:
-        if self._refused is not None or not store.check([REFUSED]):
+        if self._refused is not None:
+            return
+        raw = self._read(store, REFUSED, "refused", "an unsigned refusal in the worker store")
+        if raw is None:
             return
         try:
-            doc = json.loads(store.get(REFUSED).decode())
-            self._refused = (str(doc["node"])[:256], str(doc["reason"])[:500])
+            doc = json.loads(raw.decode())
+            self._refused = (printable_name(str(doc["node"])[:256]), printable_name(str(doc["reason"])[:500]))
         except (UnicodeDecodeError, ValueError, TypeError, KeyError):
             self._refused = ("?", "a malformed refusal in the worker store")
 
     def _read_group(self, store: Any) -> None:
         """The group record and the offers (a malformed entry is ignored, never trusted)."""
-        if store.check([GROUP]):
+        if (
+            raw := self._read(store, GROUP, "group", "an unsigned group record in the worker store")
+        ) is not None:
             try:
-                self._group = Announcement.decode(store.get(GROUP))
+                self._group = Announcement.decode(raw)
             except ValueError as exc:
                 self._note(f"ignored a malformed group record in the worker store: {exc}")
         if store.check([OFFERS]):
-            standing: dict[str, bool] = {}  # a node's last line says whether its offer stands
-            seq: dict[str, int] = {}
-            for line in store.get(OFFERS).decode(errors="replace").splitlines():
-                name = line[1:]
-                if line[:1] in ("+", "-") and _name(name) and name.isprintable():
-                    standing.pop(name, None)
-                    standing[name] = line[0] == "+"
-                    seq[name] = seq.get(name, 0) + (line[0] == "+")
-            self._offers = tuple(n for n, up in standing.items() if up)
-            self._offer_seq = seq
-        if store.check([INVITE]):
+            self._read_offers(store.get(OFFERS))
+        if (
+            raw := self._read(store, INVITE, "invite", "an unsigned invitation in the worker store")
+        ) is not None:
             try:
-                self._invite = Announcement.decode(store.get(INVITE))
+                self._invite = Announcement.decode(raw)
             except ValueError as exc:
                 self._note(f"ignored a malformed invitation in the worker store: {exc}")
         for n in self._offers:
-            if store.check([READY + n]):
-                raw = store.get(READY + n)
-                if raw.isdigit():
-                    self._ready[n] = int(raw)
+            raw = self._read(store, READY + n, "ready/" + n, "an unsigned readiness in the worker store")
+            if raw is not None and raw.isdigit():
+                self._ready[n] = int(raw)
+
+    def _read_offers(self, raw: bytes) -> None:
+        """The standing offers: each node's last signed line says whether its offer stands."""
+        standing: dict[str, bool] = {}
+        seq: dict[str, int] = {}
+        seen: set[bytes] = set()
+        for sealed in raw.splitlines():
+            if sealed in seen:
+                continue  # a signed line copied again (replayed) is one offer, not two
+            seen.add(sealed)
+            payload = self._open("offer", sealed, "an unsigned offer in the worker store")
+            line = payload.decode(errors="replace").rpartition(" ")[0] if payload is not None else ""
+            name = line[1:]
+            if line[:1] in ("+", "-") and is_name(name) and name.isprintable():
+                standing.pop(name, None)
+                standing[name] = line[0] == "+"
+                seq[name] = seq.get(name, 0) + (line[0] == "+")
+        self._offers = tuple(n for n, up in standing.items() if up)
+        self._offer_seq = seq
 
     def _read_nodes(self, store: Any) -> None:
         """The watched nodes' heartbeats (when each last moved) and which of them wait."""
@@ -454,10 +401,9 @@ class StoreBoard:
                 self._beats[n] = count
                 if count:  # a node that never beat keeps its silence from the board's start
                     self._moved[n] = self._clock()
-            if store.check([WAITING + n]):
-                raw = store.get(WAITING + n)
-                if raw.isdigit():
-                    self._waiting[n] = int(raw)
+            raw = self._read(store, WAITING + n, "waiting/" + n, "an unsigned wait in the worker store")
+            if raw is not None and raw.isdigit():
+                self._waiting[n] = int(raw)
 
     def _take(self, a: Announcement) -> None:
         if self._seen is None or a.generation > self._seen.generation:

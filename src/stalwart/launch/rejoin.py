@@ -57,7 +57,7 @@ def find_place(cfg, rendezvous, clock: Clock, note: Callable[[str], None], board
         if not listening(addr, port, min(1.0, probe_s)):
             return None  # that round is over (its store went with its first node)
         board_for = lambda: StoreBoard(  # noqa: E731 - one use
-            addr, port, cfg.rendezvous.store_timeout_s, note, node=cfg.node_name
+            addr, port, cfg.rendezvous.store_timeout_s, note, node=cfg.node_name, signer=rendezvous.signer
         )
     board = board_for()
     try:

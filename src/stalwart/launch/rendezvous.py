@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ConfigError
+from ..job_key import JobKey, Refusals, SealedStore, UnsignedRecord
+from ..node_name import validate_node_name
 from .clock import Clock, SystemClock
 from .ports import Round
 from .store_watch import StoreUnreachable, StoreWatch, within
@@ -53,8 +56,18 @@ def local_addr(endpoint: str) -> str:
 class NodeRendezvous:
     """Implements :class:`stalwart.launch.ports.Rendezvous` for a run configuration."""
 
-    def __init__(self, cfg, memory: PeerExchange | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        cfg,
+        memory: PeerExchange | None = None,
+        clock: Clock | None = None,
+        *,
+        key: JobKey,
+        note: Callable[[str], None] = lambda text: None,
+    ) -> None:
         self.cfg = cfg
+        self.signer = key.signer(cfg.rendezvous.id or cfg.run_id)  # seals every record another agent reads
+        self.refusals = Refusals(note)  # records that failed their seal: ignored, counted, noted once
         self.memory = memory  # the node memory tier: its peers learn each other's address per round
         self.clock: Clock = clock or SystemClock()
         self.handler: Any = None  # torch's rendezvous handler, made at the first c10d round
@@ -99,20 +112,26 @@ class NodeRendezvous:
     def _next_round(self) -> Round:
         cfg = self.cfg
         if self.handler is None:
-            self.handler = make_handler(cfg)
+            self.handler = make_handler(cfg, self.sealed_backend, self.refusals.note)
             self._await_hosts()
         info = self.handler.next_rendezvous()
-        store, group_rank, num_nodes = info.store, info.rank, info.world_size
-        self.store = store
+        group_rank, num_nodes = info.rank, info.world_size
+        self.store = info.store
+        store = self.sealed(info.store)  # every record the other agents read is signed
         store.set(f"stalwart/name/{group_rank}", cfg.node_name)
         if group_rank == 0:
             addr = cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint)
             port = self._host_worker_store(addr, 0)
             store.set("stalwart/master", f"{addr}:{port}")
             self._mark_workers(addr, port)
-        master = store.get("stalwart/master").decode()
+        try:
+            master = store.get("stalwart/master").decode()
+            names = tuple(
+                validate_node_name(store.get(f"stalwart/name/{i}").decode()) for i in range(num_nodes)
+            )
+        except (UnsignedRecord, ConfigError, UnicodeDecodeError) as exc:
+            raise RuntimeError(f"the rendezvous store holds a record that is not this job's: {exc}") from None
         addr, _, port_text = master.rpartition(":")
-        names = tuple(store.get(f"stalwart/name/{i}").decode() for i in range(num_nodes))
         if len(set(names)) != len(names):
             raise RuntimeError(
                 f"two agents use the same node name ({', '.join(names)}); give each --node-name"
@@ -120,6 +139,16 @@ class NodeRendezvous:
         if self.memory is not None:
             self.memory.exchange(store, group_rank, num_nodes)
         return Round(group_rank, names, addr, int(port_text))
+
+    def sealed(self, store: Any) -> SealedStore:
+        """``store`` with every value sealed with the job key on write and checked on read."""
+        return SealedStore(store, self.signer, self.refusals)
+
+    def sealed_backend(self, backend: Any) -> Any:
+        """torch's rendezvous state backend with the state sealed (launch/sealed_rendezvous.py)."""
+        from .sealed_rendezvous import SealedBackend
+
+        return SealedBackend(backend, self.signer, self.refusals)
 
     def _await_hosts(self) -> None:
         """The first round's start-up window (launch/arrival.py): wait, bounded, for every host of
@@ -146,7 +175,9 @@ class NodeRendezvous:
         from .arrival import mark_workers, store_for
 
         try:
-            mark_workers(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id, addr, port)
+            mark_workers(
+                self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, addr, port
+            )
         except Exception:  # noqa: BLE001 - an arriving node then joins the rendezvous instead
             pass
 
@@ -167,7 +198,7 @@ class NodeRendezvous:
         from .arrival import read_workers, store_for
 
         try:
-            return read_workers(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id)
+            return read_workers(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id)
         except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
             return None
 
@@ -180,7 +211,7 @@ class NodeRendezvous:
         from .arrival import read_finished, store_for
 
         try:
-            return read_finished(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id)
+            return read_finished(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id)
         except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
             return None
 
@@ -192,7 +223,7 @@ class NodeRendezvous:
         from .arrival import mark_finished, store_for
 
         try:
-            mark_finished(store_for(cfg, min(5.0, self.timeout_s / 2)), cfg.rendezvous.id, mark)
+            mark_finished(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, mark)
         except Exception:  # noqa: BLE001 - the store went with the job: the run directory says it
             pass
 
@@ -295,11 +326,14 @@ def listening(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def make_handler(cfg):
+def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = lambda text: None):
     """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
-    (torchrun's), or on etcd (launch/etcd_rendezvous.py)."""
+    (torchrun's, bound to the endpoint's address), or on etcd (launch/etcd_rendezvous.py); ``seal``
+    wraps its state backend (launch/sealed_rendezvous.py)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from .sealed_rendezvous import c10d_store
 
     # torch shares one TCPStore across rounds and writes MASTER_ADDR into a round's store only
     # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
@@ -308,7 +342,7 @@ def make_handler(cfg):
     if cfg.rendezvous.backend in ETCD_BACKENDS:
         from .etcd_rendezvous import make_etcd_handler
 
-        return make_etcd_handler(cfg)
+        return make_etcd_handler(cfg, seal)
     conf: dict[str, Any] = {
         "join_timeout": cfg.rendezvous.timeout_s,
         "last_call_timeout": cfg.rendezvous.last_call_s,
@@ -317,8 +351,6 @@ def make_handler(cfg):
         "keep_alive_max_attempt": 3,
         "read_timeout": max(1, int(cfg.rendezvous.store_timeout_s)),
     }
-    if cfg.rendezvous.host is not None:
-        conf["is_host"] = cfg.rendezvous.host
     params = RendezvousParameters(
         backend="c10d",
         endpoint=cfg.rendezvous.endpoint,
@@ -328,7 +360,10 @@ def make_handler(cfg):
         local_addr=cfg.rendezvous.local_addr or None,
         **conf,
     )
-    return get_rendezvous_handler(params)
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    store = c10d_store(cfg.rendezvous.endpoint, cfg.rendezvous.host, float(conf["read_timeout"]), note)
+    return create_handler(store, seal(C10dRendezvousBackend(store, cfg.rendezvous.id)), params)
 
 
 def rendezvous_probe(cfg, timeout_s: float):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing_extensions import assert_never
 
 from ..events import DecisionTaken, FailureDetected
+from ..job_key import Signer
 from ..policy.inplace import TakeOver, TakeOverCase, Wait, take_over
 from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
@@ -35,7 +36,7 @@ class SpareWatch:
     silent_s: float = 0.0  # how long the lost node's heartbeat had not moved when its place was taken
 
     @classmethod
-    def open(cls, cfg, plan: WorldPlan, met: Round, note) -> SpareWatch:
+    def open(cls, cfg, plan: WorldPlan, met: Round, note, signer: Signer) -> SpareWatch:
         board = StoreBoard(
             met.addr,
             met.port,
@@ -43,6 +44,7 @@ class SpareWatch:
             note,
             node=cfg.node_name,
             watch=plan.active,
+            signer=signer,
         )
         return cls(cfg, board, plan)
 

@@ -39,7 +39,7 @@ from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
-from .reform_board import Board
+from .board_records import Board
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .store_watch import StoreUnreachable
 from .straggler_records import record_stragglers

@@ -116,7 +116,8 @@ class NodeWorkers:
         warm, path_reason, forced = self._warm_path()
         group = WorkerGroup(argv(cfg), specs, warm=warm)
         board = None
-        if num_nodes > 1 and cfg.reform.enabled:  # agents tell each other of an in-place re-formation
+        rdzv = self.rendezvous
+        if num_nodes > 1 and cfg.reform.enabled and rdzv is not None:  # in-place re-formation across nodes
             # the first node watches the others' heartbeats during an incident (a lost node without a
             # spare is refused early); the rest only read the version counter, whatever the job's size
             others = tuple(n for n in plan.active if n != cfg.node_name) if self.group_rank == 0 else ()
@@ -127,6 +128,7 @@ class NodeWorkers:
                 self.console.note,
                 node=cfg.node_name,
                 watch=others,
+                signer=rdzv.signer,
             )
         try:
             pids = group.start()
@@ -167,7 +169,7 @@ class NodeWorkers:
         if self.spare is None or self.spare.plan != plan:
             if self.spare is not None:
                 self.spare.close()
-            self.spare = SpareWatch.open(self.cfg, plan, met, self.console.note)
+            self.spare = SpareWatch.open(self.cfg, plan, met, self.console.note, self.rendezvous.signer)
         took = self.spare.poll()
         if took is not None and self.spare.claiming is not None:
             self.joining = self.spare.generation
