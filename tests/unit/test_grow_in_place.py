@@ -16,13 +16,13 @@ import pytest
 
 from stalwart.events import DecisionTaken, ReformedInPlace
 from stalwart.exit_codes import EXIT_OK
+from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome
 from stalwart.launch.fakes import FakeRendezvous, RecordingBoard, RecordingLedger, ScriptedWorkers
 from stalwart.launch.inplace import InPlaceRecovery
 from stalwart.launch.ports import Round
 from stalwart.launch.progress import ProgressTracker
-from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.reform_board import POLL_S, Announcement
 from stalwart.policy.inplace import (
     GrowCase,

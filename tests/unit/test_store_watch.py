@@ -14,6 +14,7 @@ import pytest
 
 from stalwart.events import WorkersStopped
 from stalwart.exit_codes import EXIT_INFRA
+from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
     FakeBlock,
@@ -27,7 +28,6 @@ from stalwart.launch.fakes import (
     specs,
 )
 from stalwart.launch.monitors import default_monitors, store_lost
-from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.rendezvous import NodeRendezvous
 from stalwart.launch.snapshot import Snapshot
 from stalwart.launch.store_watch import StoreUnreachable, StoreWatch, within

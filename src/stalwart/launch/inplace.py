@@ -46,12 +46,12 @@ from ..policy.inplace import (
 )
 from ..policy.restart_policy import FailureKind
 from ..protocol import PREFIX
+from .board_records import Announcement, Board
 from .clock import Clock
 from .decision import AttemptOutcome, Decision
 from .inplace_resize import Invitation, cancel_invitation, grow_group, shrink_group
 from .ports import LedgerSink
 from .progress import ProgressTracker
-from .board_records import Announcement, Board
 from .snapshot import Snapshot
 from .workers import WorkerSpec
 

@@ -32,6 +32,7 @@ from ..events import (
 from ..health.link_counters import LinkSampler
 from ..policy.world_size import WorldPlan
 from ..protocol import LoopStarted, Note
+from .board_records import Board
 from .clock import Clock
 from .cpu_progress import CpuProgress, ProcSample, read_proc
 from .decision import AttemptOutcome, Decision, DecisionKind
@@ -39,7 +40,6 @@ from .inplace import InPlaceRecovery
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
 from .ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from .progress import ProgressTracker
-from .board_records import Board
 from .snapshot import Snapshot, cpu_marks, frozen, views
 from .store_watch import StoreUnreachable
 from .straggler_records import record_stragglers
