@@ -34,13 +34,15 @@ STEPS = 3000  # an upper bound: the test ends the run 20 steps after the group g
 AFTER = 20
 
 
-def _agent(tmp: Path, port: int, i: int, job: list[str], per_node: int, *extra: str) -> subprocess.Popen:
+def _agent(
+    tmp: Path, port: int, i: int, job: list[str], per_node: int, *extra: str, quiet: bool = True
+) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
         "stalwart.cli",
         "run",
-        "-q",
+        *(["-q"] if quiet else []),
         "--nnodes",
         "2:3",
         "--nproc-per-node",
