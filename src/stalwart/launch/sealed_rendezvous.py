@@ -138,9 +138,11 @@ def c10d_store(
         )
     if sock is None:
         return TCPStore(host, port, None, False, timeout=timeout, wait_for_workers=False)
+    bound = sock.getsockname()[0]
+    here = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound  # the store's own client connects here
     fd = sock.detach()
     try:
-        return TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
+        return TCPStore(here, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
     except Exception:
         os.close(fd)
         raise
