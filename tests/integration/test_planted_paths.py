@@ -41,26 +41,45 @@ def run_id(monkeypatch):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
-def test_a_symlink_planted_as_the_run_directory_is_refused_and_nothing_is_deleted(run_id, tmp_path):
+def test_a_symlink_planted_as_the_run_directory_is_avoided_and_nothing_is_deleted(run_id, tmp_path):
     victim = tmp_path / "victim"
     (victim / "n0").mkdir(parents=True, mode=0o700)
     victim.chmod(0o700)
     (victim / "n0" / "precious").write_text("keep me")
-    as_nobody("ln", "-s", str(victim), str(SHM / f"stalwart-0-{run_id}"))
-    with pytest.raises(CheckpointError, match="symbolic link.*planted"):
-        NodeMemory(run_id=run_id, node="n0", host=None)
+    planted = SHM / f"stalwart-0-{run_id}"
+    as_nobody("ln", "-s", str(victim), str(planted))
+    mem = NodeMemory(run_id=run_id, node="n0", host=None)
+    try:
+        _assert_private_elsewhere(mem, planted)
+        assert "symbolic link" in mem.notice
+    finally:
+        mem.close()
     assert (victim / "n0" / "precious").read_text() == "keep me"
+    assert not mem.root.parent.exists() and planted.is_symlink()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
-def test_a_world_writable_run_directory_of_another_user_is_refused(run_id):
+def test_a_run_directory_planted_by_another_user_is_avoided_and_the_memory_tier_stays_on(run_id):
     planted = SHM / f"stalwart-0-{run_id}"
     as_nobody("mkdir", "-m", "0777", str(planted))  # the parent only: the node directory would be ours
     as_nobody("touch", str(planted / "theirs"))
-    with pytest.raises(CheckpointError, match="owned by uid 65534.*planted") as err:
-        NodeMemory(run_id=run_id, node="n0", host=None)
-    assert "remove" in err.value.hint
+    mem = NodeMemory(run_id=run_id, node="n0", host=None)
+    try:
+        _assert_private_elsewhere(mem, planted)
+        assert "owned by uid 65534" in mem.notice and f"remove {planted}" in mem.notice
+        assert mem.env()["mem_dir"] == str(mem.root)  # the workers learn the directory actually used
+    finally:
+        mem.close()
     assert (planted / "theirs").exists() and not (planted / "n0").exists()  # nothing made in theirs
+
+
+def _assert_private_elsewhere(mem: NodeMemory, planted: Path) -> None:
+    run = mem.root.parent
+    assert run != planted and run.parent == SHM and run.name.startswith(planted.name + "-")
+    for d in (run, mem.root, mem.versions_root):
+        st = d.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid(), d
+        assert stat.S_IMODE(st.st_mode) == 0o700, d
 
 
 def test_our_own_0777_run_directory_is_refused_too(run_id):

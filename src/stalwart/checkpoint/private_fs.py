@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -22,8 +23,12 @@ from ..errors import CheckpointError
 _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _refuse(path: Path, why: str) -> CheckpointError:
-    return CheckpointError(
+class ForeignDirError(CheckpointError):
+    """The directory is a link, not a directory, or another user's: someone else may have put it there."""
+
+
+def _refuse(path: Path, why: str, error: type[CheckpointError] = CheckpointError) -> CheckpointError:
+    return error(
         f"memory tier directory {path} {why}; it could have been planted by another user",
         f"remove {path} (or set STALWART_SHM_DIR to a directory only you can write) and start again",
     )
@@ -46,21 +51,42 @@ def open_private(parent_fd: int, name: str, shown: Path, *, create: bool = True)
         fd = os.open(name, _FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(shown, "is a symbolic link or not a directory") from None
+            raise _refuse(shown, "is a symbolic link or not a directory", ForeignDirError) from None
         raise CheckpointError(
             f"cannot open memory tier directory {shown}: {exc.strerror}",
             "set STALWART_SHM_DIR to a tmpfs directory you own",
         ) from None
     st = os.fstat(fd)
-    why = ""
     if st.st_uid != os.geteuid():
-        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    elif stat.S_IMODE(st.st_mode) & 0o077:
-        why = f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
-    if why:
         os.close(fd)
-        raise _refuse(shown, why)
+        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+        raise _refuse(shown, why, ForeignDirError)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise _refuse(shown, f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700")
     return fd
+
+
+def open_claimed(base_fd: int, base: Path, name: str) -> tuple[int, Path, str]:
+    """The directory ``name`` in ``base`` (created 0700 when missing, verified as
+    :func:`open_private` does), or, when ``name`` is taken by another user or is a link (a
+    predictable name someone planted), a fresh directory of an unpredictable name beside it
+    (``<name>-<random>``, created 0700 by this user). Returns its descriptor, its path and a note
+    saying why another name was used ("" when ``name`` itself was)."""
+    shown = base / name
+    try:
+        return open_private(base_fd, name, shown), shown, ""
+    except ForeignDirError as exc:
+        why = exc.message.removeprefix("memory tier directory ")
+    try:
+        made = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot create a memory tier directory in {base}: {exc.strerror}",
+            "set STALWART_SHM_DIR to a writable tmpfs directory",
+        ) from None
+    note = f"memory tier in {made} instead: {why}; remove {shown} to use the usual name again"
+    return open_private(base_fd, made.name, made, create=False), made, note
 
 
 def open_base(path: Path) -> int:
