@@ -11,16 +11,13 @@ never follows a link), so nothing is removed through a path that was not verifie
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
 from ..errors import CheckpointError
-
-_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from ..protocol.private_paths import PathRefused, open_dir
 
 
 class ForeignDirError(CheckpointError):
@@ -36,35 +33,17 @@ def _refuse(path: Path, why: str, error: type[CheckpointError] = CheckpointError
 
 def open_private(parent_fd: int, name: str, shown: Path, *, create: bool = True) -> int:
     """A descriptor of directory ``name`` in ``parent_fd``, created 0700 when missing (``create``),
-    refused (:class:`CheckpointError`) when it is a link, not a directory, not ours or not 0700."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot create memory tier directory {shown}: {exc.strerror}",
-                "set STALWART_SHM_DIR to a writable tmpfs directory",
-            ) from None
+    refused (:class:`CheckpointError`) when it is a link, not a directory, not ours or writable by
+    others (:func:`stalwart.protocol.private_paths.open_dir`: read bits are taken back to 0700)."""
     try:
-        fd = os.open(name, _FLAGS, dir_fd=parent_fd)
+        return open_dir(parent_fd, name, shown, create=create)
+    except PathRefused as exc:
+        raise _refuse(shown, exc.why, ForeignDirError if exc.foreign else CheckpointError) from None
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(shown, "is a symbolic link or not a directory", ForeignDirError) from None
         raise CheckpointError(
-            f"cannot open memory tier directory {shown}: {exc.strerror}",
-            "set STALWART_SHM_DIR to a tmpfs directory you own",
+            f"cannot create or open memory tier directory {shown}: {exc.strerror}",
+            "set STALWART_SHM_DIR to a writable tmpfs directory you own",
         ) from None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        os.close(fd)
-        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-        raise _refuse(shown, why, ForeignDirError)
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.close(fd)
-        raise _refuse(shown, f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700")
-    return fd
 
 
 def open_claimed(base_fd: int, base: Path, name: str) -> tuple[int, Path, str]:
