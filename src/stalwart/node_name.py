@@ -45,6 +45,30 @@ def validate_node_name(value: object, what: str = "node name") -> str:
     return value
 
 
+def printable_name(text: str, *, limit: int = MAX_LENGTH) -> str:
+    """``text`` (a node name read from another process or a store, so untrusted) made safe to print
+    or record: every character that is not printable (control characters such as ESC, CR and
+    newline, bidirectional overrides) and the backslash are written as Python escapes (``\\x1b``,
+    ``\\n``, ``\\u202e``, ``\\\\``), and anything beyond ``limit`` characters is cut and counted
+    (``...(+N characters)``). A valid host name comes back unchanged."""
+    cut = text[:limit]
+    shown = "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in cut)
+    if len(text) > limit:
+        shown += f"...(+{len(text) - limit} characters)"
+    return shown
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    if c == "\\":
+        return "\\\\"
+    if c in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c]
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 def _pydantic_node_name(value: str) -> str:
     try:
         return validate_node_name(value)
@@ -66,9 +90,3 @@ def validate_drain_reason(reason: object) -> str:
         raise ConfigError(f"drain reason {_shown(reason)} has control characters", "use one printable line")
     return reason
 
-
-def printable_name(text: str, limit: int = 256) -> str:
-    """``text`` from another process made safe to print or record: every non-printable character
-    escaped (``\\x1b``), at most ``limit`` characters."""
-    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."

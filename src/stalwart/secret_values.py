@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import ConfigError
+from .errors import ConfigError, StalwartError
 
 MAX_SECRET_FILE = 64 * 1024
 _PREFIXES = ("generic:",)
@@ -47,28 +47,43 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 
 def read_secret_file(path: str | os.PathLike[str], what: str) -> str:
     """The secret in ``path`` (surrounding whitespace stripped), refused with one clear error when
-    the file is missing, empty, too large, not a regular file, or readable by group or others."""
+    the file is missing, empty, too large, not a regular file, not this user's, or readable by group
+    or others."""
+    data = read_secret_bytes(path, what)
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def read_secret_bytes(
+    path: str | os.PathLike[str], what: str, error: type[StalwartError] = ConfigError
+) -> bytes:
+    """The bytes of secret file ``path`` (surrounding whitespace stripped), refused (``error``) as
+    :func:`read_secret_file` says: a link is not followed, and the file must be a regular file owned
+    by this user with no permission for group or others (``chmod 600``)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        raise ConfigError(
+        raise error(
             f"cannot read the {what} file {p}: {exc.strerror}", f"give a readable {what} file"
         ) from None
     with open(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"the {what} file {p} is not a regular file", f"give a regular {what} file")
+            raise error(f"the {what} file {p} is not a regular file", f"give a regular {what} file")
+        if st.st_uid != os.geteuid():
+            raise error(
+                f"the {what} file {p} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})",
+                f"give a {what} file of your own (copy it, then run `chmod 600` on the copy)",
+            )
         if st.st_mode & 0o077:
-            raise ConfigError(
+            raise error(
                 f"the {what} file {p} has mode {stat.S_IMODE(st.st_mode):04o}: others could read it",
                 f"run `chmod 600 {p}`",
             )
-        data = fh.read(MAX_SECRET_FILE + 1)
-    text = data.decode("utf-8", errors="replace").strip()
-    if not text or len(data) > MAX_SECRET_FILE:
-        raise ConfigError(f"the {what} file {p} is empty or larger than {MAX_SECRET_FILE} bytes")
-    return text
+        data = fh.read(MAX_SECRET_FILE + 1).strip()
+    if not data or len(data) > MAX_SECRET_FILE:
+        raise error(f"the {what} file {p} is empty or larger than {MAX_SECRET_FILE} bytes", f"check {p}")
+    return data
 
 
 def read_url_file(path: str | os.PathLike[str], what: str) -> list[str]:

@@ -8,13 +8,16 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
 from stalwart.checkpoint.node_memory import NodeMemory
-from stalwart.errors import CheckpointError
+from stalwart.errors import CheckpointError, ConfigError
+from stalwart.launch.output import routes
+from stalwart.launch.workers import WorkerGroup, WorkerSpec
 from stalwart.protocol import control
 from stalwart.protocol.run_dir import RunDir
 from stalwart.serve.file_sd import write_target
@@ -41,26 +44,45 @@ def run_id(monkeypatch):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
-def test_a_symlink_planted_as_the_run_directory_is_refused_and_nothing_is_deleted(run_id, tmp_path):
+def test_a_symlink_planted_as_the_run_directory_is_avoided_and_nothing_is_deleted(run_id, tmp_path):
     victim = tmp_path / "victim"
     (victim / "n0").mkdir(parents=True, mode=0o700)
     victim.chmod(0o700)
     (victim / "n0" / "precious").write_text("keep me")
-    as_nobody("ln", "-s", str(victim), str(SHM / f"stalwart-0-{run_id}"))
-    with pytest.raises(CheckpointError, match="symbolic link.*planted"):
-        NodeMemory(run_id=run_id, node="n0", host=None)
+    planted = SHM / f"stalwart-0-{run_id}"
+    as_nobody("ln", "-s", str(victim), str(planted))
+    mem = NodeMemory(run_id=run_id, node="n0", host=None)
+    try:
+        _assert_private_elsewhere(mem, planted)
+        assert "symbolic link" in mem.notice
+    finally:
+        mem.close()
     assert (victim / "n0" / "precious").read_text() == "keep me"
+    assert not mem.root.parent.exists() and planted.is_symlink()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
-def test_a_world_writable_run_directory_of_another_user_is_refused(run_id):
+def test_a_run_directory_planted_by_another_user_is_avoided_and_the_memory_tier_stays_on(run_id):
     planted = SHM / f"stalwart-0-{run_id}"
     as_nobody("mkdir", "-m", "0777", str(planted))  # the parent only: the node directory would be ours
     as_nobody("touch", str(planted / "theirs"))
-    with pytest.raises(CheckpointError, match="owned by uid 65534.*planted") as err:
-        NodeMemory(run_id=run_id, node="n0", host=None)
-    assert "remove" in err.value.hint
+    mem = NodeMemory(run_id=run_id, node="n0", host=None)
+    try:
+        _assert_private_elsewhere(mem, planted)
+        assert "owned by uid 65534" in mem.notice and f"remove {planted}" in mem.notice
+        assert mem.env()["mem_dir"] == str(mem.root)  # the workers learn the directory actually used
+    finally:
+        mem.close()
     assert (planted / "theirs").exists() and not (planted / "n0").exists()  # nothing made in theirs
+
+
+def _assert_private_elsewhere(mem: NodeMemory, planted: Path) -> None:
+    run = mem.root.parent
+    assert run != planted and run.parent == SHM and run.name.startswith(planted.name + "-")
+    for d in (run, mem.root, mem.versions_root):
+        st = d.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid(), d
+        assert stat.S_IMODE(st.st_mode) == 0o700, d
 
 
 def test_our_own_0777_run_directory_is_refused_too(run_id):
@@ -121,3 +143,89 @@ def test_the_run_directory_and_its_private_files_are_0700_and_0600(tmp_path):
     for d in (run.root, run.ledger, run.control, run.errors, run.logs):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
     assert stat.S_IMODE(run.control_file("n0", 1, 0).stat().st_mode) == 0o600
+
+
+@pytest.fixture
+def shared_log_dir():
+    """A --log-dir every local user can write in (sticky, like /tmp), owned by this user."""
+    shared = SHM / f"sec-logs-{uuid.uuid4().hex[:8]}"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    yield shared
+    shutil.rmtree(shared)
+
+
+def _run_worker(log_dir: Path, run_id: str, run_log: Path) -> None:
+    """One worker whose stdout goes (--redirects 1) to ``<log_dir>/<run id>/attempt_0/0/stdout.log``."""
+    (route,) = routes(
+        nproc=1,
+        redirects="1",
+        tee="0",
+        ranks_filter="",
+        log_dir=log_dir / run_id / "attempt_0",
+        run_log=[run_log],
+        log_root=log_dir,
+    )
+    spec = WorkerSpec(0, 0, dict(os.environ), run_log, route=route)
+    group = WorkerGroup([sys.executable, "-c", "print('worker output')"], [spec])
+    try:
+        group.start()
+        assert group.wait_all(30)
+    finally:
+        group.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
+def test_a_log_file_planted_as_a_link_under_the_log_dir_is_refused_and_not_written(shared_log_dir, tmp_path):
+    victim = tmp_path / "root-only"
+    victim.write_text("root's file\n")
+    victim.chmod(0o600)
+    rid = "sec-logs"
+    as_nobody("mkdir", "-p", str(shared_log_dir / rid / "attempt_0" / "0"))
+    as_nobody("ln", "-s", str(victim), str(shared_log_dir / rid / "attempt_0" / "0" / "stdout.log"))
+    (tmp_path / "logs").mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="owned by uid 65534.*planted") as err:
+        _run_worker(shared_log_dir, rid, tmp_path / "logs" / "n0-a0-r0.log")
+    assert err.value.hint.startswith(f"remove {shared_log_dir / rid}")
+    assert victim.read_text() == "root's file\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
+def test_a_run_directory_of_the_log_dir_made_in_advance_by_another_user_is_refused(shared_log_dir, tmp_path):
+    as_nobody("mkdir", "-m", "0700", str(shared_log_dir / "sec-early"))
+    (tmp_path / "logs").mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="sec-early is owned by uid 65534"):
+        _run_worker(shared_log_dir, "sec-early", tmp_path / "logs" / "n0-a0-r0.log")
+
+
+def test_log_dir_levels_are_0700_and_log_files_0600_whatever_the_umask(shared_log_dir, tmp_path):
+    old = os.umask(0o022)
+    try:
+        RunDir(tmp_path / "run").create()
+        _run_worker(shared_log_dir, "sec-modes", RunDir(tmp_path / "run").log_file("n0", 0, 0))
+    finally:
+        os.umask(old)
+    leaf = shared_log_dir / "sec-modes" / "attempt_0" / "0"
+    for d in (leaf.parent.parent, leaf.parent, leaf):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    for f in (leaf / "stdout.log", RunDir(tmp_path / "run").log_file("n0", 0, 0)):
+        assert f.read_text() == "worker output\n"
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants as another user need root (as in CI)")
+def test_a_run_directory_made_in_advance_by_another_user_is_refused(shared_log_dir):
+    planted = shared_log_dir / "run-early"
+    as_nobody("mkdir", "-m", "0777", str(planted))
+    with pytest.raises(ConfigError, match="owned by uid 65534.*planted") as err:
+        RunDir(planted).create()
+    assert err.value.hint.startswith(f"remove {planted}")
+    assert list(planted.iterdir()) == []  # nothing made in theirs
+    victim = shared_log_dir / "root-only"
+    victim.mkdir(mode=0o700)
+    as_nobody("ln", "-s", str(victim), str(shared_log_dir / "run-link"))
+    with pytest.raises(ConfigError, match="run-link is a symbolic link"):
+        RunDir(shared_log_dir / "run-link").create()
+    with pytest.raises(ConfigError, match="run-link is a symbolic link of uid 65534"):
+        RunDir(shared_log_dir / "run-link" / "sub").create()  # nor on the way to it
+    assert list(victim.iterdir()) == []

@@ -2,6 +2,7 @@
 file catches corruption, and with a key the HMAC catches anyone who recomputes the digests."""
 
 import json
+import os
 
 import pytest
 
@@ -204,7 +205,36 @@ def test_key_from_the_environment_and_from_a_key_file(tmp_path):
     assert configured_key({KEY_ENV: "s" * 20}) == b"s" * 20
     kf = tmp_path / "key"
     kf.write_bytes(b"f" * 32 + b"\n")
+    kf.chmod(0o600)
     assert configured_key({KEY_ENV: "s" * 20, KEY_FILE_ENV: str(kf)}) == b"f" * 32
+
+
+def test_a_key_file_others_could_read_is_refused_with_the_chmod_that_fixes_it(tmp_path):
+    kf = tmp_path / "key"
+    kf.write_bytes(b"f" * 32)
+    kf.chmod(0o644)
+    with pytest.raises(CheckpointError, match="mode 0644: others could read it") as err:
+        configured_key({KEY_FILE_ENV: str(kf)})
+    assert err.value.hint == f"run `chmod 600 {kf}`"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_key_file_of_another_user_is_refused(tmp_path):
+    kf = tmp_path / "key"
+    kf.write_bytes(b"f" * 32)
+    kf.chmod(0o600)
+    os.chown(kf, 65534, 65534)
+    with pytest.raises(CheckpointError, match="owned by uid 65534, not by this user"):
+        configured_key({KEY_FILE_ENV: str(kf)})
+
+
+def test_a_linked_key_file_is_not_followed(tmp_path):
+    kf = tmp_path / "key"
+    kf.write_bytes(b"f" * 32)
+    kf.chmod(0o600)
+    (tmp_path / "link").symlink_to(kf)
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint key file"):
+        configured_key({KEY_FILE_ENV: str(tmp_path / "link")})
 
 
 @pytest.mark.parametrize(

@@ -385,3 +385,18 @@ def test_a_step_the_manifest_cannot_hold_fails_that_save_with_a_reason(tmp_path)
         res.committed == () and "commit failed" in res.commits[0].reason and "\n" not in res.commits[0].reason
     )
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_a_committed_step_directory_is_0700_whatever_the_umask(tmp_path):
+    from stalwart.checkpoint.manifest import Manifest
+
+    store = FileStore(tmp_path / "ckpt", fsync=False, key=b"")
+    old = os.umask(0o022)
+    try:
+        work = store.begin(5)
+        (work / "data").write_bytes(b"x")
+        final = store.commit(5, Manifest(step=5, world_size=1, files={}, created=1.0))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(work.parent.stat().st_mode) == 0o700
+    assert final.name == "step-000000005" and stat.S_IMODE(final.stat().st_mode) == 0o700

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -60,3 +61,13 @@ def test_an_empty_or_missing_or_linked_secret_file_is_refused(tmp_path):
     (tmp_path / "link").symlink_to(empty)
     with pytest.raises(ConfigError, match="cannot read"):
         read_secret_file(tmp_path / "link", "--token")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_secret_file_of_another_user_is_refused(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("t" * 24)
+    f.chmod(0o600)
+    os.chown(f, 65534, 65534)
+    with pytest.raises(ConfigError, match="owned by uid 65534"):
+        read_secret_file(f, "--token")

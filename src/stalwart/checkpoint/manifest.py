@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from ..errors import CheckpointError
+from ..secret_values import read_secret_bytes
 
 MANIFEST = "MANIFEST.json"
 FORMAT: Final = "stalwart-checkpoint"
@@ -171,13 +172,7 @@ def configured_key(env: Mapping[str, str] | None = None) -> bytes | None:
     """The checkpoint MAC key from the environment, or None. A key file wins over the variable."""
     values: Mapping[str, str] = os.environ if env is None else env
     if path := values.get(KEY_FILE_ENV):
-        try:
-            key = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot read the checkpoint key file {path}: {exc.strerror}",
-                f"make {KEY_FILE_ENV} name a readable file or unset it",
-            ) from None
+        key = read_secret_bytes(path, "checkpoint key", CheckpointError)  # ours, 0600, not a link
         source = f"key file {path}"
     elif value := values.get(KEY_ENV):
         key, source = value.encode(), KEY_ENV

@@ -3,7 +3,10 @@
 The agent creates it when the job starts and closes it in ``run_job``'s ``finally`` (every exit
 path but the agent's own SIGKILL): the peer store stops and the directory is removed. Directory:
 ``<STALWART_SHM_DIR or /dev/shm>/stalwart-<uid>-<run id>/<node>`` (0700), holding ``ckpt/`` (this
-node's memory tier, written by the workers) and ``held/`` (copies of another node's files).
+node's memory tier, written by the workers) and ``held/`` (copies of another node's files). When
+that predictable name is taken by another user or is a link, the run's directory is a fresh one of
+an unpredictable name beside it (``stalwart-<uid>-<run id>-<random>``) and :attr:`NodeMemory.notice`
+says why: a plant never turns the memory tier off.
 
 Addresses and the secret reach the agents through the rendezvous store of each round, and the
 workers through their environment (``WorkerEnv.mem_dir``/``peers``/``peer_secret``). The secret: with
@@ -23,7 +26,7 @@ from ..errors import CheckpointError
 from .manifest import KEY_FILE_ENV, MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
-from .private_fs import open_base, open_private, remove_private
+from .private_fs import open_base, open_claimed, open_private, remove_private
 from .tiers import default_shm_root, private_dir
 
 NO_KEY = (
@@ -46,13 +49,13 @@ class NodeMemory:
         and 0700 (:mod:`.private_fs`); a plant is refused with a :class:`CheckpointError`."""
         self.run_id = run_id
         self.node = node
-        run = default_shm_root(run_id)
-        self.root = run / node
-        base_fd = open_base(run.parent)
-        try:
-            self._run_fd = open_private(base_fd, run.name, run)
+        usual = default_shm_root(run_id)
+        base_fd = open_base(usual.parent)
+        try:  # the usual name planted by another user: a private, unpredictable one (and why)
+            self._run_fd, run, moved = open_claimed(base_fd, usual.parent, usual.name)
         finally:
             os.close(base_fd)
+        self.root = run / node
         try:
             # left by an agent that was SIGKILLed: never load another job's leftovers
             remove_private(self._run_fd, node, self.root)
@@ -66,7 +69,8 @@ class NodeMemory:
         self.store: PeerStore | None = None
         self.peers: tuple[Peer, ...] = ()
         # several nodes but no key: no peer store (the one line the agent shows says how to get one)
-        self.notice = NO_KEY if host is not None and not self.secret else ""
+        notes = [moved, NO_KEY if host is not None and not self.secret else ""]
+        self.notice = "; ".join(n for n in notes if n)
         self._host = host if self.secret else None
 
     def _serve(self) -> PeerStore:

@@ -11,19 +11,21 @@ never follows a link), so nothing is removed through a path that was not verifie
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
-import stat
+import tempfile
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..protocol.private_paths import PathRefused, open_dir
 
-_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+class ForeignDirError(CheckpointError):
+    """The directory is a link, not a directory, or another user's: someone else may have put it there."""
 
 
-def _refuse(path: Path, why: str) -> CheckpointError:
-    return CheckpointError(
+def _refuse(path: Path, why: str, error: type[CheckpointError] = CheckpointError) -> CheckpointError:
+    return error(
         f"memory tier directory {path} {why}; it could have been planted by another user",
         f"remove {path} (or set STALWART_SHM_DIR to a directory only you can write) and start again",
     )
@@ -31,36 +33,39 @@ def _refuse(path: Path, why: str) -> CheckpointError:
 
 def open_private(parent_fd: int, name: str, shown: Path, *, create: bool = True) -> int:
     """A descriptor of directory ``name`` in ``parent_fd``, created 0700 when missing (``create``),
-    refused (:class:`CheckpointError`) when it is a link, not a directory, not ours or not 0700."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot create memory tier directory {shown}: {exc.strerror}",
-                "set STALWART_SHM_DIR to a writable tmpfs directory",
-            ) from None
+    refused (:class:`CheckpointError`) when it is a link, not a directory, not ours or writable by
+    others (:func:`stalwart.protocol.private_paths.open_dir`: read bits are taken back to 0700)."""
     try:
-        fd = os.open(name, _FLAGS, dir_fd=parent_fd)
+        return open_dir(parent_fd, name, shown, create=create)
+    except PathRefused as exc:
+        raise _refuse(shown, exc.why, ForeignDirError if exc.foreign else CheckpointError) from None
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(shown, "is a symbolic link or not a directory") from None
         raise CheckpointError(
-            f"cannot open memory tier directory {shown}: {exc.strerror}",
-            "set STALWART_SHM_DIR to a tmpfs directory you own",
+            f"cannot create or open memory tier directory {shown}: {exc.strerror}",
+            "set STALWART_SHM_DIR to a writable tmpfs directory you own",
         ) from None
-    st = os.fstat(fd)
-    why = ""
-    if st.st_uid != os.geteuid():
-        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    elif stat.S_IMODE(st.st_mode) & 0o077:
-        why = f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
-    if why:
-        os.close(fd)
-        raise _refuse(shown, why)
-    return fd
+
+
+def open_claimed(base_fd: int, base: Path, name: str) -> tuple[int, Path, str]:
+    """The directory ``name`` in ``base`` (created 0700 when missing, verified as
+    :func:`open_private` does), or, when ``name`` is taken by another user or is a link (a
+    predictable name someone planted), a fresh directory of an unpredictable name beside it
+    (``<name>-<random>``, created 0700 by this user). Returns its descriptor, its path and a note
+    saying why another name was used ("" when ``name`` itself was)."""
+    shown = base / name
+    try:
+        return open_private(base_fd, name, shown), shown, ""
+    except ForeignDirError as exc:
+        why = exc.message.removeprefix("memory tier directory ")
+    try:
+        made = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot create a memory tier directory in {base}: {exc.strerror}",
+            "set STALWART_SHM_DIR to a writable tmpfs directory",
+        ) from None
+    note = f"memory tier in {made} instead: {why}; remove {shown} to use the usual name again"
+    return open_private(base_fd, made.name, made, create=False), made, note
 
 
 def open_base(path: Path) -> int:

@@ -50,7 +50,7 @@ class FileStore:
         work = self.partial(step)
         if work.exists():
             shutil.rmtree(work)
-        work.mkdir()
+        work.mkdir(mode=0o700)  # private whatever the umask: the docs promise 0700 step directories
         return work
 
     def commit(self, step: int, manifest: Manifest) -> Path:

@@ -323,7 +323,7 @@ class Agent:
         except (OSError, CheckpointError) as exc:  # no tmpfs, or not ours: the job runs from disk
             self.console.note(f"no node memory tier ({exc}); checkpoints restore from disk only")
             return None
-        if memory.notice:  # several nodes without a checkpoint key: no peer replication, and why
+        if memory.notice:  # a planted directory avoided; several nodes without a key: no peer replication
             self.console.note(memory.notice)
         return memory
 

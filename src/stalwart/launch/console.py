@@ -7,7 +7,7 @@ import time
 from typing import IO
 
 from rich.console import Console
-from rich.markup import escape as esc
+from rich.markup import escape as _markup
 
 from ..diagnose.incident import event_line
 from ..events import (
@@ -25,6 +25,14 @@ from ..events import (
     StragglerDetected,
     TrainingResumed,
 )
+from ..node_name import printable_name
+
+
+def esc(text: str) -> str:
+    """Text from outside (errors, paths, node names other processes wrote) made safe for the
+    terminal: control characters shown as escapes, line by line (:func:`printable_name`, nothing
+    cut), then rich markup escaped."""
+    return _markup("\n".join(printable_name(line, limit=len(line)) for line in text.split("\n")))
 
 
 class RunConsole:

@@ -227,7 +227,7 @@ def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
     for f in high:
         os.close(f)
     if req.get("log"):
-        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)

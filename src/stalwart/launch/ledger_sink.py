@@ -5,13 +5,28 @@ verdicts stay) and are written once there is room again, and the console is told
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..errors import LedgerFullError
 from ..events import Event, StepCompleted
+from ..node_name import printable_name
 
 KEPT_IN_MEMORY = 200_000  # events kept while the ledger cannot take them
+
+
+def printable_nodes(ev: Event) -> Event:
+    """``ev`` with its node names (``node``, an incident's ``nodes``) made printable
+    (:func:`printable_name`): a name another process wrote reaches the ledger without raw control
+    characters. An event whose names are printable already is returned as it is."""
+    changes: dict[str, Any] = {}
+    if ev.node != (shown := printable_name(ev.node)):
+        changes["node"] = shown
+    nodes = getattr(ev, "nodes", None)
+    if isinstance(nodes, tuple) and any(printable_name(str(n)) != n for n in nodes):
+        changes["nodes"] = tuple(printable_name(str(n)) for n in nodes)
+    return dataclasses.replace(ev, **changes) if changes else ev
 
 
 class Appender(Protocol):
@@ -51,7 +66,7 @@ class NodeLedger:
             self._notify(ev)
 
     def record(self, evs: Iterable[Event]) -> None:
-        self.unwritten.extend(evs)
+        self.unwritten.extend(map(printable_nodes, evs))
         try:
             self.writer.extend(self.unwritten)
         except LedgerFullError as exc:

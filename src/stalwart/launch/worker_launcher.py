@@ -213,6 +213,7 @@ class NodeWorkers:
             ranks_filter=cfg.logs.local_ranks_filter,
             log_dir=log_dir,
             run_log=run_logs,
+            log_root=cfg.logs.log_dir,
         )
         specs = []
         for local in range(cfg.nproc_per_node):

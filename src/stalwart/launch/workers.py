@@ -23,6 +23,7 @@ from typing import IO, Protocol, TextIO
 from typing_extensions import assert_never
 
 from ..policy.label import Label
+from ..protocol.private_paths import open_log
 from .peer_errors import PeerErrorFilter
 
 
@@ -36,6 +37,7 @@ class OutputRoute:
     console: tuple[bool, bool] = (True, True)  # (stdout, stderr) shown on the agent's console
     prefix: tuple[bool, bool] = (False, False)  # console lines carry "[<role><local rank>]:"
     stream_files: tuple[Path | None, Path | None] = (None, None)  # torchrun --log-dir files
+    files_root: Path | None = None  # the --log-dir itself: the levels below it are ours, never links
 
 
 @dataclass(frozen=True)
@@ -203,13 +205,21 @@ class WorkerGroup:
         if route.log_path is None:
             proc = self.procs[spec.global_rank] = self._spawn(spec, fds, piped=False)[0]
             return proc
-        route.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(route.log_path, "ab")  # noqa: SIM115 - closed in close()
+        # every file opened before the worker starts: a refused one (a plant) starts nothing
+        log = open(open_log(route.log_path), "ab")  # noqa: SIM115 - closed in close()
         self._logs.append(log)
+        extras = [self._stream_file(p, route.files_root) for p in route.stream_files]
         proc, out, err = self._spawn(spec, fds, piped=True)
         self.procs[spec.global_rank] = proc
-        self._pump_streams(spec, route, log, (out, err))
+        self._pump_streams(spec, route, log, (out, err), extras)
         return proc
+
+    def _stream_file(self, path: Path | None, root: Path | None) -> IO[bytes] | None:
+        if path is None:
+            return None
+        fh = open(open_log(path, root), "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(fh)
+        return fh
 
     def replace(self, spec: WorkerSpec, reap_s: float) -> int:
         """In-place recovery: SIGKILL the process of ``spec.global_rank`` (dead, hung or stopped), reap
@@ -235,19 +245,19 @@ class WorkerGroup:
         return self._start_one(spec).pid
 
     def _pump_streams(
-        self, spec: WorkerSpec, route: OutputRoute, log: IO[bytes], pipes: tuple[Stream, Stream]
+        self,
+        spec: WorkerSpec,
+        route: OutputRoute,
+        log: IO[bytes],
+        pipes: tuple[Stream, Stream],
+        extras: list[IO[bytes] | None],
     ) -> None:
         """One thread per stream copies it to the run's log, its --log-dir file and the console."""
         lock = threading.Lock()
         for i, (pipe, console) in enumerate(zip(pipes, (sys.stdout, sys.stderr), strict=True)):
             if pipe is None:
                 continue
-            extra = None
-            stream_file = route.stream_files[i]
-            if stream_file is not None:
-                stream_file.parent.mkdir(parents=True, exist_ok=True)
-                extra = open(stream_file, "ab")  # noqa: SIM115 - closed in close()
-                self._logs.append(extra)
+            extra = extras[i]
             prefix = f"[{spec.role}{spec.local_rank}]:".encode() if route.prefix[i] else b""
             t = threading.Thread(
                 target=_pump,

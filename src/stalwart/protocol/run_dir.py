@@ -3,8 +3,12 @@ error files, stack dumps, logs, control blocks, chaos state)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import ConfigError
+from .private_paths import open_dir, open_root
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,27 @@ class RunDir:
         return self.control / f"{node}-{pid}-a{attempt}.bin"
 
     def create(self) -> RunDir:
-        # private: ledgers hold stacks, command lines and host names (existing directories keep their mode)
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Create (or verify) the run directory and its subdirectories: private, since ledgers hold
+        stacks, command lines and host names. The root is this user's and not a link (an existing
+        one keeps its mode); each subdirectory is this user's, 0700, and never a link
+        (:mod:`.private_paths`). A plant is refused with a :class:`PathRefused` naming it."""
         dirs = (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs, self.control)
-        for p in dirs:
-            p.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            root_fd = open_root(self.root)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create run directory {self.root}: {exc.strerror}", "give a writable --run-dir"
+            ) from None
+        try:
+            for p in dirs:
+                try:
+                    os.close(open_dir(root_fd, p.name, p))
+                except OSError as exc:
+                    raise ConfigError(
+                        f"cannot create {p}: {exc.strerror}", "give a writable --run-dir"
+                    ) from None
+        finally:
+            os.close(root_fd)
         return self
 
 
