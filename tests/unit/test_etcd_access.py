@@ -131,6 +131,8 @@ def test_a_members_tls_refusal_is_one_sentence_that_says_what_to_fix():
     bad_cert.reason = "SSLV3_ALERT_BAD_CERTIFICATE"
     said = refusal(bad_cert, "https://m:1", access)
     assert "refused this client" in said and "no client certificate" in said and "--etcd-cert" in said
+    hung_up = refusal(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), "https://m:1", access)
+    assert "refused this client" in hung_up and "closed the connection in the handshake" in hung_up
     assert refusal(ConnectionRefusedError(111, "refused"), "https://m:1", access) == ""
 
 

@@ -179,7 +179,9 @@ def refusal(exc: BaseException, member: str, access: EtcdAccess) -> str:
     if not isinstance(err, ssl.SSLError):
         return ""
     why = _why(err)
-    if "certificate" in why or "unknown ca" in why:
+    if isinstance(err, ssl.SSLEOFError):  # TLS 1.3: the member's alert may be lost as it hangs up
+        why = "it closed the connection in the handshake"
+    if isinstance(err, ssl.SSLEOFError) or "certificate" in why or "unknown ca" in why:
         mine = f"its certificate {access.cert}" if access.cert else "no client certificate"
         return (
             f"etcd member {member} refused this client, which showed {mine} ({why}; give --etcd-cert "
