@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -88,6 +89,24 @@ def test_a_client_key_others_can_read_is_refused(certs, tmp_path):
     os.chmod(certs.client_key, 0o644)
     with pytest.raises(ConfigError, match=f"chmod 600 {certs.client_key}"):
         EtcdClient("127.0.0.1:2379", access=_access(certs))
+
+
+def test_stalwart_run_says_what_to_fix_in_one_line(tls_etcd, certs, tmp_path):
+    """At the command line: a readable key stops the run before it starts (exit 2); a member that
+    refuses this client ends it with the refusal as the verdict, not a traceback."""
+    base = [sys.executable, "-m", "stalwart.cli", "run", "--nnodes", "2", "--rdzv-backend", "etcd"]
+    base += ["--rdzv-endpoint", tls_etcd, "--run-dir", str(tmp_path / "run"), "--etcd-cacert", str(certs.ca)]
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    refused = subprocess.run([*base, str(script)], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 75, refused.stdout + refused.stderr
+    assert "rendezvous failed: EtcdAccessError" in refused.stdout and "refused this client" in refused.stdout
+    assert "Traceback" not in refused.stdout + refused.stderr
+    os.chmod(certs.client_key, 0o644)
+    mine = ["--etcd-cert", str(certs.client_cert), "--etcd-key", str(certs.client_key)]
+    readable = subprocess.run([*base, *mine, str(script)], capture_output=True, text=True, timeout=300)
+    assert readable.returncode == 2 and f"run `chmod 600 {certs.client_key}`" in readable.stderr
+    assert "Traceback" not in readable.stderr
 
 
 def _etcdctl(endpoint: str, *args: str) -> None:
