@@ -5,12 +5,10 @@ failover to the next member, and a deadline on every request."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
-import urllib.request
 
 import pytest
 
+from etcdutil import etcd_member
 from netutil import free_ports
 from stalwart.launch.etcd_rendezvous import EtcdClient, EtcdRendezvousBackend, EtcdStore, members
 
@@ -22,30 +20,8 @@ pytestmark = [
 
 @pytest.fixture
 def etcd(tmp_path):
-    client_port, peer_port = free_ports(2)
-    url, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    proc = subprocess.Popen(
-        ["etcd", "--name", "mh-it", "--data-dir", str(tmp_path / "etcd")]
-        + ["--listen-client-urls", url, "--advertise-client-urls", url]
-        + ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
-        + ["--initial-cluster", f"mh-it={peer}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1.0):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError("etcd did not start") from None
-                time.sleep(0.1)
-        yield f"127.0.0.1:{client_port}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with etcd_member(tmp_path / "etcd", name="mh-it") as endpoint:
+        yield endpoint
 
 
 def test_the_state_is_swapped_only_against_the_revision_it_was_read_at(etcd):

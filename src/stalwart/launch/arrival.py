@@ -107,9 +107,9 @@ def store_for(cfg, timeout_s: float) -> Any:
     """A client of the rendezvous store with ``add``/``set``/``check``/``get`` (a torch Store):
     the c10d host's TCPStore on a new connection, or a key prefix in etcd."""
     if cfg.rendezvous.backend in ("etcd", "etcd-v2"):
-        from .etcd_rendezvous import EtcdClient, EtcdStore
+        from .etcd_rendezvous import EtcdStore, etcd_client
 
-        client = EtcdClient(cfg.rendezvous.endpoint, request_s=timeout_s)
+        client = etcd_client(cfg, timeout_s)
         return EtcdStore(client, f"/stalwart/marks/{cfg.rendezvous.id}", timeout_s=timeout_s)
     import datetime as dt
 

@@ -27,6 +27,7 @@ from ..policy.restart_policy import RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..policy.world_size import SizeRule
 from . import setting_sources as _sources
+from .etcd_access import check_etcd_access
 from .finished_run import fingerprint
 from .settings import (
     ChaosSettings,
@@ -206,6 +207,7 @@ class RunConfig(BaseSettings):
             validate_node_name(self.node_name, "--node-name")  # becomes paths and scontrol arguments
         if self.run_path and not Path(self.script).is_absolute():
             raise ValueError("--run-path needs the script as an absolute path (as torchrun)")
+        check_etcd_access(self.rendezvous.backend, self.rendezvous.endpoint, self.trust)  # --etcd-*
 
     def _check_nodes(self) -> None:
         """How the nodes meet: a multi-node run names its rendezvous."""
@@ -229,7 +231,9 @@ class RunConfig(BaseSettings):
         for endpoint in rdzv.endpoint.split(",") if rdzv.backend in ("etcd", "etcd-v2") else [rdzv.endpoint]:
             if not endpoint:
                 continue
-            host, sep, port = endpoint.removeprefix("http://").rpartition(":")
+            host, sep, port = (
+                endpoint.strip().removeprefix("http://").removeprefix("https://").rpartition(":")
+            )
             if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or ":" in host.strip("[]"):
                 raise ValueError(
                     f"--rdzv-endpoint {rdzv.endpoint!r} must be HOST:PORT (e.g. head-node:29400)"
@@ -405,6 +409,11 @@ _RDZV_CONF = {
     "is_host": "rdzv_host",
     "read_timeout": "rdzv_read_timeout_s",
     "startup_window": "rdzv_startup_window_s",
+    "cacert": "etcd_cacert",  # torch's etcd rendezvous names for TLS (launch/etcd_access.py)
+    "cert": "etcd_cert",
+    "key": "etcd_key",
+    "user": "etcd_user",
+    "password_file": "etcd_password_file",
 }
 _RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "use_libuv", "store_type"}
 

@@ -10,12 +10,20 @@ etcd is spoken through its v3 JSON gateway (``/v3/kv/...``) over ``urllib``, eve
 deadline, trying the members in turn. The state is compare-and-swapped on the key's mod revision.
 ``--rdzv-endpoint`` lists the members, ``HOST:PORT[,HOST:PORT...]``; torch's name ``etcd-v2`` is
 accepted for the same backend (torch's own etcd-v2 needs the v2 API, which etcd 3.4 turns off).
+
+Members run with TLS and client certificates, or with users, are reached with ``--etcd-cacert``,
+``--etcd-cert``/``--etcd-key`` and ``--etcd-user``/``--etcd-password-file`` (launch/etcd_access.py):
+https with the members' certificates verified, and a token from ``/v3/auth/authenticate`` in the
+``Authorization`` header of every call, fetched again once when etcd rejects it. A member that refuses
+this client (its certificate, its user) raises :class:`EtcdAccessError`, one sentence that says what
+to fix, never a retry.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import http.client
 import json
 import time
 import urllib.error
@@ -25,6 +33,9 @@ from typing import Any
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
+
+from ..errors import ConfigError
+from .etcd_access import TOKEN_REJECTED, EtcdAccess, auth_refusal, gateway_error, refusal
 
 REQUEST_S = 3.0  # one request's deadline; the next member is tried after it
 
@@ -37,42 +48,113 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def members(endpoint: str) -> list[str]:
-    """``http://host:port`` of each member of ``HOST:PORT[,HOST:PORT...]``."""
+def members(endpoint: str, https: bool = False) -> list[str]:
+    """``http://host:port`` (``https://`` with TLS) of each member of ``HOST:PORT[,HOST:PORT...]``."""
+    scheme = "https" if https else "http"
     out = []
     for part in (p.strip() for p in endpoint.split(",") if p.strip()):
-        out.append(part if part.startswith(("http://", "https://")) else f"http://{part}")
+        out.append(part if part.startswith(("http://", "https://")) else f"{scheme}://{part}")
     return out
+
+
+def _plain_hint(member: str, exc: BaseException) -> str:
+    """A member that serves https closes a plain http connection without a word: say so."""
+    if member.startswith("http://") and isinstance(exc, http.client.RemoteDisconnected):
+        return " (a member that serves https closes plain connections: give --etcd-cacert)"
+    return ""
+
+
+class EtcdAccessError(ConfigError, RendezvousConnectionError):
+    """etcd refused this client (its certificate, its CA, its user or its permissions): asking again
+    does not help until the ``--etcd-*`` options or etcd's users change."""
+
+
+class _TokenRejected(Exception):
+    """etcd no longer takes the client's token (expired, or its auth store changed)."""
 
 
 class EtcdClient:
     """The few calls of etcd's v3 JSON gateway the rendezvous needs, each with a deadline."""
 
-    def __init__(self, endpoint: str, request_s: float = REQUEST_S) -> None:
-        self.members = members(endpoint)
+    def __init__(self, endpoint: str, request_s: float = REQUEST_S, access: EtcdAccess | None = None) -> None:
+        self.access = access or EtcdAccess()
+        self.members = members(endpoint, https=self.access.tls)
         if not self.members:
             raise ValueError("the etcd rendezvous needs --rdzv-endpoint HOST:PORT[,HOST:PORT...]")
+        self.access.check("etcd", endpoint)
+        https = any(m.startswith("https://") for m in self.members)
+        self._context = self.access.ssl_context() if https else None
+        self._password = self.access.password() if self.access.user else ""
+        self._token: str | None = None if self.access.user else ""  # "": no token sent
         self.request_s = request_s
         self._first = 0  # the member that answered last: asked first next time
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._token is None:
+            self._authenticate()
+        try:
+            return self._ask(path, body)
+        except _TokenRejected:
+            self._authenticate()  # once: etcd dropped the token (expired, or its users changed)
+        try:
+            return self._ask(path, body)
+        except _TokenRejected as exc:
+            raise EtcdAccessError(f"etcd rejected user {self.access.user!r}'s new token: {exc}") from None
+
+    def _authenticate(self) -> None:
+        body = {"name": self.access.user, "password": self._password}
+        self._token = ""  # the authenticate call itself carries none
+        self._token = str(self._ask("auth/authenticate", body).get("token") or "")
+
+    def _ask(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call, to each member in turn until one answers."""
         data = json.dumps(body).encode()
-        errors = []
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = self._token
+        errors: list[str] = []
+        refused: list[str] = []
         n = len(self.members)
         for i in range(n):
             k = (self._first + i) % n
-            req = urllib.request.Request(
-                f"{self.members[k]}/v3/{path}", data=data, headers={"Content-Type": "application/json"}
-            )
+            member = self.members[k]
+            req = urllib.request.Request(f"{member}/v3/{path}", data=data, headers=headers)
             try:
-                with urllib.request.urlopen(req, timeout=self.request_s) as resp:
+                with urllib.request.urlopen(req, timeout=self.request_s, context=self._context) as resp:
                     out = json.loads(resp.read() or b"{}")
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                errors.append(f"{self.members[k]}: {exc}")
+            except urllib.error.HTTPError as exc:
+                message = self._answered(path, exc)
+                if message is None:
+                    return {}  # authenticate, and etcd has no users: it takes every client
+                errors.append(f"{member}: HTTP {exc.code} {message}")
+                continue
+            except (OSError, ValueError) as exc:
+                why = refusal(exc, member, self.access)
+                (refused if why else errors).append(why or f"{member}: {exc}{_plain_hint(member, exc)}")
                 continue
             self._first = k
             return out
+        if refused:
+            raise EtcdAccessError("; ".join(refused + errors))
         raise RendezvousConnectionError("no etcd member answered: " + "; ".join(errors))
+
+    def _answered(self, path: str, exc: urllib.error.HTTPError) -> str | None:
+        """The gateway's error message; raised when it is about this client's identity (None: the
+        authentication that etcd does not need)."""
+        try:
+            message = gateway_error(exc.read()) or str(exc.reason)
+        except OSError:
+            message = str(exc.reason)
+        if path == "auth/authenticate" and "authentication is not enabled" in message:
+            return None
+        if any(t in message for t in TOKEN_REJECTED) or (
+            self.access.user and "user name is empty" in message
+        ):
+            raise _TokenRejected(message)
+        why = auth_refusal(message, self.access)
+        if why:
+            raise EtcdAccessError(why)
+        return message
 
     def get(self, key: str) -> tuple[bytes, int] | None:
         """The key's value and mod revision (a linearizable read: it needs a quorum)."""
@@ -192,7 +274,7 @@ def make_etcd_handler(cfg, seal=lambda backend: backend):
     )
 
     rdzv = cfg.rendezvous
-    client = EtcdClient(rdzv.endpoint, request_s=min(REQUEST_S, rdzv.store_timeout_s / 2))
+    client = etcd_client(cfg, min(REQUEST_S, rdzv.store_timeout_s / 2))
     store = EtcdStore(client, f"/stalwart/store/{rdzv.id}", timeout_s=rdzv.store_timeout_s)
     return DynamicRendezvousHandler.from_backend(
         run_id=rdzv.id,
@@ -211,7 +293,11 @@ def make_etcd_handler(cfg, seal=lambda backend: backend):
     )
 
 
-def etcd_probe(endpoint: str, timeout_s: float):
+def etcd_client(cfg, request_s: float) -> EtcdClient:
+    """A client of the run's etcd members (``--rdzv-endpoint``), with its ``--etcd-*`` TLS and user."""
+    return EtcdClient(cfg.rendezvous.endpoint, request_s=request_s, access=EtcdAccess.of(cfg.trust))
+
+
+def etcd_probe(cfg, timeout_s: float):
     """One linearizable read from the etcd cluster (it needs a quorum; raises when none answers)."""
-    client = EtcdClient(endpoint, request_s=timeout_s)
-    return client.probe
+    return etcd_client(cfg, timeout_s).probe

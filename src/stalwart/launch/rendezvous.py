@@ -371,7 +371,7 @@ def rendezvous_probe(cfg, timeout_s: float):
     if cfg.rendezvous.backend in ETCD_BACKENDS:
         from .etcd_rendezvous import etcd_probe
 
-        return etcd_probe(cfg.rendezvous.endpoint, timeout_s)
+        return etcd_probe(cfg, timeout_s)
     return c10d_probe(cfg.rendezvous.endpoint, timeout_s)
 
 
