@@ -89,4 +89,3 @@ def validate_drain_reason(reason: object) -> str:
     if not reason.isprintable():
         raise ConfigError(f"drain reason {_shown(reason)} has control characters", "use one printable line")
     return reason
-

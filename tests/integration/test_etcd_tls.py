@@ -93,14 +93,16 @@ def test_a_client_key_others_can_read_is_refused(certs, tmp_path):
 
 def test_stalwart_run_says_what_to_fix_in_one_line(tls_etcd, certs, tmp_path):
     """At the command line: a readable key stops the run before it starts (exit 2); a member that
-    refuses this client ends it with the refusal as the verdict, not a traceback."""
+    refuses this client ends it with the refusal as the verdict (exit 2: a requeue cannot help), not a
+    traceback."""
     base = [sys.executable, "-m", "stalwart.cli", "run", "--nnodes", "2", "--rdzv-backend", "etcd"]
     base += ["--rdzv-endpoint", tls_etcd, "--run-dir", str(tmp_path / "run"), "--etcd-cacert", str(certs.ca)]
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
     refused = subprocess.run([*base, str(script)], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 75, refused.stdout + refused.stderr
-    assert "rendezvous failed: EtcdAccessError" in refused.stdout and "refused this client" in refused.stdout
+    assert refused.returncode == 2, refused.stdout + refused.stderr  # a requeue cannot help: no 75
+    assert "the rendezvous store refused this agent: EtcdAccessError" in refused.stdout
+    assert "refused this client" in refused.stdout
     assert "Traceback" not in refused.stdout + refused.stderr
     os.chmod(certs.client_key, 0o644)
     mine = ["--etcd-cert", str(certs.client_cert), "--etcd-key", str(certs.client_key)]

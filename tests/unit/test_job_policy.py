@@ -201,7 +201,13 @@ def test_an_unhealthy_node_leaves_and_records_its_exclusion():
 def test_a_failed_rendezvous_ends_the_job():
     d = job.next(state(), RendezvousFailed("TimeoutError: join timed out"), NOW)
     assert isinstance(d, End) and d.outcome == "rendezvous_failed" and not d.left
-    assert d.verdict == "rendezvous failed: TimeoutError: join timed out"
+    assert d.verdict == "rendezvous failed: TimeoutError: join timed out" and d.exit_code == 75
+
+
+def test_a_rendezvous_store_that_refuses_the_agent_is_bad_input_not_a_requeue():
+    d = job.next(state(), RendezvousFailed("EtcdAccessError: no client certificate", refused=True), NOW)
+    assert isinstance(d, End) and d.outcome == "rendezvous_failed" and d.exit_code == 2
+    assert d.verdict == "the rendezvous store refused this agent: EtcdAccessError: no client certificate"
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_PREEMPTED)])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import assert_never
 
+from ..errors import ConfigError
 from ..events import DecisionTaken, JobEnded
 from ..exit_codes import REQUEUE_HELPS
 from ..policy import job
@@ -85,7 +86,8 @@ class JobRunner:
             met = self.rendezvous.meet()
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
             text = str(exc).splitlines()[0] if str(exc) else ""
-            return self._ask(RendezvousFailed(f"{type(exc).__name__}: {text}"))
+            refused = isinstance(exc, ConfigError)  # the store refused us (etcd's certificate, user)
+            return self._ask(RendezvousFailed(f"{type(exc).__name__}: {text}", refused))
         decision = self._ask(Met(met.names, self.signal()))
         match decision:
             case End():

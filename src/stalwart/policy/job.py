@@ -35,7 +35,7 @@ from types import MappingProxyType
 
 from typing_extensions import assert_never
 
-from ..exit_codes import EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from .label import Label
 from .restart_policy import Failure, RestartAction, RestartBudget, decide
 from .world_size import SizeRule, WorldPlan, plan_world
@@ -82,6 +82,7 @@ class Unhealthy:
 @dataclass(frozen=True)
 class RendezvousFailed:
     error: str  # "Type: first line of the message"
+    refused: bool = False  # the store refused this agent (its certificate, user, key): a requeue cannot help
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,9 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
             left=True,
         ),
         "rendezvous_failed": Verdict("rendezvous_failed", "rendezvous failed: {detail}", EXIT_INFRA),
+        "rendezvous_refused": Verdict(
+            "rendezvous_failed", "the rendezvous store refused this agent: {detail}", EXIT_BAD_INPUT
+        ),
         "store_lost": Verdict(
             "rendezvous_failed", "rendezvous store lost during the attempt: {detail}", EXIT_INFRA
         ),
@@ -311,8 +315,9 @@ def next(state: JobState, observation: Observation, now: float) -> JobDecision: 
             why = f"exclude node {state.spec.node}: {reason} (node state {node_state})"
             records = (Record("exclude_node", why, now),)
             return end(state, "unhealthy", Outcome(AttemptStatus.FAILED, detail=reason), records)
-        case RendezvousFailed(error=error):
-            return end(state, "rendezvous_failed", Outcome(AttemptStatus.FAILED, detail=error))
+        case RendezvousFailed(error=error, refused=refused):
+            key = "rendezvous_refused" if refused else "rendezvous_failed"
+            return end(state, key, Outcome(AttemptStatus.FAILED, detail=error))
         case Met():
             return _world(state, observation, now)
         case TookOver(plan=plan, reason=reason):
