@@ -78,3 +78,74 @@ def test_another_user_cannot_run_code_shrink_or_join_a_running_group(tmp_path: P
     assert "ignored an unsigned in-place announcement" in said, said
     assert "ignored an unsigned offer" in said, said
     assert "ignored a rendezvous state not signed with this job's key" in said, said
+
+
+PLANT_IN_ETCD = """
+import base64, json, os, pickle, sys, urllib.request
+endpoint, run_id, marker = sys.argv[1:4]
+class Touch:
+    def __reduce__(self):
+        return (os.system, (f"touch {marker}",))
+def put(key, value):
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(value).decode()})
+    urllib.request.urlopen(urllib.request.Request(f"http://{endpoint}/v3/kv/put", body.encode()), timeout=10).read()
+put(f"/stalwart/marks/{run_id}/stalwart/finished/{run_id}", json.dumps({"step": 123456, "ended_at": 1.0}).encode())
+put(f"/stalwart/rdzv/{run_id}/state", pickle.dumps(Touch()))
+print("planted")
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("etcd") is None, reason="needs root and etcd")
+def test_a_mark_and_a_pickled_state_planted_in_etcd_by_another_user_are_not_taken(tmp_path: Path) -> None:
+    """A plain ``/v3/kv/put`` as uid 65534 before the job starts: a finished mark (before the job key:
+    "already succeeded at step 123456 ... nothing launched", exit 0) and a pickled rendezvous state
+    that runs ``touch MARKER`` (before: run as root by every agent). Both are refused: the job trains."""
+    from etcdutil import etcd_member
+
+    from .runner import EXAMPLE
+
+    shared = Path(tempfile.mkdtemp(prefix="stalwart-attack-"))
+    shared.chmod(0o777)
+    marker, run, run_id = shared / "ran-as-root", tmp_path / "run", "etcd-planted"
+    agents: list[subprocess.Popen] = []
+    try:
+        with etcd_member(tmp_path / "etcd", name="planted") as endpoint:
+            plant = subprocess.run(
+                [*NOBODY, sys.executable, "-c", PLANT_IN_ETCD, endpoint, run_id, str(marker)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.environ["PATH"], "HOME": str(shared)},
+            )
+            assert plant.stdout.strip() == "planted", plant.stderr
+            for node in (0, 1):
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "stalwart.cli",
+                    "run",
+                    "--nnodes",
+                    "2",
+                    "--rdzv-backend",
+                    "etcd",
+                ]
+                argv += ["--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--run-dir", str(run)]
+                argv += ["--node-name", f"n{node}", "--local-addr", f"127.0.0.{node + 1}"]
+                argv += [*EXAMPLE, "--steps", "6", "--checkpoint-every", "3"]
+                agents.append(
+                    subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                )
+            outs = [a.communicate(timeout=400)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait(timeout=30)
+        ran = marker.exists()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert not ran, "the planted rendezvous state was unpickled: code ran as the job's user"
+    assert [a.returncode for a in agents] == [0, 0], outs
+    said = "\n".join(outs)
+    assert "already succeeded" not in said and "ignored a rendezvous state not signed" in said, said
+    assert {e.node for e in events(run, StepCompleted)} == {"n0", "n1"}

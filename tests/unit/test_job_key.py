@@ -96,7 +96,9 @@ def test_several_nodes_without_any_way_to_a_key_are_refused_with_the_fix(tmp_pat
     blocked.write_text("a file where the config directory would be")
     with pytest.raises(ConfigError) as err:
         resolve(multi_node=True, env={"XDG_CONFIG_HOME": str(blocked)})
-    assert "openssl rand -hex 32" in str(err.value.hint) and "--insecure-trusted-network" in str(err.value.hint)
+    assert "openssl rand -hex 32" in str(err.value.hint) and "--insecure-trusted-network" in str(
+        err.value.hint
+    )
 
 
 KEY = JobKey(b"k" * 32, KeySource.FILE)
@@ -192,10 +194,22 @@ def test_a_replayed_older_rendezvous_state_is_refused():
     assert sealed.get_state() == (pickle.dumps({"round": 2}), 5) and sealed.refusals.count == 1
 
 
-def test_a_planted_state_that_wins_a_race_leaves_torch_its_own_state_and_the_stored_token():
+def test_planted_bytes_that_hold_the_key_are_replaced_by_the_first_write():
     inner = _Backend()
     sealed = SealedBackend(inner, KEY.signer("job"), Refusals())
-    inner.value, inner.version = b"planted", 1
+    inner.value, inner.version = pickle.dumps(_Bomb()), 1  # there before any agent
+    assert sealed.get_state() is None  # nothing authentic to hand torch: it starts from an empty state
     mine = pickle.dumps({"round": 1})
-    assert sealed.set_state(mine, None) == (mine, 1, False)  # nothing authentic yet: torch keeps its own
-    assert sealed.set_state(mine, 1) == (mine, 2, True)
+    assert sealed.set_state(mine, None) == (mine, 2, True)  # replaced on the planted bytes' token
+    assert sealed.get_state() == (mine, 2) and sealed.refusals.count == 2
+
+
+def test_a_planter_that_keeps_winning_never_gets_its_bytes_to_torch():
+    class Racing(_Backend):
+        def set_state(self, state, token=None):
+            self.value, self.version = b"planted again", self.version + 1
+            return self.value, self.version, False
+
+    inner = Racing()
+    sealed = SealedBackend(inner, KEY.signer("job"), Refusals())
+    assert sealed.set_state(pickle.dumps({"round": 1}), None) is None

@@ -5,9 +5,9 @@ store's ``torch.rendezvous.<run id>`` key, or etcd) and unpickles whatever it re
 can write that key runs code in every agent. :class:`SealedBackend` wraps any backend: what torch
 writes is sealed with the job key (job_key.py), and what it reads is handed to torch only when the
 seal holds and the state is not older than one this agent already saw (a replayed state). A state that
-fails is never unpickled: torch gets the last authentic state it held (or its own) with the token of
-what is stored, so its next compare-and-set replaces the planted bytes; the refusal is counted and
-noted once.
+fails is never unpickled: a read hands torch the last authentic state (or none) with the token of what
+is stored, and a write replaces the planted bytes by compare-and-set on that token; the refusal is
+counted and noted once.
 
 The c10d store: torch's backend opens its TCPStore itself, listening on every interface. Here the
 hosting agent binds the endpoint's own address (a local name resolves to it; loopback stays
@@ -77,17 +77,22 @@ class SealedBackend(RendezvousBackend):
         return state, token
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
-        seq = self.seen + 1
-        got = self.inner.set_state(self.signer.seal(self._context, _SEQ.pack(seq) + state), token)
-        if got is None:
-            return None
-        stored, new_token, written = got
-        if written:
-            self.seen, self.last = seq, state
-            return state, new_token, True
-        current = self._open(stored)
-        # planted bytes won the race: torch keeps its own state and the stored token, and writes again
-        return (state if current is None else current), new_token, False
+        """torch's compare-and-set, sealed. Where planted bytes hold the key, they are replaced once by
+        a compare-and-set on their own token (they are no one's state). torch never gets bytes it did
+        not write or read authentic: on a second loss it gets the last authentic state, or nothing."""
+        for _ in range(2):
+            seq = self.seen + 1
+            got = self.inner.set_state(self.signer.seal(self._context, _SEQ.pack(seq) + state), token)
+            if got is None:
+                return None
+            stored, token, written = got
+            if written:
+                self.seen, self.last = seq, state
+                return state, token, True
+            current = self._open(stored)
+            if current is not None:
+                return current, token, False
+        return None if self.last is None else (self.last, token, False)
 
 
 def _loopback_trap(host: str, infos: list) -> bool:
