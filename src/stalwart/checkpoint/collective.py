@@ -1,12 +1,25 @@
 """The few collectives the engine needs, on its own process group (no-ops at world size 1).
 
 The engine uses a dedicated gloo group so that its background persist never interleaves with
-the training loop's collectives on the default group.
+the training loop's collectives on the default group. What ranks exchange is JSON over tensor
+collectives (protocol/json_collective.py), never pickled objects: callers turn their records into
+JSON and back, and a peer that sends anything else is a PeerDataError.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from ..protocol.json_collective import JSON, PeerDataError, all_gather_json, broadcast_json, decode, encode
+
+T = TypeVar("T")
+
+
+def _typed(value: JSON, kind: type[T], rank: int) -> T:
+    """``value`` if it is a ``kind`` (as rank ``rank`` sent it), else PeerDataError."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise PeerDataError(f"rank {rank} sent a {type(value).__name__} where a {kind.__name__} belongs")
+    return value
 
 
 class Collective:
@@ -29,23 +42,34 @@ class Collective:
             )
         return cls(world_size, group if group is not None else dist.new_group(backend="gloo"))
 
-    def all_gather(self, obj: Any) -> list[Any]:
+    def all_gather(self, value: JSON) -> list[JSON]:
+        """Every rank's JSON ``value`` in rank order, over tensors (nothing is unpickled). At world
+        size 1 the value still goes through JSON, so callers see the same types at every size."""
         if self.world_size <= 1:
-            return [obj]
-        import torch.distributed as dist
+            return [decode(encode(value), 0)]
+        return all_gather_json(value, self.group)
 
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-    def broadcast(self, obj: Any) -> Any:
+    def broadcast(self, value: JSON) -> JSON:
+        """Rank 0's JSON ``value`` on every rank, over tensors (nothing is unpickled)."""
         if self.world_size <= 1:
-            return obj
-        import torch.distributed as dist
+            return decode(encode(value), 0)
+        return broadcast_json(value, 0, self.group)
 
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+    def all_gather_str(self, value: str) -> list[str]:
+        return [_typed(v, str, r) for r, v in enumerate(self.all_gather(value))]
+
+    def all_gather_bool(self, value: bool) -> list[bool]:
+        return [_typed(v, bool, r) for r, v in enumerate(self.all_gather(value))]
+
+    def broadcast_str(self, value: str) -> str:
+        return _typed(self.broadcast(value), str, 0)
+
+    def broadcast_outcome(self, ok: bool, reason: str) -> tuple[bool, str]:
+        """Rank 0's (ok, reason) on every rank."""
+        got = self.broadcast([ok, reason])
+        if not (isinstance(got, list) and len(got) == 2):
+            raise PeerDataError("rank 0 sent a malformed outcome")
+        return _typed(got[0], bool, 0), _typed(got[1], str, 0)
 
     def barrier(self) -> None:
         if self.world_size > 1:

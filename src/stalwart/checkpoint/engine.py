@@ -343,7 +343,7 @@ class CheckpointEngine:
                     path = str(copy_version(src, store, emergency=True))
                 except (PersistError, OSError) as exc:
                     ok, reason = False, str(exc)
-            ok, reason = self.comm.broadcast((ok, reason))
+            ok, reason = self.comm.broadcast_outcome(ok, reason)
             if ok:
                 self._parts.durable.raise_to(step)
             return PersistResult(step, (TierCommit(target.name, ok, path, self._clock() - t0, reason),), True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..policy.label import Label
+from ..protocol.json_collective import JSON, PeerDataError
 from .manifest import MANIFEST, Manifest, encode, parse_checked, read_manifest, verify_files, write_durable
 from .peer_store import Peer, PeerClient, PeerError, valid_owner
 from .store import FileStore, step_name
@@ -132,6 +133,46 @@ class Assembled:
     reason: str = ""
     fetched: tuple[str, ...] = ()  # "file from node" for each file that crossed the network
     duration_s: float = 0.0
+
+    def to_json(self) -> JSON:
+        return {
+            "path": self.path,
+            "source": self.source.value if self.source is not None else None,
+            "reason": self.reason,
+            "fetched": list(self.fetched),
+            "duration_s": self.duration_s,
+        }
+
+    @staticmethod
+    def from_json(value: JSON, rank: int) -> Assembled:
+        """The record rank ``rank`` sent; PeerDataError for anything else."""
+        bad = PeerDataError(f"rank {rank} sent a malformed node restore result")
+        if not isinstance(value, dict) or set(value) != {"path", "source", "reason", "fetched", "duration_s"}:
+            raise bad
+        path, source, reason, fetched, took = (
+            value["path"],
+            value["source"],
+            value["reason"],
+            value["fetched"],
+            value["duration_s"],
+        )
+        if not (isinstance(path, str) and isinstance(reason, str) and isinstance(fetched, list)):
+            raise bad
+        if (
+            not all(isinstance(f, str) for f in fetched)
+            or not isinstance(took, (int, float))
+            or isinstance(took, bool)
+        ):
+            raise bad
+        if source is not None and source not in {s.value for s in RestoreSource}:
+            raise bad
+        return Assembled(
+            path,
+            RestoreSource(source) if isinstance(source, str) else None,
+            reason,
+            tuple(str(f) for f in fetched),
+            float(took),
+        )
 
 
 def _held_copy(link: NodeLink, step: int, name: str) -> Path | None:

@@ -111,4 +111,4 @@ class EngineParts:
 
     def gather_reasons(self, reason: str) -> list[str]:
         """Collective: every rank's non-empty reason, prefixed with its rank."""
-        return [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather(reason)) if x]
+        return [f"rank {r}: {x}" for r, x in enumerate(self.comm.all_gather_str(reason)) if x]

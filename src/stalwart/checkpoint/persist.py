@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from pydantic import ValidationError
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
+from ..protocol.json_collective import JSON, PeerDataError
 from .collective import Collective
 from .manifest import MANIFEST, FileEntry, Manifest, parse_checked, read_manifest, sha256_file, verify_files
 from .safe_reader import METADATA, check_metadata_file, unsafe_values
@@ -32,6 +34,33 @@ WriterFactory = Callable[[Path, TierConfig], Any]
 
 class PersistError(Exception):
     """A tier could not be written; the reason names the rank and the cause."""
+
+
+def _written_from_json(value: JSON, rank: int) -> tuple[str, dict[str, FileEntry]]:
+    """What rank ``rank`` wrote, as it sent it: [error, {file name: entry}]; PeerDataError for anything else."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], dict)
+    ):
+        try:
+            return value[0], {n: FileEntry.model_validate(e, strict=True) for n, e in value[1].items()}
+        except ValidationError:
+            pass
+    raise PeerDataError(f"rank {rank} sent a malformed list of written files")
+
+
+def _manifest_from_json(value: JSON) -> Manifest | str:
+    """Rank 0's manifest (its JSON text) or its error ([text]); PeerDataError for anything else."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return value[0]
+    if isinstance(value, str):
+        try:
+            return Manifest.from_json(value)
+        except ValueError as exc:
+            raise PeerDataError(f"rank 0 sent a manifest that does not parse: {exc}") from None
+    raise PeerDataError(f"rank 0 sent a {type(value).__name__} where a manifest belongs")
 
 
 def describe(exc: BaseException) -> str:
@@ -70,7 +99,7 @@ class Persister:
         self.clock = clock
 
     def _gather_errors(self, err: str) -> str:
-        errs = [f"rank {r}: {e}" for r, e in enumerate(self.comm.all_gather(err)) if e]
+        errs = [f"rank {r}: {e}" for r, e in enumerate(self.comm.all_gather_str(err)) if e]
         return errs[0] if errs else ""
 
     def to_files(
@@ -89,7 +118,11 @@ class Persister:
         node_local = leader is not None
         leader = self.rank == 0 if leader is None else leader
         self._begin(snap, store, leader)
-        gathered = self.comm.all_gather(self._write_shards(snap, tier, store.partial(snap.step)))
+        err, entries = self._write_shards(snap, tier, store.partial(snap.step))
+        every = self.comm.all_gather(
+            [err, {n: e.model_dump(mode="json", exclude_none=True) for n, e in entries.items()}]
+        )
+        gathered = [_written_from_json(v, r) for r, v in enumerate(every)]
         errs = [f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e]
         if errs:
             if leader:
@@ -151,7 +184,7 @@ class Persister:
             except (OSError, ValueError) as exc:
                 store.discard(snap.step)
                 outcome = "rank 0: commit failed: " + " ".join(str(exc).split())[:300]
-        outcome = self.comm.broadcast(outcome)
+        outcome = self.comm.broadcast_str(outcome)
         if outcome:
             raise PersistError(outcome)
         return store.final(snap.step)
@@ -178,7 +211,9 @@ class Persister:
                 made = self._manifest(snap, gathered, emergency)
             except ValueError as exc:
                 made = "rank 0: manifest: " + " ".join(str(exc).split())[:300]
-        made = self.comm.broadcast(made)
+        made = _manifest_from_json(
+            self.comm.broadcast(made.to_json() if isinstance(made, Manifest) else [made])
+        )
         err = made if isinstance(made, str) else ""
         if leader and isinstance(made, Manifest):
             try:

@@ -14,8 +14,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from ..events import CheckpointLoaded, CheckpointRejected
+from ..protocol.json_collective import JSON, PeerDataError
 from .manifest import Manifest, read_manifest, verify_files
-from .node_tier import RestoreSource, assemble
+from .node_tier import Assembled, RestoreSource, assemble
 from .outcomes import EngineLoad, EngineParts
 from .persist import describe
 from .safe_reader import SafeLoad, UnsafeCheckpoint, check_metadata, load_torch_file, refusal_line
@@ -23,6 +24,30 @@ from .store import FileStore, FsspecStore, step_name
 from .tiers import TierConfig
 
 Candidate = tuple[int, str, str]  # (step, tier name, location)
+
+
+def candidates_to_json(cands: list[Candidate]) -> JSON:
+    return [[step, tier, loc] for step, tier, loc in cands]
+
+
+def candidates_from_json(value: JSON, rank: int) -> list[Candidate]:
+    """The candidates rank ``rank`` sent; PeerDataError for anything but [[step, tier, location], ...]."""
+    if not isinstance(value, list):
+        raise PeerDataError(f"rank {rank} sent a {type(value).__name__} where a list of versions belongs")
+    out: list[Candidate] = []
+    for c in value:
+        if not (isinstance(c, list) and len(c) == 3):
+            raise PeerDataError(f"rank {rank} sent a malformed version entry")
+        step, tier, loc = c
+        if not (
+            isinstance(step, int)
+            and not isinstance(step, bool)
+            and isinstance(tier, str)
+            and isinstance(loc, str)
+        ):
+            raise PeerDataError(f"rank {rank} sent a malformed version entry")
+        out.append((step, tier, loc))
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,7 +81,8 @@ class TierWalk:
         newest step of any tier is also looked for in the node-local tiers (a peer may hold it)."""
         p = self.parts
         node_local = {t.name for t in tiers if t.node_local}
-        gathered = p.comm.all_gather(self.candidates(tiers))
+        every = p.comm.all_gather(candidates_to_json(self.candidates(tiers)))
+        gathered = [candidates_from_json(v, r) for r, v in enumerate(every)]
         seen = {(s, n) for c in gathered for s, n, _ in c if n in node_local}
         if gathered[0] and p.link.successor() is not None:
             seen |= {(gathered[0][0][0], n) for n in node_local}
@@ -89,7 +115,8 @@ class TierWalk:
         res = None
         if p.link.leader:
             res = assemble(p.link, self._file_store(tier), step, clock=p.clock)
-        gathered = p.comm.all_gather(res)
+        every = p.comm.all_gather(res.to_json() if res is not None else None)
+        gathered = [Assembled.from_json(v, r) if v is not None else None for r, v in enumerate(every)]
         mine = gathered[p.rank + p.link.leader_rank_offset]
         if mine is None:
             return Path(), "", "", f"no result from this node's leader (local rank 0) for rank {p.rank}"
@@ -129,7 +156,7 @@ class TierWalk:
         (resharding to this world size)."""
         p = self.parts
         t0 = p.clock()
-        cands = p.comm.broadcast(self._all_candidates(tiers))
+        cands = candidates_from_json(p.comm.broadcast(candidates_to_json(self._all_candidates(tiers))), 0)
         rejected: list[str] = []
         node_local = {t.name for t in tiers if t.node_local}
         for step, tier, loc in cands:

@@ -89,7 +89,7 @@ class TierWriter:
         failure is reported (the version stays committed on this node, without a second copy)."""
         p = self.parts
         peer = p.link.successor()
-        if p.comm.all_gather(peer is not None) != [True] * p.world_size:
+        if p.comm.all_gather_bool(peer is not None) != [True] * p.world_size:
             return
         t0 = p.clock()
         manifest, why = read_manifest(version, key)

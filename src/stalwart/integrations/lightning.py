@@ -39,10 +39,18 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
     ) from exc
 
 from ..exit_codes import EXIT_PREEMPTED
+from ..protocol.json_collective import JSON, PeerDataError, all_gather_json
 from ..train import rng
 from .link import EVALUATION, StepLink
 
 _PREFIX, _SUFFIX = "step-", ".ckpt"
+
+
+def _peer_rng(value: JSON, rank: int) -> dict[str, Any]:
+    try:
+        return rng.from_json(value)
+    except ValueError as exc:
+        raise PeerDataError(f"rank {rank} sent a malformed RNG state: {exc}") from None
 
 
 class StalwartCallback(Callback):
@@ -70,8 +78,8 @@ class StalwartCallback(Callback):
         mine = rng.capture()
         self._rng_to_restore = mine  # the next batch starts from it, as a resumed run's does
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            every: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(every, mine)
+            # JSON over tensors: a rank's state is data, never an object to unpickle
+            every = [_peer_rng(v, r) for r, v in enumerate(all_gather_json(rng.to_json(mine)))]
         else:
             every = [mine]
         return {"rng_per_rank": every}
