@@ -16,7 +16,9 @@ outlives worker restarts. Rules:
 * sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
   ``max_total_bytes``, is refused (413) before its body is read;
 * served by :mod:`stalwart.http_server`: the request headers within ``timeout_s`` of connecting,
-  a connection cap, and a whole request within ``timeout_s + size / MIN_RATE``.
+  its connection caps (per source address; and a request counts against the cap that signed
+  requests share only once its signature is checked), and a whole request within
+  ``timeout_s + size / MIN_RATE``.
 
 Layout below ``held`` (the copies of other nodes' files): ``<owner>/.step-<N>.partial/<file>``
 while a step arrives, renamed to ``<owner>/step-<N>/`` when its manifest (sent last) arrives; the
