@@ -9,7 +9,16 @@ peer store (on the ground floor, so that checkpoint/ can serve with it too): aio
   client sending one byte every few seconds is dropped, and holds no thread meanwhile;
 * ``handler_s``: reading the body and answering, per request (plus ``size / min_rate`` for a large
   body, as the peer store's shards); past it the client gets a 503 and the connection is closed;
-* ``max_connections``: open connections at once; one more is answered 503 at once and closed;
+* ``max_pending``: connections whose request is not yet admitted (headers still arriving, or not
+  yet authenticated); one more is answered 503 at once and closed;
+* ``max_per_source``: of those, from one source address (an IPv6 address counts by its /64); one
+  more from that source is answered 503 at once, without touching the other counts, so one client
+  holding idle connections cannot crowd out the others. A server with an ``authenticate`` hook stops
+  counting a connection against its source once its request is authenticated;
+* ``max_connections``: admitted requests at once (being read and answered). A request is admitted
+  when its headers are complete and, where the server has an ``authenticate`` hook (the peer store's
+  HMAC), once the hook accepts it: idle or unauthenticated clients fill only the pending pool, never
+  this one. One more is answered 503;
 * ``max_body``: a larger ``Content-Length`` is answered 413 before a byte of the body is read.
 
 One request per connection (every reply says ``Connection: close``): the header timeout then covers
@@ -48,6 +57,10 @@ LOOPBACK = "127.0.0.1"  # the address every server binds unless told otherwise
 
 JSON = "application/json"
 
+MAX_CONNECTIONS = 32  # admitted requests at once
+MAX_PENDING = 128  # connections not yet admitted (headers arriving, not yet authenticated)
+MAX_PER_SOURCE = 8  # of those, from one source address (an IPv6 /64)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -55,15 +68,19 @@ class Limits:
 
     header_timeout_s: float = 10.0
     handler_s: float = 15.0
-    max_connections: int = 32
+    max_connections: int = MAX_CONNECTIONS
     max_body: int = 64 * 1024
     min_rate: float = 0.0  # bytes/s; > 0: a body of n bytes gets handler_s + n / min_rate
+    max_pending: int = MAX_PENDING
+    max_per_source: int = MAX_PER_SOURCE
 
     def __post_init__(self) -> None:
         if (
             self.header_timeout_s <= 0
             or self.handler_s <= 0
             or self.max_connections < 1
+            or self.max_pending < 1
+            or self.max_per_source < 1
             or self.max_body < 0
             or self.min_rate < 0
         ):
@@ -107,6 +124,8 @@ class HttpError(Exception):
 
 App = Callable[[Request], Reply]
 StreamApp = Callable[[web.BaseRequest, int], Awaitable[web.StreamResponse]]
+# a stream server's check of a request's headers: None when authenticated, else the refusal to send
+Authenticate = Callable[[web.BaseRequest], web.StreamResponse | None]
 
 
 def content_length(headers: Mapping[str, str], limit: int) -> int:
@@ -152,33 +171,84 @@ _BUSY = (
 )
 
 
+def source_of(peername: Any) -> str:
+    """The address a connection counts against: its IP, an IPv6 address by its /64 (one host's)."""
+    host = str(peername[0]) if isinstance(peername, tuple) and peername else "?"
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class _Guard(asyncio.Protocol):
-    """One connection: counted against the cap, aborted when its headers are late, else aiohttp's."""
+    """One connection: pending (counted against the pending pool and its source) until its request
+    is admitted, then active; aborted when its headers are late; else aiohttp's."""
 
     def __init__(self, owner: HttpServer, inner: asyncio.Protocol) -> None:
         self.owner, self.inner = owner, inner
         self.transport: asyncio.Transport | None = None
         self.counted = False
+        self.source = ""
+        self.pending = self.active = self.per_source = False
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        owner = self.owner
-        if owner.open_connections >= owner.limits.max_connections:
+        owner, limits = self.owner, self.owner.limits
+        self.source = source_of(transport.get_extra_info("peername"))
+        if (
+            owner.pending_connections >= limits.max_pending
+            or owner.per_source.get(self.source, 0) >= limits.max_per_source
+        ):
             transport.write(_BUSY)
             transport.close()
             return
-        owner.open_connections += 1
-        self.counted = True
+        owner.pending_connections += 1
+        owner.per_source[self.source] = owner.per_source.get(self.source, 0) + 1
+        self.counted = self.pending = self.per_source = True
         owner.guards[transport] = self
-        self.timer = asyncio.get_running_loop().call_later(owner.limits.header_timeout_s, transport.abort)
+        self.timer = asyncio.get_running_loop().call_later(limits.header_timeout_s, transport.abort)
         self.inner.connection_made(transport)
 
     def headers_done(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+    def admit(self, authenticated: bool) -> bool:
+        """Move this connection's request from the pending pool to the active one (False: full);
+        an authenticated one stops counting against its source."""
+        owner = self.owner
+        if self.active:
+            return True
+        if owner.active_connections >= owner.limits.max_connections:
+            return False
+        self._leave_pending()
+        owner.active_connections += 1
+        self.active = True
+        if authenticated:
+            self._leave_source()
+        return True
+
+    def _leave_pending(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.owner.pending_connections -= 1
+
+    def _leave_source(self) -> None:
+        if self.per_source:
+            self.per_source = False
+            left = self.owner.per_source.get(self.source, 1) - 1
+            if left > 0:
+                self.owner.per_source[self.source] = left
+            else:
+                self.owner.per_source.pop(self.source, None)
 
     def data_received(self, data: bytes) -> None:
         if self.counted:
@@ -199,7 +269,11 @@ class _Guard(asyncio.Protocol):
         self.headers_done()
         if self.counted:
             self.counted = False
-            self.owner.open_connections -= 1
+            self._leave_pending()
+            self._leave_source()
+            if self.active:
+                self.active = False
+                self.owner.active_connections -= 1
             self.owner.guards.pop(self.transport, None)  # type: ignore[arg-type]
             self.inner.connection_lost(exc)
 
@@ -218,6 +292,7 @@ class HttpServer:
         app: App | None = None,
         *,
         stream: StreamApp | None = None,
+        authenticate: Authenticate | None = None,
         addr: str = LOOPBACK,
         port: int = 0,
         limits: Limits | None = None,
@@ -227,15 +302,18 @@ class HttpServer:
     ) -> None:
         if (app is None) == (stream is None):
             raise ValueError("give an app or a stream app")
-        self.app, self.stream = app, stream
+        self.app, self.stream, self.authenticate = app, stream, authenticate
         self.limits = limits or Limits()
         self.name = name
-        self.open_connections = 0  # touched only on the loop's thread
+        # the counts below are touched only on the loop's thread
+        self.pending_connections = 0  # not yet admitted
+        self.active_connections = 0  # admitted
+        self.per_source: dict[str, int] = {}  # connections counted against each source
         self.guards: dict[asyncio.Transport, _Guard] = {}
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         try:
             self.sock = socket.create_server(
-                (addr.strip("[]"), port), family=family, backlog=max(8, self.limits.max_connections)
+                (addr.strip("[]"), port), family=family, backlog=max(8, self.limits.max_pending)
             )
         except OSError as exc:
             raise ConfigError(f"cannot {purpose} {addr}:{port}: {exc.strerror}", hint) from exc
@@ -287,6 +365,13 @@ class HttpServer:
             self._server.close()
         if self._web is not None:
             await self._web.shutdown(1.0)
+        # what shutdown left (a handler still discarding a refused request's body): cancelled, so that
+        # no task is left pending when the loop stops
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=1.0)
 
     def stop(self) -> None:
         """Stop accepting and close the socket (safe when never started; bounded waits)."""
@@ -306,6 +391,13 @@ class HttpServer:
         guard = self.guards.get(request.transport)  # type: ignore[arg-type]
         if guard is not None:
             guard.headers_done()
+        if self.authenticate is not None:
+            refusal = self.authenticate(request)
+            if refusal is not None:
+                refusal.force_close()
+                return refusal
+        if guard is not None and not guard.admit(self.authenticate is not None):
+            return self._send(_error(503, "too many connections, try again"))
         try:
             size = content_length(request.headers, self.limits.max_body)
         except HttpError as exc:

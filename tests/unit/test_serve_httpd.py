@@ -27,7 +27,7 @@ def echo(req: Request) -> Reply:
 
 @pytest.fixture
 def server():
-    srv = HttpServer(echo, limits=Limits(max_body=16, max_connections=2, header_timeout_s=30)).start()
+    srv = HttpServer(echo, limits=Limits(max_body=16, max_pending=2, header_timeout_s=30)).start()
     yield srv
     srv.stop()
 
@@ -71,7 +71,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
 
 
 def test_connections_over_the_cap_get_503_at_once(server):
-    # two clients that connect and send nothing hold both slots (until the 30 s socket timeout)
+    # two clients that connect and send nothing hold both pending slots (until the 30 s timeout)
     idle = [socket.create_connection(server.address, timeout=10) for _ in range(2)]
     try:
         # the accept loop takes connections in order: the third one finds no slot
@@ -148,6 +148,10 @@ def test_a_busy_port_is_a_config_error_with_a_hint(server):
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         Limits(max_connections=0)
+    with pytest.raises(ValueError):
+        Limits(max_pending=0)
+    with pytest.raises(ValueError):
+        Limits(max_per_source=0)
 
 
 SERVE = """

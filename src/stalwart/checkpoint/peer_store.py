@@ -16,7 +16,9 @@ outlives worker restarts. Rules:
 * sizes bounded: a file larger than ``max_file_bytes``, or one that would take the store over
   ``max_total_bytes``, is refused (413) before its body is read;
 * served by :mod:`stalwart.http_server`: the request headers within ``timeout_s`` of connecting,
-  a connection cap, and a whole request within ``timeout_s + size / MIN_RATE``.
+  its connection caps (per source address; and a request counts against the cap that signed
+  requests share only once its signature is checked), and a whole request within
+  ``timeout_s + size / MIN_RATE``.
 
 Layout below ``held`` (the copies of other nodes' files): ``<owner>/.step-<N>.partial/<file>``
 while a step arrives, renamed to ``<owner>/step-<N>/`` when its manifest (sent last) arrives; the
@@ -172,7 +174,13 @@ class PeerStore:
             header_timeout_s=timeout_s, handler_s=timeout_s, max_body=max_file_bytes, min_rate=MIN_RATE
         )
         self._server = HttpServer(
-            stream=self._serve, addr=host, port=port, limits=limits, name="stalwart-peer", hint=""
+            stream=self._serve,
+            authenticate=self._authenticate,
+            addr=host,
+            port=port,
+            limits=limits,
+            name="stalwart-peer",
+            hint="",
         )
         self.host, self.port = self._server.address
 
@@ -243,14 +251,31 @@ class PeerStore:
 
     # --- requests -------------------------------------------------------------------------
 
+    def _signed(self, request: web.BaseRequest, code: int, body: bytes = b"") -> web.Response:
+        """A reply signed over the request's target and nonce (the client checks both)."""
+        digest = hashlib.sha256(body).hexdigest()
+        target, nonce = request.rel_url.raw_path_qs, request.headers.get(NONCE, "")
+        auth = sign(self.secret, "reply", str(code), target, digest, nonce)
+        return web.Response(status=code, body=body, headers={DIGEST: digest, AUTH: auth})
+
+    def _authenticate(self, request: web.BaseRequest) -> web.Response | None:
+        """The server's hook, run once the headers are in and before the request counts against the
+        connection cap: None for a request signed with the run's secret (its nonce is then used up),
+        else a signed 403. ``_serve`` is only ever called for a request this accepted."""
+        digest = ""
+        if request.method == "PUT":
+            digest = request.headers.get(DIGEST, "")
+            if not re.match(r"^[0-9a-f]{64}$", digest):
+                return self._signed(request, 403, b"not authorized")
+        if not self._authorized(request, request.rel_url.raw_path_qs, digest):
+            return self._signed(request, 403, b"not authorized")
+        return None
+
     async def _serve(self, request: web.BaseRequest, size: int) -> web.StreamResponse:
         target = request.rel_url.raw_path_qs
-        nonce = request.headers.get(NONCE, "")
 
         def reply(code: int, body: bytes = b"") -> web.Response:
-            digest = hashlib.sha256(body).hexdigest()
-            auth = sign(self.secret, "reply", str(code), target, digest, nonce)
-            return web.Response(status=code, body=body, headers={DIGEST: digest, AUTH: auth})
+            return self._signed(request, code, body)
 
         if request.method == "GET":
             return await self._get(request, target, reply)
@@ -268,8 +293,6 @@ class PeerStore:
         )
 
     async def _get(self, request: web.BaseRequest, target: str, reply) -> web.Response:
-        if not self._authorized(request, target, ""):
-            return reply(403, b"not authorized")
         parts = _parts(target, 3)
         if parts is None or parts[0] != "f" or not _STEP.match(parts[1]) or not valid_file(parts[2]):
             return reply(404, b"no such file")
@@ -283,9 +306,7 @@ class PeerStore:
         return reply(200, data)
 
     async def _put(self, request: web.BaseRequest, target: str, size: int, reply) -> web.Response:
-        digest = request.headers.get(DIGEST, "")
-        if not re.match(r"^[0-9a-f]{64}$", digest) or not self._authorized(request, target, digest):
-            return reply(403, b"not authorized")
+        digest = request.headers.get(DIGEST, "")  # checked, with the signature, by _authenticate
         parts = _parts(target, 4)
         if (
             parts is None
