@@ -397,6 +397,7 @@ def decode(line: bytes) -> Message | None:
         data = json.loads(line)
         cls, names = _FIELDS[data["k"]]
         kwargs = {attr: data[short] for short, attr in names.items() if short in data}  # the rest: defaults
-        return cls(rank=int(data["r"]), t=float(data["t"]), **kwargs)
+        message: Message = cls(rank=int(data["r"]), t=float(data["t"]), **kwargs)
+        return message
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

@@ -54,7 +54,7 @@ class ControlBlock:
         self._offset = HEAD_SIZE + SLOT_SIZE * slot if slot is not None else -1
 
     def stop_after(self) -> int:
-        return struct.unpack_from(_HEAD, self._mm, 0)[0]
+        return int(struct.unpack_from(_HEAD, self._mm, 0)[0])
 
     def request_stop(self, after_steps: int) -> None:
         _, gen, *rest = struct.unpack_from(_HEAD, self._mm, 0)
@@ -64,7 +64,7 @@ class ControlBlock:
     def reform(self) -> int:
         """The process-group generation the agent asked the workers to re-form into (0: none;
         ``REFUSED``: none is coming)."""
-        return struct.unpack_from(_HEAD, self._mm, 0)[2]
+        return int(struct.unpack_from(_HEAD, self._mm, 0)[2])
 
     def request_reform(self, generation: int, place: tuple[int, int] | None = None) -> None:
         """Agent side: ask every worker to leave its process group and join ``generation``; with
