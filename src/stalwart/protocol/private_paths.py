@@ -90,12 +90,16 @@ def open_root(path: Path) -> int:
     while top.parent != top and not os.path.lexists(top.parent):
         top = top.parent
     fd = os.open(top.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    names = path.relative_to(top.parent).parts
+    return _descend(fd, top.parent, path.relative_to(top.parent).parts, tighten_last=False)
+
+
+def _descend(fd: int, base: Path, names: Sequence[str], *, tighten_last: bool = True) -> int:
+    """From the verified directory ``fd`` (``base``), each of ``names`` in turn as :func:`open_dir`;
+    the deepest one's descriptor (``fd`` is closed on every path)."""
     try:
         for i, name in enumerate(names):
-            shown = top.parent.joinpath(*names[: i + 1])
             last = i == len(names) - 1
-            nfd = open_dir(fd, name, shown, tighten=not last)
+            nfd = open_dir(fd, name, base.joinpath(*names[: i + 1]), tighten=tighten_last or not last)
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -119,16 +123,7 @@ def _refuse_foreign_links(path: Path) -> None:
 def open_dirs(root: Path, names: Sequence[str]) -> int:
     """A descriptor of ``root/names[0]/names[1]/...``: the root as :func:`open_root`, every level
     below created or opened as :func:`open_dir` (0700, this user's, never through a link)."""
-    fd = open_root(root)
-    try:
-        for i, name in enumerate(names):
-            nfd = open_dir(fd, name, root.joinpath(*names[: i + 1]))
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _descend(open_root(root), root, names)
 
 
 def open_file(dir_fd: int, name: str, shown: Path) -> int:
