@@ -213,3 +213,42 @@ def test_a_planter_that_keeps_winning_never_gets_its_bytes_to_torch():
     inner = Racing()
     sealed = SealedBackend(inner, KEY.signer("job"), Refusals())
     assert sealed.set_state(pickle.dumps({"round": 1}), None) is None
+
+
+def _agent(tmp_path, monkeypatch, notes: list[str], **settings):
+    from stalwart.launch.agent import Agent
+    from stalwart.launch.config import RunConfig
+
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    cfg = RunConfig(
+        script=str(script),
+        run_dir=tmp_path / "run",
+        node_name="n0",
+        run_id="x",
+        nnodes="2",
+        rdzv_endpoint="127.0.0.1:29400",
+        **settings,
+    )
+    agent = Agent(cfg, note=notes.append)
+    agent.ledger.close()
+    return agent
+
+
+def test_a_multi_node_agent_makes_the_default_key_and_says_where(tmp_path, monkeypatch):
+    notes: list[str] = []
+    agent = _agent(tmp_path, monkeypatch, notes)
+    agent._say_key()
+    assert agent.key.source is KeySource.MADE_DEFAULT_FILE
+    assert len(notes) == 1 and "made the job key" in notes[0] and "same key" in notes[0]
+
+
+def test_every_insecure_node_warns(tmp_path, monkeypatch):
+    notes: list[str] = []
+    agent = _agent(tmp_path, monkeypatch, notes, insecure_trusted_network=True)
+    agent._say_key()
+    assert agent.key.insecure and notes[0].startswith("WARNING: node n0 runs without a job key")
+    assert not (tmp_path / "cfg").exists()  # no key file made for an insecure run
