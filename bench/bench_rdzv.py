@@ -38,10 +38,14 @@ import hosts  # noqa: E402
 ETCD = ["e0", "e1", "e2"]
 
 
-def _run(h: hosts.Hosts, backend: str, endpoint: str, n: int, rounds: int, out: Path) -> list[float]:
+def _run(
+    h: hosts.Hosts, backend: str, endpoint: str, n: int, rounds: int, out: Path, src: Path = ROOT / "src"
+) -> list[float]:
+    """``n`` agents through ``rounds`` rounds, their Stalwart imported from ``src`` (another tree's
+    for an A/B, bench/bench_signing.py); each round's time."""
     out.mkdir(parents=True)
-    run_id = f"bench-{backend}-{n}-{os.getpid()}"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    run_id = f"bench-{backend}-{n}-{os.getpid()}-{out.name}"
+    env = {**os.environ, "PYTHONPATH": f"{src}:{os.environ.get('PYTHONPATH', '')}"}
     procs = []
     for i in range(n):
         name = f"h{i}"

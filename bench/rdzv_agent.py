@@ -3,10 +3,15 @@ c10d or etcd, through ``rounds`` rounds; each round starts at a file barrier sha
 its times go to ``<out>/<name>.json``.
 
 argv: backend endpoint run_id hosts name out_dir rounds is_host
+
+Runs on either side of the job key (bench/bench_signing.py runs it on the tree before it): where
+make_handler takes a ``seal``, the rendezvous state is sealed as the agent seals it, with the key
+job_key.resolve finds (``STALWART_JOB_KEY_FILE``, ...).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -14,6 +19,18 @@ from pathlib import Path
 
 from stalwart.launch.config import RunConfig
 from stalwart.launch.rendezvous import make_handler
+
+
+def _handler(cfg):
+    """torch's rendezvous handler as the agent makes it: sealed with the job key where this tree signs."""
+    if "seal" not in inspect.signature(make_handler).parameters:
+        return make_handler(cfg)  # before the job key
+    from stalwart.job_key import Refusals, resolve
+    from stalwart.launch.sealed_rendezvous import SealedBackend
+
+    signer = resolve(multi_node=True).signer(cfg.rendezvous.id or cfg.run_id)
+    refusals = Refusals(lambda text: print(text, file=sys.stderr, flush=True))
+    return make_handler(cfg, lambda backend: SealedBackend(backend, signer, refusals), refusals.note)
 
 
 def _barrier(out: Path, tag: str, name: str, hosts: int, timeout: float = 300.0) -> None:
@@ -39,7 +56,7 @@ def main() -> None:
         nnodes=str(hosts),
         node_name=name,
     )
-    handler = make_handler(cfg)
+    handler = _handler(cfg)
     times = []
     for r in range(int(rounds)):
         _barrier(out, f"r{r}", name, hosts)
