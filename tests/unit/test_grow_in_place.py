@@ -1,15 +1,14 @@
 """A group that shrank in place grows back in place when a node returns: the pure policies (the first
-node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board's new keys over a
-real TCPStore, the arriving agent's offer (launch/rejoin.py), the first node's invitation and
+node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board over a real
+TCPStore (polled by a manual ticker), the arriving agent's offer (launch/rejoin.py), the first node's invitation and
 announcement (launch/inplace_resize.py), the runner's take-over path before the first rendezvous,
 where the running round's worker store is read from (launch/arrival.py) and the console's line.
-Manual clocks throughout; only the real board's thread is waited on (bounded)."""
+Manual clocks and tickers throughout: nothing sleeps."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -181,18 +180,7 @@ def test_a_grow_is_refused_by_a_stopping_node_and_waited_out_by_a_busy_one():
     assert join(dataclasses.replace(JOIN, busy=True)) == Wait()
 
 
-# --- the board over a real TCPStore -------------------------------------------------------------------
-
-
-def _until(pred, what: str, timeout: float = 20.0):
-    """Poll the board (its own thread writes and reads the store) until ``pred`` holds, bounded."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"the board did not see {what} within {timeout:g}s")
+# --- the board over a real TCPStore, polled on a manual ticker ----------------------------------------
 
 
 @pytest.fixture
@@ -204,79 +192,89 @@ def server():
     return TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
 
 
-def _board_seal(port: int):
-    """Seal a value as the boards of SIGNER's job do for the store at 127.0.0.1:``port``."""
-    return lambda kind, payload: SIGNER.seal(f"board/{kind}|127.0.0.1:{port}", payload)
+def _boards(server, *nodes: str, notes=None):
+    """Boards of ``nodes`` over ``server`` and the manual ticker that polls them (on this thread)."""
+    from stalwart.launch.reform_board import ManualTicker, StoreBoard
+
+    clock = ManualClock()
+    ticker = ManualTicker(clock)
+    note = notes.append if notes is not None else lambda text: None
+    boards = [
+        StoreBoard(
+            "127.0.0.1", server.port, 10.0, note, node=n, signer=SIGNER, ticker=ticker, clock=clock.monotonic
+        )
+        for n in nodes
+    ]
+    return ticker, boards
 
 
 def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boards(server):
-    from stalwart.launch.reform_board import StoreBoard
+    ticker, (first, newcomer, other) = _boards(server, "n0", "n2", "n3")
+    ticker.tick()
+    assert first.answered and newcomer.answered and other.answered
+    assert first.offers() == () and newcomer.invited() is None and first.group() is None
+    newcomer.offer("n2")
+    ticker.tick(2)  # the newcomer writes after the first node polled: the next tick reads it
+    assert first.offers() == ("n2",)
+    other.offer("n3")
+    ticker.tick(2)
+    assert first.offers() == ("n2", "n3")
+    newcomer.withdraw("n2")
+    ticker.tick(2)
+    assert first.offers() == ("n3",)
+    newcomer.offer("n2")  # the order is the order of the last offers
+    ticker.tick(2)
+    assert first.offers() == ("n3", "n2")
+    assert (first.offer_seq("n2"), first.offer_seq("n3"), first.offer_seq("n9")) == (2, 1, 0)
 
-    first_notes: list[str] = []
-    first = StoreBoard("127.0.0.1", server.port, 10.0, first_notes.append, node="n0", signer=SIGNER)
-    newcomer = StoreBoard("127.0.0.1", server.port, 10.0, node="n2", signer=SIGNER)
-    other = StoreBoard("127.0.0.1", server.port, 10.0, node="n3", signer=SIGNER)
-    try:
-        _until(lambda: first.answered and newcomer.answered and other.answered, "a first answer")
-        assert first.offers() == () and newcomer.invited() is None and first.group() is None
-        newcomer.offer("n2")
-        _until(lambda: first.offers() == ("n2",), "the offer")
-        other.offer("n3")
-        _until(lambda: first.offers() == ("n2", "n3"), "a second offer")
-        newcomer.withdraw("n2")
-        _until(lambda: first.offers() == ("n3",), "the withdrawal")
-        newcomer.offer("n2")  # the last line decides, and the order is the order of the last offers
-        _until(lambda: first.offers() == ("n3", "n2"), "the offer made again")
-        assert (first.offer_seq("n2"), first.offer_seq("n3"), first.offer_seq("n9")) == (2, 1, 0)
+    invitation = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
+    first.invite(invitation)
+    ticker.tick()
+    assert newcomer.invited() == invitation and first.invited() == invitation
 
-        invitation = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
-        first.invite(invitation)
-        assert _until(newcomer.invited, "the invitation") == invitation
-        assert first.invited() == invitation  # the writer's own view is set at once
+    newcomer.ready(2)
+    ticker.tick(2)
+    assert first.ready_nodes() == {"n2": 2}
 
-        newcomer.ready(2)
-        assert _until(first.ready_nodes, "the readiness") == {"n2": 2}
-
-        first.publish_group(invitation)
-        assert _until(newcomer.group, "the group record") == invitation
-        assert first.latest() is None  # publishing the group is not an announcement
-    finally:
-        first.close()
-        newcomer.close()
-        other.close()
+    first.publish_group(invitation)
+    ticker.tick()
+    # the group record has no ranks: it says which nodes the group holds, not which ranks are new
+    assert newcomer.group() == Announcement(2, "n0", (), 6, ("n0", "n1", "n2"))
+    assert first.latest() is None  # publishing the group is not an announcement
 
 
-def test_a_malformed_offer_line_or_invitation_in_the_store_is_ignored(server):
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    from stalwart.launch.reform_board import INVITE, OFFERS, VERSION, StoreBoard
+def test_a_malformed_or_unsigned_document_is_ignored_and_the_last_good_one_stands(server):
+    from stalwart.launch import board_state
+    from stalwart.launch.reform_board import KEY, VERSION
 
     notes: list[str] = []
-    board = StoreBoard("127.0.0.1", server.port, 10.0, notes.append, node="n0", signer=SIGNER)
-    writer = StoreBoard("127.0.0.1", server.port, 10.0, node="n0", signer=SIGNER)
-    raw = TCPStore(
-        "127.0.0.1", server.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
-    )
-    try:
-        good = Announcement(2, "n0", (2, 3), 4, ("n0", "n1"))
-        writer.invite(good)
-        assert _until(board.invited, "the invitation") == good
-        lines = ["+n2", "*n3", "+", "n4", "+bad\x07name", "+" + "x" * 300, "-n9", "+n5"]
-        seal = _board_seal(server.port)
-        raw.append(OFFERS, b"".join(seal("offer", f"{line} 00") + b"\n" for line in lines))
-        raw.append(OFFERS, b"+n6 00\n")  # well formed but not signed: planted by someone without the key
-        raw.set(INVITE, seal("invite", b'{"generation": "two", "node": "n0", "ranks": []}'))
-        raw.add(VERSION, 1)
-        _until(lambda: board.offers() == ("n2", "n5"), "the well-formed offers")
-        _until(lambda: any("malformed invitation" in n for n in notes), "the note")
-        assert board.invited() == good  # the last well-formed one stands
-        assert any("generation 'two' is not a positive integer" in n for n in notes), notes
-        assert board.refusals.count >= 1 and any("unsigned offer" in n for n in notes), notes
-    finally:
-        board.close()
-        writer.close()
+    ticker, (board, writer) = _boards(server, "n0", "n1", notes=notes)
+    good = Announcement(2, "n0", (2, 3), 4, ("n0", "n1"))
+    writer.invite(good)
+    writer.offer("n2")
+    ticker.tick(2)
+    assert board.invited() == good and board.offers() == ("n2",)
+    where = f"127.0.0.1:{server.port}"
+    stored = board_state.open_state(SIGNER, where, server.get(KEY), 0)
+    assert isinstance(stored, board_state.BoardState)
+    doc = json.loads(board_state.encode(stored))
+    doc["version"] += 1
+    doc["invitation"]["generation"] = "two"
+    server.set(KEY, SIGNER.seal(f"board/state|{where}", json.dumps(doc)))
+    server.add(VERSION, 1)
+    ticker.tick()
+    assert board.invited() == good  # the last well-formed one stands
+    assert any("malformed board state" in n and "generation 'two'" in n for n in notes), notes
+    doc["invitation"]["generation"] = 9
+    doc["offers"].append({"node": "n6", "seq": 1, "standing": True})
+    server.set(KEY, json.dumps(doc))  # well formed but not signed: planted by someone without the key
+    server.add(VERSION, 1)
+    ticker.tick()
+    assert board.invited() == good and board.offers() == ("n2",)
+    assert board.refusals.count == 2 and any("unsigned board state" in n for n in notes), notes
+    board.offer("n7")  # the next write replaces the planted document, built on the last good one
+    ticker.tick(2)
+    assert writer.offers() == ("n2", "n7") and writer.invited() == good
 
 
 # --- the arriving agent: rejoin -----------------------------------------------------------------------

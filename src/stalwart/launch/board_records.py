@@ -1,9 +1,14 @@
 """The in-place board's records and its port: what one node's agent tells the others when its group
-re-forms, shrinks or grows in place (launch/reform_board.py carries them over the round's store).
+re-forms, shrinks or grows in place (launch/board_state.py holds them in one document,
+launch/reform_board.py carries it over the round's store).
 
-An :class:`Announcement` is data read from a store another process could write: :meth:`decode`
-checks every field and names what is wrong, and nothing in it is trusted before its seal holds
-(job_key.py). :class:`Board` is the port the in-place recovery speaks through; it never waits.
+Each record has one meaning: an :class:`Announcement` says which generation every rank re-forms into
+(its ``ranks``: the ranks whose processes are new in it, replacements or newcomers); a
+:class:`GroupRecord` says which nodes the group holds since it last resized; an
+:class:`InvitationRecord` gives newcomers their places. :class:`Board`, the port the in-place recovery
+speaks through, hands all three over as announcements; it never waits. Every record is data read from
+a store another process could write: its reader checks every field and names what is wrong, and
+nothing in it is trusted before its seal holds (job_key.py).
 """
 
 from __future__ import annotations
@@ -40,31 +45,127 @@ class Announcement:
     @staticmethod
     def decode(raw: bytes) -> Announcement:
         """Parse a stored announcement; ValueError names what is wrong with it."""
-        try:
-            doc = json.loads(raw.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ValueError("not an object")
-        gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("ranks")
+        return announcement_from(json_object(raw))
+
+
+def json_object(raw: bytes) -> dict[str, object]:
+    """The JSON object in ``raw``; ValueError says why it is not one."""
+    try:
+        doc = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    return doc
+
+
+def announcement_from(doc: dict[str, object]) -> Announcement:
+    """An :class:`Announcement` from its decoded JSON object; ValueError names what is wrong."""
+    gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("ranks")
+    if not is_count(gen):
+        raise ValueError(f"generation {gen!r} is not a positive integer")
+    if not is_name(node):
+        raise ValueError("node is not a name")
+    if not is_ranks(ranks):
+        raise ValueError("ranks is not a list of ranks")
+    world, active = doc.get("world_size", 0), doc.get("active", [])
+    if world == 0 and active == []:
+        return Announcement(gen, node, tuple(ranks))
+    return Announcement(gen, node, tuple(ranks), *layout(world, active, node))
+
+
+def layout(world: object, active: object, node: str) -> tuple[int, tuple[str, ...]]:
+    """A group's (world size, nodes in group-rank order) as read; ValueError names what is wrong."""
+    if not is_count(world):
+        raise ValueError(f"world_size {world!r} is not a positive integer")
+    if not isinstance(active, list) or not active or not all(is_name(n) for n in active):
+        raise ValueError("active is not a list of node names")
+    if len(set(active)) != len(active) or node not in active:
+        raise ValueError("active repeats a node or lacks the announcing node")
+    if world % len(active):
+        raise ValueError(f"world_size {world} is not a multiple of {len(active)} nodes")
+    return world, tuple(active)
+
+
+def is_ranks(v: object) -> TypeGuard[list[int]]:
+    return isinstance(v, list) and all(is_count(r) or r == 0 for r in v)
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """The group's nodes and size since it last shrank or grew in place, written by its first node for
+    nodes that arrive later (:func:`~stalwart.launch.rejoin.find_place`)."""
+
+    generation: int  # the generation the group re-formed into
+    node: str  # the first node, which decided the resize
+    world_size: int
+    active: tuple[str, ...]  # the nodes in group-rank order
+
+    @staticmethod
+    def of(a: Announcement) -> GroupRecord:
+        return GroupRecord(a.generation, a.node, a.world_size, a.active)
+
+    def as_announcement(self) -> Announcement:
+        """The :class:`Announcement` form the :class:`Board` port speaks (no ranks: none re-formed)."""
+        return Announcement(self.generation, self.node, (), self.world_size, self.active)
+
+    def to_doc(self) -> dict[str, object]:
+        return {
+            "generation": self.generation,
+            "node": self.node,
+            "world_size": self.world_size,
+            "active": list(self.active),
+        }
+
+    @staticmethod
+    def from_doc(doc: dict[str, object]) -> GroupRecord:
+        gen, node = doc.get("generation"), doc.get("node")
         if not is_count(gen):
             raise ValueError(f"generation {gen!r} is not a positive integer")
         if not is_name(node):
             raise ValueError("node is not a name")
-        if not isinstance(ranks, list) or not all(is_count(r) or r == 0 for r in ranks):
-            raise ValueError("ranks is not a list of ranks")
-        world, active = doc.get("world_size", 0), doc.get("active", [])
-        if world == 0 and active == []:
-            return Announcement(gen, node, tuple(ranks))
-        if not is_count(world):
-            raise ValueError(f"world_size {world!r} is not a positive integer")
-        if not isinstance(active, list) or not active or not all(is_name(n) for n in active):
-            raise ValueError("active is not a list of node names")
-        if len(set(active)) != len(active) or node not in active:
-            raise ValueError("active repeats a node or lacks the announcing node")
-        if world % len(active):
-            raise ValueError(f"world_size {world} is not a multiple of {len(active)} nodes")
-        return Announcement(gen, node, tuple(ranks), world, tuple(active))
+        return GroupRecord(gen, node, *layout(doc.get("world_size"), doc.get("active"), node))
+
+
+@dataclass(frozen=True)
+class InvitationRecord:
+    """The places the first node gives newcomers: their ranks start in ``generation`` of the grown
+    group (:func:`~stalwart.launch.inplace_resize.grow_group`)."""
+
+    generation: int  # the generation the newcomers' ranks start in
+    node: str  # the first node, which invites
+    newcomer_ranks: tuple[int, ...]  # the global ranks the newcomers' processes take
+    world_size: int
+    active: tuple[str, ...]  # the grown group's nodes in group-rank order, newcomers included
+
+    @staticmethod
+    def of(a: Announcement) -> InvitationRecord:
+        return InvitationRecord(a.generation, a.node, a.ranks, a.world_size, a.active)
+
+    def as_announcement(self) -> Announcement:
+        """The :class:`Announcement` form the :class:`Board` port speaks (its ranks: the newcomers')."""
+        return Announcement(self.generation, self.node, self.newcomer_ranks, self.world_size, self.active)
+
+    def to_doc(self) -> dict[str, object]:
+        return {
+            "generation": self.generation,
+            "node": self.node,
+            "newcomer_ranks": list(self.newcomer_ranks),
+            "world_size": self.world_size,
+            "active": list(self.active),
+        }
+
+    @staticmethod
+    def from_doc(doc: dict[str, object]) -> InvitationRecord:
+        gen, node, ranks = doc.get("generation"), doc.get("node"), doc.get("newcomer_ranks")
+        if not is_count(gen):
+            raise ValueError(f"generation {gen!r} is not a positive integer")
+        if not is_name(node):
+            raise ValueError("node is not a name")
+        if not is_ranks(ranks):
+            raise ValueError("newcomer_ranks is not a list of ranks")
+        world, active = layout(doc.get("world_size"), doc.get("active"), node)
+        return InvitationRecord(gen, node, tuple(ranks), world, active)
 
 
 def is_count(v: object) -> TypeGuard[int]:
@@ -133,4 +234,14 @@ class Board(Protocol):
         ...
 
 
-__all__ = ["Announcement", "Board", "is_count", "is_name"]
+__all__ = [
+    "Announcement",
+    "Board",
+    "GroupRecord",
+    "InvitationRecord",
+    "announcement_from",
+    "is_count",
+    "is_name",
+    "json_object",
+    "layout",
+]

@@ -2,73 +2,128 @@
 
 Each agent supervises only its own node's ranks. When one of them fails and its agent re-forms the
 group in place (policy/inplace.py), the other nodes' ranks see their peer vanish and wait for a new
-generation; their agents must learn which one. The replacing agent writes an :class:`Announcement`
-under one key of the round's worker store (the TCPStore every rank of the round already uses, fresh
-for every attempt); every agent reads that key.
+generation; their agents must learn which one. The agents share one board in the round's worker store
+(the TCPStore every rank of the round already uses, fresh for every attempt): one versioned document
+(launch/board_state.py: the announcement, the group record, the invitation, offers, readiness, waits,
+the refusal and the claims), sealed as one record with the job key and bound to the round's store,
+and written only by compare-and-set on the bytes its writer last read, as torch elastic writes its
+rendezvous state. A change is data (:class:`~stalwart.launch.board_state.Change`); a writer that lost
+the race applies it again to what it found.
 
-No store call runs on the supervisor's thread: :class:`StoreBoard` owns one daemon thread that makes
-every call with the store timeout as its deadline, writes the announcements handed to it and polls the
-key; the tick reads the latest value it saw and never waits. A value that is not a well-formed
-announcement (another program writing the key) is ignored with a note, never trusted.
+No store call runs on the supervisor's thread: each :class:`StoreBoard` polls on its :class:`Ticker`
+(by default a daemon thread every :data:`POLL_S`; tests tick a :class:`ManualTicker` by hand), makes
+every call with the store timeout as its deadline, writes the changes handed to it and reads the
+document when it moved; the tick reads what the board last saw and never waits.
 
 A lost node's agent is gone with it, so nobody replaces its ranks from inside. For that case the board
 also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
 
-* a heartbeat per active agent (a counter each board thread bumps every 0.5 s); a hot spare's board
-  (and the first node's) watches the active nodes' counters and measures, on its own clock, how long
+* a heartbeat per active agent: a counter under its own key, bumped every 0.5 s (one ``add``). The
+  heartbeats stay out of the document on purpose: a shared document would turn every beat of every
+  node into a compare-and-set that races all the others. A hot spare's board (and the first node's)
+  reads the watched nodes' counters during an incident and measures, on its injected clock, how long
   each has not moved;
 * which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
-* a claim per lost node (compare-and-set), so that two spares never take the same node's place;
+* a claim per lost node (the first claim stands), so that two spares never take the same place;
 * once the group shrank or grew in place, its nodes and size (the first node writes them), and the
   offers of nodes that arrive while the job runs: the first node invites them to start their ranks
   in the next generation, and once each newcomer said its ranks are ready, announces that generation
   (policy/inplace.py :func:`~stalwart.policy.inplace.grow`).
 
-Every value on the board is sealed with the job key (job_key.py) and bound to the round's store
-(its address and port) and to its kind, so a value someone else planted, or one copied from another
-round or key, is ignored, counted (:attr:`StoreBoard.refusals`) and noted once; a planted claim or
-refusal is replaced. The counters (heartbeats, the version, the count of waits) cannot be signed: a
-forged bump can only delay a detection or cause an extra read, never admit, shrink or move a node.
+A document that is not signed with the job key for this round, is malformed, or is older than one
+this board already read (replayed) is ignored, counted (:attr:`StoreBoard.refusals`) and noted once;
+the next write replaces it by a compare-and-set on its bytes, built on the last authentic state this
+board read (a planted claim or refusal is thus replaced). The counters (heartbeats, the version)
+cannot be signed: a forged bump can only delay a detection or cause an extra read, never admit,
+shrink or move a node.
 
-What each board costs the store does not grow with the job while nothing fails: one read of a
-version counter per poll (every write the others must see bumps it) and one heartbeat every 0.5 s.
-The watched nodes' heartbeats are read only during an incident (a node's ranks wait for a
-generation), every 0.5 s, and only by the spares and the first node.
+What each board costs the store does not grow with the job while nothing fails: one read of the
+version counter per poll (every write of the document bumps it after its compare-and-set) and one
+heartbeat every 0.5 s. The document is read only when the version moved, and the watched nodes'
+heartbeats only during an incident, every 0.5 s, and only by the spares and the first node.
 """
 
 from __future__ import annotations
 
-import json
-import queue
-import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from ..job_key import Opened, Refusals, Refused, Signer
-from ..node_name import printable_name
-from .board_records import Announcement, is_name
+from ..job_key import Refusals, Signer
+from .board_records import Announcement, GroupRecord, InvitationRecord
+from .board_state import (
+    Announce,
+    BoardState,
+    Change,
+    Claim,
+    Invite,
+    Offer,
+    PublishGroup,
+    Ready,
+    Refuse,
+    Unsound,
+    Wait,
+    Withdraw,
+    open_state,
+    seal,
+    write,
+)
+from .clock import ManualClock
 
-KEY = "stalwart/inplace/announce"
-REFUSED = "stalwart/inplace/refused"
-VERSION = "stalwart/inplace/version"  # bumped by every write the others must read
-WAITING_ANY = "stalwart/inplace/waiting-any"
-BEAT = "stalwart/inplace/beat/"
-WAITING = "stalwart/inplace/waiting/"
-CLAIM = "stalwart/inplace/claim/"
-GROUP = "stalwart/inplace/group"  # the group's nodes and size since it last shrank or grew in place
-INVITE = "stalwart/inplace/invite"  # the place the first node gives newcomers (their generation to start in)
-READY = "stalwart/inplace/ready/"  # a newcomer's ranks are about to join that generation
-OFFERS = "stalwart/inplace/offers"  # "+node" (offers a free place) or "-node" (withdrew), one a line
+KEY = "stalwart/inplace/board"  # the one sealed, versioned document
+VERSION = "stalwart/inplace/version"  # bumped after every write of the document
+BEAT = "stalwart/inplace/beat/"  # a heartbeat counter per node
 POLL_S = 0.1
 BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
 WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
+CAS_TRIES = 8  # compare-and-set attempts per poll before the changes wait for the next one
+
+
+class Ticker(Protocol):
+    """What paces a board's polls: ``poll`` is called until ``stopped`` is set."""
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None: ...
+
+
+class ThreadTicker:
+    """Polls on a daemon thread every :data:`POLL_S` of real time (a call stuck on a dead host holds
+    only that thread)."""
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
+        def loop() -> None:
+            while not stopped.is_set():
+                poll()
+                stopped.wait(POLL_S)
+
+        threading.Thread(target=loop, name="stalwart-inplace-board", daemon=True).start()
+
+
+class ManualTicker:
+    """Polls only when told to: each :meth:`tick` moves ``clock`` on by :data:`POLL_S` and polls every
+    open board once, on the caller's thread, in the order the boards were made."""
+
+    def __init__(self, clock: ManualClock | None = None) -> None:
+        self.clock = clock
+        self._boards: list[tuple[Callable[[], None], threading.Event]] = []
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
+        self._boards.append((poll, stopped))
+
+    def tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            if self.clock is not None:
+                self.clock.advance(POLL_S)
+            for poll, stopped in list(self._boards):
+                if not stopped.is_set():
+                    poll()
 
 
 class StoreBoard:
-    """A :class:`Board` over the round's worker store, with every call on one daemon thread."""
+    """A :class:`~stalwart.launch.board_records.Board` over the round's worker store, every call on
+    its ticker's thread."""
 
     def __init__(
         self,
@@ -81,59 +136,47 @@ class StoreBoard:
         watch: Sequence[str] = (),
         clock: Callable[[], float] = time.monotonic,
         signer: Signer,
+        ticker: Ticker | None = None,
     ) -> None:
         self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
         self._note, self._node, self._clock = note, node, clock
-        self._signer, self._round = signer, f"{addr}:{port}"
-        self.refusals = Refusals(note)  # records that failed their seal: ignored, counted, noted once
-        self._out: queue.Queue[Announcement] = queue.Queue()
+        self._signer, self._where = signer, f"{addr}:{port}"
+        self.refusals = Refusals(note)  # documents that failed: ignored, counted, noted once per kind
+        self._changes: deque[Change] = deque()  # handed over, not yet written
         self._stop = threading.Event()
-        self._seen: Announcement | None = None
-        self._bad = b""
+        self._store: Any = None
+        self._state = BoardState()  # the last authentic state read or written
+        self._raw = b""  # the bytes last read or written under KEY (the next compare-and-set's base)
+        self._seen: Announcement | None = None  # the newest announcement seen
         # a spare's view of the active nodes: the last counter read, and when it last moved
-        start = clock()
         self._beats: dict[str, int] = {}
-        self._moved: dict[str, float] = dict.fromkeys(watch, start)
-        self._waiting: dict[str, int] = {}  # node -> the generation its ranks wait for
-        self._wait_out: queue.Queue[int] = queue.Queue()
-        self._claims_out: queue.Queue[str] = queue.Queue()
-        self._claimed: dict[str, str] = {}  # lost node -> the spare that holds its claim
-        self._refuse_out: queue.Queue[str] = queue.Queue()
-        self._refused: tuple[str, str] | None = None
+        self._moved: dict[str, float] = dict.fromkeys(watch, clock())
         self._polls = 0
         self._answered = False  # one poll completed (what was in the store then is read)
-        self._group_out: queue.Queue[Announcement] = queue.Queue()
-        self._group: Announcement | None = None
-        self._offer_out: queue.Queue[str] = queue.Queue()  # "+node" offers, "-node" withdraws
-        self._offers: tuple[str, ...] = ()
-        self._offer_seq: dict[str, int] = {}  # node -> how many times it offered (a new offer counts up)
-        self._invite_out: queue.Queue[Announcement] = queue.Queue()
-        self._invite: Announcement | None = None
-        self._ready_out: queue.Queue[int] = queue.Queue()
-        self._ready: dict[str, int] = {}  # offered node -> the generation its ranks are ready to join
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
-        self._waits = 0  # the waits counted so far (a new one starts an incident)
-        self._thread = threading.Thread(target=self._loop, name="stalwart-inplace-board", daemon=True)
-        self._thread.start()
+        (ticker or ThreadTicker()).start(self.poll, self._stop)
+
+    # --- the Board port: hand over, never wait --------------------------------------------------
 
     def announce(self, a: Announcement) -> None:
-        self._out.put(a)
+        self._changes.append(Announce(a))
 
     def latest(self) -> Announcement | None:
         return self._seen
 
     def close(self) -> None:
-        self._stop.set()  # the thread leaves at its next poll; a call stuck on a dead host is a daemon
+        self._stop.set()  # the ticker stops polling this board; a call stuck on a dead host is a daemon
 
     def waiting(self, generation: int) -> None:
-        self._wait_out.put(generation)
+        if self._node:
+            self._changes.append(Wait(self._node, generation))
 
     def refuse(self, reason: str) -> None:
-        self._refuse_out.put(reason)
+        self._changes.append(Refuse(self._node, reason))
 
     def refusal(self) -> tuple[str, str] | None:
-        return self._refused
+        return self._state.refusal
 
     def silence(self) -> dict[str, float]:
         """Seconds since each watched node's heartbeat last moved (on this board's clock), counted from
@@ -144,10 +187,10 @@ class StoreBoard:
         return {n: now - t for n, t in dict(self._moved).items()}
 
     def nodes_waiting(self) -> dict[str, int]:
-        """Nodes whose ranks wait for a generation nobody announced yet, and that generation (a wait
-        an announcement answered is over: it never makes a later silence look like a lost node)."""
+        """Watched nodes whose ranks wait for a generation nobody announced yet, and that generation (a
+        wait an announcement answered is over: it never makes a later silence look like a lost node)."""
         seen = self._seen.generation if self._seen is not None else 0
-        return {n: g for n, g in dict(self._waiting).items() if g > seen}
+        return {n: g for n, g in self._state.waiting.items() if g > seen and n in self._moved}
 
     @property
     def answered(self) -> bool:
@@ -156,27 +199,29 @@ class StoreBoard:
 
     def publish_group(self, a: Announcement) -> None:
         """Record the group's nodes and size after it shrank or grew in place (for arriving nodes)."""
-        self._group_out.put(a)
+        if a.world_size:
+            self._changes.append(PublishGroup(GroupRecord.of(a)))
 
     def group(self) -> Announcement | None:
         """The group's nodes and size as its first node last recorded them (None: never resized)."""
-        return self._group
+        g = self._state.group
+        return g.as_announcement() if g is not None else None
 
     def offer(self, node: str) -> None:
         """Offer ``node`` (arrived during the job) for a free place in the group."""
-        self._offer_out.put("+" + node)
+        self._changes.append(Offer(node))
 
     def withdraw(self, node: str) -> None:
         """``node`` gave up waiting for a place (it joins the rendezvous instead)."""
-        self._offer_out.put("-" + node)
+        self._changes.append(Withdraw(node))
 
     def offers(self) -> tuple[str, ...]:
-        """The nodes that offered a free place, in the order they offered."""
-        return self._offers
+        """The nodes that offered a free place, in the order of their last offers."""
+        return tuple(o.node for o in self._state.offers if o.standing)
 
     def offer_seq(self, node: str) -> int:
         """How many times ``node`` offered (a node that starts again offers anew)."""
-        return self._offer_seq.get(node, 0)
+        return next((o.seq for o in self._state.offers if o.node == node), 0)
 
     def watch_more(self, nodes: Sequence[str]) -> None:
         """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now."""
@@ -187,79 +232,106 @@ class StoreBoard:
 
     def invite(self, a: Announcement) -> None:
         """Give the newcomers of ``a`` their places: they start their ranks in ``a.generation``."""
-        self._invite_out.put(a)
+        if a.world_size:
+            self._changes.append(Invite(InvitationRecord.of(a)))
 
     def invited(self) -> Announcement | None:
         """The latest invitation the first node wrote (None: none)."""
-        return self._invite
+        i = self._state.invitation
+        return i.as_announcement() if i is not None else None
 
     def ready(self, generation: int) -> None:
         """Say that this node's ranks are about to join ``generation`` (a newcomer's)."""
-        self._ready_out.put(generation)
+        if self._node:
+            self._changes.append(Ready(self._node, generation))
 
     def ready_nodes(self) -> dict[str, int]:
-        """Offered nodes whose ranks are ready, and the generation they are ready to join."""
-        return dict(self._ready)
+        """Nodes whose ranks are ready to join a grown group, and the generation they join."""
+        return dict(self._state.ready)
 
     def claim(self, lost: str) -> None:
         """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
-        self._claims_out.put(lost)
+        self._changes.append(Claim(lost, self._node))
 
     def claimed_by(self, lost: str) -> str | None:
         """The node holding the claim on ``lost``'s place, once the store answered."""
-        return self._claimed.get(lost)
+        return self._state.claims.get(lost)
 
-    def _seal(self, kind: str, payload: bytes | str) -> bytes:
-        """A record bound to this job's key, this round's store and its kind (job_key.py)."""
-        return self._signer.seal(f"board/{kind}|{self._round}", payload)
+    # --- the poll, on the ticker's thread ---------------------------------------------------------
 
-    def _open(self, kind: str, raw: bytes, what: str) -> bytes | None:
-        """The payload of a record read from the store; None (counted, noted once) unless signed."""
-        match self._signer.open(f"board/{kind}|{self._round}", raw):
-            case Opened(payload):
-                return payload
-            case Refused(reason):
-                self.refusals.refused(what, reason)
-                return None
+    def poll(self) -> None:
+        """One exchange with the store (a new connection after a failed one)."""
+        try:
+            if self._store is None:
+                from torch.distributed import TCPStore
 
-    def _read(self, store: Any, key: str, kind: str, what: str) -> bytes | None:
-        """The signed payload under ``key`` (None: absent, or not signed with this job's key)."""
-        if not store.check([key]):
-            return None
-        return self._open(kind, store.get(key), what)
-
-    def _loop(self) -> None:
-        store: Any = None
-        while not self._stop.is_set():
-            try:
-                if store is None:
-                    from torch.distributed import TCPStore
-
-                    store = TCPStore(
-                        self._addr, self._port, None, False, timeout=self._timeout, wait_for_workers=False
-                    )
-                self._exchange(store)
-            except Exception:  # noqa: BLE001 - the store is unreachable: try again on a new connection
-                store = None
-            self._stop.wait(POLL_S)
+                self._store = TCPStore(
+                    self._addr, self._port, None, False, timeout=self._timeout, wait_for_workers=False
+                )
+            self._exchange(self._store)
+        except Exception:  # noqa: BLE001 - the store is unreachable: try again on a new connection
+            self._store = None
 
     def _exchange(self, store: Any) -> None:
-        """One poll: write what was handed over; read what the others wrote when the version moved."""
+        """Write what was handed over; beat; read the document when the version moved."""
         self._polls += 1
         self._write(store)
+        if self._node and self._polls % BEAT_EVERY == 1:
+            store.add(BEAT + self._node, 1)
         version = store.add(VERSION, 0)
         if version != self._version:
             self._version = version
-            self._read_refusal(store)
-            self._read_announcement(store)
-            self._read_group(store)
-            waits = store.add(WAITING_ANY, 0)
-            if waits > self._waits and self._moved and not self._incident:  # a new wait: an incident
-                self._watch_from_now()
-            self._waits = waits
+            if store.check([KEY]):
+                self._found(bytes(store.get(KEY)))
         if self._incident and self._polls % WATCH_EVERY == 1:
-            self._read_nodes(store)
+            self._read_beats(store)
         self._answered = True
+
+    def _write(self, store: Any) -> None:
+        """The changes handed over, applied to the last authentic state and set by compare-and-set on
+        the bytes last read; on a conflict, applied again to what the store holds (bounded)."""
+        changes: list[Change] = []
+        while self._changes:
+            changes.append(self._changes.popleft())
+        if not changes:
+            return
+        for _ in range(CAS_TRIES):
+            new = write(self._state, tuple(changes))
+            sealed = seal(self._signer, self._where, new)
+            held = _bytes(store.compare_set(KEY, self._raw, sealed))
+            if held == sealed:
+                self._found(sealed, written=new)
+                store.add(VERSION, 1)
+                return
+            if held == self._raw and self._raw:
+                self._raw = b""  # the key is gone (torch answers with the expected value): create it
+                continue
+            self._found(held)
+        self._changes.extendleft(reversed(changes))  # still contended: the next poll tries again
+
+    def _found(self, raw: bytes, written: BoardState | None = None) -> None:
+        """Take ``raw`` (read from the store, or ``written`` by this board) as the state when it is
+        authentic; otherwise ignore it (counted, noted once), and base the next write on its bytes."""
+        if written is None and raw == self._raw:
+            return  # read before: taken, or refused and counted then
+        self._raw = raw
+        got = (
+            written
+            if written is not None
+            else open_state(self._signer, self._where, raw, self._state.version)
+        )
+        if isinstance(got, Unsound):
+            self.refusals.refused(got.what, got.why)
+            return
+        before, self._state = self._state, got
+        a = got.announcement
+        if a is not None and (self._seen is None or a.generation > self._seen.generation):
+            self._seen = a
+            self._incident = False  # the waits are answered: stop reading heartbeats
+        answered = self._seen.generation if self._seen is not None else 0
+        new_wait = any(g > answered and before.waiting.get(n) != g for n, g in got.waiting.items())
+        if new_wait and self._moved and not self._incident:
+            self._watch_from_now()
 
     def _watch_from_now(self) -> None:
         """Start reading the watched heartbeats; their silence counts from now, not from before."""
@@ -268,144 +340,18 @@ class StoreBoard:
         self._beats = {}
         self._incident = True
 
-    def _read_announcement(self, store: Any) -> None:
-        raw = self._read(store, KEY, "announce", "an unsigned in-place announcement in the worker store")
-        if raw is None:
-            return
-        try:
-            self._take(Announcement.decode(raw))
-        except ValueError as exc:
-            if raw != self._bad:
-                self._bad = raw
-                self._note(f"ignored a malformed in-place announcement in the worker store: {exc}")
-
-    def _write(self, store: Any) -> None:
-        bump = False
-        while not self._out.empty():
-            a = self._out.get_nowait()
-            store.set(KEY, self._seal("announce", a.encode()))
-            self._take(a)
-            bump = True
-        if self._node and self._polls % BEAT_EVERY == 1:
-            store.add(BEAT + self._node, 1)
-        while self._node and not self._wait_out.empty():
-            store.set(
-                WAITING + self._node, self._seal("waiting/" + self._node, str(self._wait_out.get_nowait()))
-            )
-            store.add(WAITING_ANY, 1)
-            if not self._incident and self._moved:
-                self._watch_from_now()
-            bump = True
-        while not self._refuse_out.empty():  # the first node to refuse keeps the key
-            why = self._refuse_out.get_nowait()
-            doc = json.dumps({"node": self._node, "reason": why[:500]})
-            self._claim_key(store, REFUSED, "refused", doc)
-            bump = True
-        while not self._claims_out.empty():
-            lost = self._claims_out.get_nowait()
-            holder = self._claim_key(store, CLAIM + lost, "claim/" + lost, self._node)
-            self._claimed[lost] = holder.decode(errors="replace") if holder is not None else "?"
-        while not self._group_out.empty():
-            store.set(GROUP, self._seal("group", self._group_out.get_nowait().encode()))
-            bump = True
-        while not self._offer_out.empty():
-            line = f"{self._offer_out.get_nowait()} {secrets.token_hex(8)}"  # a replayed line reads once
-            store.append(OFFERS, self._seal("offer", line) + b"\n")
-            bump = True
-        while not self._invite_out.empty():
-            a = self._invite_out.get_nowait()
-            store.set(INVITE, self._seal("invite", a.encode()))
-            self._invite = a
-            bump = True
-        while self._node and not self._ready_out.empty():
-            store.set(
-                READY + self._node, self._seal("ready/" + self._node, str(self._ready_out.get_nowait()))
-            )
-            bump = True
-        if bump:
-            store.add(VERSION, 1)
-
-    def _claim_key(self, store: Any, key: str, kind: str, value: str) -> bytes | None:
-        """Compare-and-set ``key`` from empty to our signed ``value``; the payload held there after
-        (ours, or the signed one another node set first). An unsigned value someone planted is no
-        claim: it is replaced once. None: still not signed (the planter raced us again)."""
-        mine = self._seal(kind, value)
-        held = store.compare_set(key, "", mine)
-        for _ in range(2):
-            raw = held if isinstance(held, bytes) else str(held).encode()
-            payload = self._open(kind, raw, f"an unsigned {kind.partition('/')[0]} in the worker store")
-            if payload is not None:
-                return payload
-            held = store.compare_set(key, raw, mine)
-        return None
-
-    def _read_refusal(self, store: Any) -> None:
-        if self._refused is not None:
-            return
-        raw = self._read(store, REFUSED, "refused", "an unsigned refusal in the worker store")
-        if raw is None:
-            return
-        try:
-            doc = json.loads(raw.decode())
-            self._refused = (printable_name(str(doc["node"])[:256]), printable_name(str(doc["reason"])[:500]))
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-            self._refused = ("?", "a malformed refusal in the worker store")
-
-    def _read_group(self, store: Any) -> None:
-        """The group record and the offers (a malformed entry is ignored, never trusted)."""
-        if (
-            raw := self._read(store, GROUP, "group", "an unsigned group record in the worker store")
-        ) is not None:
-            try:
-                self._group = Announcement.decode(raw)
-            except ValueError as exc:
-                self._note(f"ignored a malformed group record in the worker store: {exc}")
-        if store.check([OFFERS]):
-            self._read_offers(store.get(OFFERS))
-        if (
-            raw := self._read(store, INVITE, "invite", "an unsigned invitation in the worker store")
-        ) is not None:
-            try:
-                self._invite = Announcement.decode(raw)
-            except ValueError as exc:
-                self._note(f"ignored a malformed invitation in the worker store: {exc}")
-        for n in self._offers:
-            raw = self._read(store, READY + n, "ready/" + n, "an unsigned readiness in the worker store")
-            if raw is not None and raw.isdigit():
-                self._ready[n] = int(raw)
-
-    def _read_offers(self, raw: bytes) -> None:
-        """The standing offers: each node's last signed line says whether its offer stands."""
-        standing: dict[str, bool] = {}
-        seq: dict[str, int] = {}
-        seen: set[bytes] = set()
-        for sealed in raw.splitlines():
-            if sealed in seen:
-                continue  # a signed line copied again (replayed) is one offer, not two
-            seen.add(sealed)
-            payload = self._open("offer", sealed, "an unsigned offer in the worker store")
-            line = payload.decode(errors="replace").rpartition(" ")[0] if payload is not None else ""
-            name = line[1:]
-            if line[:1] in ("+", "-") and is_name(name) and name.isprintable():
-                standing.pop(name, None)
-                standing[name] = line[0] == "+"
-                seq[name] = seq.get(name, 0) + (line[0] == "+")
-        self._offers = tuple(n for n, up in standing.items() if up)
-        self._offer_seq = seq
-
-    def _read_nodes(self, store: Any) -> None:
-        """The watched nodes' heartbeats (when each last moved) and which of them wait."""
+    def _read_beats(self, store: Any) -> None:
+        """The watched nodes' heartbeats: when each last moved."""
         for n in list(self._moved):
             count = store.add(BEAT + n, 0)
             if count != self._beats.get(n):
                 self._beats[n] = count
-                if count:  # a node that never beat keeps its silence from the board's start
+                if count:  # a node that never beat keeps its silence from the incident's start
                     self._moved[n] = self._clock()
-            raw = self._read(store, WAITING + n, "waiting/" + n, "an unsigned wait in the worker store")
-            if raw is not None and raw.isdigit():
-                self._waiting[n] = int(raw)
 
-    def _take(self, a: Announcement) -> None:
-        if self._seen is None or a.generation > self._seen.generation:
-            self._seen = a
-            self._incident = False  # the waits are answered: stop reading heartbeats
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+__all__ = ["BEAT", "KEY", "POLL_S", "VERSION", "Announcement", "ManualTicker", "StoreBoard", "ThreadTicker"]

@@ -2,8 +2,10 @@
 
 argv: rendezvous_port run_id marker_path. With nothing but network access to the stores it:
 1. waits for the job's worker-store record in the c10d rendezvous store and finds the worker store;
-2. writes an in-place announcement that makes the group shrink to n0 alone (world size 1);
-3. offers a fake node ``fake`` for a free place and says it is ready for any invitation;
+2. writes an in-place announcement that makes the group shrink to n0 alone (world size 1), under the
+   board's old key and as a well-formed board document (launch/board_state.py) without the job's seal
+   under its key, which also offers a fake node ``fake`` for a free place and claims n1's place;
+3. offers ``fake`` under the old keys too, and says it is ready for any invitation;
 4. replaces the pickled rendezvous state with a pickle that runs ``touch marker_path``, several
    times over a few seconds so that every agent's keep-alive reads it.
 It prints what it did; any of these taken by the job is the test's failure."""
@@ -37,6 +39,19 @@ def main() -> None:
     )
     alone = {"generation": 50, "node": "n0", "ranks": [], "world_size": 1, "active": ["n0"]}
     workers.set("stalwart/inplace/announce", json.dumps(alone))
+    board = {
+        "schema": 1,
+        "version": 1000,
+        "announcement": alone,
+        "group": {"generation": 50, "node": "n0", "world_size": 1, "active": ["n0"]},
+        "invitation": None,
+        "offers": [{"node": "fake", "seq": 1, "standing": True}],
+        "ready": {"fake": 51},
+        "waiting": {},
+        "refusal": None,
+        "claims": {"n1": "fake"},
+    }
+    workers.set("stalwart/inplace/board", json.dumps(board))
     workers.append("stalwart/inplace/offers", "+fake\n")
     workers.add("stalwart/inplace/version", 1)
     print("announced a shrink to n0 alone and offered node fake", flush=True)
