@@ -116,19 +116,8 @@ def _quarantine(
     recoverable = outcome.recoverable and not recurred
     if recurred:
         why += f" (recurred {now - rec.readmitted_at:.0f} s after re-admission: escalated to irrecoverable)"
-    if sched is not None and sched.drained:
-        new = replace(
-            rec,
-            state=NodeState.QUARANTINED,
-            since=now,
-            reason=why,
-            strikes=0,
-            fault_key=outcome.fault_key,
-            recoverable=recoverable,
-            needs_human=not recoverable,
-        )
-        return Transition(new, NodeAction.NONE, f"quarantined (already drained): {why}")
-    if recent_auto_drains >= policy.max_auto_drains:
+    drained = sched is not None and sched.drained  # already out of the pool: no drain, no cap
+    if recent_auto_drains >= policy.max_auto_drains and not drained:
         new = replace(rec, state=NodeState.SUSPECT, since=now, reason=why, fault_key=outcome.fault_key)
         return Transition(
             new,
@@ -147,6 +136,8 @@ def _quarantine(
         recoverable=recoverable,
         needs_human=not recoverable,
     )
+    if drained:
+        return Transition(new, NodeAction.NONE, f"quarantined (already drained): {why}")
     return Transition(new, NodeAction.DRAIN, f"drain: {why}", drain_reason=_drain_text(policy, why))
 
 
