@@ -141,6 +141,19 @@ def _quarantine(
     return Transition(new, NodeAction.DRAIN, f"drain: {why}", drain_reason=_drain_text(policy, why))
 
 
+def _on_probation(rec: NodeRecord, now: float, reason: str) -> NodeRecord:
+    """The record of a quarantined node re-admitted on probation (its fault kept for escalation)."""
+    return replace(
+        rec,
+        state=NodeState.PROBATION,
+        since=now,
+        strikes=0,
+        reason=reason,
+        readmitted_at=now,
+        readmitted_fault=rec.fault_key,
+    )
+
+
 def transition(
     rec: NodeRecord,
     outcome: CheckOutcome,
@@ -261,15 +274,7 @@ def _readmit(
 ) -> Transition:
     """A quarantined node passed: on probation if resumed outside Stalwart or re-validated."""
     if sched is not None and not sched.drained:
-        new = replace(
-            rec,
-            state=NodeState.PROBATION,
-            since=now,
-            strikes=0,
-            reason="resumed outside Stalwart",
-            readmitted_at=now,
-            readmitted_fault=rec.fault_key,
-        )
+        new = _on_probation(rec, now, "resumed outside Stalwart")
         return Transition(new, NodeAction.NONE, "quarantined node was resumed outside Stalwart; on probation")
     if rec.needs_human:
         return Transition(
@@ -284,15 +289,7 @@ def _readmit(
             NodeAction.NONE,
             "passive checks pass, but re-admission needs the active suite (stalwart health check --active)",
         )
-    new = replace(
-        rec,
-        state=NodeState.PROBATION,
-        since=now,
-        strikes=0,
-        reason="re-validation passed",
-        readmitted_at=now,
-        readmitted_fault=rec.fault_key,
-    )
+    new = _on_probation(rec, now, "re-validation passed")
     return Transition(
         new, NodeAction.RESUME, f"resume: re-validation passed after '{rec.reason}'; on probation"
     )
