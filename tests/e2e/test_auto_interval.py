@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.checkpoint.advisor import recommend_from_ledger
-from stalwart.checkpoint.events import CheckpointIntervalAdvised
+from stalwart.events.checkpoint import CheckpointIntervalAdvised
 
 from .runner import EXAMPLE, events, stalwart
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from netutil import free_port
-from stalwart.checkpoint.events import PeerReplicated
 from stalwart.events import AttemptStarted, CheckpointCommitted, CheckpointLoaded, JobEnded
+from stalwart.events.checkpoint import PeerReplicated
 
 from .runner import EXAMPLE, events, events_so_far, same_params, stalwart, wait_listening
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from stalwart.checkpoint.engine import CheckpointEngine
-from stalwart.checkpoint.events import PeerReplicated
 from stalwart.checkpoint.node_tier import HELD, OWN, NodeLink
 from stalwart.checkpoint.peer_store import Peer, PeerClient, PeerStore
 from stalwart.checkpoint.tiers import TierConfig
 from stalwart.events import CheckpointLoaded, CheckpointRejected
+from stalwart.events.checkpoint import PeerReplicated
 
 pytestmark = pytest.mark.integration
 SECRET = b"k" * 32

@@ -18,8 +18,8 @@ from stalwart.checkpoint.advisor import (
     recommend_from_ledger,
 )
 from stalwart.checkpoint.auto_every import FIRST_SAVE_STEPS, AutoEvery
-from stalwart.checkpoint.events import CheckpointIntervalAdvised
 from stalwart.events import CheckpointCommitted, CheckpointStaged, FailureDetected, StepCompleted
+from stalwart.events.checkpoint import CheckpointIntervalAdvised
 
 
 def test_the_interval_is_daly_from_account_ettr_in_whole_steps():
@@ -110,7 +110,7 @@ def test_the_node_history_reaches_a_run_that_has_not_failed_yet(tmp_path):
     """The agent reads the node's quarantines from its health store (HealthStore.failure_mtbf) and the
     session's auto interval decides on that MTBF instead of the stated default."""
     from stalwart.checkpoint.auto_every import auto_every_for
-    from stalwart.health.events import NodeStateChanged
+    from stalwart.events.node_health import NodeStateChanged
     from stalwart.health.node_store import HealthStore
 
     def changed(ts: float, to: str, node: str = "n0") -> NodeStateChanged:

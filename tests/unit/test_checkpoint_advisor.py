@@ -3,9 +3,9 @@ import math
 import pytest
 
 from stalwart.checkpoint.advisor import AutoInterval, advise, advise_tier, daly_interval, young_interval
-from stalwart.checkpoint.events import CheckpointIntervalAdvised
 from stalwart.checkpoint.tiers import TierConfig, default_tiers, validate_tiers
 from stalwart.errors import ConfigError
+from stalwart.events.checkpoint import CheckpointIntervalAdvised
 
 
 def test_young_and_daly_match_hand_computed_values():

@@ -7,11 +7,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from stalwart.checkpoint.engine import CheckpointEngine
-from stalwart.checkpoint.events import CheckpointPersistFailed, EmergencyCheckpoint
 from stalwart.checkpoint.manifest import verify
 from stalwart.checkpoint.tiers import TierConfig
 from stalwart.errors import CheckpointError
 from stalwart.events import CheckpointCommitted, CheckpointLoaded, CheckpointRejected, CheckpointStaged
+from stalwart.events.checkpoint import CheckpointPersistFailed, EmergencyCheckpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -8,7 +8,7 @@ from stalwart.diagnose.incident import Component
 from stalwart.diagnose.pipeline import incidents_from_events, interruptions
 from stalwart.diagnose.signals import from_ps_states
 from stalwart.events import AttemptStarted, DecisionTaken, FailureDetected
-from stalwart.health.events import HealthChecked
+from stalwart.events.node_health import HealthChecked
 
 
 def timeout(ts, node, rank):

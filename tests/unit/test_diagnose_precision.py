@@ -6,7 +6,7 @@ import pytest
 
 from stalwart.diagnose.precision import detector_stats, firings, precision_gate, precision_table
 from stalwart.events import ChaosInjected, DecisionTaken, FailureDetected, StepCompleted, StragglerDetected
-from stalwart.health.events import HealthChecked
+from stalwart.events.node_health import HealthChecked
 
 
 def crash(ts, rank, node="n1"):

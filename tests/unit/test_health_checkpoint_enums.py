@@ -9,8 +9,8 @@ from stalwart.checkpoint.engine import CheckpointEngine, OnBusy
 from stalwart.checkpoint.node_tier import RestoreSource
 from stalwart.checkpoint.tiers import TierConfig, TierKind, validate_tiers
 from stalwart.errors import ConfigError
+from stalwart.events.node_health import NodeStateChanged
 from stalwart.health.backends import BackendKind, LocalBackend, SlurmBackend, make_backend
-from stalwart.health.events import NodeStateChanged
 from stalwart.health.findings import CheckStatus, Finding, Severity
 from stalwart.health.lifecycle import (
     CheckOutcome,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from stalwart.health.events import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
+from stalwart.events.node_health import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from stalwart.health.findings import Finding, Severity
 from stalwart.health.lifecycle import (
     CheckOutcome,
@@ -190,7 +190,7 @@ def test_controller_caps_drains_across_nodes(tmp_path):
     assert be.calls[-1] == ("drain", "c")
 
 
-def test_ledger_decodes_health_events_lazily(tmp_path):
+def test_ledger_decodes_health_events(tmp_path):
     from stalwart.events import decode, encode
 
     ev = NodeDrained(ts=1.0, node="n", backend="slurm", reason="stalwart: x")

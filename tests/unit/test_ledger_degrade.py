@@ -9,7 +9,7 @@ import pytest
 
 from stalwart.errors import LedgerError, LedgerFullError, LedgerNotReadyError
 from stalwart.events import StepCompleted
-from stalwart.health.events import NodeStateChanged
+from stalwart.events.node_health import NodeStateChanged
 from stalwart.health.node_store import HealthStore
 from stalwart.ledger import LedgerWriter, check_format, read_available, read_file
 from stalwart.ledger import store as store_mod

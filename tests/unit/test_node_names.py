@@ -5,8 +5,8 @@ import stat
 import pytest
 
 from stalwart.errors import ConfigError
+from stalwart.events.node_health import NodeStateChanged
 from stalwart.health.backends import SlurmBackend
-from stalwart.health.events import NodeStateChanged
 from stalwart.health.node_store import HealthStore, local_node_name
 from stalwart.node_name import validate_node_name
 

@@ -143,7 +143,7 @@ def test_alert_rules_and_grafana_only_use_series_the_exporter_exposes(tmp_path):
     import re
     from pathlib import Path
 
-    from stalwart.health.events import NodeDrained
+    from stalwart.events.node_health import NodeDrained
     from stalwart.serve.rules import rules_path
 
     write(

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape as esc
 
-from ..checkpoint.events import CheckpointIntervalAdvised
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
 from ..events import CheckpointRejected, IncidentRaised, StepCompleted
+from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
 from .hosts import host_views

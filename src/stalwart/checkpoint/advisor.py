@@ -26,8 +26,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..events import Event
+from ..events.checkpoint import CheckpointIntervalAdvised
 from ..policy.checkpoint_interval import daly_interval, young_interval
-from .events import CheckpointIntervalAdvised
 
 __all__ = [
     "DEFAULT_MTBF_S",

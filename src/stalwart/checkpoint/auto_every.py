@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Event
+from ..events.checkpoint import CheckpointIntervalAdvised
 from .advisor import AutoInputs, IntervalChoice, decide_interval, mtbf_of_run
-from .events import CheckpointIntervalAdvised
 
 __all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "auto_every_for", "run_failures"]
 

@@ -30,10 +30,10 @@ from typing_extensions import assert_never
 
 from ..errors import CheckpointError
 from ..events import CheckpointStaged
+from ..events.checkpoint import EmergencyCheckpoint
 from ..policy.label import Label
 from .background import Background
 from .collective import Collective
-from .events import EmergencyCheckpoint
 from .node_tier import NodeLink
 from .outcomes import (
     EmergencyResult,

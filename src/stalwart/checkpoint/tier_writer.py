@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..events import CheckpointCommitted
-from .events import CheckpointPersistFailed, PeerReplicated
+from ..events.checkpoint import CheckpointPersistFailed, PeerReplicated
 from .manifest import read_manifest
 from .node_tier import send_files, send_manifest
 from .outcomes import EngineParts, PersistResult, TierCommit

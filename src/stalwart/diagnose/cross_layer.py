@@ -10,16 +10,13 @@ the incident says so (communication error, cause not found) with a low confidenc
 from __future__ import annotations
 
 import fnmatch
-import functools
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError
 from .incident import BlastRadius, Component, FaultClass, Incident
+from .rule_file import load_rule_file
 from .signals import Signal
 
 COMM_CODES = ("comm.timeout", "comm.error", "process.hang")  # the symptoms a rule explains
@@ -63,36 +60,9 @@ class CrossRules(BaseModel):
     rules: tuple[CrossRule, ...] = Field(min_length=1)
 
 
-def _parse(data: object, origin: str) -> CrossRules:
-    try:
-        return CrossRules.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(
-            f"{origin}: {where}: {first['msg']}", "see src/stalwart/diagnose/rules.yaml for the format"
-        ) from None
-
-
-@functools.lru_cache(maxsize=1)
-def _shipped() -> CrossRules:
-    text = resources.files("stalwart.diagnose").joinpath("rules.yaml").read_text()
-    return _parse(yaml.safe_load(text), "diagnose/rules.yaml (shipped)")
-
-
 def load_cross_rules(path: str | Path | None = None) -> CrossRules:
     """The shipped rules, or a site's own YAML file in the same format."""
-    if path is None:
-        return _shipped()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read diagnosis rules {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    return _parse(data, str(path))
+    return load_rule_file(CrossRules, "rules.yaml", "diagnosis rules", path)
 
 
 class _Fmt(dict):

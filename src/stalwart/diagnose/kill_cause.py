@@ -11,19 +11,16 @@ returns a :class:`KillVerdict`. Pure; the evidence is gathered by :mod:`.kill_wi
 from __future__ import annotations
 
 import fnmatch
-import functools
 import re
 import signal as _signal
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError
 from .incident import Component, FaultClass
+from .rule_file import load_rule_file
 
 __all__ = [
     "KillEvidence",
@@ -122,34 +119,9 @@ class KillVerdict:
     evidence: tuple[str, ...]
 
 
-def _parse(data: object, origin: str) -> KillRules:
-    try:
-        return KillRules.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(
-            f"{origin}: {where}: {first['msg']}", "see src/stalwart/diagnose/kill_rules.yaml for the format"
-        ) from None
-
-
-@functools.lru_cache(maxsize=1)
-def _shipped() -> KillRules:
-    text = resources.files("stalwart.diagnose").joinpath("kill_rules.yaml").read_text()
-    return _parse(yaml.safe_load(text), "diagnose/kill_rules.yaml (shipped)")
-
-
 def load_kill_rules(path: str | Path | None = None) -> KillRules:
     """The shipped rules, or a site's own YAML file in the same format."""
-    if path is None:
-        return _shipped()
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read kill rules {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    return _parse(data, str(path))
+    return load_rule_file(KillRules, "kill_rules.yaml", "kill rules", path)
 
 
 class _Fmt(dict[str, str]):
@@ -159,7 +131,7 @@ class _Fmt(dict[str, str]):
 
 def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdict | None:
     """The first rule that holds for ``ev``, filled in; None when no rule does."""
-    table = rules or _shipped()
+    table = rules or load_kill_rules()
     rule = next((r for r in table.rules if r.holds(ev)), None)
     if rule is None:
         return None

@@ -116,19 +116,8 @@ def _quarantine(
     recoverable = outcome.recoverable and not recurred
     if recurred:
         why += f" (recurred {now - rec.readmitted_at:.0f} s after re-admission: escalated to irrecoverable)"
-    if sched is not None and sched.drained:
-        new = replace(
-            rec,
-            state=NodeState.QUARANTINED,
-            since=now,
-            reason=why,
-            strikes=0,
-            fault_key=outcome.fault_key,
-            recoverable=recoverable,
-            needs_human=not recoverable,
-        )
-        return Transition(new, NodeAction.NONE, f"quarantined (already drained): {why}")
-    if recent_auto_drains >= policy.max_auto_drains:
+    drained = sched is not None and sched.drained  # already out of the pool: no drain, no cap
+    if recent_auto_drains >= policy.max_auto_drains and not drained:
         new = replace(rec, state=NodeState.SUSPECT, since=now, reason=why, fault_key=outcome.fault_key)
         return Transition(
             new,
@@ -147,7 +136,22 @@ def _quarantine(
         recoverable=recoverable,
         needs_human=not recoverable,
     )
+    if drained:
+        return Transition(new, NodeAction.NONE, f"quarantined (already drained): {why}")
     return Transition(new, NodeAction.DRAIN, f"drain: {why}", drain_reason=_drain_text(policy, why))
+
+
+def _on_probation(rec: NodeRecord, now: float, reason: str) -> NodeRecord:
+    """The record of a quarantined node re-admitted on probation (its fault kept for escalation)."""
+    return replace(
+        rec,
+        state=NodeState.PROBATION,
+        since=now,
+        strikes=0,
+        reason=reason,
+        readmitted_at=now,
+        readmitted_fault=rec.fault_key,
+    )
 
 
 def transition(
@@ -270,15 +274,7 @@ def _readmit(
 ) -> Transition:
     """A quarantined node passed: on probation if resumed outside Stalwart or re-validated."""
     if sched is not None and not sched.drained:
-        new = replace(
-            rec,
-            state=NodeState.PROBATION,
-            since=now,
-            strikes=0,
-            reason="resumed outside Stalwart",
-            readmitted_at=now,
-            readmitted_fault=rec.fault_key,
-        )
+        new = _on_probation(rec, now, "resumed outside Stalwart")
         return Transition(new, NodeAction.NONE, "quarantined node was resumed outside Stalwart; on probation")
     if rec.needs_human:
         return Transition(
@@ -293,15 +289,7 @@ def _readmit(
             NodeAction.NONE,
             "passive checks pass, but re-admission needs the active suite (stalwart health check --active)",
         )
-    new = replace(
-        rec,
-        state=NodeState.PROBATION,
-        since=now,
-        strikes=0,
-        reason="re-validation passed",
-        readmitted_at=now,
-        readmitted_fault=rec.fault_key,
-    )
+    new = _on_probation(rec, now, "re-validation passed")
     return Transition(
         new, NodeAction.RESUME, f"resume: re-validation passed after '{rec.reason}'; on probation"
     )

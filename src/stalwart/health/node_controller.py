@@ -8,8 +8,8 @@ from pathlib import Path
 from typing_extensions import assert_never
 
 from ..events import Event
+from ..events.node_health import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from .backends import NodeBackend
-from .events import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from .findings import CheckStatus
 from .lifecycle import CheckOutcome, LifecyclePolicy, NodeAction, NodeRecord, Transition, transition
 from .node_store import HealthStore

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ..errors import LedgerError, LedgerNotReadyError
 from ..events import Event
+from ..events.node_health import NodeDrained, NodeStateChanged
 from ..ledger import SUFFIX, LedgerWriter, check_format, read_available, set_aside
 from ..node_name import validate_node_name
-from .events import NodeDrained, NodeStateChanged
 from .lifecycle import NodeRecord, NodeState
 
 DEFAULT_STATE_DIR = Path("stalwart-runs/health")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import assert_never
 
@@ -226,21 +226,7 @@ class Agent:
         warm: WarmPool | None,
         closing: Callable[[End], None],
     ) -> JobRunner:
-        chaos = AgentChaos(self.plan, self.run, self.ledger, self.clock, memory)
-        workers = NodeWorkers(
-            self.cfg,
-            run=self.run,
-            clock=self.clock,
-            ledger=self.ledger,
-            console=self.console,
-            faults=self.plan,
-            chaos=chaos,
-            rendezvous=rendezvous,
-            signal=self._signal,
-            memory=memory,
-            diagnosis=diagnosis,
-            warm=warm,
-        )
+        workers = self._node_workers(rendezvous=rendezvous, memory=memory, diagnosis=diagnosis, warm=warm)
 
         def on_attempt(attempt: int) -> None:
             self.ledger.attempt = attempt
@@ -364,19 +350,35 @@ class Agent:
             attempt=lambda: self.attempt,
         ).start()
 
-    def _worker_specs(
-        self, group_rank: int, num_nodes: int, addr: str, port: int, receiver, ctl: Path, route=None
-    ) -> list[WorkerSpec]:
-        """The workers' specs of this node for the current attempt (their environment: torchrun's)."""
-        workers = NodeWorkers(
+    def _node_workers(
+        self,
+        rendezvous: NodeRendezvous | None = None,
+        memory: Any = None,
+        diagnosis: Any = None,
+        warm: WarmPool | None = None,
+    ) -> NodeWorkers:
+        """The node's worker launcher, built only here: with the live parts for the job runner, bare
+        (no rendezvous, memory, diagnosis or warm pool) for the specs of one attempt."""
+        return NodeWorkers(
             self.cfg,
             run=self.run,
             clock=self.clock,
             ledger=self.ledger,
             console=self.console,
             faults=self.plan,
-            chaos=AgentChaos(self.plan, self.run, self.ledger, self.clock),
+            chaos=AgentChaos(self.plan, self.run, self.ledger, self.clock, memory),
+            rendezvous=rendezvous,
+            signal=self._signal,
+            memory=memory,
+            diagnosis=diagnosis,
+            warm=warm,
         )
+
+    def _worker_specs(
+        self, group_rank: int, num_nodes: int, addr: str, port: int, receiver, ctl: Path, route=None
+    ) -> list[WorkerSpec]:
+        """The workers' specs of this node for the current attempt (their environment: torchrun's)."""
+        workers = self._node_workers()
         workers.attempt = self.attempt
         return workers.worker_specs(group_rank, num_nodes, addr, port, receiver, ctl, route)
 

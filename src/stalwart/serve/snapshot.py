@@ -151,7 +151,7 @@ def _ranks(steps: Sequence[StepCompleted]) -> tuple[RankState, ...]:
 
 
 def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
-    from ..health.events import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
+    from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 
     info: dict[str, dict] = {}
     for e in events:

@@ -44,7 +44,7 @@ class SyntheticRun:
 
 def events(spec: SyntheticRun) -> Iterator[Event]:
     """The events of ``spec`` in time order."""
-    from ..health.events import HealthChecked
+    from ..events.node_health import HealthChecked
 
     rid, node = spec.run_id, spec.node
     t = spec.t0

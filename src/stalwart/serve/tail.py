@@ -15,12 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LedgerError
-from ..events import Event, decode, registered_kinds
+from ..events import Event, decode
 from ..ledger import SUFFIX, check_format
-
-# Register every event kind now, in the importing thread: events.decode() loads its extension modules
-# lazily and a second watcher thread decoding at the same moment would see a half-filled registry.
-registered_kinds()
 
 
 @dataclass(frozen=True)

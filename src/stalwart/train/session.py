@@ -39,8 +39,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..checkpoint.auto_every import auto_every_for
-from ..checkpoint.events import CheckpointPersistFailed
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
+from ..events.checkpoint import CheckpointPersistFailed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..protocol import (
     CHECKPOINT_SECTION,

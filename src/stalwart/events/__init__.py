@@ -3,26 +3,21 @@
 Every event has a wall-clock timestamp ``ts`` (seconds since the epoch) and optional context
 (run, node, attempt, rank). Events are serialised as ``kind`` + JSON payload by the ledger.
 
-Packages that own further events (health, checkpoint engine, ...) define them with the same
-``@event`` decorator in their own ``events`` module; the ledger decodes every registered kind and
-returns :class:`RawEvent` for kinds it does not know, so an old reader never fails on a new file.
+The whole vocabulary lives in this package, on the layer below everything that writes or reads
+events: the core kinds here, the health and checkpoint kinds in :mod:`.node_health` and
+:mod:`.checkpoint`, imported at the end of this module, so every kind is registered before the
+first ``decode``. The ledger decodes every registered kind and returns :class:`RawEvent` for kinds
+it does not know, so an old reader never fails on a new file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 _REGISTRY: dict[str, type[Event]] = {}
-
-# Modules that register more event kinds; imported lazily by ``decode`` so the core stays light.
-_EXTENSION_MODULES = ("stalwart.health.events", "stalwart.checkpoint.events")
-_extensions_loaded = False
-_extensions_lock = threading.RLock()  # RLock: an extension module may decode while it is imported
 
 
 def event(cls: type[Event]) -> type[Event]:
@@ -293,23 +288,6 @@ class IncidentRaised(Event):
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _load_extensions() -> None:
-    """Import the packages that define further event kinds, once. A thread that decodes while
-    another is importing waits for it (a flag set before the imports let it see half a registry)."""
-    global _extensions_loaded
-    if _extensions_loaded:
-        return
-    with _extensions_lock:
-        if _extensions_loaded:
-            return
-        for name in _EXTENSION_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass
-        _extensions_loaded = True
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
@@ -331,9 +309,6 @@ def decode(kind: str, payload: str | dict[str, Any]) -> Event:
     """Rebuild an event; unknown kinds and fields come back as :class:`RawEvent`."""
     data = json.loads(payload) if isinstance(payload, str) else dict(payload)
     cls = _REGISTRY.get(kind)
-    if cls is None:
-        _load_extensions()
-        cls = _REGISTRY.get(kind)
     if cls is not None:
         names = {f.name: f for f in dataclasses.fields(cls)}
         if set(data) <= set(names):
@@ -352,5 +327,8 @@ def decode(kind: str, payload: str | dict[str, Any]) -> Event:
 
 
 def registered_kinds() -> dict[str, type[Event]]:
-    _load_extensions()
     return dict(_REGISTRY)
+
+
+# The kinds of the health and checkpoint packages; imported last, as they build on ``event`` above.
+from . import checkpoint, node_health  # noqa: E402, F401

@@ -1,11 +1,14 @@
-"""Ledger events of the health package: the audit trail of checks, state changes, drains and alerts."""
+"""Event kinds of the health package (beyond the core ones in :mod:`stalwart.events`).
+
+The audit trail of checks, state changes, drains and alerts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, event
+from . import Event, event
 
 
 @event

@@ -1,13 +1,13 @@
 """Event kinds owned by the checkpoint engine (beyond the core ones in :mod:`stalwart.events`).
 
-The ledger decoder imports this module lazily, so these kinds decode like the core ones.
+Imported by the package at its end, so these kinds decode like the core ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..events import Event, event
+from . import Event, event
 
 
 @event
