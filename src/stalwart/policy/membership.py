@@ -71,7 +71,10 @@ KEEP = Membership(Change.KEEP)
 
 
 def lost_nodes(
-    active: tuple[str, ...], silent: Mapping[str, float], bound_s: float, waiting: frozenset[str] = frozenset()
+    active: tuple[str, ...],
+    silent: Mapping[str, float],
+    bound_s: float,
+    waiting: frozenset[str] = frozenset(),
 ) -> tuple[str, ...]:
     """The active nodes whose heartbeat has been silent for ``bound_s`` and whose ranks do not wait
     (a node whose ranks wait is alive: its agent wrote that)."""
