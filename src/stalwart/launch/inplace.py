@@ -1,21 +1,22 @@
 """In-place recovery, agent side: the first rung for a local failure, and the supervisor's one entry.
 
-It gathers what the pure policies read (policy/inplace.py, policy/membership.py), steps the machine
-with the trigger their decision names, and then acts: on the worker group, the control block, the
-board the nodes share, and the ledger. It holds no flag of its own: every "is a grow under way?" or
-"did this node refuse?" is the machine's phase.
+The supervisor calls :meth:`InPlaceRecovery.tick` once a tick and asks
+:meth:`InPlaceRecovery.consider` before it tears a failed group down. The pure ladder policy
+(policy/inplace.py ``decide``) answers; on ``InPlace`` this module steps the in-place machine
+(launch/inplace_machine.py, ``replacing``) and acts:
 
-* A local failure (:meth:`InPlaceRecovery.consider`): the failed ranks are SIGKILLed (a hung or
-  stopped rank too: its closed connections wake the survivors that wait on it) and started again,
-  warm from the fork server when offered, as generation ``g``; every worker is asked through the
-  control block to re-form into ``g``; :meth:`~InPlaceRecovery.follow` watches every rank report
-  :class:`~stalwart.protocol.Reformed`, or falls down the ladder (a rank exits, the bound passes).
-* Across nodes (:meth:`InPlaceRecovery.watch`): join the generation another node announced, or tell
-  the local ranks none is coming; on the group's first node, shrink a lost node away when the round
-  has no hot spare, and grow the group back when nodes offer a free place (first an invitation while
-  the group trains on, then the announcement once every newcomer's ranks are ready).
+1. SIGKILLs the failed ranks (a hung or stopped rank too: its closed connections are what wakes the
+   survivors that wait on it in a collective) and starts each again, warm from the fork server when
+   it is offered, as generation ``g`` of the same rank;
+2. asks every worker through the control block to re-form into generation ``g`` (and, with several
+   nodes, announces ``g`` on the board);
+3. follows the re-formation (:meth:`~InPlaceRecovery.follow`): every rank reports
+   :class:`~stalwart.protocol.Reformed`; a rank that exits, or a re-formation not complete within
+   its bound, falls down the ladder (the whole group restarts, and the ledger says why).
 
-Completed recoveries are recorded as :class:`~stalwart.events.ReformedInPlace` (launch/inplace_records.py).
+It holds no flag of its own: "is a re-formation under way?" is the machine's phase. The moves that
+other nodes take part in (join, refuse, shrink, grow, take-over) are launch/inplace_nodes.py, which
+this class builds on; the records of a completed recovery are launch/inplace_records.py.
 """
 
 from __future__ import annotations
