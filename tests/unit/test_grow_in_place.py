@@ -1,7 +1,7 @@
 """A group that shrank in place grows back in place when a node returns: the pure policies (the first
 node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board over a real
-TCPStore (polled by a manual ticker), the arriving agent's offer (launch/rejoin.py), the first node's invitation and
-announcement (launch/inplace_resize.py), the runner's take-over path before the first rendezvous,
+TCPStore (polled by a manual ticker), the arriving agent's offer (launch/rejoin.py), the first node's
+invitation and announcement (launch/inplace_nodes.py), the runner's take-over path before the first rendezvous,
 where the running round's worker store is read from (launch/arrival.py) and the console's line.
 Manual clocks and tickers throughout: nothing sleeps."""
 
@@ -457,7 +457,15 @@ def test_a_node_invited_as_it_withdrew_still_takes_its_place():
 _GrowBoard = RecordingBoard
 
 
-def _group_node(tmp_path, clock: ManualClock, ledger: RecordingLedger, *, node: str = "n0", ranks=(0, 1)):
+def _group_node(
+    tmp_path,
+    clock: ManualClock,
+    ledger: RecordingLedger,
+    *,
+    node: str = "n0",
+    ranks=(0, 1),
+    active=("n0", "n1"),
+):
     """A node of a group shrunk in place to n0, n1 (two ranks each), which may grow back to three."""
     from stalwart.protocol import control
 
@@ -479,13 +487,13 @@ def _group_node(tmp_path, clock: ManualClock, ledger: RecordingLedger, *, node: 
         receiver=None,
         block=block,
         tracker=ProgressTracker(ranks=list(ranks), started=clock.now()),
-        num_nodes=2,
+        num_nodes=len(active),
         attempt=0,
         clock=clock,
         board=board,
         node=node,
-        world_size=4,
-        active=("n0", "n1"),
+        world_size=len(active) * len(ranks),
+        active=active,
         xids=lambda: (),
     )
     return rec, board, block
@@ -513,7 +521,7 @@ def test_the_first_node_invites_an_offered_node_and_re_forms_only_once_its_ranks
     assert _actions(ledger) == ["grow_in_place"]
     assert "node n2 offered to return" in ledger.of(DecisionTaken)[0].reason
     assert (block.reform(), block.place()) == (0, None)  # the group trains on
-    assert (rec.generation, rec.world_size, rec.active, rec.taking_over) == (0, 4, ("n0", "n1"), None)
+    assert (rec.generation, rec.world_size, rec.active, rec.state.since) == (0, 4, ("n0", "n1"), None)
     clock.advance(10.0)
     board.readied = {"n2": 0}  # ready for another generation: not this invitation
     rec.watch(_snap(clock))
@@ -524,7 +532,7 @@ def test_the_first_node_invites_an_offered_node_and_re_forms_only_once_its_ranks
     assert board.sent == [("invite", GROWN), ("watch", ("n2",)), ("group", GROWN), GROWN]
     assert (block.reform(), block.place()) == (1, (0, 6))
     assert (rec.generation, rec.world_size, rec.num_nodes, rec.active) == (1, 6, 3, ("n0", "n1", "n2"))
-    assert rec.inviting is None and rec.taking_over == clock.now()
+    assert rec.state.invitation is None and rec.state.since == clock.now()
     assert _actions(ledger) == ["grow_in_place"]  # the announcement is no second decision
 
     for r in (0, 1):
@@ -548,7 +556,7 @@ def test_the_first_node_invites_an_offered_node_and_re_forms_only_once_its_ranks
     )
     assert (done.step, done.bytes_moved, done.lost_steps) == (17, 1024, 0)
     assert done.phases == {"join": pytest.approx(0.5), "rendezvous": 0.2, "transfer": 0.1}
-    assert rec.completed == 0 and rec.resized is None  # a grow recovers no failure
+    assert rec.completed == 0 and rec.state.resized is None  # a grow recovers no failure
     rec.watch(_snap(clock))  # the offer still stands, but n2 is in the group now: no second grow
     assert _actions(ledger) == ["grow_in_place"] and len(ledger.of(ReformedInPlace)) == 1
 
@@ -560,14 +568,14 @@ def test_an_invitation_whose_newcomer_is_not_ready_in_time_is_given_up(tmp_path)
     rec.watch(_snap(clock))
     clock.advance(29.9)
     rec.watch(_snap(clock))
-    assert _actions(ledger) == ["grow_in_place"] and rec.inviting is not None
+    assert _actions(ledger) == ["grow_in_place"] and rec.state.invitation is not None
     clock.advance(0.1)
     rec.watch(_snap(clock))
     assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"]
     assert ledger.of(DecisionTaken)[-1].reason == (
         "the ranks of node n2 were not ready to join generation 1 within 30s: the group goes on at 4 processes"
     )
-    assert rec.inviting is None and board.sent == [("invite", GROWN)]
+    assert rec.state.invitation is None and board.sent == [("invite", GROWN)]
     assert (block.reform(), rec.generation, rec.world_size) == (0, 0, 4)
 
 
@@ -582,16 +590,16 @@ def test_a_given_up_offer_is_not_invited_again_until_the_node_offers_anew_past_a
     board.readied = {"n2": 1}  # the given-up newcomer's ranks said so too late: stale from here on
     clock.advance(1.0)
     rec.watch(_snap(clock))  # its offer still stands in the store, but it is the same offer
-    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"] and rec.inviting is None
+    assert _actions(ledger) == ["grow_in_place", "grow_in_place_failed"] and rec.state.invitation is None
     board.seqs = {"n2": 2}  # n2's agent started again and offered anew
     rec.watch(_snap(clock))
-    assert _actions(ledger)[-1] == "grow_in_place" and rec.inviting is not None
-    assert rec.inviting.a.generation == 2  # past the given-up invitation of generation 1
+    assert _actions(ledger)[-1] == "grow_in_place" and rec.state.invitation is not None
+    assert rec.state.invitation.a.generation == 2  # past the given-up invitation of generation 1
     rec.watch(_snap(clock))
     assert block.reform() == 0, "a readiness for the given-up generation started the re-formation"
     board.readied = {"n2": 2}
     rec.watch(_snap(clock))
-    assert block.reform() == 2 and rec.inviting is None
+    assert block.reform() == 2 and rec.state.invitation is None
 
 
 def test_a_local_rank_losing_a_peer_during_an_invitation_cancels_it(tmp_path):
@@ -606,7 +614,7 @@ def test_a_local_rank_losing_a_peer_during_an_invitation_cancels_it(tmp_path):
     assert (
         ledger.of(DecisionTaken)[-1].reason == "a failure during the grow: the group goes on at 4 processes"
     )
-    assert rec.inviting is None and GROWN not in board.sent and ("group", GROWN) not in board.sent
+    assert rec.state.invitation is None and GROWN not in board.sent and ("group", GROWN) not in board.sent
     assert board.sent[-1] == ("waiting", 1) and block.reform() == 0  # the usual wait for an announcement
 
 
@@ -790,9 +798,8 @@ def test_the_console_and_the_ledger_carry_a_grow():
 
 def test_a_newcomer_tells_the_first_node_once_all_of_its_ranks_are_about_to_join(tmp_path):
     clock, ledger = ManualClock(), RecordingLedger()
-    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5))
-    rec.active, rec.world_size, rec.num_nodes = GROWN.active, 6, 3
-    rec.generation, rec.taking_over = 1, clock.now()  # its ranks started in the invited generation
+    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5), active=GROWN.active)
+    rec.start_joining(1, clock.now(), newcomer=True)  # its ranks started in the invited generation
     rec.tracker.observe(Reforming(4, 1, 0.0, clock.now()), clock.now())
     rec.watch(_snap(clock))
     assert ("ready", 1) not in board.sent  # one of its two ranks is not there yet
@@ -850,7 +857,7 @@ def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_gene
     rec, board, block = _group_node(tmp_path, clock, ledger)
     board.offered = ("n2",)
     rec.watch(_snap(clock))
-    assert rec.inviting is not None and rec.inviting.a.generation == 1
+    assert rec.state.invitation is not None and rec.state.invitation.a.generation == 1
     rec.tracker.observe(Reforming(0, 1, 0.01, clock.now()), clock.now())  # n1 went silent: a peer lost
     board.quiet = {"n1": 3.0}  # past half of the 5 s bound
     rec.watch(_snap(clock))
@@ -858,7 +865,7 @@ def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_gene
     assert "a node was lost during the grow" in ledger.of(DecisionTaken)[1].reason
     [shrunk] = [a for a in board.sent if isinstance(a, Announcement)]
     assert (shrunk.generation, shrunk.world_size, shrunk.active) == (2, 2, ("n0",)), shrunk
-    assert rec.inviting is None and block.reform() == 2
+    assert rec.state.invitation is None and block.reform() == 2
 
 
 def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_client(monkeypatch):
@@ -909,9 +916,8 @@ class _Marks:
 
 def test_a_newcomer_records_its_join_but_counts_no_failure_recovered(tmp_path):
     clock, ledger = ManualClock(), RecordingLedger()
-    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5))
-    rec.active, rec.world_size, rec.num_nodes = GROWN.active, 6, 3
-    rec.generation, rec.taking_over, rec.newcomer = 1, clock.now(), True
+    rec, board, _ = _group_node(tmp_path, clock, ledger, node="n2", ranks=(4, 5), active=GROWN.active)
+    rec.start_joining(1, clock.now(), newcomer=True)
     for r in (4, 5):
         rec.tracker.observe(
             Reformed(r, 1, 40, 1000, {"rendezvous": 0.1, "transfer": 0.02}, clock.now()), clock.now()

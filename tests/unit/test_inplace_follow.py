@@ -12,6 +12,7 @@ from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
 from stalwart.launch.fakes import RecordingBoard, RecordingLedger
 from stalwart.launch.inplace import InPlaceRecovery, Pending, proc_state
+from stalwart.launch.inplace_machine import Replaced
 from stalwart.launch.progress import ProgressTracker
 from stalwart.policy.inplace import InPlace
 from stalwart.policy.job import AttemptStatus
@@ -33,13 +34,12 @@ def _recovery(clock: ManualClock, ledger: RecordingLedger) -> InPlaceRecovery:
         num_nodes=1,
         attempt=0,
         clock=clock,
-        generation=1,
     )
     failure = Failure("crash", 0, 17, 2, "killed by SIGKILL")
     outcome = AttemptOutcome(AttemptStatus.FAILED, failure=failure, detected_at=clock.now())
     d = Decision(DecisionKind.CRASH, "rank 2 killed", outcome=outcome, rank=2, onset=clock.now() - 0.2)
     plan = InPlace(frozenset({2}), 1, "rank 2 replaced in place")
-    rec.pending = Pending(d, plan, clock.now(), clock.now() + 90.0, 17, 0.1)
+    rec.apply(Replaced(Pending(d, plan, clock.now(), clock.now() + 90.0, 17, 0.1)))
     return rec
 
 
@@ -110,6 +110,7 @@ def _node(
     active: tuple[str, ...] = ("n0", "n1"),
     min_nodes: int = 2,
     valid_sizes: str = "",
+    spares: bool = False,
 ):
     """A node of a two-node group that replaced none of its ranks (ranks 2, 3 here)."""
     from stalwart.policy.world_size import SizeRule
@@ -140,6 +141,7 @@ def _node(
         node=node,
         world_size=len(active) * len(ranks),
         active=active,
+        spares=spares,
     )
     return rec, board, block
 
@@ -284,8 +286,7 @@ def test_with_a_spare_a_lost_node_is_waited_for_and_the_board_told_the_ranks_wai
     from stalwart.protocol import Reforming
 
     clock, ledger = ManualClock(), RecordingLedger()
-    rec, board, block = _node(tmp_path, clock, ledger)
-    rec.spares = True
+    rec, board, block = _node(tmp_path, clock, ledger, spares=True)
     rec.tracker.observe(Reforming(2, 1, 0.01, clock.now()), clock.now())
     board.quiet = {"n0": 2.6}
     rec.watch(_snap_at(clock))

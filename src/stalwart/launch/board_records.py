@@ -130,7 +130,7 @@ class GroupRecord:
 @dataclass(frozen=True)
 class InvitationRecord:
     """The places the first node gives newcomers: their ranks start in ``generation`` of the grown
-    group (:func:`~stalwart.launch.inplace_resize.grow_group`)."""
+    group (:class:`~stalwart.launch.inplace_nodes.NodeRecovery`)."""
 
     generation: int  # the generation the newcomers' ranks start in
     node: str  # the first node, which invites

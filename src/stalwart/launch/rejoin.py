@@ -1,6 +1,6 @@
 """A node that arrives while the job runs, taken back into a group that shrank in place.
 
-When a lost node's survivors shrank the group in place (launch/inplace_resize.py), the job trains at
+When a lost node's survivors shrank the group in place (launch/inplace_nodes.py), the job trains at
 a smaller world size. A node that starts later (the lost host back after a repair, or a new one)
 would, on joining the rendezvous, make every agent restart the whole group to admit it. Before it
 joins, the agent looks for a running round instead:

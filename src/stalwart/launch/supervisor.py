@@ -137,6 +137,8 @@ class Supervisor:
             board=board,
             node=node,
             world_size=world.world_size if world is not None else 0,
+            active=world.active if world is not None else (),
+            spares=bool(world is not None and world.spares),
         )
         self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
@@ -279,11 +281,9 @@ class Supervisor:
     def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
-            self.in_place.watch(snap)
-            if self.in_place.pending is not None:
-                failed = self.in_place.follow(snap)
-                if failed is not None:
-                    return self.in_place.fall_back(failed)
+            fell_back = self.in_place.tick(snap)
+            if fell_back is not None:
+                return fell_back
             self._calibration(snap)
             decisions = decide(snap, self.monitors)
             for d in decisions:
@@ -338,7 +338,7 @@ class Supervisor:
             case DecisionKind.CRASH:
                 return self._crash(d, snap)
             case DecisionKind.HANG:
-                if self.in_place.pending is not None:
+                if self.in_place.reforming:
                     return None  # the ranks re-form: the re-formation's own bound applies
                 return self._hang_or_raised(d, snap)
             case DecisionKind.FINISHED:

@@ -371,11 +371,8 @@ class NodeWorkers:
             if self.cfg.hang.slow_link_kbit and self._across_hosts()
             else None,
         )
-        sup.in_place.spares = bool(self.world is not None and self.world.spares)
-        sup.in_place.active = self.world.active if self.world is not None else ()
-        if self.joining:  # a spare's ranks start in the generation they join
-            sup.in_place.generation, sup.in_place.taking_over = self.joining, self.clock.now()
-            sup.in_place.newcomer = self.newcomer
+        if self.joining:  # a spare's (or a newcomer's) ranks start in the generation they join
+            sup.in_place.start_joining(self.joining, self.clock.now(), newcomer=self.newcomer)
         return sup.run()
 
     def _across_hosts(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .label import Label
+from .membership import Change, MembershipView, Role, lost_nodes, next_group
 from .restart_policy import FailureKind
 from .world_size import SizeRule
 
@@ -236,20 +237,21 @@ def take_over(case: TakeOverCase) -> TakeOverDecision:
     the bound *and* the ranks of another node wait for a re-formation nobody announced (a slow agent
     whose ranks still train is never replaced). Lost nodes go to spares in order, one each, so every
     spare reaches the same pairing from the same view; the claim in the store settles the rest."""
-    if not case.enabled or not case.waiting:
-        return Wait()
-    lost = sorted(n for n in case.active if case.silent.get(n, 0.0) >= case.bound_s and n not in case.waiting)
-    pairs = dict(zip(sorted(case.spares), lost, strict=False))
-    mine = pairs.get(case.spare)
-    if mine is None:
-        return Wait()
-    waiting = ", ".join(sorted(case.waiting))
-    return TakeOver(
-        mine,
-        case.active.index(mine),
-        f"node {mine} is lost (no heartbeat for {case.silent[mine]:.1f}s, the ranks of {waiting} wait): "
-        f"hot spare {case.spare} takes its place in place, the other nodes' ranks keep their processes",
+    view = MembershipView(
+        Role.SPARE,
+        case.spare,
+        case.active,
+        enabled=case.enabled,
+        lost=lost_nodes(case.active, case.silent, case.bound_s, case.waiting),
+        silent=case.silent,
+        spares=case.spares,
+        waiting=case.waiting,
     )
+    got = next_group(view)
+    if got.change is not Change.TAKE_OVER:
+        return Wait()
+    lost = got.lost[0]
+    return TakeOver(lost, case.active.index(lost), got.reason)
 
 
 @dataclass(frozen=True)
@@ -285,36 +287,27 @@ def shrink(case: ShrinkCase) -> ShrinkDecision:
     surviving node, so that exactly one announces; or the reason the group restarts whole. Every
     survivor stays: when their count is no valid size, the whole-group restart re-plans (and may
     keep some as spares)."""
-    lost = [n for n in case.active if n in case.lost]
-    survivors = tuple(n for n in case.active if n not in case.lost)
-    if not lost or case.spares or not survivors or survivors[0] != case.node:
-        return Wait()  # nothing lost, a spare takes the place, or another node decides
-    gone = ", ".join(lost)
-    if not case.enabled or case.stopping:
-        why = "a stop was requested" if case.stopping else "in-place recovery is off (--no-in-place)"
-        return Refuse(f"node {gone} is lost, but {why}: the group restarts")
-    old = len(case.active) * case.nproc_per_node
-    world = len(survivors) * case.nproc_per_node
-    if len(survivors) < case.min_nodes:
-        return Refuse(
-            f"node {gone} is lost and the round has no hot spare; {len(survivors)} surviving node(s) are "
-            f"fewer than the minimum of {case.min_nodes}: the group restarts"
-        )
-    if not case.rule.valid(world):
-        return Refuse(
-            f"node {gone} is lost and the round has no hot spare; {len(survivors)} surviving node(s) x "
-            f"{case.nproc_per_node} = {world} processes is not {case.rule.describe()}: the group restarts "
-            "at the next valid size"
-        )
-    gen = case.generation + 1
-    return ShrinkInPlace(
-        survivors,
-        world,
-        gen,
-        f"node {gone} is lost (no heartbeat) and the round has no hot spare: the {len(survivors)} "
-        f"surviving node(s) re-form in place, shrinking the world from {old} to {world} processes; "
-        f"their ranks keep their processes (generation {gen})",
+    view = MembershipView(
+        Role.MEMBER,
+        case.node,
+        case.active,
+        enabled=case.enabled,
+        stopping=case.stopping,
+        generation=case.generation,
+        nproc_per_node=case.nproc_per_node,
+        min_nodes=case.min_nodes,
+        rule=case.rule,
+        lost=case.lost,
+        spares=("a hot spare",) if case.spares else (),  # which one does not matter here: it takes the place
     )
+    got = next_group(view)
+    match got.change:
+        case Change.SHRINK:
+            return ShrinkInPlace(got.members, got.world_size, got.generation, got.reason)
+        case Change.RESTART:
+            return Refuse(got.reason)
+        case _:
+            return Wait()
 
 
 @dataclass(frozen=True)
@@ -352,35 +345,23 @@ def grow(case: GrowCase) -> GrowDecision:
     announces); it takes as many of the offers, in order, as give the largest size that
     ``--nnodes MAX`` and ``--valid-sizes`` allow. Otherwise it waits: a newcomer nobody takes in
     joins the rendezvous after its own bound, and the whole group restarts with it there."""
-    offers = tuple(n for n in dict.fromkeys(case.offers) if n not in case.active)
-    if (
-        not case.enabled
-        or case.stopping
-        or case.busy
-        or not offers
-        or not case.active
-        or case.active[0] != case.node
-    ):
-        return Wait()
-    room = min(len(offers), case.max_nodes - len(case.active))
-    take = next(
-        (k for k in range(room, 0, -1) if case.rule.valid((len(case.active) + k) * case.nproc_per_node)), 0
+    view = MembershipView(
+        Role.MEMBER,
+        case.node,
+        case.active,
+        enabled=case.enabled,
+        stopping=case.stopping,
+        busy=case.busy,
+        generation=case.generation,
+        nproc_per_node=case.nproc_per_node,
+        max_nodes=case.max_nodes,
+        rule=case.rule,
+        offers=case.offers,
     )
-    if not take:
+    got = next_group(view)
+    if got.change is not Change.GROW:
         return Wait()
-    joining = offers[:take]
-    active = (*case.active, *joining)
-    old, world = len(case.active) * case.nproc_per_node, len(active) * case.nproc_per_node
-    gen = case.generation + 1
-    return GrowInPlace(
-        active,
-        joining,
-        world,
-        gen,
-        f"node {', '.join(joining)} offered to return: the group grows back in place from {old} to {world} "
-        f"processes at the next step boundary; the {len(case.active)} node(s) in it keep their processes "
-        f"and places, and a replica sends the newcomers the live state (generation {gen})",
-    )
+    return GrowInPlace(got.members, got.joining, got.world_size, got.generation, got.reason)
 
 
 @dataclass(frozen=True)
@@ -406,20 +387,18 @@ def offer(case: OfferCase) -> OfferDecision:
     """Whether a node that arrives during the job offers to take a free place in the running group (it
     then waits, bounded, for the group's first node to take it in), or joins the rendezvous as before
     (the reason says why)."""
-    if not case.enabled:
-        return Refuse("in-place recovery is off (--no-in-place): joining the rendezvous")
-    if not case.active:
-        return Refuse("the running group has not shrunk in place: joining the rendezvous")
-    if case.node in case.active:
-        return Refuse(f"node {case.node} is already in the running group: joining the rendezvous")
-    if len(case.active) >= case.max_nodes:
-        return Refuse(
-            f"the running group already has --nnodes MAX {case.max_nodes} nodes: joining the rendezvous"
-        )
-    return Offer(
-        f"the running group has {len(case.active)} of at most {case.max_nodes} nodes ({case.world_size} "
-        f"processes): node {case.node} offers to take a free place in place"
+    view = MembershipView(
+        Role.ARRIVING,
+        case.node,
+        case.active,
+        enabled=case.enabled,
+        max_nodes=case.max_nodes,
+        world_size=case.world_size,
     )
+    got = next_group(view)
+    if got.change is Change.OFFER:
+        return Offer(got.reason)
+    return Refuse(got.reason)
 
 
 def hang_culprits(states: dict[int, str], answered: frozenset[int]) -> frozenset[int]:
