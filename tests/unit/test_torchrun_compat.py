@@ -9,7 +9,8 @@ import pytest
 
 from stalwart.errors import ConfigError
 from stalwart.launch.config import RunConfig, build, claim_run_dir, parse_rdzv_conf, stable_run_id
-from stalwart.launch.output import parse_streams, routes
+from stalwart.launch.output import routes
+from stalwart.launch.streams import parse_streams
 from stalwart.launch.torchrun_flags import pet_defaults, resolve_nproc
 
 

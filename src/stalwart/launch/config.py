@@ -28,7 +28,7 @@ from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..policy.world_size import SizeRule
 from . import setting_sources as _sources
 from .etcd_access import check_etcd_access
-from .finished_run import fingerprint
+from .script_fingerprint import fingerprint
 from .settings import (
     ChaosSettings,
     CheckpointSettings,

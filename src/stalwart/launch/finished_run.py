@@ -1,5 +1,5 @@
-"""A finished run stays finished: what a re-run of a run that already succeeded is told (pure), and
-the script's fingerprint that makes a changed script under the same run id bad input.
+"""A finished run stays finished: what a re-run of a run that already succeeded is told (pure); the
+script's fingerprint that makes a changed script bad input is in launch/script_fingerprint.py.
 
 Re-running the identical command of a run whose newest verdict is ``succeeded`` launches nothing: it
 says when the run finished, at which step, and how to start a new one. A run that ended otherwise
@@ -8,7 +8,6 @@ says when the run finished, at which step, and how to start a new one. A run tha
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -49,13 +48,3 @@ def finished(events: Iterable[Event]) -> FinishedRun | None:
     if last is None or last.outcome != "succeeded":
         return None
     return FinishedRun(last.ts, top, last.verdict)
-
-
-def fingerprint(script: str, module: bool, no_python: bool) -> str:
-    """sha256 of the script file ("" for a module or a program: their code is not one file here)."""
-    if module or no_python:
-        return ""
-    try:
-        return hashlib.sha256(Path(script).read_bytes()).hexdigest()
-    except OSError:
-        return ""

@@ -30,7 +30,7 @@ from ..policy.timeouts import (
 )
 from ..protocol import DEFAULT_PG_TIMEOUT_S
 from ..secret_values import read_url_file, redact_url
-from .output import parse_streams
+from .streams import parse_streams
 
 
 @dataclass(frozen=True)
