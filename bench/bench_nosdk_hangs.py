@@ -106,7 +106,7 @@ def overhead(step_ms: float, rounds: int, steps: int) -> dict:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    from stalwart.launch.worker_boot import StepObserver
+    from stalwart.launch.processes.bootstrap import StepObserver
     from stalwart.protocol.pipe import Sender
 
     torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 Hosts are network namespaces on one bridge (tests/hosts.py); the etcd members run on three hosts of
 their own (e0-e2), the agents on h0..h{N-1} (h0 hosts the c10d store). Each agent builds Stalwart's
 rendezvous handler (launch/rendezvous.make_handler: torch's dynamic rendezvous on the c10d
-TCPStore, or on etcd through launch/etcd_rendezvous.py) with ``--nnodes N``, then goes through
+TCPStore, or on etcd through launch/rendezvous/etcd.py) with ``--nnodes N``, then goes through
 ``--rounds`` rounds (bench/rdzv_agent.py). Every round starts at a file barrier; the first forms
 the rendezvous, each later one is a re-form (every agent leaves and joins again, as after a group
 restart).

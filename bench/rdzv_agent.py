@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from stalwart.launch.config import RunConfig
-from stalwart.launch.rendezvous import make_handler
+from stalwart.launch.rendezvous.node_rendezvous import make_handler
+from stalwart.settings.run_config import RunConfig
 
 
 def _handler(cfg):
@@ -26,7 +26,7 @@ def _handler(cfg):
     if "seal" not in inspect.signature(make_handler).parameters:
         return make_handler(cfg)  # before the job key
     from stalwart.job_key import Refusals, resolve
-    from stalwart.launch.sealed_rendezvous import SealedBackend
+    from stalwart.launch.rendezvous.sealed import SealedBackend
 
     signer = resolve(multi_node=True).signer(cfg.rendezvous.id or cfg.run_id)
     refusals = Refusals(lambda text: print(text, file=sys.stderr, flush=True))

@@ -71,7 +71,7 @@ POLICY_ALLOWED: dict[str, tuple[frozenset[str], str]] = {
 # module -> why it may import a name computed at run time (the check cannot read the target)
 DYNAMIC_ALLOWED = {
     "stalwart.cli": "discovers its sub-commands in `stalwart.commands`, the layer just below it",
-    "stalwart.launch.forkserver_main": "preloads the module names the agent hands the fork server "
+    "stalwart.launch.processes.fork_server_main": "preloads the module names the agent hands the fork server "
     "(torch, the SDK: layers below launch) so forked workers start warm",
 }
 

@@ -14,8 +14,8 @@ import pytest
 
 from netutil import free_port
 from stalwart.job_key import JobKey, KeySource
-from stalwart.launch.rendezvous import NodeRendezvous
-from stalwart.launch.sealed_rendezvous import c10d_store
+from stalwart.launch.rendezvous.node_rendezvous import NodeRendezvous
+from stalwart.launch.rendezvous.sealed import c10d_store
 
 pytestmark = pytest.mark.integration
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -10,7 +10,7 @@ import pytest
 
 from etcdutil import etcd_member
 from netutil import free_ports
-from stalwart.launch.etcd_rendezvous import EtcdClient, EtcdRendezvousBackend, EtcdStore, members
+from stalwart.launch.rendezvous.etcd import EtcdClient, EtcdRendezvousBackend, EtcdStore, members
 
 pytestmark = [
     pytest.mark.integration,

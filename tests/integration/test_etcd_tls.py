@@ -14,8 +14,8 @@ import pytest
 
 from etcdutil import etcd_member, make_ca, make_certs
 from stalwart.errors import ConfigError
-from stalwart.launch.etcd_access import EtcdAccess
-from stalwart.launch.etcd_rendezvous import EtcdAccessError, EtcdClient, EtcdRendezvousBackend, EtcdStore
+from stalwart.launch.rendezvous.etcd import EtcdAccessError, EtcdClient, EtcdRendezvousBackend, EtcdStore
+from stalwart.settings.etcd_access import EtcdAccess
 
 pytestmark = [
     pytest.mark.integration,

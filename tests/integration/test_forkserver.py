@@ -41,7 +41,7 @@ WORKER = textwrap.dedent("""
 
 DRIVER = textwrap.dedent("""
     import json, os, signal, socket, sys, time
-    from stalwart.launch.forkserver import ForkServer, WarmStart
+    from stalwart.launch.processes.fork_server import ForkServer, WarmStart
     tmp, script = sys.argv[1], sys.argv[2]
     server = ForkServer(sys.executable, ["torch", "torch.distributed"], env=dict(os.environ, OMP_NUM_THREADS="1"))
     out = {"loaded": server.preloaded, "server_pid": server.proc.pid}
@@ -126,7 +126,7 @@ def test_fork_server_refuses_when_an_import_started_a_thread(tmp_path):
     driver.write_text(
         textwrap.dedent("""
         import os, sys
-        from stalwart.launch.forkserver import ForkServer, ForkServerError
+        from stalwart.launch.processes.fork_server import ForkServer, ForkServerError
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
         env["PYTHONSTARTUP"] = ""
         open(sys.argv[1], "w").write("import threading, time\\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\\n")
@@ -157,8 +157,8 @@ def test_warm_pool_drops_the_scripts_imports_when_one_starts_a_thread(tmp_path):
     driver.write_text(
         textwrap.dedent("""
         import os, sys
-        from stalwart.launch.forkserver import DEFAULT_PRELOAD
-        from stalwart.launch.warm import WarmPool
+        from stalwart.launch.processes.fork_server import DEFAULT_PRELOAD
+        from stalwart.launch.processes.warm_pool import WarmPool
         d = sys.argv[1]
         env = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
         pool = WarmPool(python=sys.executable, script=os.path.join(d, "train.py"), module=False,

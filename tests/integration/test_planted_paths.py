@@ -17,7 +17,7 @@ import pytest
 from stalwart.checkpoint.node_memory import NodeMemory
 from stalwart.errors import CheckpointError, ConfigError
 from stalwart.launch.output import routes
-from stalwart.launch.workers import WorkerGroup, WorkerSpec
+from stalwart.launch.processes.worker_group import WorkerGroup, WorkerSpec
 from stalwart.protocol import control
 from stalwart.protocol.run_dir import RunDir
 from stalwart.serve.file_sd import write_target

@@ -1,4 +1,4 @@
-"""The in-place board over a real TCPStore (launch/reform_board.py), polled by a manual ticker on a
+"""The in-place board over a real TCPStore (launch/inplace/board.py), polled by a manual ticker on a
 manual clock: every poll is a real store call made on the test's thread, so nothing sleeps and
 nothing depends on timing. An announcement from one agent reaches another; a document written by
 someone else (unsigned, malformed, replayed) is ignored, counted and noted once, and replaced by the
@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 
 from stalwart.job_key import JobKey, KeySource
-from stalwart.launch import board_state
-from stalwart.launch.board_state import BoardState, Claim, Refuse
+from stalwart.launch.inplace import board_state
 from stalwart.launch.clock import ManualClock
-from stalwart.launch.reform_board import BEAT, KEY, VERSION, Announcement, ManualTicker, StoreBoard
+from stalwart.launch.inplace.board import BEAT, KEY, VERSION, Announcement, ManualTicker, StoreBoard
+from stalwart.launch.inplace.board_state import BoardState, Claim, Refuse
 
 SIGNER = JobKey(b"k" * 32, KeySource.FILE).signer("job")
 

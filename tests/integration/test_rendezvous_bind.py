@@ -9,7 +9,7 @@ import pytest
 
 from netutil import free_port
 from stalwart.errors import ConfigError
-from stalwart.launch.sealed_rendezvous import c10d_store
+from stalwart.launch.rendezvous.sealed import c10d_store
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.launch.worker_boot import BOOT_CODE
+from stalwart.launch.processes.bootstrap import BOOT_CODE
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +38,11 @@ PROBE = textwrap.dedent("""
 
 DRIVER = textwrap.dedent("""
     import os, sys, time
-    from stalwart.launch.forkserver import ForkServer, WarmStart
+    from stalwart.launch.processes.fork_server import ForkServer, WarmStart
     tmp, script, env_json = sys.argv[1], sys.argv[2], sys.argv[3]
     import json
     env = json.loads(env_json)
-    server = ForkServer(sys.executable, ["torch", "stalwart.launch.worker_boot", "setproctitle"],
+    server = ForkServer(sys.executable, ["torch", "stalwart.launch.processes.bootstrap", "setproctitle"],
                         env=dict(os.environ, OMP_NUM_THREADS="1"))
     pid = server.spawn(WarmStart((script, "a b", "--x"), False, env, tmp, instrument=True))
     end = time.time() + 60

@@ -6,8 +6,8 @@ from __future__ import annotations
 from stalwart.errors import LedgerFullError
 from stalwart.events import DecisionTaken, StepCompleted
 from stalwart.launch.agent import Agent
-from stalwart.launch.config import RunConfig
 from stalwart.launch.ledger_sink import NodeLedger
+from stalwart.settings.run_config import RunConfig
 
 
 class FlakyLedger:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.arrival import (
+from stalwart.launch.clock import ManualClock
+from stalwart.launch.rendezvous.arrival import (
     FinishedMark,
     await_hosts,
     mark_finished,
     read_finished,
     wait_for_hosts,
 )
-from stalwart.launch.clock import ManualClock
-from stalwart.launch.config import RunConfig, parse_rdzv_conf
 from stalwart.policy.timeouts import HangTimeoutPolicy, validate_hierarchy
+from stalwart.settings.run_config import RunConfig, parse_rdzv_conf
 
 
 class DictStore:

@@ -1,4 +1,4 @@
-"""The in-place board's document (launch/board_state.py) without a store: each change, the order of
+"""The in-place board's document (launch/inplace/board_state.py) without a store: each change, the order of
 offers, first-wins claims and refusals, the round trip through JSON, what a malformed document is
 refused for, and the seal (another key, another round, a replayed older version)."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from stalwart.job_key import JobKey, KeySource
-from stalwart.launch.board_records import Announcement, GroupRecord, InvitationRecord
-from stalwart.launch.board_state import (
+from stalwart.launch.inplace.board_records import Announcement, GroupRecord, InvitationRecord
+from stalwart.launch.inplace.board_state import (
     Announce,
     BoardState,
     Claim,

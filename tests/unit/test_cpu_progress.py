@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stalwart.launch.cpu_progress import CpuProgress, ProcSample, detect_cpu_stall, read_proc
+from stalwart.launch.attempt.cpu_progress import CpuProgress, ProcSample, detect_cpu_stall, read_proc
 
 T0 = 1000.0
 
@@ -81,10 +81,10 @@ def test_a_stopped_rank_has_its_own_shorter_limit_idleness_the_long_one():
 
 def test_a_healthy_low_cpu_job_is_not_hung_within_the_process_group_timeout():
     # one tiny all-reduce every 0.5 s: no rank ever passes the CPU bar, both are only waiting
-    from stalwart.launch.config import RunConfig
-    from stalwart.launch.hang_monitor import HangMonitor
-    from stalwart.launch.monitors import default_monitors
-    from stalwart.launch.settings import HangSettings
+    from stalwart.launch.attempt.hang_monitor import HangMonitor
+    from stalwart.launch.attempt.monitors import default_monitors
+    from stalwart.settings.run_config import RunConfig
+    from stalwart.settings.schema import HangSettings
 
     def stall_of(**hang) -> float:
         cfg = RunConfig(script="train.py", hang=HangSettings(**hang))
@@ -101,8 +101,8 @@ def test_a_healthy_low_cpu_job_is_not_hung_within_the_process_group_timeout():
 
 
 def test_the_hang_monitor_catches_a_stopped_unhooked_rank_at_the_floor_but_not_idle_ones():
-    from stalwart.launch.hang_monitor import HangMonitor
-    from stalwart.launch.snapshot import CpuMark, RankView, Snapshot
+    from stalwart.launch.attempt.hang_monitor import HangMonitor
+    from stalwart.launch.attempt.snapshot import CpuMark, RankView, Snapshot
     from stalwart.policy.timeouts import HangTimeoutPolicy
 
     mon = HangMonitor(HangTimeoutPolicy(floor_s=10.0), 300.0, 600.0)

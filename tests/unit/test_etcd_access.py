@@ -1,4 +1,4 @@
-"""The etcd rendezvous client's TLS and user options (launch/etcd_access.py): torch's ``--rdzv-conf``
+"""The etcd rendezvous client's TLS and user options (settings/etcd_access.py): torch's ``--rdzv-conf``
 names, the combinations refused when the run's configuration is built, private key and password
 files, and the one sentence a refusal by a member becomes. Real members: tests/integration/test_etcd_tls.py."""
 
@@ -10,9 +10,9 @@ import ssl
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.config import build, parse_rdzv_conf
-from stalwart.launch.etcd_access import EtcdAccess, auth_refusal, gateway_error, refusal
-from stalwart.launch.etcd_rendezvous import EtcdClient, members
+from stalwart.launch.rendezvous.etcd import EtcdClient, members
+from stalwart.settings.etcd_access import EtcdAccess, auth_refusal, gateway_error, refusal
+from stalwart.settings.run_config import build, parse_rdzv_conf
 
 ETCD = {"script": "train.py", "nnodes": "2", "rdzv_backend": "etcd", "rdzv_endpoint": "127.0.0.1:2379"}
 

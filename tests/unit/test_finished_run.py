@@ -9,9 +9,9 @@ import pytest
 
 from stalwart.errors import ConfigError
 from stalwart.events import JobEnded, StepCompleted
-from stalwart.launch.config import RunConfig, claim_run_dir
 from stalwart.launch.finished_run import finished, last_step
-from stalwart.launch.script_fingerprint import fingerprint
+from stalwart.settings.run_config import RunConfig, claim_run_dir
+from stalwart.settings.script_fingerprint import fingerprint
 
 CTX = dict(run_id="r", node="n0", attempt=0)
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import signal
 from types import SimpleNamespace
 
+from stalwart.launch.attempt.forwarded_stop import ForwardedStop
+from stalwart.launch.attempt.snapshot import RankView, Snapshot
+from stalwart.launch.attempt.supervisor import Supervisor
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
     FakeBlock,
@@ -18,9 +21,6 @@ from stalwart.launch.fakes import (
     ScriptedChaos,
     specs,
 )
-from stalwart.launch.forwarded_stop import ForwardedStop
-from stalwart.launch.snapshot import RankView, Snapshot
-from stalwart.launch.supervisor import Supervisor
 from stalwart.policy.job import VERDICTS, AttemptStatus, JobSpec, Outcome, initial
 from stalwart.policy.job import next as job_next
 from stalwart.policy.timeouts import HangTimeoutPolicy

@@ -1,10 +1,10 @@
-"""Severe GPU Xids since the attempt started (launch/gpu_faults.py), the in-place ladder's input."""
+"""Severe GPU Xids since the attempt started (launch/attempt/gpu_faults.py), the in-place ladder's input."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from stalwart.launch.gpu_faults import XidWatch, severe_codes, severe_xids
+from stalwart.launch.attempt.gpu_faults import XidWatch, severe_codes, severe_xids
 from stalwart.policy.inplace import InPlaceCase, NotInPlace, decide
 from stalwart.policy.restart_policy import FailureKind
 
@@ -61,7 +61,7 @@ def test_the_agent_reads_the_configured_kernel_log_from_the_attempts_start(tmp_p
     from stalwart.health.kernel_log import read_uptime
     from stalwart.launch.clock import ManualClock
     from stalwart.launch.fakes import RecordingLedger
-    from stalwart.launch.inplace import InPlaceRecovery
+    from stalwart.launch.inplace.recovery import InPlaceRecovery
 
     up = read_uptime()
     assert up is not None

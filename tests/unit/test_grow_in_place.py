@@ -1,8 +1,8 @@
 """A group that shrank in place grows back in place when a node returns: the pure policies (the first
 node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board over a real
-TCPStore (polled by a manual ticker), the arriving agent's offer (launch/rejoin.py), the first node's
-invitation and announcement (launch/inplace_nodes.py), the runner's take-over path before the first rendezvous,
-where the running round's worker store is read from (launch/arrival.py) and the console's line.
+TCPStore (polled by a manual ticker), the arriving agent's offer (launch/inplace/rejoin.py), the first node's
+invitation and announcement (launch/inplace/nodes.py), the runner's take-over path before the first rendezvous,
+where the running round's worker store is read from (launch/rendezvous/arrival.py) and the console's line.
 Manual clocks and tickers throughout: nothing sleeps."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome
 from stalwart.launch.fakes import FakeRendezvous, RecordingBoard, RecordingLedger, ScriptedWorkers
-from stalwart.launch.inplace import InPlaceRecovery
+from stalwart.launch.inplace.board import POLL_S, Announcement
+from stalwart.launch.inplace.recovery import InPlaceRecovery
 from stalwart.launch.ports import Round
 from stalwart.launch.progress import ProgressTracker
-from stalwart.launch.reform_board import POLL_S, Announcement
 from stalwart.policy.inplace import (
     GrowCase,
     GrowInPlace,
@@ -194,7 +194,7 @@ def server():
 
 def _boards(server, *nodes: str, notes=None):
     """Boards of ``nodes`` over ``server`` and the manual ticker that polls them (on this thread)."""
-    from stalwart.launch.reform_board import ManualTicker, StoreBoard
+    from stalwart.launch.inplace.board import ManualTicker, StoreBoard
 
     clock = ManualClock()
     ticker = ManualTicker(clock)
@@ -244,8 +244,8 @@ def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boar
 
 
 def test_a_malformed_or_unsigned_document_is_ignored_and_the_last_good_one_stands(server):
-    from stalwart.launch import board_state
-    from stalwart.launch.reform_board import KEY, VERSION
+    from stalwart.launch.inplace import board_state
+    from stalwart.launch.inplace.board import KEY, VERSION
 
     notes: list[str] = []
     ticker, (board, writer) = _boards(server, "n0", "n1", notes=notes)
@@ -341,7 +341,7 @@ def _arriving(node: str = "n2", max_nodes: int = 3, enabled: bool = True):
 
 
 def _find(board: _ArrivalBoard, clock: ManualClock, cfg=None, where=WORKERS):
-    from stalwart.launch.rejoin import find_place
+    from stalwart.launch.inplace.rejoin import find_place
 
     notes: list[str] = []
     rendezvous = SimpleNamespace(workers_elsewhere=lambda: where)
@@ -352,7 +352,7 @@ def _find(board: _ArrivalBoard, clock: ManualClock, cfg=None, where=WORKERS):
 def test_no_running_round_means_no_board_and_no_place():
     clock = ManualClock(0.0)
     opened: list[int] = []
-    from stalwart.launch.rejoin import find_place
+    from stalwart.launch.inplace.rejoin import find_place
 
     rendezvous = SimpleNamespace(workers_elsewhere=lambda: None)
     assert find_place(_arriving(), rendezvous, clock, print, board_for=lambda: opened.append(1)) is None
@@ -714,7 +714,7 @@ class _Store:
 
 
 def test_the_worker_store_mark_round_trips():
-    from stalwart.launch.arrival import mark_workers, read_workers
+    from stalwart.launch.rendezvous.arrival import mark_workers, read_workers
 
     store = _Store()
     assert read_workers(store, "r1") is None  # no round recorded one
@@ -743,7 +743,7 @@ def test_the_worker_store_mark_round_trips():
     ],
 )
 def test_a_worker_store_mark_that_is_not_a_record_reads_as_none(raw):
-    from stalwart.launch.arrival import WORKERS_KEY, read_workers
+    from stalwart.launch.rendezvous.arrival import WORKERS_KEY, read_workers
 
     store = _Store()
     store.set(f"{WORKERS_KEY}/r1", raw)
@@ -873,8 +873,8 @@ def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_c
     client would retry until its timeout, so nothing is asked; once it listens, the record is read."""
     import socket
 
-    import stalwart.launch.arrival as arrival
-    from stalwart.launch.rendezvous import NodeRendezvous
+    import stalwart.launch.rendezvous.arrival as arrival
+    from stalwart.launch.rendezvous.node_rendezvous import NodeRendezvous
 
     asked: list[str] = []
 

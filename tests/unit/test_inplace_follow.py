@@ -1,4 +1,4 @@
-"""The agent side of an in-place re-formation (launch/inplace.py) after it started: it completes when
+"""The agent side of an in-place re-formation (launch/inplace/recovery.py) after it started: it completes when
 every rank joined the new generation, and falls down the ladder when a rank exits or time runs out."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from stalwart.events import DecisionTaken, ReformedInPlace
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
 from stalwart.launch.fakes import RecordingBoard, RecordingLedger
-from stalwart.launch.inplace import InPlaceRecovery, Pending, proc_state
-from stalwart.launch.inplace_machine import Replaced
+from stalwart.launch.inplace.machine import Replaced
+from stalwart.launch.inplace.recovery import InPlaceRecovery, Pending, proc_state
 from stalwart.launch.progress import ProgressTracker
 from stalwart.policy.inplace import InPlace
 from stalwart.policy.job import AttemptStatus
@@ -151,7 +151,7 @@ def _snap_at(clock: ManualClock):
 
 
 def test_a_node_asks_its_ranks_to_join_the_generation_another_node_announced(tmp_path):
-    from stalwart.launch.reform_board import Announcement
+    from stalwart.launch.inplace.board import Announcement
     from stalwart.protocol import Reforming
 
     clock, ledger = ManualClock(), RecordingLedger()
@@ -197,8 +197,8 @@ def test_a_worker_waiting_for_a_generation_gives_up_at_once_when_refused():
 
 
 def test_a_spare_holding_the_claim_announces_the_next_generation_with_the_lost_nodes_ranks():
-    from stalwart.launch.reform_board import Announcement
-    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.launch.inplace.board import Announcement
+    from stalwart.launch.inplace.spare_takeover import SpareWatch
     from stalwart.policy.world_size import WorldPlan
 
     class Board(_Board):
@@ -230,7 +230,7 @@ def test_a_spare_holding_the_claim_announces_the_next_generation_with_the_lost_n
 
 
 def test_a_spare_whose_claim_another_spare_holds_stands_by_again():
-    from stalwart.launch.spare_takeover import SpareWatch
+    from stalwart.launch.inplace.spare_takeover import SpareWatch
     from stalwart.policy.world_size import WorldPlan
 
     class Board(_Board):

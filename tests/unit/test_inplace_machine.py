@@ -1,4 +1,4 @@
-"""The in-place machine (launch/inplace_machine.py): every move in the table, every pair outside it
+"""The in-place machine (launch/inplace/machine.py): every move in the table, every pair outside it
 refused, the fields each phase makes meaningful, and the table's rendering; the membership function
 (policy/membership.py) behind shrink, grow, take-over and offer."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.launch.board_records import Announcement
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.decision import AttemptOutcome, Decision, DecisionKind
-from stalwart.launch.inplace_machine import (
+from stalwart.launch.inplace.board_records import Announcement
+from stalwart.launch.inplace.machine import (
     JOINING,
     TRANSITIONS,
     Group,

@@ -24,7 +24,7 @@ from stalwart.job_key import (
     make_default_key,
     resolve,
 )
-from stalwart.launch.sealed_rendezvous import SealedBackend
+from stalwart.launch.rendezvous.sealed import SealedBackend
 
 
 def _key_file(path: Path, mode: int = 0o600, text: str = "a" * 64) -> Path:
@@ -217,7 +217,7 @@ def test_a_planter_that_keeps_winning_never_gets_its_bytes_to_torch():
 
 def _agent(tmp_path, monkeypatch, notes: list[str], **settings):
     from stalwart.launch.agent import Agent
-    from stalwart.launch.config import RunConfig
+    from stalwart.settings.run_config import RunConfig
 
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)
     monkeypatch.delenv(KEY_ENV, raising=False)

@@ -12,8 +12,8 @@ from stalwart.diagnose.kill_cause import KillEvidence, classify_kill, load_kill_
 from stalwart.diagnose.kill_witness import KillWitness, memory_counter_file, read_oom_kills
 from stalwart.diagnose.root_cause import component_class, incident_class
 from stalwart.errors import ConfigError
-from stalwart.launch.monitors import crash
-from stalwart.launch.snapshot import RankView, Snapshot
+from stalwart.launch.attempt.monitors import crash
+from stalwart.launch.attempt.snapshot import RankView, Snapshot
 
 KILLS = Path(__file__).parents[1] / "fixtures" / "diagnose" / "kills"
 T0 = 1_000.0

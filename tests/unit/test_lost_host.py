@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from stalwart.diagnose.incident import lost_host
-from stalwart.launch.monitors import crash
-from stalwart.launch.snapshot import RankView, Snapshot
+from stalwart.launch.attempt.monitors import crash
+from stalwart.launch.attempt.snapshot import RankView, Snapshot
 from stalwart.policy.world_size import WorldPlan
 from stalwart.protocol.error_record import ErrorRecord
 
@@ -58,7 +58,7 @@ def test_the_survivors_incident_names_the_host_that_left_and_itself_as_witness()
 
 
 def test_a_node_waiting_to_join_after_the_final_step_restarts_nothing():
-    from stalwart.launch.monitors import membership
+    from stalwart.launch.attempt.monitors import membership
 
     base = dict(now=T0 + 2, tick=0.5, node="h0", started=T0, ranks=(), codes={}, nodes_waiting=1)
     assert membership(Snapshot(**base, total_steps=200, max_done_step=198)) is not None

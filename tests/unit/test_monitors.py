@@ -8,7 +8,7 @@ from stalwart.diagnose.incident import Component, FaultClass
 from stalwart.diagnose.root_cause import ErrorRecord
 from stalwart.events import StepCompleted
 from stalwart.exit_codes import EXIT_PREEMPTED
-from stalwart.launch.monitors import (
+from stalwart.launch.attempt.monitors import (
     HangMonitor,
     HangPhase,
     SignalMonitor,
@@ -17,7 +17,7 @@ from stalwart.launch.monitors import (
     membership,
     worker_exits,
 )
-from stalwart.launch.snapshot import CpuMark, RankView, Snapshot
+from stalwart.launch.attempt.snapshot import CpuMark, RankView, Snapshot
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.protocol import CheckpointDone
 
@@ -400,7 +400,7 @@ def test_no_exclusion_while_a_worker_failed_or_a_stop_is_under_way():
 
 
 def test_job_slowdown_is_the_step_time_with_the_straggler_over_the_time_without_it():
-    from stalwart.launch.monitors import job_slowdown
+    from stalwart.launch.attempt.monitors import job_slowdown
 
     # data parallel: every rank's step lasts as long as the slowest's; rank 1 works 0.3 s, the others
     # 0.1 s and wait the difference in the all-reduce; the collective itself takes 0.05 s

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from stalwart import protocol
-from stalwart.launch.config import CONFIG_SETTINGS, from_env
 from stalwart.protocol import WorkerEnv
+from stalwart.settings.run_config import CONFIG_SETTINGS, from_env
 
 MESSAGES = [
     protocol.Hello(3, 1.5),
@@ -81,7 +81,7 @@ def test_a_run_started_inside_a_worker_inherits_none_of_its_parents_settings():
 
 
 def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
-    from stalwart.launch.config import RunConfig
+    from stalwart.settings.run_config import RunConfig
     from stalwart.train.session import Session
 
     assert RunConfig(script="x.py").hang.pg_timeout_s == protocol.DEFAULT_PG_TIMEOUT_S
@@ -91,8 +91,8 @@ def test_the_sdk_and_the_agent_share_one_process_group_timeout_default():
 
 def test_the_agent_gives_workers_torchruns_env_and_none_of_its_settings(tmp_path, monkeypatch):
     from stalwart.launch.agent import Agent
-    from stalwart.launch.config import build
     from stalwart.protocol.pipe import Receiver
+    from stalwart.settings.run_config import build
 
     script = tmp_path / "train.py"
     script.write_text("pass\n")

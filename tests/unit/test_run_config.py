@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.config import build, from_env, load_file
+from stalwart.settings.run_config import build, from_env, load_file
 
 SCRIPT = {"script": "train.py"}
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.settings import ObserveSettings
 from stalwart.secret_values import read_secret_file, read_url_file, redact_url, scrub
+from stalwart.settings.schema import ObserveSettings
 
 HOOK = "https://hooks.slack.com/services/T0/B0/sEcReT"
 

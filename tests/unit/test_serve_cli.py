@@ -11,13 +11,13 @@ import pytest
 
 from stalwart import cli
 from stalwart.events import JobEnded
-from stalwart.launch.config import build
 from stalwart.serve.attach import Observability
 from stalwart.serve.exporter import RunExporter
 from stalwart.serve.file_sd import slurm_labels
 from stalwart.serve.metrics import MetricsServer
 from stalwart.serve.synthetic import SyntheticRun, write
 from stalwart.serve.watcher import RunWatcher
+from stalwart.settings.run_config import build
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from stalwart import cli
 from stalwart.commands import run as run_command
-from stalwart.launch.config import SETTINGS, RunConfig, build, default_of
 from stalwart.policy.timeouts import HANG_CAP_S, HangTimeoutPolicy
+from stalwart.settings.run_config import SETTINGS, RunConfig, build, default_of
 from stalwart.sim.agent_probe import MONITOR_INTERVAL_S, ProbeConfig
 from stalwart.sim.config import SimConfig
 

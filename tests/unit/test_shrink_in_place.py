@@ -16,7 +16,7 @@ from stalwart import protocol
 from stalwart.events import DecisionTaken, FailureDetected, IncidentRaised, ReformedInPlace
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import RecordingLedger
-from stalwart.launch.reform_board import Announcement
+from stalwart.launch.inplace.board import Announcement
 from stalwart.protocol import Reformed, Reforming
 from stalwart.protocol.control import REFUSED
 from stalwart.protocol.pipe import Receiver

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stalwart.events import ChaosInjected, StragglerDetected
 from stalwart.health.node_store import HealthStore
-from stalwart.launch.straggler_exclusion import quarantine_node, straggler_precision
+from stalwart.launch.attempt.straggler_exclusion import quarantine_node, straggler_precision
 from stalwart.ledger import LedgerWriter
 from stalwart.protocol.run_dir import RunDir
 
@@ -68,7 +68,7 @@ def test_quarantine_is_recorded_in_the_node_records_like_a_failed_check(tmp_path
 def test_listens_on_tells_a_port_this_process_listens_on_from_one_it_does_not():
     import socket
 
-    from stalwart.launch.straggler_exclusion import listens_on
+    from stalwart.launch.attempt.straggler_exclusion import listens_on
 
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
@@ -79,7 +79,7 @@ def test_listens_on_tells_a_port_this_process_listens_on_from_one_it_does_not():
 
 
 def test_listens_on_says_it_cannot_tell_without_proc(tmp_path):
-    from stalwart.launch.straggler_exclusion import listens_on
+    from stalwart.launch.attempt.straggler_exclusion import listens_on
 
     (tmp_path / "net").mkdir()
     (tmp_path / "net" / "tcp").write_text("header\n  0: 0100007F:1F90 00000000:0000 0A 0 0 0 0 0 0 12345\n")

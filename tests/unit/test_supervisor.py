@@ -17,6 +17,9 @@ from stalwart.events import (
     WorkersStopped,
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
+from stalwart.launch.attempt.monitors import SignalMonitor, durability, membership, worker_exits
+from stalwart.launch.attempt.snapshot import RankView, Snapshot
+from stalwart.launch.attempt.supervisor import Supervisor, decide
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
     FakeBlock,
@@ -29,9 +32,6 @@ from stalwart.launch.fakes import (
     ScriptedChaos,
     specs,
 )
-from stalwart.launch.monitors import SignalMonitor, durability, membership, worker_exits
-from stalwart.launch.snapshot import RankView, Snapshot
-from stalwart.launch.supervisor import Supervisor, decide
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
@@ -340,9 +340,9 @@ def test_without_anything_to_say_the_monitors_return_nothing():
 
 
 def test_the_agent_asks_its_monitors_in_the_documented_priority_order():
+    from stalwart.launch.attempt.forwarded_stop import ForwardedStop
+    from stalwart.launch.attempt.monitors import PRIORITY, HangMonitor, StragglerMonitor, default_monitors
     from stalwart.launch.finish_exit import FinishedNotExited
-    from stalwart.launch.forwarded_stop import ForwardedStop
-    from stalwart.launch.monitors import PRIORITY, HangMonitor, StragglerMonitor, default_monitors
 
     names = {
         FinishedNotExited: "finished_not_exited",

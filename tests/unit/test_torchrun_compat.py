@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.launch.config import RunConfig, build, claim_run_dir, parse_rdzv_conf, stable_run_id
 from stalwart.launch.output import routes
-from stalwart.launch.streams import parse_streams
-from stalwart.launch.torchrun_flags import pet_defaults, resolve_nproc
+from stalwart.settings.run_config import RunConfig, build, claim_run_dir, parse_rdzv_conf, stable_run_id
+from stalwart.settings.streams import parse_streams
+from stalwart.settings.torchrun_flags import pet_defaults, resolve_nproc
 
 
 def test_pet_variables_stand_in_for_flags():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stalwart.launch.forkserver import script_imports
-from stalwart.launch.warm import ServerState, ServerStatus, choose_path
-from stalwart.launch.workers import StartPath, WorkerGroup
+from stalwart.launch.processes.fork_server import script_imports
+from stalwart.launch.processes.warm_pool import ServerState, ServerStatus, choose_path
+from stalwart.launch.processes.worker_group import StartPath, WorkerGroup
 
 
 def test_warm_when_the_server_is_ready():

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from stalwart.launch import worker_boot
-from stalwart.launch.worker_boot import (
+from stalwart.launch.processes import bootstrap as worker_boot
+from stalwart.launch.processes.bootstrap import (
     GRAD_WATCH_STEPS,
     HOOK_SECTION,
     WAIT_SECTION,

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Option(None, "--run-dir", help="Where the ledger and checkpoints go."),
     ) -> None:
         """Train a small transformer with DDP under a chaos plan and show how Stalwart keeps it going."""
-        from ..launch import config as run_config
+        from ..settings import run_config as run_config
         from .run import execute
 
         faults = [f for f in DEMO_FAULTS if f"rank={workers}" not in f]  # keep the ranks that exist

@@ -64,7 +64,7 @@ def _job_parameters() -> list[inspect.Parameter]:
     """The target job's flags, from its schema (``sim/job.py``): help and default from the field."""
     from typing import Literal, get_origin
 
-    from ..launch.setting_sources import cli_type, leaves
+    from ..settings.sources import cli_type, leaves
     from ..sim.job import TargetJob
 
     out = []

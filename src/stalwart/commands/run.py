@@ -1,6 +1,6 @@
 """``stalwart run``: a torchrun-compatible launcher that keeps the job going.
 
-Its flags, their help and defaults are generated from the settings schema (``launch/settings.py``):
+Its flags, their help and defaults are generated from the settings schema (``settings/schema.py``):
 add a setting there and it is a flag here, a key of the ``--config`` file and a ``STALWART_``
 variable."""
 
@@ -17,9 +17,9 @@ from typing import Any
 import typer
 
 from ..errors import ConfigError
-from ..launch import config as run_config
-from ..launch.config import SETTINGS
-from ..launch.setting_sources import Leaf, cli_type
+from ..settings import run_config as run_config
+from ..settings.run_config import SETTINGS
+from ..settings.sources import Leaf, cli_type
 
 KEYWORD_ONLY = Parameter.KEYWORD_ONLY
 
@@ -76,7 +76,7 @@ _COMMAND_ONLY = [  # what is not a setting of the run: where the settings come f
 
 def run(**given: Any) -> None:
     """Launch and supervise training workers; restart through crashes and hangs."""
-    from ..launch.torchrun_flags import pet_defaults, resolve_nproc
+    from ..settings.torchrun_flags import pet_defaults, resolve_nproc
 
     config, report = given.pop("config"), given.pop("report")
     flags: dict[str, Any] = {
@@ -140,9 +140,9 @@ def register(app: typer.Typer) -> None:
 def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     """Run the agent with live console output; optionally print the report; exit with the verdict's code."""
     from ..launch.agent import Agent
-    from ..launch.config import claim_run_dir
     from ..launch.console import RunConsole
     from ..process_clock import process_start
+    from ..settings.run_config import claim_run_dir
 
     if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
         raise ConfigError(f"python interpreter {cfg.python!r} not found")

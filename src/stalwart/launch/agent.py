@@ -1,9 +1,9 @@
 """The node agent behind ``stalwart run``: one per node, composed of a job policy and its ports.
 
-Agents meet through torch.distributed.elastic's c10d rendezvous (as torchrun does; launch/rendezvous.py).
+Agents meet through torch.distributed.elastic's c10d rendezvous (as torchrun does; launch/rendezvous/node_rendezvous.py).
 The job policy (policy/job.py) decides what happens after each round and attempt; the runner
 (launch/runner.py) carries its decisions out over the ports (launch/ports.py): the rendezvous, this
-node's workers (launch/worker_launcher.py, each attempt watched by the supervisor and its monitors),
+node's workers (launch/attempt/node_workers.py, each attempt watched by the supervisor and its monitors),
 the run files (launch/failure_files.py), the ledger sink (launch/ledger_sink.py) and agent-side chaos
 (launch/agent_chaos.py). This module builds them for a run configuration, installs the signal
 handlers, starts what the job needs (node memory tier, live diagnosis, fork server) and stops it all
@@ -32,16 +32,16 @@ from ..policy import job
 from ..policy.job import End
 from ..protocol import WorkerEnv
 from ..protocol.run_dir import RunDir
+from ..settings.run_config import CONFIG_SETTINGS, RunConfig
 from .agent_chaos import AgentChaos
+from .attempt.node_workers import NodeWorkers
 from .clock import Clock, SystemClock
-from .config import CONFIG_SETTINGS, RunConfig
 from .failure_files import CheckpointFiles
 from .ledger_sink import NodeLedger
-from .rendezvous import NodeRendezvous, local_addr
+from .processes.warm_pool import WarmPool
+from .processes.worker_group import WorkerSpec
+from .rendezvous.node_rendezvous import NodeRendezvous, local_addr
 from .runner import JobRunner, write_verdict
-from .warm import WarmPool
-from .worker_launcher import NodeWorkers
-from .workers import WorkerSpec
 
 if TYPE_CHECKING:
     from ..checkpoint.node_memory import NodeMemory
@@ -256,8 +256,8 @@ class Agent:
         from the steps themselves, not from a verdict on disk."""
         from ..errors import LedgerError
         from ..ledger import read_merged
-        from .arrival import FinishedMark
         from .finished_run import last_step
+        from .rendezvous.arrival import FinishedMark
 
         try:
             step = last_step(read_merged(self.run.root))

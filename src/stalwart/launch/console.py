@@ -92,7 +92,7 @@ class RunConsole:
         elif isinstance(ev, IncidentRaised):
             self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
         elif isinstance(ev, DecisionTaken) and ev.action.startswith("start_"):
-            # how this attempt's workers started: warm (forked) or cold, and why (launch/warm.py)
+            # how this attempt's workers started: warm (forked) or cold, and why (launch/processes/warm_pool.py)
             colour = "green" if ev.action == "start_warm" else "yellow"
             self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
             if "decided" in self._recovering:

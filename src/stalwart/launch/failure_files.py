@@ -14,7 +14,7 @@ from ..diagnose.pyspy import stopped_stacks
 from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..protocol.run_dir import RunDir
 from .clock import Clock
-from .workers import tail_lines
+from .processes.worker_group import tail_lines
 
 
 class Spec(Protocol):

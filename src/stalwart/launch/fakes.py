@@ -302,7 +302,7 @@ class SignalLatch:
 
 @dataclass
 class RecordingBoard:
-    """A :class:`~stalwart.launch.reform_board.Board` that records what this node wrote (``sent``, in
+    """A :class:`~stalwart.launch.inplace.board.Board` that records what this node wrote (``sent``, in
     order) and answers what the test says the other nodes wrote."""
 
     seen: Any = None  # the newest announcement (an Announcement)

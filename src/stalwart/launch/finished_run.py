@@ -1,5 +1,5 @@
 """A finished run stays finished: what a re-run of a run that already succeeded is told (pure); the
-script's fingerprint that makes a changed script bad input is in launch/script_fingerprint.py.
+script's fingerprint that makes a changed script bad input is in settings/script_fingerprint.py.
 
 Re-running the identical command of a run whose newest verdict is ``succeeded`` launches nothing: it
 says when the run finished, at which step, and how to start a new one. A run that ended otherwise

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .streams import ERR, OUT, parse_streams
-from .workers import OutputRoute
+from ..settings.streams import ERR, OUT, parse_streams
+from .processes.worker_group import OutputRoute
 
 
 def routes(

@@ -1,7 +1,7 @@
 """The agent's ports: what the job runner (launch/runner.py) and the supervisor of an attempt
-(launch/supervisor.py) need from the world, as small typed protocols.
+(launch/attempt/supervisor.py) need from the world, as small typed protocols.
 
-The real implementations are the agent's (launch/rendezvous.py, launch/worker_launcher.py,
+The real implementations are the agent's (launch/rendezvous/node_rendezvous.py, launch/attempt/node_workers.py,
 launch/failure_files.py, launch/ledger_sink.py, launch/agent_chaos.py); the fakes in
 launch/fakes.py serve the unit tests and the simulator (sim/agent_probe.py) alike.
 """

@@ -25,7 +25,7 @@ from ..protocol import (
     StepBegan,
     StepDone,
 )
-from .worker_boot import HOOK_SECTION
+from .processes.bootstrap import HOOK_SECTION
 
 RATE_WINDOW = 20  # steps the progress line's rate is measured over
 

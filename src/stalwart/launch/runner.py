@@ -1,7 +1,7 @@
 """The job runner: asks the job policy (policy/job.py) what to do next and does only that.
 
 Each round: the health gate (then, before the first rendezvous only, a place in a running group that
-shrank in place and takes this node back: launch/rejoin.py), the rendezvous, the policy's world decision (start the whole group,
+shrank in place and takes this node back: launch/inplace/rejoin.py), the rendezvous, the policy's world decision (start the whole group,
 replace a lost node by a hot spare, shrink, stand by as a spare, or end), the attempt (or the spare's
 wait), the policy's decision on its outcome (restart within the budget, or end with a verdict). Every
 effect goes through a port (launch/ports.py): no process, socket or file here, so a unit test or the

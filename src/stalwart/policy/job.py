@@ -405,7 +405,9 @@ def _after_attempt(state: JobState, out: Outcome, now: float) -> JobDecision:
             )
         case AttemptStatus.FAILED:
             return _failed(state, out, now)
-        case AttemptStatus.STORE_LOST:  # the store stayed silent over its timeout (launch/store_watch.py)
+        case (
+            AttemptStatus.STORE_LOST
+        ):  # the store stayed silent over its timeout (launch/rendezvous/store_watch.py)
             return end(state, "store_lost", out)
         case _:
             assert_never(out.status)

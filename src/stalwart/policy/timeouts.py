@@ -13,7 +13,7 @@ is validated when the agent is configured, so a bad ordering is an error before 
 useless NCCL/gloo message; a rendezvous timeout shorter than the PG timeout would give up on
 re-forming while the workers are still timing out). The store timeout (``--rdzv-conf read_timeout``)
 is how long the rendezvous store may stay silent to this agent's background reads before the silence
-is itself the verdict (launch/store_watch.py): above the keep-alive interval, so one late beat is not a
+is itself the verdict (launch/rendezvous/store_watch.py): above the keep-alive interval, so one late beat is not a
 lost store, and below the rendezvous timeout, so the agent never waits on a store that is gone for
 longer than it would wait on peers that are late.
 """

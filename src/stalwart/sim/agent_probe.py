@@ -1,8 +1,8 @@
 """The agent's decision path, driven on a manual clock: what the simulator asks it.
 
 The simulator must not re-implement the agent, so it asks the agent's own supervisor
-(:class:`stalwart.launch.supervisor.Supervisor`), with the agent's own monitors in their priority
-order (:func:`stalwart.launch.monitors.default_monitors`), and the agent's own job runner and job policy
+(:class:`stalwart.launch.attempt.supervisor.Supervisor`), with the agent's own monitors in their priority
+order (:func:`stalwart.launch.attempt.monitors.default_monitors`), and the agent's own job runner and job policy
 (:class:`stalwart.launch.runner.JobRunner`, :func:`stalwart.policy.job.next`), on a
 :class:`~stalwart.launch.clock.ManualClock` and over the fakes of the agent's ports
 (:mod:`stalwart.launch.fakes`, the same the unit tests use). No process, no thread, no sleeping: the
@@ -43,8 +43,8 @@ from functools import lru_cache
 from typing import Any
 
 from ..events import FailureDetected
+from ..launch.attempt.supervisor import Supervisor, decide
 from ..launch.clock import ManualClock
-from ..launch.config import default_of
 from ..launch.decision import AttemptOutcome
 from ..launch.fakes import (
     FakeBlock,
@@ -62,14 +62,14 @@ from ..launch.fakes import (
 )
 from ..launch.ports import Round
 from ..launch.runner import JobRunner
-from ..launch.settings import CheckpointSettings, DiagnosisSettings, HangSettings, WorkerSettings
-from ..launch.supervisor import Supervisor, decide
 from ..policy import job
 from ..policy.job import AttemptStatus, End, JobDecision, JobSpec, JobState, Outcome, Replace, Restart, Shrink
 from ..policy.restart_policy import Failure, FailureKind, RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule, WorldPlan
 from ..protocol import StepBegan, StepDone
+from ..settings.run_config import default_of
+from ..settings.schema import CheckpointSettings, DiagnosisSettings, HangSettings, WorkerSettings
 
 T0 = 1_000_000.0
 RANKS = (0, 1)
@@ -84,7 +84,7 @@ BISECT_ROUNDS = 80
 @dataclass(frozen=True)
 class ProbeConfig:
     """The part of the run configuration the supervisor and its monitors read: the agent's own
-    settings models (launch/settings.py), so the probe runs with the agent's defaults."""
+    settings models (settings/schema.py), so the probe runs with the agent's defaults."""
 
     hang_policy: HangTimeoutPolicy = HangTimeoutPolicy()
     monitor_interval_s: float = MONITOR_INTERVAL_S

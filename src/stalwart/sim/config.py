@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError
-from ..launch.setting_sources import flat_name, leaves, nest
-from ..launch.settings import HangSettings
+from ..settings.schema import HangSettings
+from ..settings.sources import flat_name, leaves, nest
 from .repair import RepairPipeline
 
 LLAMA3_GPUS = 16_384
@@ -167,7 +167,7 @@ class SimConfig(BaseModel):
     step_s: float | None = Field(
         None, gt=0, le=MAX_SECONDS, description="step time; hang classes are detected by the hang timeout"
     )
-    # the agent's hang settings, the same model and defaults as `stalwart run` (launch/settings.py);
+    # the agent's hang settings, the same model and defaults as `stalwart run` (settings/schema.py);
     # given flat as in a run's config (hang_floor_s, hang_cap_s, hang_multiplier)
     hang: HangSettings = HangSettings()  # frozen: one shared default instance
     size_rule: Literal["multiple", "power_of_two"] = "multiple"

@@ -1,7 +1,7 @@
 """The job being planned: its model, its step time and the bandwidths its state moves at.
 
 One schema (:class:`TargetJob`): each field's ``description`` is the ``stalwart plan`` flag's help,
-its :class:`~stalwart.launch.settings.Setting` names the flag, and a field left unset takes the
+its :class:`~stalwart.settings.schema.Setting` names the flag, and a field left unset takes the
 default of the named model size (:data:`MODEL_SIZES`) or the stated default below. Every derived
 figure says what it was derived from (:meth:`TargetJob.describe`).
 
@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
-from ..launch.settings import setting
+from ..settings.schema import setting
 from .laws import Figure, Source
 
 GB = 1e9

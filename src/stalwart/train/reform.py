@@ -115,7 +115,7 @@ class Reformer:
                 timeout=timeout,
             )
         kwargs["timeout"] = kwargs.get("timeout", timeout)
-        if self.joining:  # a newcomer's agent tells the group it may re-form now (launch/inplace_nodes.py)
+        if self.joining:  # a newcomer's agent tells the group it may re-form now (launch/inplace/nodes.py)
             self.joining = False
             s, t = self.session, self.session.clock.now()
             s._send(Reforming(s.rank, self.generation.current, 0.0, t))

@@ -3,7 +3,7 @@
 argv: rendezvous_port run_id marker_path. With nothing but network access to the stores it:
 1. waits for the job's worker-store record in the c10d rendezvous store and finds the worker store;
 2. writes an in-place announcement that makes the group shrink to n0 alone (world size 1), under the
-   board's old key and as a well-formed board document (launch/board_state.py) without the job's seal
+   board's old key and as a well-formed board document (launch/inplace/board_state.py) without the job's seal
    under its key, which also offers a fake node ``fake`` for a free place and claims n1's place;
 3. offers ``fake`` under the old keys too, and says it is ready for any invitation;
 4. replaces the pickled rendezvous state with a pickle that runs ``touch marker_path``, several

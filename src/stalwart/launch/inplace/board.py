@@ -1,0 +1,357 @@
+"""In-place re-formation across nodes: how one node's agent tells the others (docs/fast-recovery.md).
+
+Each agent supervises only its own node's ranks. When one of them fails and its agent re-forms the
+group in place (policy/inplace.py), the other nodes' ranks see their peer vanish and wait for a new
+generation; their agents must learn which one. The agents share one board in the round's worker store
+(the TCPStore every rank of the round already uses, fresh for every attempt): one versioned document
+(launch/inplace/board_state.py: the announcement, the group record, the invitation, offers, readiness, waits,
+the refusal and the claims), sealed as one record with the job key and bound to the round's store,
+and written only by compare-and-set on the bytes its writer last read, as torch elastic writes its
+rendezvous state. A change is data (:class:`~stalwart.launch.inplace.board_state.Change`); a writer that lost
+the race applies it again to what it found.
+
+No store call runs on the supervisor's thread: each :class:`StoreBoard` polls on its :class:`Ticker`
+(by default a daemon thread every :data:`POLL_S`; tests tick a :class:`ManualTicker` by hand), makes
+every call with the store timeout as its deadline, writes the changes handed to it and reads the
+document when it moved; the tick reads what the board last saw and never waits.
+
+A lost node's agent is gone with it, so nobody replaces its ranks from inside. For that case the board
+also carries (policy/inplace.py :func:`~stalwart.policy.inplace.take_over`):
+
+* a heartbeat per active agent: a counter under its own key, bumped every 0.5 s (one ``add``). The
+  heartbeats stay out of the document on purpose: a shared document would turn every beat of every
+  node into a compare-and-set that races all the others. A hot spare's board (and the first node's)
+  reads the watched nodes' counters during an incident and measures, on its injected clock, how long
+  each has not moved;
+* which nodes' ranks wait for a generation nobody announced (the survivors of a lost peer);
+* a claim per lost node (the first claim stands), so that two spares never take the same place;
+* once the group shrank or grew in place, its nodes and size (the first node writes them), and the
+  offers of nodes that arrive while the job runs: the first node invites them to start their ranks
+  in the next generation, and once each newcomer said its ranks are ready, announces that generation
+  (policy/inplace.py :func:`~stalwart.policy.inplace.grow`).
+
+A document that is not signed with the job key for this round, is malformed, or is older than one
+this board already read (replayed) is ignored, counted (:attr:`StoreBoard.refusals`) and noted once;
+the next write replaces it by a compare-and-set on its bytes, built on the last authentic state this
+board read (a planted claim or refusal is thus replaced). The counters (heartbeats, the version)
+cannot be signed: a forged bump can only delay a detection or cause an extra read, never admit,
+shrink or move a node.
+
+What each board costs the store does not grow with the job while nothing fails: one read of the
+version counter per poll (every write of the document bumps it after its compare-and-set) and one
+heartbeat every 0.5 s. The document is read only when the version moved, and the watched nodes'
+heartbeats only during an incident, every 0.5 s, and only by the spares and the first node.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from ...job_key import Refusals, Signer
+from ..clock import ManualClock
+from .board_records import Announcement, GroupRecord, InvitationRecord
+from .board_state import (
+    Announce,
+    BoardState,
+    Change,
+    Claim,
+    Invite,
+    Offer,
+    PublishGroup,
+    Ready,
+    Refuse,
+    Unsound,
+    Wait,
+    Withdraw,
+    open_state,
+    seal,
+    write,
+)
+
+KEY = "stalwart/inplace/board"  # the one sealed, versioned document
+VERSION = "stalwart/inplace/version"  # bumped after every write of the document
+BEAT = "stalwart/inplace/beat/"  # a heartbeat counter per node
+POLL_S = 0.1
+BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
+WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
+CAS_TRIES = 8  # compare-and-set attempts per poll before the changes wait for the next one
+
+
+class Ticker(Protocol):
+    """What paces a board's polls: ``poll`` is called until ``stopped`` is set."""
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None: ...
+
+
+class ThreadTicker:
+    """Polls on a daemon thread every :data:`POLL_S` of real time (a call stuck on a dead host holds
+    only that thread)."""
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
+        def loop() -> None:
+            while not stopped.is_set():
+                poll()
+                stopped.wait(POLL_S)
+
+        threading.Thread(target=loop, name="stalwart-inplace-board", daemon=True).start()
+
+
+class ManualTicker:
+    """Polls only when told to: each :meth:`tick` moves ``clock`` on by :data:`POLL_S` and polls every
+    open board once, on the caller's thread, in the order the boards were made."""
+
+    def __init__(self, clock: ManualClock | None = None) -> None:
+        self.clock = clock
+        self._boards: list[tuple[Callable[[], None], threading.Event]] = []
+
+    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
+        self._boards.append((poll, stopped))
+
+    def tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            if self.clock is not None:
+                self.clock.advance(POLL_S)
+            for poll, stopped in list(self._boards):
+                if not stopped.is_set():
+                    poll()
+
+
+class StoreBoard:
+    """A :class:`~stalwart.launch.inplace.board_records.Board` over the round's worker store, every call on
+    its ticker's thread."""
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        note: Callable[[str], None] = lambda text: None,
+        *,
+        node: str = "",
+        watch: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        signer: Signer,
+        ticker: Ticker | None = None,
+    ) -> None:
+        self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
+        self._note, self._node, self._clock = note, node, clock
+        self._signer, self._where = signer, f"{addr}:{port}"
+        self.refusals = Refusals(note)  # documents that failed: ignored, counted, noted once per kind
+        self._changes: deque[Change] = deque()  # handed over, not yet written
+        self._stop = threading.Event()
+        self._store: Any = None
+        self._state = BoardState()  # the last authentic state read or written
+        self._raw = b""  # the bytes last read or written under KEY (the next compare-and-set's base)
+        self._seen: Announcement | None = None  # the newest announcement seen
+        # a spare's view of the active nodes: the last counter read, and when it last moved
+        self._beats: dict[str, int] = {}
+        self._moved: dict[str, float] = dict.fromkeys(watch, clock())
+        self._polls = 0
+        self._answered = False  # one poll completed (what was in the store then is read)
+        self._version = -1  # the first poll reads whatever is already there
+        self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
+        (ticker or ThreadTicker()).start(self.poll, self._stop)
+
+    # --- the Board port: hand over, never wait --------------------------------------------------
+
+    def announce(self, a: Announcement) -> None:
+        self._changes.append(Announce(a))
+
+    def latest(self) -> Announcement | None:
+        return self._seen
+
+    def close(self) -> None:
+        self._stop.set()  # the ticker stops polling this board; a call stuck on a dead host is a daemon
+
+    def waiting(self, generation: int) -> None:
+        if self._node:
+            self._changes.append(Wait(self._node, generation))
+
+    def refuse(self, reason: str) -> None:
+        self._changes.append(Refuse(self._node, reason))
+
+    def refusal(self) -> tuple[str, str] | None:
+        return self._state.refusal
+
+    def silence(self) -> dict[str, float]:
+        """Seconds since each watched node's heartbeat last moved (on this board's clock), counted from
+        the start of the incident at the earliest; empty outside an incident (nothing is read then)."""
+        if not self._incident:
+            return {}
+        now = self._clock()
+        return {n: now - t for n, t in dict(self._moved).items()}
+
+    def nodes_waiting(self) -> dict[str, int]:
+        """Watched nodes whose ranks wait for a generation nobody announced yet, and that generation (a
+        wait an announcement answered is over: it never makes a later silence look like a lost node)."""
+        seen = self._seen.generation if self._seen is not None else 0
+        return {n: g for n, g in self._state.waiting.items() if g > seen and n in self._moved}
+
+    @property
+    def answered(self) -> bool:
+        """Whether one poll completed: :meth:`group` and :meth:`latest` hold what the store had then."""
+        return self._answered
+
+    def publish_group(self, a: Announcement) -> None:
+        """Record the group's nodes and size after it shrank or grew in place (for arriving nodes)."""
+        if a.world_size:
+            self._changes.append(PublishGroup(GroupRecord.of(a)))
+
+    def group(self) -> Announcement | None:
+        """The group's nodes and size as its first node last recorded them (None: never resized)."""
+        g = self._state.group
+        return g.as_announcement() if g is not None else None
+
+    def offer(self, node: str) -> None:
+        """Offer ``node`` (arrived during the job) for a free place in the group."""
+        self._changes.append(Offer(node))
+
+    def withdraw(self, node: str) -> None:
+        """``node`` gave up waiting for a place (it joins the rendezvous instead)."""
+        self._changes.append(Withdraw(node))
+
+    def offers(self) -> tuple[str, ...]:
+        """The nodes that offered a free place, in the order of their last offers."""
+        return tuple(o.node for o in self._state.offers if o.standing)
+
+    def offer_seq(self, node: str) -> int:
+        """How many times ``node`` offered (a node that starts again offers anew)."""
+        return next((o.seq for o in self._state.offers if o.node == node), 0)
+
+    def watch_more(self, nodes: Sequence[str]) -> None:
+        """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now."""
+        now = self._clock()
+        for n in nodes:
+            self._moved[n] = now
+            self._beats.pop(n, None)
+
+    def invite(self, a: Announcement) -> None:
+        """Give the newcomers of ``a`` their places: they start their ranks in ``a.generation``."""
+        if a.world_size:
+            self._changes.append(Invite(InvitationRecord.of(a)))
+
+    def invited(self) -> Announcement | None:
+        """The latest invitation the first node wrote (None: none)."""
+        i = self._state.invitation
+        return i.as_announcement() if i is not None else None
+
+    def ready(self, generation: int) -> None:
+        """Say that this node's ranks are about to join ``generation`` (a newcomer's)."""
+        if self._node:
+            self._changes.append(Ready(self._node, generation))
+
+    def ready_nodes(self) -> dict[str, int]:
+        """Nodes whose ranks are ready to join a grown group, and the generation they join."""
+        return dict(self._state.ready)
+
+    def claim(self, lost: str) -> None:
+        """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
+        self._changes.append(Claim(lost, self._node))
+
+    def claimed_by(self, lost: str) -> str | None:
+        """The node holding the claim on ``lost``'s place, once the store answered."""
+        return self._state.claims.get(lost)
+
+    # --- the poll, on the ticker's thread ---------------------------------------------------------
+
+    def poll(self) -> None:
+        """One exchange with the store (a new connection after a failed one)."""
+        try:
+            if self._store is None:
+                from torch.distributed import TCPStore
+
+                self._store = TCPStore(
+                    self._addr, self._port, None, False, timeout=self._timeout, wait_for_workers=False
+                )
+            self._exchange(self._store)
+        except Exception:  # noqa: BLE001 - the store is unreachable: try again on a new connection
+            self._store = None
+
+    def _exchange(self, store: Any) -> None:
+        """Write what was handed over; beat; read the document when the version moved."""
+        self._polls += 1
+        self._write(store)
+        if self._node and self._polls % BEAT_EVERY == 1:
+            store.add(BEAT + self._node, 1)
+        version = store.add(VERSION, 0)
+        if version != self._version:
+            self._version = version
+            if store.check([KEY]):
+                self._found(bytes(store.get(KEY)))
+        if self._incident and self._polls % WATCH_EVERY == 1:
+            self._read_beats(store)
+        self._answered = True
+
+    def _write(self, store: Any) -> None:
+        """The changes handed over, applied to the last authentic state and set by compare-and-set on
+        the bytes last read; on a conflict, applied again to what the store holds (bounded)."""
+        changes: list[Change] = []
+        while self._changes:
+            changes.append(self._changes.popleft())
+        if not changes:
+            return
+        for _ in range(CAS_TRIES):
+            new = write(self._state, tuple(changes))
+            sealed = seal(self._signer, self._where, new)
+            held = _bytes(store.compare_set(KEY, self._raw, sealed))
+            if held == sealed:
+                self._found(sealed, written=new)
+                store.add(VERSION, 1)
+                return
+            if held == self._raw and self._raw:
+                self._raw = b""  # the key is gone (torch answers with the expected value): create it
+                continue
+            self._found(held)
+        self._changes.extendleft(reversed(changes))  # still contended: the next poll tries again
+
+    def _found(self, raw: bytes, written: BoardState | None = None) -> None:
+        """Take ``raw`` (read from the store, or ``written`` by this board) as the state when it is
+        authentic; otherwise ignore it (counted, noted once), and base the next write on its bytes."""
+        if written is None and raw == self._raw:
+            return  # read before: taken, or refused and counted then
+        self._raw = raw
+        got = (
+            written
+            if written is not None
+            else open_state(self._signer, self._where, raw, self._state.version)
+        )
+        if isinstance(got, Unsound):
+            self.refusals.refused(got.what, got.why)
+            return
+        before, self._state = self._state, got
+        a = got.announcement
+        if a is not None and (self._seen is None or a.generation > self._seen.generation):
+            self._seen = a
+            self._incident = False  # the waits are answered: stop reading heartbeats
+        answered = self._seen.generation if self._seen is not None else 0
+        new_wait = any(g > answered and before.waiting.get(n) != g for n, g in got.waiting.items())
+        if new_wait and self._moved and not self._incident:
+            self._watch_from_now()
+
+    def _watch_from_now(self) -> None:
+        """Start reading the watched heartbeats; their silence counts from now, not from before."""
+        now = self._clock()
+        self._moved = dict.fromkeys(self._moved, now)
+        self._beats = {}
+        self._incident = True
+
+    def _read_beats(self, store: Any) -> None:
+        """The watched nodes' heartbeats: when each last moved."""
+        for n in list(self._moved):
+            count = store.add(BEAT + n, 0)
+            if count != self._beats.get(n):
+                self._beats[n] = count
+                if count:  # a node that never beat keeps its silence from the incident's start
+                    self._moved[n] = self._clock()
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+__all__ = ["BEAT", "KEY", "POLL_S", "VERSION", "Announcement", "ManualTicker", "StoreBoard", "ThreadTicker"]

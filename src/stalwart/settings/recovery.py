@@ -1,0 +1,50 @@
+"""Settings of the recovery ladder's first rung (part of the one schema: settings/schema.py has the
+rest, settings/run_config.py composes them into ``RunConfig``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from ..protocol import DEFAULT_REFORM_TIMEOUT_S
+from .schema import MODEL_CONFIG, setting
+
+
+class InPlaceSettings(BaseModel):
+    """In-place recovery (docs/fast-recovery.md): survivors keep their processes, only failed ranks
+    are replaced, state comes from a live replica."""
+
+    model_config = MODEL_CONFIG
+
+    enabled: Annotated[bool, setting("in_place", "--in-place/--no-in-place")] = Field(
+        default=True,
+        description="Re-form the process group in place when a rank fails (scripts under Session.run).",
+    )
+    timeout_s: Annotated[float, setting("in_place_timeout_s", "--in-place-timeout")] = Field(
+        default=DEFAULT_REFORM_TIMEOUT_S,
+        gt=0,
+        description="Seconds each step of an in-place re-formation may take before the whole group restarts.",
+    )
+    announce_s: Annotated[float, setting("in_place_announce_timeout_s", "--in-place-announce-timeout")] = (
+        Field(
+            default=5.0,
+            gt=0,
+            description=(
+                "Seconds a node whose ranks lost a peer on another node waits for that node's agent to "
+                "announce an in-place re-formation before the whole group restarts; also how long a node "
+                "arriving while a group that shrank in place trains waits to be taken back in before it "
+                "joins the rendezvous (multi-node)."
+            ),
+        )
+    )
+    max_per_attempt: Annotated[int, setting("in_place_max", "--in-place-max")] = Field(
+        default=10,
+        ge=0,
+        description="In-place recoveries within one attempt before the whole group restarts.",
+    )
+    fail_attempt: Annotated[int, setting("in_place_fail_attempt")] = Field(
+        default=-1,
+        ge=-1,
+        description="The attempt whose in-place recovery is forced to fail (testing); -1: none.",
+    )
