@@ -168,9 +168,11 @@ def policy_impurities(root: Path = SRC / "policy", package: str = "stalwart.poli
 
 
 def layers(pyproject: Path = PYPROJECT) -> list[list[str]]:
-    """The layers contract of pyproject's [tool.importlinter], top first, each a list of packages."""
+    """The package-wide layers contract of pyproject's [tool.importlinter] (the one without
+    ``containers``: the others order the modules inside one package), top first, each a list of
+    packages."""
     config = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]
-    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers" and not c.get("containers")]
     return [[p.strip() for p in layer.split("|")] for layer in contract["layers"]]
 
 

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 
 from stalwart.job_key import JobKey, KeySource
-from stalwart.launch.inplace import board_state
 from stalwart.launch.clock import ManualClock
+from stalwart.launch.inplace import board_state
 from stalwart.launch.inplace.board import BEAT, KEY, VERSION, Announcement, ManualTicker, StoreBoard
 from stalwart.launch.inplace.board_state import BoardState, Claim, Refuse
 

@@ -154,3 +154,19 @@ def test_the_layers_contract_fails_on_an_upward_import(tmp_path):
         "--config", str(config), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}
     )
     assert done.returncode != 0 and "layered.low -> layered.high" in done.stdout, done.stdout + done.stderr
+
+
+def test_every_module_of_launch_and_settings_is_on_the_architecture_page():
+    """docs/architecture.md lists every module of launch/ and settings/ with its role: a module added
+    or moved without the page fails here."""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "architecture.md").read_text()
+    src = root / "src" / "stalwart"
+    modules = [
+        p.relative_to(src).as_posix()
+        for base in ("launch", "settings")
+        for p in (src / base).rglob("*.py")
+        if p.name != "__init__.py"
+    ]
+    missing = [m for m in modules if f"`{m}`" not in page]
+    assert modules and missing == [], missing

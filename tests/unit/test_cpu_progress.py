@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stalwart.launch.attempt.cpu_progress import CpuProgress, ProcSample, detect_cpu_stall, read_proc
+from stalwart.launch.cpu_progress import CpuProgress, ProcSample, detect_cpu_stall, read_proc
 
 T0 = 1000.0
 
@@ -102,7 +102,7 @@ def test_a_healthy_low_cpu_job_is_not_hung_within_the_process_group_timeout():
 
 def test_the_hang_monitor_catches_a_stopped_unhooked_rank_at_the_floor_but_not_idle_ones():
     from stalwart.launch.attempt.hang_monitor import HangMonitor
-    from stalwart.launch.attempt.snapshot import CpuMark, RankView, Snapshot
+    from stalwart.launch.snapshot import CpuMark, RankView, Snapshot
     from stalwart.policy.timeouts import HangTimeoutPolicy
 
     mon = HangMonitor(HangTimeoutPolicy(floor_s=10.0), 300.0, 600.0)

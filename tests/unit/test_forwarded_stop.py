@@ -7,7 +7,6 @@ import signal
 from types import SimpleNamespace
 
 from stalwart.launch.attempt.forwarded_stop import ForwardedStop
-from stalwart.launch.attempt.snapshot import RankView, Snapshot
 from stalwart.launch.attempt.supervisor import Supervisor
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
@@ -21,6 +20,7 @@ from stalwart.launch.fakes import (
     ScriptedChaos,
     specs,
 )
+from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.policy.job import VERDICTS, AttemptStatus, JobSpec, Outcome, initial
 from stalwart.policy.job import next as job_next
 from stalwart.policy.timeouts import HangTimeoutPolicy

@@ -1,10 +1,10 @@
-"""Severe GPU Xids since the attempt started (launch/attempt/gpu_faults.py), the in-place ladder's input."""
+"""Severe GPU Xids since the attempt started (launch/gpu_faults.py), the in-place ladder's input."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from stalwart.launch.attempt.gpu_faults import XidWatch, severe_codes, severe_xids
+from stalwart.launch.gpu_faults import XidWatch, severe_codes, severe_xids
 from stalwart.policy.inplace import InPlaceCase, NotInPlace, decide
 from stalwart.policy.restart_policy import FailureKind
 

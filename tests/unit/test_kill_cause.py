@@ -13,7 +13,7 @@ from stalwart.diagnose.kill_witness import KillWitness, memory_counter_file, rea
 from stalwart.diagnose.root_cause import component_class, incident_class
 from stalwart.errors import ConfigError
 from stalwart.launch.attempt.monitors import crash
-from stalwart.launch.attempt.snapshot import RankView, Snapshot
+from stalwart.launch.snapshot import RankView, Snapshot
 
 KILLS = Path(__file__).parents[1] / "fixtures" / "diagnose" / "kills"
 T0 = 1_000.0

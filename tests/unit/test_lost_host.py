@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stalwart.diagnose.incident import lost_host
 from stalwart.launch.attempt.monitors import crash
-from stalwart.launch.attempt.snapshot import RankView, Snapshot
+from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.policy.world_size import WorldPlan
 from stalwart.protocol.error_record import ErrorRecord
 

@@ -17,7 +17,7 @@ from stalwart.launch.attempt.monitors import (
     membership,
     worker_exits,
 )
-from stalwart.launch.attempt.snapshot import CpuMark, RankView, Snapshot
+from stalwart.launch.snapshot import CpuMark, RankView, Snapshot
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.protocol import CheckpointDone
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stalwart.launch.attempt.peer_errors import MAX_HELD_LINES, PeerErrorFilter
+from stalwart.launch.processes.peer_errors import MAX_HELD_LINES, PeerErrorFilter
 
 GLOO = b"""Traceback (most recent call last):
   File "/w/train.py", line 40, in <module>

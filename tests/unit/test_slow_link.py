@@ -28,11 +28,11 @@ from stalwart.health.link_counters import (
     read_sysfs,
 )
 from stalwart.launch.attempt.hang_monitor import HangMonitor
-from stalwart.launch.attempt.snapshot import RankView, Snapshot
 from stalwart.launch.attempt.straggler_monitor import StragglerMonitor
 from stalwart.launch.attempt.straggler_records import record_stragglers
 from stalwart.launch.decision import Decision, DecisionKind
 from stalwart.launch.fakes import RecordingLedger
+from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import WorldPlan
 

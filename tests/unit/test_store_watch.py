@@ -16,7 +16,6 @@ from stalwart.events import WorkersStopped
 from stalwart.exit_codes import EXIT_INFRA
 from stalwart.job_key import JobKey, KeySource
 from stalwart.launch.attempt.monitors import default_monitors, store_lost
-from stalwart.launch.attempt.snapshot import Snapshot
 from stalwart.launch.attempt.supervisor import Supervisor
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
@@ -32,6 +31,7 @@ from stalwart.launch.fakes import (
 )
 from stalwart.launch.rendezvous.node_rendezvous import NodeRendezvous
 from stalwart.launch.rendezvous.store_watch import StoreUnreachable, StoreWatch, within
+from stalwart.launch.snapshot import Snapshot
 from stalwart.policy import job
 from stalwart.policy.job import AttemptStatus, End, Outcome
 from stalwart.policy.timeouts import HangTimeoutPolicy

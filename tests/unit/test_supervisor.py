@@ -18,7 +18,6 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
 from stalwart.launch.attempt.monitors import SignalMonitor, durability, membership, worker_exits
-from stalwart.launch.attempt.snapshot import RankView, Snapshot
 from stalwart.launch.attempt.supervisor import Supervisor, decide
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
@@ -32,6 +31,7 @@ from stalwart.launch.fakes import (
     ScriptedChaos,
     specs,
 )
+from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone

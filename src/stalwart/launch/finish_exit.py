@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..policy.job import AttemptStatus
-from .attempt.snapshot import Snapshot
 from .decision import AttemptOutcome, Decision, DecisionKind
 from .progress import durability_problem_in
+from .snapshot import Snapshot
 
 
 @dataclass(frozen=True)

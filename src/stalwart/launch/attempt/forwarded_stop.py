@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ...policy.job import AttemptStatus
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..processes.worker_group import describe_exit
-from .snapshot import Snapshot
+from ..snapshot import Snapshot
 
 
 def _name(signum: int) -> str:

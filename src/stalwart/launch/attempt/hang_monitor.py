@@ -15,10 +15,10 @@ from ...policy.job import AttemptStatus
 from ...policy.label import Label
 from ...policy.restart_policy import Failure, FailureKind
 from ...policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
+from ..cpu_progress import detect_cpu_stall
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..progress import HangVerdict, detect_hang_in
-from .cpu_progress import detect_cpu_stall
-from .snapshot import Snapshot
+from ..snapshot import Snapshot
 from .straggler_monitor import StragglerMonitor
 
 

@@ -39,9 +39,9 @@ from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..finish_exit import FinishedNotExited
 from ..processes.worker_group import describe_exit
 from ..progress import durability_problem_in
+from ..snapshot import RankView, Snapshot
 from .forwarded_stop import ForwardedStop
 from .hang_monitor import HangMonitor, HangPhase, HangSource
-from .snapshot import RankView, Snapshot
 from .straggler_monitor import StragglerMonitor, job_slowdown
 
 __all__ = [

@@ -26,7 +26,7 @@ from ...events import StepCompleted
 from ...policy.job import AttemptStatus
 from ...policy.world_size import SizeRule
 from ..decision import AttemptOutcome, Decision, DecisionKind, StragglerAdvice
-from .snapshot import Snapshot
+from ..snapshot import Snapshot
 
 # --- stragglers --------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from ...health.link_counters import LinkSampler
 from ...policy.world_size import WorldPlan
 from ...protocol import LoopStarted, Note
 from ..clock import Clock
+from ..cpu_progress import CpuProgress, ProcSample, read_proc
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..inplace.board_records import Board
 from ..inplace.recovery import InPlaceRecovery
@@ -40,9 +41,8 @@ from ..ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
 from ..processes.worker_group import describe_exit, tail, tail_lines
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
-from .cpu_progress import CpuProgress, ProcSample, read_proc
+from ..snapshot import Snapshot, cpu_marks, frozen, views
 from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
-from .snapshot import Snapshot, cpu_marks, frozen, views
 from .straggler_records import record_stragglers
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join

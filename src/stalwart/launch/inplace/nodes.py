@@ -38,11 +38,11 @@ from ...policy.inplace import (
     join,
     shrink,
 )
-from ..attempt.snapshot import Snapshot
 from ..clock import Clock
 from ..ports import LedgerSink
 from ..processes.worker_group import WorkerSpec
 from ..progress import ProgressTracker
+from ..snapshot import Snapshot
 from . import records as inplace_records
 from .board_records import Announcement, Board
 from .machine import (
@@ -114,7 +114,7 @@ class NodeRecovery:
         self.read_state, self.board, self.node = read_state, board, node
         self.state = InPlaceState(active=active, world_size=world_size, num_nodes=num_nodes, spares=spares)
         if xids is None:
-            from ..attempt.gpu_faults import XidWatch
+            from ..gpu_faults import XidWatch
 
             diagnosis = getattr(cfg, "diagnosis", None)
             xids = XidWatch(clock.now(), getattr(diagnosis, "kernel_log", None))

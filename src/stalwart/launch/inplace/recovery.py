@@ -30,8 +30,8 @@ from ...events import WorkersStopped
 from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
 from ...policy.restart_policy import FailureKind
 from ...protocol import PREFIX
-from ..attempt.snapshot import Snapshot
 from ..decision import AttemptOutcome, Decision
+from ..snapshot import Snapshot
 from . import records as inplace_records
 from .board_records import Announcement
 from .machine import Invitation, Pending, Phase, Reformed, Replaced, ReplaceFailed

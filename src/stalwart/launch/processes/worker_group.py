@@ -24,7 +24,7 @@ from typing_extensions import assert_never
 
 from ...policy.label import Label
 from ...protocol.private_paths import open_log
-from ..attempt.peer_errors import PeerErrorFilter
+from .peer_errors import PeerErrorFilter
 
 
 @dataclass(frozen=True)

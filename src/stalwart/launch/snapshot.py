@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from ...diagnose.kill_cause import KillVerdict
-from ...events import StepCompleted
-from ...health.link_counters import LinkSample
-from ...policy.world_size import WorldPlan
-from ...protocol import CheckpointDone
-from ...protocol.error_record import ErrorRecord
-from ..progress import ProgressTracker, RankProgress
+from ..diagnose.kill_cause import KillVerdict
+from ..events import StepCompleted
+from ..health.link_counters import LinkSample
+from ..policy.world_size import WorldPlan
+from ..protocol import CheckpointDone
+from ..protocol.error_record import ErrorRecord
 from .cpu_progress import CpuProgress
+from .progress import ProgressTracker, RankProgress
 
 K = TypeVar("K")
 V = TypeVar("V")
