@@ -17,8 +17,8 @@ from stalwart.events import (
     WorkersStopped,
 )
 from stalwart.exit_codes import EXIT_PREEMPTED
-from stalwart.launch.attempt.monitors import SignalMonitor, durability, membership, worker_exits
-from stalwart.launch.attempt.supervisor import Supervisor, decide
+from stalwart.launch.attempt.monitors import SignalMonitor, decide, durability, membership, worker_exits
+from stalwart.launch.attempt.supervisor import Supervisor
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.fakes import (
     FakeBlock,

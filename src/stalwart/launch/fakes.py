@@ -13,9 +13,11 @@ from typing import Any
 from ..events import Event
 from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
+from ..protocol import Message
 from ..protocol.error_record import ErrorRecord
 from .decision import AttemptOutcome
 from .ports import Round
+from .processes.worker_group import WorkerSpec
 from .progress import ProgressTracker
 
 # --- the ledger, the console --------------------------------------------------------------------------
@@ -74,9 +76,11 @@ class FakeGroup:
     def of(cls, ranks: Iterable[int]) -> FakeGroup:
         return cls({r: None for r in ranks})
 
+    replaced: list[int] = field(default_factory=list)
+
     @property
-    def procs(self) -> dict[int, object]:
-        return dict.fromkeys(self.codes)
+    def procs(self) -> dict[int, FakeProc]:
+        return {r: FakeProc(self.pid(r)) for r in self.codes}
 
     def poll(self) -> dict[int, int | None]:
         return dict(self.codes)
@@ -84,22 +88,38 @@ class FakeGroup:
     def pid(self, rank: int) -> int:
         return 10_000 + rank
 
-    def signal(self, signum: int) -> None:
-        self.signals.append(signum)
+    def signal(self, sig: int, ranks: Sequence[int] | None = None) -> None:
+        self.signals.append(sig)
 
-    def stop(self, grace: float) -> dict[int, int | None]:
-        self.stops.append(grace)
-        self.codes = {r: (-signal.SIGTERM if c is None else c) for r, c in self.codes.items()}
-        return dict(self.codes)
+    def stop(self, grace_s: float) -> dict[int, int]:
+        self.stops.append(grace_s)
+        stopped = {r: (-signal.SIGTERM if c is None else c) for r, c in self.codes.items()}
+        self.codes = dict(stopped)
+        return stopped
+
+    def replace(self, spec: WorkerSpec, reap_s: float) -> int:
+        self.replaced.append(spec.global_rank)
+        self.codes[spec.global_rank] = None
+        return self.pid(spec.global_rank)
+
+
+@dataclass(frozen=True)
+class FakeProc:
+    pid: int
 
 
 @dataclass
 class FakePipe:
     """The workers' message pipe: the test appends, the supervisor drains."""
 
-    queue: list = field(default_factory=list)
+    queue: list[Message] = field(default_factory=list)
+    channels: int = 0
 
-    def drain(self) -> list:
+    def new_channel(self) -> int:
+        self.channels += 1
+        return 100 + self.channels
+
+    def drain(self) -> list[Message]:
         out, self.queue = self.queue, []
         return out
 
@@ -111,13 +131,21 @@ class FakeBlock:
     stop_after: list[int] = field(default_factory=list)
     refuse_stop: str = ""
 
-    def read_beat(self, slot: int) -> None:
+    reforms: list[int] = field(default_factory=list)  # generations asked for; -1: refused
+
+    def read_beat(self, slot: int) -> tuple[float, int, str] | None:
         return None
 
-    def request_stop(self, after: int) -> None:
+    def request_stop(self, after_steps: int) -> None:
         if self.refuse_stop:
             raise RuntimeError(self.refuse_stop)
-        self.stop_after.append(after)
+        self.stop_after.append(after_steps)
+
+    def request_reform(self, generation: int, place: tuple[int, int] | None = None) -> None:
+        self.reforms.append(generation)
+
+    def refuse_reform(self) -> None:
+        self.reforms.append(-1)
 
 
 @dataclass

@@ -8,7 +8,7 @@ launch/fakes.py serve the unit tests and the simulator (sim/agent_probe.py) alik
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,8 +16,10 @@ from typing import Any, Protocol
 from ..events import Event
 from ..policy.job import TookOver
 from ..policy.world_size import WorldPlan
+from ..protocol import Message
 from ..protocol.error_record import ErrorRecord
 from .decision import AttemptOutcome
+from .processes.worker_group import WorkerSpec
 from .progress import ProgressTracker
 
 # --- the ledger and the console -----------------------------------------------------------------------
@@ -156,3 +158,48 @@ class HealthGate(Protocol):
     def check(self, attempt: int) -> tuple[str, str]:
         """("", "") when this node may start, else (the reason it may not, its node state)."""
         ...
+
+
+class RunningProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+class WorkerProcesses(Protocol):
+    """This attempt's worker processes as the supervisor and in-place recovery drive them
+    (launch/processes/worker_group.py ``WorkerGroup``)."""
+
+    exit_times: dict[int, float]
+
+    @property
+    def procs(self) -> Mapping[int, RunningProcess]: ...
+
+    def poll(self) -> dict[int, int | None]: ...
+
+    def pid(self, rank: int) -> int: ...
+
+    def signal(self, sig: int, ranks: Sequence[int] | None = None) -> None: ...
+
+    def stop(self, grace_s: float) -> dict[int, int]: ...
+
+    def replace(self, spec: WorkerSpec, reap_s: float) -> int: ...
+
+
+class Inbox(Protocol):
+    """The workers' messages to the agent (protocol/pipe.py ``Receiver``)."""
+
+    def new_channel(self) -> int: ...
+
+    def drain(self) -> list[Message]: ...
+
+
+class ControlWrites(Protocol):
+    """The agent's side of the shared control block (protocol/control.py ``ControlBlock``)."""
+
+    def request_stop(self, after_steps: int) -> None: ...
+
+    def request_reform(self, generation: int, place: tuple[int, int] | None = None) -> None: ...
+
+    def refuse_reform(self) -> None: ...
+
+    def read_beat(self, slot: int) -> tuple[float, int, str] | None: ...

@@ -43,7 +43,8 @@ from functools import lru_cache
 from typing import Any
 
 from ..events import FailureDetected
-from ..launch.attempt.supervisor import Supervisor, decide
+from ..launch.attempt.monitors import decide
+from ..launch.attempt.supervisor import Supervisor
 from ..launch.clock import ManualClock
 from ..launch.decision import AttemptOutcome
 from ..launch.fakes import (

@@ -14,14 +14,14 @@
   (:func:`stalwart.diagnose.straggler.relative_stragglers`); the straggler-action policy's verdict,
   carried out (exclude this node) only when the attempt's precision gate allows.
 
-:data:`PRIORITY` is the order the supervisor asks them in.
+:data:`PRIORITY` is the order the supervisor asks them in; :func:`decide` asks them in that order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal as _signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,7 @@ __all__ = [
     "SignalMonitor",
     "StragglerMonitor",
     "crash",
+    "decide",
     "default_monitors",
     "durability",
     "job_slowdown",
@@ -377,3 +378,26 @@ PRIORITY = (
     "store_lost",
     "membership",
 )
+
+
+def decide(snapshot: Snapshot, monitors: Sequence[Monitor]) -> list[Decision]:
+    """The decisions to apply this tick, in order (pure).
+
+    Monitors are asked in the given order; observations (stragglers) are collected and the next
+    monitor asked; a stop request is applied to the snapshot and the same monitor asked again (so the
+    stop's own rules see it at once); a decision that ends the tick is the last one."""
+    out: list[Decision] = []
+    i = 0
+    while i < len(monitors):
+        d = monitors[i](snapshot)
+        if d is None:
+            i += 1
+            continue
+        out.append(d)
+        if d.ends_tick:
+            break
+        if d.kind is DecisionKind.REQUEST_STOP:
+            snapshot = dataclasses.replace(snapshot, stop_requested_at=snapshot.now)
+            continue
+        i += 1
+    return out

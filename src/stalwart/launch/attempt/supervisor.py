@@ -37,55 +37,41 @@ from ..cpu_progress import CpuProgress, ProcSample, read_proc
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..inplace.board_records import Board
 from ..inplace.recovery import InPlaceRecovery
-from ..ports import AttemptChaos, Console, FailureFiles, JobLink, LedgerSink
+from ..ports import (
+    AttemptChaos,
+    Console,
+    ControlWrites,
+    FailureFiles,
+    Inbox,
+    JobLink,
+    LedgerSink,
+    WorkerProcesses,
+)
 from ..processes.worker_group import describe_exit, tail, tail_lines
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
-from .monitors import HangMonitor, StragglerMonitor, crash, default_monitors
+from .monitors import HangMonitor, StragglerMonitor, crash, decide, default_monitors
 from .straggler_records import record_stragglers
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
 STRAGGLER_EVERY = 10  # steps between two straggler checks
 
 
-def decide(snapshot: Snapshot, monitors: Sequence[Callable[[Snapshot], Decision | None]]) -> list[Decision]:
-    """The decisions to apply this tick, in order (pure).
-
-    Monitors are asked in the given order; observations (stragglers) are collected and the next
-    monitor asked; a stop request is applied to the snapshot and the same monitor asked again (so the
-    stop's own rules see it at once); a decision that ends the tick is the last one."""
-    out: list[Decision] = []
-    i = 0
-    while i < len(monitors):
-        d = monitors[i](snapshot)
-        if d is None:
-            i += 1
-            continue
-        out.append(d)
-        if d.ends_tick:
-            break
-        if d.kind is DecisionKind.REQUEST_STOP:
-            snapshot = dataclasses.replace(snapshot, stop_requested_at=snapshot.now)
-            continue
-        i += 1
-    return out
-
-
 class Supervisor:
     def __init__(
         self,
         *,
-        cfg,
+        cfg,  # RunConfig, or the simulator's ProbeConfig (sim/agent_probe.py): the part it reads
         ledger: LedgerSink,
         console: Console,
         files: FailureFiles,
         job: JobLink,
         chaos: AttemptChaos,
-        group,
-        receiver,
-        block,
-        specs,
+        group: WorkerProcesses,
+        receiver: Inbox,
+        block: ControlWrites,
+        specs,  # WorkerSpec, or the simulator's fake specs (rank numbers and log paths are what it reads)
         clock: Clock,
         attempt: int,
         node: str,

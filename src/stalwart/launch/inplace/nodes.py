@@ -38,8 +38,9 @@ from ...policy.inplace import (
     join,
     shrink,
 )
+from ...settings.run_config import RunConfig
 from ..clock import Clock
-from ..ports import LedgerSink
+from ..ports import ControlWrites, Inbox, LedgerSink, WorkerProcesses
 from ..processes.worker_group import WorkerSpec
 from ..progress import ProgressTracker
 from ..snapshot import Snapshot
@@ -89,11 +90,11 @@ class NodeRecovery:
 
     def __init__(
         self,
-        cfg: object,
+        cfg: RunConfig,
         ledger: LedgerSink,
-        group: object,  # launch.workers.WorkerGroup
-        receiver: object,  # protocol.pipe.Receiver
-        block: object,  # protocol.control.ControlBlock (writable)
+        group: WorkerProcesses,
+        receiver: Inbox,
+        block: ControlWrites,
         tracker: ProgressTracker,
         num_nodes: int,
         attempt: int,
@@ -185,7 +186,7 @@ class NodeRecovery:
             for q in self.tracker.progress.values()
             if q.reforming is not None and q.reforming.generation > s.generation
         ]
-        settings = self.cfg.reform  # type: ignore[attr-defined]
+        settings = self.cfg.reform
         silent = board.silence()
         lost = tuple(n for n in s.active or tuple(silent) if silent.get(n, 0.0) >= settings.announce_s / 2)
         newer = seen is not None and seen.generation > s.generation  # another node's, to join instead
@@ -212,7 +213,7 @@ class NodeRecovery:
         snap: Snapshot,
     ) -> None:
         assert self.board is not None
-        s, settings = self.state, self.cfg.reform  # type: ignore[attr-defined]
+        s, settings = self.state, self.cfg.reform
         refused = self.board.refusal()
         resized = newer.world_size if newer is not None else 0
         grown = resized if resized > s.world_size > 0 else 0
@@ -282,15 +283,15 @@ class NodeRecovery:
         cfg, s = self.cfg, self.state
         choice = shrink(
             ShrinkCase(
-                enabled=cfg.reform.enabled,  # type: ignore[attr-defined]
+                enabled=cfg.reform.enabled,
                 stopping=snap.stop_requested_at is not None,
                 node=self.node,
                 active=s.active,
                 lost=lost,
                 spares=s.spares,
-                nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
-                min_nodes=cfg.min_nodes,  # type: ignore[attr-defined]
-                rule=cfg.size_rule,  # type: ignore[attr-defined]
+                nproc_per_node=cfg.nproc_per_node,
+                min_nodes=cfg.min_nodes,
+                rule=cfg.size_rule,
                 generation=s.next_generation_base,
             )
         )
@@ -302,7 +303,7 @@ class NodeRecovery:
             case ShrinkInPlace(active=active, world_size=world, generation=gen, reason=reason):
                 self.give_up_grow("a node was lost during the grow", snap.now)
                 dropped = tuple(n for n in s.active if n in lost)
-                nproc = cfg.nproc_per_node  # type: ignore[attr-defined]
+                nproc = cfg.nproc_per_node
                 ctx = self.ledger.ctx()
                 for ev in inplace_records.lost_without_spare(
                     dropped, self.node, s.active, silent, nproc, snap.now, ctx
@@ -330,7 +331,7 @@ class NodeRecovery:
         if not offers:
             return False
         cfg = self.cfg
-        settings = cfg.reform  # type: ignore[attr-defined]
+        settings = cfg.reform
         choice = grow(
             GrowCase(
                 enabled=settings.enabled,
@@ -339,9 +340,9 @@ class NodeRecovery:
                 node=self.node,
                 active=s.active,
                 offers=offers,
-                nproc_per_node=cfg.nproc_per_node,  # type: ignore[attr-defined]
-                max_nodes=cfg.max_nodes,  # type: ignore[attr-defined]
-                rule=cfg.size_rule,  # type: ignore[attr-defined]
+                nproc_per_node=cfg.nproc_per_node,
+                max_nodes=cfg.max_nodes,
+                rule=cfg.size_rule,
                 # past any generation invited before: a readiness left from a given-up invitation is stale
                 generation=s.next_generation_base,
             )
@@ -419,7 +420,7 @@ class NodeRecovery:
     def _place(self, a: Announcement | None) -> tuple[int, int] | None:
         if a is None or not a.world_size:  # the group did not resize: every rank keeps its place
             return None
-        return a.place(self.node, self.cfg.nproc_per_node)  # type: ignore[attr-defined]
+        return a.place(self.node, self.cfg.nproc_per_node)
 
     def _request(self, gen: int, a: Announcement | None) -> None:
         from ...protocol.control import ControlBlock

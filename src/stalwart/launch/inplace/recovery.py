@@ -71,7 +71,7 @@ class InPlaceRecovery(NodeRecovery):
         failure = d.outcome.failure if d.outcome is not None else None
         if failure is None or not any(p.in_place for p in self.tracker.progress.values()):
             return False  # no rank offers in-place (a script without Session.run): the usual restart
-        settings = self.cfg.reform  # type: ignore[attr-defined]
+        settings = self.cfg.reform
         s = self.state
         case = InPlaceCase(
             enabled=settings.enabled,
@@ -121,7 +121,7 @@ class InPlaceRecovery(NodeRecovery):
         assert isinstance(self.group, WorkerGroup) and isinstance(self.receiver, Receiver)
         assert isinstance(self.block, ControlBlock)
         self.record("in_place", plan.reason, now)
-        bound = self.cfg.reform.timeout_s  # type: ignore[attr-defined]
+        bound = self.cfg.reform.timeout_s
         # the interrupted step: the lowest one not completed by every rank (the failed ones included,
         # before their progress is reset for the replacements)
         interrupted = self.interrupted()
@@ -183,7 +183,7 @@ class InPlaceRecovery(NodeRecovery):
         """The re-formation failed (its reason is in the ledger): stop the group; the attempt ends with
         the original failure, and the job policy restarts the whole group as without the in-place rung."""
         assert d.outcome is not None
-        self.group.stop(0.0)  # type: ignore[attr-defined]
+        self.group.stop(0.0)
         reason = "in-place recovery failed: the whole group restarts"
         self.ledger.emit(WorkersStopped(ts=self.clock.now(), reason=reason, **self.ledger.ctx()), show=False)
         return d.outcome

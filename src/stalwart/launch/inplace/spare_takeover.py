@@ -22,13 +22,14 @@ from ...job_key import Signer
 from ...policy.inplace import TakeOver, TakeOverCase, Wait, take_over
 from ...policy.job import TookOver
 from ...policy.world_size import WorldPlan
+from ...settings.run_config import RunConfig
 from ..ports import Round
 from .board import Announcement, StoreBoard
 
 
 @dataclass
 class SpareWatch:
-    cfg: object
+    cfg: RunConfig
     board: StoreBoard
     plan: WorldPlan
     claiming: TakeOver | None = None
@@ -51,9 +52,9 @@ class SpareWatch:
     def poll(self) -> TookOver | None:
         """The plan with this spare in the lost node's place once the claim is held, else None."""
         cfg, board = self.cfg, self.board
-        me = cfg.node_name  # type: ignore[attr-defined]
+        me = cfg.node_name
         if self.claiming is None:
-            settings = cfg.reform  # type: ignore[attr-defined]
+            settings = cfg.reform
             case = TakeOverCase(
                 enabled=settings.enabled,
                 spare=me,
