@@ -197,6 +197,8 @@ def test_the_rendered_table_lists_every_move_and_the_docs_show_it():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "fast-recovery.md").read_text()
     assert "## The in-place machine" in doc
     assert table in doc and mermaid in doc  # the docs show the table as the code has it
+    layout = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    assert mermaid in layout  # and the architecture page draws the same machine
 
 
 # --- the membership function --------------------------------------------------------------------------
