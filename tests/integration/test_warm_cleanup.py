@@ -49,7 +49,7 @@ def _servers(label: str) -> list[int]:
                 )
             except OSError:
                 continue
-            if "forkserver_main" in cmd and label in cmd and _running(int(entry)):
+            if "fork_server_main" in cmd and label in cmd and _running(int(entry)):
                 out.append(int(entry))
     return out
 
