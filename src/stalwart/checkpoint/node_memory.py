@@ -17,12 +17,11 @@ can read that store: see docs/peer-state.md).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..job_key import JobKey, KeySource
 from .manifest import KEY_FILE_ENV, MANIFEST, configured_key
 from .node_tier import HELD, OWN
 from .peer_store import Peer, PeerStore, format_peers
@@ -37,7 +36,8 @@ NO_KEY = (
 
 
 def peer_secret_from_key(key: bytes, run_id: str) -> bytes:
-    return hmac.new(key, b"stalwart-peer\n" + run_id.encode(), hashlib.sha256).digest()
+    """HMAC(key, run id): the same derivation as the job key's (job_key.JobKey.peer_secret)."""
+    return JobKey(key, KeySource.FILE).peer_secret(run_id)
 
 
 class NodeMemory:
