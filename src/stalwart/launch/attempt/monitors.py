@@ -227,9 +227,12 @@ class SignalMonitor:
                     f"{name}: stopping the workers",
                     AttemptOutcome(AttemptStatus.INTERRUPTED),
                 )
-            # every rank stops after the same step: two ahead of the most advanced one, or, before any
-            # step was seen, after its first step (workers only record signals; the agent coordinates)
-            stop = s.max_step_in_progress + 2 if s.steps_seen else 0
+            # every rank stops once the same number of steps is done: one past the step the most
+            # advanced heartbeat shows (its step may end before the request lands), or after the first
+            # step when no rank has begun one. Heartbeats count even before any step is reported done:
+            # a rank may be steps ahead of the agent's reading of its pipe (workers only record
+            # signals; the agent coordinates)
+            stop = s.max_step_in_progress + 2
             return Decision(
                 DecisionKind.REQUEST_STOP,
                 f"{name}: every rank saves an emergency checkpoint and stops after step {stop}",
