@@ -7,7 +7,14 @@ import json
 import pytest
 
 from stalwart import cli
-from stalwart.events import AttemptStarted, JobEnded, JobStarted, StepCompleted
+from stalwart.events import (
+    AttemptStarted,
+    DecisionTaken,
+    FailureDetected,
+    JobEnded,
+    JobStarted,
+    StepCompleted,
+)
 from stalwart.ledger import LedgerWriter
 from stalwart.sim import CheckpointTier, FailureClass, SimConfig, simulate
 from stalwart.sim.run_ledger import write
@@ -59,7 +66,12 @@ def test_plan_tables_fit_80_columns(tmp_path, capsys, monkeypatch):
     assert "e-0" not in out and "0.0348" not in out  # durations are formatted, not raw floats
 
 
-def test_ledger_without_failures_is_one_line(tmp_path, capsys):
+def _plan_json(capsys, argv) -> dict:
+    cli.main([*argv, "--json"])  # returns: exit 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_finished_run_without_failures_plans_with_published_rates(tmp_path, capsys):
     t = 1_700_000_000.0
     with LedgerWriter(tmp_path / "ledger" / "a.ledger") as w:
         w.extend(
@@ -70,15 +82,48 @@ def test_ledger_without_failures_is_one_line(tmp_path, capsys):
                 JobEnded(ts=t + 60, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False),
             ]
         )
-    line = _one_error_line(capsys, ["plan", "--ledger", str(tmp_path)])
-    assert "no failure" in line
+    d = _plan_json(
+        capsys, ["plan", "--ledger", str(tmp_path), "--gpus", "64", "--days", "1", "--trials", "5"]
+    )
+    assert d["rates"]["source"] == "published" and "no infrastructure failure" in d["rates"]["reason"]
+    assert d["measured"] is None and any("nothing to replay" in n for n in d["notes"])
 
 
-def test_rates_that_leave_no_time_to_run_are_one_line(tmp_path, capsys):
-    _simulated_run(tmp_path, per_1000=3000.0)
-    # the measured rate is a real one (no chaos): at a million GPUs a failure comes every few seconds
-    line = _one_error_line(capsys, ["plan", "--ledger", str(tmp_path), "--gpus", "1000000", "--days", "1"])
-    assert "never make progress" in line
+def test_a_hand_killed_run_plans_and_says_which_rates_it_used_and_why(tmp_path, capsys):
+    t = 1_700_000_000.0
+    with LedgerWriter(tmp_path / "ledger" / "a.ledger") as w:
+        w.extend(
+            [
+                JobStarted(ts=t, script="x"),
+                AttemptStarted(ts=t, world_size=2, num_nodes=1, node="a", attempt=0),
+                StepCompleted(ts=t + 1, step=0, start=t, duration=1, rank=0),
+                FailureDetected(ts=t + 5.1, onset=t + 5, failure="crash", evidence="SIGKILL", node="a"),
+                DecisionTaken(ts=t + 5.2, action="restart", reason="r"),
+                AttemptStarted(ts=t + 5.5, world_size=2, num_nodes=1, node="a", attempt=1),
+                StepCompleted(ts=t + 7, step=1, start=t + 6, duration=1, rank=0),
+                JobEnded(ts=t + 9, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False),
+            ]
+        )
+    argv = ["plan", "--ledger", str(tmp_path), "--gpus", "64", "--days", "1", "--trials", "5"]
+    d = _plan_json(capsys, argv)
+    assert d["rates"]["source"] == "published" and "too little to estimate a rate" in d["rates"]["reason"]
+    marked = _plan_json(capsys, [*argv, "--faults-are-tests"])
+    assert "marked as tests" in marked["rates"]["reason"]
+    cli.main(argv)  # and the tables say it
+    assert "too little to estimate a rate" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_measured_rate_that_leaves_no_time_to_run_falls_back_to_published_rates(tmp_path, capsys):
+    r = _simulated_run(tmp_path, per_1000=3000.0, days=0.5)
+    assert r.interruptions[0] >= 5  # enough failures to be a measured rate
+    # the measured rate is a real one (no chaos): at 65,536 GPUs a failure would come every half second
+    argv = ["plan", "--ledger", str(tmp_path), "--gpus", "65536", "--days", "1", "--trials", "2"]
+    d = _plan_json(capsys, argv)
+    assert d["rates"]["source"] == "published"
+    assert (
+        "never make progress" in d["rates"]["reason"]
+        and "published failure rates instead" in d["rates"]["reason"]
+    )
 
 
 def test_mismatched_units_are_one_line(tmp_path, capsys):

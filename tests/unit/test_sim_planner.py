@@ -15,6 +15,7 @@ from stalwart.events import (
     TrainingResumed,
 )
 from stalwart.sim import CheckpointTier, SimConfig
+from stalwart.sim.evidence import RateSource
 from stalwart.sim.measured import config_from_events
 from stalwart.sim.planner import closed_form_intervals, plan
 
@@ -57,7 +58,7 @@ def test_plan_end_to_end_small():
     assert 0.5 <= best["interval_s"] / p.tiers[0].recommended_s <= 2.0
 
 
-def _ledger_events(fail=True):
+def _ledger_events(fail=True, failures=1):
     t = 2_000_000.0
     evs = [
         JobStarted(ts=t, script="x"),
@@ -66,33 +67,43 @@ def _ledger_events(fail=True):
         CheckpointCommitted(ts=t + 20, step=1, path="p", stall_s=0.5),
         CheckpointCommitted(ts=t + 40, step=2, path="p", stall_s=1.5),
     ]
-    if fail:
+    for n in range(failures if fail else 0):  # one crash every 500 s, each 10 s to detect, 40 s to restart
+        c = t + 500 * n
         evs += [
-            FailureDetected(ts=t + 100, onset=t + 90, failure="crash", evidence="Xid 79", node="a"),
-            DecisionTaken(ts=t + 101, action="restart", reason="r"),
-            AttemptStarted(ts=t + 110, world_size=8, num_nodes=1, node="a", attempt=1),
-            TrainingResumed(ts=t + 130, step=2),
-            StepCompleted(ts=t + 141, step=2, start=t + 131, duration=10),
+            FailureDetected(ts=c + 100, onset=c + 90, failure="crash", evidence="Xid 79", node="a"),
+            DecisionTaken(ts=c + 101, action="restart", reason="r"),
+            AttemptStarted(ts=c + 110, world_size=8, num_nodes=1, node="a", attempt=n + 1),
+            TrainingResumed(ts=c + 130, step=2),
+            StepCompleted(ts=c + 141, step=2, start=c + 131, duration=10),
         ]
     evs.append(JobEnded(ts=t + 3600, verdict="ok", outcome="succeeded", exit_code=0, requeue_helps=False))
     return evs
 
 
 def test_config_from_events_uses_measured_values():
-    cfg, notes = config_from_events(_ledger_events(), SimConfig(gpus=8, days=1, trials=10))
-    # one failure in 8 GPU-hours = 3 per GPU-day = 3000 per 1000 GPU-days
-    assert sum(f.per_1000_gpu_days for f in cfg.failures) == pytest.approx(3000.0)
+    got = config_from_events(_ledger_events(failures=6), SimConfig(gpus=8, days=1, trials=10))
+    cfg, notes = got.cfg, got.notes
+    # six failures in 8 GPU-hours = 18 per GPU-day = 18000 per 1000 GPU-days
+    assert sum(f.per_1000_gpu_days for f in cfg.failures) == pytest.approx(18000.0)
     assert all(f.detect_s == 10 for f in cfg.failures)
     assert cfg.decide_s == 1 and cfg.job_restart_s == 40
     assert cfg.tiers[0].stall_s == pytest.approx(1.0) and cfg.tiers[0].restore_s == 0
-    assert any("1 interruptions" in n for n in notes)
+    assert any("6 interruptions" in n for n in notes) and got.rates.source is RateSource.MEASURED
+
+
+def test_one_failure_keeps_the_published_rates_but_uses_its_times():
+    base = SimConfig(gpus=8, days=1, trials=10)
+    got = config_from_events(_ledger_events(), base)
+    assert [f.per_1000_gpu_days for f in got.cfg.failures] == [f.per_1000_gpu_days for f in base.failures]
+    assert all(f.detect_s == 10 for f in got.cfg.failures) and got.cfg.job_restart_s == 40
+    assert got.rates.source is RateSource.PUBLISHED and "too little" in got.notes[0]
 
 
 def test_config_from_events_without_failures_keeps_rates():
     base = SimConfig(gpus=8, days=1, trials=10)
-    cfg, notes = config_from_events(_ledger_events(fail=False), base)
-    assert cfg.failures == base.failures
-    assert any("no infrastructure failure" in n for n in notes)
+    got = config_from_events(_ledger_events(fail=False), base)
+    assert got.cfg.failures == base.failures
+    assert any("no infrastructure failure" in n for n in got.notes)
 
 
 def test_empty_ledger_events_are_an_error():

@@ -56,6 +56,16 @@ _OPTIONS: list[tuple[str, Any, Any]] = [  # (name, type, typer.Option): the comm
     ("plot", Path, typer.Option(None, "--plot", help="Write charts into this directory.")),
     ("plot_format", str, typer.Option("png", help="png or svg.")),
     ("config", Path, typer.Option(None, help="YAML file of simulator settings.")),
+    (
+        "faults_are_tests",
+        bool,
+        typer.Option(
+            False,
+            "--faults-are-tests",
+            help="The --ledger run's failures were tests (a kill by hand): plan with the published "
+            "failure rates and use only the run's measured times.",
+        ),
+    ),
     ("json_out", bool, typer.Option(False, "--json", help="Print JSON instead of tables.")),
 ]
 
@@ -111,6 +121,7 @@ def _plan(
     plot,
     plot_format,
     config,
+    faults_are_tests,
     json_out,
     job,
 ) -> None:
@@ -147,21 +158,23 @@ def _plan(
     notes: list[str] = []
     measured = None
     events = None
+    rates = None
     if ledger is not None:
         from ..ledger import read_merged
 
         events = read_merged(ledger)
-        measured = _replay(events, ledger, values, trials)
-        cfg, notes = _measured(events, cfg, flat)
-        if interval is None and measured["interval_s"] and len(cfg.tiers) == 1:
+        measured = _replay(events, values, trials, notes)
+        cfg, fitted, rates = _fitted(events, cfg, flat, faults_are_tests)
+        notes += fitted
+        if interval is None and measured and measured["interval_s"] and len(cfg.tiers) == 1:
             tier = {**cfg.tiers[0].model_dump(), "interval_s": measured["interval_s"]}
             cfg = make_config(**{**cfg.model_dump(), "tiers": [tier]})
             notes.append("current checkpoint interval: the run's own (median between commits)")
     target = None if flat else _target(job, events, measured, inplace_phases, cfg, notes)
-    if measured is not None:
+    if rates is not None:
         from ..sim.fit import check_feasible
 
-        source = "measured" if not measured["injected"] else "default"
+        source = str(rates.source)
         check_feasible(cfg, source)
         if target is not None:  # and with the target job's own recoveries: refused if none keeps up
             from ..errors import ConfigError
@@ -183,6 +196,7 @@ def _plan(
         written = [str(p) for p in write_plots(result, plot, plot_format)]
     data = result.as_dict()
     data["notes"] = [*result.notes, *notes]
+    data["rates"] = {"source": str(rates.source), "reason": rates.reason} if rates is not None else None
     data["plots"] = written
     data["measured"] = measured
     if json_out:
@@ -233,29 +247,20 @@ def _target(job: dict, events, measured: dict | None, inplace: Path | None, cfg,
     return target
 
 
-def _measured(events, base, flat: bool = True):
-    """The simulator fitted to a run. Failures that chaos injected are not a failure rate: a short chaos
-    run extrapolated per second predicts hundreds of millions of interruptions at scale. For such a run
-    keep the default rates and use only the measured times (detection, restart, checkpoint stall)."""
+def _measured(events, base, flat: bool = True, faults_are_tests: bool = False, force_published: str = ""):
+    """The simulator fitted to a run: its measured times, and its failure rate only where its failures
+    are evidence of one (``sim/evidence.py``). Injected faults are not a rate: a short chaos run
+    extrapolated per second predicts hundreds of millions of interruptions at scale. Returns the config,
+    the notes and the rates' source with its reason."""
     from ..events import ChaosInjected
     from ..sim.config import make_config
     from ..sim.measured import config_from_events
 
-    cfg, notes = config_from_events(events, base)
+    fitted = config_from_events(
+        events, base, faults_are_tests=faults_are_tests, force_published=force_published
+    )
+    cfg, notes = fitted.cfg, fitted.notes
     injected = sum(1 for e in events if isinstance(e, ChaosInjected))
-    if injected and cfg.failures != base.failures:
-        values = cfg.model_dump()
-        values["failures"] = [
-            {**f.model_dump(), "detect_s": m.detect_s}
-            for f, m in zip(base.failures, cfg.failures, strict=True)
-        ]
-        cfg = make_config(**values)
-        notes = [n for n in notes if not n.startswith("failure rate")]
-        notes.insert(
-            0,
-            f"{injected} fault(s) in this run were injected by chaos, so its failure rate says nothing "
-            "about a real fleet: default failure rates kept; measured times used",
-        )
     if injected and not flat:
         # the run measured how fast its agent sees an injected crash: at scale that still holds for the
         # classes a software crash reveals; a hardware fault (an XID, a lost node, a hang until a
@@ -271,13 +276,36 @@ def _measured(events, base, flat: bool = True):
             "detection: the measured crash detection for software crashes; hardware faults and "
             "classes detected by a timeout keep their default detection"
         )
-    return cfg, notes
+    return cfg, notes, fitted.rates
 
 
-def _replay(events, ledger: Path, values: dict, trials: int) -> dict:
-    """Fit the run in ``ledger`` (rates per node-hour with 95% bounds, times) and simulate that run
-    itself: the prediction to compare with what the report measured."""
-    from ..errors import LedgerError
+def _fitted(events, base, flat: bool, faults_are_tests: bool):
+    """:func:`_measured`, falling back to the published rates when the run's own rate would leave a job
+    of the planned size no time to train (said in a note, never an error: the run itself finished)."""
+    from ..errors import ConfigError
+    from ..sim.evidence import RateSource
+    from ..sim.fit import check_feasible
+
+    cfg, notes, rates = _measured(events, base, flat, faults_are_tests)
+    if rates.source is not RateSource.MEASURED:
+        return cfg, notes, rates
+    try:
+        check_feasible(cfg, "measured")
+    except ConfigError as exc:
+        why = (
+            f"{exc.message}; planned with the published failure rates instead (fix what failed in the "
+            "run before scaling it up)"
+        )
+        return _measured(events, base, flat, faults_are_tests, force_published=why)
+    return cfg, notes, rates
+
+
+def _replay(events, values: dict, trials: int, notes: list[str]) -> dict | None:
+    """Fit the run in the ledger (rates per node-hour with 95% bounds, times) and simulate that run
+    itself: the prediction to compare with what the report measured. None, with a note, when there is
+    nothing to replay (no failure) or the fitted run could not have trained (a rate that leaves no time
+    to recover): the plan goes on without it."""
+    from ..errors import ConfigError
     from ..sim import simulate
     from ..sim.buckets import to_report
     from ..sim.config import make_config
@@ -285,12 +313,14 @@ def _replay(events, ledger: Path, values: dict, trials: int) -> dict:
 
     fit = fit_run(events)
     if fit.failures == 0:
-        raise LedgerError(
-            f"the run in {ledger} had no failure, so there is no failure rate to fit",
-            "plan without --ledger (default fleet rates), or point at a run that had failures",
-        )
+        notes.append("the run had no failure: nothing to replay, so no predicted-vs-measured goodput")
+        return None
     cfg = make_config(**run_config(fit, values, trials))
-    check_feasible(cfg, "measured")
+    try:
+        check_feasible(cfg, "measured")
+    except ConfigError as exc:
+        notes.append(f"the run's own replay is skipped: {exc.message}")
+        return None
     r = simulate(cfg)
     rate, low, high = fit.per_node_hour
     # the simulated horizon ends at the last step; the run's shutdown (final save, exit) is added back
