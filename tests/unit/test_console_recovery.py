@@ -41,3 +41,13 @@ def test_path_and_phases_are_printed_once_per_recovery():
         "cold path 3.50s after the fault: detect 0.50s, stop and decide 0.25s, re-form 0.25s, "
         "start to first step 2.50s" in lines[0]
     )
+
+
+def test_why_in_place_was_not_taken_is_said_once_per_job_however_many_failures():
+    why = "the ranks run session.loop outside Session.run, so ...; to recover in place, run ... Session.run"
+    skip = [DecisionTaken(ts=10.0 + i, action="in_place_skipped", reason=why, attempt=i) for i in range(3)]
+    text = _show(skip)
+    lines = [ln for ln in text.splitlines() if "in place not taken" in ln]
+    assert len(lines) == 1 and "Session.run" in lines[0], text
+    other = DecisionTaken(ts=20.0, action="in_place_skipped", reason="a stop was requested", attempt=3)
+    assert "in place not taken: a stop was requested" in _show([*skip, other])  # another reason is news

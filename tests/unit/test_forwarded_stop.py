@@ -113,6 +113,7 @@ def _supervisor(script, signal_at: int, session: bool = False):
         workers=SimpleNamespace(stop_grace_s=3.0),
         checkpoint=SimpleNamespace(emergency_deadline_s=30.0),
         diagnosis=SimpleNamespace(interval_s=0.0),
+        reform=SimpleNamespace(enabled=False),
         min_nodes=1,
         max_nodes=1,
         size_rule=SizeRule(),

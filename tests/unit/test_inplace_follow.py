@@ -291,3 +291,38 @@ def test_with_a_spare_a_lost_node_is_waited_for_and_the_board_told_the_ranks_wai
     board.quiet = {"n0": 2.6}
     rec.watch(_snap_at(clock))
     assert block.reform() == 0 and board.sent == [("waiting", 1)]
+
+
+def _no_offer(session: bool) -> tuple[InPlaceRecovery, RecordingLedger, Decision]:
+    from stalwart.protocol import Hello
+
+    clock, ledger = ManualClock(), RecordingLedger()
+    tracker = ProgressTracker(ranks=RANKS, started=clock.now())
+    if session:  # the ranks said Hello through the SDK, but none offers in place (no Session.run)
+        for r in RANKS:
+            tracker.observe(Hello(r, clock.now(), in_place=False), clock.now())
+    cfg = SimpleNamespace(reform=SimpleNamespace(enabled=True))
+    rec = InPlaceRecovery(
+        cfg=cfg, ledger=ledger, group=None, receiver=None, block=None, tracker=tracker, num_nodes=1,
+        attempt=0, clock=clock,
+    )  # fmt: skip
+    failure = Failure("crash", 0, 17, 2, "killed by SIGKILL")
+    outcome = AttemptOutcome(AttemptStatus.FAILED, failure=failure, detected_at=clock.now())
+    return rec, ledger, Decision(DecisionKind.CRASH, "rank 2 killed", outcome=outcome, rank=2)
+
+
+@pytest.mark.parametrize(("session", "words"), [(True, "session.loop outside Session.run"), (False, "SDK")])
+def test_a_group_that_offers_no_in_place_says_why_and_how_to_fix_it(session, words):
+    rec, ledger, d = _no_offer(session)
+    assert rec.consider(d, SimpleNamespace(now=0.0), 0.0) is False
+    [why] = [e for e in ledger.of(DecisionTaken) if e.action == "in_place_skipped"]
+    assert words in why.reason and "run the training function under Session.run" in why.reason
+
+
+def test_nothing_to_fix_is_not_said_when_in_place_is_off_or_the_failure_is_the_scripts_own():
+    from stalwart.policy.inplace import not_offered
+    from stalwart.policy.restart_policy import FailureKind
+
+    assert not_offered(False, FailureKind.CRASH, True) is None
+    assert not_offered(True, FailureKind.EXCEPTION, True) is None
+    assert not_offered(True, FailureKind.HANG, True) is not None

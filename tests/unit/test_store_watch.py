@@ -248,6 +248,7 @@ def _supervisor(lost_from_tick: int):
         workers=SimpleNamespace(stop_grace_s=3.0),
         checkpoint=SimpleNamespace(emergency_deadline_s=30.0),
         diagnosis=SimpleNamespace(interval_s=0.0),
+        reform=SimpleNamespace(enabled=False),
         min_nodes=1,
         max_nodes=2,
         size_rule=SizeRule(),

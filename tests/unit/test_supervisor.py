@@ -47,6 +47,7 @@ def cfg(diagnose_interval_s: float = 0.0, **kw):
         workers=SimpleNamespace(stop_grace_s=3.0),
         checkpoint=SimpleNamespace(emergency_deadline_s=30.0),
         diagnosis=SimpleNamespace(interval_s=diagnose_interval_s),
+        reform=SimpleNamespace(enabled=False),  # in place has tests of its own (test_inplace_*.py)
         min_nodes=1,
         max_nodes=2,
         size_rule=SizeRule(),

@@ -44,6 +44,7 @@ class RunConsole:
         self._last_pct = -1
         self._line_open = False
         self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
+        self._skipped: set[str] = set()  # in-place skip reasons already said (each once per job)
 
     def _clear_line(self) -> None:
         if self._line_open:
@@ -91,23 +92,31 @@ class RunConsole:
             self._straggler(t, ev)
         elif isinstance(ev, IncidentRaised):
             self.say(f"{t} [red]incident[/]: {esc(event_line(ev))}")
-        elif isinstance(ev, DecisionTaken) and ev.action.startswith("start_"):
-            # how this attempt's workers started: warm (forked) or cold, and why (launch/processes/warm_pool.py)
-            colour = "green" if ev.action == "start_warm" else "yellow"
-            self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
-            if "decided" in self._recovering:
-                self._recovering.update(started=ev.ts, path=ev.action.removeprefix("start_"))
         elif isinstance(ev, DecisionTaken):
-            if ev.action == "restart" and "detected" in self._recovering:
-                self._recovering["decided"] = ev.ts
-            colour = "yellow" if ev.action == "restart" else "red"
-            self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
+            self._decision(t, ev)
         elif isinstance(ev, JobEnded):
             colour = "green" if ev.exit_code == 0 else "red"
             self.say(
                 f"[bold {colour}]{t} job ended ({ev.outcome}, exit {ev.exit_code})[/]: {esc(ev.verdict)}",
                 always=True,
             )
+
+    def _decision(self, t: str, ev: DecisionTaken) -> None:
+        if ev.action.startswith("start_"):
+            # how this attempt's workers started: warm (forked) or cold, and why (launch/processes/warm_pool.py)
+            colour = "green" if ev.action == "start_warm" else "yellow"
+            self.say(f"{t} [{colour}]workers started[/] {esc(ev.reason)}")
+            if "decided" in self._recovering:
+                self._recovering.update(started=ev.ts, path=ev.action.removeprefix("start_"))
+        elif ev.action == "in_place_skipped":
+            if ev.reason not in self._skipped:  # once per job: the same reason again says nothing new
+                self._skipped.add(ev.reason)
+                self.say(f"{t} [yellow]in place not taken[/]: {esc(ev.reason)}")
+        else:
+            if ev.action == "restart" and "detected" in self._recovering:
+                self._recovering["decided"] = ev.ts
+            colour = "yellow" if ev.action == "restart" else "red"
+            self.say(f"{t} [{colour}]decision[/]: {esc(ev.reason)}")
 
     def _straggler(self, t: str, ev: StragglerDetected | StragglerCleared) -> None:
         if isinstance(ev, StragglerDetected):

@@ -65,6 +65,24 @@ class NotInPlace:
 InPlaceDecision = InPlace | NotInPlace
 
 
+def not_offered(enabled: bool, failure: FailureKind, session: bool) -> NotInPlace | None:
+    """Why in place is not taken when no rank offers it, with the fix; None where there is nothing to
+    fix (in place is off, or the failure is the script's own and a restart is the answer anyway)."""
+    if not enabled or failure not in RECOVERABLE:
+        return None
+    fix = "run the training function under Session.run (docs/fast-recovery.md)"
+    if session:
+        return NotInPlace(
+            "the ranks run session.loop outside Session.run, so a failed rank cannot "
+            f"be replaced while the others keep their state and the whole group restarts; to recover in "
+            f"place, {fix}"
+        )
+    return NotInPlace(
+        "the script does not run the SDK's Session, so a failed rank cannot be "
+        f"replaced while the others keep their state and the whole group restarts; to recover in place, {fix}"
+    )
+
+
 def decide(case: InPlaceCase) -> InPlaceDecision:
     """Re-form in place, or say why the failure goes down the ladder (first reason that applies)."""
     failed = ", ".join(str(r) for r in sorted(case.failed))

@@ -70,6 +70,7 @@ from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule, WorldPlan
 from ..protocol import StepBegan, StepDone
 from ..settings.run_config import default_of
+from ..settings.recovery import InPlaceSettings
 from ..settings.schema import CheckpointSettings, DiagnosisSettings, HangSettings, WorkerSettings
 
 T0 = 1_000_000.0
@@ -93,6 +94,8 @@ class ProbeConfig:
     workers: WorkerSettings = WorkerSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     diagnosis: DiagnosisSettings = DiagnosisSettings(interval_s=0.0)  # the agent raises its own incidents
+    # the probe's fake ranks never offer in place: the ladder below it is what the probe times
+    reform: InPlaceSettings = InPlaceSettings(enabled=False)
     min_nodes: int = 1
     max_nodes: int = 1
     size_rule: SizeRule = SizeRule()

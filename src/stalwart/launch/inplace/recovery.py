@@ -27,7 +27,7 @@ import os
 from typing_extensions import assert_never
 
 from ...events import WorkersStopped
-from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits
+from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits, not_offered
 from ...policy.restart_policy import FailureKind
 from ...protocol import PREFIX
 from ..decision import AttemptOutcome, Decision
@@ -69,9 +69,16 @@ class InPlaceRecovery(NodeRecovery):
         """Decide the first rung for failure ``d``; True when an in-place re-formation has started.
         ``hung``: for a hang, the ranks it is pinned on (:meth:`hang_culprits`)."""
         failure = d.outcome.failure if d.outcome is not None else None
-        if failure is None or not any(p.in_place for p in self.tracker.progress.values()):
-            return False  # no rank offers in-place (a script without Session.run): the usual restart
+        if failure is None:
+            return False
         settings = self.cfg.reform
+        if not any(p.in_place for p in self.tracker.progress.values()):
+            # no rank offers in-place (a script without Session.run): the usual restart, and why
+            session = any(p.session for p in self.tracker.progress.values())
+            silent = not_offered(settings.enabled, FailureKind(failure.kind), session)
+            if silent is not None:
+                self.record("in_place_skipped", silent.reason, now)
+            return False
         s = self.state
         case = InPlaceCase(
             enabled=settings.enabled,
