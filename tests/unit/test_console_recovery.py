@@ -51,3 +51,25 @@ def test_why_in_place_was_not_taken_is_said_once_per_job_however_many_failures()
     assert len(lines) == 1 and "Session.run" in lines[0], text
     other = DecisionTaken(ts=20.0, action="in_place_skipped", reason="a stop was requested", attempt=3)
     assert "in place not taken: a stop was requested" in _show([*skip, other])  # another reason is news
+
+
+def test_progress_without_a_known_total_shows_steps_rate_and_elapsed_never_a_question_mark():
+    out = io.StringIO()
+    con = RunConsole(stream=out)
+    for i, step in enumerate((1, 2, 3, 4, 5, 9, 10, 11)):
+        con.progress(step, 0, 0, 0.0 if step == 1 else 20.0, now=100.0 + i)
+    lines = out.getvalue().splitlines()
+    assert [ln.split(",")[0].strip() for ln in lines] == ["step 1", "step 2", "step 5", "step 10"]
+    assert "rate -" in lines[0] and "20.0 steps/s" in lines[1] and "0m04s elapsed" in lines[2]
+    assert not any("?" in ln or "%" in ln for ln in lines)
+    con.progress(12, 0, 0, 20.0, now=140.0)  # half a minute on, still advancing: a line anyway
+    assert out.getvalue().splitlines()[-1].strip().startswith("step 12")
+
+
+def test_progress_with_a_total_prints_each_tenth_with_its_percent():
+    out = io.StringIO()
+    con = RunConsole(stream=out)
+    for step in range(1, 41):
+        con.progress(step, 40, 1, 10.0, now=float(step))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11 and lines[-1].strip().startswith("step 40/40 (100%), attempt 1")

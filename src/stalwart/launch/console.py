@@ -41,7 +41,9 @@ class RunConsole:
         self.quiet = quiet
         self.tty = self.console.is_terminal
         self._last_print = 0.0
-        self._last_pct = -1
+        self._last_pct = -1  # the last progress mark printed to a log (a tenth of the run, or 1-2-5)
+        self._last_step = -1
+        self._first: float | None = None  # when the first progress came (elapsed counts from there)
         self._line_open = False
         self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
         self._skipped: set[str] = set()  # in-place skip reasons already said (each once per job)
@@ -145,33 +147,56 @@ class RunConsole:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
 
     def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
+        """Steps done so far (``total`` 0: the script did not say how many it runs, as an unchanged
+        script's hooks cannot), the attempt, the job's rate and the time since the first report."""
         now = time.time() if now is None else now
         if "started" in self._recovering:
             self._recovered(now)
         if self.quiet:
             return
+        if self._first is None:
+            self._first = now
+        line = progress_line(step, total, attempt, rate, now - self._first)
         if self.tty:
             if now - self._last_print < 0.2:
                 return
             self._last_print = now
-            frac = step / total if total else 0.0
-            bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-            self.console.file.write(
-                f"\r\x1b[2K  [{bar}] step {step}/{total or '?'}  attempt {attempt}  {rate:.1f} steps/s"
-            )
+            frac = min(1.0, step / total) if total else 0.0
+            bar = f"[{'#' * int(30 * frac)}{'-' * (30 - int(30 * frac))}] " if total else ""
+            self.console.file.write(f"\r\x1b[2K  {bar}{line}")
             self.console.file.flush()
             self._line_open = True
-        else:
-            pct = int(100 * step / total) if total else -1
-            if pct // 10 != self._last_pct // 10 or now - self._last_print > 10:
-                self._last_pct = pct
-                self._last_print = now
-                self.console.print(
-                    f"  step {step}/{total or '?'} ({pct}%), attempt {attempt}, {rate:.1f} steps/s"
-                )
+            return
+        # a log: every tenth of the run when its length is known, else at 1, 2, 5, 10, 20, 50 ... steps;
+        # and at least every 30 s while steps advance
+        mark = int(10 * step / total) if total else _decade_mark(step)
+        if mark != self._last_pct or (now - self._last_print > 30 and step != self._last_step):
+            self._last_pct, self._last_print, self._last_step = mark, now, step
+            self.console.print(f"  {line}")
 
     def close(self) -> None:
         self._clear_line()
+
+
+def progress_line(step: int, total: int, attempt: int, rate: float, elapsed_s: float) -> str:
+    """One progress line: no total, percent or rate where none is known (never ``?`` or ``-1%``)."""
+    done = f"step {step}/{total} ({min(100, int(100 * step / total))}%)" if total else f"step {step}"
+    speed = f"{rate:.1f} steps/s" if rate > 0 else "rate -"
+    return f"{done}, attempt {attempt}, {speed}, {_elapsed(elapsed_s)} elapsed"
+
+
+def _elapsed(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _decade_mark(step: int) -> int:
+    """How many of 1, 2, 5, 10, 20, 50, 100 ... ``step`` has reached (a log line at each)."""
+    mark, bound = 0, 1
+    while step >= bound:
+        mark += 1
+        bound = bound * 5 // 2 if str(bound)[0] == "2" else bound * 2
+    return mark
 
 
 def innermost_frame(stack: str) -> str:

@@ -69,8 +69,8 @@ from ..policy.restart_policy import Failure, FailureKind, RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule, WorldPlan
 from ..protocol import StepBegan, StepDone
-from ..settings.run_config import default_of
 from ..settings.recovery import InPlaceSettings
+from ..settings.run_config import default_of
 from ..settings.schema import CheckpointSettings, DiagnosisSettings, HangSettings, WorkerSettings
 
 T0 = 1_000_000.0
