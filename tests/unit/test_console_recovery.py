@@ -73,3 +73,11 @@ def test_progress_with_a_total_prints_each_tenth_with_its_percent():
         con.progress(step, 40, 1, 10.0, now=float(step))
     lines = out.getvalue().splitlines()
     assert len(lines) == 11 and lines[-1].strip().startswith("step 40/40 (100%), attempt 1")
+
+
+def test_a_stopped_ranks_stack_line_says_it_was_stopped_and_names_py_spys_frame():
+    from stalwart.events import StackCaptured
+
+    stack = '(stopped, state T: read from outside by py-spy dump --nonblocking)\nThread 9 (idle): "MainThread"\n    step (t.py:3)\n'
+    text = _show([StackCaptured(ts=1.0, rank=1, reason="hung rank", stack=stack, attempt=0)])
+    assert "rank 1 (the rank is stopped: state T)" in text and "innermost: step (t.py:3) (py-spy)" in text

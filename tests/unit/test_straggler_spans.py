@@ -49,3 +49,18 @@ Current thread 0x00007e (most recent call first):
 """
     assert innermost_frame(dump) == 'File "/src/stalwart/train/session.py", line 305 in _inject'
     assert innermost_frame("garbage") == "(no Python frame)"
+
+
+def test_innermost_frame_of_a_stopped_rank_comes_from_py_spys_main_thread():
+    dump = """(stopped, state T: read from outside by py-spy dump --nonblocking)
+Process 4242: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4250 (idle): "pt_autograd_0"
+    wait (threading.py:320)
+Thread 4242 (idle): "MainThread"
+    forward (train.py:31)
+    main (train.py:52)
+"""
+    assert innermost_frame(dump) == "forward (train.py:31) (py-spy)"
+    assert innermost_frame('Thread 7 (idle): "MainThread"\n') == "(no Python frame)"

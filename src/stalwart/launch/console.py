@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import IO
@@ -89,7 +90,10 @@ class RunConsole:
             )
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
-            self.say(f"{t}   stack of rank {ev.rank} captured into the ledger; innermost: {esc(where)}")
+            stopped = " (the rank is stopped: state T)" if ev.stack.startswith("(stopped") else ""
+            self.say(
+                f"{t}   stack of rank {ev.rank}{stopped} captured into the ledger; innermost: {esc(where)}"
+            )
         elif isinstance(ev, (StragglerDetected, StragglerCleared)):
             self._straggler(t, ev)
         elif isinstance(ev, IncidentRaised):
@@ -200,12 +204,23 @@ def _decade_mark(step: int) -> int:
 
 
 def innermost_frame(stack: str) -> str:
-    """The innermost frame of the thread that was interrupted (faulthandler lists it as the
-    "Current thread"; the other threads, such as a checkpoint writer, come first)."""
+    """The innermost frame of the thread that matters: faulthandler's "Current thread" (the one that
+    was interrupted; other threads, such as a checkpoint writer, come first), or in a py-spy dump of a
+    stopped rank, the main thread's first frame (py-spy lists the innermost first)."""
     lines = stack.strip().splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), 0)
-    frames = [ln.strip() for ln in lines[start:] if ln.strip().startswith("File")]
-    return frames[0] if frames else "(no Python frame)"
+    if any(ln.startswith("Current thread") for ln in lines) or not any(
+        _PYSPY_THREAD.match(ln) for ln in lines
+    ):
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), 0)
+        frames = [ln.strip() for ln in lines[start:] if ln.strip().startswith("File")]
+        return frames[0] if frames else "(no Python frame)"
+    heads = [i for i, ln in enumerate(lines) if _PYSPY_THREAD.match(ln)]
+    main = next((i for i in heads if lines[i].rstrip().endswith('"MainThread"')), heads[0])
+    frame = lines[main + 1].strip() if main + 1 < len(lines) and lines[main + 1].startswith(" ") else ""
+    return f"{frame} (py-spy)" if frame else "(no Python frame)"
+
+
+_PYSPY_THREAD = re.compile(r'^Thread (0x)?[0-9a-fA-F]+ \(\w+\): ".*"$')
 
 
 def resized_line(t: str, ev: ReformedInPlace) -> str:
