@@ -48,3 +48,30 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return record
+
+
+# --- where the suite's time goes, per tier (printed after the slowest-30 list) ---------------------
+
+_TIER_SECONDS: dict[str, dict[str, float]] = {}  # tier -> test id -> seconds
+
+
+def tier_of(nodeid: str) -> str:
+    """The tier of a test by its folder: unit, integration, e2e (anything else: other)."""
+    top = nodeid.split("/", 2)[1] if nodeid.startswith("tests/") and nodeid.count("/") >= 2 else ""
+    return top if top in ("unit", "integration", "e2e") else "other"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # set-up, call and tear-down all count: a module-scoped fixture's start is the first test's set-up
+    tests = _TIER_SECONDS.setdefault(tier_of(report.nodeid), {})
+    tests[report.nodeid] = tests.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's own reporter type
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier in ("unit", "integration", "e2e", "other"):
+        spent = _TIER_SECONDS.get(tier)
+        if spent:
+            terminalreporter.write_line(f"{tier:12s} {sum(spent.values()):8.1f}s over {len(spent)} tests")
