@@ -117,6 +117,31 @@ def test_witness_without_a_kernel_log_uses_the_cgroup_count_rise(tmp_path):
     assert "8 MiB" in kills[1].cause  # 2048 resident pages sampled while it ran
 
 
+def test_a_kill_the_chaos_plan_sent_is_labelled_injected_with_its_plan_entry(tmp_path):
+    from stalwart.chaos.once import injected_by, mark_injected
+
+    mark_injected(tmp_path, "crash at rank 1, step 20", pid=4242)
+    assert injected_by(tmp_path, 4242) == "crash at rank 1, step 20" and injected_by(tmp_path, 4243) == ""
+    w = KillWitness(
+        [], kernel_log=lambda: [], proc=tmp_path, injected_by=lambda pid: injected_by(tmp_path, pid)
+    )
+    kills = w.verdicts({1: -signal.SIGKILL, 2: -signal.SIGKILL}, {1: 4242, 2: 4243}, {})
+    assert kills[1].rule == "chaos-injected" and kills[1].confidence == 1.0
+    assert "killed by the chaos plan (crash at rank 1, step 20, SIGKILL)" in kills[1].cause
+    assert "outside" not in kills[1].cause and "ask who" not in kills[1].action
+    assert component_class("crash", kills[1].what) == "injected"
+    assert kills[2].rule == "outside-sigkill"  # another pid of the same run: a real kill stays real
+
+
+def test_an_injected_kill_is_never_mistaken_for_the_oom_killer_nor_the_reverse():
+    oom = ("Memory cgroup out of memory: Killed process 7 (python)",)
+    v = classify_kill(KillEvidence(rank=0, pid=7, signum=signal.SIGKILL, oom_lines=oom, injected="crash"))
+    assert v is not None and v.rule == "chaos-injected"  # the plan's own word outranks a guess
+    assert classify_kill(KillEvidence(rank=0, pid=7, signum=signal.SIGKILL, oom_lines=oom)).rule == (
+        "kernel-oom-killer"
+    )
+
+
 def test_witness_with_a_readable_kernel_log_trusts_its_lines(tmp_path):
     # the cgroup count rose (a data-loader child was killed), but no kernel line names this pid
     proc, root = _cgroup_tree(tmp_path, "memory.events.none")

@@ -69,6 +69,7 @@ class KillEvidence:
     cgroup_oom_kills: int = 0  # rise of the memory cgroup's oom_kill count during the attempt
     rss_kb: int = -1  # the rank's resident memory at the last sample; -1 unknown
     log_tail: tuple[str, ...] = ()  # the last lines of the rank's log
+    injected: str = ""  # the chaos plan entry that killed it on purpose ("" when none did)
 
     @property
     def oom(self) -> bool:
@@ -87,6 +88,7 @@ class KillRule(BaseModel):
     name: str
     signals: tuple[str, ...] = Field(min_length=1)
     oom: bool | None = None
+    injected: bool | None = None  # true: only a death the chaos plan caused; false: only one it did not
     what: str
     fault_class: FaultClass
     component: Component
@@ -97,6 +99,8 @@ class KillRule(BaseModel):
     def holds(self, ev: KillEvidence) -> bool:
         name = signal_name(ev.signum)
         if not any(fnmatch.fnmatchcase(name, s) for s in self.signals):
+            return False
+        if self.injected is not None and self.injected != bool(ev.injected):
             return False
         return self.oom is None or self.oom == ev.oom
 
@@ -137,12 +141,14 @@ def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdi
         return None
     name = signal_name(ev.signum)
     tail = " | ".join(x.strip() for x in ev.log_tail[-3:] if x.strip())[:300] or "(empty)"
-    values = _Fmt(signal=name, rss=ev.rss_text(), tail=tail)
+    values = _Fmt(signal=name, rss=ev.rss_text(), tail=tail, injected=ev.injected)
     what = rule.what.format_map(values)
     evidence = [f"rank {ev.rank} (pid {ev.pid}) killed by {name}"]
     evidence += [f"kernel log: {x[:200]}" for x in ev.oom_lines]
     if ev.cgroup_oom_kills:
         evidence.append(f"memory cgroup: oom_kill rose by {ev.cgroup_oom_kills} during the attempt")
+    if ev.injected:
+        evidence.append(f"the chaos plan's {ev.injected} fired in this process just before it died")
     if rule.oom is False:
         evidence.append("no OOM-killer line names the pid; the memory cgroup's oom_kill count did not rise")
     return KillVerdict(

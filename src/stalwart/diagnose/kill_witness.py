@@ -119,8 +119,10 @@ class KillWitness:
         proc: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         rules: KillRules | None = None,
+        injected_by: Callable[[int], str] = lambda pid: "",  # pid -> the chaos plan entry that killed it
     ) -> None:
         self._kernel_log = kernel_log
+        self._injected_by = injected_by
         self._proc = proc
         self._rules = rules
         files = {memory_counter_file(p, proc, cgroup_root) for p in (os.getpid(), *pids)}
@@ -155,6 +157,7 @@ class KillWitness:
             cgroup_oom_kills=rise,
             rss_kb=self._rss.get(rank, -1),
             log_tail=_tail(log, 5),
+            injected=self._injected_by(pid),
         )
 
     def observe(

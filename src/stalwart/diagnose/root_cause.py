@@ -39,6 +39,7 @@ def classify(code: int, error: ErrorRecord | None) -> str:
 # (pattern over "failure evidence error_type error_message", component class), first match wins.
 COMPONENT_RULES: tuple[tuple[str, str], ...] = (
     # the words of diagnose/kill_rules.yaml: a death by a signal classified by its evidence
+    (r"killed by the chaos plan", "injected"),
     (r"kernel oom killer", "host_memory"),
     (r"killed from outside the job|killed by sig\w+ from outside", "infrastructure"),
     (r"crashed in native code", "native_crash"),

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ..chaos.once import injected_by
 from ..diagnose.pyspy import stopped_stacks
 from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..protocol.run_dir import RunDir
@@ -52,6 +53,10 @@ class AttemptFiles:
             self.run.error_file(self.node, self.attempt, rank),
             self.run.elastic_error_file(self.node, self.attempt, rank),
         )
+
+    def injected_by(self, pid: int) -> str:
+        """The chaos plan entry that made process ``pid`` fail on purpose ("" when none did)."""
+        return injected_by(self.run.chaos, pid)
 
     def error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
         """Root cause of a failed rank: the SDK's error file, torch elastic's ``@record`` file, or the

@@ -167,6 +167,7 @@ class FakeFailureFiles:
     raised: dict[int, int] = field(default_factory=dict)
     since: dict[int, float] = field(default_factory=dict)
     stacks: dict[int, str] = field(default_factory=dict)
+    injected: dict[int, str] = field(default_factory=dict)  # pid -> the chaos plan entry that failed it
 
     def error_of(self, rank: int, log: Path | None) -> ErrorRecord | None:
         return self.errors.get(rank)
@@ -179,6 +180,9 @@ class FakeFailureFiles:
 
     def capture_stacks(self) -> dict[int, str]:
         return dict(self.stacks)
+
+    def injected_by(self, pid: int) -> str:
+        return self.injected.get(pid, "")
 
 
 @dataclass

@@ -69,6 +69,10 @@ class FailureFiles(Protocol):
         """Every worker's Python stacks, dumped on request."""
         ...
 
+    def injected_by(self, pid: int) -> str:
+        """The chaos plan entry that made process ``pid`` fail on purpose ("" when none did)."""
+        ...
+
 
 class JobLink(Protocol):
     """The job around one attempt: the agent's signal, the rendezvous, the node's state."""

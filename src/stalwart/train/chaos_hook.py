@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..chaos.once import claim, claim_announcement
+from ..chaos.once import claim, claim_announcement, mark_injected
 from ..chaos.plan import Fault, FaultPlan
 from ..events import ChaosInjected, Event
 from .clock import SYSTEM_CLOCK, Clock
@@ -90,6 +90,8 @@ class ChaosHook:
                 self._fire(fault, step)
 
     def _fire(self, fault: Fault, step: int) -> None:
+        if fault.kind in ("crash", "exit", "hang"):  # the agent then names the plan as the cause
+            mark_injected(self._chaos_dir, fault.describe())
         self._emit(
             ChaosInjected(
                 ts=self._clock.now(),

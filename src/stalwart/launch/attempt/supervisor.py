@@ -126,7 +126,8 @@ class Supervisor:
             active=world.active if world is not None else (),
             spares=bool(world is not None and world.spares),
         )
-        self.witness = KillWitness(group.pid(r) for r in ranks)  # why a rank died by a signal
+        # why a rank died by a signal (the chaos plan, when it sent it)
+        self.witness = KillWitness((group.pid(r) for r in ranks), injected_by=files.injected_by)
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
 
     # --- collect ---------------------------------------------------------------------------------
