@@ -61,3 +61,56 @@ def test_only_checkpoint_faults_damage_a_checkpoint(tmp_path):
             damage(version, kind)
     assert (version / "__0_0.distcp").read_bytes() == before
     assert "flipped" in damage(version, FaultKind.CORRUPT_CHECKPOINT)
+
+
+class _Memory:
+    def __init__(self, root: Path) -> None:
+        self.versions_root = root
+
+    def version_dir(self, name: str) -> Path | None:
+        path = self.versions_root / name
+        return path if (path / MANIFEST).exists() else None
+
+
+def test_damage_on_failure_waits_for_the_failure_then_hits_the_newest_committed_in_any_tier(tmp_path):
+    from stalwart.chaos.plan import FaultPlan, parse_spec
+    from stalwart.events import ChaosInjected
+    from stalwart.launch.agent_chaos import AgentChaos
+    from stalwart.launch.chaos_actions import newest_committed
+    from stalwart.launch.clock import ManualClock
+    from stalwart.launch.fakes import RecordingLedger
+    from stalwart.launch.progress import ProgressTracker
+    from stalwart.protocol import StepDone
+    from stalwart.protocol.run_dir import RunDir
+
+    run, mem = RunDir(tmp_path / "run"), tmp_path / "mem"
+    _version(run.checkpoints, 8)
+    _version(mem, 8)
+    _version(mem, 12)  # committed in the memory tier first: the version a restart reads
+    _version(run.checkpoints, 12, committed=False)  # still on its way to disk
+    assert newest_committed(run.checkpoints, [mem]) == 12
+    fault = parse_spec("corrupt-checkpoint@step=15,on=failure")
+    ledger = RecordingLedger()
+    chaos = AgentChaos(FaultPlan((fault,)), run, ledger, ManualClock(), _Memory(mem))
+    tracker = ProgressTracker(ranks=[0], started=0.0)
+    tracker.observe(StepDone(0, 20, 1.0, 0.1, {}), 1.1)
+    chaos.tick(tracker)  # its step came and went: nothing yet, however long the run goes on
+    assert not ledger.of(ChaosInjected)
+    chaos.settle()  # the attempt failed and its workers are gone
+    [hit] = ledger.of(ChaosInjected)
+    assert "step-000000012" in hit.detail and "step-000000008" not in hit.detail
+    assert (mem / "step-000000012" / "__0_0.distcp").read_bytes() != bytes(range(256)) * 8
+    chaos.settle()  # once per run
+    assert len(ledger.of(ChaosInjected)) == 1
+
+
+def test_on_failure_is_only_for_checkpoint_damage_and_only_failure():
+    from stalwart.chaos.plan import parse_spec
+    from stalwart.errors import FaultPlanError
+
+    assert parse_spec("truncate-checkpoint@step=3,on=failure").on_failure
+    assert "first failure" in parse_spec("truncate-checkpoint@step=3,on=failure").describe()
+    with pytest.raises(FaultPlanError, match="takes no on="):
+        parse_spec("crash@rank=0,step=3,on=failure")
+    with pytest.raises(FaultPlanError, match="use on=failure"):
+        parse_spec("corrupt-checkpoint@step=3,on=success")

@@ -12,6 +12,9 @@ Flag syntax (``--chaos``, repeatable, or comma-separated)::
     kill-agent@node=1,step=50     the agent with node index 1 SIGKILLs itself (and so its workers)
     corrupt-checkpoint@step=70    flip bytes in the newest committed checkpoint once step 70 is reached
     truncate-checkpoint@step=70   truncate a file of the newest committed checkpoint
+    corrupt-checkpoint@step=70,on=failure
+                                  ... at the first failed attempt from step 70 on: the newest version
+                                  committed when the workers are gone, the very one a restart reads
 
 Checkpoint damage waits while a newer version is on its way (being written, or committed in the
 node memory tier and not yet on disk), or until the attempt fails: the version it damages is then
@@ -82,7 +85,7 @@ class FaultKind(Label):
 WORKER_FAULTS = tuple(k for k in FaultKind if k.in_worker)
 AGENT_FAULTS = tuple(k for k in FaultKind if not k.in_worker)
 KINDS = WORKER_FAULTS + AGENT_FAULTS
-_KEYS = {"rank", "step", "factor", "node", "from", "to", "id", "at"}
+_KEYS = {"rank", "step", "factor", "node", "from", "to", "id", "at", "on"}
 MAX_FAULTS = 1000  # a plan is a handful of faults; thousands are a mistake (and blow the env size)
 MAX_PLAN_BYTES = 1 << 20
 MAX_SPEC_CHARS = 1000
@@ -100,6 +103,7 @@ class Fault:
     stop: int | None = None  # for slow: last slowed step (inclusive)
     ident: str = ""
     at: float = 0.0  # crash, exit: how far into the step it strikes, as a fraction of the step time
+    on_failure: bool = False  # checkpoint damage: strike when an attempt fails, not when the step comes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FaultKind(self.kind))
@@ -123,7 +127,8 @@ class Fault:
         if self.step is not None:
             where.append(f"step {self.step}")
         into = f" ({self.at:g} of the way through)" if self.at else ""
-        return f"{self.kind} at " + ", ".join(where) + into
+        when = ", at the first failure from then on" if self.on_failure else ""
+        return f"{self.kind} at " + ", ".join(where) + into + when
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,7 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
     if stop is not None and stop < start:
         raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
     at = _fraction(fault_kind, params["at"]) if "at" in params else 0.0
+    on_failure = _on(fault_kind, params["on"]) if "on" in params else False
     return Fault(
         kind=fault_kind,
         rank=rank,
@@ -212,7 +218,20 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         stop=stop,
         ident=_ident(name, params.get("id", "")),
         at=at,
+        on_failure=on_failure,
     )
+
+
+def _on(kind: FaultKind, raw: Any) -> bool:
+    """``on=failure``: checkpoint damage that strikes when an attempt fails (the version a restart
+    reads, whatever committed in the meantime), not when its step is reached."""
+    if kind not in (FaultKind.CORRUPT_CHECKPOINT, FaultKind.TRUNCATE_CHECKPOINT):
+        raise FaultPlanError(
+            f"fault {kind.value!r} takes no on= (only checkpoint damage waits for a failure)", "drop on="
+        )
+    if str(raw).strip().lower() != "failure":
+        raise FaultPlanError(f"fault {kind.value!r}: on={_shown(raw)} is not known", "use on=failure")
+    return True
 
 
 def _fraction(kind: FaultKind, raw: Any) -> float:

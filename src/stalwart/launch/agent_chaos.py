@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan
+from ..checkpoint.store import step_name
 from ..events import ChaosInjected
 from ..protocol.run_dir import RunDir
 from . import chaos_actions
@@ -65,6 +66,9 @@ class AgentChaos:
                     continue
                 self._injected(fault, fault.describe())
                 self._kill()
+            elif self.group_rank == 0 and fault.on_failure:
+                if settled:  # the workers are gone: nothing commits any more
+                    self._damage_at_failure(fault)
             elif self.group_rank == 0:
                 self._damage(fault, settled)
 
@@ -88,6 +92,18 @@ class AgentChaos:
         if mem is not None:  # and the node memory tier's copy of the same version
             detail += "; " + chaos_actions.damage(mem, fault.kind)
         self._injected(fault, detail)
+
+    def _damage_at_failure(self, fault) -> None:
+        """Damage the newest version committed in any tier, on disk and in the node memory tier alike."""
+        disk = self.run.checkpoints
+        faster = [self.memory.versions_root] if self.memory is not None else []
+        step = chaos_actions.newest_committed(disk, faster)
+        if step < 0 or not claim(self.run.chaos, fault):
+            return
+        on_disk = chaos_actions.committed(disk, step)
+        mem = self.memory.version_dir(step_name(step)) if self.memory is not None else None
+        done = [chaos_actions.damage(path, fault.kind) for path in (on_disk, mem) if path is not None]
+        self._injected(fault, "; ".join(done))
 
     def _injected(self, fault, detail: str) -> None:
         self.ledger.emit(

@@ -44,6 +44,12 @@ def newest_on_its_way(target: Path, others: list[Path]) -> int:
     return max(steps, default=-1)
 
 
+def newest_committed(target: Path, others: list[Path]) -> int:
+    """The newest version step committed in ``target`` or a faster tier (``others``); -1 if none:
+    with the workers gone, the version a restart reads."""
+    return max((step for root in (target, *others) for step in _steps(root)[0]), default=-1)
+
+
 def committed(root: Path, step: int) -> Path | None:
     """``root``'s committed version of ``step``, if it is there."""
     path = root / step_name(step)
