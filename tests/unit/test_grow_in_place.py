@@ -1,13 +1,13 @@
-"""A group that shrank in place grows back in place when a node returns: the pure policies (the first
-node's ``grow``, the arriving node's ``offer``, the other nodes' ``join``), the board over a real
-TCPStore (polled by a manual ticker), the arriving agent's offer (launch/inplace/rejoin.py), the first node's
-invitation and announcement (launch/inplace/nodes.py), the runner's take-over path before the first rendezvous,
-where the running round's worker store is read from (launch/rendezvous/arrival.py) and the console's line.
-Manual clocks and tickers throughout: nothing sleeps."""
+"""A group that shrank in place grows back in place when a node returns, the agents' side over fakes
+(stalwart.launch.fakes, a board as an arriving agent sees it): the arriving agent's offer
+(launch/inplace/rejoin.py), the first node's invitation and announcement (launch/inplace/nodes.py),
+the runner's take-over path before the first rendezvous, where the running round's worker store is
+read from (launch/rendezvous/arrival.py) and the console's line. Manual clocks throughout: nothing
+sleeps. The pure policies are test_grow_policy.py; the board over a real TCPStore and a newcomer
+rank's join through a real store, tests/integration/test_grow_board_store.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -23,259 +23,13 @@ from stalwart.launch.inplace.board import POLL_S, Announcement
 from stalwart.launch.inplace.recovery import InPlaceRecovery
 from stalwart.launch.ports import Round
 from stalwart.launch.progress import ProgressTracker
-from stalwart.policy.inplace import (
-    GrowCase,
-    GrowInPlace,
-    Join,
-    JoinCase,
-    Offer,
-    OfferCase,
-    Refuse,
-    Wait,
-    grow,
-    join,
-    offer,
-)
 from stalwart.policy.job import AttemptStatus, End, Replace, TookOver
 from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import Reformed, Reforming
 
 ANY = SizeRule("multiple", 1)
-POW2 = SizeRule("power_of_two")
-
-# --- the first node's policy: grow --------------------------------------------------------------------
-
-GROW = GrowCase(
-    enabled=True,
-    stopping=False,
-    busy=False,
-    node="n0",
-    active=("n0", "n1"),
-    offers=("n2",),
-    nproc_per_node=2,
-    max_nodes=4,
-    rule=ANY,
-    generation=3,
-)
 
 KEY = JobKey(b"k" * 32, KeySource.FILE)
-SIGNER = KEY.signer("job")  # one job key for every board of a test
-
-
-def test_grow_takes_the_offers_in_the_order_they_came_after_the_nodes_in_the_group():
-    got = grow(dataclasses.replace(GROW, offers=("n3", "n2")))
-    assert got == GrowInPlace(
-        active=("n0", "n1", "n3", "n2"),
-        joining=("n3", "n2"),
-        world_size=8,
-        generation=4,
-        reason=(
-            "node n3, n2 offered to return: the group grows back in place from 4 to 8 processes at the "
-            "next step boundary; the 2 node(s) in it keep their processes and places, and a replica "
-            "sends the newcomers the live state (generation 4)"
-        ),
-    )
-
-
-def test_grow_takes_no_more_offers_than_the_maximum_node_count_allows():
-    got = grow(dataclasses.replace(GROW, offers=("n2", "n3", "n4"), max_nodes=3))
-    assert isinstance(got, GrowInPlace)
-    assert (got.active, got.joining, got.world_size) == (("n0", "n1", "n2"), ("n2",), 6)
-
-
-def test_grow_under_pow2_takes_the_largest_count_of_offers_that_gives_a_valid_size():
-    case = dataclasses.replace(GROW, offers=("n2", "n3", "n4"), max_nodes=8, nproc_per_node=1, rule=POW2)
-    got = grow(case)  # 5 nodes is no power of two; 4 is
-    assert isinstance(got, GrowInPlace)
-    assert (got.active, got.joining, got.world_size, got.generation) == (
-        ("n0", "n1", "n2", "n3"),
-        ("n2", "n3"),
-        4,
-        4,
-    )
-    assert "from 2 to 4 processes" in got.reason
-
-
-def test_grow_counts_a_repeated_offer_once():
-    got = grow(dataclasses.replace(GROW, offers=("n2", "n2", "n3")))
-    assert isinstance(got, GrowInPlace) and got.joining == ("n2", "n3")
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"offers": ("n2",), "nproc_per_node": 1, "rule": POW2},  # 3 processes: no valid size
-        {"max_nodes": 2},  # already at the maximum
-        {"busy": True},
-        {"stopping": True},
-        {"enabled": False},
-        {"node": "n1"},  # only the group's first node decides
-        {"offers": ("n1", "n0")},  # offers only from nodes already in the group
-        {"offers": ()},
-        {"active": ()},
-    ],
-)
-def test_grow_waits(change):
-    assert grow(dataclasses.replace(GROW, **change)) == Wait()
-
-
-# --- the arriving node's policy: offer ----------------------------------------------------------------
-
-OFFER = OfferCase(enabled=True, node="n2", active=("n0", "n1"), world_size=4, max_nodes=3)
-
-
-@pytest.mark.parametrize(
-    ("change", "why"),
-    [
-        ({"enabled": False}, "in-place recovery is off (--no-in-place): joining the rendezvous"),
-        ({"active": ()}, "the running group has not shrunk in place: joining the rendezvous"),
-        ({"node": "n1"}, "node n1 is already in the running group: joining the rendezvous"),
-        ({"max_nodes": 2}, "the running group already has --nnodes MAX 2 nodes: joining the rendezvous"),
-    ],
-)
-def test_an_arriving_node_does_not_offer(change, why):
-    assert offer(dataclasses.replace(OFFER, **change)) == Refuse(why)
-
-
-def test_an_arriving_node_offers_a_free_place_in_a_group_below_its_maximum():
-    assert offer(OFFER) == Offer(
-        "the running group has 2 of at most 3 nodes (4 processes): node n2 offers to take a free place "
-        "in place"
-    )
-
-
-# --- the other nodes' policy: join a grow -------------------------------------------------------------
-
-JOIN = JoinCase(
-    enabled=True,
-    generation=3,
-    announced=4,
-    announced_by="n0",
-    waiting_since=None,
-    now=10.0,
-    bound_s=5.0,
-    busy=False,
-    stopping=False,
-    grown_to=6,
-)
-
-
-def test_a_node_joins_a_grow_another_node_announced():
-    assert join(JOIN) == Join(
-        4,
-        "node n0 grew the group back in place to 6 processes (a node returned); this node's ranks keep "
-        "their processes and join generation 4 at the next step boundary",
-    )
-
-
-def test_a_grow_reads_as_a_grow_even_when_a_shrink_size_is_set_too():
-    got = join(dataclasses.replace(JOIN, shrunk_to=2))
-    assert isinstance(got, Join) and "grew the group back" in got.reason
-
-
-def test_a_grow_is_refused_by_a_stopping_node_and_waited_out_by_a_busy_one():
-    assert join(dataclasses.replace(JOIN, stopping=True)) == Refuse(
-        "node n0 re-forms in place, but a stop was requested: the group restarts"
-    )
-    assert join(dataclasses.replace(JOIN, busy=True)) == Wait()
-
-
-# --- the board over a real TCPStore, polled on a manual ticker ----------------------------------------
-
-
-@pytest.fixture
-def server():
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    return TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
-
-
-def _boards(server, *nodes: str, notes=None):
-    """Boards of ``nodes`` over ``server`` and the manual ticker that polls them (on this thread)."""
-    from stalwart.launch.inplace.board import ManualTicker, StoreBoard
-
-    clock = ManualClock()
-    ticker = ManualTicker(clock)
-    note = notes.append if notes is not None else lambda text: None
-    boards = [
-        StoreBoard(
-            "127.0.0.1", server.port, 10.0, note, node=n, signer=SIGNER, ticker=ticker, clock=clock.monotonic
-        )
-        for n in nodes
-    ]
-    return ticker, boards
-
-
-def test_offers_invitations_readiness_and_the_group_record_pass_between_two_boards(server):
-    ticker, (first, newcomer, other) = _boards(server, "n0", "n2", "n3")
-    ticker.tick()
-    assert first.answered and newcomer.answered and other.answered
-    assert first.offers() == () and newcomer.invited() is None and first.group() is None
-    newcomer.offer("n2")
-    ticker.tick(2)  # the newcomer writes after the first node polled: the next tick reads it
-    assert first.offers() == ("n2",)
-    other.offer("n3")
-    ticker.tick(2)
-    assert first.offers() == ("n2", "n3")
-    newcomer.withdraw("n2")
-    ticker.tick(2)
-    assert first.offers() == ("n3",)
-    newcomer.offer("n2")  # the order is the order of the last offers
-    ticker.tick(2)
-    assert first.offers() == ("n3", "n2")
-    assert (first.offer_seq("n2"), first.offer_seq("n3"), first.offer_seq("n9")) == (2, 1, 0)
-
-    invitation = Announcement(2, "n0", (4, 5), 6, ("n0", "n1", "n2"))
-    first.invite(invitation)
-    ticker.tick()
-    assert newcomer.invited() == invitation and first.invited() == invitation
-
-    newcomer.ready(2)
-    ticker.tick(2)
-    assert first.ready_nodes() == {"n2": 2}
-
-    first.publish_group(invitation)
-    ticker.tick()
-    # the group record has no ranks: it says which nodes the group holds, not which ranks are new
-    assert newcomer.group() == Announcement(2, "n0", (), 6, ("n0", "n1", "n2"))
-    assert first.latest() is None  # publishing the group is not an announcement
-
-
-def test_a_malformed_or_unsigned_document_is_ignored_and_the_last_good_one_stands(server):
-    from stalwart.launch.inplace import board_state
-    from stalwart.launch.inplace.board import KEY, VERSION
-
-    notes: list[str] = []
-    ticker, (board, writer) = _boards(server, "n0", "n1", notes=notes)
-    good = Announcement(2, "n0", (2, 3), 4, ("n0", "n1"))
-    writer.invite(good)
-    writer.offer("n2")
-    ticker.tick(2)
-    assert board.invited() == good and board.offers() == ("n2",)
-    where = f"127.0.0.1:{server.port}"
-    stored = board_state.open_state(SIGNER, where, server.get(KEY), 0)
-    assert isinstance(stored, board_state.BoardState)
-    doc = json.loads(board_state.encode(stored))
-    doc["version"] += 1
-    doc["invitation"]["generation"] = "two"
-    server.set(KEY, SIGNER.seal(f"board/state|{where}", json.dumps(doc)))
-    server.add(VERSION, 1)
-    ticker.tick()
-    assert board.invited() == good  # the last well-formed one stands
-    assert any("malformed board state" in n and "generation 'two'" in n for n in notes), notes
-    doc["invitation"]["generation"] = 9
-    doc["offers"].append({"node": "n6", "seq": 1, "standing": True})
-    server.set(KEY, json.dumps(doc))  # well formed but not signed: planted by someone without the key
-    server.add(VERSION, 1)
-    ticker.tick()
-    assert board.invited() == good and board.offers() == ("n2",)
-    assert board.refusals.count == 2 and any("unsigned board state" in n for n in notes), notes
-    board.offer("n7")  # the next write replaces the planted document, built on the last good one
-    ticker.tick(2)
-    assert writer.offers() == ("n2", "n7") and writer.invited() == good
-
 
 # --- the arriving agent: rejoin -----------------------------------------------------------------------
 
@@ -811,45 +565,6 @@ def test_a_newcomer_tells_the_first_node_once_all_of_its_ranks_are_about_to_join
     rec.watch(_snap(clock))
     assert board.sent.count(("ready", 1)) == 1, board.sent  # said once
     assert not [a for a in _actions(ledger) if a in ("in_place_skipped", "grow_in_place")]
-
-
-def test_a_replacement_rank_says_it_is_about_to_join_once_just_before_it_joins(tmp_path, monkeypatch):
-    import torch.distributed as dist
-
-    from stalwart.protocol import Reforming as ReformingMsg
-    from stalwart.protocol.pipe import Receiver
-    from stalwart.train.inplace import Generation
-    from stalwart.train.reform import Reformer
-    from stalwart.train.session import Session
-
-    joined: list[tuple[str, int, int]] = []
-    monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: object())
-    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: prefix)
-    monkeypatch.setattr(
-        dist,
-        "init_process_group",
-        lambda backend, store, rank, world_size, **kw: joined.append((store, rank, world_size)),
-    )
-    rx = Receiver()
-    env = {
-        "RANK": "4",
-        "WORLD_SIZE": "6",
-        "LOCAL_RANK": "0",
-        "MASTER_PORT": "1",
-        "STALWART_W_IPC": str(rx.new_channel()),
-    }
-    try:
-        with Session(env) as session:
-            gen = Generation(2, lambda: 0, lambda s: None, session.clock.now)
-            reformer = Reformer(session, gen, 1.0, tmp_path)
-            reformer.joining = True
-            reformer.init_group("gloo", 4, 6)
-            reformer.init_group("gloo", 4, 6)  # a later generation of the same process: a survivor now
-        msgs = [m for m in rx.drain() if isinstance(m, ReformingMsg)]
-    finally:
-        rx.close()
-    assert joined == [("stalwart/gen2/", 4, 6)] * 2
-    assert [(m.rank, m.generation) for m in msgs] == [(4, 2)], msgs
 
 
 def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_generation_past_it(tmp_path):
