@@ -583,22 +583,20 @@ def test_a_node_lost_during_an_invitation_cancels_it_and_the_shrink_takes_a_gene
     assert rec.state.invitation is None and block.reform() == 2
 
 
-def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_client(monkeypatch):
+def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_client():
     """At a job's start the c10d endpoint may not listen yet (this agent may be its host): a store
     client would retry until its timeout, so nothing is asked; once it listens, the record is read."""
     import socket
 
-    import stalwart.launch.rendezvous.arrival as arrival
     from stalwart.launch.rendezvous.node_rendezvous import NodeRendezvous
 
     asked: list[str] = []
 
-    def store_for(cfg, timeout_s):
+    def store_for(cfg, timeout_s):  # the store client the rendezvous is given, in place of a TCPStore
         asked.append(cfg.rendezvous.endpoint)
         key = f"stalwart/workers/{cfg.rendezvous.id}"
         return _Marks({key: KEY.signer("r").seal(f"{key}|", b'{"addr": "10.0.0.7", "port": 4242}')})
 
-    monkeypatch.setattr(arrival, "store_for", store_for)
     with socket.socket() as free:  # a port nothing listens on
         free.bind(("127.0.0.1", 0))
         idle = free.getsockname()[1]
@@ -610,10 +608,11 @@ def test_an_agent_starting_before_the_c10d_store_listens_does_not_open_a_store_c
             backend="c10d", endpoint=f"127.0.0.1:{idle}", id="r", store_timeout_s=30.0
         ),
     )
-    assert NodeRendezvous(cfg, key=KEY).workers_elsewhere() is None and asked == []
+    assert NodeRendezvous(cfg, key=KEY, store_for=store_for).workers_elsewhere() is None and asked == []
     with socket.create_server(("127.0.0.1", 0)) as server:
         cfg.rendezvous.endpoint = f"127.0.0.1:{server.getsockname()[1]}"
-        assert NodeRendezvous(cfg, key=KEY).workers_elsewhere() == ("10.0.0.7", 4242) and len(asked) == 1
+        got = NodeRendezvous(cfg, key=KEY, store_for=store_for).workers_elsewhere()
+        assert got == ("10.0.0.7", 4242) and len(asked) == 1
 
 
 class _Marks:

@@ -23,6 +23,7 @@ from ...job_key import JobKey, Refusals, SealedStore, UnsignedRecord
 from ...node_name import validate_node_name
 from ..clock import Clock, SystemClock
 from ..ports import Round
+from . import arrival
 from .store_watch import StoreUnreachable, StoreWatch, within
 
 DONE_KEY = "stalwart/done"
@@ -64,8 +65,10 @@ class NodeRendezvous:
         *,
         key: JobKey,
         note: Callable[[str], None] = lambda text: None,
+        store_for: Callable[[Any, float], Any] = arrival.store_for,
     ) -> None:
         self.cfg = cfg
+        self.store_for = store_for  # a client of the rendezvous store for the job's marks (arrival.py)
         self.signer = key.signer(cfg.rendezvous.id or cfg.run_id)  # seals every record another agent reads
         self.refusals = Refusals(note)  # records that failed their seal: ignored, counted, noted once
         self.memory = memory  # the node memory tier: its peers learn each other's address per round
@@ -159,10 +162,10 @@ class NodeRendezvous:
         window = float(cfg.rendezvous.startup_window_s)
         if cfg.min_nodes >= cfg.max_nodes or window <= 0:
             return  # torch's round already waits for every host (or the window is off)
-        from .arrival import await_hosts, store_for
+        from .arrival import await_hosts
 
         try:
-            store = store_for(cfg, min(5.0, self.timeout_s / 2))
+            store = self.store_for(cfg, min(5.0, self.timeout_s / 2))
             got = await_hosts(store, cfg.rendezvous.id, cfg.max_nodes, window, self.clock)
         except Exception:  # noqa: BLE001 - the round itself says what is wrong with the store
             return
@@ -174,11 +177,11 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.reform.enabled or cfg.max_nodes < 2:
             return
-        from .arrival import mark_workers, store_for
+        from .arrival import mark_workers
 
         try:
             mark_workers(
-                self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, addr, port
+                self.sealed(self.store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, addr, port
             )
         except Exception:  # noqa: BLE001 - an arriving node then joins the rendezvous instead
             pass
@@ -197,10 +200,12 @@ class NodeRendezvous:
             host, port = parse_rendezvous_endpoint(cfg.rendezvous.endpoint, default_port=29400)
             if not listening(host, port, min(1.0, self.timeout_s / 2)):
                 return None
-        from .arrival import read_workers, store_for
+        from .arrival import read_workers
 
         try:
-            return read_workers(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id)
+            return read_workers(
+                self.sealed(self.store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id
+            )
         except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
             return None
 
@@ -210,10 +215,12 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
             return None
-        from .arrival import read_finished, store_for
+        from .arrival import read_finished
 
         try:
-            return read_finished(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id)
+            return read_finished(
+                self.sealed(self.store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id
+            )
         except Exception:  # noqa: BLE001 - no store (yet): the rendezvous decides
             return None
 
@@ -222,10 +229,12 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
             return
-        from .arrival import mark_finished, store_for
+        from .arrival import mark_finished
 
         try:
-            mark_finished(self.sealed(store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, mark)
+            mark_finished(
+                self.sealed(self.store_for(cfg, min(5.0, self.timeout_s / 2))), cfg.rendezvous.id, mark
+            )
         except Exception:  # noqa: BLE001 - the store went with the job: the run directory says it
             pass
 
