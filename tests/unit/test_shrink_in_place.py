@@ -168,21 +168,29 @@ def test_a_shrink_to_no_valid_size_is_refused_before_the_full_bound(tmp_path):
 PLACE = {"RANK": "4", "WORLD_SIZE": "6", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2"}
 
 
-def test_the_session_takes_its_new_rank_and_world_size_in_a_shrunk_group(monkeypatch):
+def test_the_session_takes_its_new_rank_and_world_size_in_a_shrunk_group(monkeypatch, tmp_path):
+    from stalwart.errors import CheckpointError
+
     monkeypatch.setenv("RANK", "4")  # the process's environment held the launch place
     monkeypatch.setenv("WORLD_SIZE", "9")  # a value the script set itself is left alone
     env = {**PLACE, "GROUP_WORLD_SIZE": "3", "ROLE_RANK": "4", "ROLE_WORLD_SIZE": "6"}
-    with Session(env) as session:
+    with Session(env, checkpoint_dir=str(tmp_path)) as session:
         move(session, 2, 4)
         assert (session.rank, session.world_size, session.local_rank) == (2, 4, 0)
         want = {"RANK": "2", "WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "2"}
         assert {k: session.env[k] for k in want} == want and session.env["ROLE_WORLD_SIZE"] == "4"
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("2", "9")
-        assert (
-            session._place.group_rank == 1 and session._ckpt._place == session._place
-        )  # saves in the new world
         with pytest.raises(RuntimeError, match="does not fit"):
             move(session, 4, 4)
+        # the checkpoint engine is built for the new world: of 4 (which needs a process group) ...
+        with pytest.raises(CheckpointError, match="world_size=4 but torch.distributed is not initialized"):
+            session.checkpointer  # noqa: B018 - the property builds the engine
+        move(session, 0, 1)  # ... and of one, where it saves as rank 0 of 1 (launched as 4 of 6)
+        assert (session.checkpointer.rank, session.checkpointer.world_size) == (0, 1)
+
+
+def _comm_failure() -> Exception:
+    return Exception("Connection closed by peer")  # what a survivor sees when a peer is gone
 
 
 def test_the_session_takes_the_place_the_agent_wrote_when_it_re_forms(tmp_path):
@@ -194,22 +202,24 @@ def test_the_session_takes_the_place_the_agent_wrote_when_it_re_forms(tmp_path):
     rx = Receiver()
     env = {**PLACE, "STALWART_W_IPC": str(rx.new_channel()), "STALWART_W_CONTROL": str(ctl)}
     env["STALWART_W_RUN_DIR"] = str(tmp_path)
+    places: list[tuple[int, int]] = []
+
+    def train(session: Session) -> str:
+        places.append((session.rank, session.world_size))
+        if len(places) == 1:
+            agent.request_reform(1, (0, 4))  # the agent shrank the group while this rank trained
+            raise _comm_failure()
+        return "trained"
+
     try:
         with Session(env) as session:
-            session._reform = None
-            from stalwart.train.inplace import Generation
-            from stalwart.train.reform import Reformer
-
-            gen = Generation(0, session._link.reform, lambda s: None, session.clock.now)
-            reformer = Reformer(session, gen, 1.0, tmp_path)
-            reformer.take_place()
-            assert session.rank == 4  # nothing written: the launch place
-            agent.request_reform(1, (0, 4))
-            assert reformer._reform(Exception("Connection closed by peer"))
-            assert (session.rank, session.world_size, gen.current) == (0, 4, 1)
+            assert session.run(train) == "trained"
+        msgs = rx.drain()
     finally:
         agent.close()
         rx.close()
+    assert places == [(4, 6), (0, 4)]  # nothing written at the start: the launch place; then the new one
+    assert [(m.rank, m.generation) for m in msgs if isinstance(m, Reforming)] == [(4, 1)]
 
 
 def test_live_state_is_kept_across_a_change_of_world_and_judged_part_for_part_when_adopted(tmp_path):
@@ -222,22 +232,36 @@ def test_live_state_is_kept_across_a_change_of_world_and_judged_part_for_part_wh
     ctl = tmp_path / "ctl.bin"
     control.create(ctl, slots=2)
     agent = control.ControlBlock(ctl, writable=True)
+    worker = control.ControlBlock(ctl)  # the worker's view of the same block
     rx = Receiver()
     env = {**PLACE, "STALWART_W_IPC": str(rx.new_channel()), "STALWART_W_CONTROL": str(ctl)}
+    held: list[object] = []
     try:
         with Session(env) as session:
-            gen = Generation(0, session._link.reform, lambda s: None, session.clock.now)
+            gen = Generation(0, worker.reform, lambda s: None, session.clock.now)
             reformer = Reformer(session, gen, 1.0, tmp_path)
-            reformer.state = {"model": torch.nn.Linear(2, 2)}
-            agent.request_reform(1)  # the same world (a rank replaced)
-            assert reformer._reform(Exception("Connection closed by peer")) and reformer.held is not None
-            reformer.state = {"model": torch.nn.Linear(2, 2)}
-            agent.request_reform(2, (0, 4))  # shrunk: whether each part still fits is adopt's to judge
-            assert reformer._reform(Exception("Connection closed by peer")) and reformer.held is not None
-            assert (session.world_size, gen.current) == (4, 2)
+
+            def train(s: Session) -> tuple[int, int]:
+                if gen.current > 0:
+                    held.append(reformer.held)  # what the re-form kept of the last generation's state
+                if gen.current == 0:
+                    reformer.state = {"model": torch.nn.Linear(2, 2)}  # what the loop adopted
+                    agent.request_reform(1)  # the same world (a rank replaced)
+                    raise _comm_failure()
+                if gen.current == 1:
+                    reformer.state = {"model": torch.nn.Linear(2, 2)}
+                    agent.request_reform(
+                        2, (0, 4)
+                    )  # shrunk: whether each part still fits is adopt's to judge
+                    raise _comm_failure()
+                return s.world_size, gen.current
+
+            assert reformer.run(train) == (4, 2)
     finally:
+        worker.close()
         agent.close()
         rx.close()
+    assert len(held) == 2 and all(h is not None for h in held), held
 
 
 def test_held_state_fits_new_objects_only_where_every_local_part_sits_in_the_same_place():
@@ -311,11 +335,16 @@ def test_the_console_and_the_ledger_say_the_job_shrank_in_place():
 
 
 def test_an_error_record_after_a_shrink_is_filed_under_the_rank_the_agent_launched(tmp_path):
+    import sys
+
     from stalwart.protocol.error_record import read_error
 
     with Session({**PLACE, "STALWART_W_RUN_DIR": str(tmp_path)}) as session:
         move(session, 2, 4)
-        session._write_error(ValueError, ValueError("boom"), None)
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            sys.excepthook(ValueError, exc, exc.__traceback__)  # what Python calls for an uncaught one
         path = session.run_dir.error_file(session.node, session.attempt, 4)
     record = read_error(path)
     assert record is not None and record.message == "boom"
