@@ -14,7 +14,7 @@ from rich.markup import escape as esc
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
-from ..events import CheckpointRejected, IncidentRaised, StepCompleted
+from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
@@ -106,6 +106,8 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
             {**asdict(d), "precision": d.precision, "recall": d.recall, "mode": precision_gate(d).mode}
             for d in detector_stats(events)
         ],
+        "chaos_unfired": [f for e in events if isinstance(e, ChaosUnfired) for f in e.faults],
+        "chaos_unfired_lines": [e.line for e in events if isinstance(e, ChaosUnfired)],
         "notes": notes(gp.buckets, gp.wall_s, len({s.rank for s in steps})),
         "skipped": [{"path": str(sk.path), "reason": sk.reason, "rows": sk.rows} for sk in read.skipped],
     }
@@ -184,6 +186,8 @@ def render(rep: dict[str, Any], console: Console | None = None) -> None:
     _render_reliability(rep, say)
     _render_findings(rep, say)
     _render_detectors(rep.get("detectors") or [], con, say)
+    for line in rep.get("chaos_unfired_lines") or ():
+        say(esc(line))
     for n in rep["notes"]:
         say(f"note: {esc(n)}")
 

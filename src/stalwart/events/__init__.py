@@ -240,6 +240,16 @@ class ChaosInjected(Event):
 
 @event
 @dataclass(frozen=True, kw_only=True)
+class ChaosUnfired(Event):
+    """Planned faults that never fired in the run (their step lay past its last step, their rank
+    never ran), written by the agent before its verdict: no fault is dropped silently."""
+
+    faults: tuple[str, ...]  # each as a --chaos spec
+    line: str  # what the console printed
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
 class StragglerDetected(Event):
     """A rank spends markedly longer on its own work than the fleet (rank = the straggler)."""
 

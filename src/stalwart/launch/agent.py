@@ -24,9 +24,9 @@ from typing_extensions import assert_never
 
 from .. import job_key
 from ..chaos.plan import FaultPlan, build_plan
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, FaultPlanError
 from ..events import Event, JobStarted
-from ..exit_codes import EXIT_INFRA, EXIT_OK
+from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter
 from ..policy import job
 from ..policy.job import End
@@ -148,6 +148,7 @@ class Agent:
         )
         self.received: int | None = None  # the signal this agent received
         self.runner: JobRunner | None = None
+        self.chaos: AgentChaos | None = None
 
     @property
     def attempt(self) -> int:
@@ -194,6 +195,7 @@ class Agent:
             )
 
             def closing(end: End) -> None:
+                self._account_chaos()
                 if end.outcome == "succeeded":
                     rendezvous.leave_finished_mark(self._finished_mark())
                 try:
@@ -205,6 +207,9 @@ class Agent:
             code = self.runner.run()
             self._say_missing()
             return code
+        except FaultPlanError as exc:  # a plan the script cannot take, found once its workers ran
+            self._end("aborted", f"refused: {exc}", EXIT_BAD_INPUT)
+            raise
         except BaseException as exc:
             # an agent bug or an unexpected stop still leaves a verdict in the ledger
             self._end("agent_error", f"agent error: {type(exc).__name__}: {exc}", EXIT_INFRA)
@@ -227,6 +232,7 @@ class Agent:
         closing: Callable[[End], None],
     ) -> JobRunner:
         workers = self._node_workers(rendezvous=rendezvous, memory=memory, diagnosis=diagnosis, warm=warm)
+        self.chaos = workers.chaos
 
         def on_attempt(attempt: int) -> None:
             self.ledger.attempt = attempt
@@ -264,6 +270,20 @@ class Agent:
         except LedgerError:
             step = -1
         return FinishedMark(step, self.clock.now())
+
+    def _account_chaos(self) -> None:
+        """Before the verdict: say which planned faults never fired (the report shows them too)."""
+        if self.chaos is None or not self.plan.faults:
+            return
+        from ..errors import LedgerError
+        from ..ledger import read_available
+
+        try:  # a damaged ledger file is skipped, not a reason to say nothing
+            line = self.chaos.account(read_available(self.run.root).events)
+        except LedgerError as exc:
+            line = f"chaos: which planned faults fired is unknown: {exc}"
+        if line:
+            self.console.note(line)
 
     def _say_missing(self) -> None:
         if self.ledger.missing:

@@ -10,8 +10,9 @@ from typing import Protocol
 
 from ..chaos.once import claim
 from ..chaos.plan import FaultPlan
+from ..chaos.reach import Fired, needs_sdk, sdk_refusal, spec_of, unfired, unfired_line
 from ..checkpoint.store import step_name
-from ..events import ChaosInjected
+from ..events import ChaosInjected, ChaosUnfired, Event, StepCompleted
 from ..protocol.run_dir import RunDir
 from . import chaos_actions
 from .clock import Clock
@@ -44,10 +45,40 @@ class AgentChaos:
         self.done_step = -1  # the newest step done that agent-side chaos has seen
         self.targets: dict[str, int] = {}  # checkpoint damage: the version step each aims at
         self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
+        self._needs_sdk = needs_sdk(plan)
 
     def tick(self, tracker: ProgressTracker) -> None:
+        self.refuse_without_sdk(tracker)
         self.done_step = tracker.max_done_step
         self.at(tracker.max_done_step, settled=False)
+
+    def refuse_without_sdk(self, tracker: ProgressTracker) -> None:
+        """Faults only the SDK can take (checkpoint damage) and a rank that steps without a Session
+        (its steps come from the bootstrap's hooks, it never said Hello): stop the job with the one
+        error (FaultPlanError, exit 2) at that rank's first step, before training goes on. Only then
+        is it known: a script's use of the SDK shows once its workers run."""
+        if not self._needs_sdk:
+            return
+        for rank, p in sorted(tracker.progress.items()):
+            if p.hooked and not p.session:
+                raise sdk_refusal(self._needs_sdk, rank)
+
+    def account(self, events: list[Event]) -> str:
+        """At the run's end: the planned faults with no injection on record go into the ledger
+        (``ChaosUnfired``, which the report shows); the console's line about them ("" if none)."""
+        fired = [Fired(e.fault, e.rank, e.step) for e in events if isinstance(e, ChaosInjected)]
+        missing = unfired(self.plan, fired)
+        if not missing:
+            return ""
+        last = max((e.step for e in events if isinstance(e, StepCompleted)), default=-1)
+        line = unfired_line(missing, last)
+        self.ledger.emit(
+            ChaosUnfired(
+                ts=self.clock.now(), faults=tuple(spec_of(f) for f in missing), line=line, **self.ledger.ctx()
+            ),
+            show=False,
+        )
+        return line
 
     def settle(self) -> None:
         """The attempt failed: a damage that waited on a persist the failure cut short aims at the

@@ -45,6 +45,7 @@ class RankProgress:
     ckpt_t0: float = 0.0
     sdk: bool = False  # the worker's messages count: it uses the SDK or its step hooks fired
     session: bool = False  # the worker said Hello: it runs the SDK's Session (a coordinated stop)
+    hooked: bool = False  # a step came from the bootstrap's step hooks before any Hello: no Session
     phase: str = ""  # a long phase the script marked (evaluation, ...), with its own hang budget
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
@@ -102,6 +103,7 @@ class ProgressTracker:
             case CheckpointDone():
                 self._checkpoint_done(p, msg)
             case StepDone():
+                p.hooked = p.hooked or (HOOK_SECTION in msg.sections and not p.session)
                 return self._step_done(p, msg)
             case Hello():
                 p.sdk = p.session = True

@@ -54,6 +54,11 @@ class RunDir:
     def worker_ledger(self, node: str, attempt: int, rank: int, pid: int) -> Path:
         return self.ledger / f"worker-{node}-a{attempt}-r{rank}-p{pid}.ledger"
 
+    def hook_ledger(self, node: str, attempt: int, rank: int, pid: int) -> Path:
+        """The ledger of what the worker bootstrap's step hooks record (chaos fired in an unchanged
+        script): a file of its own, so a Session in the same process keeps its own writer."""
+        return self.ledger / f"hook-{node}-a{attempt}-r{rank}-p{pid}.ledger"
+
     def rank_ledger(self, rank: int) -> Path:
         return self.ledger / f"rank-{rank}.ledger"
 

@@ -132,8 +132,9 @@ class Session:
         """This rank's faults from the agent's fault plan, if there is one (else chaos is never imported)."""
         if wenv is None or not wenv.chaos:
             return ()
-        from .chaos_hook import ChaosHook
+        from .chaos_hook import ChaosHook, claim_for_session
 
+        claim_for_session()  # the bootstrap's step hooks stand down: the loop fires the plan
         hook = ChaosHook.from_plan(
             wenv.chaos,
             rank=self.rank,

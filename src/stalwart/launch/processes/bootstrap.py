@@ -19,6 +19,8 @@ and nothing patched:
   :data:`GRAD_WATCH_STEPS` steps only the parameters whose gradient came last stay hooked, so the
   cost is one call per step. Where gradients are not accumulated through autograd (FSDP2 assigns its
   reduced shards) no hook fires and the wait is 0: the step is the rank's own work.
+* **chaos**: with a fault plan (``--chaos``), the steps the hooks count fire this rank's faults
+  (``hook_chaos.py``), unless a Session in the process fires them.
 * **stacks**: ``faulthandler`` on the agent's stack-dump signal writes every thread's stack to the
   rank's stack file, so a hang's stacks reach the ledger without the SDK.
 * **names**: the process title carries the script's command line and the rank, local rank and
@@ -49,6 +51,7 @@ from typing import IO, Any
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
 from ...protocol.pipe import Sender
 from ...protocol.run_dir import RunDir
+from .hook_chaos import HookChaos
 
 HOOK_SECTION = "hook.optimizer"  # the optimizer step's own seconds, in a StepDone the hooks sent
 WAIT_SECTION = "sync"  # from this rank's last gradient to its optimizer step: the all-reduce's wait
@@ -72,6 +75,7 @@ class StepObserver:
     grad_last: int = -1  # which watched parameter that gradient belonged to
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # parameter index -> hook handle
     grad_lasts: set[int] = field(default_factory=set)  # parameters seen last in a watched step
+    chaos: HookChaos | None = None  # the fault plan's faults for this rank (``hook_chaos.py``)
 
     def pre(self, optimizer: object, args: object, kwargs: object) -> None:
         if not self.lead:
@@ -79,6 +83,8 @@ class StepObserver:
             self._watch_grads(optimizer)
         if id(optimizer) != self.lead:
             return
+        if self.chaos is not None and self.steps == 0:
+            self.chaos.began(0)  # step 0 starts at the first optimizer step; the others at the previous end
         self.began = self.clock()
         fresh = self.grad_at > self.last_end and self.grad_last >= 0
         self.waited = max(0.0, self.began - self.grad_at) if fresh else 0.0
@@ -99,6 +105,9 @@ class StepObserver:
                 sections[WAIT_SECTION] = self.waited
             self.sender.send(StepDone(self.rank, self.steps, start, end - start, sections))
         self.steps += 1
+        if self.chaos is not None:
+            self.chaos.ended(self.steps - 1, end - start)
+            self.chaos.began(self.steps)
 
     def grad_ready(self, index: int) -> None:
         self.grad_at = self.clock()
@@ -153,7 +162,7 @@ def install(
             sender = Sender(os.dup(wenv.ipc_fd))  # our own descriptor: a Session closing its own is no harm
         except OSError:
             sender = None
-    inst = Instrumentation(StepObserver(place.rank, sender))
+    inst = Instrumentation(StepObserver(place.rank, sender, chaos=HookChaos.for_worker(wenv, place)))
     _hook_steps(inst)
     if wenv is not None and wenv.run_dir:
         inst.stack_file = _stacks(RunDir(_path(wenv.run_dir)), wenv.node, place.attempt, place.rank)
