@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..events import Event
+from ..events import CheckpointCommitted, CheckpointStaged, Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..policy.checkpoint_interval import daly_interval, young_interval
 
@@ -145,7 +146,6 @@ class AutoInterval:
         sink: Callable[[Event], None] | None = None,
         wall: Callable[[], float] | None = None,
     ) -> None:
-        import time
 
         self.engine = engine
         self.mtbf_s = mtbf_s
@@ -251,7 +251,6 @@ def mtbf_of_run(failures: int, training_s: float, history_mtbf_s: float | None =
 
 def inputs_from_events(events: Iterable[Event], *, history_mtbf_s: float | None = None) -> AutoInputs | None:
     """The inputs a run's ledger gives (medians over every rank); None before a checkpoint committed."""
-    from ..events import CheckpointCommitted, CheckpointStaged, FailureDetected, StepCompleted
 
     steps: list[float] = []
     ranks: set[int] = set()

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..events import Event
+from ..events import Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
+from ..ledger.store import read_available
 from .advisor import AutoInputs, IntervalChoice, decide_interval, mtbf_of_run
 
 __all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "auto_every_for", "run_failures"]
@@ -37,7 +38,6 @@ _KEPT = 200  # step times kept for the median
 
 def run_failures(events: Iterable[Event]) -> tuple[int, float]:
     """Failures the run had so far and the seconds it trained (step time summed, per rank)."""
-    from ..events import FailureDetected, StepCompleted
 
     failures, total, ranks = 0, 0.0, set()
     for e in events:
@@ -138,7 +138,6 @@ def auto_every_for(
 ) -> AutoEvery:
     """An :class:`AutoEvery` on a checkpoint engine's measurements, the run's ledger so far and the
     node's failure history (the agent passes its MTBF; the session's one call)."""
-    from ..ledger.store import read_available
 
     found = read_available(run_root, require_some=False).events if run_root is not None else []
     failures, trained = run_failures(found)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from ..errors import CheckpointError
 from ..protocol.json_collective import JSON, PeerDataError, all_gather_json, broadcast_json, decode, encode
 
 T = TypeVar("T")
@@ -34,8 +35,6 @@ class Collective:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            from ..errors import CheckpointError
-
             raise CheckpointError(
                 f"world_size={world_size} but torch.distributed is not initialized",
                 "call init_process_group before creating the checkpoint engine",

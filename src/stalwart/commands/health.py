@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from ..errors import ConfigError
+
 EXIT_PASS = 0
 EXIT_FAIL = 1
 
@@ -155,7 +157,6 @@ def register(app: typer.Typer) -> None:
         """Check this node; exit 0 pass/warn, 1 fail, 2 usage error (Slurm Prolog/Epilog compatible)."""
         from pydantic import ValidationError
 
-        from ..errors import ConfigError
         from ..health import GateConfig, run_gate
         from ..health.backends import make_backend
         from ..health.lifecycle import LifecyclePolicy
@@ -192,8 +193,6 @@ def register(app: typer.Typer) -> None:
             if rec.state in (NodeState.QUARANTINED, NodeState.PROBATION):
                 handled_before = rec.since  # XIDs logged before the drain are what we drained for
         if active:  # the suite runs for seconds with nothing to show until it ends: say so first
-            import sys
-
             print(
                 "stalwart: running the active suite (GEMM, memory bandwidth, all-reduce, disk write, one "
                 "training step; 10-20 s on a CPU-only machine) ...",

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 
+from ..account.mfu import parse_model_spec
 from ..errors import ConfigError
 from ..serve import LOOPBACK
+from ..serve.rules import rules_path
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +46,6 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if interval <= 0:
             raise ConfigError("--interval must be positive seconds")
-        from ..account.mfu import parse_model_spec
 
         spec = parse_model_spec(model) if model else None
         exp = RunExporter(
@@ -60,6 +61,5 @@ def register(app: typer.Typer) -> None:
     @metrics.command("rules")
     def rules() -> None:
         """Print the path of the shipped Prometheus alert rules (alerts.yml)."""
-        from ..serve.rules import rules_path
 
         print(rules_path())

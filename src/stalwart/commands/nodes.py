@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from ..errors import SchedulerError
+
 
 def register(app: typer.Typer) -> None:
     @app.command("nodes")
@@ -24,7 +26,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List nodes with their states and reasons."""
-        from ..errors import SchedulerError
         from ..health.backends import make_backend
         from ..health.node_store import DEFAULT_STATE_DIR, HealthStore
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..secret_values import read_secret_file, read_url_file
 from ..serve import LOOPBACK
 
 
@@ -45,7 +46,6 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP post."),
     ) -> None:
         """Listen for Alertmanager webhooks (POST /alertmanager, with the token) and forward them until interrupted."""
-        from ..secret_values import read_secret_file, read_url_file
         from ..serve.httpd import serve_until_signal, warn_if_exposed
         from ..serve.notify import Poster, Target
         from ..serve.receiver import NotifyReceiver

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from ..errors import ConfigError
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -15,7 +17,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Goodput, badput buckets, interruptions, MTBF and MTTR of a run, from its ledger."""
         from ..account.report import print_report
-        from ..errors import ConfigError
 
         hint = "give the run directory that 'stalwart run' printed as 'run dir:' (by default stalwart-runs/<run-id>)"
         if not run_dir.exists():

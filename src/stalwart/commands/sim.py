@@ -9,12 +9,12 @@ from typing import Any
 import typer
 
 from ..errors import ConfigError
+from ..inputs import parse_yaml, read_text_file
 
 
 def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    from ..inputs import parse_yaml, read_text_file
 
     data = parse_yaml(read_text_file(path, 1 << 20, "simulator config"), f"simulator config {path}")
     if data is None:

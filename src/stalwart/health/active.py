@@ -7,7 +7,10 @@ testable anywhere; on GPUs each device is measured and compared with the node's 
 
 from __future__ import annotations
 
+import datetime
+import multiprocessing as mp
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -104,8 +107,6 @@ def probe_store(rank: int, world: int, host: str, port: int, timeout_s: float = 
     """The all-reduce's rendezvous store. Rank 0 hosts it on a socket it binds to ``host`` only and
     hands over (``master_listen_fd``): torch's own ``tcp://`` rendezvous would listen on every
     interface. The other ranks connect to ``host:port``."""
-    import datetime
-    import socket
 
     from torch.distributed import TCPStore
 
@@ -125,7 +126,6 @@ def allreduce_busbw(
     rank: int, world: int, master: tuple[str, int], backend: str, nbytes: int, iters: int
 ) -> tuple[float, bool]:
     """One rank of the all-reduce test: (bus bandwidth GB/s as nccl-tests defines it, result correct)."""
-    import datetime
 
     import torch
     import torch.distributed as dist
@@ -165,7 +165,6 @@ def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: in
 
 
 def _free_port() -> int:
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,7 +175,6 @@ def measure_allreduce(
     world: int | None = None, nbytes: int | None = None, iters: int = 5, timeout_s: float = 60.0
 ) -> tuple[float, int, str]:
     """Local processes: NCCL across the node's GPUs, else gloo on CPU. Returns (busbw GB/s, ranks, error)."""
-    import multiprocessing as mp
 
     import torch
 

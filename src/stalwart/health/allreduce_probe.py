@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveMeasurements, allreduce_busbw, check_active
 from .findings import CheckStatus
@@ -43,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         bw, ok, err = 0.0, False, (f"allreduce: {type(exc).__name__}: {exc}",)
     exp = H100_EXPECTATIONS if gpu else CPU_EXPECTATIONS
     if args.expect is not None:
-        from dataclasses import replace
-
         exp = replace(exp, allreduce_busbw_gbps=args.expect)
     m = ActiveMeasurements(
         "cuda" if gpu else "cpu", allreduce_busbw_gbps=None if err else bw, allreduce_ranks=world, errors=err

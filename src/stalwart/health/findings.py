@@ -8,6 +8,7 @@ from typing import Any
 
 from typing_extensions import assert_never
 
+from ..errors import ConfigError
 from ..policy.label import Label
 
 
@@ -46,8 +47,6 @@ class Severity(enum.IntEnum):
         try:
             return cls[text.strip().upper()]
         except KeyError:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"unknown severity {text!r}", f"use one of {', '.join(s.name.lower() for s in cls)}"
             ) from None

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TelemetryError
 from ..health.kernel_log import parse_kernel_log, read_uptime
+from ..inputs import read_text_tail
 
 SEVERE_LISTS = ("reset_gpu", "irrecoverable")
 MAX_SHOWN = 3
@@ -45,9 +47,7 @@ def severe_codes() -> frozenset[int]:
 
 def _kernel_lines(path: Path | None) -> Sequence[str]:
     if path is not None:
-        from ..errors import TelemetryError
         from ..health.kernel_log import MAX_KERNEL_LOG_BYTES
-        from ..inputs import read_text_tail
 
         try:
             text, _ = read_text_tail(path, MAX_KERNEL_LOG_BYTES, "kernel log", error=TelemetryError)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..account.mfu import parse_model_spec
 from ..events import Event
 from .httpd import warn_if_exposed
 from .notify import RunNotifier, Target
@@ -32,7 +33,6 @@ class Observability:
     def from_config(cls, cfg: Any, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
         if cfg.observe.metrics_port is not None:
-            from ..account.mfu import parse_model_spec
             from .exporter import RunExporter
 
             exporter = RunExporter(

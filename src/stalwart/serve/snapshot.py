@@ -30,6 +30,7 @@ from ..events import (
     JobStarted,
     StepCompleted,
 )
+from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from ..policy.label import Label
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
@@ -151,7 +152,6 @@ def _ranks(steps: Sequence[StepCompleted]) -> tuple[RankState, ...]:
 
 
 def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
-    from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 
     info: dict[str, dict] = {}
     for e in events:

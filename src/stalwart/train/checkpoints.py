@@ -7,6 +7,7 @@ class only tracks steps: the last one saved, the last one known durable, the one
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,7 +155,6 @@ class Checkpoints:
         one on the new group). Its persist in flight is waited for at most ``timeout_s``: with the
         group's connections severed, a collective it was in fails at once. What it had not committed
         is not counted as saved; what it committed stays."""
-        import threading
 
         engine, self._engine = self._engine, None
         if engine is None:

@@ -24,6 +24,7 @@ clock.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,7 +112,6 @@ def store_for(cfg, timeout_s: float) -> Any:
 
         client = etcd_client(cfg, timeout_s)
         return EtcdStore(client, f"/stalwart/marks/{cfg.rendezvous.id}", timeout_s=timeout_s)
-    import datetime as dt
 
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
