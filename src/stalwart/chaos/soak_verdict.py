@@ -14,7 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkpoint.store import step_name
+from ..checkpoint.manifest import verify
+from ..checkpoint.store import FileStore, step_name
 from ..errors import LedgerError
 from ..events import ChaosInjected, Event, JobEnded, StepCompleted, TrainingResumed
 from ..ledger import read_available
@@ -110,8 +111,6 @@ def summarize(results: list[RunResult]) -> SoakSummary:
 
 def good_versions(ckpt_dir: Path) -> dict[int, Path]:
     """Committed versions that verify, by step."""
-    from ..checkpoint.manifest import verify
-    from ..checkpoint.store import FileStore
 
     out = {}
     for step, path in FileStore(ckpt_dir).versions():

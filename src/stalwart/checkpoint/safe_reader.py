@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -184,8 +185,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
                 "the file was planted or damaged",
             ) from None
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
-
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj

@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveMeasurements, allreduce_busbw, check_active
-from .findings import CheckStatus
+from .findings import CheckStatus, Finding, Severity
 from .rules import load_rules
 
 
@@ -50,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     findings = check_active(m, exp)
     if not ok and not err:
-        from .findings import Finding, Severity
-
         findings.append(
             Finding(
                 "active",

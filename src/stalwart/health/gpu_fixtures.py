@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import TelemetryError
 from ..inputs import MiB, parse_json, read_text_file
-from .gpu_observation import GpuNodeObservation, GpuObservation, GpuSample, NvLinkObservation
+from .gpu_observation import CLOCK_NAMES, GpuNodeObservation, GpuObservation, GpuSample, NvLinkObservation
 
 SNAPSHOT = "nvml_snapshot.json"
 SMI_XML = "nvidia-smi-q.xml"
@@ -210,8 +210,6 @@ def load_smi_xml(path: Path) -> GpuNodeObservation:
         reasons = 0
         cer = g.find("clocks_event_reasons")
         if cer is not None:
-            from .gpu_observation import CLOCK_NAMES
-
             for bit, name in CLOCK_NAMES.items():
                 if _yes(_xml_text(cer, f"clocks_event_reason_{name}")):
                     reasons |= bit

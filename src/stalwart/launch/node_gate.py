@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..health.lifecycle import NodeState
+from ..health.gate import GateConfig, run_gate
+from ..health.lifecycle import LifecyclePolicy, NodeState
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,6 @@ def check_node(
     kernel_log: str = "dmesg",
 ) -> GateOutcome:
     from ..health.backends import make_backend
-    from ..health.gate import GateConfig, run_gate
-    from ..health.lifecycle import LifecyclePolicy
     from ..health.node_controller import apply_verdict
     from ..health.node_store import HealthStore
 

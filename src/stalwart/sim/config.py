@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
 from ..settings.schema import HangSettings
@@ -297,7 +297,6 @@ def _check_units(cfg: SimConfig) -> None:
 
 def make_config(**values: object) -> SimConfig:
     """Build a :class:`SimConfig`, turning pydantic's errors into one-line ConfigErrors."""
-    from pydantic import ValidationError
 
     try:
         return SimConfig(**values)  # type: ignore[arg-type]

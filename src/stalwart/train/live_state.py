@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import state
 
@@ -136,7 +137,6 @@ def _digest(buffers: dict[str, torch.Tensor]) -> str:
 
 
 def _send_bytes(data: bytes, dst: int) -> None:
-    import torch.distributed as dist
 
     dist.send(torch.tensor([len(data)], dtype=torch.int64), dst)
     if data:
@@ -144,7 +144,6 @@ def _send_bytes(data: bytes, dst: int) -> None:
 
 
 def _recv_bytes(src: int, limit: int) -> bytes:
-    import torch.distributed as dist
 
     n = torch.zeros(1, dtype=torch.int64)
     dist.recv(n, src)
@@ -159,7 +158,6 @@ def _recv_bytes(src: int, limit: int) -> bytes:
 
 def _gather(step: int, key: int) -> list[tuple[int, int]]:
     """Every rank's (live step, shard key)."""
-    import torch.distributed as dist
 
     mine = torch.tensor([step, key], dtype=torch.int64)
     out = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
@@ -212,7 +210,6 @@ def _payload(cap: state.Captured) -> _Payload:
 
 def _send(payload: _Payload, dst: int) -> int:
     """Send the payload to ``dst``; the bytes sent (tensors and extras)."""
-    import torch.distributed as dist
 
     _send_bytes(payload.head, dst)
     sent = 0
@@ -226,7 +223,6 @@ def _send(payload: _Payload, dst: int) -> int:
 
 
 def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
-    import torch.distributed as dist
 
     head = json.loads(_recv_bytes(src, 1 << 24))
     mine = {k: _local(t) for k, t in targets.tensors.items()}
@@ -277,7 +273,6 @@ def adopt(
     no rank holds live state (every rank then resumes from a checkpoint, as after a cold start).
     ``restore_rng(step)`` restores this rank's RNG streams as of the start of ``step`` ("" when it
     could, else why not)."""
-    import torch.distributed as dist
 
     targets = state.load_targets(new)
     cap = state.capture(held.objects) if held is not None else None

@@ -20,6 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+import torch.distributed as dist
+
 from ..events import TrainingResumed
 from ..protocol import Note, PhaseChanged, Reformed, Reforming
 from .inplace import Generation, Reform, abandon_group, is_comm_failure
@@ -102,7 +105,6 @@ class Reformer:
 
     def init_group(self, backend: str, rank: int, world_size: int, **kwargs: Any) -> None:
         """Join this generation's process group through a fresh prefix of the agent's store."""
-        import torch.distributed as dist
 
         env = self.session.env
         timeout = timedelta(seconds=self.timeout_s)
@@ -234,7 +236,6 @@ def _place_values(place: Any, local_world: int) -> tuple[str, ...]:
 def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:
     """A copy of the state dicts of the objects that are neither models nor optimizers (the part of a
     checkpoint's extras called ``objects``), as :func:`stalwart.train.state.capture` takes them."""
-    import torch
 
     out: dict[str, Any] = {}
     for key, obj in state.items():
