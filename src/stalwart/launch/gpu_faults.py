@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..diagnose.kill_witness import read_kmsg
 from ..errors import TelemetryError
 from ..health.kernel_log import MAX_KERNEL_LOG_BYTES, parse_kernel_log, read_uptime
 from ..health.rules import load_rules
@@ -52,7 +53,6 @@ def _kernel_lines(path: Path | None) -> Sequence[str]:
         except TelemetryError:
             return ()
         return text.splitlines()
-    from ..diagnose.kill_witness import read_kmsg
 
     return read_kmsg() or ()
 
