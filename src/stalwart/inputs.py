@@ -155,7 +155,7 @@ def parse_json(text: str, what: str, *, error: type[StalwartError] = ConfigError
 
 
 def parse_yaml(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
-    import yaml
+    import yaml  # deferred: heavy (yaml)
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:

@@ -166,7 +166,7 @@ def _fmt_s(x: float | None) -> str:
 
 
 def render(rep: dict[str, Any], console: Console | None = None) -> None:
-    from rich.console import Console as RichConsole
+    from rich.console import Console as RichConsole  # deferred: heavy (rich)
 
     con = console or RichConsole(highlight=False)
 
@@ -210,7 +210,7 @@ def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None
 
 
 def _render_buckets(rep: dict[str, Any], con: Console) -> None:
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy (rich)
 
     wall = rep["wall_s"]
     t = Table(title="Where the wall time went", show_lines=False)
@@ -225,7 +225,7 @@ def _render_buckets(rep: dict[str, Any], con: Console) -> None:
 
 
 def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> None:
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not interruptions:
         return
@@ -300,7 +300,7 @@ def _pct(v: float | None) -> str:
 
 
 def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]) -> None:
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not dets:
         return
@@ -331,7 +331,7 @@ def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[s
 
 def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
     """Each interruption's recovery path (warm / cold and why) and its phases (account/recovery.py)."""
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not recs:
         return

@@ -51,8 +51,8 @@ def run_failures(events: Iterable[Event]) -> tuple[int, float]:
 
 def _agree_max(values: list[float]) -> list[float]:
     """The element-wise maximum over the ranks (identity outside a process group)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     if not (dist.is_available() and dist.is_initialized()):
         return values

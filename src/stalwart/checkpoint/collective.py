@@ -32,7 +32,7 @@ class Collective:
     def create(cls, world_size: int, group: Any = None) -> Collective:
         if world_size <= 1:
             return cls(1, None)
-        import torch.distributed as dist
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         if not (dist.is_available() and dist.is_initialized()):
             raise CheckpointError(
@@ -72,7 +72,7 @@ class Collective:
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as dist
+            import torch.distributed as dist  # deferred: heavy (torch)
 
             dist.barrier(group=self.group)
 
@@ -80,8 +80,8 @@ class Collective:
         """OR of a flag over all ranks on the default group (used from the training thread)."""
         if self.world_size <= 1:
             return flag
-        import torch
-        import torch.distributed as dist
+        import torch  # deferred: heavy (torch)
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

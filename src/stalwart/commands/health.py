@@ -26,10 +26,10 @@ def _fmt(v: object, unit: str = "") -> str:
 
 
 def _print_tables(result, node: str, applied) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # deferred: heavy (rich)
+    from rich.table import Table  # deferred: heavy (rich)
 
-    from ..health.gpu_observation import clock_reason_names
+    from ..health.gpu_observation import clock_reason_names  # deferred: heavy (pydantic)
 
     con = Console(width=None if sys.stdout.isatty() else 160)
     gpu = result.gpu
@@ -155,13 +155,17 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Check this node; exit 0 pass/warn, 1 fail, 2 usage error (Slurm Prolog/Epilog compatible)."""
-        from pydantic import ValidationError
+        from pydantic import ValidationError  # deferred: heavy (pydantic)
 
-        from ..health import GateConfig, run_gate
-        from ..health.backends import make_backend
-        from ..health.lifecycle import LifecyclePolicy
-        from ..health.node_controller import apply_verdict
-        from ..health.node_store import DEFAULT_STATE_DIR, HealthStore, local_node_name
+        from ..health import GateConfig, run_gate  # deferred: heavy (pydantic)
+        from ..health.backends import make_backend  # deferred: heavy (pydantic)
+        from ..health.lifecycle import LifecyclePolicy  # deferred: heavy (pydantic)
+        from ..health.node_controller import apply_verdict  # deferred: heavy (pydantic)
+        from ..health.node_store import (
+            DEFAULT_STATE_DIR,
+            HealthStore,
+            local_node_name,
+        )  # deferred: heavy (pydantic)
 
         if backend not in ("none", "local", "slurm"):
             raise ConfigError(f"unknown backend {backend!r}", "use none, local or slurm")
@@ -182,7 +186,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 f"invalid health check option --{where}: {err['msg']}", "see 'stalwart health check --help'"
             ) from exc
-        from ..health.lifecycle import NodeState
+        from ..health.lifecycle import NodeState  # deferred: heavy (pydantic)
 
         node = node or local_node_name()
         now = time.time()

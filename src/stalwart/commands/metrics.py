@@ -35,8 +35,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Serve /metrics for RUN_DIR until interrupted."""
-        from ..serve.exporter import RunExporter
-        from ..serve.httpd import serve_until_signal, warn_if_exposed
+        from ..serve.exporter import RunExporter  # deferred: heavy (aiohttp)
+        from ..serve.httpd import serve_until_signal, warn_if_exposed  # deferred: heavy (aiohttp)
 
         if not run_dir.is_dir():
             raise ConfigError(

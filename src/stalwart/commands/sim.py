@@ -43,7 +43,7 @@ def build_values(
     price: float | None,
 ) -> dict[str, Any]:
     """Flags override the file; the file overrides the defaults."""
-    from ..sim.config import llama3_failure_mix
+    from ..sim.config import llama3_failure_mix  # deferred: heavy (numpy)
 
     if not 0 <= rate_scale < float("inf"):
         raise ConfigError(f"--rate-scale must be a finite non-negative number, got {rate_scale}")
@@ -110,9 +110,9 @@ def register(app: typer.Typer) -> None:
         step: float = typer.Option(10.0, "--step", help="Step time, s, of the written ledger's steps."),
     ) -> None:
         """Simulate a training run with failures: ETTR distribution, interruptions, lost GPU-hours, cost."""
-        from ..sim import simulate
-        from ..sim.alloc import keep_freed_memory
-        from ..sim.config import make_config
+        from ..sim import simulate  # deferred: heavy (numpy)
+        from ..sim.alloc import keep_freed_memory  # deferred: heavy (numpy)
+        from ..sim.config import make_config  # deferred: heavy (numpy)
 
         keep_freed_memory()
         values = build_values(
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         )
         result = simulate(make_config(**values), trace=write_ledger is not None)
         if write_ledger is not None:
-            from ..sim.run_ledger import write
+            from ..sim.run_ledger import write  # deferred: heavy (numpy)
 
             write(result, write_ledger, step)
         summary = result.summary()
@@ -145,8 +145,8 @@ def register(app: typer.Typer) -> None:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # deferred: heavy (rich)
+    from rich.table import Table  # deferred: heavy (rich)
 
     console = Console(highlight=False)
     spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]

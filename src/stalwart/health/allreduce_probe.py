@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
-    import torch
+    import torch  # deferred: heavy (torch)
 
     gpu = torch.cuda.is_available()
     backend = "nccl" if gpu else "gloo"

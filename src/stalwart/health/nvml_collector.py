@@ -22,7 +22,7 @@ _NVLINK_ERRORS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 
 def _import_nvml() -> ModuleType | None:
     try:
-        import pynvml
+        import pynvml  # deferred: optional extra (nvidia-ml-py)
     except ImportError:
         return None
     return pynvml

@@ -311,7 +311,7 @@ class Agent:
 
     def _node_memory(self):
         """The node's memory tier directory and (several nodes meeting by c10d) its peer store."""
-        from ..checkpoint.node_memory import NodeMemory
+        from ..checkpoint.node_memory import NodeMemory  # deferred: heavy (aiohttp)
 
         cfg = self.cfg
         host = (

@@ -73,7 +73,7 @@ def device_for(backend: str) -> str:
     """Where a collective's tensors live for a group of ``backend``: nccl's on the current CUDA device,
     every other backend's (gloo, mpi, mixed ``cpu:gloo,cuda:nccl``) in host memory."""
     if backend.lower() == "nccl":
-        import torch
+        import torch  # deferred: heavy (torch)
 
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
@@ -89,7 +89,7 @@ def _mine(value: JSON, limit: int) -> tuple[bytes, int]:
 
 
 def _payload(data: bytes, size: int, device: str) -> torch.Tensor:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     buf = torch.zeros(size, dtype=torch.uint8)
     if data:
@@ -103,8 +103,8 @@ def _bytes(t: torch.Tensor, n: int) -> bytes:
 
 def all_gather_json(value: JSON, group: Any = None, *, limit: int = MAX_BYTES) -> list[JSON]:
     """Every rank's ``value``, in group-rank order (this rank's too, as its peers decode it)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     device = device_for(str(dist.get_backend(group)))
     world = dist.get_world_size(group)
@@ -125,8 +125,8 @@ def all_gather_json(value: JSON, group: Any = None, *, limit: int = MAX_BYTES) -
 def broadcast_json(value: JSON, src: int, group: Any = None, *, limit: int = MAX_BYTES) -> JSON:
     """Rank ``src``'s ``value`` on every rank (``src`` is a global rank, as in ``dist.broadcast``;
     the other ranks' ``value`` is ignored). ``src`` gets the decoded copy its peers get."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     device = device_for(str(dist.get_backend(group)))
     sender = dist.get_rank() == src

@@ -33,7 +33,7 @@ class Observability:
     def from_config(cls, cfg: Any, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
         if cfg.observe.metrics_port is not None:
-            from .exporter import RunExporter
+            from .exporter import RunExporter  # deferred: heavy (yaml)
 
             exporter = RunExporter(
                 cfg.run_dir,

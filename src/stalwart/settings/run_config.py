@@ -254,7 +254,7 @@ class RunConfig(BaseSettings):
             )
 
     def diagnosis_sources(self):
-        from ..diagnose.live import validate_sources
+        from ..diagnose.live import validate_sources  # deferred: heavy (yaml)
 
         d = self.diagnosis
         src = validate_sources(d.topology, d.facility, d.facility_query, d.kernel_log, d.node_telemetry)

@@ -60,8 +60,8 @@ class Checkpoints:
         return self._engine
 
     def _build(self) -> CheckpointEngine:
-        from ..checkpoint.engine import CheckpointEngine
-        from ..checkpoint.tiers import TierConfig
+        from ..checkpoint.engine import CheckpointEngine  # deferred: heavy (torch)
+        from ..checkpoint.tiers import TierConfig  # deferred: heavy (pydantic)
 
         if self._keep < 1:
             raise CheckpointError(
@@ -85,9 +85,9 @@ class Checkpoints:
         self, tiers: list[TierConfig], wenv: WorkerEnv
     ) -> tuple[list[TierConfig], NodeLink | None]:
         """The agent's node memory tier (newest version only) and this rank's link to the peers."""
-        from ..checkpoint.node_tier import NodeLink
-        from ..checkpoint.peer_store import PeerClient, parse_peers
-        from ..checkpoint.tiers import TierConfig
+        from ..checkpoint.node_tier import NodeLink  # deferred: heavy (aiohttp)
+        from ..checkpoint.peer_store import PeerClient, parse_peers  # deferred: heavy (aiohttp)
+        from ..checkpoint.tiers import TierConfig  # deferred: heavy (pydantic)
 
         if any(t.kind == "memory" for t in tiers):  # the script configured its own memory tier
             return tiers, None
@@ -110,7 +110,7 @@ class Checkpoints:
 
     def resume(self, state: dict[str, Any]) -> EngineLoad | None:
         """Load the newest good checkpoint into ``state`` (collective); None when there is none."""
-        from . import state as state_io
+        from . import state as state_io  # deferred: heavy (torch)
 
         targets = state_io.load_targets(state)
         found = self.engine.load_latest(targets.tensors)
@@ -128,7 +128,7 @@ class Checkpoints:
 
     def save(self, state: dict[str, Any], step: int, *, emergency: bool = False) -> None:
         """Stage ``state`` as the checkpoint after ``step`` steps (collective); the persist runs on."""
-        from . import state as state_io
+        from . import state as state_io  # deferred: heavy (torch)
 
         cap = state_io.capture(state)
         self.engine.save(step, cap.sharded, cap.extras, force=True, emergency=emergency)

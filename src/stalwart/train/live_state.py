@@ -66,7 +66,7 @@ class Adopted:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: the local shard of a DTensor (FSDP2, HSDP, TP), else the tensor."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -75,7 +75,7 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
     """Which part of the state this rank holds: equal on two ranks exactly when they hold the same
     shards (every rank of a DDP group; the ranks at the same shard position of different HSDP replica
     groups). From the local shapes and, for DTensors, the rank's coordinates on the sharded mesh dims."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     parts: list[Any] = []
     for k in sorted(tensors):
@@ -92,7 +92,7 @@ def _placement(t: torch.Tensor) -> tuple[Any, ...]:
     """Where a tensor's local part sits in the whole: its local shape and, for a DTensor, the rank's
     coordinates on the sharded mesh dims and those dims' sizes (a replicated dim may change size: an
     HSDP group that lost or gained a replica group keeps every rank's shards)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     if not isinstance(t, DTensor):
         return (tuple(t.shape),)

@@ -169,7 +169,7 @@ class Session:
         state of the last completed step (taken from a replica, not from a checkpoint). ``train``
         is the one hook: whatever it builds on the process group is rebuilt by running it again.
         Without an agent, or for a failure that is not a peer's, it is a plain call."""
-        from .reform import Reformer, rng_dir
+        from .reform import Reformer, rng_dir  # deferred: heavy (torch)
 
         wenv = self.worker_env
         if self._reform is None and wenv is not None and self.under_agent and wenv.reform_timeout_s > 0:
@@ -259,7 +259,7 @@ class Session:
 
     def init_process_group(self, backend: str = "gloo", **kwargs: Any) -> None:
         """``torch.distributed.init_process_group`` with the agent's validated timeout."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         if self.world_size <= 1 and not self._place.has_master:
             return

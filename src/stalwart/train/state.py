@@ -107,7 +107,10 @@ def _live_dicts(state: dict[str, Any]) -> tuple[dict[str, Any], list[torch.optim
     """The models' and optimizers' state dicts (sharded; every rank calls this). Also returns the
     optimizers that had no state yet: ``get_optimizer_state_dict`` initialises them with a zero-lr
     step (which counts as a step in Adam's ``step``), so callers clear them again when nothing loads."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )  # deferred: heavy (torch)
 
     modules = {k: v for k, v in state.items() if _is_module(v)}
     out: dict[str, Any] = {}
@@ -181,7 +184,10 @@ def apply(state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, ow
     """Put a loaded checkpoint into the live objects: ``targets`` from :func:`load_targets` after
     DCP filled its tensors in place, ``extras`` as read back from the rank file."""
     live = targets.live
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )  # deferred: heavy (torch)
 
     for path, value in extras.get("plain", []):
         if path[0] not in live:

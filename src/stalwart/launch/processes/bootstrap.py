@@ -185,7 +185,7 @@ def _path(text: str) -> Any:
 def _hook_steps(inst: Instrumentation) -> None:
     """The global optimizer step hooks (torch is imported here if the script did not preload it)."""
     try:
-        from torch.optim.optimizer import (
+        from torch.optim.optimizer import (  # deferred: heavy (torch)
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
         )
@@ -217,7 +217,7 @@ def set_title(python: str, argv: list[str], place: WorkerPlace, env: Mapping[str
     /proc/PID/environ (:func:`publish_environ`), as a worker torchrun started would."""
     title = title_of(python, argv, place)
     try:
-        import setproctitle
+        import setproctitle  # deferred: optional (a worker without setproctitle runs untitled)
     except ImportError:
         return ""
     setproctitle.setproctitle(title)

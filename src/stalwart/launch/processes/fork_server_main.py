@@ -111,7 +111,7 @@ def _warm_up_torch() -> None:
     """Run one tiny CPU training step so torch's lazy imports happen here, once, not in every worker:
     the first optimizer step imports torch._dynamo and sympy (~800 modules, seconds of CPU). Each
     worker reseeds its generators after the fork (``_reseed``), as a fresh interpreter would."""
-    import torch
+    import torch  # deferred: heavy (torch)
 
     layer = torch.nn.Linear(4, 4)
     for opt in (torch.optim.AdamW(layer.parameters()), torch.optim.SGD(layer.parameters(), lr=0.1)):
