@@ -66,9 +66,9 @@ class Finding:
     subject: str
     severity: Severity
     message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # Any: evidence is JSON of any shape (json.dumps)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # Any: JSON of any shape (json.dumps)
         return {
             "check": self.check,
             "code": self.code,

@@ -25,7 +25,7 @@ MAX_GPUS = 1024  # GPU entries per node read from one record
 MAX_NVLINKS = 64
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     """A recorded value as a number; ``"EXC ..."``/``"ret 3"``/``N/A`` mean not available."""
     if isinstance(value, bool):
         return float(value)
@@ -42,12 +42,14 @@ def _num(value: Any) -> float | None:
     return None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     v = _num(value)
     return None if v is None or abs(v) > 2**63 else int(v)
 
 
-def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
+def _gpu_from_snapshot(
+    index: int, d: dict[str, Any]
+) -> GpuObservation:  # Any: a recorded snapshot is JSON of any shape (json.loads)
     fields = d.get("field_values") or {}
     remap_raw = d.get("remapped_rows")
     remap: list[Any] | None = remap_raw if isinstance(remap_raw, list) and len(remap_raw) == 4 else None
