@@ -23,12 +23,15 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..events import CheckpointCommitted, CheckpointStaged, Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..policy.checkpoint_interval import daly_interval, young_interval
+
+if TYPE_CHECKING:
+    from .engine import CheckpointEngine  # engine pulls in torch
 
 __all__ = [
     "DEFAULT_MTBF_S",
@@ -136,7 +139,7 @@ class AutoInterval:
 
     def __init__(
         self,
-        engine: Any,
+        engine: CheckpointEngine,
         *,
         mtbf_s: float,
         every_steps: int = 100,
@@ -165,7 +168,7 @@ class AutoInterval:
         if stall is None or (self._last_update is not None and step - self._last_update < self.every_steps):
             return []
         self._last_update = step
-        tiers = [(t.name, t.kind) for t in self.engine.tiers]
+        tiers: list[tuple[str, str]] = [(t.name, t.kind) for t in self.engine.tiers]
         self.advice = advise(
             tiers,
             stall_s=stall,

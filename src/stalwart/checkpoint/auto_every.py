@@ -23,12 +23,15 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..events import Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger.store import read_available
 from .advisor import AutoInputs, IntervalChoice, decide_interval, mtbf_of_run
+
+if TYPE_CHECKING:
+    from .engine import CheckpointEngine  # engine pulls in torch
 
 __all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "auto_every_for", "run_failures"]
 
@@ -74,7 +77,9 @@ class AutoEvery:
         training_s: float = 0.0,
         history_mtbf_s: float | None = None,
         emit: Callable[[Event], None] | None = None,
-        context: Callable[[], dict[str, Any]] = dict,
+        context: Callable[
+            [], dict[str, Any]
+        ] = dict,  # Any: an event's context is JSON of any shape (json.dumps)
         agree: Callable[[list[float]], list[float]] = _agree_max,
     ) -> None:
         self._stall, self._persist, self._now = stall, persist, now
@@ -129,11 +134,11 @@ class AutoEvery:
 
 
 def auto_every_for(
-    engine: Any,
+    engine: CheckpointEngine,
     run_root: Path | None,
     now: Callable[[], float],
     emit: Callable[[Event], None] | None,
-    context: Callable[[], dict[str, Any]],
+    context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON of any shape (json.dumps)
     history_mtbf_s: float | None = None,
 ) -> AutoEvery:
     """An :class:`AutoEvery` on a checkpoint engine's measurements, the run's ledger so far and the

@@ -8,10 +8,13 @@ JSON and back, and a peer that sends anything else is a PeerDataError.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CheckpointError
 from ..protocol.json_collective import JSON, PeerDataError, all_gather_json, broadcast_json, decode, encode
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 T = TypeVar("T")
 
@@ -24,12 +27,12 @@ def _typed(value: JSON, kind: type[T], rank: int) -> T:
 
 
 class Collective:
-    def __init__(self, world_size: int, group: Any = None) -> None:
+    def __init__(self, world_size: int, group: ProcessGroup | None = None) -> None:
         self.world_size = world_size
         self.group = group
 
     @classmethod
-    def create(cls, world_size: int, group: Any = None) -> Collective:
+    def create(cls, world_size: int, group: ProcessGroup | None = None) -> Collective:
         if world_size <= 1:
             return cls(1, None)
         import torch.distributed as dist  # deferred: heavy (torch)
