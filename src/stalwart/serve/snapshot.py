@@ -292,7 +292,9 @@ def take(
     )
 
 
-def _interruption_dict(c: InterruptionCost) -> dict[str, Any]:
+def _interruption_dict(
+    c: InterruptionCost,
+) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
     return {
         "onset": c.onset,
         "detected": c.detected,
