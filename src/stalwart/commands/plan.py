@@ -90,7 +90,7 @@ def _job_parameters() -> list[inspect.Parameter]:
 
 
 def register(app: typer.Typer) -> None:
-    def plan_cmd(**given: Any) -> None:
+    def plan_cmd(**given: Any) -> None:  # Any: typer passes each option's value, each of its own type
         """Recommend checkpoint intervals, hot spares and a recovery option; predict ETTR at scale."""
         from ..sim.job import TargetJob
 

@@ -74,7 +74,7 @@ _COMMAND_ONLY = [  # what is not a setting of the run: where the settings come f
 ]
 
 
-def run(**given: Any) -> None:
+def run(**given: Any) -> None:  # Any: typer passes each option's value, each of its own type
     """Launch and supervise training workers; restart through crashes and hangs."""
     from ..settings.torchrun_flags import pet_defaults, resolve_nproc
 

@@ -12,7 +12,9 @@ from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
 
 
-def load_config_file(path: Path | None) -> dict[str, Any]:
+def load_config_file(
+    path: Path | None,
+) -> dict[str, Any]:  # Any: yaml.safe_load returns untyped data; SimConfig validates it
     if path is None:
         return {}
 
@@ -25,7 +27,7 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
 
 
 def build_values(
-    file_values: dict[str, Any],
+    file_values: dict[str, Any],  # Any: settings as parsed from YAML; SimConfig validates them
     *,
     gpus: int | None,
     gpus_per_node: int | None,
@@ -41,7 +43,7 @@ def build_values(
     elastic: bool | None,
     rate_scale: float,
     price: float | None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # Any: settings as parsed from YAML; SimConfig validates them
     """Flags override the file; the file overrides the defaults."""
     from ..sim.config import llama3_failure_mix  # deferred: heavy (numpy)
 
@@ -144,7 +146,7 @@ def register(app: typer.Typer) -> None:
         print_summary(summary)
 
 
-def print_summary(s: dict[str, Any]) -> None:
+def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON document of any shape (json.dumps)
     from rich.console import Console  # deferred: heavy (rich)
     from rich.table import Table  # deferred: heavy (rich)
 
