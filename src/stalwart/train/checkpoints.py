@@ -108,7 +108,9 @@ class Checkpoints:
 
     # --- load and save ------------------------------------------------------------------------
 
-    def resume(self, state: dict[str, Any]) -> EngineLoad | None:
+    def resume(
+        self, state: dict[str, Any]
+    ) -> EngineLoad | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """Load the newest good checkpoint into ``state`` (collective); None when there is none."""
         from . import state as state_io  # deferred: heavy (torch)
 
@@ -126,7 +128,9 @@ class Checkpoints:
             self.durable_step = found.step  # resumed at the end: nothing new to make durable
         return found
 
-    def save(self, state: dict[str, Any], step: int, *, emergency: bool = False) -> None:
+    def save(
+        self, state: dict[str, Any], step: int, *, emergency: bool = False
+    ) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """Stage ``state`` as the checkpoint after ``step`` steps (collective); the persist runs on."""
         from . import state as state_io  # deferred: heavy (torch)
 

@@ -51,9 +51,11 @@ class Held:
     the step it was in (``boundary``): a loader has already fetched the interrupted step's batch, so its
     state at the failure would skip that batch when the step is redone."""
 
-    objects: dict[str, Any]
+    objects: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     step: int
-    boundary: dict[str, Any] | None = None
+    boundary: dict[str, Any] | None = (
+        None  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    )
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little", signed=True)
 
 
-def _placement(t: torch.Tensor) -> tuple[Any, ...]:
+def _placement(t: torch.Tensor) -> tuple[Any, ...]:  # Any: DTensor placements (torch.distributed.tensor)
     """Where a tensor's local part sits in the whole: its local shape and, for a DTensor, the rank's
     coordinates on the sharded mesh dims and those dims' sizes (a replicated dim may change size: an
     HSDP group that lost or gained a replica group keeps every rank's shards)."""
@@ -222,7 +224,11 @@ def _send(payload: _Payload, dst: int) -> int:
     return sent + len(payload.extras)
 
 
-def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
+def _receive(
+    targets: state.Targets, src: int, extras_limit: int
+) -> tuple[
+    dict[str, Any], int
+]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
 
     head = json.loads(_recv_bytes(src, 1 << 24))
     mine = {k: _local(t) for k, t in targets.tensors.items()}
@@ -263,7 +269,7 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
 
 
 def adopt(
-    new: dict[str, Any],
+    new: dict[str, Any],  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     held: Held | None,
     *,
     restore_rng: Callable[[int], str],
