@@ -254,12 +254,10 @@ class Session:
                 self._ledger.close()
                 self._ledger = None
 
-    def _ctx(self) -> dict[str, Any]:  # Any: an event's context is JSON of any shape (json.dumps)
+    def _ctx(self) -> dict[str, Any]:  # Any: JSON event context
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "rank": self.rank}
 
-    def init_process_group(
-        self, backend: str = "gloo", **kwargs: Any
-    ) -> None:  # Any: forwarded to torch.distributed.init_process_group
+    def init_process_group(self, backend: str = "gloo", **kwargs: Any) -> None:  # Any: torch's kwargs
         """``torch.distributed.init_process_group`` with the agent's validated timeout."""
         import torch.distributed as dist  # deferred: heavy (torch)
 
@@ -279,9 +277,7 @@ class Session:
         background; loads verify, fall back to older versions and reshard to this world size."""
         return self._ckpt.engine
 
-    def resume(
-        self, state: dict[str, Any]
-    ) -> int:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def resume(self, state: dict[str, Any]) -> int:  # Any: user state (torch objects)
         """Load the newest good checkpoint into ``state``; return the number of steps already done.
         Collective: models and optimizers load resharded to this world size (see train/state.py)."""
         found = self._ckpt.resume(state)
@@ -293,9 +289,7 @@ class Session:
             )
         return self._completed
 
-    def save(
-        self, state: dict[str, Any], *, emergency: bool = False
-    ) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:  # Any: user state
         """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
         tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them.
         Returns once staged; whether the persist committed is :meth:`make_durable`'s business."""
@@ -303,9 +297,9 @@ class Session:
         self._ckpt.save(state, self._completed, emergency=emergency)
         self._send(CheckpointDone(self.rank, self._completed, self._now()))
 
-    def make_durable(
+    def make_durable(  # Any: user state (torch objects)
         self, state: dict[str, Any], *, emergency: bool, attempts: int = 3
-    ) -> str:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    ) -> str:
         """Collective: make the state after ``completed`` steps durable, saving it if it was not
         staged and re-saving with backoff (1 s, 2 s) while a persist fails (a full disk that frees
         up, a flaky mount). Returns "" once a durable tier committed it, else the last reason."""
@@ -337,10 +331,10 @@ class Session:
     def loop(
         self,
         total_steps: int,
-        state: dict[str, Any],
+        state: dict[str, Any],  # Any: user state (torch objects)
         *,
         checkpoint_every: int | str = 0,
-        resume: bool = True,  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+        resume: bool = True,
     ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
         at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
@@ -376,9 +370,7 @@ class Session:
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
 
-    def _start(
-        self, state: dict[str, Any], resume: bool
-    ) -> int:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def _start(self, state: dict[str, Any], resume: bool) -> int:  # Any: user state (torch objects)
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
         newest good checkpoint (or 0 when ``resume`` is off)."""
         if self._reform is not None:
@@ -392,9 +384,7 @@ class Session:
         w = self.worker_env
         return w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
 
-    def _stop(
-        self, state: dict[str, Any]
-    ) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def _stop(self, state: dict[str, Any]) -> None:  # Any: user state (torch objects)
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
         why = self.make_durable(state, emergency=True)
         self._send(
