@@ -42,6 +42,7 @@ from ..checkpoint.auto_every import auto_every_for
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..events.checkpoint import CheckpointPersistFailed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ..ledger import LedgerWriter
 from ..protocol import (
     CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
@@ -62,6 +63,7 @@ from ..protocol.error_record import write_error
 from ..protocol.run_dir import RunDir
 from .checkpoints import Checkpoints
 from .clock import SYSTEM_CLOCK, Clock
+from .inplace import Generation
 from .process_guard import ProcessGuard
 from .step_hooks import StepHook
 from .worker_link import WorkerLink
@@ -132,7 +134,7 @@ class Session:
         """This rank's faults from the agent's fault plan, if there is one (else chaos is never imported)."""
         if wenv is None or not wenv.chaos:
             return ()
-        from .chaos_hook import ChaosHook, claim_for_session
+        from .chaos_hook import ChaosHook, claim_for_session  # deferred: no plan, no stalwart.chaos
 
         claim_for_session()  # the bootstrap's step hooks stand down: the loop fires the plan
         hook = ChaosHook.from_plan(
@@ -173,8 +175,6 @@ class Session:
 
         wenv = self.worker_env
         if self._reform is None and wenv is not None and self.under_agent and wenv.reform_timeout_s > 0:
-            from .inplace import Generation
-
             gen = Generation(wenv.generation, self._link.reform, self._clock.sleep, self._now)
             self._reform = Reformer(
                 self,
@@ -242,8 +242,6 @@ class Session:
             self._send(Note(self.rank, note, self._now()))
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
-                from ..ledger import LedgerWriter
-
                 path = self.run_dir.worker_ledger(self.node, self.attempt, self.rank, os.getpid())
                 self._ledger = LedgerWriter(path, writer=f"rank {self.rank}")
             self._ledger.append(ev)
