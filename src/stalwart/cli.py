@@ -22,7 +22,7 @@ _NO_ARGS = (_cx.NoArgsIsHelpError,)
 _EXIT = (typer.Exit,)
 _ABORT = (typer.Abort,)
 
-from . import __version__  # noqa: E402
+from . import __version__, commands  # noqa: E402
 from .errors import StalwartError  # noqa: E402
 
 app = typer.Typer(
@@ -54,7 +54,6 @@ def _root(
 
 
 def _register_commands() -> None:
-    from . import commands
 
     for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):

@@ -110,7 +110,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def json(cls, code: int, obj: Any) -> Reply:
+    def json(cls, code: int, obj: Any) -> Reply:  # Any: json.dumps takes any object (default=str)
         return cls(code, json.dumps(obj, default=str).encode())
 
 
@@ -171,7 +171,7 @@ _BUSY = (
 )
 
 
-def source_of(peername: Any) -> str:
+def source_of(peername: Any) -> str:  # Any: asyncio's get_extra_info('peername') is untyped (a tuple or None)
     """The address a connection counts against: its IP, an IPv6 address by its /64 (one host's)."""
     host = str(peername[0]) if isinstance(peername, tuple) and peername else "?"
     try:

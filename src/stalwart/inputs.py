@@ -117,13 +117,13 @@ def read_text_tail(
 
 
 def check_shape(
-    data: Any,
+    data: Any,  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
     what: str,
     *,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
     error: type[StalwartError] = ConfigError,
-) -> Any:
+) -> Any:  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
     """Refuse documents nested deeper than ``max_depth`` or with more than ``max_nodes`` values.
 
     Iterative, and it counts every visit, so YAML aliases that fan out (a "billion laughs") stop at
@@ -144,7 +144,9 @@ def check_shape(
     return data
 
 
-def parse_json(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
+def parse_json(
+    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
+) -> Any:  # Any: json.loads returns untyped data; callers validate it
     try:
         data = json.loads(text)
     except RecursionError:
@@ -154,8 +156,10 @@ def parse_json(text: str, what: str, *, error: type[StalwartError] = ConfigError
     return check_shape(data, what, error=error, **limits)
 
 
-def parse_yaml(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
-    import yaml
+def parse_yaml(
+    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
+) -> Any:  # Any: yaml.safe_load returns untyped data; callers validate it
+    import yaml  # deferred: heavy (yaml)
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import ConfigError
 
@@ -139,11 +139,24 @@ class UnsignedRecord(RuntimeError):
     """A record in a store that is not signed with this job's key (someone else wrote it)."""
 
 
+class KeyValueStore(Protocol):
+    """What :class:`SealedStore` needs of a store: torch's ``torch.distributed.Store`` (TCPStore,
+    PrefixStore, the etcd store) and the tests' fakes all have it."""
+
+    def set(
+        self, key: str, value: Any
+    ) -> None: ...  # Any: torch's Store.set stub says str; its C++ takes bytes
+
+    def get(self, key: str) -> bytes: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+
 class SealedStore:
     """A view of a torch ``Store`` (or anything with ``set``/``get``/``check``) whose values are
     sealed on ``set`` and opened on ``get``, each bound to its key and ``bind`` (a round, a run)."""
 
-    def __init__(self, store: Any, signer: Signer, refusals: Refusals, bind: str = "") -> None:
+    def __init__(self, store: KeyValueStore, signer: Signer, refusals: Refusals, bind: str = "") -> None:
         self.store, self.signer, self.refusals, self.bind = store, signer, refusals, bind
 
     def set(self, key: str, value: bytes | str) -> None:

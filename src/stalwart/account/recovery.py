@@ -78,7 +78,7 @@ def recoveries(events: list[Event]) -> list[Recovery]:
 def recovery_per_interruption(events: list[Event]) -> list[Recovery | None]:
     """The recovery of every interruption, None where none followed, in the order and grouping of the
     reliability account's interruptions (``interruptions_from_events``): the two lists pair up."""
-    from .reliability import failure_groups, one_fault_across_hosts
+    from .reliability import failure_groups, one_fault_across_hosts  # deferred: heavy (pydantic)
 
     evs = sorted(events, key=lambda e: e.ts)
     found: list[Recovery | None] = []

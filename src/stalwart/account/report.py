@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def build(location: str | os.PathLike[str]) -> dict[str, Any]:
+def build(
+    location: str | os.PathLike[str],
+) -> dict[str, Any]:  # Any: the report is a JSON document of any shape (json.dumps)
     """The report as plain data: what ``--json`` prints and what the library returns."""
     read = read_available(location)
     events = read.events
@@ -113,7 +115,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def _world_changes(events) -> dict[str, Any]:
+def _world_changes(events) -> dict[str, Any]:  # Any: the report is a JSON document of any shape (json.dumps)
     """Changes of world size in place and the steps trained below the launched size
     (account/world_changes.py): an account beside goodput, which counts those steps as productive."""
     found = world_changes(events)
@@ -127,7 +129,7 @@ def _world_changes(events) -> dict[str, Any]:
     }
 
 
-def _hosts(events) -> list[dict[str, Any]]:
+def _hosts(events) -> list[dict[str, Any]]:  # Any: the report is a JSON document of any shape (json.dumps)
     """Each host's own view (account/hosts.py), for a run of more than one host."""
     views = host_views(events)
     if len(views) < 2:
@@ -165,8 +167,10 @@ def _fmt_s(x: float | None) -> str:
     return f"{x:.2f}s" if x < 120 else f"{x / 60:.1f}m"
 
 
-def render(rep: dict[str, Any], console: Console | None = None) -> None:
-    from rich.console import Console as RichConsole
+def render(
+    rep: dict[str, Any], console: Console | None = None
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+    from rich.console import Console as RichConsole  # deferred: heavy (rich)
 
     con = console or RichConsole(highlight=False)
 
@@ -192,7 +196,9 @@ def render(rep: dict[str, Any], console: Console | None = None) -> None:
         say(f"note: {esc(n)}")
 
 
-def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None]) -> None:
+def _render_summary(
+    rep: dict[str, Any], con: Console, say: Callable[[str], None]
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
     say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(
@@ -209,8 +215,10 @@ def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None
         )
 
 
-def _render_buckets(rep: dict[str, Any], con: Console) -> None:
-    from rich.table import Table
+def _render_buckets(
+    rep: dict[str, Any], con: Console
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+    from rich.table import Table  # deferred: heavy (rich)
 
     wall = rep["wall_s"]
     t = Table(title="Where the wall time went", show_lines=False)
@@ -224,8 +232,10 @@ def _render_buckets(rep: dict[str, Any], con: Console) -> None:
     con.print(t)
 
 
-def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> None:
-    from rich.table import Table
+def _render_interruptions(
+    interruptions: list[dict[str, Any]], con: Console
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not interruptions:
         return
@@ -247,7 +257,9 @@ def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> 
     con.print(it)
 
 
-def _render_reliability(rep: dict[str, Any], say: Callable[[str], None]) -> None:
+def _render_reliability(
+    rep: dict[str, Any], say: Callable[[str], None]
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
@@ -261,7 +273,9 @@ def _render_reliability(rep: dict[str, Any], say: Callable[[str], None]) -> None
         say(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
 
 
-def _render_findings(rep: dict[str, Any], say: Callable[[str], None]) -> None:
+def _render_findings(
+    rep: dict[str, Any], say: Callable[[str], None]
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
     """Stragglers, rejected checkpoints and incidents, one line each."""
     spans = rep["stragglers"]["spans"]
     say(f"stragglers (as detected live): {len(spans) or 'none'}")
@@ -299,8 +313,10 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
-def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]) -> None:
-    from rich.table import Table
+def _render_detectors(
+    dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not dets:
         return
@@ -329,9 +345,11 @@ def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[s
     con.print(dt)
 
 
-def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
+def _render_recoveries(
+    recs: list[dict[str, Any]], con: Console
+) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
     """Each interruption's recovery path (warm / cold and why) and its phases (account/recovery.py)."""
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy (rich)
 
     if not recs:
         return
@@ -347,7 +365,9 @@ def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
             con.print(f"  recovery {i} ({r['path']}): {esc(r['why'])}", soft_wrap=True)
 
 
-def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:
+def print_report(
+    location: str | os.PathLike[str], *, as_json: bool = False
+) -> dict[str, Any]:  # Any: the report is a JSON document of any shape (json.dumps)
     rep = build(location)
     if as_json:
         print(json.dumps(rep, indent=1, default=str))

@@ -130,7 +130,7 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
 
 
 def same_params(a: Path, b: Path) -> bool:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     return bool(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x))

@@ -14,8 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkpoint.store import step_name
+from ..checkpoint.manifest import verify
+from ..checkpoint.store import FileStore, step_name
+from ..errors import LedgerError
 from ..events import ChaosInjected, Event, JobEnded, StepCompleted, TrainingResumed
+from ..ledger import read_available
 from .soak_plan import PlannedFault
 
 
@@ -108,8 +111,6 @@ def summarize(results: list[RunResult]) -> SoakSummary:
 
 def good_versions(ckpt_dir: Path) -> dict[int, Path]:
     """Committed versions that verify, by step."""
-    from ..checkpoint.manifest import verify
-    from ..checkpoint.store import FileStore
 
     out = {}
     for step, path in FileStore(ckpt_dir).versions():
@@ -124,8 +125,6 @@ def good_versions(ckpt_dir: Path) -> dict[int, Path]:
 
 def read_events(run_dir: Path) -> list[Event]:
     """Every event of every readable ledger file (the harness corrupts some on purpose)."""
-    from ..errors import LedgerError
-    from ..ledger import read_available
 
     try:
         return sorted(read_available(run_dir, require_some=False).events, key=lambda e: e.ts)

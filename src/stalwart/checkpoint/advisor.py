@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..events import Event
+from ..events import CheckpointCommitted, CheckpointStaged, Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..policy.checkpoint_interval import daly_interval, young_interval
+
+if TYPE_CHECKING:
+    from .engine import CheckpointEngine  # engine pulls in torch
 
 __all__ = [
     "DEFAULT_MTBF_S",
@@ -135,7 +139,7 @@ class AutoInterval:
 
     def __init__(
         self,
-        engine: Any,
+        engine: CheckpointEngine,
         *,
         mtbf_s: float,
         every_steps: int = 100,
@@ -145,7 +149,6 @@ class AutoInterval:
         sink: Callable[[Event], None] | None = None,
         wall: Callable[[], float] | None = None,
     ) -> None:
-        import time
 
         self.engine = engine
         self.mtbf_s = mtbf_s
@@ -165,7 +168,7 @@ class AutoInterval:
         if stall is None or (self._last_update is not None and step - self._last_update < self.every_steps):
             return []
         self._last_update = step
-        tiers = [(t.name, t.kind) for t in self.engine.tiers]
+        tiers: list[tuple[str, str]] = [(t.name, t.kind) for t in self.engine.tiers]
         self.advice = advise(
             tiers,
             stall_s=stall,
@@ -251,7 +254,6 @@ def mtbf_of_run(failures: int, training_s: float, history_mtbf_s: float | None =
 
 def inputs_from_events(events: Iterable[Event], *, history_mtbf_s: float | None = None) -> AutoInputs | None:
     """The inputs a run's ledger gives (medians over every rank); None before a checkpoint committed."""
-    from ..events import CheckpointCommitted, CheckpointStaged, FailureDetected, StepCompleted
 
     steps: list[float] = []
     ranks: set[int] = set()

@@ -23,11 +23,15 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..events import Event
+from ..events import Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
+from ..ledger.store import read_available
 from .advisor import AutoInputs, IntervalChoice, decide_interval, mtbf_of_run
+
+if TYPE_CHECKING:
+    from .engine import CheckpointEngine  # engine pulls in torch
 
 __all__ = ["FIRST_SAVE_STEPS", "AutoEvery", "auto_every_for", "run_failures"]
 
@@ -37,7 +41,6 @@ _KEPT = 200  # step times kept for the median
 
 def run_failures(events: Iterable[Event]) -> tuple[int, float]:
     """Failures the run had so far and the seconds it trained (step time summed, per rank)."""
-    from ..events import FailureDetected, StepCompleted
 
     failures, total, ranks = 0, 0.0, set()
     for e in events:
@@ -51,8 +54,8 @@ def run_failures(events: Iterable[Event]) -> tuple[int, float]:
 
 def _agree_max(values: list[float]) -> list[float]:
     """The element-wise maximum over the ranks (identity outside a process group)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     if not (dist.is_available() and dist.is_initialized()):
         return values
@@ -74,7 +77,9 @@ class AutoEvery:
         training_s: float = 0.0,
         history_mtbf_s: float | None = None,
         emit: Callable[[Event], None] | None = None,
-        context: Callable[[], dict[str, Any]] = dict,
+        context: Callable[
+            [], dict[str, Any]
+        ] = dict,  # Any: an event's context is JSON of any shape (json.dumps)
         agree: Callable[[list[float]], list[float]] = _agree_max,
     ) -> None:
         self._stall, self._persist, self._now = stall, persist, now
@@ -129,16 +134,15 @@ class AutoEvery:
 
 
 def auto_every_for(
-    engine: Any,
+    engine: CheckpointEngine,
     run_root: Path | None,
     now: Callable[[], float],
     emit: Callable[[Event], None] | None,
-    context: Callable[[], dict[str, Any]],
+    context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON of any shape (json.dumps)
     history_mtbf_s: float | None = None,
 ) -> AutoEvery:
     """An :class:`AutoEvery` on a checkpoint engine's measurements, the run's ledger so far and the
     node's failure history (the agent passes its MTBF; the session's one call)."""
-    from ..ledger.store import read_available
 
     found = read_available(run_root, require_some=False).events if run_root is not None else []
     failures, trained = run_failures(found)

@@ -8,9 +8,13 @@ JSON and back, and a peer that sends anything else is a PeerDataError.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from ..errors import CheckpointError
 from ..protocol.json_collective import JSON, PeerDataError, all_gather_json, broadcast_json, decode, encode
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 T = TypeVar("T")
 
@@ -23,19 +27,17 @@ def _typed(value: JSON, kind: type[T], rank: int) -> T:
 
 
 class Collective:
-    def __init__(self, world_size: int, group: Any = None) -> None:
+    def __init__(self, world_size: int, group: ProcessGroup | None = None) -> None:
         self.world_size = world_size
         self.group = group
 
     @classmethod
-    def create(cls, world_size: int, group: Any = None) -> Collective:
+    def create(cls, world_size: int, group: ProcessGroup | None = None) -> Collective:
         if world_size <= 1:
             return cls(1, None)
-        import torch.distributed as dist
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         if not (dist.is_available() and dist.is_initialized()):
-            from ..errors import CheckpointError
-
             raise CheckpointError(
                 f"world_size={world_size} but torch.distributed is not initialized",
                 "call init_process_group before creating the checkpoint engine",
@@ -73,7 +75,7 @@ class Collective:
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as dist
+            import torch.distributed as dist  # deferred: heavy (torch)
 
             dist.barrier(group=self.group)
 
@@ -81,8 +83,8 @@ class Collective:
         """OR of a flag over all ranks on the default group (used from the training thread)."""
         if self.world_size <= 1:
             return flag
-        import torch
-        import torch.distributed as dist
+        import torch  # deferred: heavy (torch)
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import assert_never
 
@@ -50,6 +50,9 @@ from .store import FileStore, FsspecStore
 from .tier_walk import Candidate, TierWalk
 from .tier_writer import TierWriter
 from .tiers import TierConfig, TierKind, validate_tiers
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "CheckpointEngine",
@@ -88,7 +91,7 @@ class CheckpointEngine:
         *,
         rank: int = 0,
         world_size: int = 1,
-        process_group: Any = None,
+        process_group: ProcessGroup | None = None,
         sink: Sink | None = None,
         stager: Stager | None = None,
         writer_factory: WriterFactory = default_writer,
@@ -174,7 +177,13 @@ class CheckpointEngine:
         return self._inflight is not None and not self._inflight[0].done()
 
     def stage(
-        self, step: int, state: dict[str, Any], rank_state: Any = None, *, _t0: float | None = None
+        self,
+        step: int,
+        state: dict[str, Any],
+        rank_state: Any = None,
+        *,
+        _t0: float
+        | None = None,  # Any: torch state_dict values (tensors, nested containers, user objects); a per-rank object of the user's, anything torch.save pickles
     ) -> Snapshot:
         """Copy the state into the host buffers (blocking: this is the stall) and keep it as latest."""
         if self.busy():
@@ -206,8 +215,8 @@ class CheckpointEngine:
     def save(
         self,
         step: int,
-        state: dict[str, Any],
-        rank_state: Any = None,
+        state: dict[str, Any],  # Any: torch state_dict values (tensors, nested containers, user objects)
+        rank_state: Any = None,  # Any: a per-rank object of the user's, anything torch.save pickles
         *,
         force: bool = False,
         emergency: bool = False,
@@ -374,7 +383,9 @@ class CheckpointEngine:
         """(step, tier, location), newest step first and, for one step, fastest tier first."""
         return self._walk.candidates(self.tiers)
 
-    def load_latest(self, target_state: dict[str, Any]) -> EngineLoad | None:
+    def load_latest(
+        self, target_state: dict[str, Any]
+    ) -> EngineLoad | None:  # Any: torch state_dict values (tensors, nested containers, user objects)
         """Load, in place into ``target_state``, the newest version that verifies (resharding to
         this world size). Every version skipped is a CheckpointRejected event with its reason."""
         self.wait()

@@ -54,7 +54,7 @@ class EngineLoad:
     step: int
     path: str
     tier: str
-    rank_state: Any
+    rank_state: Any  # Any: a per-rank object of the user's, anything torch.save pickles
     duration_s: float
     world_size: int
     rejected: tuple[str, ...] = ()

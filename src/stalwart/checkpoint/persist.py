@@ -70,11 +70,13 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def default_writer(path: Path, tier: TierConfig) -> Any:
+def default_writer(
+    path: Path, tier: TierConfig
+) -> Any:  # Any: torch.distributed.checkpoint's StorageWriter, imported lazily (heavy)
     return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=tier.do_fsync, overwrite=True)
 
 
-def _fsynced_save(obj: Any, path: Path, fsync: bool) -> None:
+def _fsynced_save(obj: Any, path: Path, fsync: bool) -> None:  # Any: torch.save takes any picklable object
     with open(path, "wb") as fh:
         torch.save(obj, fh)
         fh.flush()
@@ -175,7 +177,13 @@ class Persister:
             return describe(exc), entries
         return "", entries
 
-    def _commit_one(self, snap: Snapshot, store: FileStore, gathered: list[Any], emergency: bool) -> Path:
+    def _commit_one(
+        self,
+        snap: Snapshot,
+        store: FileStore,
+        gathered: list[tuple[str, dict[str, FileEntry]]],
+        emergency: bool,
+    ) -> Path:
         """Rank 0 writes the manifest and commits the one directory; every rank hears the outcome."""
         outcome = ""
         if self.rank == 0:
@@ -189,7 +197,9 @@ class Persister:
             raise PersistError(outcome)
         return store.final(snap.step)
 
-    def _manifest(self, snap: Snapshot, gathered: list[Any], emergency: bool) -> Manifest:
+    def _manifest(
+        self, snap: Snapshot, gathered: list[tuple[str, dict[str, FileEntry]]], emergency: bool
+    ) -> Manifest:
         files: dict[str, FileEntry] = {}
         for _, ent in gathered:
             files.update(ent)
@@ -202,7 +212,12 @@ class Persister:
         )
 
     def _commit_nodes(
-        self, snap: Snapshot, store: FileStore, gathered: list[Any], leader: bool, emergency: bool
+        self,
+        snap: Snapshot,
+        store: FileStore,
+        gathered: list[tuple[str, dict[str, FileEntry]]],
+        leader: bool,
+        emergency: bool,
     ) -> Path:
         """Rank 0 writes the manifest; every node's leader commits it in its own directory."""
         made: Manifest | str = ""

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -65,7 +66,9 @@ def _is_dtype(module: str, name: str) -> bool:
 class RestrictedUnpickler(pickle.Unpickler):
     """Resolves only :data:`ALLOWED_GLOBALS` and torch dtypes; refuses everything else by name."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(
+        self, module: str, name: str
+    ) -> Any:  # Any: pickle.Unpickler.find_class returns any object
         if (module, name) in ALLOWED_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
         raise UnsafeCheckpoint(
@@ -74,7 +77,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             "the file was planted or damaged; the load falls back to an older version",
         )
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: Any) -> Any:  # Any: pickle.Unpickler.persistent_load's signature
         raise UnsafeCheckpoint(
             "checkpoint metadata uses pickle persistent ids (refused)", "the file was planted or damaged"
         )
@@ -126,7 +129,7 @@ def refusal_line(exc: BaseException) -> str:
     return next((ln for ln in lines if "GLOBAL" in ln), lines[0] if lines else type(exc).__name__)[:200]
 
 
-def load_torch_file(path: Path) -> Any:
+def load_torch_file(path: Path) -> Any:  # Any: torch.load/pickle return arbitrary objects
     """``torch.load(weights_only=True)`` of a ``.pt`` file from a checkpoint, with a refusal (a
     global outside torch's weights-only allow-list) raised as one-line ``UnsafeCheckpoint`` so the
     caller can reject the version and fall back instead of crashing."""
@@ -146,7 +149,9 @@ class SafeFileSystemReader(FileSystemReader):
 
     refusal = ""
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    def read_metadata(
+        self, *args: Any, **kwargs: Any
+    ) -> Metadata:  # Any: forwarded to torch's FileSystemReader.read_metadata
         path: str | os.PathLike[str]
         if hasattr(self, "_get_metadata_path"):
             path = self._get_metadata_path(kwargs.get("rank"))
@@ -184,8 +189,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
                 "the file was planted or damaged",
             ) from None
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
-
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
@@ -220,7 +223,7 @@ class SafeLoad:
         self.planner = SafeLoadPlanner()
 
     @property
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, Any]:  # Any: torch.load's keyword arguments
         return {"storage_reader": self.reader, "planner": self.planner}
 
     def refused(self, exc: BaseException) -> str:
@@ -228,12 +231,12 @@ class SafeLoad:
         return self.reader.refusal or refused(exc)
 
 
-def safe_load_kwargs(path: Path) -> dict[str, Any]:
+def safe_load_kwargs(path: Path) -> dict[str, Any]:  # Any: torch.load's keyword arguments
     """What to pass to ``dcp.load`` so that nothing in ``path`` runs code."""
     return SafeLoad(path).kwargs
 
 
-def _without_tensors(obj: Any) -> Any:
+def _without_tensors(obj: Any) -> Any:  # Any: torch.load/pickle return arbitrary objects
     if isinstance(obj, torch.Tensor):
         return None
     if isinstance(obj, dict):
@@ -243,7 +246,7 @@ def _without_tensors(obj: Any) -> Any:
     return obj
 
 
-def _weights_only_refusal(obj: Any) -> str:
+def _weights_only_refusal(obj: Any) -> str:  # Any: torch.load/pickle return arbitrary objects
     buf = io.BytesIO()
     try:
         torch.save(obj, buf)
@@ -256,14 +259,16 @@ def _weights_only_refusal(obj: Any) -> str:
     return ""
 
 
-def unsafe_values(state: dict[str, Any]) -> str:
+def unsafe_values(
+    state: dict[str, Any],
+) -> str:  # Any: torch state_dict values (tensors, nested containers, user objects)
     """ "" if every non-tensor value of ``state`` loads back with ``torch.load(weights_only=True)``
     (as :class:`SafeLoadPlanner` will load it), else which value does not and why. Checked before a
     save, so that a version that could only be loaded by running its pickles is never committed."""
     if not _weights_only_refusal(_without_tensors(state)):
         return ""
 
-    def first_bad(obj: Any, where: str) -> str:
+    def first_bad(obj: Any, where: str) -> str:  # Any: torch.load/pickle return arbitrary objects
         if isinstance(obj, dict):
             return next(
                 (b for k, v in obj.items() if (b := first_bad(v, f"{where}.{k}" if where else str(k)))), ""

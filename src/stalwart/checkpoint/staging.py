@@ -33,8 +33,8 @@ class Snapshot:
     """A staged, consistent copy of one step's state (backed by the stager's buffers)."""
 
     step: int
-    state: dict[str, Any]
-    rank_state: Any
+    state: dict[str, Any]  # Any: torch state_dict values (tensors, nested containers, user objects)
+    rank_state: Any  # Any: a per-rank object of the user's, anything torch.save pickles
     bytes: int
     stall_s: float
     generation: int
@@ -72,7 +72,9 @@ class Stager:
         self.allocated_bytes += buf.numel() * buf.element_size()
         return buf
 
-    def _copy(self, key: str, value: Any, counter: list[int]) -> Any:
+    def _copy(
+        self, key: str, value: Any, counter: list[int]
+    ) -> Any:  # Any: torch state_dict values (tensors, nested containers, user objects)
         if DTensor is not None and isinstance(value, DTensor):
             local = value.to_local()
             buf = self._buffer_for(key, local)
@@ -108,7 +110,9 @@ class Stager:
             return tuple(self._copy(f"{key}/{i}", v, counter) for i, v in enumerate(value))
         return copy.deepcopy(value)
 
-    def stage(self, step: int, state: dict[str, Any], rank_state: Any = None) -> Snapshot:
+    def stage(
+        self, step: int, state: dict[str, Any], rank_state: Any = None
+    ) -> Snapshot:  # Any: torch state_dict values (tensors, nested containers, user objects); a per-rank object of the user's, anything torch.save pickles
         """Copy ``state`` (and this rank's ``rank_state``) into the host buffers; blocks until done."""
         t0 = self._clock()
         counter = [0]

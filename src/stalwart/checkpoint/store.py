@@ -93,7 +93,7 @@ class FsspecStore:
     """A version tree on any fsspec filesystem (object stores included)."""
 
     def __init__(self, url: str, *, key: bytes | None = None) -> None:
-        import fsspec.core
+        import fsspec.core  # deferred: heavy (fsspec)
 
         self.url = url
         self.key = key if key is not None else configured_key()

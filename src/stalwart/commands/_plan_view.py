@@ -18,7 +18,7 @@ SHOWN = ("cold", "warm", "peer", "in_place", "replica")  # hot_spares and elasti
 def _print_phases(c, d: dict, table, say) -> None:
     """The target job, every option's recovery after a node loss phase by phase, and each figure's
     origin (measured at N ranks, fitted law, published, default, derived from the job)."""
-    from ..sim.units import duration
+    from ..sim.units import duration  # deferred: heavy (numpy)
 
     rows = d.get("phases") or []
     if not rows:
@@ -53,9 +53,9 @@ def _print_phases(c, d: dict, table, say) -> None:
 
 
 def _print(d: dict) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    from rich import box  # deferred: heavy (rich)
+    from rich.console import Console  # deferred: heavy (rich)
+    from rich.table import Table  # deferred: heavy (rich)
 
     c = Console(highlight=False)
 
@@ -74,7 +74,7 @@ def _print(d: dict) -> None:
             t.add_row(*r)
         return t
 
-    from ..sim.units import duration, number, percent
+    from ..sim.units import duration, number, percent  # deferred: heavy (numpy)
 
     m = d.get("measured")
     if m:
@@ -195,7 +195,7 @@ def _print(d: dict) -> None:
             )
     opts = d.get("options") or []
     if opts:
-        from ..sim.planner import OPTIONS
+        from ..sim.planner import OPTIONS  # deferred: heavy (numpy)
 
         sizes = sorted({o["gpus"] for o in opts})
         by = {(o["option"], o["gpus"]): o for o in opts}

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..secret_values import read_secret_file
 from ..serve import LOOPBACK
 
 
@@ -32,9 +33,8 @@ def register(app: typer.Typer) -> None:
         interval: float = typer.Option(1.0, "--interval", help="Seconds between ledger polls."),
     ) -> None:
         """Web UI and JSON API over the ledgers; updates live while a run is going."""
-        from ..secret_values import read_secret_file
-        from ..serve.dashboard import Dashboard
-        from ..serve.httpd import serve_until_signal, warn_if_exposed
+        from ..serve.dashboard import Dashboard  # deferred: heavy (aiohttp)
+        from ..serve.httpd import serve_until_signal, warn_if_exposed  # deferred: heavy (aiohttp)
 
         if not location.is_dir():
             raise ConfigError(f"{location} is not a directory", "pass a run directory or a directory of runs")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from ..settings import run_config as run_config
+
 DEMO_FAULTS = [
     "slow@rank=3,factor=1.6,from=30,to=70",
     "crash@rank=1,step=35",
@@ -34,8 +36,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Option(None, "--run-dir", help="Where the ledger and checkpoints go."),
     ) -> None:
         """Train a small transformer with DDP under a chaos plan and show how Stalwart keeps it going."""
-        from ..settings import run_config as run_config
-        from .run import execute
+        from .run import execute  # deferred: heavy (pydantic)
 
         faults = [f for f in DEMO_FAULTS if f"rank={workers}" not in f]  # keep the ranks that exist
         faults = [f.replace("rank=3", f"rank={workers - 1}") for f in faults]

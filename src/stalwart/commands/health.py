@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from ..errors import ConfigError
+
 EXIT_PASS = 0
 EXIT_FAIL = 1
 
@@ -24,10 +26,10 @@ def _fmt(v: object, unit: str = "") -> str:
 
 
 def _print_tables(result, node: str, applied) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # deferred: heavy (rich)
+    from rich.table import Table  # deferred: heavy (rich)
 
-    from ..health.gpu_observation import clock_reason_names
+    from ..health.gpu_observation import clock_reason_names  # deferred: heavy (pydantic)
 
     con = Console(width=None if sys.stdout.isatty() else 160)
     gpu = result.gpu
@@ -153,14 +155,17 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Check this node; exit 0 pass/warn, 1 fail, 2 usage error (Slurm Prolog/Epilog compatible)."""
-        from pydantic import ValidationError
+        from pydantic import ValidationError  # deferred: heavy (pydantic)
 
-        from ..errors import ConfigError
-        from ..health import GateConfig, run_gate
-        from ..health.backends import make_backend
-        from ..health.lifecycle import LifecyclePolicy
-        from ..health.node_controller import apply_verdict
-        from ..health.node_store import DEFAULT_STATE_DIR, HealthStore, local_node_name
+        from ..health import GateConfig, run_gate  # deferred: heavy (pydantic)
+        from ..health.backends import make_backend  # deferred: heavy (pydantic)
+        from ..health.lifecycle import LifecyclePolicy  # deferred: heavy (pydantic)
+        from ..health.node_controller import apply_verdict  # deferred: heavy (pydantic)
+        from ..health.node_store import (
+            DEFAULT_STATE_DIR,
+            HealthStore,
+            local_node_name,
+        )  # deferred: heavy (pydantic)
 
         if backend not in ("none", "local", "slurm"):
             raise ConfigError(f"unknown backend {backend!r}", "use none, local or slurm")
@@ -181,7 +186,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 f"invalid health check option --{where}: {err['msg']}", "see 'stalwart health check --help'"
             ) from exc
-        from ..health.lifecycle import NodeState
+        from ..health.lifecycle import NodeState  # deferred: heavy (pydantic)
 
         node = node or local_node_name()
         now = time.time()
@@ -192,8 +197,6 @@ def register(app: typer.Typer) -> None:
             if rec.state in (NodeState.QUARANTINED, NodeState.PROBATION):
                 handled_before = rec.since  # XIDs logged before the drain are what we drained for
         if active:  # the suite runs for seconds with nothing to show until it ends: say so first
-            import sys
-
             print(
                 "stalwart: running the active suite (GEMM, memory bandwidth, all-reduce, disk write, one "
                 "training step; 10-20 s on a CPU-only machine) ...",

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 
+from ..account.mfu import parse_model_spec
 from ..errors import ConfigError
 from ..serve import LOOPBACK
+from ..serve.rules import rules_path
 
 
 def register(app: typer.Typer) -> None:
@@ -33,8 +35,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Serve /metrics for RUN_DIR until interrupted."""
-        from ..serve.exporter import RunExporter
-        from ..serve.httpd import serve_until_signal, warn_if_exposed
+        from ..serve.exporter import RunExporter  # deferred: heavy (aiohttp)
+        from ..serve.httpd import serve_until_signal, warn_if_exposed  # deferred: heavy (aiohttp)
 
         if not run_dir.is_dir():
             raise ConfigError(
@@ -44,7 +46,6 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--port {port} is not a TCP port", "use 0..65535")
         if interval <= 0:
             raise ConfigError("--interval must be positive seconds")
-        from ..account.mfu import parse_model_spec
 
         spec = parse_model_spec(model) if model else None
         exp = RunExporter(
@@ -60,6 +61,5 @@ def register(app: typer.Typer) -> None:
     @metrics.command("rules")
     def rules() -> None:
         """Print the path of the shipped Prometheus alert rules (alerts.yml)."""
-        from ..serve.rules import rules_path
 
         print(rules_path())

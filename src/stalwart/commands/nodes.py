@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from ..errors import SchedulerError
+
 
 def register(app: typer.Typer) -> None:
     @app.command("nodes")
@@ -24,9 +26,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List nodes with their states and reasons."""
-        from ..errors import SchedulerError
-        from ..health.backends import make_backend
-        from ..health.node_store import DEFAULT_STATE_DIR, HealthStore
+        from ..health.backends import make_backend  # deferred: heavy (pydantic)
+        from ..health.node_store import DEFAULT_STATE_DIR, HealthStore  # deferred: heavy (pydantic)
 
         records = _records(state_dir, DEFAULT_STATE_DIR, HealthStore)
         try:
@@ -64,8 +65,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(rows, indent=1))
             return
-        from rich.console import Console
-        from rich.table import Table
+        from rich.console import Console  # deferred: heavy (rich)
+        from rich.table import Table  # deferred: heavy (rich)
 
         t = Table(title=f"nodes ({backend})")
         # short columns stay whole (no "quarantin/ed"); the reasons, long, follow the table as lines

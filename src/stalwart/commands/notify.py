@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..secret_values import read_secret_file, read_url_file
 from ..serve import LOOPBACK
 
 
@@ -45,10 +46,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP post."),
     ) -> None:
         """Listen for Alertmanager webhooks (POST /alertmanager, with the token) and forward them until interrupted."""
-        from ..secret_values import read_secret_file, read_url_file
-        from ..serve.httpd import serve_until_signal, warn_if_exposed
-        from ..serve.notify import Poster, Target
-        from ..serve.receiver import NotifyReceiver
+        from ..serve.httpd import serve_until_signal, warn_if_exposed  # deferred: heavy (aiohttp)
+        from ..serve.notify import Poster, Target  # deferred: heavy (pydantic)
+        from ..serve.receiver import NotifyReceiver  # deferred: heavy (aiohttp)
 
         slack_urls = [*(slack or ()), *(read_url_file(slack_file, "--slack") if slack_file else [])]
         generic_urls = [*(generic or ()), *(read_url_file(generic_file, "--generic") if generic_file else [])]

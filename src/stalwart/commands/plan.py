@@ -5,11 +5,15 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_origin
 
 import numpy as np
 import typer
 
+from ..checkpoint import advisor
+from ..errors import ConfigError
+from ..events import ChaosInjected
+from ..ledger import read_merged
 from ._plan_view import _print, compact  # noqa: F401  (compact: the tables' numbers, tested here)
 from .sim import build_values, load_config_file
 
@@ -72,10 +76,9 @@ _OPTIONS: list[tuple[str, Any, Any]] = [  # (name, type, typer.Option): the comm
 
 def _job_parameters() -> list[inspect.Parameter]:
     """The target job's flags, from its schema (``sim/job.py``): help and default from the field."""
-    from typing import Literal, get_origin
 
-    from ..settings.sources import cli_type, leaves
-    from ..sim.job import TargetJob
+    from ..settings.sources import cli_type, leaves  # deferred: heavy (pydantic)
+    from ..sim.job import TargetJob  # deferred: heavy (pydantic, yaml)
 
     out = []
     for leaf in leaves(TargetJob).values():
@@ -90,9 +93,9 @@ def _job_parameters() -> list[inspect.Parameter]:
 
 
 def register(app: typer.Typer) -> None:
-    def plan_cmd(**given: Any) -> None:
+    def plan_cmd(**given: Any) -> None:  # Any: typer passes each option's value, each of its own type
         """Recommend checkpoint intervals, hot spares and a recovery option; predict ETTR at scale."""
-        from ..sim.job import TargetJob
+        from ..sim.job import TargetJob  # deferred: heavy (pydantic, yaml)
 
         job = {k: given.pop(k) for k in TargetJob.model_fields if k in given}
         _plan(job={k: v for k, v in job.items() if v is not None}, **given)
@@ -125,10 +128,9 @@ def _plan(
     json_out,
     job,
 ) -> None:
-    from ..errors import ConfigError
-    from ..sim.alloc import keep_freed_memory
-    from ..sim.config import MAX_GPUS, make_config
-    from ..sim.planner import plan
+    from ..sim.alloc import keep_freed_memory  # deferred: heavy (pydantic, yaml)
+    from ..sim.config import MAX_GPUS, make_config  # deferred: heavy (pydantic, yaml)
+    from ..sim.planner import plan  # deferred: heavy (pydantic, yaml)
 
     keep_freed_memory()
     if plot_format not in ("png", "svg"):
@@ -160,8 +162,6 @@ def _plan(
     events = None
     rates = None
     if ledger is not None:
-        from ..ledger import read_merged
-
         events = read_merged(ledger)
         measured = _replay(events, values, trials, notes)
         cfg, fitted, rates = _fitted(events, cfg, flat, faults_are_tests)
@@ -172,13 +172,12 @@ def _plan(
             notes.append("current checkpoint interval: the run's own (median between commits)")
     target = None if flat else _target(job, events, measured, inplace_phases, cfg, notes)
     if rates is not None:
-        from ..sim.fit import check_feasible
+        from ..sim.fit import check_feasible  # deferred: heavy (pydantic, yaml)
 
         source = str(rates.source)
         check_feasible(cfg, source)
         if target is not None:  # and with the target job's own recoveries: refused if none keeps up
-            from ..errors import ConfigError
-            from ..sim.options import OPTIONS
+            from ..sim.options import OPTIONS  # deferred: heavy (pydantic, yaml)
 
             refusals = []
             for opt in OPTIONS:
@@ -191,7 +190,7 @@ def _plan(
     result = plan(cfg, scale_to=scale_to, trials=trials, target=target)
     written = []
     if plot is not None:
-        from ..sim.plots import write_plots
+        from ..sim.plots import write_plots  # deferred: heavy (pydantic, yaml)
 
         written = [str(p) for p in write_plots(result, plot, plot_format)]
     data = result.as_dict()
@@ -208,13 +207,14 @@ def _plan(
 def _target(job: dict, events, measured: dict | None, inplace: Path | None, cfg, notes: list[str]):
     """The job planned for and its phase laws: the run's own phases where they do not grow with the job,
     the published figures at scale where they do."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # deferred: heavy (pydantic)
 
-    from ..errors import ConfigError
-    from ..sim.job import TargetJob
-    from ..sim.options import Target
+    from ..sim.job import TargetJob  # deferred: heavy (pydantic, yaml)
+    from ..sim.options import Target  # deferred: heavy (pydantic, yaml)
+
+    # deferred: heavy (pydantic, yaml)
     from ..sim.phases import Measured, build_laws, load_inplace, measured_from_events
-    from ..sim.units import duration
+    from ..sim.units import duration  # deferred: heavy (pydantic, yaml)
 
     try:
         spec = TargetJob(**job)
@@ -252,9 +252,8 @@ def _measured(events, base, flat: bool = True, faults_are_tests: bool = False, f
     are evidence of one (``sim/evidence.py``). Injected faults are not a rate: a short chaos run
     extrapolated per second predicts hundreds of millions of interruptions at scale. Returns the config,
     the notes and the rates' source with its reason."""
-    from ..events import ChaosInjected
-    from ..sim.config import make_config
-    from ..sim.measured import config_from_events
+    from ..sim.config import make_config  # deferred: heavy (pydantic, yaml)
+    from ..sim.measured import config_from_events  # deferred: heavy (pydantic, yaml)
 
     fitted = config_from_events(
         events, base, faults_are_tests=faults_are_tests, force_published=force_published
@@ -282,9 +281,8 @@ def _measured(events, base, flat: bool = True, faults_are_tests: bool = False, f
 def _fitted(events, base, flat: bool, faults_are_tests: bool):
     """:func:`_measured`, falling back to the published rates when the run's own rate would leave a job
     of the planned size no time to train (said in a note, never an error: the run itself finished)."""
-    from ..errors import ConfigError
-    from ..sim.evidence import RateSource
-    from ..sim.fit import check_feasible
+    from ..sim.evidence import RateSource  # deferred: heavy (pydantic, yaml)
+    from ..sim.fit import check_feasible  # deferred: heavy (pydantic, yaml)
 
     cfg, notes, rates = _measured(events, base, flat, faults_are_tests)
     if rates.source is not RateSource.MEASURED:
@@ -305,11 +303,10 @@ def _replay(events, values: dict, trials: int, notes: list[str]) -> dict | None:
     itself: the prediction to compare with what the report measured. None, with a note, when there is
     nothing to replay (no failure) or the fitted run could not have trained (a rate that leaves no time
     to recover): the plan goes on without it."""
-    from ..errors import ConfigError
-    from ..sim import simulate
-    from ..sim.buckets import to_report
-    from ..sim.config import make_config
-    from ..sim.fit import check_feasible, fit_run, run_config
+    from ..sim import simulate  # deferred: heavy (pydantic, yaml)
+    from ..sim.buckets import to_report  # deferred: heavy (pydantic, yaml)
+    from ..sim.config import make_config  # deferred: heavy (pydantic, yaml)
+    from ..sim.fit import check_feasible, fit_run, run_config  # deferred: heavy (pydantic, yaml)
 
     fit = fit_run(events)
     if fit.failures == 0:
@@ -356,7 +353,6 @@ def _auto_interval(events) -> dict | None:
     """What ``--checkpoint-every auto`` chooses for this run (the same decision as a live run's,
     ``checkpoint/advisor.py: recommend_from_ledger``); None where that function or the inputs are
     missing (no checkpoint staged)."""
-    from ..checkpoint import advisor
 
     recommend = getattr(advisor, "recommend_from_ledger", None)
     choice = recommend(events) if recommend is not None else None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from ..errors import ConfigError
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -14,8 +16,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Goodput, badput buckets, interruptions, MTBF and MTTR of a run, from its ledger."""
-        from ..account.report import print_report
-        from ..errors import ConfigError
+        from ..account.report import print_report  # deferred: heavy (pydantic)
 
         hint = "give the run directory that 'stalwart run' printed as 'run dir:' (by default stalwart-runs/<run-id>)"
         if not run_dir.exists():

@@ -6,6 +6,7 @@ variable."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import shutil
@@ -16,10 +17,14 @@ from typing import Any
 
 import typer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LedgerError
+from ..launch.finished_run import finished
+from ..ledger import read_merged
+from ..process_clock import process_start
 from ..settings import run_config as run_config
-from ..settings.run_config import SETTINGS
+from ..settings.run_config import SETTINGS, claim_run_dir
 from ..settings.sources import Leaf, cli_type
+from ..settings.torchrun_flags import pet_defaults, resolve_nproc
 
 KEYWORD_ONLY = Parameter.KEYWORD_ONLY
 
@@ -74,9 +79,8 @@ _COMMAND_ONLY = [  # what is not a setting of the run: where the settings come f
 ]
 
 
-def run(**given: Any) -> None:
+def run(**given: Any) -> None:  # Any: typer passes each option's value, each of its own type
     """Launch and supervise training workers; restart through crashes and hangs."""
-    from ..settings.torchrun_flags import pet_defaults, resolve_nproc
 
     config, report = given.pop("config"), given.pop("report")
     flags: dict[str, Any] = {
@@ -107,7 +111,6 @@ run.__signature__ = inspect.Signature([*map(_parameter, _ON_COMMAND_LINE), *_COM
 
 
 def _check_module(name: str) -> None:
-    import importlib.util
 
     try:
         found = importlib.util.find_spec(name)
@@ -119,9 +122,6 @@ def _check_module(name: str) -> None:
 
 def _finished(cfg) -> str:
     """What to say when this run id already ended ``succeeded`` ("" otherwise)."""
-    from ..errors import LedgerError
-    from ..launch.finished_run import finished
-    from ..ledger import read_merged
 
     ledger = cfg.run_dir / "ledger"
     if not ledger.is_dir() or not any(ledger.iterdir()):
@@ -139,10 +139,8 @@ def register(app: typer.Typer) -> None:
 
 def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     """Run the agent with live console output; optionally print the report; exit with the verdict's code."""
-    from ..launch.agent import Agent
-    from ..launch.console import RunConsole
-    from ..process_clock import process_start
-    from ..settings.run_config import claim_run_dir
+    from ..launch.agent import Agent  # deferred: heavy (yaml)
+    from ..launch.console import RunConsole  # deferred: heavy (rich)
 
     if shutil.which(cfg.python) is None and not Path(cfg.python).exists():
         raise ConfigError(f"python interpreter {cfg.python!r} not found")
@@ -154,6 +152,7 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     console = RunConsole(quiet=cfg.quiet)
     for line in intro or ():
         console.say(line)
+    # deferred: heavy (aiohttp)
     from ..serve.attach import Observability  # exporter + notifier; no-ops without --metrics-port/--notify
 
     observe = Observability.from_config(cfg, say=console.say)
@@ -172,7 +171,7 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
         observe.stop()
         console.close()
     if report:
-        from ..account.report import print_report
+        from ..account.report import print_report  # deferred: heavy (rich, yaml)
 
         print()
         print_report(cfg.run_dir)

@@ -9,12 +9,14 @@ from typing import Any
 import typer
 
 from ..errors import ConfigError
+from ..inputs import parse_yaml, read_text_file
 
 
-def load_config_file(path: Path | None) -> dict[str, Any]:
+def load_config_file(
+    path: Path | None,
+) -> dict[str, Any]:  # Any: yaml.safe_load returns untyped data; SimConfig validates it
     if path is None:
         return {}
-    from ..inputs import parse_yaml, read_text_file
 
     data = parse_yaml(read_text_file(path, 1 << 20, "simulator config"), f"simulator config {path}")
     if data is None:
@@ -25,7 +27,7 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
 
 
 def build_values(
-    file_values: dict[str, Any],
+    file_values: dict[str, Any],  # Any: settings as parsed from YAML; SimConfig validates them
     *,
     gpus: int | None,
     gpus_per_node: int | None,
@@ -41,9 +43,9 @@ def build_values(
     elastic: bool | None,
     rate_scale: float,
     price: float | None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # Any: settings as parsed from YAML; SimConfig validates them
     """Flags override the file; the file overrides the defaults."""
-    from ..sim.config import llama3_failure_mix
+    from ..sim.config import llama3_failure_mix  # deferred: heavy (numpy)
 
     if not 0 <= rate_scale < float("inf"):
         raise ConfigError(f"--rate-scale must be a finite non-negative number, got {rate_scale}")
@@ -110,9 +112,9 @@ def register(app: typer.Typer) -> None:
         step: float = typer.Option(10.0, "--step", help="Step time, s, of the written ledger's steps."),
     ) -> None:
         """Simulate a training run with failures: ETTR distribution, interruptions, lost GPU-hours, cost."""
-        from ..sim import simulate
-        from ..sim.alloc import keep_freed_memory
-        from ..sim.config import make_config
+        from ..sim import simulate  # deferred: heavy (numpy)
+        from ..sim.alloc import keep_freed_memory  # deferred: heavy (numpy)
+        from ..sim.config import make_config  # deferred: heavy (numpy)
 
         keep_freed_memory()
         values = build_values(
@@ -134,7 +136,7 @@ def register(app: typer.Typer) -> None:
         )
         result = simulate(make_config(**values), trace=write_ledger is not None)
         if write_ledger is not None:
-            from ..sim.run_ledger import write
+            from ..sim.run_ledger import write  # deferred: heavy (numpy)
 
             write(result, write_ledger, step)
         summary = result.summary()
@@ -144,9 +146,9 @@ def register(app: typer.Typer) -> None:
         print_summary(summary)
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON document of any shape (json.dumps)
+    from rich.console import Console  # deferred: heavy (rich)
+    from rich.table import Table  # deferred: heavy (rich)
 
     console = Console(highlight=False)
     spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]

@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError, StalwartError
 from ..events import AttemptStarted, Event, IncidentRaised, StragglerCleared, StragglerDetected
+from ..health.gate import GateConfig, collect_findings
+from ..health.kernel_log import read_kernel_log_file, read_uptime
 from ..ledger import LedgerWriter, ledger_files
 from ..ledger.store import _connect_read, _decode_row
 from ..protocol.run_dir import RunDir
@@ -227,7 +229,6 @@ class LiveDiagnosis:
         uptime: Callable[[], float | None] | None = None,
         attempt: Callable[[], int] = lambda: -1,
     ):
-        from ..health.kernel_log import read_uptime
 
         self.run, self.node, self.run_id, self.src = run, node, run_id, sources
         self.notify, self.clock, self.attempt = notify, clock, attempt
@@ -254,8 +255,6 @@ class LiveDiagnosis:
     def node_signals(self) -> tuple[Signal, ...]:
         out: list[Signal] = []
         if self.src.kernel_log is not None and self.boot_epoch is not None:
-            from ..health.kernel_log import read_kernel_log_file
-
             obs = read_kernel_log_file(self.src.kernel_log)
             if obs.available:
                 out += from_kernel_log(obs, self.node, self.boot_epoch)
@@ -267,7 +266,6 @@ class LiveDiagnosis:
         """Findings of a health-fixture directory; re-read only when a file in it changed. The
         recording is taken to end at the newest file's mtime, so a series finding is placed at
         ``mtime - (last sample t - first_t)``."""
-        from ..health.gate import GateConfig, collect_findings
 
         files = sorted(p for p in d.rglob("*") if p.is_file())
         mark = tuple((str(p), p.stat().st_mtime_ns) for p in files)

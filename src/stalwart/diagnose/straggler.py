@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..events import StepCompleted
 
 COMM_SECTIONS = frozenset({"backward", "allreduce", "sync", "checkpoint"})
@@ -145,8 +146,6 @@ def relative_stragglers(
     windows, so one slow window (a hiccup) does not flag it.
     """
     if not (1 <= k <= n) or window < 1 or min_ranks < 2:
-        from ..errors import ConfigError
-
         raise ConfigError(
             f"straggler debounce needs 1 <= k <= n, window >= 1, min_ranks >= 2 "
             f"(got k={k}, n={n}, window={window}, min_ranks={min_ranks})"

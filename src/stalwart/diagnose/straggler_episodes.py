@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..events import StragglerCleared, StragglerDetected
+
 
 @dataclass(frozen=True)
 class StragglerEpisode:
@@ -27,7 +29,6 @@ def episodes(events: Iterable[object]) -> tuple[StragglerEpisode, ...]:
     """Pair the ledger's StragglerDetected/StragglerCleared events per (node, attempt, rank).
 
     The live console prints the same events, so the report and the console cannot disagree."""
-    from ..events import StragglerCleared, StragglerDetected
 
     open_: dict[tuple[str, int, int], StragglerDetected] = {}
     out: list[StragglerEpisode] = []

@@ -41,7 +41,7 @@ class Event:
     attempt: int = -1
     rank: int = -1
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> dict[str, Any]:  # Any: JSON values of any shape (json.dumps/json.loads)
         return dataclasses.asdict(self)
 
 
@@ -50,7 +50,9 @@ class RawEvent(Event):
     """An event of a kind this reader does not know; its payload is kept verbatim."""
 
     raw_kind: str
-    payload: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(
+        default_factory=dict
+    )  # Any: a raw event's payload is whatever JSON an unknown kind carried (json.loads)
 
 
 # --- job and attempts -----------------------------------------------------------------------
@@ -65,7 +67,9 @@ class JobStarted(Event):
     min_nodes: int = 1
     max_nodes: int = 1
     max_restarts: int = 0
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(
+        default_factory=dict
+    )  # Any: run configuration as JSON of any shape (json.dumps)
 
 
 @event
@@ -298,7 +302,7 @@ class IncidentRaised(Event):
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any) -> Any:  # Any: JSON values of any shape (json.dumps/json.loads)
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
@@ -315,7 +319,9 @@ def encode(ev: Event) -> tuple[str, str]:
     return ev.kind, json.dumps(_jsonable(ev.to_payload()), separators=(",", ":"))
 
 
-def decode(kind: str, payload: str | dict[str, Any]) -> Event:
+def decode(
+    kind: str, payload: str | dict[str, Any]
+) -> Event:  # Any: JSON values of any shape (json.dumps/json.loads)
     """Rebuild an event; unknown kinds and fields come back as :class:`RawEvent`."""
     data = json.loads(payload) if isinstance(payload, str) else dict(payload)
     cls = _REGISTRY.get(kind)

@@ -20,7 +20,7 @@ class HealthChecked(Event):
     reason: str
     recoverable: bool = True
     duration_s: float = 0.0
-    findings: tuple[dict[str, Any], ...] = ()
+    findings: tuple[dict[str, Any], ...] = ()  # Any: findings' evidence is JSON of any shape (json.dumps)
 
 
 @event

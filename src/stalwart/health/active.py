@@ -7,7 +7,10 @@ testable anywhere; on GPUs each device is measured and compared with the node's 
 
 from __future__ import annotations
 
+import datetime
+import multiprocessing as mp
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -53,7 +56,7 @@ class ActiveMeasurements:
 
 
 def _devices() -> list[str]:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     if torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -62,13 +65,13 @@ def _devices() -> list[str]:
 
 def _sync(dev: str) -> None:
     if dev.startswith("cuda"):
-        import torch
+        import torch  # deferred: heavy (torch)
 
         torch.cuda.synchronize(dev)
 
 
 def measure_gemm(dev: str, n: int | None = None, iters: int = 10) -> float:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     gpu = dev.startswith("cuda")
     n = n or (8192 if gpu else 512)
@@ -85,7 +88,7 @@ def measure_gemm(dev: str, n: int | None = None, iters: int = 10) -> float:
 
 
 def measure_mem_bw(dev: str, mbytes: int | None = None, iters: int = 5) -> float:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     gpu = dev.startswith("cuda")
     nbytes = (mbytes or (1024 if gpu else 64)) * 2**20
@@ -104,10 +107,8 @@ def probe_store(rank: int, world: int, host: str, port: int, timeout_s: float = 
     """The all-reduce's rendezvous store. Rank 0 hosts it on a socket it binds to ``host`` only and
     hands over (``master_listen_fd``): torch's own ``tcp://`` rendezvous would listen on every
     interface. The other ranks connect to ``host:port``."""
-    import datetime
-    import socket
 
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # deferred: heavy (torch)
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank != 0:
@@ -125,10 +126,9 @@ def allreduce_busbw(
     rank: int, world: int, master: tuple[str, int], backend: str, nbytes: int, iters: int
 ) -> tuple[float, bool]:
     """One rank of the all-reduce test: (bus bandwidth GB/s as nccl-tests defines it, result correct)."""
-    import datetime
 
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     store = probe_store(rank, world, *master)
     dist.init_process_group(
@@ -165,7 +165,6 @@ def _allreduce_worker(rank: int, world: int, port: int, backend: str, nbytes: in
 
 
 def _free_port() -> int:
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,9 +175,8 @@ def measure_allreduce(
     world: int | None = None, nbytes: int | None = None, iters: int = 5, timeout_s: float = 60.0
 ) -> tuple[float, int, str]:
     """Local processes: NCCL across the node's GPUs, else gloo on CPU. Returns (busbw GB/s, ranks, error)."""
-    import multiprocessing as mp
 
-    import torch
+    import torch  # deferred: heavy (torch)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if gpus >= 2 else "gloo"
@@ -231,7 +229,7 @@ def measure_disk_write(directory: str | Path | None = None, mbytes: int = 64) ->
 
 def measure_train_step(dev: str) -> tuple[bool, str]:
     """One step of a tiny MLP: the loss must be finite and fall on the same batch."""
-    import torch
+    import torch  # deferred: heavy (torch)
 
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(64, 32, generator=g).to(dev)

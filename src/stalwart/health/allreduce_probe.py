@@ -13,9 +13,10 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 from .active import CPU_EXPECTATIONS, H100_EXPECTATIONS, ActiveMeasurements, allreduce_busbw, check_active
-from .findings import CheckStatus
+from .findings import CheckStatus, Finding, Severity
 from .rules import load_rules
 
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
-    import torch
+    import torch  # deferred: heavy (torch)
 
     gpu = torch.cuda.is_available()
     backend = "nccl" if gpu else "gloo"
@@ -43,16 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         bw, ok, err = 0.0, False, (f"allreduce: {type(exc).__name__}: {exc}",)
     exp = H100_EXPECTATIONS if gpu else CPU_EXPECTATIONS
     if args.expect is not None:
-        from dataclasses import replace
-
         exp = replace(exp, allreduce_busbw_gbps=args.expect)
     m = ActiveMeasurements(
         "cuda" if gpu else "cpu", allreduce_busbw_gbps=None if err else bw, allreduce_ranks=world, errors=err
     )
     findings = check_active(m, exp)
     if not ok and not err:
-        from .findings import Finding, Severity
-
         findings.append(
             Finding(
                 "active",

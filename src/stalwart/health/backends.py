@@ -10,7 +10,7 @@ from typing import Protocol
 
 from typing_extensions import assert_never
 
-from ..errors import SchedulerError
+from ..errors import ConfigError, SchedulerError
 from ..node_name import validate_drain_reason, validate_node_name
 from ..policy.label import Label
 from .deadline import CallTimedOut, run_command
@@ -133,7 +133,6 @@ class BackendKind(Label):
 
 
 def make_backend(name: str) -> NodeBackend:
-    from ..errors import ConfigError
 
     try:
         kind = BackendKind(name)

@@ -8,6 +8,7 @@ from typing import Any
 
 from typing_extensions import assert_never
 
+from ..errors import ConfigError
 from ..policy.label import Label
 
 
@@ -46,8 +47,6 @@ class Severity(enum.IntEnum):
         try:
             return cls[text.strip().upper()]
         except KeyError:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"unknown severity {text!r}", f"use one of {', '.join(s.name.lower() for s in cls)}"
             ) from None
@@ -67,9 +66,9 @@ class Finding:
     subject: str
     severity: Severity
     message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # Any: evidence is JSON of any shape (json.dumps)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # Any: JSON of any shape (json.dumps)
         return {
             "check": self.check,
             "code": self.code,

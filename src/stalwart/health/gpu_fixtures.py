@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import TelemetryError
 from ..inputs import MiB, parse_json, read_text_file
-from .gpu_observation import GpuNodeObservation, GpuObservation, GpuSample, NvLinkObservation
+from .gpu_observation import CLOCK_NAMES, GpuNodeObservation, GpuObservation, GpuSample, NvLinkObservation
 
 SNAPSHOT = "nvml_snapshot.json"
 SMI_XML = "nvidia-smi-q.xml"
@@ -25,7 +25,7 @@ MAX_GPUS = 1024  # GPU entries per node read from one record
 MAX_NVLINKS = 64
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     """A recorded value as a number; ``"EXC ..."``/``"ret 3"``/``N/A`` mean not available."""
     if isinstance(value, bool):
         return float(value)
@@ -42,12 +42,14 @@ def _num(value: Any) -> float | None:
     return None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     v = _num(value)
     return None if v is None or abs(v) > 2**63 else int(v)
 
 
-def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
+def _gpu_from_snapshot(
+    index: int, d: dict[str, Any]
+) -> GpuObservation:  # Any: a recorded snapshot is JSON of any shape (json.loads)
     fields = d.get("field_values") or {}
     remap_raw = d.get("remapped_rows")
     remap: list[Any] | None = remap_raw if isinstance(remap_raw, list) and len(remap_raw) == 4 else None
@@ -210,8 +212,6 @@ def load_smi_xml(path: Path) -> GpuNodeObservation:
         reasons = 0
         cer = g.find("clocks_event_reasons")
         if cer is not None:
-            from .gpu_observation import CLOCK_NAMES
-
             for bit, name in CLOCK_NAMES.items():
                 if _yes(_xml_text(cer, f"clocks_event_reason_{name}")):
                     reasons |= bit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,6 @@ class MountObservation:
 
 
 def collect_mount(path: str, timeout_s: float = 2.0, *, clock=None) -> MountObservation:
-    import time
 
     clock = clock or time.monotonic
     t0 = clock()

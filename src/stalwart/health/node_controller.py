@@ -9,7 +9,7 @@ from typing_extensions import assert_never
 
 from ..events import Event
 from ..events.node_health import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
-from .backends import NodeBackend
+from .backends import NodeBackend, make_backend
 from .findings import CheckStatus
 from .lifecycle import CheckOutcome, LifecyclePolicy, NodeAction, NodeRecord, Transition, transition
 from .node_store import HealthStore
@@ -120,7 +120,6 @@ def record_outcome(node: str, outcome: CheckOutcome, *, now: float, state_dir: P
     """Apply an outcome that no health check produced (a straggler's quarantine, a link flagged for
     repair) to ``node``'s record through the lifecycle and the backend, as a check's verdict would be
     (blast-radius cap included); returns the state it ended in. No ``HealthChecked`` is written."""
-    from .backends import make_backend
 
     store = HealthStore(state_dir)
     events = store.events()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Iterable
@@ -22,7 +23,6 @@ _STATES = {s.value for s in NodeState}
 
 def local_node_name() -> str:
     """$SLURMD_NODENAME or the short host name, validated (it becomes a file name and a Slurm argument)."""
-    import os
 
     env = os.environ.get("SLURMD_NODENAME")
     if env:

@@ -22,13 +22,15 @@ _NVLINK_ERRORS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 
 def _import_nvml() -> ModuleType | None:
     try:
-        import pynvml
+        import pynvml  # deferred: optional extra (nvidia-ml-py)
     except ImportError:
         return None
     return pynvml
 
 
-def _later(nvml: Any, name: str, *args: Any) -> Callable[[], Any]:
+def _later(
+    nvml: Any, name: str, *args: Any
+) -> Callable[[], Any]:  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
     """A deferred NVML call with its arguments bound now; the function is looked up when it runs
     (inside the reader's deadline and error handling)."""
     return lambda: getattr(nvml, name)(*args)
@@ -41,7 +43,9 @@ def _err_name(exc: BaseException) -> str:
 class _Reader:
     """Wraps one NVML module: each read has a deadline; NotSupported reads as None."""
 
-    def __init__(self, nvml: Any, timeout_s: float) -> None:
+    def __init__(
+        self, nvml: Any, timeout_s: float
+    ) -> None:  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
         self.nvml = nvml
         self.timeout_s = timeout_s
         self.errors: list[str] = []
@@ -71,7 +75,7 @@ def _gpu(r: _Reader, index: int, nvlink_max: int, xid_events: tuple[int, ...]) -
         errs = tuple(r.errors[before:])
         return GpuObservation(index=index, lost=True, errors=errs or ("handle: unavailable",))
 
-    def s(v: Any) -> str:
+    def s(v: object) -> str:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     thr = {
@@ -177,7 +181,7 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
         if h is not None:
             handles[i] = h
 
-            def register(h: Any = h) -> Any:
+            def register(h: Any = h) -> Any:  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
                 return n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, es)
 
             r.read(f"gpu{i}.register_events", register)
@@ -198,7 +202,11 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
 
 
 def collect_nvml(
-    nvml: Any = None, *, timeout_s: float = 5.0, xid_wait_ms: int = 0, nvlink_max: int = 18
+    nvml: Any = None,
+    *,
+    timeout_s: float = 5.0,
+    xid_wait_ms: int = 0,
+    nvlink_max: int = 18,  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
 ) -> GpuNodeObservation:
     """Read every GPU through NVML. ``nvml`` defaults to the real ``pynvml`` module."""
     nvml = nvml if nvml is not None else _import_nvml()

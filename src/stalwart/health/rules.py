@@ -157,13 +157,13 @@ def check_template(template: str, where: str) -> str:
     return template
 
 
-def _text(value: Any, what: str, origin: str, i: int) -> str:
+def _text(value: object, what: str, origin: str, i: int) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"{origin}: rule #{i + 1}: {what} must be text, got {type(value).__name__}")
     return str(value)
 
 
-def _parse(data: Any, origin: str) -> RuleTable:
+def _parse(data: Any, origin: str) -> RuleTable:  # Any: yaml.safe_load returns untyped data; validated here
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise ConfigError(
             f"{origin}: a rule table needs a top-level 'rules' list",

@@ -22,7 +22,7 @@ class NodeVersions:
 def local_versions(node: str, driver: str = "", cuda: str = "") -> NodeVersions:
     """The local torch/NCCL versions (NCCL only where torch has CUDA); driver/CUDA from NVML."""
     try:
-        import torch
+        import torch  # deferred: heavy (torch)
 
         torch_v = str(torch.__version__)
         nccl = ""

@@ -24,10 +24,11 @@ from typing_extensions import assert_never
 
 from .. import job_key
 from ..chaos.plan import FaultPlan, build_plan
-from ..errors import CheckpointError, ConfigError, FaultPlanError
+from ..diagnose.live import LiveDiagnosis
+from ..errors import CheckpointError, ConfigError, FaultPlanError, LedgerError
 from ..events import Event, JobStarted
 from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OK
-from ..ledger import LedgerWriter
+from ..ledger import LedgerWriter, read_available, read_merged
 from ..policy import job
 from ..policy.job import End
 from ..protocol import WorkerEnv
@@ -37,9 +38,12 @@ from .agent_chaos import AgentChaos
 from .attempt.node_workers import NodeWorkers
 from .clock import Clock, SystemClock
 from .failure_files import CheckpointFiles
+from .finished_run import last_step
 from .ledger_sink import NodeLedger
+from .node_gate import check_node
 from .processes.warm_pool import WarmPool
 from .processes.worker_group import WorkerSpec
+from .rendezvous.arrival import FinishedMark
 from .rendezvous.node_rendezvous import NodeRendezvous, local_addr
 from .runner import JobRunner, write_verdict
 
@@ -63,7 +67,6 @@ class NodeHealthGate:
         cfg = self.cfg
         if not cfg.health.gate:
             return "", ""
-        from .node_gate import check_node
 
         res = check_node(
             node=cfg.node_name,
@@ -260,10 +263,6 @@ class Agent:
         """The final step and the end of a job that succeeded, for agents that arrive later. Left
         before the verdict is written (the verdict is the ledger's last event), so the step comes
         from the steps themselves, not from a verdict on disk."""
-        from ..errors import LedgerError
-        from ..ledger import read_merged
-        from .finished_run import last_step
-        from .rendezvous.arrival import FinishedMark
 
         try:
             step = last_step(read_merged(self.run.root))
@@ -275,8 +274,6 @@ class Agent:
         """Before the verdict: say which planned faults never fired (the report shows them too)."""
         if self.chaos is None or not self.plan.faults:
             return
-        from ..errors import LedgerError
-        from ..ledger import read_available
 
         try:  # a damaged ledger file is skipped, not a reason to say nothing
             line = self.chaos.account(read_available(self.run.root).events)
@@ -311,7 +308,7 @@ class Agent:
 
     def _node_memory(self):
         """The node's memory tier directory and (several nodes meeting by c10d) its peer store."""
-        from ..checkpoint.node_memory import NodeMemory
+        from ..checkpoint.node_memory import NodeMemory  # deferred: heavy (aiohttp)
 
         cfg = self.cfg
         host = (
@@ -359,7 +356,6 @@ class Agent:
         """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""
         if not self.cfg.diagnosis.interval_s:
             return None
-        from ..diagnose.live import LiveDiagnosis
 
         return LiveDiagnosis(
             self.run,

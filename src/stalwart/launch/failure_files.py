@@ -122,8 +122,8 @@ class CheckpointFiles:
 
     def newest_good(self) -> int | None:
         """The newest checkpoint step in the run directory that verifies, or None."""
-        from ..checkpoint.manifest import verify
-        from ..checkpoint.store import FileStore
+        from ..checkpoint.manifest import verify  # deferred: heavy (pydantic)
+        from ..checkpoint.store import FileStore  # deferred: heavy (pydantic)
 
         try:
             for step, path in FileStore(self.run.checkpoints).versions():

@@ -18,7 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..health.kernel_log import parse_kernel_log, read_uptime
+from ..diagnose.kill_witness import read_kmsg
+from ..errors import TelemetryError
+from ..health.kernel_log import MAX_KERNEL_LOG_BYTES, parse_kernel_log, read_uptime
+from ..health.rules import load_rules
+from ..inputs import read_text_tail
 
 SEVERE_LISTS = ("reset_gpu", "irrecoverable")
 MAX_SHOWN = 3
@@ -37,7 +41,6 @@ def severe_xids(lines: Iterable[str], since_boot_s: float, severe: frozenset[int
 
 def severe_codes() -> frozenset[int]:
     """The Xid codes the shipped health rules answer with a GPU reset or a power cycle."""
-    from ..health.rules import load_rules
 
     lists = load_rules().xid_lists
     return frozenset().union(*(lists.get(name, frozenset()) for name in SEVERE_LISTS))
@@ -45,16 +48,11 @@ def severe_codes() -> frozenset[int]:
 
 def _kernel_lines(path: Path | None) -> Sequence[str]:
     if path is not None:
-        from ..errors import TelemetryError
-        from ..health.kernel_log import MAX_KERNEL_LOG_BYTES
-        from ..inputs import read_text_tail
-
         try:
             text, _ = read_text_tail(path, MAX_KERNEL_LOG_BYTES, "kernel log", error=TelemetryError)
         except TelemetryError:
             return ()
         return text.splitlines()
-    from ..diagnose.kill_witness import read_kmsg
 
     return read_kmsg() or ()
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..health.lifecycle import NodeState
+from ..health.backends import make_backend
+from ..health.gate import GateConfig, run_gate
+from ..health.lifecycle import LifecyclePolicy, NodeState
+from ..health.node_controller import apply_verdict
+from ..health.node_store import HealthStore
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,6 @@ def check_node(
     backend: str,
     kernel_log: str = "dmesg",
 ) -> GateOutcome:
-    from ..health.backends import make_backend
-    from ..health.gate import GateConfig, run_gate
-    from ..health.lifecycle import LifecyclePolicy
-    from ..health.node_controller import apply_verdict
-    from ..health.node_store import HealthStore
 
     store = HealthStore(state_dir)
     before = store.record(node)

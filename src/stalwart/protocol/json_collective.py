@@ -16,12 +16,13 @@ device for nccl, host memory otherwise (gloo, or a mixed ``cpu:gloo,cuda:nccl`` 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from ..errors import StalwartError
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
 JSON: TypeAlias = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
 
@@ -65,7 +66,7 @@ def decode(data: bytes, peer: int) -> JSON:
     return value
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -73,7 +74,7 @@ def device_for(backend: str) -> str:
     """Where a collective's tensors live for a group of ``backend``: nccl's on the current CUDA device,
     every other backend's (gloo, mpi, mixed ``cpu:gloo,cuda:nccl``) in host memory."""
     if backend.lower() == "nccl":
-        import torch
+        import torch  # deferred: heavy (torch)
 
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
@@ -89,7 +90,7 @@ def _mine(value: JSON, limit: int) -> tuple[bytes, int]:
 
 
 def _payload(data: bytes, size: int, device: str) -> torch.Tensor:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     buf = torch.zeros(size, dtype=torch.uint8)
     if data:
@@ -101,10 +102,10 @@ def _bytes(t: torch.Tensor, n: int) -> bytes:
     return bytes(t[:n].cpu().numpy().tobytes())
 
 
-def all_gather_json(value: JSON, group: Any = None, *, limit: int = MAX_BYTES) -> list[JSON]:
+def all_gather_json(value: JSON, group: ProcessGroup | None = None, *, limit: int = MAX_BYTES) -> list[JSON]:
     """Every rank's ``value``, in group-rank order (this rank's too, as its peers decode it)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     device = device_for(str(dist.get_backend(group)))
     world = dist.get_world_size(group)
@@ -122,11 +123,13 @@ def all_gather_json(value: JSON, group: Any = None, *, limit: int = MAX_BYTES) -
     return [decode(_bytes(b, size), peer) for peer, (b, size) in enumerate(zip(bufs, sizes, strict=True))]
 
 
-def broadcast_json(value: JSON, src: int, group: Any = None, *, limit: int = MAX_BYTES) -> JSON:
+def broadcast_json(
+    value: JSON, src: int, group: ProcessGroup | None = None, *, limit: int = MAX_BYTES
+) -> JSON:
     """Rank ``src``'s ``value`` on every rank (``src`` is a global rank, as in ``dist.broadcast``;
     the other ranks' ``value`` is ignored). ``src`` gets the decoded copy its peers get."""
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: heavy (torch)
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     device = device_for(str(dist.get_backend(group)))
     sender = dist.get_rank() == src

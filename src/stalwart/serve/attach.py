@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..account.mfu import parse_model_spec
 from ..events import Event
 from .httpd import warn_if_exposed
 from .notify import RunNotifier, Target
 
 if TYPE_CHECKING:
+    from ..launch.config import RunConfig  # pulls in pydantic
     from .exporter import RunExporter  # imported when a port is asked for (prometheus-client)
 
 FILE_SD_ENV = "STALWART_METRICS_FILE_SD_DIR"  # under Slurm: where to write the file_sd target
@@ -29,12 +31,13 @@ class Observability:
     say: Callable[[str], None] = print
 
     @classmethod
-    def from_config(cls, cfg: Any, *, say: Callable[[str], None] = print) -> Observability:
+    def from_config(cls, cfg: RunConfig, *, say: Callable[[str], None] = print) -> Observability:
         exporter = None
         if cfg.observe.metrics_port is not None:
-            from ..account.mfu import parse_model_spec
-            from .exporter import RunExporter
+            from .exporter import RunExporter  # deferred: heavy (yaml)
 
+            if cfg.run_dir is None:  # a programming error: the caller skipped RunConfig.resolved()
+                raise ValueError("Observability.from_config needs a resolved RunConfig (run_dir set)")
             exporter = RunExporter(
                 cfg.run_dir,
                 addr=cfg.observe.metrics_addr,

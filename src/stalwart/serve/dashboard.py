@@ -79,7 +79,9 @@ def discover(root: Path) -> dict[str, Path]:
     }
 
 
-def snapshot_json(snap: RunSnapshot, series: list[tuple[float, float]], *, loading: bool) -> dict[str, Any]:
+def snapshot_json(
+    snap: RunSnapshot, series: list[tuple[float, float]], *, loading: bool
+) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
     ck = snap.checkpoints
     return {
         "run_id": snap.run_id,
@@ -164,7 +166,7 @@ class Dashboard:
                 w = self._watchers[run_id] = RunWatcher(runs[run_id], interval_s=self.interval_s).start()
             return w
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[dict[str, Any]]:  # Any: a JSON document of any shape (json.dumps)
         out = []
         for run_id in discover(self.root):
             w = self.watcher(run_id)
@@ -211,7 +213,7 @@ class Dashboard:
 
     def _api(
         self, method: str, path: str, api: list[str], query: dict[str, list[str]], body: bytes
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, Any]:  # Any: a JSON document of any shape (json.dumps)
         if method == "GET" and api == ["runs"]:
             return 200, {"root": str(self.root), "runs": self.runs()}
         if method == "GET" and api == ["cluster"]:
@@ -272,7 +274,7 @@ class Dashboard:
         ctype = (mimetypes.guess_type(name)[0] or "application/octet-stream") + "; charset=utf-8"
         return Reply(200, f.read_bytes(), ctype)
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         nodes: dict[str, dict[str, Any]] = {}
         for run in self.runs():
             s = self.watcher(run["id"]).snapshot()
@@ -298,7 +300,9 @@ class Dashboard:
             raise HttpError(400, f"query parameter {name}={v} must be between {lo} and {hi}")
         return v
 
-    def events(self, w: RunWatcher, query: dict[str, list[str]]) -> dict[str, Any]:
+    def events(
+        self, w: RunWatcher, query: dict[str, list[str]]
+    ) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         unknown = set(query) - {"limit", "offset", "kind"}
         if unknown:
             raise HttpError(
@@ -323,7 +327,9 @@ class Dashboard:
     def _annotations_file(self, w: RunWatcher) -> Path:
         return w.run_dir / "annotations.jsonl"
 
-    def annotations(self, w: RunWatcher) -> list[dict[str, Any]]:
+    def annotations(
+        self, w: RunWatcher
+    ) -> list[dict[str, Any]]:  # Any: a JSON document of any shape (json.dumps)
         f = self._annotations_file(w)
         if not f.is_file():
             return []
@@ -335,7 +341,9 @@ class Dashboard:
                 continue
         return out
 
-    def annotate(self, w: RunWatcher, body: bytes) -> dict[str, Any]:
+    def annotate(
+        self, w: RunWatcher, body: bytes
+    ) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         try:
             data = json.loads(body or b"null")
         except ValueError:

@@ -28,7 +28,7 @@ class SnapshotCollector:
         self.watcher = watcher
 
     def collect(self) -> Iterator[Metric]:
-        from .families import families
+        from .families import families  # deferred: heavy (prometheus-client)
 
         yield from families(self.watcher.snapshot(), time.time())
 
@@ -41,7 +41,7 @@ class _OneSnapshot:
         self.snap, self.now = snap, now
 
     def collect(self) -> Iterator[Metric]:
-        from .families import families
+        from .families import families  # deferred: heavy (prometheus-client)
 
         return families(self.snap, self.now)
 
@@ -51,7 +51,10 @@ class _OneSnapshot:
 
 def render(snap: RunSnapshot, now: float) -> bytes:
     """The exposition text of one snapshot (what a scrape returns)."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import (
+        CollectorRegistry,
+        generate_latest,
+    )  # deferred: optional extra (prometheus-client)
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_OneSnapshot(snap, now))
@@ -63,7 +66,11 @@ class MetricsServer:
 
     def __init__(self, watcher: RunWatcher, *, addr: str = LOOPBACK, port: int = 0) -> None:
         try:
-            from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+            from prometheus_client import (
+                CONTENT_TYPE_LATEST,
+                CollectorRegistry,
+                generate_latest,
+            )  # deferred: optional extra (prometheus-client)
         except ImportError as exc:
             raise ConfigError(
                 "the metrics exporter needs prometheus-client", "pip install 'stalwart[metrics]'"

@@ -92,13 +92,15 @@ class Message:
     title: str
     lines: tuple[str, ...]
     severity: str = Severity.INFO  # a Severity, or an Alertmanager alert's own severity label
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # Any: alert fields are a JSON document of any shape (json.dumps)
 
     @property
     def text(self) -> str:
         return "\n".join((self.title, *self.lines))
 
-    def slack(self) -> dict[str, Any]:
+    def slack(self) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         """Slack blocks; every text that came from outside (alert labels, a script's error) escaped."""
         esc = slack_escape
         icon = _ICONS.get(self.severity, ":information_source:")
@@ -120,7 +122,7 @@ class Message:
             )
         return {"text": esc(self.text), "blocks": blocks}
 
-    def generic(self) -> dict[str, Any]:
+    def generic(self) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         return {
             "title": self.title,
             "lines": list(self.lines),
@@ -129,7 +131,7 @@ class Message:
             "text": self.text,
         }
 
-    def body(self, style: TargetStyle) -> dict[str, Any]:
+    def body(self, style: TargetStyle) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
         match style:
             case TargetStyle.SLACK:
                 return self.slack()
@@ -270,7 +272,9 @@ class RunNotifier:
 # --- delivery ------------------------------------------------------------------------------
 
 
-def _http_post(url: str, body: dict[str, Any], timeout: float) -> None:
+def _http_post(
+    url: str, body: dict[str, Any], timeout: float
+) -> None:  # Any: a JSON document of any shape (json.dumps)
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - configured http(s) URL
@@ -288,7 +292,9 @@ class Poster:
         retries: int = 3,
         timeout_s: float = 5.0,
         backoff_s: float = 0.5,
-        send: Callable[[str, dict[str, Any], float], None] = _http_post,
+        send: Callable[
+            [str, dict[str, Any], float], None
+        ] = _http_post,  # Any: a JSON document of any shape (json.dumps)
     ) -> None:
         self.targets = tuple(targets)
         self.retries = retries

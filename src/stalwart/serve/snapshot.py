@@ -30,6 +30,7 @@ from ..events import (
     JobStarted,
     StepCompleted,
 )
+from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from ..policy.label import Label
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
@@ -151,7 +152,6 @@ def _ranks(steps: Sequence[StepCompleted]) -> tuple[RankState, ...]:
 
 
 def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
-    from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 
     info: dict[str, dict] = {}
     for e in events:
@@ -292,7 +292,9 @@ def take(
     )
 
 
-def _interruption_dict(c: InterruptionCost) -> dict[str, Any]:
+def _interruption_dict(
+    c: InterruptionCost,
+) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
     return {
         "onset": c.onset,
         "detected": c.detected,

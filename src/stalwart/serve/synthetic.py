@@ -23,6 +23,7 @@ from ..events import (
     StepCompleted,
     TrainingResumed,
 )
+from ..events.node_health import HealthChecked
 from ..ledger import LedgerWriter
 
 
@@ -44,7 +45,6 @@ class SyntheticRun:
 
 def events(spec: SyntheticRun) -> Iterator[Event]:
     """The events of ``spec`` in time order."""
-    from ..events.node_health import HealthChecked
 
     rid, node = spec.run_id, spec.node
     t = spec.t0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from .snapshot import ModelSpec, RunSnapshot, goodput_series, take
@@ -126,6 +127,5 @@ class RunWatcher:
 
 
 def _with_error(snap: RunSnapshot, error: str) -> RunSnapshot:
-    from dataclasses import replace
 
     return replace(snap, error=error)

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ..chaos.plan import build_plan
 from ..errors import ConfigError
 from ..inputs import validate_run_dir
 from ..node_name import validate_node_name
@@ -248,14 +249,12 @@ class RunConfig(BaseSettings):
                 f"on {self.nnodes} node(s) is {rule.describe()}"
             )
         if self.faults.specs or self.faults.file:
-            from ..chaos.plan import build_plan
-
             build_plan(self.faults.specs, self.faults.file or None).check_world(
                 self.nproc_per_node * self.max_nodes, self.max_nodes
             )
 
     def diagnosis_sources(self):
-        from ..diagnose.live import validate_sources
+        from ..diagnose.live import validate_sources  # deferred: heavy (yaml)
 
         d = self.diagnosis
         src = validate_sources(d.topology, d.facility, d.facility_query, d.kernel_log, d.node_telemetry)

@@ -17,7 +17,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
+from ..account.mfu import parse_model_spec
 from ..diagnose.straggler_action import STRAGGLER_MODES, StragglerActionConfig
+from ..errors import ConfigError
 from ..policy.timeouts import (
     CPU_STALL_S,
     HANG_CAP_S,
@@ -392,9 +394,6 @@ class ObserveSettings(BaseModel):
     @classmethod
     def _model_spec(cls, v: str) -> str:
         if v:
-            from ..account.mfu import parse_model_spec
-            from ..errors import ConfigError
-
             try:
                 parse_model_spec(v)
             except ConfigError as exc:

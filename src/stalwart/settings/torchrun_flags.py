@@ -98,7 +98,7 @@ def resolve_nproc(value: str, *, cpu_count: int | None = None, gpu_count: int | 
 
 
 def _accelerators(kind: NprocKind) -> int:
-    import torch
+    import torch  # deferred: heavy (torch)
 
     if kind is NprocKind.XPU:
         return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0

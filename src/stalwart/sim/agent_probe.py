@@ -61,7 +61,7 @@ from ..launch.fakes import (
     ScriptedWorkers,
     specs,
 )
-from ..launch.ports import Round
+from ..launch.ports import Round, WorkerLauncher
 from ..launch.runner import JobRunner
 from ..policy import job
 from ..policy.job import AttemptStatus, End, JobDecision, JobSpec, JobState, Outcome, Replace, Restart, Shrink
@@ -253,7 +253,9 @@ class RestartProbe:
     decision: End | None  # the job policy's end, with its outcome and reason (the restart policy's)
 
 
-def _runner(spec: JobSpec, rendezvous: FakeRendezvous, workers: Any, clock: ManualClock) -> JobRunner:
+def _runner(
+    spec: JobSpec, rendezvous: FakeRendezvous, workers: WorkerLauncher, clock: ManualClock
+) -> JobRunner:
     return JobRunner(
         state=job.initial(spec),
         rendezvous=rendezvous,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
 from ..settings.schema import HangSettings
@@ -186,7 +186,9 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _nest_flat_names(cls, data: Any) -> Any:
+    def _nest_flat_names(
+        cls, data: Any
+    ) -> Any:  # Any: pydantic's model_validator(mode='before') gets the raw input
         return nest(data, _HANG_SETTINGS) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
@@ -297,7 +299,6 @@ def _check_units(cfg: SimConfig) -> None:
 
 def make_config(**values: object) -> SimConfig:
     """Build a :class:`SimConfig`, turning pydantic's errors into one-line ConfigErrors."""
-    from pydantic import ValidationError
 
     try:
         return SimConfig(**values)  # type: ignore[arg-type]

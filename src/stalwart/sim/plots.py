@@ -12,10 +12,10 @@ from .planner import OPTIONS, Plan
 
 def _pyplot():  # -> matplotlib.pyplot (an optional dependency, untyped)
     try:
-        import matplotlib
+        import matplotlib  # deferred: optional extra (matplotlib)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: optional extra (matplotlib)
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError("plotting needs matplotlib", "pip install 'stalwart[plot]'") from exc
     return plt

@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..policy.restart_policy import Failure, FailureKind, RestartBudget, decide
 from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule, WorldPlan, plan_world, replace_failed
+from .agent_probe import MONITOR_INTERVAL_S, hang_latency, restart_stop
 
 # sim/agent_probe.py (the supervisor and its monitors, the launch configuration's defaults) is imported
 # on first use: a simulation without a restart budget or a step time never pays for it
@@ -44,7 +45,6 @@ def restart_period(budget: RestartBudget | None) -> int | None:
     last of them stops it); ``None`` when it never stops (no budget: a cluster manager restarts)."""
     if budget is None:
         return None
-    from .agent_probe import restart_stop
 
     return restart_stop(budget).period
 
@@ -73,7 +73,6 @@ def hang_detect_s(step_s: float, policy: HangTimeoutPolicy, monitor_interval_s: 
     """How long after a rank's last progress the agent's monitors decide it hung, for steps of
     ``step_s`` seconds (the calibrated hang timeout less at most one monitor tick; the tick is the
     agent's default unless given)."""
-    from .agent_probe import MONITOR_INTERVAL_S, hang_latency
 
     tick = MONITOR_INTERVAL_S if monitor_interval_s is None else monitor_interval_s
     if not policy.floor_s > tick:  # the agent refuses this order of timeouts (policy/timeouts.py)

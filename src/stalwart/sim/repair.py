@@ -77,7 +77,7 @@ def lemon_factor(p: RepairPipeline, node_faults_per_node: float) -> float:
 def effective(cfg: SimConfig) -> SimConfig:
     """``cfg`` with its repair pipeline folded into the failure classes (the spare's join time is the
     engine's, added to every node-loss recovery); ``cfg`` itself when the pipeline is the identity."""
-    from .config import SimConfig
+    from .config import SimConfig  # deferred: cycle (stalwart.sim.config imports this one)
 
     p = cfg.repair
     if p.identity or (p.spare_join_s > 0 and p.model_copy(update={"spare_join_s": 0.0}).identity):

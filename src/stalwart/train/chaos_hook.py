@@ -68,10 +68,12 @@ class ChaosHook:
         rank: int,
         chaos_dir: Path,
         emit: Callable[[Event], None],
-        context: dict[str, Any],
+        context: dict[str, Any],  # Any: an event's context is JSON of any shape (json.dumps)
         clock: Clock = SYSTEM_CLOCK,
         actions: FaultActions | None = None,
-        timer: Callable[[float, Callable[..., None], tuple[Any, ...]], Any] = threading.Timer,
+        timer: Callable[
+            [float, Callable[..., None], tuple[Any, ...]], Any
+        ] = threading.Timer,  # Any: threading.Timer's signature
     ) -> None:
         self.rank = rank
         self._at_step = tuple(f for f in faults if f.kind != "slow")

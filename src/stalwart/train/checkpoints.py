@@ -7,6 +7,7 @@ class only tracks steps: the last one saved, the last one known durable, the one
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,8 +60,8 @@ class Checkpoints:
         return self._engine
 
     def _build(self) -> CheckpointEngine:
-        from ..checkpoint.engine import CheckpointEngine
-        from ..checkpoint.tiers import TierConfig
+        from ..checkpoint.engine import CheckpointEngine  # deferred: heavy (torch)
+        from ..checkpoint.tiers import TierConfig  # deferred: heavy (pydantic)
 
         if self._keep < 1:
             raise CheckpointError(
@@ -84,9 +85,9 @@ class Checkpoints:
         self, tiers: list[TierConfig], wenv: WorkerEnv
     ) -> tuple[list[TierConfig], NodeLink | None]:
         """The agent's node memory tier (newest version only) and this rank's link to the peers."""
-        from ..checkpoint.node_tier import NodeLink
-        from ..checkpoint.peer_store import PeerClient, parse_peers
-        from ..checkpoint.tiers import TierConfig
+        from ..checkpoint.node_tier import NodeLink  # deferred: heavy (aiohttp)
+        from ..checkpoint.peer_store import PeerClient, parse_peers  # deferred: heavy (aiohttp)
+        from ..checkpoint.tiers import TierConfig  # deferred: heavy (pydantic)
 
         if any(t.kind == "memory" for t in tiers):  # the script configured its own memory tier
             return tiers, None
@@ -107,9 +108,11 @@ class Checkpoints:
 
     # --- load and save ------------------------------------------------------------------------
 
-    def resume(self, state: dict[str, Any]) -> EngineLoad | None:
+    def resume(
+        self, state: dict[str, Any]
+    ) -> EngineLoad | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """Load the newest good checkpoint into ``state`` (collective); None when there is none."""
-        from . import state as state_io
+        from . import state as state_io  # deferred: heavy (torch)
 
         targets = state_io.load_targets(state)
         found = self.engine.load_latest(targets.tensors)
@@ -125,9 +128,11 @@ class Checkpoints:
             self.durable_step = found.step  # resumed at the end: nothing new to make durable
         return found
 
-    def save(self, state: dict[str, Any], step: int, *, emergency: bool = False) -> None:
+    def save(
+        self, state: dict[str, Any], step: int, *, emergency: bool = False
+    ) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """Stage ``state`` as the checkpoint after ``step`` steps (collective); the persist runs on."""
-        from . import state as state_io
+        from . import state as state_io  # deferred: heavy (torch)
 
         cap = state_io.capture(state)
         self.engine.save(step, cap.sharded, cap.extras, force=True, emergency=emergency)
@@ -154,7 +159,6 @@ class Checkpoints:
         one on the new group). Its persist in flight is waited for at most ``timeout_s``: with the
         group's connections severed, a collective it was in fails at once. What it had not committed
         is not counted as saved; what it committed stays."""
-        import threading
 
         engine, self._engine = self._engine, None
         if engine is None:

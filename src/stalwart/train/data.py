@@ -94,7 +94,7 @@ class ElasticDistributedSampler(torch.utils.data.Sampler[int]):
             self.yielded += 1
             yield idx
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # Any: torchdata StatefulDataLoader's state_dict
         return {
             "epoch": self.epoch,
             "consumed": self.consumed,
@@ -102,7 +102,9 @@ class ElasticDistributedSampler(torch.utils.data.Sampler[int]):
             "seed": self.seed,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any]
+    ) -> None:  # Any: torchdata StatefulDataLoader's state_dict
         if (
             int(state.get("num_samples", self.num_samples)) != self.num_samples
             or int(state.get("seed", self.seed)) != self.seed

@@ -98,7 +98,7 @@ def sever_connections(keep_ports: set[int]) -> int:
 def abandon_group(store_port: int) -> int:
     """Leave the current default process group so that no peer waits on this rank: sever its
     connections (kept: the agent's store) and destroy it. Connections severed."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: heavy (torch)
 
     if not dist.is_initialized():
         return 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import state
 
@@ -50,9 +51,11 @@ class Held:
     the step it was in (``boundary``): a loader has already fetched the interrupted step's batch, so its
     state at the failure would skip that batch when the step is redone."""
 
-    objects: dict[str, Any]
+    objects: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     step: int
-    boundary: dict[str, Any] | None = None
+    boundary: dict[str, Any] | None = (
+        None  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    )
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Adopted:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: the local shard of a DTensor (FSDP2, HSDP, TP), else the tensor."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -74,7 +77,7 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
     """Which part of the state this rank holds: equal on two ranks exactly when they hold the same
     shards (every rank of a DDP group; the ranks at the same shard position of different HSDP replica
     groups). From the local shapes and, for DTensors, the rank's coordinates on the sharded mesh dims."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     parts: list[Any] = []
     for k in sorted(tensors):
@@ -87,11 +90,11 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little", signed=True)
 
 
-def _placement(t: torch.Tensor) -> tuple[Any, ...]:
+def _placement(t: torch.Tensor) -> tuple[Any, ...]:  # Any: DTensor placements (torch.distributed.tensor)
     """Where a tensor's local part sits in the whole: its local shape and, for a DTensor, the rank's
     coordinates on the sharded mesh dims and those dims' sizes (a replicated dim may change size: an
     HSDP group that lost or gained a replica group keeps every rank's shards)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
     if not isinstance(t, DTensor):
         return (tuple(t.shape),)
@@ -136,7 +139,6 @@ def _digest(buffers: dict[str, torch.Tensor]) -> str:
 
 
 def _send_bytes(data: bytes, dst: int) -> None:
-    import torch.distributed as dist
 
     dist.send(torch.tensor([len(data)], dtype=torch.int64), dst)
     if data:
@@ -144,7 +146,6 @@ def _send_bytes(data: bytes, dst: int) -> None:
 
 
 def _recv_bytes(src: int, limit: int) -> bytes:
-    import torch.distributed as dist
 
     n = torch.zeros(1, dtype=torch.int64)
     dist.recv(n, src)
@@ -159,7 +160,6 @@ def _recv_bytes(src: int, limit: int) -> bytes:
 
 def _gather(step: int, key: int) -> list[tuple[int, int]]:
     """Every rank's (live step, shard key)."""
-    import torch.distributed as dist
 
     mine = torch.tensor([step, key], dtype=torch.int64)
     out = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
@@ -212,7 +212,6 @@ def _payload(cap: state.Captured) -> _Payload:
 
 def _send(payload: _Payload, dst: int) -> int:
     """Send the payload to ``dst``; the bytes sent (tensors and extras)."""
-    import torch.distributed as dist
 
     _send_bytes(payload.head, dst)
     sent = 0
@@ -225,8 +224,11 @@ def _send(payload: _Payload, dst: int) -> int:
     return sent + len(payload.extras)
 
 
-def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
-    import torch.distributed as dist
+def _receive(
+    targets: state.Targets, src: int, extras_limit: int
+) -> tuple[
+    dict[str, Any], int
+]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
 
     head = json.loads(_recv_bytes(src, 1 << 24))
     mine = {k: _local(t) for k, t in targets.tensors.items()}
@@ -267,7 +269,7 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
 
 
 def adopt(
-    new: dict[str, Any],
+    new: dict[str, Any],  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     held: Held | None,
     *,
     restore_rng: Callable[[int], str],
@@ -277,7 +279,6 @@ def adopt(
     no rank holds live state (every rank then resumes from a checkpoint, as after a cold start).
     ``restore_rng(step)`` restores this rank's RNG streams as of the start of ``step`` ("" when it
     could, else why not)."""
-    import torch.distributed as dist
 
     targets = state.load_targets(new)
     cap = state.capture(held.objects) if held is not None else None

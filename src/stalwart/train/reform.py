@@ -20,6 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+import torch.distributed as dist
+
 from ..events import TrainingResumed
 from ..protocol import Note, PhaseChanged, Reformed, Reforming
 from .inplace import Generation, Reform, abandon_group, is_comm_failure
@@ -40,10 +43,15 @@ class Reformer:
     timeout_s: float  # bound on each wait: the agent's request, the new group, the transfer
     rng_dir: Path
     held: Held | None = None
-    state: dict[str, Any] | None = None
+    state: dict[str, Any] | None = (
+        None  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    )
     phases: dict[str, float] = field(default_factory=dict)
     t_rejoin: float = 0.0  # when this rank started joining the current generation
-    boundary: tuple[int, dict[str, Any] | None] = (-1, None)  # (step, other objects' state at its start)
+    boundary: tuple[int, dict[str, Any] | None] = (
+        -1,
+        None,
+    )  # Any: the user's training state (torch modules, optimizers, tensors, any object); (step, other objects' state at its start)
     _rng: LiveRng | None = None
     _store: Any = None  # the client of the agent's store for generations > 0
     joining: bool = False  # started as a replacement: say so once it is about to join its generation
@@ -100,9 +108,10 @@ class Reformer:
 
     # --- the process group and the state --------------------------------------------------------
 
-    def init_group(self, backend: str, rank: int, world_size: int, **kwargs: Any) -> None:
+    def init_group(
+        self, backend: str, rank: int, world_size: int, **kwargs: Any
+    ) -> None:  # Any: forwarded to torch.distributed.init_process_group
         """Join this generation's process group through a fresh prefix of the agent's store."""
-        import torch.distributed as dist
 
         env = self.session.env
         timeout = timedelta(seconds=self.timeout_s)
@@ -122,7 +131,9 @@ class Reformer:
         prefixed = dist.PrefixStore(self.generation.store_prefix(), self._store)
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, **kwargs)
 
-    def take_live_state(self, state: dict[str, Any]) -> Adopted | None:
+    def take_live_state(
+        self, state: dict[str, Any]
+    ) -> Adopted | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """In a re-formed group: the newest live state into ``state`` (collective), or None when there
         is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
         that the agent takes the next rung (a whole-group restart from a checkpoint)."""
@@ -150,7 +161,9 @@ class Reformer:
         self.phases.update({"rendezvous": t0 - rejoin, "transfer": now() - t0})
         return got
 
-    def start(self, state: dict[str, Any], resume: bool) -> int | None:
+    def start(
+        self, state: dict[str, Any], resume: bool
+    ) -> int | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
         """The step a re-formed group's loop starts at (the live state, else a checkpoint); None in
         generation 0 (the session resumes as usual)."""
         s = self.session
@@ -231,10 +244,11 @@ def _place_values(place: Any, local_world: int) -> tuple[str, ...]:
     return (str(place.rank), ws, str(place.group_rank), groups, str(place.rank), ws)
 
 
-def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:
+def boundary_objects(
+    state: dict[str, Any],
+) -> dict[str, Any]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """A copy of the state dicts of the objects that are neither models nor optimizers (the part of a
     checkpoint's extras called ``objects``), as :func:`stalwart.train.state.capture` takes them."""
-    import torch
 
     out: dict[str, Any] = {}
     for key, obj in state.items():

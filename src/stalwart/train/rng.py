@@ -19,7 +19,7 @@ import torch
 from ..protocol.json_collective import JSON
 
 
-def capture() -> dict[str, Any]:
+def capture() -> dict[str, Any]:  # Any: random/numpy/torch RNG states, each its own type
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state["numpy"] = (
@@ -34,7 +34,7 @@ def capture() -> dict[str, Any]:
     return state
 
 
-def restore(state: dict[str, Any]) -> None:
+def restore(state: dict[str, Any]) -> None:  # Any: random/numpy/torch RNG states, each its own type
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
@@ -75,7 +75,7 @@ def _number(value: object, what: str) -> float:
     return float(value)
 
 
-def to_json(state: dict[str, Any]) -> JSON:
+def to_json(state: dict[str, Any]) -> JSON:  # Any: random/numpy/torch RNG states, each its own type
     """A :func:`capture`'d state as JSON (what a gather of every rank's state sends)."""
     version, internal, gauss = state["python"]
     out: dict[str, JSON] = {
@@ -90,7 +90,7 @@ def to_json(state: dict[str, Any]) -> JSON:
     return out
 
 
-def from_json(value: JSON) -> dict[str, Any]:
+def from_json(value: JSON) -> dict[str, Any]:  # Any: random/numpy/torch RNG states, each its own type
     """The state :func:`to_json` wrote, as :func:`capture` returns it; ValueError when it is not one."""
     py = value.get("python") if isinstance(value, dict) else None
     if not isinstance(value, dict) or not isinstance(py, list) or len(py) != 3:

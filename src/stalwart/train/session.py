@@ -42,6 +42,7 @@ from ..checkpoint.auto_every import auto_every_for
 from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
 from ..events.checkpoint import CheckpointPersistFailed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ..ledger import LedgerWriter
 from ..protocol import (
     CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
@@ -62,6 +63,7 @@ from ..protocol.error_record import write_error
 from ..protocol.run_dir import RunDir
 from .checkpoints import Checkpoints
 from .clock import SYSTEM_CLOCK, Clock
+from .inplace import Generation
 from .process_guard import ProcessGuard
 from .step_hooks import StepHook
 from .worker_link import WorkerLink
@@ -132,7 +134,7 @@ class Session:
         """This rank's faults from the agent's fault plan, if there is one (else chaos is never imported)."""
         if wenv is None or not wenv.chaos:
             return ()
-        from .chaos_hook import ChaosHook, claim_for_session
+        from .chaos_hook import ChaosHook, claim_for_session  # deferred: no plan, no stalwart.chaos
 
         claim_for_session()  # the bootstrap's step hooks stand down: the loop fires the plan
         hook = ChaosHook.from_plan(
@@ -169,12 +171,10 @@ class Session:
         state of the last completed step (taken from a replica, not from a checkpoint). ``train``
         is the one hook: whatever it builds on the process group is rebuilt by running it again.
         Without an agent, or for a failure that is not a peer's, it is a plain call."""
-        from .reform import Reformer, rng_dir
+        from .reform import Reformer, rng_dir  # deferred: heavy (torch)
 
         wenv = self.worker_env
         if self._reform is None and wenv is not None and self.under_agent and wenv.reform_timeout_s > 0:
-            from .inplace import Generation
-
             gen = Generation(wenv.generation, self._link.reform, self._clock.sleep, self._now)
             self._reform = Reformer(
                 self,
@@ -242,8 +242,6 @@ class Session:
             self._send(Note(self.rank, note, self._now()))
         with self._emit_lock:  # the checkpoint persist thread emits too
             if self._ledger is None:
-                from ..ledger import LedgerWriter
-
                 path = self.run_dir.worker_ledger(self.node, self.attempt, self.rank, os.getpid())
                 self._ledger = LedgerWriter(path, writer=f"rank {self.rank}")
             self._ledger.append(ev)
@@ -254,12 +252,12 @@ class Session:
                 self._ledger.close()
                 self._ledger = None
 
-    def _ctx(self) -> dict[str, Any]:
+    def _ctx(self) -> dict[str, Any]:  # Any: JSON event context
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "rank": self.rank}
 
-    def init_process_group(self, backend: str = "gloo", **kwargs: Any) -> None:
+    def init_process_group(self, backend: str = "gloo", **kwargs: Any) -> None:  # Any: torch's kwargs
         """``torch.distributed.init_process_group`` with the agent's validated timeout."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # deferred: heavy (torch)
 
         if self.world_size <= 1 and not self._place.has_master:
             return
@@ -277,7 +275,7 @@ class Session:
         background; loads verify, fall back to older versions and reshard to this world size."""
         return self._ckpt.engine
 
-    def resume(self, state: dict[str, Any]) -> int:
+    def resume(self, state: dict[str, Any]) -> int:  # Any: user state (torch objects)
         """Load the newest good checkpoint into ``state``; return the number of steps already done.
         Collective: models and optimizers load resharded to this world size (see train/state.py)."""
         found = self._ckpt.resume(state)
@@ -289,7 +287,7 @@ class Session:
             )
         return self._completed
 
-    def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:
+    def save(self, state: dict[str, Any], *, emergency: bool = False) -> None:  # Any: user state
         """Collective checkpoint of ``state`` after ``self.completed`` steps, on every rank: sharded
         tensors through DCP, plain per-rank extras (RNG, scheduler, data position) beside them.
         Returns once staged; whether the persist committed is :meth:`make_durable`'s business."""
@@ -297,7 +295,9 @@ class Session:
         self._ckpt.save(state, self._completed, emergency=emergency)
         self._send(CheckpointDone(self.rank, self._completed, self._now()))
 
-    def make_durable(self, state: dict[str, Any], *, emergency: bool, attempts: int = 3) -> str:
+    def make_durable(  # Any: user state (torch objects)
+        self, state: dict[str, Any], *, emergency: bool, attempts: int = 3
+    ) -> str:
         """Collective: make the state after ``completed`` steps durable, saving it if it was not
         staged and re-saving with backoff (1 s, 2 s) while a persist fails (a full disk that frees
         up, a flaky mount). Returns "" once a durable tier committed it, else the last reason."""
@@ -327,7 +327,12 @@ class Session:
     # --- the loop ---------------------------------------------------------------------------
 
     def loop(
-        self, total_steps: int, state: dict[str, Any], *, checkpoint_every: int | str = 0, resume: bool = True
+        self,
+        total_steps: int,
+        state: dict[str, Any],  # Any: user state (torch objects)
+        *,
+        checkpoint_every: int | str = 0,
+        resume: bool = True,
     ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
         at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
@@ -363,7 +368,7 @@ class Session:
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
 
-    def _start(self, state: dict[str, Any], resume: bool) -> int:
+    def _start(self, state: dict[str, Any], resume: bool) -> int:  # Any: user state (torch objects)
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
         newest good checkpoint (or 0 when ``resume`` is off)."""
         if self._reform is not None:
@@ -377,7 +382,7 @@ class Session:
         w = self.worker_env
         return w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
 
-    def _stop(self, state: dict[str, Any]) -> None:
+    def _stop(self, state: dict[str, Any]) -> None:  # Any: user state (torch objects)
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
         why = self.make_durable(state, emergency=True)
         self._send(

@@ -37,10 +37,14 @@ class Captured:
     """One rank's state, ready for the engine: ``sharded`` (tensors only, DCP) and ``extras`` (plain)."""
 
     sharded: dict[str, torch.Tensor]
-    extras: dict[str, Any]
+    extras: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
 
 
-def _leaves(obj: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+def _leaves(
+    obj: Any, path: KeyPath = ()
+) -> Iterator[
+    tuple[KeyPath, Any]
+]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _leaves(v, (*path, k))
@@ -60,7 +64,9 @@ def _key(path: KeyPath) -> str:
     return "/".join(str(p) for p in path)
 
 
-def check_plain(obj: Any, where: str) -> None:
+def check_plain(
+    obj: Any, where: str
+) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """Raise CheckpointError unless ``obj`` is tensors and plain containers of plain values."""
     if isinstance(obj, torch.Tensor) or isinstance(obj, _PLAIN):
         return
@@ -84,11 +90,15 @@ def check_plain(obj: Any, where: str) -> None:
     )
 
 
-def _is_module(obj: Any) -> bool:
+def _is_module(
+    obj: Any,
+) -> bool:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     return isinstance(obj, torch.nn.Module)
 
 
-def _is_optimizer(obj: Any) -> bool:
+def _is_optimizer(
+    obj: Any,
+) -> bool:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     return isinstance(obj, torch.optim.Optimizer)
 
 
@@ -103,11 +113,18 @@ def _owner(opt: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]) -> s
     )
 
 
-def _live_dicts(state: dict[str, Any]) -> tuple[dict[str, Any], list[torch.optim.Optimizer]]:
+def _live_dicts(
+    state: dict[str, Any],
+) -> tuple[
+    dict[str, Any], list[torch.optim.Optimizer]
+]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """The models' and optimizers' state dicts (sharded; every rank calls this). Also returns the
     optimizers that had no state yet: ``get_optimizer_state_dict`` initialises them with a zero-lr
     step (which counts as a step in Adam's ``step``), so callers clear them again when nothing loads."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )  # deferred: heavy (torch)
 
     modules = {k: v for k, v in state.items() if _is_module(v)}
     out: dict[str, Any] = {}
@@ -126,7 +143,9 @@ def forget_init(fresh: list[torch.optim.Optimizer]) -> None:
         opt.state.clear()
 
 
-def capture(state: dict[str, Any]) -> Captured:
+def capture(
+    state: dict[str, Any],
+) -> Captured:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """Collective over all ranks: this rank's sharded tensors and plain extras."""
     live, fresh = _live_dicts(state)
     forget_init(fresh)  # the captured dicts keep the tensors; the live optimizer stays as it was
@@ -152,12 +171,14 @@ class Targets:
     """Where a checkpoint loads into: the live state dicts and their flat tensor view (DCP fills
     the tensors in place), plus the optimizers that were initialised only to build the view."""
 
-    live: dict[str, Any]
+    live: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     tensors: dict[str, torch.Tensor]
     fresh: list[torch.optim.Optimizer]
 
 
-def load_targets(state: dict[str, Any]) -> Targets:
+def load_targets(
+    state: dict[str, Any],
+) -> Targets:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """Collective: the live models' and optimizers' state dicts at this world size."""
     live, fresh = _live_dicts(state)
     return Targets(
@@ -165,7 +186,9 @@ def load_targets(state: dict[str, Any]) -> Targets:
     )
 
 
-def _set(root: Any, path: list[Any], value: Any) -> None:
+def _set(
+    root: Any, path: list[Any], value: Any
+) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     node = root
     for p in path[:-1]:
         node = node[p]
@@ -177,11 +200,16 @@ def _set(root: Any, path: list[Any], value: Any) -> None:
     node[path[-1]] = value
 
 
-def apply(state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, own_rng: bool) -> None:
+def apply(
+    state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, own_rng: bool
+) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     """Put a loaded checkpoint into the live objects: ``targets`` from :func:`load_targets` after
     DCP filled its tensors in place, ``extras`` as read back from the rank file."""
     live = targets.live
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )  # deferred: heavy (torch)
 
     for path, value in extras.get("plain", []):
         if path[0] not in live:

@@ -12,11 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from ...chaos.plan import FaultPlan
+from ...diagnose.straggler_action import straggler_gate
+from ...errors import StalwartError
 from ...events import AttemptEnded, AttemptStarted, DecisionTaken, WorkersStarted
+from ...health.findings import CheckStatus
+from ...health.lifecycle import CheckOutcome
 from ...health.link_counters import LinkSampler
+from ...health.node_controller import record_outcome
+from ...health.node_store import HealthStore
 from ...policy.job import AttemptStatus, TookOver
 from ...policy.world_size import WorldPlan
 from ...protocol import WorkerEnv, control, elastic_env
+from ...protocol.pipe import Receiver
 from ...protocol.run_dir import RunDir
 from ...settings.run_config import CONFIG_SETTINGS, RunConfig
 from ..agent_chaos import AgentChaos
@@ -33,6 +40,7 @@ from ..processes.bootstrap import BOOT_CODE
 from ..processes.warm_pool import WarmPool, choose_path
 from ..processes.worker_group import WorkerGroup, WorkerSpec
 from ..rendezvous.node_rendezvous import NodeRendezvous
+from .straggler_exclusion import listens_on, quarantine_node, straggler_precision
 from .supervisor import Supervisor
 
 
@@ -90,7 +98,6 @@ class NodeWorkers:
     # --- the attempt ---------------------------------------------------------------------------------
 
     def run(self, attempt: int, plan: WorldPlan, met: Round) -> AttemptOutcome:
-        from ...protocol.pipe import Receiver
 
         cfg = self.cfg
         self.attempt, self.world = attempt, plan
@@ -283,7 +290,6 @@ class NodeWorkers:
     def _history_mtbf(self) -> float:
         """This node's MTBF from its health history (0: none, or the store unreadable), for the
         workers' ``--checkpoint-every auto`` when their run has not failed yet."""
-        from ...health.node_store import HealthStore
 
         state_dir = self.cfg.health.state_dir or self.run_dir.root / "health"
         if not state_dir.is_dir():
@@ -383,8 +389,6 @@ class NodeWorkers:
     def _straggler_gate(self):
         """Whether this attempt may act on the straggler policy's verdicts: the mode, and the detector's
         precision measured over the history before this attempt (read only when not observe-only)."""
-        from ...diagnose.straggler_action import straggler_gate
-        from .straggler_exclusion import listens_on, straggler_precision
 
         cfg = self.cfg
         stats, cannot_leave = None, ""
@@ -416,8 +420,6 @@ class NodeWorkers:
         was routed around (decided by the live collector, asked for one more round here so a failure
         just detected counts for this very start). A new change is recorded as a decision and flags
         the node for repair: it stays in the job, suspect, until re-validated."""
-        from ...health.findings import CheckStatus
-        from ...health.lifecycle import CheckOutcome
 
         if self.diagnosis is None:
             return {}
@@ -446,8 +448,6 @@ class NodeWorkers:
         return route
 
     def _flag_node(self, outcome) -> str:
-        from ...errors import StalwartError
-        from ...health.node_controller import record_outcome
 
         try:
             return record_outcome(
@@ -481,7 +481,6 @@ class NodeWorkers:
             pass
 
     def quarantine(self, node: str, reason: str) -> str:
-        from .straggler_exclusion import quarantine_node
 
         return quarantine_node(
             node,

@@ -56,9 +56,9 @@ def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, back
 
     The lifecycle decides as for a failed check (blast-radius cap included: past the cap the node is
     only suspect and a human is paged); no ``HealthChecked`` is written, since no health check ran."""
-    from ...health.findings import CheckStatus
-    from ...health.lifecycle import CheckOutcome
-    from ...health.node_controller import record_outcome
+    from ...health.findings import CheckStatus  # deferred: heavy (yaml)
+    from ...health.lifecycle import CheckOutcome  # deferred: heavy (yaml)
+    from ...health.node_controller import record_outcome  # deferred: heavy (yaml)
 
     outcome = CheckOutcome(status=CheckStatus.FAIL, reason=f"straggler: {reason}", fault_key="straggler")
     return record_outcome(node, outcome, now=now, state_dir=state_dir, backend=backend)

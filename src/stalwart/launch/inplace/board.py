@@ -263,7 +263,7 @@ class StoreBoard:
         """One exchange with the store (a new connection after a failed one)."""
         try:
             if self._store is None:
-                from torch.distributed import TCPStore
+                from torch.distributed import TCPStore  # deferred: heavy (torch)
 
                 self._store = TCPStore(
                     self._addr, self._port, None, False, timeout=self._timeout, wait_for_workers=False

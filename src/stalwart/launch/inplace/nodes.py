@@ -38,8 +38,10 @@ from ...policy.inplace import (
     join,
     shrink,
 )
+from ...protocol.control import ControlBlock
 from ...settings.run_config import RunConfig
 from ..clock import Clock
+from ..gpu_faults import XidWatch
 from ..ports import ControlWrites, Inbox, LedgerSink, WorkerProcesses
 from ..processes.worker_group import WorkerSpec
 from ..progress import ProgressTracker
@@ -115,8 +117,6 @@ class NodeRecovery:
         self.read_state, self.board, self.node = read_state, board, node
         self.state = InPlaceState(active=active, world_size=world_size, num_nodes=num_nodes, spares=spares)
         if xids is None:
-            from ..gpu_faults import XidWatch
-
             diagnosis = getattr(cfg, "diagnosis", None)
             xids = XidWatch(clock.now(), getattr(diagnosis, "kernel_log", None))
         self.xids = xids
@@ -423,14 +423,12 @@ class NodeRecovery:
         return a.place(self.node, self.cfg.nproc_per_node)
 
     def _request(self, gen: int, a: Announcement | None) -> None:
-        from ...protocol.control import ControlBlock
 
         assert isinstance(self.block, ControlBlock)
         self.block.request_reform(gen, self._place(a))
 
     def refuse(self, reason: str, now: float, tell: bool = True, record: bool = True) -> None:
         """Tell the local ranks no re-formation is coming (and, with ``tell``, the other nodes)."""
-        from ...protocol.control import ControlBlock
 
         self.apply(Refused())
         if isinstance(self.block, ControlBlock):

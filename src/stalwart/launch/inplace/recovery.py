@@ -30,7 +30,10 @@ from ...events import WorkersStopped
 from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits, not_offered
 from ...policy.restart_policy import FailureKind
 from ...protocol import PREFIX
+from ...protocol.control import ControlBlock
+from ...protocol.pipe import Receiver
 from ..decision import AttemptOutcome, Decision
+from ..processes.worker_group import WorkerGroup
 from ..snapshot import Snapshot
 from . import records as inplace_records
 from .board_records import Announcement
@@ -58,7 +61,6 @@ class InPlaceRecovery(NodeRecovery):
         """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
         answered the stack request, the ones that did not. Empty: nothing tells the hung rank from
         the ranks waiting on it."""
-        from ..processes.worker_group import WorkerGroup
 
         if not isinstance(self.group, WorkerGroup):
             return frozenset()
@@ -121,9 +123,6 @@ class InPlaceRecovery(NodeRecovery):
         return out
 
     def _start(self, d: Decision, snap: Snapshot, plan: InPlace, now: float) -> bool:
-        from ...protocol.control import ControlBlock
-        from ...protocol.pipe import Receiver
-        from ..processes.worker_group import WorkerGroup
 
         assert isinstance(self.group, WorkerGroup) and isinstance(self.receiver, Receiver)
         assert isinstance(self.block, ControlBlock)

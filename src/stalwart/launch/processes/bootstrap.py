@@ -40,12 +40,18 @@ The cold path runs ``python -u -c "from stalwart.launch.processes.bootstrap impo
 
 from __future__ import annotations
 
+import builtins
+import ctypes
 import faulthandler
+import importlib.machinery
 import os
+import runpy
 import sys
 import time
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
@@ -172,7 +178,6 @@ def install(
 
 
 def _path(text: str) -> Any:
-    from pathlib import Path
 
     return Path(text)
 
@@ -180,7 +185,7 @@ def _path(text: str) -> Any:
 def _hook_steps(inst: Instrumentation) -> None:
     """The global optimizer step hooks (torch is imported here if the script did not preload it)."""
     try:
-        from torch.optim.optimizer import (
+        from torch.optim.optimizer import (  # deferred: heavy (torch)
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
         )
@@ -212,7 +217,7 @@ def set_title(python: str, argv: list[str], place: WorkerPlace, env: Mapping[str
     /proc/PID/environ (:func:`publish_environ`), as a worker torchrun started would."""
     title = title_of(python, argv, place)
     try:
-        import setproctitle
+        import setproctitle  # deferred: optional (a worker without setproctitle runs untitled)
     except ImportError:
         return ""
     setproctitle.setproctitle(title)
@@ -243,7 +248,6 @@ def publish_environ(env: Mapping[str, str]) -> bool:
     """Write a forked worker's environment into the memory /proc/PID/environ shows (the fork server's
     environment block, inherited). Only after setproctitle has moved the C library's environment
     strings out of that block (nothing else points into it then); False when it cannot."""
-    import ctypes
 
     try:
         with open("/proc/self/stat") as fh:
@@ -270,7 +274,6 @@ def prepare_main(argv: list[str], module: bool, cwd: str) -> tuple[list[str], st
 
 def run_main(argv: list[str], module: bool) -> None:
     """Run the script as ``__main__`` with the ``sys.argv`` and ``sys.path[0]`` a fresh interpreter gives."""
-    import runpy
 
     sys.argv, path0 = prepare_main(argv, module, os.getcwd())
     if sys.path:
@@ -286,9 +289,6 @@ def run_main(argv: list[str], module: bool) -> None:
 def _run_file(path: str) -> None:
     """Run a script file as ``__main__`` the way ``python <path>`` does: ``__file__`` and the code's
     file name absolute, ``sys.argv[0]`` as given (``runpy.run_path`` would change one or the other)."""
-    import builtins
-    import importlib.machinery
-    import types
 
     full = os.path.abspath(path)
     with open(full, "rb") as fh:

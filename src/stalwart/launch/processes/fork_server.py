@@ -27,6 +27,7 @@ worker between its fork and its script, is in ``forkserver_main.py``.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import select
 import socket
@@ -63,7 +64,6 @@ class ForkServerError(RuntimeError):
 
 def script_imports(script: str, module: bool) -> list[str]:
     """Top-level modules a script imports (parsed, not run), for the server to preload."""
-    import importlib.util
 
     path: str | None = script
     if module:

@@ -10,6 +10,8 @@ runs the script as ``__main__``.
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import gc
 import json
 import os
@@ -19,7 +21,10 @@ import sys
 import time
 from typing import Any
 
+import setproctitle
+
 from ...protocol.lifetime import die_with_parent
+from .bootstrap import install, run_main
 
 
 def _threads() -> int:
@@ -102,7 +107,6 @@ def _title_ready() -> None:
     """Let setproctitle find the argument and environment memory now, while the C library's
     environment is the original one (a worker clears and refills it before naming itself). The
     server keeps its own command line as its title."""
-    import setproctitle
 
     setproctitle.setproctitle(setproctitle.getproctitle())
 
@@ -111,7 +115,7 @@ def _warm_up_torch() -> None:
     """Run one tiny CPU training step so torch's lazy imports happen here, once, not in every worker:
     the first optimizer step imports torch._dynamo and sympy (~800 modules, seconds of CPU). Each
     worker reseeds its generators after the fork (``_reseed``), as a fresh interpreter would."""
-    import torch
+    import torch  # deferred: heavy (torch)
 
     layer = torch.nn.Linear(4, 4)
     for opt in (torch.optim.AdamW(layer.parameters()), torch.optim.SGD(layer.parameters(), lr=0.1)):
@@ -211,7 +215,6 @@ def _await_adoption() -> None:
 def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
     """The received descriptors at the numbers the worker expects: its IPC pipe at the numbers named
     in its environment, the output pipes (or the log) as stdout and stderr, /dev/null as stdin."""
-    import fcntl
 
     # move every received fd above the numbers in play first, so no dup2 below overwrites another
     high = [fcntl.fcntl(f, fcntl.F_DUPFD, 1000) for f in fds]
@@ -237,7 +240,6 @@ def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
 
 
 def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
-    from .bootstrap import install, run_main
 
     code = 1
     try:
@@ -265,8 +267,6 @@ def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> 
         sys.excepthook(*sys.exc_info())
         code = 1
     finally:
-        import atexit
-
         try:
             atexit._run_exitfuncs()
         finally:

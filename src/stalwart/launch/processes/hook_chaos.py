@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...ledger import LedgerWriter
 from ...protocol import WorkerEnv, WorkerPlace
 from ...protocol.run_dir import RunDir
 
@@ -46,7 +47,7 @@ class HookChaos:
         (and :mod:`stalwart.chaos` is never imported)."""
         if wenv is None or not wenv.chaos:
             return None
-        from ...train.chaos_hook import ChaosHook
+        from ...train.chaos_hook import ChaosHook  # deferred: only a run with a fault plan loads chaos
 
         run = RunDir(Path(wenv.run_dir)) if wenv.run_dir else None
         path = run.hook_ledger(wenv.node, place.attempt, place.rank, os.getpid()) if run else None
@@ -65,7 +66,7 @@ class HookChaos:
 
     def began(self, step: int) -> None:
         """Step ``step`` starts: fire what is due (a slow fault sleeps here, in this step's time)."""
-        from ...train.chaos_hook import session_fires
+        from ...train.chaos_hook import session_fires  # deferred: as above, chaos only with a plan
 
         if session_fires():
             return
@@ -80,7 +81,5 @@ class HookChaos:
         if self._ledger_path is None:
             return
         if self._ledger is None:
-            from ...ledger import LedgerWriter
-
             self._ledger = LedgerWriter(self._ledger_path, writer=f"rank {self.hook.rank} (step hooks)")
         self._ledger.append(ev)

@@ -24,6 +24,7 @@ from typing_extensions import assert_never
 
 from ...policy.label import Label
 from ...protocol.private_paths import open_log
+from .fork_server import ForkServerError
 from .peer_errors import PeerErrorFilter
 
 
@@ -155,8 +156,6 @@ class WorkerGroup:
     ) -> tuple[WorkerProc, Stream, Stream]:
         """Start one worker warm if offered and it works, else cold; return (proc, stdout, stderr)."""
         if self._warm is not None:
-            from .fork_server import ForkServerError
-
             pipes = (os.pipe(), os.pipe()) if piped else None
             try:
                 pid = self._warm.spawn(spec.env, fds, (pipes[0][1], pipes[1][1]) if pipes else None)

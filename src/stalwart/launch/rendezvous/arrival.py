@@ -24,6 +24,7 @@ clock.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,13 +108,14 @@ def store_for(cfg, timeout_s: float) -> Any:
     """A client of the rendezvous store with ``add``/``set``/``check``/``get`` (a torch Store):
     the c10d host's TCPStore on a new connection, or a key prefix in etcd."""
     if cfg.rendezvous.backend in ("etcd", "etcd-v2"):
-        from .etcd import EtcdStore, etcd_client
+        from .etcd import EtcdStore, etcd_client  # deferred: heavy (numpy, torch)
 
         client = etcd_client(cfg, timeout_s)
         return EtcdStore(client, f"/stalwart/marks/{cfg.rendezvous.id}", timeout_s=timeout_s)
-    import datetime as dt
 
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # deferred: heavy (numpy, torch)
+
+    # deferred: heavy (numpy, torch)
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(cfg.rendezvous.endpoint, default_port=29400)

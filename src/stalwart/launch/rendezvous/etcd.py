@@ -32,7 +32,12 @@ from typing import Any
 
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousBackend,
+    RendezvousTimeout,
+    Token,
+)
 
 from ...errors import ConfigError
 from ...settings.etcd_access import TOKEN_REJECTED, EtcdAccess, auth_refusal, gateway_error, refusal
@@ -268,10 +273,6 @@ class EtcdStore(Store):
 
 def make_etcd_handler(cfg, seal=lambda backend: backend):
     """torch's dynamic rendezvous handler with its state and store on etcd."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler,
-        RendezvousTimeout,
-    )
 
     rdzv = cfg.rendezvous
     client = etcd_client(cfg, min(REQUEST_S, rdzv.store_timeout_s / 2))

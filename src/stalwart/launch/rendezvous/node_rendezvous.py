@@ -13,6 +13,7 @@ over the store timeout."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from ...node_name import validate_node_name
 from ..clock import Clock, SystemClock
 from ..ports import Round
 from . import arrival
+from .arrival import await_hosts, mark_finished, mark_workers, read_finished, read_workers
 from .store_watch import StoreUnreachable, StoreWatch, within
 
 DONE_KEY = "stalwart/done"
@@ -151,7 +153,7 @@ class NodeRendezvous:
 
     def sealed_backend(self, backend: Any) -> Any:
         """torch's rendezvous state backend with the state sealed (launch/rendezvous/sealed.py)."""
-        from .sealed import SealedBackend
+        from .sealed import SealedBackend  # deferred: heavy (numpy, torch)
 
         return SealedBackend(backend, self.signer, self.refusals)
 
@@ -162,7 +164,6 @@ class NodeRendezvous:
         window = float(cfg.rendezvous.startup_window_s)
         if cfg.min_nodes >= cfg.max_nodes or window <= 0:
             return  # torch's round already waits for every host (or the window is off)
-        from .arrival import await_hosts
 
         try:
             store = self.store_for(cfg, min(5.0, self.timeout_s / 2))
@@ -177,7 +178,6 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.reform.enabled or cfg.max_nodes < 2:
             return
-        from .arrival import mark_workers
 
         try:
             mark_workers(
@@ -195,12 +195,12 @@ class NodeRendezvous:
         if not cfg.use_c10d or not cfg.reform.enabled or cfg.max_nodes < 2:
             return None
         if cfg.rendezvous.backend not in ETCD_BACKENDS:
+            # deferred: heavy (numpy, torch)
             from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
             host, port = parse_rendezvous_endpoint(cfg.rendezvous.endpoint, default_port=29400)
             if not listening(host, port, min(1.0, self.timeout_s / 2)):
                 return None
-        from .arrival import read_workers
 
         try:
             return read_workers(
@@ -215,7 +215,6 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
             return None
-        from .arrival import read_finished
 
         try:
             return read_finished(
@@ -229,7 +228,6 @@ class NodeRendezvous:
         cfg = self.cfg
         if not cfg.use_c10d or cfg.rendezvous.backend not in ETCD_BACKENDS:
             return
-        from .arrival import mark_finished
 
         try:
             mark_finished(
@@ -257,9 +255,8 @@ class NodeRendezvous:
         """Host this attempt's store for the workers (torchrun's agent store): a socket bound to
         ``addr`` only (loopback for one node) and held from bind to close, so no other process can
         take the port in between, and no worker listens on every interface. Returns the port."""
-        import datetime
 
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # deferred: heavy (numpy, torch)
 
         host = "127.0.0.1" if addr in ("", "localhost") else addr
         try:
@@ -341,17 +338,19 @@ def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = 
     """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
     (torchrun's, bound to the endpoint's address), or on etcd (launch/rendezvous/etcd.py); ``seal``
     wraps its state backend (launch/rendezvous/sealed.py)."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import RendezvousParameters  # deferred: heavy (numpy, torch)
+
+    # deferred: heavy (numpy, torch)
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    from .sealed import c10d_store
+    from .sealed import c10d_store  # deferred: heavy (numpy, torch)
 
     # torch shares one TCPStore across rounds and writes MASTER_ADDR into a round's store only
     # when its rank 0 is new to that role: a node joining a group whose rank 0 already led
     # the previous round waits on the key forever. Stalwart never hands that store to workers.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if cfg.rendezvous.backend in ETCD_BACKENDS:
-        from .etcd import make_etcd_handler
+        from .etcd import make_etcd_handler  # deferred: heavy (numpy, torch)
 
         return make_etcd_handler(cfg, seal)
     conf: dict[str, Any] = {
@@ -371,6 +370,7 @@ def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = 
         local_addr=cfg.rendezvous.local_addr or None,
         **conf,
     )
+    # deferred: heavy (numpy, torch)
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     store = c10d_store(cfg.rendezvous.endpoint, cfg.rendezvous.host, float(conf["read_timeout"]), note)
@@ -380,7 +380,7 @@ def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = 
 def rendezvous_probe(cfg, timeout_s: float):
     """One round trip to the rendezvous's store (etcd's quorum, or the c10d host's TCPStore)."""
     if cfg.rendezvous.backend in ETCD_BACKENDS:
-        from .etcd import etcd_probe
+        from .etcd import etcd_probe  # deferred: heavy (numpy, torch)
 
         return etcd_probe(cfg, timeout_s)
     return c10d_probe(cfg.rendezvous.endpoint, timeout_s)
@@ -388,9 +388,10 @@ def rendezvous_probe(cfg, timeout_s: float):
 
 def c10d_probe(endpoint: str, timeout_s: float):
     """One round trip to the c10d rendezvous store on a new connection (raises when it fails)."""
-    import datetime
 
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # deferred: heavy (numpy, torch)
+
+    # deferred: heavy (numpy, torch)
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
