@@ -222,10 +222,15 @@ def test_a_link_still_moving_data_is_a_slow_link_on_the_host_whose_link_is_over_
 
 
 def test_without_local_throttling_or_drops_the_one_peer_is_named_when_sends_wait_and_with_several_none_is():
-    waiting = dataclasses.replace(window(125_000), send_queued=371_523)
+    # a host without a shaper on its link, whose sends wait: the slow end is its one peer
+    waiting = dataclasses.replace(window(125_000), send_queued=371_523, shaped="")
     v = judge_silence(SILENT, waiting, 64 * KBIT)
     assert v.slow_link and v.host == "h0" and not v.local and "its one peer h0" in v.reason
     assert "sends wait" in v.reason
+    # the same waits on a host whose own link is shaped (no over-limit in the window: its shaper paces
+    # the acknowledgements its sends wait on): it may be the slow end itself, so it blames no one
+    paced = judge_silence(SILENT, dataclasses.replace(waiting, shaped="tbf on eth0"), 64 * KBIT)
+    assert paced.slow_link and paced.host == "" and "not known here" in paced.reason
     # nothing waits to be sent: the data is slow coming in, which a shaped receiving side of this very
     # host (outside its view) does too: no host is named, the peer is not blamed
     inbound = judge_silence(SILENT, window(125_000), 64 * KBIT)
@@ -257,7 +262,7 @@ def test_the_incident_names_the_slow_host_and_a_witness_is_not_the_blast_radius(
     own = slow_link_incident(judge_silence(SILENT, window(125_000, over=9), 8000.0), "h1", 0, T0, T0 - 8)
     assert own.cause.startswith("slow link on host h1") and own.blast_radius.nodes == ("h1",)
     assert own.blast_radius.ranks == (0,) and own.rule == "monitor:slow-link"
-    waiting = dataclasses.replace(window(125_000), send_queued=4096)  # its sends wait on the peer's end
+    waiting = dataclasses.replace(window(125_000), send_queued=4096, shaped="")  # sends wait on the peer
     seen = slow_link_incident(judge_silence(SILENT, waiting, 8000.0), "h1", 0, T0, T0 - 8)
     assert seen.blast_radius.nodes == ("h0",) and "witness h1: rank 0" in seen.evidence
     unknown = slow_link_incident(judge_silence(SILENT, window(125_000), 8000.0), "h1", 0, T0, T0 - 8)

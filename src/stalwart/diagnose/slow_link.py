@@ -222,13 +222,23 @@ def judge_silence(s: Silence, window: LinkWindow | None, min_bps: float) -> Sile
             f"{window.drops} dropped during the silence)"
         )
         return SilenceVerdict(SilenceKind.SLOW_LINK, why, s.node, True, slowdown, 0.9)
-    if len(s.peers) == 1 and window.send_queued:
-        # its sends wait and its own link does not hold them: the path out is slow past this host
+    if len(s.peers) == 1 and window.send_queued and not window.shaped:
+        # its sends wait and its link has no shaper that could hold them (nor its acknowledgements): the
+        # path out is slow past this host. A host whose own link is shaped may be the slow end itself
+        # even with no over-limit in the window (its sends wait on acknowledgements its shaper paces):
+        # it names no host below rather than blame a healthy peer
         why = (
             f"{moving}; this host's sends wait and its link shows no drops or throttling: the slow end is "
             f"its one peer {s.peers[0]}"
         )
         return SilenceVerdict(SilenceKind.SLOW_LINK, why, s.peers[0], False, slowdown, 0.6)
+    if len(s.peers) == 1 and window.send_queued:
+        why = (
+            f"{moving}; this host's sends wait, and its link ({window.shaped}) shows no drops or "
+            f"over-limits in the window: the data is slow coming in, from {s.peers[0]}'s link or paced by "
+            "this host's own shaper: which end is not known here"
+        )
+        return SilenceVerdict(SilenceKind.SLOW_LINK, why, "", False, slowdown, 0.5)
     if len(s.peers) == 1:
         # nothing waits to be sent: the data is slow coming in, held either by the peer's link or by
         # this host's own receiving side shaped where it cannot see (a switch port): not known here
