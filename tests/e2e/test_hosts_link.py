@@ -68,7 +68,10 @@ def test_a_slow_link_is_not_a_hang_and_its_host_is_named(tmp_path):
     # its communication time counts as straggler evidence on the slow host
     flagged = [e for e in events_so_far(tmp_path, StragglerDetected) if e.ts > cut and e.node == "h1"]
     assert flagged and flagged[0].score > 1.0, flagged
-    # the other host saw its peer crawl, named the same host, and did not blame itself
+    # the other host saw its peer crawl and never blamed itself: it names h1 when its own sends waited
+    # during the silence, and no host when they did not (on a busy machine either can come first:
+    # the data was then only slow coming in, which its view cannot pin on either end)
     witness = [e for e in slow if e.node == "h0"]
-    assert witness and witness[0].nodes == ("h1",), witness
+    assert witness and all(w.nodes in (("h1",), ()) for w in witness), witness
+    assert all("slow coming in" in w.evidence[0] for w in witness if not w.nodes), witness
     assert not [e for e in events_so_far(tmp_path, StragglerDetected) if e.ts > cut and e.node == "h0"]
