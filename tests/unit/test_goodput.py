@@ -278,3 +278,24 @@ def test_an_in_place_recovery_loses_only_the_interrupted_step():
     assert cost.lost_since == pytest.approx(10.5)  # the end of step 7: every completed step survived
     assert cost.lost_work_s == pytest.approx(0.5) and cost.recovery_s == pytest.approx(12.0 - 11.2)
     assert g.buckets["lost_work"] == pytest.approx(0.5) and g.buckets["productive"] == pytest.approx(10.0)
+
+
+def test_an_unchanged_scripts_own_resume_point_keeps_the_steps_before_it():
+    """No checkpoint on the ledger (the script saves its own): the resume point the step hooks told
+    from the parameters (step 7 is the first step again) keeps steps 0-6; steps 7 and the crashed
+    one are lost. The same resume from an SDK checkpoint missing from the ledger keeps nothing."""
+    ev = [e for e in crash_run() if not isinstance(e, CheckpointCommitted | CheckpointLoaded)]
+    ev = [
+        dataclasses.replace(e, step=7, from_checkpoint="script:fingerprint: resumed at step 7")
+        if isinstance(e, TrainingResumed)
+        else e
+        for e in ev
+    ]
+    (cost,) = compute(ev).interruptions
+    assert cost.lost_since == pytest.approx(9.5)  # step 6 ended at 9.5
+    assert cost.lost_work_s == pytest.approx(1.5)  # step 7 and the crashed step 8 until 11.0
+    ev_sdk = [
+        dataclasses.replace(e, from_checkpoint="c7") if isinstance(e, TrainingResumed) else e for e in ev
+    ]
+    (sdk,) = compute(ev_sdk).interruptions
+    assert sdk.lost_since == 2.0

@@ -10,7 +10,9 @@ from stalwart.events import ChaosInjected
 from stalwart.launch.processes import hook_chaos
 from stalwart.launch.processes.bootstrap import StepObserver
 from stalwart.launch.processes.hook_chaos import HookChaos
+from stalwart.launch.processes.hook_ledger import HookLedger
 from stalwart.protocol import WorkerEnv, WorkerPlace
+from stalwart.protocol.run_dir import RunDir
 from stalwart.train import chaos_hook
 from stalwart.train.chaos_hook import ChaosHook, FaultActions
 
@@ -133,10 +135,10 @@ def _env(tmp_path, plan: str) -> WorkerEnv:
 
 def test_a_worker_without_a_plan_or_without_faults_of_its_own_gets_no_hook_chaos(tmp_path):
     place = WorkerPlace(rank=1, local_rank=1, world_size=2)
-    assert HookChaos.for_worker(None, place) is None
-    assert HookChaos.for_worker(_env(tmp_path, ""), place) is None
+    assert HookChaos.for_worker(None, place, None) is None
+    assert HookChaos.for_worker(_env(tmp_path, ""), place, None) is None
     plan = FaultPlan((Fault("crash", rank=0, step=3),)).to_json()
-    assert HookChaos.for_worker(_env(tmp_path, plan), place) is None
+    assert HookChaos.for_worker(_env(tmp_path, plan), place, None) is None
 
 
 def test_the_hook_chaos_records_in_the_ranks_hook_ledger(tmp_path):
@@ -144,7 +146,8 @@ def test_the_hook_chaos_records_in_the_ranks_hook_ledger(tmp_path):
 
     place = WorkerPlace(rank=1, local_rank=1, world_size=2)
     plan = FaultPlan((Fault("raise", rank=1, step=0),)).to_json()
-    chaos = HookChaos.for_worker(_env(tmp_path, plan), place)
+    ledger = HookLedger(RunDir(tmp_path).hook_ledger("n0", 0, 1, 99), 1)
+    chaos = HookChaos.for_worker(_env(tmp_path, plan), place, ledger)
     assert chaos is not None
     with pytest.raises(RuntimeError):
         chaos.began(0)

@@ -235,6 +235,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     intervals, snapshot_at = _checkpoint_intervals(events, commits)
     intervals += _step_intervals(steps, segs, ideal, slow_factor, t0, t1)
     resumes = sorted((e for e in events if isinstance(e, TrainingResumed)), key=lambda e: e.ts)
+    step_end = {(s.node, s.attempt, s.step): s.start + s.duration for s in steps}
     costs = []
     attempt_starts = sorted(e.ts for e in events if isinstance(e, AttemptStarted))
     for it in reliability.interruptions:
@@ -247,7 +248,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
             # it): its fault is its own view (account/hosts.py), the job lost nothing to it
             costs.append(_cost(it, it.onset, None, events))
             continue
-        safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at)
+        safe = _surviving_until(failed, segs, it, resumes, commits, snapshot_at, step_end)
         intervals.append((safe, it.onset, "lost_work"))
         # the job trained again (other hosts re-formed) before this host noticed: from then on the
         # late detection and its restart are this host's view, not the job's (account/hosts.py)
@@ -352,12 +353,15 @@ def _surviving_until(
     resumes: list[TrainingResumed],
     commits: list[CheckpointCommitted],
     snapshot_at: dict[tuple[str, int, int], float],
+    step_end: dict[tuple[str, int, int], float],
 ) -> float:
     """When the work that survived the interruption ends: the snapshot the next attempt resumed from.
 
     A save whose background persist was still running at the fault may or may not have committed
     before the group was stopped, so the resume point is the ground truth. Without one (the job
-    ended), the newest checkpoint committed before detection counts.
+    ended), the newest checkpoint committed before detection counts. A resume point with no
+    checkpoint of this attempt behind it (an unchanged script's own, told by its parameters) keeps
+    the steps before it: up to the end of the step before the one it resumed at.
     """
     if seg is None:
         return it.onset
@@ -371,6 +375,8 @@ def _surviving_until(
         # the checkpoint resumed from holds the work up to its snapshot; one taken just after the
         # onset (the save in progress when a peer died) still holds everything done before it
         snap = snapshot_at.get((seg.node, seg.attempt, resumed.step))
+        if snap is None and resumed.from_checkpoint.startswith("script:"):
+            snap = step_end.get((seg.node, seg.attempt, resumed.step - 1))
         return min(snap, it.onset) if snap is not None else seg.first_start
     safe = seg.first_start
     for c in commits:

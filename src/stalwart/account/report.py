@@ -14,7 +14,7 @@ from rich.markup import escape as esc
 from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
-from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted
+from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted, TrainingResumed
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
 from .goodput import BUCKETS, compute
@@ -74,6 +74,12 @@ def build(
             {"ts": e.ts, "attempt": e.attempt, "interval_steps": e.interval_steps, "reason": e.reason}
             for e in events
             if isinstance(e, CheckpointIntervalAdvised) and e.applied
+        ],
+        # an unchanged script's own resume points: its step numbers and lost work follow from them
+        "script_resumes": [
+            {"attempt": e.attempt, "step": e.step, "how": e.from_checkpoint.removeprefix("script:")}
+            for e in events
+            if isinstance(e, TrainingResumed) and e.from_checkpoint.startswith("script:") and e.attempt > 0
         ],
         "checkpoints_rejected": [
             {
@@ -296,6 +302,16 @@ def _render_findings(
         )
         say(f"checkpoint interval (auto), steps over time: {steps}")
         say(f"  [dim]{esc(changes[-1]['reason'])}[/]")
+    for r in rep.get("script_resumes", []):
+        source, how = r["how"].split(": ", 1)
+        if source == "unknown":
+            say(
+                f"attempt {r['attempt']}: where the script resumed is not known ({esc(how)}); its steps are counted from 0"
+            )
+        else:
+            say(
+                f"attempt {r['attempt']}: the script {esc(how)} (its own checkpoint, told by {source.replace('_', ' ')})"
+            )
     rejected = rep["checkpoints_rejected"]
     say(f"checkpoints rejected on load: {len(rejected) or 'none'}")
     for r in rejected:

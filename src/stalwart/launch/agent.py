@@ -41,6 +41,7 @@ from .failure_files import CheckpointFiles
 from .finished_run import last_step
 from .ledger_sink import NodeLedger
 from .node_gate import check_node
+from .ports import Progress
 from .processes.warm_pool import WarmPool
 from .processes.worker_group import WorkerSpec
 from .rendezvous.arrival import FinishedMark
@@ -53,8 +54,12 @@ if TYPE_CHECKING:
 
 
 class _Console:
-    def __init__(self, note: Callable[[str], None], progress: Callable[[int, int, int, float], None]) -> None:
+    def __init__(self, note: Callable[[str], None], progress: Progress) -> None:
         self.note, self.progress = note, progress
+
+
+def _no_progress(step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
+    return None
 
 
 class NodeHealthGate:
@@ -122,7 +127,7 @@ class Agent:
         cfg: RunConfig,
         *,
         notify: Callable[[Event], None] | None = None,
-        progress: Callable[[int, int, int, float], None] | None = None,
+        progress: Progress | None = None,
         started: float | None = None,
         note: Callable[[str], None] | None = None,
         clock: Clock | None = None,
@@ -139,9 +144,7 @@ class Agent:
             key_file=cfg.trust.key_file, insecure=cfg.trust.insecure, multi_node=cfg.max_nodes > 1
         )
         self._notify = notify or (lambda ev: None)
-        self.console = _Console(
-            note or (lambda text: None), progress or (lambda step, total, attempt, rate: None)
-        )
+        self.console = _Console(note or (lambda text: None), progress or _no_progress)
         self.ledger = NodeLedger(
             LedgerWriter(self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"),
             run_id=cfg.run_id,

@@ -56,7 +56,7 @@ class RecordingConsole:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def progress(self, step: int, total: int, attempt: int, rate: float) -> None:
+    def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
         self.steps.append((step, total, attempt, rate))
 
 

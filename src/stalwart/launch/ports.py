@@ -41,10 +41,21 @@ class LedgerSink(Protocol):
         ...
 
 
+class Progress(Protocol):
+    """Steps done so far, of ``total`` (0: unknown), the attempt and the rate; ``now``: when (the
+    newest step's end), else the call's time."""
+
+    def __call__(
+        self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None
+    ) -> None: ...
+
+
 class Console(Protocol):
     def note(self, text: str) -> None: ...
 
-    def progress(self, step: int, total: int, attempt: int, rate: float) -> None: ...
+    def progress(
+        self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None
+    ) -> None: ...
 
 
 # --- what the supervisor of one attempt asks ------------------------------------------------------

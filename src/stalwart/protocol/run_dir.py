@@ -40,6 +40,14 @@ class RunDir:
         return self.root / "logs"
 
     @property
+    def steps(self) -> Path:
+        """The unchanged scripts' step histories (``protocol/step_history.py``)."""
+        return self.root / "steps"
+
+    def step_history(self, rank: int) -> Path:
+        return self.steps / f"r{rank}.txt"
+
+    @property
     def control(self) -> Path:
         return self.root / "control"
 
@@ -98,7 +106,16 @@ class RunDir:
         stacks, command lines and host names. The root is this user's and not a link (an existing
         one keeps its mode); each subdirectory is this user's, 0700, and never a link
         (:mod:`.private_paths`). A plant is refused with a :class:`PathRefused` naming it."""
-        dirs = (self.ledger, self.checkpoints, self.chaos, self.errors, self.stacks, self.logs, self.control)
+        dirs = (
+            self.ledger,
+            self.checkpoints,
+            self.chaos,
+            self.errors,
+            self.stacks,
+            self.logs,
+            self.steps,
+            self.control,
+        )
         try:
             root_fd = open_root(self.root)
         except OSError as exc:

@@ -113,6 +113,7 @@ def snapshot_json(
             "mean_stall_s": sum(ck.stall_s) / len(ck.stall_s) if ck.stall_s else None,
             "mean_persist_s": sum(ck.persist_s) / len(ck.persist_s) if ck.persist_s else None,
             "restores": len(ck.restore_s),
+            "script_resumes": list(ck.script_resumes),
         },
         "ranks": [
             {k: v for k, v in asdict(r).items() if k != "recent_steps"}

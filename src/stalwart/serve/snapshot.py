@@ -29,6 +29,7 @@ from ..events import (
     JobEnded,
     JobStarted,
     StepCompleted,
+    TrainingResumed,
 )
 from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from ..policy.label import Label
@@ -92,6 +93,8 @@ class Checkpoints:
     newest_step: int
     newest_ts: float | None
     newest_path: str
+    # an unchanged script's own resume points (it saves checkpoints Stalwart does not see): one line each
+    script_resumes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,11 @@ def _checkpoints(events: Sequence[Event]) -> Checkpoints:
         newest_step=newest.step if newest else -1,
         newest_ts=newest.ts if newest else None,
         newest_path=newest.path if newest else "",
+        script_resumes=tuple(
+            f"attempt {e.attempt}: {e.from_checkpoint.split(': ', 1)[-1]}"
+            for e in events
+            if isinstance(e, TrainingResumed) and e.from_checkpoint.startswith("script:") and e.attempt > 0
+        ),
     )
 
 

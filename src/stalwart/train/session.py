@@ -15,10 +15,8 @@ emergency checkpoints.
 ``state_dict``/``load_state_dict``, and every RNG), owns the step boundaries, checkpoints between
 steps (so checkpoint stall is never counted as step time), and stops with an emergency checkpoint
 when the agent asks (SIGTERM/SIGUSR1 on the agent, or a scheduler preemption notice).
-
 The hot path never blocks: per-step records go to the agent over a non-blocking pipe; the stop
 request is read from a memory-mapped control block.
-
 ``Session`` is a facade over small parts: the :class:`~stalwart.train.worker_link.WorkerLink` (the
 pipe and control block to the agent), the :class:`~stalwart.train.process_guard.ProcessGuard` (signal
 handlers, excepthook, faulthandler, parent-death signal: :meth:`Session.close` or ``with Session()
@@ -61,6 +59,7 @@ from ..protocol import (
 )
 from ..protocol.error_record import write_error
 from ..protocol.run_dir import RunDir
+from ..protocol.step_history import claim_steps
 from .checkpoints import Checkpoints
 from .clock import SYSTEM_CLOCK, Clock
 from .inplace import Generation
@@ -127,6 +126,7 @@ class Session:
         self._guard = self._process_guard(wenv)
         self._guard.install()
         self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
+        claim_steps()  # the Session's own step numbers count: the bootstrap's locator stands down
 
     # --- parts --------------------------------------------------------------------------------
 

@@ -188,9 +188,10 @@ class Supervisor:
         self.window.extend(batch)
         if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
             self.last_straggler_check = straggler_step = top.step
+        # the batch's newest step end, not this tick: a recovery's time is the one the report gives
         self.console.progress(
-            top.step + 1, tracker.total_steps, self.attempt, tracker.rate()
-        )  # zero: wall rate
+            top.step + 1, tracker.total_steps, self.attempt, tracker.rate(), now=max(e.ts for e in batch)
+        )
         return straggler_step
 
     def _raised_and_stuck(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:

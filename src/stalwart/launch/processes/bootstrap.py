@@ -52,12 +52,17 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
 from ...protocol.pipe import Sender
 from ...protocol.run_dir import RunDir
+from ...protocol.step_history import StepHistory, session_owns_steps
 from .hook_chaos import HookChaos
+from .hook_ledger import HookLedger
+
+if TYPE_CHECKING:
+    from .step_locator import StepLocator
 
 HOOK_SECTION = "hook.optimizer"  # the optimizer step's own seconds, in a StepDone the hooks sent
 WAIT_SECTION = "sync"  # from this rank's last gradient to its optimizer step: the all-reduce's wait
@@ -82,6 +87,8 @@ class StepObserver:
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # parameter index -> hook handle
     grad_lasts: set[int] = field(default_factory=set)  # parameters seen last in a watched step
     chaos: HookChaos | None = None  # the fault plan's faults for this rank (``hook_chaos.py``)
+    locator: StepLocator | None = None  # the script's own step numbers (``step_locator.py``)
+    base: int = 0  # the script's step number of this process's first step (the locator's)
 
     def pre(self, optimizer: object, args: object, kwargs: object) -> None:
         if not self.lead:
@@ -89,8 +96,12 @@ class StepObserver:
             self._watch_grads(optimizer)
         if id(optimizer) != self.lead:
             return
+        if self.steps == 0 and self.locator is not None and not session_owns_steps():
+            self.base = self.locator.first(optimizer)
         if self.chaos is not None and self.steps == 0:
-            self.chaos.began(0)  # step 0 starts at the first optimizer step; the others at the previous end
+            self.chaos.began(
+                self.base
+            )  # the first step starts at its optimizer step; the others at the previous end
         self.began = self.clock()
         fresh = self.grad_at > self.last_end and self.grad_last >= 0
         self.waited = max(0.0, self.began - self.grad_at) if fresh else 0.0
@@ -109,11 +120,14 @@ class StepObserver:
             sections = {HOOK_SECTION: end - self.began}
             if self.waited > 0:
                 sections[WAIT_SECTION] = self.waited
-            self.sender.send(StepDone(self.rank, self.steps, start, end - start, sections))
+            self.sender.send(StepDone(self.rank, self.base + self.steps, start, end - start, sections))
         self.steps += 1
+        step = self.base + self.steps - 1
+        if self.locator is not None and not session_owns_steps():
+            self.locator.done(step)
         if self.chaos is not None:
-            self.chaos.ended(self.steps - 1, end - start)
-            self.chaos.began(self.steps)
+            self.chaos.ended(step, end - start)
+            self.chaos.began(step + 1)
 
     def grad_ready(self, index: int) -> None:
         self.grad_at = self.clock()
@@ -168,8 +182,17 @@ def install(
             sender = Sender(os.dup(wenv.ipc_fd))  # our own descriptor: a Session closing its own is no harm
         except OSError:
             sender = None
-    inst = Instrumentation(StepObserver(place.rank, sender, chaos=HookChaos.for_worker(wenv, place)))
+    run = RunDir(_path(wenv.run_dir)) if wenv is not None and wenv.run_dir else None
+    ledger = (
+        HookLedger(run.hook_ledger(wenv.node, place.attempt, place.rank, os.getpid()), place.rank)
+        if run and wenv
+        else None
+    )
+    observer = StepObserver(place.rank, sender, chaos=HookChaos.for_worker(wenv, place, ledger))
+    inst = Instrumentation(observer)
     _hook_steps(inst)
+    if run is not None and wenv is not None and inst.handles:
+        observer.locator = _locator(run, wenv, place, ledger if place.rank == 0 else None)
     if wenv is not None and wenv.run_dir:
         inst.stack_file = _stacks(RunDir(_path(wenv.run_dir)), wenv.node, place.attempt, place.rank)
     inst.title = set_title(python, argv, place, env if forked else None)
@@ -180,6 +203,15 @@ def install(
 def _path(text: str) -> Any:
 
     return Path(text)
+
+
+def _locator(run: RunDir, wenv: WorkerEnv, place: WorkerPlace, ledger: HookLedger | None) -> StepLocator:
+    from .step_locator import Place, StepLocator  # deferred: heavy (torch), only once the step hooks are in
+
+    where = Place(wenv.run_id, wenv.node, place.attempt, place.rank)
+    return StepLocator(
+        StepHistory(run.step_history(place.rank)), ledger.append if ledger else None, where, time.time
+    )
 
 
 def _hook_steps(inst: Instrumentation) -> None:

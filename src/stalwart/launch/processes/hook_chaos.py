@@ -17,17 +17,15 @@ A Session in the same process takes the plan (``claim_for_session``): these hook
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...ledger import LedgerWriter
 from ...protocol import WorkerEnv, WorkerPlace
 from ...protocol.run_dir import RunDir
+from .hook_ledger import HookLedger
 
 if TYPE_CHECKING:
     from ...events import Event
-    from ...ledger import LedgerWriter
     from ...train.chaos_hook import ChaosHook
 
 HOOK_CHAOS_SECTION = "hook.chaos"  # what the hook names the step's first section for a slow fault
@@ -36,13 +34,14 @@ HOOK_CHAOS_SECTION = "hook.chaos"  # what the hook names the step's first sectio
 class HookChaos:
     """This rank's faults, fired at the optimizer step hooks' step boundaries."""
 
-    def __init__(self, hook: ChaosHook, ledger_path: Path | None) -> None:
+    def __init__(self, hook: ChaosHook, ledger: HookLedger | None) -> None:
         self.hook = hook
-        self._ledger_path = ledger_path
-        self._ledger: LedgerWriter | None = None
+        self._ledger = ledger
 
     @classmethod
-    def for_worker(cls, wenv: WorkerEnv | None, place: WorkerPlace) -> HookChaos | None:
+    def for_worker(
+        cls, wenv: WorkerEnv | None, place: WorkerPlace, ledger: HookLedger | None
+    ) -> HookChaos | None:
         """The rank's hook chaos when the agent passed a fault plan with faults for it, else None
         (and :mod:`stalwart.chaos` is never imported)."""
         if wenv is None or not wenv.chaos:
@@ -50,7 +49,6 @@ class HookChaos:
         from ...train.chaos_hook import ChaosHook  # deferred: only a run with a fault plan loads chaos
 
         run = RunDir(Path(wenv.run_dir)) if wenv.run_dir else None
-        path = run.hook_ledger(wenv.node, place.attempt, place.rank, os.getpid()) if run else None
         box: list[HookChaos] = []
         hook = ChaosHook.from_plan(
             wenv.chaos,
@@ -61,7 +59,7 @@ class HookChaos:
         )
         if hook is None:
             return None
-        box.append(cls(hook, path))
+        box.append(cls(hook, ledger))
         return box[0]
 
     def began(self, step: int) -> None:
@@ -78,8 +76,5 @@ class HookChaos:
         self.hook.step_ended(step, seconds)
 
     def emit(self, ev: Event) -> None:
-        if self._ledger_path is None:
-            return
-        if self._ledger is None:
-            self._ledger = LedgerWriter(self._ledger_path, writer=f"rank {self.hook.rank} (step hooks)")
-        self._ledger.append(ev)
+        if self._ledger is not None:
+            self._ledger.append(ev)

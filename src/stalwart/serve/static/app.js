@@ -228,6 +228,9 @@ function workers(ranks) {
 }
 
 function checkpoints(ck) {
+  if (ck && !ck.committed && ck.script_resumes && ck.script_resumes.length)
+    return el("div", {}, el("p", { class: "muted", text: "The script saves its own checkpoints (not seen by Stalwart); where it resumed:" }),
+      ...ck.script_resumes.map(line => el("p", { class: "wrap", text: line })));
   if (!ck || !ck.committed) return el("p", { class: "muted", text: "No checkpoint committed yet." });
   const rows = [["committed", ck.committed], ["newest step", ck.newest_step], ["newest at", when(ck.newest_ts)],
     ["newest path", ck.newest_path], ["mean stall", fmtS(ck.mean_stall_s)], ["mean persist", fmtS(ck.mean_persist_s)],

@@ -1,0 +1,54 @@
+"""Parameter fingerprints: which state a model holds, told cheaply through public tensor APIs.
+
+A sampled fingerprint hashes a few elements of a few of the optimizer's parameters: an optimizer
+step moves nearly every element of a dense weight, so two steps' states differ in it, while a state
+saved with ``torch.save`` and loaded back is the same bits, so it matches. That is enough to tell
+which step's state a restarted script began from (``step_history.py``) without reading the script's
+checkpoint or patching anything.
+
+The tensors are chosen once, spread over the parameter list (its first, its last and evenly between:
+the output layer, which every step updates densely, is usually last), and each gives elements at an
+even stride. A sharded parameter (a DTensor) contributes its local shard only: reading the whole
+would be a collective, and a hook must never start one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+TENSORS = 6  # parameters sampled
+ELEMENTS = 8  # elements sampled from each
+
+
+def pick(params: Sequence[torch.Tensor], tensors: int = TENSORS) -> list[torch.Tensor]:
+    """Up to ``tensors`` of ``params`` spread over the list (first and last included)."""
+    live = [p for p in params if p.numel() > 0]
+    if len(live) <= tensors:
+        return live
+    step = (len(live) - 1) / (tensors - 1)
+    return [live[round(i * step)] for i in range(tensors)]
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(p, "to_local", None)  # a DTensor: its shard, with no collective
+    return to_local() if callable(to_local) else p
+
+
+def sampled(params: Sequence[torch.Tensor], elements: int = ELEMENTS) -> str:
+    """A 16-hex-digit fingerprint of ``elements`` evenly strided elements of each of ``params``
+    (their values as float64, so every floating dtype hashes exactly); "" for no elements."""
+    picks = []
+    with torch.no_grad():
+        for p in params:
+            flat = _local(p).detach().reshape(-1)
+            if flat.numel() == 0:
+                continue
+            stride = max(1, flat.numel() // elements)
+            picks.append(flat[::stride][:elements].to(torch.float64))
+        if not picks:
+            return ""
+        values = torch.cat(picks).cpu()
+    return hashlib.blake2b(values.numpy().tobytes(), digest_size=8).hexdigest()
