@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.events import ChaosInjected, ChaosUnfired, FailureDetected, JobEnded
+from stalwart.events import ChaosInjected, ChaosUnfired, FailureDetected, IncidentRaised, JobEnded
 
 from .runner import events
 
@@ -58,3 +58,22 @@ def test_checkpoint_damage_planned_for_an_unchanged_script_is_refused_with_exit_
     assert "drop the fault" in out
     end = events(tmp_path / "run", JobEnded)[-1]
     assert end.exit_code == 2 and "needs the Stalwart SDK" in end.verdict
+
+
+def test_a_hang_planned_for_an_unchanged_script_is_detected_and_labelled_injected_everywhere(tmp_path: Path):
+    cmd = [*STALWART, "--run-dir", "run", "--hang-floor", "2", "--chaos", "hang@rank=1,step=4"]
+    cmd += [SCRIPT, "--steps", "8", "--idle", "0.05"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    run = tmp_path / "run"
+    [fired] = events(run, ChaosInjected)
+    assert (fired.fault, fired.rank, fired.step) == ("hang", 1, 4)
+    [hang] = events(run, FailureDetected)
+    # both ranks are silent (rank 0 waits for rank 1 in the all-reduce): whichever the monitor names,
+    # the failure carries the plan's entry
+    assert (hang.failure, hang.injected) == ("hang", "hang at rank 1, step 4"), hang
+    assert "(injected by the chaos plan: hang at rank 1, step 4)" in out  # the console
+    [incident] = events(run, IncidentRaised)
+    assert incident.rule == "cross_layer:chaos-injected", incident  # the incident, hence report and dashboard
+    assert "injected by the chaos plan (hang at rank 1, step 4)" in incident.cause

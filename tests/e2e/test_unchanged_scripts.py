@@ -14,6 +14,7 @@ import pytest
 
 from stalwart.events import (
     FailureDetected,
+    IncidentRaised,
     JobEnded,
     StackCaptured,
     StepCompleted,
@@ -113,6 +114,11 @@ def test_a_stopped_hooked_rank_is_a_hang_caught_by_its_step_timeout_with_stacks(
     assert "lowcpu_trainer.py" in stacks.get(0, ""), stacks  # the waiting peer's stack, without the SDK
     # the stopped rank's own stack: faulthandler cannot run in it, py-spy reads it from outside
     assert "py-spy" in stacks.get(1, "") and "lowcpu_trainer.py" in stacks.get(1, ""), stacks
+    # and the incident says the strongest fact: the rank was stopped (not "no node-level cause")
+    (incident,) = events(run, IncidentRaised)
+    assert incident.rule == "cross_layer:rank-stopped", incident
+    assert incident.cause.startswith("rank 1 on n0 was stopped (state T"), incident.cause
+    assert "(the rank is stopped: state T)" in out and "innermost:" in out  # the console says it too
 
 
 def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_path: Path):

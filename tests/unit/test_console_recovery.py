@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from stalwart.events import DecisionTaken, FailureDetected, TrainingResumed
@@ -81,3 +82,11 @@ def test_a_stopped_ranks_stack_line_says_it_was_stopped_and_names_py_spys_frame(
     stack = '(stopped, state T: read from outside by py-spy dump --nonblocking)\nThread 9 (idle): "MainThread"\n    step (t.py:3)\n'
     text = _show([StackCaptured(ts=1.0, rank=1, reason="hung rank", stack=stack, attempt=0)])
     assert "rank 1 (the rank is stopped: state T)" in text and "innermost: step (t.py:3) (py-spy)" in text
+
+
+def test_an_injected_hang_is_labelled_with_its_plan_entry_and_a_real_one_is_not():
+    hung = FailureDetected(ts=20.0, failure="hang", evidence="silent 10s", onset=10.0, rank=1, attempt=0)
+    text = _show([hung, dataclasses.replace(hung, injected="hang@rank=1,step=5")])
+    first, second = [ln for ln in text.splitlines() if "hang detected" in ln]
+    assert "chaos plan" not in first
+    assert "(injected by the chaos plan: hang@rank=1,step=5)" in second

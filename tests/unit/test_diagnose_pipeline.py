@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stalwart.diagnose.incident import Component
 from stalwart.diagnose.pipeline import incidents_from_events, interruptions
 from stalwart.diagnose.signals import from_ps_states
-from stalwart.events import AttemptStarted, DecisionTaken, FailureDetected
+from stalwart.events import AttemptStarted, DecisionTaken, FailureDetected, StackCaptured
 from stalwart.events.node_health import HealthChecked
 
 
@@ -78,3 +80,47 @@ def test_rank_in_d_state_is_a_hung_mount_not_an_nccl_error():
     assert [s.rank for s in states] == [0] and "nfs_wait_bit_killable" in states[0].text
     incs = incidents_from_events([timeout(1000, "n2", 5)], now=1100, extra=states)
     assert incs[0].component is Component.MOUNT and incs[0].blast_radius.nodes == ("n1",)
+
+
+def _hang(ts: float, rank: int, injected: str = "") -> FailureDetected:
+    return FailureDetected(
+        ts=ts + 10, node="n1", rank=rank, failure="hang", onset=ts, evidence="silent 10s", injected=injected
+    )
+
+
+def test_a_stopped_ranks_hang_says_it_was_stopped():
+    stopped = "(stopped, state T: read from outside by py-spy dump --nonblocking)\nThread 1 ..."
+    evs = [
+        AttemptStarted(ts=0, world_size=2, num_nodes=1, node="n1"),
+        _hang(100, 1),
+        StackCaptured(ts=111, node="n1", rank=1, stack=stopped, reason="hung rank"),
+        StackCaptured(
+            ts=111, node="n1", rank=0, stack="Thread 1 (most recent call first): ...", reason="peer"
+        ),
+    ]
+    (inc,) = incidents_from_events(evs, now=120)
+    assert inc.rule == "cross_layer:rank-stopped" and inc.confidence == 0.95
+    assert inc.cause.startswith("rank 1 on n1 was stopped (state T")
+    # the same hang with a stack the rank dumped itself is no stopped rank
+    plain = [
+        e if not isinstance(e, StackCaptured) else dataclasses.replace(e, stack="Thread 1 ...") for e in evs
+    ]
+    (inc,) = incidents_from_events(plain, now=120)
+    assert inc.rule == "cross_layer:no-cause"
+
+
+def test_a_stopped_peer_is_not_the_cause_of_another_ranks_hang():
+    stopped = "(stopped, state T: read from outside by py-spy dump --nonblocking)\n"
+    evs = [_hang(100, 0), StackCaptured(ts=111, node="n1", rank=1, stack=stopped, reason="peer")]
+    (inc,) = incidents_from_events(evs, now=120)
+    assert inc.rule == "cross_layer:no-cause"
+
+
+def test_an_injected_hang_is_labelled_with_its_plan_entry():
+    evs = [_hang(100, 1, injected="hang@rank=1,step=5")]
+    (inc,) = incidents_from_events(evs, now=120)
+    assert inc.rule == "cross_layer:chaos-injected" and inc.confidence == 1.0
+    assert (
+        inc.cause
+        == "rank 1 hang: injected by the chaos plan (hang@rank=1,step=5): an injected fault, not a real one"
+    )

@@ -17,6 +17,7 @@ from ..diagnose.straggler_episodes import episodes
 from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted, TrainingResumed
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
+from ..protocol.step_history import is_script_resume
 from .goodput import BUCKETS, compute
 from .hosts import host_views
 from .recovery import recoveries
@@ -79,7 +80,7 @@ def build(
         "script_resumes": [
             {"attempt": e.attempt, "step": e.step, "how": e.from_checkpoint.removeprefix("script:")}
             for e in events
-            if isinstance(e, TrainingResumed) and e.from_checkpoint.startswith("script:") and e.attempt > 0
+            if isinstance(e, TrainingResumed) and is_script_resume(e.from_checkpoint)
         ],
         "checkpoints_rejected": [
             {

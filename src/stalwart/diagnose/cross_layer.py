@@ -43,6 +43,7 @@ class CrossRule(BaseModel):
     confidence: float = Field(ge=0.0, le=1.0)
     action: str
     same_node: bool = False
+    same_rank: bool = False  # only signals of a rank that showed the symptom
     # only signals at most this long before the first symptom count (None: the table's window)
     within_s: float | None = Field(default=None, ge=0)
 
@@ -99,12 +100,15 @@ def diagnose_comm_failure(
         f"symptom: {len(comm)} communication failure(s) on {len(symptom_nodes)} node(s), first {first.line()}"
     )
     cost = gpus * max(0.0, now - t0)
+    symptom_ranks = {(s.node, s.rank) for s in comm}
     for rule in table.rules:
         hits = [s for s in inside if any(m.hits(s) for m in rule.match)]
         if rule.within_s is not None:
             hits = [s for s in hits if s.ts >= t0 - rule.within_s]
         if rule.same_node:
             hits = [s for s in hits if s.node in symptom_nodes]
+        if rule.same_rank:
+            hits = [s for s in hits if (s.node, s.rank) in symptom_ranks]
         if not hits:
             continue
         local = [s for s in hits if s.node in symptom_nodes]

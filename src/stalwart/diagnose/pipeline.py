@@ -12,10 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..events import AttemptStarted, DecisionTaken, Event, FailureDetected, StragglerDetected
+from ..events import AttemptStarted, DecisionTaken, Event, FailureDetected, StackCaptured, StragglerDetected
 from .cross_layer import CrossRules, diagnose_comm_failure
 from .incident import Incident
-from .signals import Signal, from_exclusion, from_failure, from_health_event, from_straggler
+from .signals import (
+    Signal,
+    from_exclusion,
+    from_failure,
+    from_health_event,
+    from_injection,
+    from_stack,
+    from_straggler,
+)
 
 
 def interruptions(events: Sequence[Event]) -> list[list[FailureDetected]]:
@@ -41,6 +49,10 @@ def evidence_signals(events: Iterable[Event]) -> tuple[Signal, ...]:
         elif isinstance(e, StragglerDetected):
             out.append(from_straggler(e))
         elif isinstance(e, DecisionTaken) and (sig := from_exclusion(e)) is not None:
+            out.append(sig)
+        elif isinstance(e, StackCaptured) and (sig := from_stack(e)) is not None:
+            out.append(sig)
+        elif isinstance(e, FailureDetected) and (sig := from_injection(e)) is not None:
             out.append(sig)
     return tuple(out)
 

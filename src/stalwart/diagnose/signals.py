@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import DecisionTaken, Event, FailureDetected, StragglerDetected
+from ..events import DecisionTaken, Event, FailureDetected, StackCaptured, StragglerDetected
 from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
 from ..protocol.error_record import COMM_TEXT, COMM_TYPES
@@ -69,6 +69,39 @@ def from_failure(ev: FailureDetected) -> Signal:
         text=line,
         rank=ev.rank,
         evidence=evidence,
+    )
+
+
+STOPPED_MARK = "(stopped, state T"  # how a stack read from outside a stopped rank begins (pyspy.py)
+
+
+def from_stack(ev: StackCaptured) -> Signal | None:
+    """``process.stopped`` for a rank whose stack had to be read from outside because it was
+    stopped (state T: SIGSTOP, SIGTSTP or a debugger): it could not run, whatever its peers did."""
+    if not ev.stack.startswith(STOPPED_MARK):
+        return None
+    return Signal(
+        ts=ev.ts,
+        node=ev.node,
+        code="process.stopped",
+        subject=f"rank {ev.rank}",
+        text=f"rank {ev.rank} was stopped (state T) when its hang was detected",
+        rank=ev.rank,
+    )
+
+
+def from_injection(ev: FailureDetected) -> Signal | None:
+    """``chaos.injected`` for a failure the run's chaos plan caused on purpose (its entry named)."""
+    if not ev.injected:
+        return None
+    return Signal(
+        ts=ev.onset or ev.ts,
+        node=ev.node,
+        code="chaos.injected",
+        subject=f"rank {ev.rank}",
+        text=f"rank {ev.rank} {ev.failure}: injected by the chaos plan ({ev.injected})",
+        rank=ev.rank,
+        evidence={"injected": ev.injected},
     )
 
 

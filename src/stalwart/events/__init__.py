@@ -208,6 +208,7 @@ class FailureDetected(Event):
     signal: str = ""
     error_type: str = ""
     error_message: str = ""
+    injected: str = ""  # the chaos plan's entry that caused it (``hang@rank=1,step=5``), "" for a real one
 
 
 @event

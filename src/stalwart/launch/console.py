@@ -84,8 +84,9 @@ class RunConsole:
                 f"at step {ev.step}" if ev.step >= 0 else "(step unknown: no SDK or before the first step)"
             )
             when = f"detected {lat:.2f}s after onset" if lat >= 0.01 else "detected within one monitor tick"
+            planned = f" [magenta](injected by the chaos plan: {esc(ev.injected)})[/]" if ev.injected else ""
             self.say(
-                f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} {where}: {esc(ev.evidence)} "
+                f"{t} [red bold]{ev.failure} detected[/]: rank {ev.rank} {where}: {esc(ev.evidence)}{planned} "
                 f"[dim]({when})[/]"
             )
         elif isinstance(ev, StackCaptured):

@@ -159,3 +159,11 @@ def optimizer_steps(optimizer: object) -> tuple[int | None, bool]:
             except (TypeError, ValueError, RuntimeError):
                 return None, False
     return None, False
+
+
+def is_script_resume(label: str) -> bool:
+    """Whether a ``TrainingResumed.from_checkpoint`` is an unchanged script's resume after a restart
+    (its first start is not one)."""
+    return label.startswith("script:") and not label.startswith(
+        f"script:{ResumeSource.FIRST_START.name.lower()}"
+    )

@@ -33,6 +33,7 @@ from ..events import (
 )
 from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from ..policy.label import Label
+from ..protocol.step_history import is_script_resume
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
 HEATMAP_STEPS = 60  # per-rank step durations kept for the dashboard's heat map
@@ -213,7 +214,7 @@ def _checkpoints(events: Sequence[Event]) -> Checkpoints:
         script_resumes=tuple(
             f"attempt {e.attempt}: {e.from_checkpoint.split(': ', 1)[-1]}"
             for e in events
-            if isinstance(e, TrainingResumed) and e.from_checkpoint.startswith("script:") and e.attempt > 0
+            if isinstance(e, TrainingResumed) and is_script_resume(e.from_checkpoint)
         ),
     )
 

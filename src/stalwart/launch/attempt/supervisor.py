@@ -450,6 +450,7 @@ class Supervisor:
             onset=d.onset,
             step=failure.step,
             rank=rank,
+            injected=self._injected(rank),
             **ctx,
         )
         self.ledger.emit(detected)
@@ -468,6 +469,18 @@ class Supervisor:
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
         )
         return d.outcome
+
+    def _injected(self, rank: int) -> str:
+        """The chaos plan's entry that hung ``rank`` or, every rank of a hung group being silent, a
+        peer on this node (its worker left the entry under its pid), else ""."""
+        for r in (rank, *(s.global_rank for s in self.specs)):
+            try:
+                found = self.files.injected_by(self.group.pid(r))
+            except KeyError:  # a rank of another node
+                continue
+            if found:
+                return found
+        return ""
 
     def _incident(self, d: Decision, detected: FailureDetected) -> None:
         """The decision's incident, unless the live diagnosis owns this failure: a communication
