@@ -91,3 +91,26 @@ def test_a_plain_dataloader_is_warned_about_once(tmp_path: Path):
                    SCRIPT, str(tmp_path / "out.json"), "2")  # fmt: skip
     assert res.code == 0, res.out[-3000:] + res.err[-3000:]
     assert (res.out + res.err).count(WARNING) == 1
+
+
+def test_a_plain_dataloader_resumed_mid_epoch_is_told_precisely_what_differs(tmp_path: Path):
+    """A plain DataLoader(shuffle=True) cannot restore its position: the warning at the resume names
+    the step, the batch and the epoch, says what Lightning does instead, and how to resume exactly;
+    and what it says holds: the weights differ from the same plain job run without the kill."""
+    plain = {"FIXTURE_EVERY": "3"}
+    whole = _run(tmp_path / "whole", tmp_path / "whole.json", plain)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    res = _run(tmp_path / "run", tmp_path / "out.json", plain, "--chaos", "crash@rank=1,step=8")
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    assert [e.step for e in events(tmp_path / "run", TrainingResumed)] == [0, 6]
+    said = " ".join(text.split())  # the warning may be wrapped
+    assert "resumed at step 6, batch 2 of epoch 1 (4 an epoch)" in said, text[-3000:]
+    assert "its batches 2-3) comes from the start of a new pass over the loader" in said
+    assert "StatefulDataLoader" in said and "checkpoint_every a multiple of 4" in said
+    got, ref = (
+        json.loads((tmp_path / "out.json").read_text()),
+        json.loads((tmp_path / "whole.json").read_text()),
+    )
+    assert got["global_step"] == ref["global_step"] == STEPS
+    assert got["weights"] != ref["weights"]  # what the warning says differs does differ

@@ -116,13 +116,7 @@ class StalwartCallback(Callback):
         total = int(total) if total is not None and math.isfinite(total) else 0
         self.link.started(trainer.global_step, total, from_checkpoint=str(trainer.ckpt_path or ""))
         if trainer.is_global_zero and not _resumable(trainer.train_dataloader):
-            warnings.warn(
-                "StalwartCallback: the training DataLoader has no state_dict/load_state_dict, so a "
-                "checkpoint saved mid-epoch (an emergency save, or checkpoint_every not a multiple of "
-                "the epoch's steps) resumes at another data position than an uninterrupted run; use "
-                "torchdata.stateful_dataloader.StatefulDataLoader for an exact resume",
-                stacklevel=2,
-            )
+            warnings.warn(_position_warning(trainer), stacklevel=2)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self._rng_to_restore is not None:  # a new epoch's loader draws its seeds from the saved state,
@@ -183,6 +177,40 @@ class StalwartCallback(Callback):
             for old in _checkpoints(self.dirpath)[: -self.keep]:
                 old.unlink(missing_ok=True)
         self.link.checkpoint_end(t0, final, emergency=emergency)
+
+
+EXACT_FIX = (
+    "to resume exactly, train from torchdata's StatefulDataLoader over "
+    "stalwart.integrations.resumable_sampler.ResumableDistributedSampler (with "
+    "Trainer(use_distributed_sampler=False)), or save only at epoch ends"
+)
+
+
+def _position_warning(trainer: Any) -> str:  # Any: Lightning's Trainer (an optional dependency)
+    """What a training loader without ``state_dict`` changes, said precisely: on a resume in the
+    middle of an epoch, Lightning goes on at the saved batch index but draws the rest of the epoch
+    from the start of a new pass over the loader (measured with Lightning 2.6: the saved run's
+    batches ``k..N-1`` of that epoch are replaced by the new pass's first ``N-k``)."""
+    head = "StalwartCallback: the training DataLoader has no state_dict/load_state_dict"
+    batches = trainer.num_training_batches
+    per_epoch = math.ceil(batches / max(1, trainer.accumulate_grad_batches)) if math.isfinite(batches) else 0
+    step = int(trainer.global_step)
+    if not per_epoch:
+        return f"{head}: a resume in the middle of an epoch starts the loader over; {EXACT_FIX}"
+    epoch, k = divmod(step, per_epoch)
+    if step == 0 or k == 0:
+        return (
+            f"{head}: a checkpoint saved in the middle of an epoch (an emergency save, or "
+            f"checkpoint_every not a multiple of the epoch's {per_epoch} steps) would resume at another "
+            f"data position than an uninterrupted run; {EXACT_FIX} (checkpoint_every a multiple of {per_epoch})"
+        )
+    return (
+        f"{head}: resumed at step {step}, batch {k} of epoch {epoch} ({per_epoch} an epoch); the "
+        f"rest of epoch {epoch} (its batches {k}-{per_epoch - 1}) comes from the start of a new pass "
+        f"over the loader, not from where the saved run stopped, so some of that epoch's samples are "
+        f"trained twice and others not at all, and the weights differ from an uninterrupted run; "
+        f"{EXACT_FIX} (checkpoint_every a multiple of {per_epoch})"
+    )
 
 
 def _resumable(loaders: Any) -> bool:
