@@ -41,6 +41,9 @@ def test_a_crash_planned_for_an_unchanged_script_fires_at_its_rank_and_step_and_
     assert (fired.fault, fired.rank, fired.step) == ("crash", 1, 5)
     [failure] = events(run, FailureDetected)
     assert failure.rank == 1 and failure.failure == "crash", failure
+    # labelled as the plan's, not "killed from outside the job": incident, hence report and dashboard
+    [incident] = events(run, IncidentRaised)
+    assert incident.cause.startswith("rank 1 killed by the chaos plan (crash at rank 1, step 5"), incident
     assert events(run, JobEnded)[-1].outcome == "succeeded"
     # the fault past the run's last step is said on the console and kept for the report
     assert "planned fault(s) never fired: 'crash@rank=0,step=500'" in out
