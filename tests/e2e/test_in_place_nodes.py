@@ -25,7 +25,7 @@ import pytest
 
 from netutil import free_port
 from stalwart.account.recovery import recoveries
-from stalwart.events import DecisionTaken, JobEnded, ReformedInPlace, StepCompleted
+from stalwart.events import DecisionTaken, IncidentRaised, JobEnded, ReformedInPlace, StepCompleted
 
 from .runner import events, same_params, seen_samples, wait_listening
 
@@ -166,6 +166,11 @@ def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_no
     assert (
         shrunk.node == "n0" and "node n1 is lost" in shrunk.reason and f"from {old} to {new}" in shrunk.reason
     )
+    # a killed agent's host lives: the kernel closed its liveness connection, so n0 knew at once and
+    # says so (a silent host would be "no heartbeat for 2.5s")
+    assert "its agent's process is gone: its liveness connection closed" in shrunk.reason, shrunk.reason
+    [lost] = [e for e in events(run, IncidentRaised) if e.rule.startswith("inplace:")]
+    assert lost.rule == "inplace:dead-agent" and "n1" in lost.cause, lost
     assert [e.node for e in events(run, DecisionTaken) if e.action == "joined_in_place"] == ["n2"]
     [done] = events(run, ReformedInPlace)
     assert done.node == "n0" and done.ranks == () and (done.world_size, done.shrunk_from) == (new, old), done

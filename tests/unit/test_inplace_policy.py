@@ -280,3 +280,23 @@ def test_each_reason_not_to_shrink_in_place_is_named(change, why):
 def test_a_node_joins_a_shrink_in_its_new_place():
     got = join(dataclasses.replace(JOIN, announced=5, announced_by="n0", shrunk_to=4))
     assert isinstance(got, Join) and got.generation == 5 and "shrank the group in place to 4" in got.reason
+
+
+def test_a_dead_agent_is_lost_at_once_and_the_reason_says_how_it_is_known():
+    """The kernel closed the agent's liveness connection: no heartbeat bound to wait out."""
+    fresh = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 0.3, "n2": 0.2})
+    assert isinstance(take_over(fresh), Wait)  # silent 0.3 s: a slow agent, not yet lost
+    got = take_over(dataclasses.replace(fresh, dead=frozenset({"n1"})))
+    assert isinstance(got, TakeOver) and got.lost == "n1"
+    assert "node n1 is lost (its agent's process is gone: its liveness connection closed;" in got.reason
+    assert "no heartbeat" in take_over(SPARE).reason  # a silent node is still named by its silence
+    # a dead node whose ranks wait is not lost: an agent alive enough to write that its ranks wait
+    assert isinstance(take_over(dataclasses.replace(fresh, dead=frozenset({"n0"}))), Wait)
+
+
+def test_a_shrink_names_a_dead_agent_and_a_silent_host_apart():
+    dead = shrink(dataclasses.replace(SHRINK, dead=frozenset({"n1"})))
+    silent = shrink(dataclasses.replace(SHRINK, silent={"n1": 2.6}))
+    assert isinstance(dead, ShrinkInPlace) and isinstance(silent, ShrinkInPlace)
+    assert "node n1 is lost (its agent's process is gone: its liveness connection closed)" in dead.reason
+    assert "node n1 is lost (no heartbeat for 2.6s)" in silent.reason

@@ -166,6 +166,33 @@ def lost_host(witness: str, active: tuple[str, ...], text: str) -> LostHost | No
 
 
 SILENT_HOST_CONFIDENCE = 0.6  # a heartbeat silent past its bound while the peers' ranks wait for it
+DEAD_AGENT_CONFIDENCE = 0.95  # the kernel closed the agent's connection: its process is gone
+
+
+def dead_agent_incident(
+    lost: tuple[str, ...], witness: str, onset: float, now: float, action: str
+) -> Incident:
+    """The incident of hosts whose agent process died while their kernel lived: the kernel closed the
+    agent's liveness connection (launch/inplace/liveness.py), so the witness knew at once, with no
+    heartbeat bound to wait out. What killed the agent is not seen from here: the class stays unknown."""
+    gone = ", ".join(lost)
+    return Incident(
+        cause=f"the agent of host {gone} died (its process is gone: the kernel closed its liveness "
+        f"connection) while the ranks of {witness} waited",
+        fault_class=FaultClass.UNKNOWN,
+        component=Component.UNKNOWN,
+        confidence=DEAD_AGENT_CONFIDENCE,
+        action=action,
+        ts=now,
+        onset=onset,
+        rule="inplace:dead-agent",
+        evidence=tuple(
+            f"lost host {n}: its agent's liveness connection ended without a goodbye" for n in lost
+        )
+        + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
+        blast_radius=BlastRadius(nodes=lost),
+        action_taken=True,
+    )
 
 
 def silent_host_incident(

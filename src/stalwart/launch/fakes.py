@@ -340,6 +340,7 @@ class RecordingBoard:
     seen: Any = None  # the newest announcement (an Announcement)
     refused: tuple[str, str] | None = None
     quiet: dict[str, float] = field(default_factory=dict)  # seconds each watched node has been silent
+    gone: dict[str, float] = field(default_factory=dict)  # watched nodes whose agent process is gone
     offered: tuple[str, ...] = ()
     seqs: dict[str, int] = field(default_factory=dict)  # how many times each node offered (default 1)
     readied: dict[str, int] = field(default_factory=dict)
@@ -365,6 +366,9 @@ class RecordingBoard:
 
     def silence(self) -> dict[str, float]:
         return self.quiet
+
+    def dead(self) -> dict[str, float]:
+        return self.gone
 
     def publish_group(self, a: Any) -> None:
         self.sent.append(("group", a))

@@ -12,7 +12,7 @@ records its reason in the ledger.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .label import Label
 from .membership import Change, MembershipView, Role, lost_nodes, next_group
@@ -238,6 +238,7 @@ class TakeOverCase:
     silent: dict[str, float]  # seconds since each active node's heartbeat last moved
     waiting: frozenset[str]  # active nodes whose ranks wait for a generation nobody announced
     bound_s: float  # silence after which a node counts as lost
+    dead: frozenset[str] = frozenset()  # active nodes whose agent process is gone (no bound to wait out)
 
 
 @dataclass(frozen=True)
@@ -260,8 +261,9 @@ def take_over(case: TakeOverCase) -> TakeOverDecision:
         case.spare,
         case.active,
         enabled=case.enabled,
-        lost=lost_nodes(case.active, case.silent, case.bound_s, case.waiting),
+        lost=lost_nodes(case.active, case.silent, case.bound_s, case.waiting, case.dead),
         silent=case.silent,
+        dead=case.dead,
         spares=case.spares,
         waiting=case.waiting,
     )
@@ -280,12 +282,14 @@ class ShrinkCase:
     stopping: bool  # a stop was requested
     node: str  # this node
     active: tuple[str, ...]  # the group's nodes by group rank
-    lost: tuple[str, ...]  # active nodes whose heartbeat has been silent past half the bound
+    lost: tuple[str, ...]  # active nodes whose heartbeat has been silent past half the bound, or dead
     spares: bool  # the round has hot spares (one takes a lost node's place instead)
     nproc_per_node: int
     min_nodes: int
     rule: SizeRule
     generation: int  # this node's current generation
+    silent: dict[str, float] = field(default_factory=dict)  # seconds since each heartbeat moved
+    dead: frozenset[str] = frozenset()  # lost nodes whose agent process is gone (connection closed)
 
 
 @dataclass(frozen=True)
@@ -316,6 +320,8 @@ def shrink(case: ShrinkCase) -> ShrinkDecision:
         min_nodes=case.min_nodes,
         rule=case.rule,
         lost=case.lost,
+        silent=case.silent,
+        dead=case.dead,
         spares=("a hot spare",) if case.spares else (),  # which one does not matter here: it takes the place
     )
     got = next_group(view)

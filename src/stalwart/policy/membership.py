@@ -50,6 +50,7 @@ class MembershipView:
     rule: SizeRule | None = None  # the valid world sizes (None: any)
     lost: tuple[str, ...] = ()  # active nodes counted lost (their heartbeat silent past the bound)
     silent: Mapping[str, float] = field(default_factory=dict)  # seconds since each heartbeat moved
+    dead: frozenset[str] = frozenset()  # active nodes whose agent process is gone (its connection closed)
     spares: tuple[str, ...] = ()  # the round's hot spares, in the plan's order
     waiting: frozenset[str] = frozenset()  # active nodes whose ranks wait for an unannounced generation
     offers: tuple[str, ...] = ()  # nodes that offered a free place, in the order they offered
@@ -75,10 +76,19 @@ def lost_nodes(
     silent: Mapping[str, float],
     bound_s: float,
     waiting: frozenset[str] = frozenset(),
+    dead: frozenset[str] = frozenset(),
 ) -> tuple[str, ...]:
-    """The active nodes whose heartbeat has been silent for ``bound_s`` and whose ranks do not wait
-    (a node whose ranks wait is alive: its agent wrote that)."""
-    return tuple(n for n in active if silent.get(n, 0.0) >= bound_s and n not in waiting)
+    """The active nodes whose heartbeat has been silent for ``bound_s``, or whose agent process is
+    gone (the kernel closed its connection: no bound to wait out), and whose ranks do not wait (a node
+    whose ranks wait is alive: its agent wrote that)."""
+    return tuple(n for n in active if (n in dead or silent.get(n, 0.0) >= bound_s) and n not in waiting)
+
+
+def why_lost(node: str, silent: Mapping[str, float], dead: frozenset[str]) -> str:
+    """How ``node`` is known to be lost, for a decision's reason."""
+    if node in dead:
+        return "its agent's process is gone: its liveness connection closed"
+    return f"no heartbeat for {silent.get(node, 0.0):.1f}s"
 
 
 def next_group(view: MembershipView) -> Membership:
@@ -127,7 +137,8 @@ def _shrink(v: MembershipView) -> Membership:
         Change.SHRINK,
         survivors,
         gen,
-        f"node {gone} is lost (no heartbeat) and the round has no hot spare: the {len(survivors)} "
+        f"node {gone} is lost ({'; '.join(why_lost(n, v.silent, v.dead) for n in lost)}) and the round "
+        f"has no hot spare: the {len(survivors)} "
         f"surviving node(s) re-form in place, shrinking the world from {old} to {world} processes; "
         f"their ranks keep their processes (generation {gen})",
         world,
@@ -174,7 +185,7 @@ def _take_over(v: MembershipView) -> Membership:
         Change.TAKE_OVER,
         tuple(v.node if n == mine else n for n in v.active),
         v.generation + 1,
-        f"node {mine} is lost (no heartbeat for {v.silent.get(mine, 0.0):.1f}s, the ranks of {waiting} wait): "
+        f"node {mine} is lost ({why_lost(mine, v.silent, v.dead)}; the ranks of {waiting} wait): "
         f"hot spare {v.node} takes its place in place, the other nodes' ranks keep their processes",
         v.world_size,
         lost=(mine,),

@@ -39,7 +39,7 @@ from ..ports import Console, Round
 from ..processes.bootstrap import BOOT_CODE
 from ..processes.warm_pool import WarmPool, choose_path
 from ..processes.worker_group import WorkerGroup, WorkerSpec
-from ..rendezvous.node_rendezvous import NodeRendezvous
+from ..rendezvous.node_rendezvous import NodeRendezvous, local_addr
 from .straggler_exclusion import listens_on, quarantine_node, straggler_precision
 from .supervisor import Supervisor
 
@@ -136,6 +136,7 @@ class NodeWorkers:
                 node=cfg.node_name,
                 watch=others,
                 signer=rdzv.signer,
+                live_host=cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint),
             )
         try:
             pids = group.start()

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ...job_key import Refusals, Signer
+from ...job_key import Opened, Refusals, Signer
 from ..clock import ManualClock
 from .board_records import Announcement, GroupRecord, InvitationRecord
 from .board_state import (
@@ -72,6 +72,7 @@ from .board_state import (
     seal,
     write,
 )
+from .liveness import LIVE, Line, Watch
 
 KEY = "stalwart/inplace/board"  # the one sealed, versioned document
 VERSION = "stalwart/inplace/version"  # bumped after every write of the document
@@ -137,6 +138,7 @@ class StoreBoard:
         clock: Callable[[], float] = time.monotonic,
         signer: Signer,
         ticker: Ticker | None = None,
+        live_host: str = "",
     ) -> None:
         self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
         self._note, self._node, self._clock = note, node, clock
@@ -155,6 +157,12 @@ class StoreBoard:
         self._answered = False  # one poll completed (what was in the store then is read)
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
+        # the kernel's word on the watched agents' processes (liveness.py): this agent's own line,
+        # published once, and connections to the watched nodes' lines
+        self._line = Line(live_host) if live_host and node else None
+        self._line_published = False
+        self._line_lock = threading.Lock()  # closed by the owner's thread, served by the poll thread
+        self._watch = Watch(clock)
         (ticker or ThreadTicker()).start(self.poll, self._stop)
 
     # --- the Board port: hand over, never wait --------------------------------------------------
@@ -167,6 +175,17 @@ class StoreBoard:
 
     def close(self) -> None:
         self._stop.set()  # the ticker stops polling this board; a call stuck on a dead host is a daemon
+        with self._line_lock:
+            if self._line is not None:
+                self._line.close()  # a goodbye: this agent leaves on purpose
+                self._line = None
+            self._watch.close()
+
+    def dead(self) -> dict[str, float]:
+        """Watched nodes whose agent process is gone (their liveness connection ended without a
+        goodbye), and the seconds since that was seen: no heartbeat bound to wait out."""
+        now = self._clock()
+        return {n: now - t for n, t in self._watch.dead().items() if n in self._moved}
 
     def waiting(self, generation: int) -> None:
         if self._node:
@@ -285,7 +304,42 @@ class StoreBoard:
                 self._found(bytes(store.get(KEY)))
         if self._incident and self._polls % WATCH_EVERY == 1:
             self._read_beats(store)
+        self._liveness(store)
         self._answered = True
+
+    def _liveness(self, store: Any) -> None:
+        """Publish this agent's liveness line once; dial the watched nodes' lines (their sealed
+        addresses, looked up every few polls until held); read the held lines. The lock guards the
+        sockets only (close() runs on the owner's thread): no store call is made while holding it."""
+        address = self._line.address if self._line is not None and not self._line_published else ""
+        if address:
+            store.set(LIVE + self._node, self._signer.seal(self._live_context(self._node), address))
+            self._line_published = True
+        if self._polls % WATCH_EVERY == 1:
+            for n in [n for n in self._moved if not self._watch.connected(n)]:
+                found = self._lookup(store, n)
+                with self._line_lock:
+                    if found and not self._stop.is_set():
+                        self._watch.dial(n, found)
+        with self._line_lock:
+            if self._stop.is_set():
+                return
+            if self._line is not None:
+                self._line.accept()
+            self._watch.poll()
+
+    def _lookup(self, store: Any, node: str) -> str:
+        """``node``'s liveness address when the store holds one sealed with the job key, else ""."""
+        if not store.check([LIVE + node]):
+            return ""
+        opened = self._signer.open(self._live_context(node), bytes(store.get(LIVE + node)))
+        if isinstance(opened, Opened):
+            return opened.payload.decode(errors="replace")
+        self.refusals.refused("an unsigned liveness address in the worker store", opened.reason)
+        return ""
+
+    def _live_context(self, node: str) -> str:
+        return f"stalwart-live|{self._where}|{node}"
 
     def _write(self, store: Any) -> None:
         """The changes handed over, applied to the last authentic state and set by compare-and-set on

@@ -205,6 +205,11 @@ class Board(Protocol):
         """Seconds since each watched node's heartbeat last moved."""
         ...
 
+    def dead(self) -> dict[str, float]:
+        """Watched nodes whose agent process is gone (the kernel closed its connection), and the
+        seconds since that was seen."""
+        ...
+
     def publish_group(self, a: Announcement) -> None:
         """Record the group's nodes and size after it shrank or grew in place; never waits."""
         ...

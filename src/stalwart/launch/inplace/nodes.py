@@ -38,6 +38,7 @@ from ...policy.inplace import (
     join,
     shrink,
 )
+from ...policy.membership import lost_nodes
 from ...protocol.control import ControlBlock
 from ...settings.run_config import RunConfig
 from ..clock import Clock
@@ -187,15 +188,15 @@ class NodeRecovery:
             if q.reforming is not None and q.reforming.generation > s.generation
         ]
         settings = self.cfg.reform
-        silent = board.silence()
-        lost = tuple(n for n in s.active or tuple(silent) if silent.get(n, 0.0) >= settings.announce_s / 2)
+        silent, dead = board.silence(), frozenset(board.dead())
+        lost = lost_nodes(s.active or tuple(silent), silent, settings.announce_s / 2, dead=dead)
         newer = seen is not None and seen.generation > s.generation  # another node's, to join instead
         if (
             waiting
             and lost
             and not newer
             and s.phase is not Phase.REPLACING
-            and self._shrink(lost, silent, snap)
+            and self._shrink(lost, silent, dead, snap)
         ):
             return
         if waiting or newer:
@@ -277,7 +278,9 @@ class NodeRecovery:
             self.apply(ReadyTold())
             self.board.ready(gen)
 
-    def _shrink(self, lost: tuple[str, ...], silent: dict[str, float], snap: Snapshot) -> bool:
+    def _shrink(
+        self, lost: tuple[str, ...], silent: dict[str, float], dead: frozenset[str], snap: Snapshot
+    ) -> bool:
         """A lost node and no hot spare: re-form the survivors in place at the smaller size (announced,
         then joined like any generation), or refuse; False when another node (or a spare) decides."""
         cfg, s = self.cfg, self.state
@@ -293,6 +296,8 @@ class NodeRecovery:
                 min_nodes=cfg.min_nodes,
                 rule=cfg.size_rule,
                 generation=s.next_generation_base,
+                silent=silent,
+                dead=dead & set(lost),
             )
         )
         match choice:
@@ -305,8 +310,9 @@ class NodeRecovery:
                 dropped = tuple(n for n in s.active if n in lost)
                 nproc = cfg.nproc_per_node
                 ctx = self.ledger.ctx()
+                seen_dead = self.board.dead() if self.board is not None else {}
                 for ev in inplace_records.lost_without_spare(
-                    dropped, self.node, s.active, silent, nproc, snap.now, ctx
+                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=seen_dead
                 ):
                     self.ledger.emit(ev)
                 self.record("shrink_in_place", reason, snap.now)

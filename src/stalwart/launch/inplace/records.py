@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...diagnose.incident import silent_host_incident
+from ...diagnose.incident import dead_agent_incident, silent_host_incident
 from ...events import FailureDetected, IncidentRaised, ReformedInPlace
 from ...protocol import Reformed
 from .machine import InPlaceState, Pending, Resize
@@ -86,20 +86,24 @@ def lost_without_spare(
     nproc_per_node: int,
     now: float,
     ctx: Mapping[str, Any],
+    dead: Mapping[str, float] | None = None,
 ) -> tuple[FailureDetected, IncidentRaised]:
     """The lost node's failure, as this node detected it (its agent is gone), and the incident that
-    names the lost host (this node is its witness)."""
-    quiet = max(silent.get(n, 0.0) for n in lost)
+    names the lost host (this node is its witness): a dead agent (its liveness connection closed,
+    ``dead``: node -> seconds since seen) or a silent host (its heartbeat past the bound)."""
     gone = ", ".join(lost)
-    failure = FailureDetected(
-        ts=now,
-        failure="agent_lost",
-        evidence=f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait",
-        onset=now - quiet,
-        rank=min(list(active).index(n) for n in lost) * nproc_per_node,
-        **ctx,
-    )
-    incident = silent_host_incident(
-        tuple(lost), node, quiet, now, f"re-formed the group in place without host {gone}"
-    ).to_event(**ctx)
-    return failure, incident
+    action = f"re-formed the group in place without host {gone}"
+    rank = min(list(active).index(n) for n in lost) * nproc_per_node
+    seen = [dead[n] for n in lost if dead and n in dead]
+    if seen and len(seen) == len(lost):
+        onset = now - max(seen)
+        evidence = (
+            f"node {gone}: its agent's process is gone (its liveness connection closed) while its peers wait"
+        )
+        found = dead_agent_incident(tuple(lost), node, onset, now, action)
+    else:
+        quiet = max(silent.get(n, 0.0) for n in lost)
+        onset, evidence = now - quiet, f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait"
+        found = silent_host_incident(tuple(lost), node, quiet, now, action)
+    failure = FailureDetected(ts=now, failure="agent_lost", evidence=evidence, onset=onset, rank=rank, **ctx)
+    return failure, found.to_event(**ctx)

@@ -24,6 +24,7 @@ from ...policy.job import TookOver
 from ...policy.world_size import WorldPlan
 from ...settings.run_config import RunConfig
 from ..ports import Round
+from ..rendezvous.node_rendezvous import local_addr
 from .board import Announcement, StoreBoard
 
 
@@ -35,6 +36,7 @@ class SpareWatch:
     claiming: TakeOver | None = None
     generation: int = 0  # the generation this spare's ranks join, once it took a place
     silent_s: float = 0.0  # how long the lost node's heartbeat had not moved when its place was taken
+    dead_s: float | None = None  # seconds since its agent's liveness connection closed (None: not dead)
 
     @classmethod
     def open(cls, cfg, plan: WorldPlan, met: Round, note, signer: Signer) -> SpareWatch:
@@ -46,6 +48,7 @@ class SpareWatch:
             node=cfg.node_name,
             watch=plan.active,
             signer=signer,
+            live_host=cfg.rendezvous.local_addr or local_addr(cfg.rendezvous.endpoint),
         )
         return cls(cfg, board, plan)
 
@@ -63,6 +66,7 @@ class SpareWatch:
                 silent=board.silence(),
                 waiting=frozenset(board.nodes_waiting()),
                 bound_s=settings.announce_s / 2,  # decided before the waiting ranks give up
+                dead=frozenset(board.dead()),
             )
             choice = take_over(case)
             match choice:
@@ -82,6 +86,7 @@ class SpareWatch:
             return None
         lost = self.claiming
         self.silent_s = board.silence().get(lost.lost, 0.0)
+        self.dead_s = board.dead().get(lost.lost)
         seen = board.latest()
         self.generation = (seen.generation if seen is not None else 0) + 1
         nproc = self.plan.nproc_per_node
@@ -110,8 +115,13 @@ def lost_node_records(cfg, ledger, now: float, took: TookOver, watch: SpareWatch
         FailureDetected(
             ts=now,
             failure="agent_lost",
-            evidence=f"node {watch.claiming.lost}: no heartbeat for {watch.silent_s:.1f}s while its peers wait",
-            onset=now - watch.silent_s,
+            evidence=f"node {watch.claiming.lost}: "
+            + (
+                "its agent's process is gone (its liveness connection closed) while its peers wait"
+                if watch.dead_s is not None
+                else f"no heartbeat for {watch.silent_s:.1f}s while its peers wait"
+            ),
+            onset=now - (watch.dead_s if watch.dead_s is not None else watch.silent_s),
             rank=first,
             **ctx,
         )

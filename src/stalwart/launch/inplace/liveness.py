@@ -1,0 +1,163 @@
+"""Whether another node's agent process is alive, told by the kernel rather than by a heartbeat.
+
+A heartbeat's silence cannot tell a dead agent from a slow or cut-off one, so the board waits out a
+bound (half of ``--in-place-announce-timeout``) before it counts a node lost. But when an agent's
+process dies and its host's kernel lives (a SIGKILL, an OOM kill, a crash), the kernel closes every
+socket the process held at once. So each agent listens on a liveness port of its own (:class:`Line`)
+and the nodes that watch it (the first node, the hot spares) hold one TCP connection to it
+(:class:`Watch`): nothing is ever sent on it while the agent lives; an agent that leaves on purpose
+sends one goodbye byte before it closes; a connection that ends without a goodbye (end of stream, or
+a reset) means the agent's process is gone, and the watcher knows it within one poll. A host that
+drops off the network sends nothing and closes nothing: its connection stays open and the heartbeat
+bound decides, as before.
+
+The address a watcher connects to is read from the round's worker store, sealed with the job key and
+bound to the round's store (a planted address could otherwise make a healthy node look dead); a
+connection refused or not made within ``connect_s`` is no verdict (the heartbeat decides). Every
+call here returns at once (a dial completes on a later poll) and runs on the board's poll thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+GOODBYE = b"B"  # sent by an agent that closes its liveness line on purpose
+LIVE = "stalwart/inplace/live/"  # store key prefix: each node's sealed liveness address
+MAX_WATCHERS = 1024  # connections a line holds (the first node and the spares watch; no more are needed)
+
+
+class Line:
+    """This agent's liveness listener: watchers connect and hold their connection."""
+
+    def __init__(self, host: str) -> None:
+        """Listen on every address, on a port the kernel picks; ``host`` is the address other nodes
+        reach this one at (what the line publishes)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        self._sock.listen(64)
+        self._sock.setblocking(False)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+
+    def accept(self) -> None:
+        """Take the watchers that connected since the last call (never waits)."""
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if len(self._held) >= MAX_WATCHERS:  # a flood of connections: the newest are not held
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._held.append(conn)
+
+    def close(self) -> None:
+        """Leave on purpose: a goodbye to every watcher (those still in the listen queue too), then
+        close (a dead process does neither)."""
+        self.accept()
+        for conn in self._held:
+            try:
+                conn.send(GOODBYE)
+            except OSError:
+                pass
+            conn.close()
+        self._held.clear()
+        self._sock.close()
+
+
+@dataclass
+class _Held:
+    sock: socket.socket
+    goodbye: bool = False
+
+
+@dataclass
+class _Dialing:
+    sock: socket.socket
+    deadline: float
+
+
+@dataclass
+class Watch:
+    """Connections to the watched agents' liveness lines, and which of them died, since when. Every
+    call returns at once: a connection is dialled without waiting and checked on later polls."""
+
+    clock: Callable[[], float]
+    connect_s: float = 1.0  # a connection not made within this is no verdict; dialled again later
+    _dialing: dict[str, _Dialing] = field(default_factory=dict)
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _dead: dict[str, float] = field(default_factory=dict)  # node -> when its line ended without goodbye
+
+    def connected(self, node: str) -> bool:
+        """Whether ``node``'s line is held, being dialled, or already ended."""
+        return node in self._held or node in self._dialing or node in self._dead
+
+    def dial(self, node: str, address: str) -> bool:
+        """Start a connection to ``node``'s line at ``address`` (``host:port``); False when the address
+        is malformed or the dial fails at once (no verdict either way)."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return False
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex((host, int(port)))
+        if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            sock.close()
+            return False
+        self._dialing[node] = _Dialing(sock, self.clock() + self.connect_s)
+        return True
+
+    def poll(self) -> None:
+        """Finish the dials that connected, drop those past their deadline, and read every held line
+        without waiting: an end without a goodbye marks its node dead."""
+        now = self.clock()
+        self._finish_dials(now)
+        for node, held in list(self._held.items()):
+            try:
+                data = held.sock.recv(16)
+            except (BlockingIOError, InterruptedError):
+                continue  # open and quiet: alive (or a silent host: the heartbeat decides)
+            except OSError:  # reset by the peer's kernel: its process is gone
+                data = b""
+            if data:
+                held.goodbye = held.goodbye or GOODBYE in data
+                continue
+            held.sock.close()
+            del self._held[node]
+            if not held.goodbye:
+                self._dead[node] = now
+
+    def _finish_dials(self, now: float) -> None:
+        if not self._dialing:
+            return
+        _, ready, _ = select.select([], [d.sock for d in self._dialing.values()], [], 0)
+        for node, d in list(self._dialing.items()):
+            if d.sock in ready:
+                del self._dialing[node]
+                if d.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    self._held[node] = _Held(d.sock)
+                else:
+                    d.sock.close()  # refused: no verdict (the heartbeat decides; dialled again later)
+            elif now >= d.deadline:
+                del self._dialing[node]
+                d.sock.close()
+
+    def dead(self) -> dict[str, float]:
+        """Nodes whose agent process is gone, and when that was seen."""
+        return dict(self._dead)
+
+    def close(self) -> None:
+        for sock in [h.sock for h in self._held.values()] + [d.sock for d in self._dialing.values()]:
+            sock.close()
+        self._held.clear()
+        self._dialing.clear()

@@ -1,0 +1,160 @@
+"""A dead agent is told by the kernel, not by a heartbeat bound (launch/inplace/liveness.py): another
+node's agent runs as a real process with its board on the round's real TCPStore; the watching
+board, polled by a manual ticker on a manual clock, dials its sealed liveness address, and:
+
+* SIGKILL of that process: its connection ends without a goodbye and the watcher counts it dead;
+* the agent closing its board on purpose: a goodbye, never a death;
+* SIGSTOP (a host that stops answering): the connection stays open, no verdict (the heartbeat decides);
+* an unsigned liveness address planted in the store is refused and never dialled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+
+from stalwart.job_key import JobKey, KeySource
+from stalwart.launch.clock import ManualClock
+from stalwart.launch.inplace.board import ManualTicker, StoreBoard
+from stalwart.launch.inplace.liveness import LIVE
+
+pytestmark = pytest.mark.integration
+
+KEY = b"k" * 32
+SIGNER = JobKey(KEY, KeySource.FILE).signer("job")
+
+AGENT = textwrap.dedent(
+    """
+    import sys, time
+    from stalwart.job_key import JobKey, KeySource
+    from stalwart.launch.inplace.board import StoreBoard
+    port, mode = int(sys.argv[1]), sys.argv[2]
+    board = StoreBoard("127.0.0.1", port, 10.0, node="n1", live_host="127.0.0.1",
+                       signer=JobKey(b"k" * 32, KeySource.FILE).signer("job"))
+    while not board._line_published:  # its own poll thread publishes the sealed address
+        time.sleep(0.01)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test says when to go on
+    if mode == "leave":
+        board.close()
+        print("left", flush=True)
+        sys.stdin.readline()
+    else:
+        time.sleep(3600)
+    """
+)
+
+
+@pytest.fixture
+def store():
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+
+
+def _agent(store, mode: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(store.port), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _watcher(store, clock: ManualClock, ticker: ManualTicker, notes: list[str]) -> StoreBoard:
+    return StoreBoard(
+        "127.0.0.1", store.port, 10.0, notes.append, node="n0", watch=("n1",), signer=SIGNER,
+        ticker=ticker, clock=clock.monotonic,
+    )  # fmt: skip
+
+
+def _tick_until(ticker: ManualTicker, done, polls: int = 200) -> bool:
+    """Poll the board until ``done()`` (each poll is a real store call and a real socket read)."""
+    for _ in range(polls):
+        ticker.tick()
+        if done():
+            return True
+    return False
+
+
+def _published(store) -> bool:
+    return store.check([LIVE + "n1"])
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait(timeout=30)
+
+
+def test_a_killed_agent_is_dead_at_once_and_named_so(store):
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    p = _agent(store, "die")
+    try:
+        assert _published(store)
+        board = _watcher(store, clock, ticker, notes)
+        assert _tick_until(ticker, lambda: board._watch.connected("n1") and "n1" in board._watch._held)
+        ticker.tick(5)
+        assert board.dead() == {}  # alive and quiet: no verdict
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        assert _tick_until(ticker, lambda: "n1" in board.dead(), polls=20)
+        ticker.tick(3)
+        assert board.dead()["n1"] == pytest.approx(0.3)  # seconds since it was seen, on the board's clock
+        board.close()
+    finally:
+        _stop(p)
+
+
+def test_an_agent_that_leaves_on_purpose_says_goodbye_and_is_never_dead(store):
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    p = _agent(store, "leave")
+    try:
+        board = _watcher(store, clock, ticker, notes)
+        assert _tick_until(ticker, lambda: "n1" in board._watch._held)
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "left"
+        assert _tick_until(ticker, lambda: "n1" not in board._watch._held, polls=20)
+        assert board.dead() == {}
+        board.close()
+    finally:
+        _stop(p)
+
+
+def test_a_stopped_agent_keeps_its_connection_and_gets_no_verdict(store):
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    p = _agent(store, "die")
+    try:
+        board = _watcher(store, clock, ticker, notes)
+        assert _tick_until(ticker, lambda: "n1" in board._watch._held)
+        os.kill(p.pid, signal.SIGSTOP)
+        ticker.tick(30)
+        assert board.dead() == {} and "n1" in board._watch._held
+        board.close()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        _stop(p)
+
+
+def test_a_planted_unsigned_address_is_refused_and_never_dialled(store):
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    store.set(LIVE + "n1", b"127.0.0.1:9")  # no seal: what another local user could write
+    board = _watcher(store, clock, ticker, notes)
+    ticker.tick(12)
+    assert not board._watch.connected("n1") and board.dead() == {}
+    assert any("unsigned liveness address" in n for n in notes), notes
+    board.close()

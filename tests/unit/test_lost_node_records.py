@@ -1,0 +1,27 @@
+"""The lost node's failure and incident, as the first surviving node records them: a dead agent
+(its liveness connection closed) and a silent host (its heartbeat past the bound) are named apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.launch.inplace.records import lost_without_spare
+
+CTX = {"run_id": "r", "node": "n0", "attempt": 0}
+
+
+def test_a_dead_agents_failure_and_incident_say_its_process_is_gone():
+    failure, incident = lost_without_spare(
+        ("n1",), "n0", ("n0", "n1", "n2"), {"n1": 0.4}, 2, 100.0, CTX, dead={"n1": 0.25}
+    )
+    assert failure.failure == "agent_lost" and failure.rank == 2
+    assert failure.onset == pytest.approx(99.75)  # when the watcher saw the connection end
+    assert "its agent's process is gone (its liveness connection closed)" in failure.evidence
+    assert incident.rule == "inplace:dead-agent" and incident.confidence == 0.95
+    assert incident.cause.startswith("the agent of host n1 died (its process is gone")
+
+
+def test_a_silent_host_keeps_its_heartbeat_verdict():
+    failure, incident = lost_without_spare(("n1",), "n0", ("n0", "n1"), {"n1": 2.6}, 1, 100.0, CTX, dead={})
+    assert failure.onset == pytest.approx(97.4) and "no heartbeat for 2.6s" in failure.evidence
+    assert incident.rule == "inplace:silent-host"
