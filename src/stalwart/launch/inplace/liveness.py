@@ -34,12 +34,12 @@ class Line:
     """This agent's liveness listener: watchers connect and hold their connection."""
 
     def __init__(self, host: str) -> None:
-        """Listen on every address, on a port the kernel picks; ``host`` is the address other nodes
-        reach this one at (what the line publishes)."""
+        """Listen on ``host`` (the address other nodes reach this one at, as the peer store does:
+        never every interface), on a port the kernel picks."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        self._sock.bind((host, 0))
         self._sock.listen(64)
         self._sock.setblocking(False)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
