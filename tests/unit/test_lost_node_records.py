@@ -18,7 +18,7 @@ def test_a_dead_agents_failure_and_incident_say_its_process_is_gone():
     assert failure.onset == pytest.approx(99.75)  # when the watcher saw the connection end
     assert "its agent's process is gone (its liveness connection closed)" in failure.evidence
     assert incident.rule == "inplace:dead-agent" and incident.confidence == 0.95
-    assert incident.cause.startswith("the agent of host n1 died (its process is gone")
+    assert incident.cause.startswith("host n1 left the job: its agent died (its process is gone")
 
 
 def test_a_silent_host_keeps_its_heartbeat_verdict():

@@ -177,8 +177,8 @@ def dead_agent_incident(
     heartbeat bound to wait out. What killed the agent is not seen from here: the class stays unknown."""
     gone = ", ".join(lost)
     return Incident(
-        cause=f"the agent of host {gone} died (its process is gone: the kernel closed its liveness "
-        f"connection) while the ranks of {witness} waited",
+        cause=f"host {gone} left the job: its agent died (its process is gone: the kernel closed its "
+        f"liveness connection) while the ranks of {witness} waited",
         fault_class=FaultClass.UNKNOWN,
         component=Component.UNKNOWN,
         confidence=DEAD_AGENT_CONFIDENCE,
