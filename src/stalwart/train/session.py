@@ -348,6 +348,10 @@ class Session:
         )
         every = 0 if auto is not None else int(checkpoint_every)
         replicas = self._replica_check(state, start)
+        for hook in self._hooks:  # a hook that acts on the state (a chaos bitflip) is handed it
+            bind = getattr(hook, "bind_state", None)
+            if callable(bind):
+                bind(state)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
         step = start
         while step < total_steps:
