@@ -112,12 +112,14 @@ class ChaosHook:
                 timer.start()
             else:
                 self._fire(fault, step)
-        for fault in self._flips:
-            if fault.target == "grad" and fault.step == step and claim(self._chaos_dir, fault):
+        for fault in self._flips:  # only a Session's loop hands over a state (the bootstrap's hook has none)
+            if self.state is None or fault.target != "grad" or fault.step != step:
+                continue
+            if claim(self._chaos_dir, fault):
                 from .bitflip import flip_grad_at_next_step  # deferred: torch, for a bitflip only
 
                 why = flip_grad_at_next_step(
-                    self.state or {}, fault.bit, lambda text, f=fault: self._flipped(f, step, text)
+                    self.state, fault.bit, lambda text, f=fault: self._flipped(f, step, text)
                 )
                 if why:
                     self._flipped(fault, step, why)
@@ -199,11 +201,13 @@ class ChaosHook:
             )
 
     def step_ended(self, step: int, seconds: float) -> None:
-        for fault in self._flips:
-            if fault.target != "grad" and fault.step == step and claim(self._chaos_dir, fault):
+        for fault in self._flips:  # only a Session's loop hands over a state (the bootstrap's hook has none)
+            if self.state is None or fault.target == "grad" or fault.step != step:
+                continue
+            if claim(self._chaos_dir, fault):
                 from .bitflip import flip_state  # deferred: torch, for a bitflip only
 
-                self._flipped(fault, step, flip_state(self.state or {}, fault.target, fault.bit))
+                self._flipped(fault, step, flip_state(self.state, fault.target, fault.bit))
         unslowed = seconds - self._extra
         self.base_step_s = unslowed if self.base_step_s == 0 else 0.8 * self.base_step_s + 0.2 * unslowed
         self._extra = 0.0
