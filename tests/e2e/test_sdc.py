@@ -53,14 +53,20 @@ def test_a_flipped_bit_is_found_named_and_rolled_back_to_the_clean_result(tmp_pa
     rd, digests = _run(tmp_path, target, f"bitflip@rank=1,step={FLIP_STEP},target={target}")
     evs = events(rd)
     (flip,) = [e for e in evs if isinstance(e, ChaosInjected)]
-    assert (flip.fault, flip.rank, flip.step) == ("bitflip", 1, FLIP_STEP) and "nothing flipped" not in flip.detail
+    assert (flip.fault, flip.rank, flip.step) == (
+        "bitflip",
+        1,
+        FLIP_STEP,
+    ) and "nothing flipped" not in flip.detail
     (sdc,) = [e for e in evs if isinstance(e, SilentCorruption)]
     assert sdc.suspect_ranks == (1,) and sdc.suspect_nodes and sdc.verdict == "odd_one_out"
     assert sdc.action == "rollback" and sdc.to_step == FLIP_STEP and sdc.confidence > 0.5
     # found at the first check after the flip: within one interval, and at the latest at the next save
     assert FLIP_STEP + 1 <= sdc.step <= min(FLIP_STEP + 1 + sdc.interval, 40)
     assert sdc.last_clean_step <= FLIP_STEP and sdc.tensors and sdc.evidence
-    assert any(isinstance(e, IncidentRaised) and e.rule == "sdc:replica-mismatch" and e.ranks == (1,) for e in evs)
+    assert any(
+        isinstance(e, IncidentRaised) and e.rule == "sdc:replica-mismatch" and e.ranks == (1,) for e in evs
+    )
     assert any(isinstance(e, TrainingResumed) and e.step == FLIP_STEP for e in evs)
     assert digests == clean[1], "every replica ends where the run without the fault ends"
     stats = {d.detector: d for d in detector_stats(evs)}["sdc"]
