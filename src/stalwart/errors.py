@@ -47,6 +47,11 @@ class CheckpointError(StalwartError):
     """A checkpoint cannot be written or no checkpoint can be trusted."""
 
 
+class SilentCorruptionError(StalwartError):
+    """Data-parallel replicas hold different state and there is no clean checkpoint to roll back to,
+    or the corruption came back after rollbacks (a faulty node): the run must not go on."""
+
+
 class FaultPlanError(StalwartError):
     """A chaos fault plan is malformed."""
 

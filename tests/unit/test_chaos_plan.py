@@ -143,8 +143,22 @@ def test_a_kind_is_an_enum_that_still_reads_and_writes_as_its_name(tmp_path):
     assert Fault("kill-agent", node=1, step=50) == fault  # built from the name, as the JSON plan does
     assert '"kind": "kill-agent"' in FaultPlan((fault,)).to_json()
     # worker faults need a rank and fire in the worker; the agent's fire in the agent
-    assert {k for k in FaultKind if k.in_worker} == {"crash", "exit", "raise", "hang", "slow"}
+    assert {k for k in FaultKind if k.in_worker} == {"crash", "exit", "raise", "hang", "slow", "bitflip"}
     assert {k for k in FaultKind if not k.once} == {FaultKind.RAISE, FaultKind.SLOW}
     with pytest.raises(ValueError):
         Fault("explode")
     assert claim(tmp_path, fault) and (tmp_path / "fired-kill-agent-rNone-s50-n1").exists()
+
+
+def test_a_bitflip_names_its_target_and_bit_and_refuses_what_it_cannot_do():
+    f = parse_spec("bitflip@rank=1,step=30")
+    assert (f.kind, f.rank, f.step, f.target, f.bit) == (FaultKind.BITFLIP, 1, 30, "param", -1)
+    assert f.once and "param, bit lowest exponent" in f.describe()
+    g = parse_spec("bitflip@rank=2,step=5,target=grad,bit=30")
+    assert (g.target, g.bit) == ("grad", 30) and "grad, bit 30" in g.describe()
+    assert FaultPlan.from_json(FaultPlan((g,)).to_json()).faults == (g,)
+    for bad in ("bitflip@rank=1,step=3,target=disk", "bitflip@rank=1,step=3,bit=64", "bitflip@step=3"):
+        with pytest.raises(FaultPlanError):
+            parse_spec(bad)
+    with pytest.raises(FaultPlanError, match="only bitflip"):
+        parse_spec("crash@rank=1,step=3,bit=2")

@@ -10,6 +10,10 @@ Flag syntax (``--chaos``, repeatable, or comma-separated)::
     hang@rank=2,step=60           the worker stops making progress at step 60
     slow@rank=3,factor=1.5        rank 3 runs every step 1.5x slower (from=step, to=step optional)
     kill-agent@node=1,step=50     the agent with node index 1 SIGKILLs itself (and so its workers)
+    bitflip@rank=1,step=30        flip one bit of one of rank 1's weights after step 30 (silent data
+                                  corruption); target=param|grad|optim (a gradient just before the
+                                  optimizer step, or an optimizer state tensor), bit=N (default: the
+                                  lowest exponent bit of the tensor's type, which doubles or halves it)
     corrupt-checkpoint@step=70    flip bytes in the newest committed checkpoint once step 70 is reached
     truncate-checkpoint@step=70   truncate a file of the newest committed checkpoint
     corrupt-checkpoint@step=70,on=failure
@@ -50,12 +54,20 @@ class FaultKind(Label):
     KILL_AGENT = "kill-agent"  # the agent SIGKILLs itself (and so its workers)
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"  # the agent flips bytes in the newest checkpoint
     TRUNCATE_CHECKPOINT = "truncate-checkpoint"  # the agent truncates a file of the newest checkpoint
+    BITFLIP = "bitflip"  # the worker flips a bit of its model, gradient or optimizer state (SDC)
 
     @property
     def in_worker(self) -> bool:
         """Fired by the worker (the SDK's session); else by the agent."""
         match self:
-            case FaultKind.CRASH | FaultKind.EXIT | FaultKind.RAISE | FaultKind.HANG | FaultKind.SLOW:
+            case (
+                FaultKind.CRASH
+                | FaultKind.EXIT
+                | FaultKind.RAISE
+                | FaultKind.HANG
+                | FaultKind.SLOW
+                | FaultKind.BITFLIP
+            ):
                 return True
             case FaultKind.KILL_AGENT | FaultKind.CORRUPT_CHECKPOINT | FaultKind.TRUNCATE_CHECKPOINT:
                 return False
@@ -76,6 +88,7 @@ class FaultKind(Label):
                 | FaultKind.KILL_AGENT
                 | FaultKind.CORRUPT_CHECKPOINT
                 | FaultKind.TRUNCATE_CHECKPOINT
+                | FaultKind.BITFLIP
             ):
                 return True
             case _:
@@ -85,7 +98,9 @@ class FaultKind(Label):
 WORKER_FAULTS = tuple(k for k in FaultKind if k.in_worker)
 AGENT_FAULTS = tuple(k for k in FaultKind if not k.in_worker)
 KINDS = WORKER_FAULTS + AGENT_FAULTS
-_KEYS = {"rank", "step", "factor", "node", "from", "to", "id", "at", "on"}
+_KEYS = {"rank", "step", "factor", "node", "from", "to", "id", "at", "on", "target", "bit"}
+FLIP_TARGETS = ("param", "grad", "optim")  # what a bitflip corrupts
+MAX_BIT = 63
 MAX_FAULTS = 1000  # a plan is a handful of faults; thousands are a mistake (and blow the env size)
 MAX_PLAN_BYTES = 1 << 20
 MAX_SPEC_CHARS = 1000
@@ -104,6 +119,8 @@ class Fault:
     ident: str = ""
     at: float = 0.0  # crash, exit: how far into the step it strikes, as a fraction of the step time
     on_failure: bool = False  # checkpoint damage: strike when an attempt fails, not when the step comes
+    target: str = ""  # bitflip: param | grad | optim ("" for the others)
+    bit: int = -1  # bitflip: the bit flipped; -1: the lowest exponent bit of the tensor's type
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FaultKind(self.kind))
@@ -127,6 +144,8 @@ class Fault:
         if self.step is not None:
             where.append(f"step {self.step}")
         into = f" ({self.at:g} of the way through)" if self.at else ""
+        if self.kind is FaultKind.BITFLIP:
+            into = f" ({self.target}, bit {self.bit if self.bit >= 0 else 'lowest exponent'})"
         when = ", at the first failure from then on" if self.on_failure else ""
         return f"{self.kind} at " + ", ".join(where) + into + when
 
@@ -208,6 +227,7 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         raise FaultPlanError(f"fault 'slow': to={stop} is before from={start}")
     at = _fraction(fault_kind, params["at"]) if "at" in params else 0.0
     on_failure = _on(fault_kind, params["on"]) if "on" in params else False
+    target, bit = _flip_of(fault_kind, params)
     return Fault(
         kind=fault_kind,
         rank=rank,
@@ -219,7 +239,26 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
         ident=_ident(name, params.get("id", "")),
         at=at,
         on_failure=on_failure,
+        target=target,
+        bit=bit,
     )
+
+
+def _flip_of(kind: FaultKind, params: dict[str, Any]) -> tuple[str, int]:
+    """A bitflip's ``target=`` (param by default) and ``bit=`` (-1: the lowest exponent bit)."""
+    if kind is not FaultKind.BITFLIP:
+        if "target" in params or "bit" in params:
+            raise FaultPlanError(f"fault {kind.value!r} takes no target= or bit= (only bitflip does)")
+        return "", -1
+    target = str(params.get("target", "param")).strip().lower()
+    if target not in FLIP_TARGETS:
+        raise FaultPlanError(
+            f"fault 'bitflip': target={_shown(target)} is not known", f"use one of: {', '.join(FLIP_TARGETS)}"
+        )
+    bit = _int("bitflip", "bit", params["bit"]) if "bit" in params else -1
+    if bit > MAX_BIT:
+        raise FaultPlanError(f"fault 'bitflip': bit={bit} must be at most {MAX_BIT}")
+    return target, bit
 
 
 def _on(kind: FaultKind, raw: Any) -> bool:
@@ -288,6 +327,7 @@ def _check_needs(
             | FaultKind.HANG
             | FaultKind.CORRUPT_CHECKPOINT
             | FaultKind.TRUNCATE_CHECKPOINT
+            | FaultKind.BITFLIP
         ):
             pass
         case _:

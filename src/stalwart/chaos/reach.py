@@ -30,6 +30,8 @@ def hook_fires(kind: FaultKind) -> bool:
             return True  # the agent fires it once the hooks report its step
         case FaultKind.CORRUPT_CHECKPOINT | FaultKind.TRUNCATE_CHECKPOINT:
             return False  # only the SDK writes a checkpoint Stalwart can reach
+        case FaultKind.BITFLIP:
+            return False  # only the SDK's loop holds the state it flips and checks
         case _:
             assert_never(kind)
 
@@ -47,6 +49,8 @@ def spec_of(fault: Fault) -> str:
         parts.append(f"factor={fault.factor:g}")
     if fault.on_failure:
         parts.append("on=failure")
+    if fault.kind is FaultKind.BITFLIP:
+        parts.append(f"target={fault.target}" + (f",bit={fault.bit}" if fault.bit >= 0 else ""))
     if fault.ident:
         parts.append(f"id={fault.ident}")
     return f"{fault.kind.value}@" + ",".join(parts)

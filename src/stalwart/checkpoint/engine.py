@@ -384,12 +384,13 @@ class CheckpointEngine:
         return self._walk.candidates(self.tiers)
 
     def load_latest(
-        self, target_state: dict[str, Any]
+        self, target_state: dict[str, Any], max_step: int | None = None
     ) -> EngineLoad | None:  # Any: torch state_dict values (tensors, nested containers, user objects)
         """Load, in place into ``target_state``, the newest version that verifies (resharding to
-        this world size). Every version skipped is a CheckpointRejected event with its reason."""
+        this world size), of a step no later than ``max_step`` when given (a rollback). Every
+        version skipped is a CheckpointRejected event with its reason."""
         self.wait()
-        return self._walk.load_latest(self.tiers, target_state)
+        return self._walk.load_latest(self.tiers, target_state, max_step)
 
     def close(self) -> None:
         try:

@@ -152,13 +152,15 @@ class TierWalk:
             )
 
     def load_latest(
-        self, tiers: list[TierConfig], target_state: dict[str, Any]
+        self, tiers: list[TierConfig], target_state: dict[str, Any], max_step: int | None = None
     ) -> EngineLoad | None:  # Any: torch state_dict values (tensors, nested containers, user objects)
         """Collective: load, in place into ``target_state``, the newest version that verifies
-        (resharding to this world size)."""
+        (resharding to this world size), of a step no later than ``max_step`` when one is given."""
         p = self.parts
         t0 = p.clock()
         cands = candidates_from_json(p.comm.broadcast(candidates_to_json(self._all_candidates(tiers))), 0)
+        if max_step is not None:  # a rollback: newer versions are not trusted
+            cands = [c for c in cands if c[0] <= max_step]
         rejected: list[str] = []
         node_local = {t.name for t in tiers if t.node_local}
         for step, tier, loc in cands:

@@ -1,7 +1,7 @@
 """Detectors that know their precision: join each firing with what followed (pure, over events).
 
 A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``failure`` kind),
-``StragglerDetected`` (``straggler``), a failing ``HealthChecked`` (``health.<level>``), a
+``StragglerDetected`` (``straggler``), ``SilentCorruption`` (``sdc``, at each replica it names), a failing ``HealthChecked`` (``health.<level>``), a
 ``CheckpointRejected`` (``checkpoint_verify``: the load refused a damaged checkpoint). It is
 *confirmed* when, on the same rank (or node), within ``window_s``:
 
@@ -37,6 +37,7 @@ from ..events import (
     StepCompleted,
     StragglerDetected,
 )
+from ..events.integrity import SilentCorruption
 from ..policy.label import Label
 
 FIXING_ACTIONS = ("exclude_node", "drain", "exclude_quarantine", "quarantine")
@@ -51,6 +52,7 @@ EXPECTED_DETECTORS: dict[str, tuple[str, ...]] = {
     "kill-agent": ("agent_lost",),
     "corrupt-checkpoint": ("checkpoint_verify",),  # the load refuses the damaged version
     "truncate-checkpoint": ("checkpoint_verify",),
+    "bitflip": ("sdc",),  # the cross-replica check names the rank (train/replica_check.py)
 }
 
 
@@ -99,6 +101,9 @@ def firings(events: Iterable[Event]) -> tuple[Firing, ...]:
             out.append(Firing(f"health.{getattr(e, 'level', 'passive')}", e.ts, e.node, -1))
         elif isinstance(e, CheckpointRejected):
             out.append(Firing("checkpoint_verify", e.ts, e.node, -1))
+        elif isinstance(e, SilentCorruption):  # one firing per replica it names (none named: its writer's)
+            named = zip(e.suspect_ranks, e.suspect_nodes, strict=False)
+            out += [Firing("sdc", e.ts, n, r) for r, n in named] or [Firing("sdc", e.ts, e.node, -1)]
     return tuple(sorted(out, key=lambda f: f.ts))
 
 

@@ -4,8 +4,8 @@ Every event has a wall-clock timestamp ``ts`` (seconds since the epoch) and opti
 (run, node, attempt, rank). Events are serialised as ``kind`` + JSON payload by the ledger.
 
 The whole vocabulary lives in this package, on the layer below everything that writes or reads
-events: the core kinds here, the health and checkpoint kinds in :mod:`.node_health` and
-:mod:`.checkpoint`, imported at the end of this module, so every kind is registered before the
+events: the core kinds here, the health, checkpoint and integrity kinds in :mod:`.node_health`,
+:mod:`.checkpoint` and :mod:`.integrity`, imported at the end of this module, so every kind is registered before the
 first ``decode``. The ledger decodes every registered kind and returns :class:`RawEvent` for kinds
 it does not know, so an old reader never fails on a new file.
 """
@@ -348,4 +348,4 @@ def registered_kinds() -> dict[str, type[Event]]:
 
 
 # The kinds of the health and checkpoint packages; imported last, as they build on ``event`` above.
-from . import checkpoint, node_health  # noqa: E402, F401
+from . import checkpoint, integrity, node_health  # noqa: E402, F401

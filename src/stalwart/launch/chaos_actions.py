@@ -76,6 +76,7 @@ def damage(ckpt: Path, kind: FaultKind | str) -> str:
             | FaultKind.HANG
             | FaultKind.SLOW
             | FaultKind.KILL_AGENT
+            | FaultKind.BITFLIP
         ):
             raise ValueError(f"fault {fault.value!r} does not damage a checkpoint")
         case _:

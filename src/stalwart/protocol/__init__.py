@@ -33,6 +33,8 @@ DEFAULT_PG_TIMEOUT_S = 600.0
 # In-place recovery: the bound on each wait of a re-formation (a survivor waiting for the agent's
 # request, the new group forming, the state transfer); the agent's own bound derives from it.
 DEFAULT_REFORM_TIMEOUT_S = 30.0
+# Silent data corruption: the share of step time the cross-replica state checks may take, by default.
+DEFAULT_SDC_BUDGET = 0.01
 
 MAX_LINE = 4000  # < PIPE_BUF (4096): one write is atomic
 
@@ -63,6 +65,8 @@ class WorkerEnv:
     generation: int = 0  # the process group's generation this worker joins (> 0: an in-place replacement)
     reform_timeout_s: float = DEFAULT_REFORM_TIMEOUT_S  # bound on each wait of a re-formation; 0: not offered
     history_mtbf_s: float = 0.0  # this node's MTBF from its health history (0: none), for an auto interval
+    sdc_every: int = 0  # steps between cross-replica state checks; 0: from sdc_budget; -1: off
+    sdc_budget: float = DEFAULT_SDC_BUDGET  # the share of step time those checks may take
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -81,6 +85,8 @@ class WorkerEnv:
             f"{PREFIX}GENERATION": str(self.generation),
             f"{PREFIX}REFORM_TIMEOUT_S": repr(self.reform_timeout_s),
             f"{PREFIX}HISTORY_MTBF_S": repr(self.history_mtbf_s),
+            f"{PREFIX}SDC_EVERY": str(self.sdc_every),
+            f"{PREFIX}SDC_BUDGET": repr(self.sdc_budget),
         }
 
     @classmethod
@@ -105,6 +111,8 @@ class WorkerEnv:
                 generation=int(env.get(f"{PREFIX}GENERATION", "0") or 0),
                 reform_timeout_s=float(env.get(f"{PREFIX}REFORM_TIMEOUT_S", DEFAULT_REFORM_TIMEOUT_S)),
                 history_mtbf_s=float(env.get(f"{PREFIX}HISTORY_MTBF_S", "0") or 0),
+                sdc_every=int(env.get(f"{PREFIX}SDC_EVERY", "0") or 0),
+                sdc_budget=float(env.get(f"{PREFIX}SDC_BUDGET", "") or DEFAULT_SDC_BUDGET),
             )
         except ValueError:
             return None

@@ -1,5 +1,5 @@
-"""Settings of the recovery ladder's first rung (part of the one schema: settings/schema.py has the
-rest, settings/run_config.py composes them into ``RunConfig``)."""
+"""Settings of the recovery ladder's first rung and of silent-data-corruption checks (part of the one
+schema: settings/schema.py has the rest, settings/run_config.py composes them into ``RunConfig``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from ..protocol import DEFAULT_REFORM_TIMEOUT_S
+from ..protocol import DEFAULT_REFORM_TIMEOUT_S, DEFAULT_SDC_BUDGET
 from .schema import MODEL_CONFIG, setting
 
 
@@ -47,4 +47,26 @@ class InPlaceSettings(BaseModel):
         default=-1,
         ge=-1,
         description="The attempt whose in-place recovery is forced to fail (testing); -1: none.",
+    )
+
+
+class SdcSettings(BaseModel):
+    """Silent data corruption (docs/sdc.md): data-parallel replicas compare exact fingerprints of their
+    state; a replica that differs is named and every rank rolls back to a checkpoint verified clean."""
+
+    model_config = MODEL_CONFIG
+
+    every: Annotated[int, setting("sdc_every", "--sdc-every")] = Field(
+        default=0,
+        ge=-1,
+        description=(
+            "Steps between cross-replica state checks (every checkpoint save is checked too); "
+            "0: as often as --sdc-budget allows; -1: off."
+        ),
+    )
+    budget: Annotated[float, setting("sdc_budget", "--sdc-budget")] = Field(
+        default=DEFAULT_SDC_BUDGET,
+        gt=0,
+        le=0.5,
+        description="Share of step time the cross-replica state checks may take (with --sdc-every 0).",
     )

@@ -29,7 +29,7 @@ from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..policy.world_size import SizeRule
 from . import sources as _sources
 from .etcd_access import check_etcd_access
-from .recovery import InPlaceSettings
+from .recovery import InPlaceSettings, SdcSettings
 from .schema import (
     ChaosSettings,
     CheckpointSettings,
@@ -111,6 +111,7 @@ class RunConfig(BaseSettings):
     faults: ChaosSettings = ChaosSettings()
     health: HealthSettings = HealthSettings()
     reform: InPlaceSettings = InPlaceSettings()
+    sdc: SdcSettings = SdcSettings()
     observe: ObserveSettings = ObserveSettings()
     diagnosis: DiagnosisSettings = DiagnosisSettings()
     straggler: StragglerSettings = StragglerSettings()

@@ -12,7 +12,10 @@ neither imports :mod:`stalwart.chaos` nor pays a per-step call for it.
   that fraction of this rank's step time into the step, from a timer thread (a kill needs no help
   from the training thread);
 * ``slow`` makes every step in its span ``factor`` times as long: the first section of each step
-  spends (factor - 1) x this rank's own unslowed step time extra.
+  spends (factor - 1) x this rank's own unslowed step time extra;
+* ``bitflip`` flips one bit of the loop's state once per run (``bitflip.py``): a parameter or an
+  optimizer state tensor at the end of its step, a gradient just before that step's optimizer step.
+  The Session hands the hook its loop's ``state``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +79,10 @@ class ChaosHook:
         ] = threading.Timer,  # Any: threading.Timer's signature
     ) -> None:
         self.rank = rank
-        self._at_step = tuple(f for f in faults if f.kind != "slow")
+        self._at_step = tuple(f for f in faults if f.kind not in ("slow", "bitflip"))
         self._slow = tuple(f for f in faults if f.kind == "slow")
+        self._flips = tuple(f for f in faults if f.kind == "bitflip")
+        self.state: Mapping[str, Any] | None = None  # Any: the loop's state (a bitflip's victim)
         self._chaos_dir = chaos_dir
         self._emit = emit
         self._context = context
@@ -107,6 +112,33 @@ class ChaosHook:
                 timer.start()
             else:
                 self._fire(fault, step)
+        for fault in self._flips:  # only a Session's loop hands over a state (the bootstrap's hook has none)
+            if self.state is None or fault.target != "grad" or fault.step != step:
+                continue
+            if claim(self._chaos_dir, fault):
+                from .bitflip import flip_grad_at_next_step  # deferred: torch, for a bitflip only
+
+                why = flip_grad_at_next_step(
+                    self.state, fault.bit, lambda text, f=fault: self._flipped(f, step, text)
+                )
+                if why:
+                    self._flipped(fault, step, why)
+
+    def bind_state(self, state: Mapping[str, Any]) -> None:  # Any: the loop's state (torch objects)
+        """The state a ``bitflip`` corrupts: the Session's loop hands it over at its start."""
+        self.state = state
+
+    def _flipped(self, fault: Fault, step: int, text: str) -> None:
+        """A bitflip's ground truth: what it flipped, for the detector precision table."""
+        self._emit(
+            ChaosInjected(
+                ts=self._clock.now(),
+                fault=fault.kind,
+                step=step,
+                detail=f"{fault.describe()}: {text}",
+                **self._context,
+            )
+        )
 
     def _fire(self, fault: Fault, step: int) -> None:
         if fault.kind in ("crash", "exit", "hang"):  # the agent then names the plan as the cause
@@ -169,6 +201,13 @@ class ChaosHook:
             )
 
     def step_ended(self, step: int, seconds: float) -> None:
+        for fault in self._flips:  # only a Session's loop hands over a state (the bootstrap's hook has none)
+            if self.state is None or fault.target == "grad" or fault.step != step:
+                continue
+            if claim(self._chaos_dir, fault):
+                from .bitflip import flip_state  # deferred: torch, for a bitflip only
+
+                self._flipped(fault, step, flip_state(self.state, fault.target, fault.bit))
         unslowed = seconds - self._extra
         self.base_step_s = unslowed if self.base_step_s == 0 else 0.8 * self.base_step_s + 0.2 * unslowed
         self._extra = 0.0

@@ -109,13 +109,14 @@ class Checkpoints:
     # --- load and save ------------------------------------------------------------------------
 
     def resume(
-        self, state: dict[str, Any]
+        self, state: dict[str, Any], max_step: int | None = None
     ) -> EngineLoad | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
-        """Load the newest good checkpoint into ``state`` (collective); None when there is none."""
+        """Load the newest good checkpoint into ``state`` (collective), of a step no later than
+        ``max_step`` when given; None when there is none."""
         from . import state as state_io  # deferred: heavy (torch)
 
         targets = state_io.load_targets(state)
-        found = self.engine.load_latest(targets.tensors)
+        found = self.engine.load_latest(targets.tensors, max_step)
         if found is None:
             state_io.forget_init(targets.fresh)
             return None

@@ -37,13 +37,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..checkpoint.auto_every import auto_every_for
-from ..events import CheckpointLoaded, CheckpointRejected, Event, TrainingFinished, TrainingResumed
-from ..events.checkpoint import CheckpointPersistFailed
+from ..events import Event, TrainingFinished, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..ledger import LedgerWriter
 from ..protocol import (
     CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
+    DEFAULT_SDC_BUDGET,
     CheckpointDone,
     DurableKind,
     Finished,
@@ -51,7 +51,6 @@ from ..protocol import (
     LoopStarted,
     Message,
     Note,
-    PhaseChanged,
     SignalSeen,
     StepDone,
     WorkerEnv,
@@ -64,6 +63,7 @@ from .checkpoints import Checkpoints
 from .clock import SYSTEM_CLOCK, Clock
 from .inplace import Generation
 from .process_guard import ProcessGuard
+from .session_scopes import Phase, Section, live_note
 from .step_hooks import StepHook
 from .worker_link import WorkerLink
 
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from ..checkpoint.engine import CheckpointEngine
     from ..ledger import LedgerWriter
     from .reform import Reformer
+    from .replica_check import ReplicaCheck
 
 T = TypeVar("T")
 
@@ -123,6 +124,7 @@ class Session:
         self._completed = 0
         self._hooks: tuple[StepHook, ...] = (*hooks, *self._chaos(wenv))
         self._reform: Reformer | None = None  # in-place recovery, when the script runs under run()
+        self._replicas: ReplicaCheck | None = None  # silent-data-corruption checks, from the first loop
         self._guard = self._process_guard(wenv)
         self._guard.install()
         self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
@@ -237,7 +239,7 @@ class Session:
             return
         if not ev.run_id and ev.attempt < 0:  # events from the checkpoint layer carry no context
             ev = dataclasses.replace(ev, **self._ctx())
-        note = _live_note(ev)
+        note = live_note(ev)
         if note:
             self._send(Note(self.rank, note, self._now()))
         with self._emit_lock:  # the checkpoint persist thread emits too
@@ -275,10 +277,11 @@ class Session:
         background; loads verify, fall back to older versions and reshard to this world size."""
         return self._ckpt.engine
 
-    def resume(self, state: dict[str, Any]) -> int:  # Any: user state (torch objects)
-        """Load the newest good checkpoint into ``state``; return the number of steps already done.
-        Collective: models and optimizers load resharded to this world size (see train/state.py)."""
-        found = self._ckpt.resume(state)
+    def resume(self, state: dict[str, Any], *, max_step: int | None = None) -> int:  # Any: user state
+        """Load the newest good checkpoint (of a step no later than ``max_step``, if given) into
+        ``state``; return the number of steps already done. Collective: models and optimizers load
+        resharded to this world size (see train/state.py)."""
+        found = self._ckpt.resume(state, max_step)
         self._completed = found.step if found is not None else 0
         if self.rank == 0:  # a fresh start is a resume from step 0: after a failure, all work was lost
             origin = str(found.path) if found is not None else ""
@@ -344,20 +347,33 @@ class Session:
             else None
         )
         every = 0 if auto is not None else int(checkpoint_every)
+        replicas = self._replica_check(state, start)
+        for hook in self._hooks:  # a hook that acts on the state (a chaos bitflip) is handed it
+            bind = getattr(hook, "bind_state", None)
+            if callable(bind):
+                bind(state)
         self._send(LoopStarted(self.rank, start, total_steps, self._now()))
-        for step in range(start, total_steps):
+        step = start
+        while step < total_steps:
             self._begin_step(step)
             yield step
             self._end_step(step)
-            if auto is not None and auto.due(self._completed):
+            done = self._completed
+            saving = auto.due(done) if auto is not None else bool(every) and done % every == 0
+            if replicas is not None and replicas.due(done, saving or done == total_steps):
+                back = replicas.verify(done, saving)  # silent data corruption: raises if it must stop
+                if back >= 0:  # every rank goes back to the newest checkpoint verified clean
+                    step = self.resume(state, max_step=back)
+                    continue
+            if saving:
                 self.save(state)
-                auto.saved(self._completed)
-            elif every and self._completed % every == 0:
-                self.save(state)
+                if auto is not None:
+                    auto.saved(done)
             if self._stop_requested():
                 self._stop(state)
             if self._reform is not None:
                 self._reform.check()
+            step = self._completed
         if checkpoint_every:
             why = self.make_durable(state, emergency=False)
             self._send(
@@ -367,6 +383,32 @@ class Session:
             self._ckpt.wait()
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
+
+    def _replica_check(self, state: dict[str, Any], start: int) -> ReplicaCheck | None:  # Any: user state
+        """Collective: the silent-data-corruption check for this loop (docs/sdc.md), or None when the
+        job has one rank or the agent turned it off."""
+        w = self.worker_env
+        if self.world_size < 2 or (w is not None and w.sdc_every < 0):
+            return None
+        import torch.distributed as dist  # deferred: heavy (torch)
+
+        from .replica_check import ReplicaCheck  # deferred: heavy (torch)
+
+        if not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        if self._replicas is None:
+            self._replicas = ReplicaCheck(
+                every=w.sdc_every if w else 0,
+                budget=w.sdc_budget if w else DEFAULT_SDC_BUDGET,
+                rank=self.rank,
+                node=self.node,
+                clock=self._clock,
+                emit=self.emit,
+                note=lambda text: self._send(Note(self.rank, text, self._now())),
+                context=self._ctx,
+            )
+        self._replicas.begin(state, start, resumed=start > 0 and self._ckpt.loaded_step == start)
+        return self._replicas
 
     def _start(self, state: dict[str, Any], resume: bool) -> int:  # Any: user state (torch objects)
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
@@ -416,17 +458,17 @@ class Session:
         self._completed = step + 1
         self._step = None
 
-    def section(self, name: str) -> _Section:
+    def section(self, name: str) -> Section:
         """``with session.section("forward"): ...`` times a named part of the step."""
-        return _Section(self, name)
+        return Section(self, name)
 
-    def phase(self, name: str, *, budget_s: float) -> _Phase:
+    def phase(self, name: str, *, budget_s: float) -> Phase:
         """``with session.phase("eval", budget_s=600): ...`` marks a long phase outside the steps
         (evaluation, a data-set rebuild): while it lasts the hang timeout is ``budget_s`` from its
         start, for this rank and for the ranks that wait for it in a collective."""
         if not name or budget_s <= 0:
             raise ValueError("a phase needs a name and a positive budget_s")
-        return _Phase(self, name, float(budget_s))
+        return Phase(self, name, float(budget_s))
 
     def _section_done(self, name: str, t0: float) -> None:
         self._sections[name] = self._sections.get(name, 0.0) + (self._now() - t0)
@@ -451,50 +493,3 @@ class Session:
         self._ckpt.close()  # waits for background persists
         self._send(Finished(self.rank, self._completed, preempted, self._now()))
         self._close_ledger()
-
-
-def _live_note(ev: Event) -> str:
-    """A line worth showing live on the agent's console for a checkpoint event, or ""."""
-    if isinstance(ev, CheckpointLoaded) and ev.tier == "peer":  # state from a peer
-        return f"checkpoint of step {ev.step} restored from a peer's copy"
-    if isinstance(ev, CheckpointRejected):  # a fallback to an older checkpoint
-        return f"checkpoint {Path(ev.path).name} rejected: {ev.reason}"
-    if isinstance(ev, CheckpointPersistFailed):  # and a save that did not commit
-        return f"checkpoint of step {ev.step} not committed to {ev.tier}: {ev.reason}"
-    return ""
-
-
-class _Phase:
-    __slots__ = ("_session", "_name", "_budget")
-
-    def __init__(self, session: Session, name: str, budget_s: float) -> None:
-        self._session = session
-        self._name = name
-        self._budget = budget_s
-
-    def __enter__(self) -> None:
-        s = self._session
-        s._send(PhaseChanged(s.rank, self._name, self._budget, s._now()))
-
-    def __exit__(self, *exc: object) -> None:
-        s = self._session
-        s._send(PhaseChanged(s.rank, "", 0.0, s._now()))
-
-
-class _Section:
-    """A section's context manager (a plain class: ``contextlib`` costs ~5 us per use)."""
-
-    __slots__ = ("_session", "_name", "_t0")
-
-    def __init__(self, session: Session, name: str) -> None:
-        self._session = session
-        self._name = name
-        self._t0 = 0.0
-
-    def __enter__(self) -> None:
-        s = self._session
-        self._t0 = t = s._now()
-        s._link.beat(s._step if s._step is not None else s._completed, self._name, t)
-
-    def __exit__(self, *exc: object) -> None:
-        self._session._section_done(self._name, self._t0)

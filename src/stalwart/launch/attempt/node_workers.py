@@ -284,6 +284,8 @@ class NodeWorkers:
             reform_timeout_s=cfg.reform.timeout_s if cfg.reform.enabled else 0.0,
             chaos=self.faults.to_json(),
             history_mtbf_s=self._history_mtbf(),
+            sdc_every=cfg.sdc.every,
+            sdc_budget=cfg.sdc.budget,
             generation=generation,
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()

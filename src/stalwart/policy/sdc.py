@@ -1,0 +1,138 @@
+"""Silent data corruption: which replica holds corrupted state, and what to do about it (pure).
+
+Data-parallel replicas must hold bit-identical state after every step. Each replica reports one
+fingerprint per state tensor (``train/fingerprint.py``); :func:`localise` compares them and
+:func:`decide` turns what it found into a decision with a reason. No torch, no store, no clock:
+the SDK's ``train/replica_check.py`` gathers the fingerprints and carries out the decision, and the
+unit tests drive these functions with plain integers.
+
+How sure localisation is: with three or more replicas and one of them different from a strict
+majority, that replica holds the corrupted state (two independent corruptions giving identical
+fingerprints do not happen); its node is the likely cause (0.9), not a certain one, since a
+corrupted collective can deliver bad data to one receiver. Several replicas differing from a
+majority point to a shared cause (0.6). Two replicas that disagree, or no majority at all, name no
+replica: every replica rolls back, and the evidence says the pair disagreed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from typing_extensions import assert_never
+
+from .label import Label
+
+ODD_ONE_OUT_CONFIDENCE = 0.9  # one replica differs from a majority of two or more
+SEVERAL_CONFIDENCE = 0.6  # more than one replica differs from a majority
+PAIR_CONFIDENCE = 0.5  # two replicas disagree: either may be the one
+MAX_ROLLBACKS = 3  # corruption found again after this many rollbacks in one run: stop
+MAX_INTERVAL = 10_000  # steps between checks at most (a save checks too)
+
+
+class ReplicaVerdict(Label):
+    """What the comparison of the replicas' fingerprints found."""
+
+    AGREE = "agree"  # every replica holds the same state
+    ODD_ONE_OUT = "odd_one_out"  # a strict majority agrees; the others are named
+    PAIR = "pair"  # two replicas disagree: which one is corrupted is not known
+    SPLIT = "split"  # no strict majority among three or more
+
+
+@dataclass(frozen=True)
+class Localisation:
+    verdict: ReplicaVerdict
+    suspects: tuple[int, ...]  # replica indexes (ranks in the replica group); () when none is named
+    confidence: float  # that the suspects' nodes caused it (0 when none is named)
+    tensors: tuple[int, ...]  # indexes of the state tensors whose fingerprints differ
+    reason: str
+
+    @property
+    def clean(self) -> bool:
+        return self.verdict is ReplicaVerdict.AGREE
+
+
+def localise(prints: Sequence[Sequence[int]]) -> Localisation:
+    """Compare one fingerprint vector per replica (in replica order)."""
+    n = len(prints)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prints):
+        groups.setdefault(tuple(p), []).append(i)
+    if len(groups) <= 1:
+        return Localisation(ReplicaVerdict.AGREE, (), 0.0, (), f"all {n} replicas hold identical state")
+    majority = max(groups.values(), key=len)
+    reference = prints[majority[0]]
+    tensors = tuple(
+        sorted({t for p in prints for t, (a, b) in enumerate(zip(p, reference, strict=False)) if a != b})
+    )
+    shown = ", ".join(str(t) for t in tensors[:5]) + (" ..." if len(tensors) > 5 else "")
+    where = f"{len(tensors)} state tensor(s) differ (index {shown})"
+    if n == 2:
+        why = f"the 2 replicas disagree; {where}; which one is corrupted is not known"
+        return Localisation(ReplicaVerdict.PAIR, (), PAIR_CONFIDENCE, tensors, why)
+    if 2 * len(majority) <= n:
+        why = f"no majority among {n} replicas ({len(groups)} different states, largest {len(majority)}); {where}"
+        return Localisation(ReplicaVerdict.SPLIT, (), 0.0, tensors, why)
+    suspects = tuple(sorted(i for i in range(n) if i not in majority))
+    confidence = ODD_ONE_OUT_CONFIDENCE if len(suspects) == 1 else SEVERAL_CONFIDENCE
+    named = ", ".join(f"rank {s}" for s in suspects)
+    why = f"{named} differ(s) from the {len(majority)} of {n} replicas that agree; {where}"
+    return Localisation(ReplicaVerdict.ODD_ONE_OUT, suspects, confidence, tensors, why)
+
+
+class SdcAction(Label):
+    """What every replica does after a check."""
+
+    CONTINUE = "continue"  # the replicas agree
+    ROLLBACK = "rollback"  # every replica loads the newest checkpoint verified clean, and goes on
+    HALT = "halt"  # stop: nothing clean to return to, or corruption keeps coming back
+
+
+@dataclass(frozen=True)
+class SdcDecision:
+    action: SdcAction
+    to_step: int  # the checkpoint to roll back to (-1 unless ROLLBACK)
+    suspects: tuple[int, ...]
+    confidence: float
+    reason: str
+
+
+def decide(
+    found: Localisation,
+    *,
+    step: int,
+    clean_steps: Sequence[int],
+    rollbacks: int,
+    max_rollbacks: int = MAX_ROLLBACKS,
+) -> SdcDecision:
+    """The response to one check made after ``step`` steps: ``clean_steps`` are the checkpoints
+    whose state the replicas were seen to agree on when it was saved (or loaded); ``rollbacks`` the
+    rollbacks this run already made for corruption."""
+    match found.verdict:
+        case ReplicaVerdict.AGREE:
+            return SdcDecision(SdcAction.CONTINUE, -1, (), 0.0, found.reason)
+        case ReplicaVerdict.ODD_ONE_OUT | ReplicaVerdict.PAIR | ReplicaVerdict.SPLIT:
+            pass
+        case _:
+            assert_never(found.verdict)
+    what = f"silent data corruption after step {step}: {found.reason}"
+    if rollbacks >= max_rollbacks:
+        why = f"{what}; found again after {rollbacks} rollback(s): the fault persists, stop and drain the suspect node"
+        return SdcDecision(SdcAction.HALT, -1, found.suspects, found.confidence, why)
+    target = max((s for s in clean_steps if s <= step), default=-1)
+    if target < 0:
+        why = f"{what}; no checkpoint was verified clean, so nothing safe to roll back to: stop"
+        return SdcDecision(SdcAction.HALT, -1, found.suspects, found.confidence, why)
+    why = f"{what}; every replica rolls back to the checkpoint of step {target}, verified clean when saved"
+    return SdcDecision(SdcAction.ROLLBACK, target, found.suspects, found.confidence, why)
+
+
+def check_interval(check_s: float, step_s: float, budget: float) -> int:
+    """Steps between checks so that a check costing ``check_s`` spends at most ``budget`` (a
+    fraction) of the training time at steps of ``step_s``; 1 at the least, MAX_INTERVAL at most."""
+    if budget <= 0 or step_s <= 0:  # no budget, or no step measured yet: checks at saves only
+        return MAX_INTERVAL
+    if check_s <= 0:
+        return 1
+    return max(1, min(MAX_INTERVAL, math.ceil(check_s / (budget * step_s))))

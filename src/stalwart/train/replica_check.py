@@ -1,0 +1,237 @@
+"""Silent data corruption in a Session's loop: data-parallel replicas compare exact fingerprints of
+their state (``fingerprint.exact``) every N steps and at every checkpoint save; one that differs is
+named by majority (``policy/sdc.py``) and every rank rolls back to the newest checkpoint verified
+clean.
+
+The state compared is every parameter of every module in the loop's ``state`` and every tensor of
+every optimizer's state, in a fixed order. One check is one pass over that memory and one
+``all_gather`` of a small int64 vector per rank: its fingerprints and, last, the number of steps
+this rank proposes until the next check (from the check's measured cost, the step time and the
+budget); every rank takes the largest proposal, so all agree on when the next collective comes.
+
+The job's own invariant decides whether it applies: the check is on only while the replicas were
+seen identical at the loop's start and again after its first step (a job whose ranks train
+different models, or shard them, differs there and the check turns itself off with a note). A
+checkpoint is *verified clean* when the replicas agreed at its save (or at its load, at the loop's
+start): only those are rollback targets, so a checkpoint saved after a corruption never is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import SilentCorruptionError
+from ..events import Event, IncidentRaised
+from ..events.integrity import SilentCorruption
+from ..policy.sdc import MAX_INTERVAL, Localisation, SdcAction, SdcDecision, check_interval, decide, localise
+from ..protocol.json_collective import all_gather_json, device_for
+from .clock import Clock
+from .fingerprint import exact
+
+SHOWN = 4  # differing tensors named in an event
+
+
+def state_tensors(state: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:  # Any: user state
+    """The tensors replicas must hold identically: modules' parameters, optimizers' state tensors
+    (in parameter order), named by their place in ``state``."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for key, obj in state.items():
+        if isinstance(obj, torch.nn.Module):
+            out += [(f"{key}.{name}", p) for name, p in obj.named_parameters()]
+        elif isinstance(obj, torch.optim.Optimizer):
+            index = 0
+            for group in obj.param_groups:
+                for p in group["params"]:
+                    for k, v in sorted(obj.state.get(p, {}).items()):
+                        if isinstance(v, torch.Tensor):
+                            out.append((f"{key}.state[{index}].{k}", v))
+                    index += 1
+    return out
+
+
+def gather_prints(vec: torch.Tensor) -> list[list[int]]:
+    """Every rank's int64 vector (collective over the default group; equal lengths on every rank)."""
+    v = vec.to(device_for(str(dist.get_backend())))
+    out = [torch.empty_like(v) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, v)
+    return [[int(x) for x in o.cpu().tolist()] for o in out]
+
+
+def gather_nodes(node: str) -> list[str]:
+    """Every rank's node name (collective; JSON, never pickles)."""
+    return [str(n) for n in all_gather_json(node)]
+
+
+class ReplicaCheck:
+    """One Session's cross-replica checks (kept across its loops: the clean marks outlive a re-formation)."""
+
+    def __init__(
+        self,
+        *,
+        every: int,
+        budget: float,
+        rank: int,
+        node: str,
+        clock: Clock,
+        emit: Callable[[Event], None],
+        note: Callable[[str], None],
+        context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON
+        gather: Callable[[torch.Tensor], list[list[int]]] = gather_prints,
+        nodes: Callable[[str], list[str]] = gather_nodes,
+    ) -> None:
+        self._gather, self._nodes = gather, nodes  # the collectives (a test passes its own)
+        self._every, self._budget = every, budget
+        self._rank, self._node, self._clock = rank, node, clock
+        self._emit, self._note, self._context = emit, note, context
+        self._state: Mapping[str, Any] = {}  # Any: user state
+        self.active = False
+        self._proven = False  # the replicas were seen identical after a step
+        self.clean_steps: list[int] = []
+        self.rollbacks = 0
+        self.interval = 1
+        self._next_at = 0
+        self._check_s = 0.0
+        self._t_last, self._step_last, self._last_clean = 0.0, -1, -1
+
+    def begin(self, state: Mapping[str, Any], start: int, *, resumed: bool) -> None:  # Any: user state
+        """Collective (in a group of two or more ranks), at a loop's start: whether the check applies
+        to this job, from its own state."""
+        self._state, self.active, self._proven = state, False, False
+        if self._every < 0:
+            return
+        named = state_tensors(state)
+        if not named or any(callable(getattr(t, "to_local", None)) for _, t in named):
+            if self._rank == 0 and named:
+                self._note(
+                    "silent-data-corruption checks off: sharded parameters (FSDP/TP) are not compared yet"
+                )
+            return
+        rows, _ = self._compare(start)
+        if not localise(rows).clean:
+            if self._rank == 0:
+                self._note(
+                    "silent-data-corruption checks off: the ranks' state differs at the start (not replicas)"
+                )
+            return
+        self.active = True
+        self._last_clean = start
+        if resumed and start not in self.clean_steps:
+            self.clean_steps.append(start)
+        self._next_at = start + 1  # the first step proves the ranks are replicas
+
+    def due(self, completed: int, saving: bool) -> bool:
+        return self.active and (saving or completed >= self._next_at)
+
+    def _compare(self, completed: int) -> tuple[list[list[int]], list[str]]:
+        """Collective: every rank's fingerprints, and the tensors' names; sets the next check."""
+        t0 = self._clock.monotonic()
+        named = state_tensors(self._state)
+        vec = exact([t for _, t in named])
+        steps = completed - self._step_last
+        step_s = (t0 - self._t_last) / steps if self._step_last >= 0 and steps > 0 else 0.0
+        proposal = self._every or check_interval(self._check_s, step_s, self._budget)
+        rows = self._gather(torch.cat([vec.to(torch.int64), torch.tensor([proposal], device=vec.device)]))
+        self.interval = max(1, min(MAX_INTERVAL, max(r[-1] for r in rows)))
+        self._next_at = completed + self.interval
+        t1 = self._clock.monotonic()
+        self._check_s = t1 - t0 if self._check_s == 0 else 0.8 * self._check_s + 0.2 * (t1 - t0)
+        self._t_last, self._step_last = t1, completed
+        return [r[:-1] for r in rows], [n for n, _ in named]
+
+    def verify(self, completed: int, saving: bool) -> int:
+        """Collective: compare the replicas after ``completed`` steps. Returns -1 to go on, or the
+        step of the clean checkpoint every rank must roll back to; raises SilentCorruptionError when
+        the run must stop. A save about to follow a clean check is marked verified clean."""
+        rows, names = self._compare(completed)
+        found = localise(rows)
+        if not self._proven:
+            self._proven = True
+            if not found.clean:  # the ranks diverge by themselves: not data-parallel replicas
+                self.active = False
+                if self._rank == 0:
+                    self._note(
+                        "silent-data-corruption checks off: the ranks' state differs after a step (not replicas)"
+                    )
+                return -1
+        if found.clean:
+            self._last_clean = completed
+            if saving and completed not in self.clean_steps:
+                self.clean_steps.append(completed)
+            return -1
+        decision = decide(found, step=completed, clean_steps=self.clean_steps, rollbacks=self.rollbacks)
+        self._report(completed, found, decision, rows, names)
+        match decision.action:
+            case SdcAction.ROLLBACK:
+                self.rollbacks += 1
+                self._next_at = decision.to_step + self.interval
+                self._step_last, self._t_last = decision.to_step, self._clock.monotonic()
+                return decision.to_step
+            case SdcAction.HALT:
+                raise SilentCorruptionError(decision.reason, "drain the suspect node and requeue the job")
+            case SdcAction.CONTINUE:  # the policy continues only replicas that agree
+                return -1
+
+    def _report(
+        self,
+        completed: int,
+        found: Localisation,
+        d: SdcDecision,
+        rows: list[list[int]],
+        names: list[str],
+    ) -> None:
+        """Every rank names its node (collective); rank 0 writes the event, the incident and a console line."""
+        nodes = self._nodes(self._node)
+        if self._rank != 0:
+            return
+        shown = found.tensors[:SHOWN]
+        tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in shown)
+        evidence = tuple(
+            f"{tensors[i]}: " + ", ".join(f"rank {r}={row[t]}" for r, row in enumerate(rows))
+            for i, t in enumerate(shown)
+        )
+        suspect_nodes = tuple(nodes[r] for r in d.suspects)
+        now = self._clock.now()
+        ctx = self._context()
+        self._emit(
+            SilentCorruption(
+                ts=now,
+                step=completed,
+                verdict=found.verdict.value,
+                suspect_ranks=d.suspects,
+                suspect_nodes=suspect_nodes,
+                confidence=d.confidence,
+                action=d.action.value,
+                to_step=d.to_step,
+                interval=self.interval,
+                last_clean_step=self._last_clean,
+                tensors=tensors,
+                evidence=evidence,
+                reason=d.reason,
+                **ctx,
+            )
+        )
+        who = ", ".join(f"rank {r} on {n}" for r, n in zip(d.suspects, suspect_nodes, strict=True))
+        self._emit(
+            IncidentRaised(
+                ts=now,
+                cause=f"silent data corruption in {who or 'one of the replicas'}",
+                fault_class="hardware",
+                component="gpu",
+                confidence=d.confidence,
+                action=f"{d.action.value}: drain {', '.join(suspect_nodes)}"
+                if suspect_nodes
+                else d.action.value,
+                action_taken=d.action is SdcAction.ROLLBACK,
+                rule="sdc:replica-mismatch",
+                onset=now,
+                evidence=(d.reason, *evidence),
+                nodes=suspect_nodes,
+                ranks=d.suspects,
+                **ctx,
+            )
+        )
+        self._note(d.reason)

@@ -1,0 +1,84 @@
+"""The silent-data-corruption policy: localisation by majority and the response, over plain integers."""
+
+from __future__ import annotations
+
+from stalwart.policy.sdc import (
+    MAX_INTERVAL,
+    ODD_ONE_OUT_CONFIDENCE,
+    ReplicaVerdict,
+    SdcAction,
+    check_interval,
+    decide,
+    localise,
+)
+
+CLEAN = [11, 22, 33]
+
+
+def test_identical_replicas_agree_and_training_continues():
+    found = localise([CLEAN, CLEAN, CLEAN])
+    assert found.verdict is ReplicaVerdict.AGREE and found.clean and found.suspects == ()
+    d = decide(found, step=40, clean_steps=[30], rollbacks=0)
+    assert d.action is SdcAction.CONTINUE and d.to_step == -1
+
+
+def test_the_odd_one_out_is_named_with_the_tensor_that_differs():
+    found = localise([CLEAN, [11, 22 + 2**30, 33], CLEAN])
+    assert found.verdict is ReplicaVerdict.ODD_ONE_OUT
+    assert found.suspects == (1,)
+    assert found.tensors == (1,)
+    assert found.confidence == ODD_ONE_OUT_CONFIDENCE
+    assert "rank 1" in found.reason and "2 of 3" in found.reason
+
+
+def test_several_differing_from_a_majority_are_named_less_surely():
+    bad = [11, 22, 34]
+    found = localise([CLEAN, bad, CLEAN, [0, 22, 33], CLEAN])
+    assert found.suspects == (1, 3)
+    assert found.tensors == (0, 2)
+    assert 0 < found.confidence < ODD_ONE_OUT_CONFIDENCE
+
+
+def test_a_pair_that_disagrees_names_no_replica():
+    found = localise([CLEAN, [11, 23, 33]])
+    assert found.verdict is ReplicaVerdict.PAIR and found.suspects == () and not found.clean
+    assert "2 replicas disagree" in found.reason
+
+
+def test_no_majority_names_no_replica():
+    found = localise([CLEAN, [1, 22, 33], CLEAN, [2, 22, 33]])
+    assert found.verdict is ReplicaVerdict.SPLIT and found.suspects == () and found.confidence == 0.0
+
+
+def test_rollback_goes_to_the_newest_clean_checkpoint_not_after_the_check():
+    found = localise([CLEAN, [11, 22, 0], CLEAN])
+    d = decide(found, step=35, clean_steps=[10, 20, 30, 40], rollbacks=0)
+    assert d.action is SdcAction.ROLLBACK and d.to_step == 30 and d.suspects == (1,)
+    assert "step 30" in d.reason and "after step 35" in d.reason
+
+
+def test_a_pair_rolls_back_too():
+    d = decide(localise([CLEAN, [0, 0, 0]]), step=12, clean_steps=[10], rollbacks=0)
+    assert d.action is SdcAction.ROLLBACK and d.to_step == 10 and d.suspects == ()
+
+
+def test_nothing_verified_clean_halts_with_a_reason():
+    d = decide(localise([CLEAN, [0, 22, 33], CLEAN]), step=5, clean_steps=[], rollbacks=0)
+    assert d.action is SdcAction.HALT and "nothing safe to roll back to" in d.reason
+
+
+def test_corruption_that_keeps_coming_back_halts():
+    found = localise([CLEAN, [0, 22, 33], CLEAN])
+    d = decide(found, step=50, clean_steps=[40], rollbacks=3, max_rollbacks=3)
+    assert d.action is SdcAction.HALT and d.suspects == (1,) and "3 rollback(s)" in d.reason
+    assert decide(found, step=50, clean_steps=[40], rollbacks=2, max_rollbacks=3).action is SdcAction.ROLLBACK
+
+
+def test_interval_keeps_the_check_within_its_budget():
+    # a 0.2 ms check at 16 ms steps within 1%: every 2 steps (0.2 / (0.01 * 16) = 1.25, rounded up)
+    assert check_interval(0.0002, 0.016, 0.01) == 2
+    assert check_interval(0.002, 0.016, 0.01) == 13
+    assert check_interval(0.0, 0.016, 0.01) == 1
+    assert check_interval(10.0, 0.001, 0.01) == MAX_INTERVAL
+    assert check_interval(0.001, 0.0, 0.01) == MAX_INTERVAL  # no step measured yet
+    assert check_interval(0.001, 0.016, 0.0) == MAX_INTERVAL  # no budget
