@@ -202,3 +202,33 @@ def test_corruption_before_any_clean_checkpoint_stops_the_run():
     reps = run(flip=(1, 3, flip_weight))
     assert all(isinstance(r.error, SilentCorruptionError) for r in reps)
     assert "nothing safe to roll back to" in str(reps[0].error)
+
+
+def test_ranks_holding_different_tensors_are_told_apart_before_any_unequal_gather():
+    """Pipeline stages hold other layers: the first gather (a fixed two-number header) says so, and
+    no gather of vectors of unequal lengths (which would fail or hang a real collective) follows."""
+    ex, sizes, notes = Exchange(2), [[], []], []
+
+    def replica(rank: int) -> None:
+        model = (
+            torch.nn.Linear(8, 4)
+            if rank == 0
+            else torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+        )
+
+        def gather(vec):
+            sizes[rank].append(vec.numel())
+            return [v.tolist() for v in ex.gather(rank, vec.clone())]
+
+        check = ReplicaCheck(every=0, budget=0.01, rank=rank, node=f"n{rank}", clock=Clock(),
+                             emit=lambda e: None, note=notes.append, context=dict, gather=gather)  # fmt: skip
+        check.begin({"model": model}, 0, resumed=False)
+        assert not check.active
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sizes == [[2], [2]]
+    assert notes and "hold different tensors" in notes[0]

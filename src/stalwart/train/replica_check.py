@@ -35,12 +35,21 @@ from .fingerprint import exact
 SHOWN = 4  # differing tensors named in an event
 
 
+class ParamsOf:
+    """An optimizer's parameters, as state to compare (an unchanged script's hooks see no module)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.params = [p for g in optimizer.param_groups for p in g["params"] if isinstance(p, torch.Tensor)]
+
+
 def state_tensors(state: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:  # Any: user state
     """The tensors replicas must hold identically: modules' parameters, optimizers' state tensors
     (in parameter order), named by their place in ``state``."""
     out: list[tuple[str, torch.Tensor]] = []
     for key, obj in state.items():
-        if isinstance(obj, torch.nn.Module):
+        if isinstance(obj, ParamsOf):
+            out += [(f"{key}[{i}]", p) for i, p in enumerate(obj.params)]
+        elif isinstance(obj, torch.nn.Module):
             out += [(f"{key}.{name}", p) for name, p in obj.named_parameters()]
         elif isinstance(obj, torch.optim.Optimizer):
             index = 0
@@ -108,6 +117,13 @@ class ReplicaCheck:
             if self._rank == 0 and named:
                 self._note(
                     "silent-data-corruption checks off: sharded parameters (FSDP/TP) are not compared yet"
+                )
+            return
+        shapes = self._gather(torch.tensor([len(named), sum(t.numel() for _, t in named)], dtype=torch.int64))
+        if len({tuple(r) for r in shapes}) > 1:  # other tensors on other ranks: no replicas (and no
+            if self._rank == 0:  # equal-length gather to make)
+                self._note(
+                    "silent-data-corruption checks off: the ranks hold different tensors (not replicas)"
                 )
             return
         rows, _ = self._compare(start)

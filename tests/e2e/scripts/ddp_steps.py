@@ -1,7 +1,8 @@
 """A plain DDP step loop as users write it for torchrun, no Stalwart import: gloo, a
 DistributedSampler, ``torch.save`` of model and optimizer every ``--save-every`` steps (rank 0 writes,
 every rank loads it on start and resumes after its step). ``--raise-at`` raises a user error at that
-step on rank 0. After each save it touches ``saved-<step>`` beside the checkpoint, so a test can
+step on rank 0; ``--flip-at`` flips one exponent bit of a weight on rank 1 after that step, once per
+run (silent data corruption, as a faulty GPU would). After each save it touches ``saved-<step>`` beside the checkpoint, so a test can
 act just after a given checkpoint.
 
     torchrun --nproc-per-node 2 ddp_steps.py --steps 60     # or: stalwart run ... ddp_steps.py
@@ -27,6 +28,7 @@ def parse():
     ap.add_argument("--ckpt", default="ckpt.pt")
     ap.add_argument("--step-s", type=float, default=0.05)
     ap.add_argument("--raise-at", type=int, default=-1)
+    ap.add_argument("--flip-at", type=int, default=-1)  # rank 1 flips a weight's exponent bit after it, once
     return ap.parse_args()
 
 
@@ -59,6 +61,10 @@ def main():
         opt.zero_grad()
         F.mse_loss(ddp(xb), yb).backward()
         opt.step()
+        if step == args.flip_at and rank == 1 and not os.path.exists("flipped"):
+            open("flipped", "w").close()  # silent data corruption, once per run: a weight halves or doubles
+            with torch.no_grad():
+                model[0].weight.view(-1)[3:4].view(torch.int32).bitwise_xor_(1 << 23)
         time.sleep(args.step_s)
         if (step + 1) % args.save_every == 0:
             if rank == 0:

@@ -60,6 +60,7 @@ from ...protocol.run_dir import RunDir
 from ...protocol.step_history import StepHistory, session_owns_steps
 from .hook_chaos import HookChaos
 from .hook_ledger import HookLedger
+from .hook_sdc import HookSdc
 
 if TYPE_CHECKING:
     from .step_locator import StepLocator
@@ -88,6 +89,7 @@ class StepObserver:
     grad_lasts: set[int] = field(default_factory=set)  # parameters seen last in a watched step
     chaos: HookChaos | None = None  # the fault plan's faults for this rank (``hook_chaos.py``)
     locator: StepLocator | None = None  # the script's own step numbers (``step_locator.py``)
+    sdc: HookSdc | None = None  # the cross-replica state check (``hook_sdc.py``)
     base: int = 0  # the script's step number of this process's first step (the locator's)
 
     def pre(self, optimizer: object, args: object, kwargs: object) -> None:
@@ -125,6 +127,8 @@ class StepObserver:
         step = self.base + self.steps - 1
         if self.locator is not None and not session_owns_steps():
             self.locator.done(step)
+        if self.sdc is not None:
+            self.sdc.after(optimizer, self.base, self.steps)
         if self.chaos is not None:
             self.chaos.ended(step, end - start)
             self.chaos.began(step + 1)
@@ -189,6 +193,8 @@ def install(
         else None
     )
     observer = StepObserver(place.rank, sender, chaos=HookChaos.for_worker(wenv, place, ledger))
+    if wenv is not None:
+        observer.sdc = HookSdc(wenv, place, ledger if place.rank == 0 else None)
     inst = Instrumentation(observer)
     _hook_steps(inst)
     if run is not None and wenv is not None and inst.handles:
