@@ -52,6 +52,11 @@ def _print_phases(c, d: dict, table, say) -> None:
         say(f"  {r['phase']} ({r['option']}): {r['source']}, {r['note']}")
 
 
+def _sdc_lines(d: dict) -> list[str]:
+    """The replica check's advice (sim/sdc.py), when the plan has a target job."""
+    return [f"silent data corruption: {d['sdc']['reason']}"] if d.get("sdc") else []
+
+
 def _print(d: dict) -> None:
     from rich import box  # deferred: heavy (rich)
     from rich.console import Console  # deferred: heavy (rich)
@@ -211,7 +216,7 @@ def _print(d: dict) -> None:
             "shrink instead of waiting for a repaired node)"
         )
     _print_phases(c, d, table, say)
-    for n in d["notes"]:
-        say(f"note: {n}")
+    for line in [*_sdc_lines(d), *(f"note: {n}" for n in d["notes"])]:
+        say(line)
     for p in d["plots"]:
         say(f"wrote {p}")

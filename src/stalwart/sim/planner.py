@@ -18,6 +18,7 @@ from ..account.ettr import daly_ettr, daly_interval
 from .config import MAX_GPUS, CheckpointTier, SimConfig
 from .engine import SimResult, simulate
 from .options import OPTIONS, RecoveryOption, Target
+from .sdc import SdcAdvice, advise, check_seconds
 from .units import duration
 
 __all__ = ["OPTIONS", "Plan", "RecoveryOption", "Target", "option_config", "plan"]
@@ -117,9 +118,18 @@ class Plan:
     phases: tuple[Row, ...] = ()  # per option at the plan's size: each phase, its seconds and source
     job: tuple[str, ...] = ()  # the target job, one line per figure with its source
     gpus: int = 0  # the plan's own size
+    sdc: SdcAdvice | None = None  # how often replicas compare their state (with a target job)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def _sdc(target: Target, gpus: int, checkpoint_every_s: float) -> SdcAdvice:
+    """The replica check's interval for the target job at ``gpus`` (``sim/sdc.py``)."""
+    state = target.job.state_bytes_per_gpu(gpus).value
+    return advise(
+        check_seconds(state), target.job.step(gpus).value, gpus, checkpoint_every_s=checkpoint_every_s
+    )
 
 
 def _with(cfg: SimConfig, **changes: object) -> SimConfig:
@@ -366,6 +376,7 @@ def plan(
     current = min(t.interval_s for t in cfg.tiers if t.survives_node_loss)
     phases = _phase_rows(target, cfg.gpus) if target is not None else ()
     job = tuple(target.job.describe(cfg.gpus)) if target is not None else ()
+    sdc = _sdc(target, cfg.gpus, min(t.recommended_s for t in tiers)) if target is not None else None
     return Plan(
         tiers,
         best,
@@ -379,6 +390,7 @@ def plan(
         phases,
         job,
         cfg.gpus,
+        sdc,
     )
 
 
