@@ -49,10 +49,10 @@ import runpy
 import sys
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
 from ...protocol.pipe import Sender
@@ -65,6 +65,7 @@ from .hook_sdc import HookSdc
 if TYPE_CHECKING:
     from .step_locator import StepLocator
 
+T = TypeVar("T")
 HOOK_SECTION = "hook.optimizer"  # the optimizer step's own seconds, in a StepDone the hooks sent
 WAIT_SECTION = "sync"  # from this rank's last gradient to its optimizer step: the all-reduce's wait
 GRAD_WATCH_STEPS = 3  # steps with every parameter hooked before keeping only the last-ready ones
@@ -99,11 +100,10 @@ class StepObserver:
         if id(optimizer) != self.lead:
             return
         if self.steps == 0 and self.locator is not None and not session_owns_steps():
-            self.base = self.locator.first(optimizer)
+            self.base = self._guarded(lambda: self.locator.first(optimizer) if self.locator else 0, 0)
         if self.chaos is not None and self.steps == 0:
-            self.chaos.began(
-                self.base
-            )  # the first step starts at its optimizer step; the others at the previous end
+            # the first step starts at its optimizer step; the others at the previous end
+            self.chaos.began(self.base)
         self.began = self.clock()
         fresh = self.grad_at > self.last_end and self.grad_last >= 0
         self.waited = max(0.0, self.began - self.grad_at) if fresh else 0.0
@@ -126,12 +126,27 @@ class StepObserver:
         self.steps += 1
         step = self.base + self.steps - 1
         if self.locator is not None and not session_owns_steps():
-            self.locator.done(step)
+            self._guarded(lambda: self.locator.done(step) if self.locator else None, None)
         if self.sdc is not None:
-            self.sdc.after(optimizer, self.base, self.steps)
+            self.sdc.after(optimizer, self.base, self.steps)  # its own guard; a corruption found raises
         if self.chaos is not None:
             self.chaos.ended(step, end - start)
             self.chaos.began(step + 1)
+
+    def _guarded(self, work: Callable[[], T], fallback: T) -> T:
+        """The locator's work inside the script's optimizer step: a failure of ours must never fail
+        the script's step. It turns the locator off (steps counted from this process's start) and
+        says so once."""
+        try:
+            return work()
+        except Exception as exc:  # noqa: BLE001 - any failure of the locator: the script goes on
+            self.locator = None
+            print(
+                f"stalwart: the step locator is off ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return fallback
 
     def grad_ready(self, index: int) -> None:
         self.grad_at = self.clock()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from ...errors import SilentCorruptionError
 from ...protocol import WorkerEnv, WorkerPlace
 from ...protocol.json_collective import device_for
 from ...protocol.step_history import session_owns_steps
@@ -47,10 +48,20 @@ class HookSdc:
         calls a collective the others do not."""
         if self._off or session_owns_steps():
             return
-        if self._check is None:
-            self._start(optimizer, base, count)
-        elif self._check.due(self._offset + count, False):
-            self._check.verify(self._offset + count, False)  # no clean checkpoint to roll back to: raises
+        try:
+            if self._check is None:
+                self._start(optimizer, base, count)
+            elif self._check.due(self._offset + count, False):
+                self._check.verify(self._offset + count, False)  # no clean checkpoint to roll back to: raises
+        except SilentCorruptionError:
+            raise  # a corruption found: the rank stops with it
+        except Exception as exc:  # noqa: BLE001 - a failure of the check itself never fails the script's step
+            self._off = True
+            print(
+                f"stalwart: silent-data-corruption checks off ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _start(self, optimizer: object, base: int, count: int) -> None:
         import torch  # deferred: heavy (torch), once the script stepped
