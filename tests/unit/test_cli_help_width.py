@@ -114,3 +114,10 @@ def test_model_spec_help_wraps_between_pairs(argv, monkeypatch):
     words = set(text.split())
     for pair in ("params=7e9,", "head_dim=128,", "seq_len=4096,", "tokens_per_step=4e6,", "device=h100"):
         assert pair in words, (pair, text)
+
+
+def test_root_help_says_where_to_start(monkeypatch):
+    text = " ".join(_help(["--help"], monkeypatch).split())
+    assert "Start here: stalwart demo (" in text
+    assert "then stalwart run --nproc-per-node N train.py" in text
+    assert "Docs: README.md" in text
