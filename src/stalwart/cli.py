@@ -25,9 +25,17 @@ _ABORT = (typer.Abort,)
 from . import __version__, commands  # noqa: E402
 from .errors import StalwartError  # noqa: E402
 
+_HELP = """Keep distributed training runs productive through failures.
+
+\b
+Start here: stalwart demo (a 4-worker DDP run under injected faults, a few
+minutes, no GPU), then stalwart run --nproc-per-node N train.py (your
+torchrun script, unchanged). Docs: README.md; every run flag: stalwart run -h.
+"""
+
 app = typer.Typer(
     name="stalwart",
-    help="Keep distributed training runs productive through failures.",
+    help=_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

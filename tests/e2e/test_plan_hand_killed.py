@@ -49,7 +49,7 @@ def test_plan_on_a_run_killed_by_hand_exits_0_and_says_which_rates_and_why(tmp_p
     assert plan.code == 0, plan.err
     d = json.loads(plan.out)
     assert d["rates"]["source"] == "published", d["rates"]
-    assert "1 failure(s)" in d["rates"]["reason"] and "too little to estimate a rate" in d["rates"]["reason"]
+    assert "1 failure in" in d["rates"]["reason"] and "too little to estimate a rate" in d["rates"]["reason"]
     assert any(n.startswith("detection latency") for n in d["notes"])  # the run's own times are used
     marked = stalwart(*argv, "--faults-are-tests", "--json")
     assert marked.code == 0 and "marked as tests" in json.loads(marked.out)["rates"]["reason"]

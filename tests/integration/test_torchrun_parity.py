@@ -12,6 +12,7 @@ import pytest
 import typer
 
 from stalwart.cli import app
+from stalwart.settings.panels import Panel
 
 
 def _torchrun_flags() -> set[str]:
@@ -43,6 +44,18 @@ def test_stalwart_run_has_every_torchrun_flag():
     assert {"--standalone", "--nproc-per-node", "--nproc_per_node", "-r", "--tee", "--node-rank"} <= theirs
     missing = sorted(theirs - _stalwart_run_flags())
     assert not missing, f"stalwart run lacks torchrun flags: {missing}"
+
+
+def test_torchrun_flags_are_listed_together():
+    """``stalwart run --help`` lists torchrun's own flags under one heading, and only them."""
+    theirs = _torchrun_flags()
+    cmd = typer.main.get_command(app).commands["run"]
+    for p in cmd.params:
+        opts = {*p.opts, *p.secondary_opts}
+        if opts & theirs:
+            assert p.rich_help_panel == Panel.TORCHRUN, (sorted(opts), p.rich_help_panel)
+        elif p.param_type_name == "option" and p.rich_help_panel == Panel.TORCHRUN:
+            raise AssertionError(f"{sorted(opts)} is not torchrun's but listed under {Panel.TORCHRUN}")
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -58,7 +58,7 @@ def exception(attempt: int, step: int = 7) -> Failure:
             Outcome(AttemptStatus.SUCCEEDED),
             "succeeded",
             EXIT_OK,
-            "training finished after 3 attempt(s), 1 failure",
+            "training finished after 3 attempts, 1 failure recovered",
         ),
         (
             Outcome(AttemptStatus.FINAL_UNSAVED, step=40, detail="disk full", newest_good=30),
@@ -322,4 +322,4 @@ def test_the_verdict_table_is_data_with_an_exit_code_each():
 def test_failures_recovered_in_place_count_in_the_success_verdict():
     first = job.next(state(), Outcome(AttemptStatus.SUCCEEDED, in_place=2), NOW)
     assert isinstance(first, End) and first.state.in_place == 2
-    assert "1 attempt(s), 2 failure(s) recovered" in first.verdict
+    assert "after 1 attempt, 2 failures recovered" in first.verdict

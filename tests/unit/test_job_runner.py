@@ -62,7 +62,7 @@ def test_a_clean_run_is_one_round_one_attempt_and_a_verdict():
     assert w.started == [(0, ("n0",))]
     v = verdict(r)
     assert v.outcome == "succeeded" and v.attempt == 0 and v.requeue_helps is False
-    assert "after 1 attempt(s), 0 failure(s) recovered" in v.verdict
+    assert "after 1 attempt, 0 failures recovered" in v.verdict
 
 
 def test_failures_restart_until_the_budget_is_used_up_each_decision_under_its_attempt():

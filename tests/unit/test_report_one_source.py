@@ -54,7 +54,7 @@ def test_report_lists_what_the_console_printed(tmp_path):
 
     out = io.StringIO()
     render(rep, Console(file=out, width=80, highlight=False))
-    text = out.getvalue()
+    text = " ".join(out.getvalue().split())  # prose wraps at 80 columns: read it back as one line
     live = io.StringIO()
     con = RunConsole(stream=live)
     for ev in live_events()[:2]:
@@ -125,9 +125,7 @@ def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_t
     assert printed in out.getvalue().replace("\n", " ")  # the report repeats the console's line
     assert "2.000 GPU-h" in printed and "blast radius cooling_loop:loopA (ranks 3)" in printed
     table = out.getvalue().split("Detector precision", 1)[1]
-    assert any(
-        ln.split()[1:5] == ["straggler", "│", "2", "│"] for ln in table.splitlines() if "straggler" in ln
-    )
+    assert any(ln.split()[:3] == ["straggler", "2", "1"] for ln in table.splitlines() if "straggler" in ln)
     assert "50%" in table
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..events import AttemptStarted, Event, FailureDetected, JobEnded, StepCompleted
+from ..terminal import plural
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,13 @@ class HostView:
         for a in self.attempts:
             if a.steps:
                 parts.append(
-                    f"attempt {a.attempt} ({a.num_nodes} host{'s' if a.num_nodes != 1 else ''}, world "
-                    f"{a.world_size}): {a.steps} steps {a.first_step}-{a.last_step} in {a.trained_s:.2f}s"
+                    f"attempt {a.attempt} ({plural(a.num_nodes, 'host')}, world "
+                    f"{a.world_size}): {plural(a.steps, 'step')} {a.first_step}-{a.last_step} in {a.trained_s:.2f}s"
                 )
             else:
-                parts.append(f"attempt {a.attempt} ({a.num_nodes} hosts, world {a.world_size}): no step")
+                parts.append(
+                    f"attempt {a.attempt} ({plural(a.num_nodes, 'host')}, world {a.world_size}): no step"
+                )
         seen = "; ".join(parts) or "no attempt"
         noticed = ", ".join(
             f"{d.failure} after {d.detection_s:.2f}s (step {d.step})" for d in self.detections

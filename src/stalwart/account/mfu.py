@@ -124,6 +124,14 @@ _SPEC_KEYS = {
 }
 
 
+# the help of every --model flag: key=value pairs with a space after each comma, so help text wraps
+# between them instead of inside one (the parser strips the spaces)
+MODEL_SPEC_HELP = (
+    "key=value pairs joined by commas: params=7e9, layers=32, heads=32, head_dim=128, "
+    "seq_len=4096, tokens_per_step=4e6, gpus=64, device=h100 (dtype=bf16 optional)"
+)
+
+
 def parse_model_spec(text: str) -> ModelSpec:
     """``params=7e9,layers=32,heads=32,head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100``
     (``dtype`` defaults to bf16): what ``stalwart metrics serve --model`` takes."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,9 @@ from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompl
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
 from ..protocol.step_history import is_script_resume
+from ..terminal import clock, plural
+from ..terminal import console as terminal_console
+from ..terminal import say as wrapped
 from .goodput import BUCKETS, compute
 from .hosts import host_views
 from .recovery import recoveries
@@ -177,12 +179,10 @@ def _fmt_s(x: float | None) -> str:
 def render(
     rep: dict[str, Any], console: Console | None = None
 ) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
-    from rich.console import Console as RichConsole  # deferred: heavy (rich)
+    con = console or terminal_console()
 
-    con = console or RichConsole(highlight=False)
-
-    def say(text: str) -> None:  # prose is never broken mid-phrase by rich; the terminal wraps it
-        con.print(text, soft_wrap=True)
+    def say(text: str) -> None:  # prose wrapped at words to the width, later lines indented
+        wrapped(con, text)
 
     _render_summary(rep, con, say)
     _render_buckets(rep, con)
@@ -195,7 +195,7 @@ def render(
     for line in world_change_lines(rep.get("world_changes") or {}):
         say(esc(line))
     _render_reliability(rep, say)
-    _render_findings(rep, say)
+    _render_findings(rep, con, say)
     _render_detectors(rep.get("detectors") or [], con, say)
     for line in rep.get("chaos_unfired_lines") or ():
         say(esc(line))
@@ -209,15 +209,15 @@ def _render_summary(
     say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(
-        f"wall {_fmt_s(rep['wall_s'])}, {rep['steps_completed']} steps, "
+        f"wall {_fmt_s(rep['wall_s'])}, {plural(rep['steps_completed'], 'step')}, "
         f"ideal step {rep['ideal_step_s'] * 1e3:.1f} ms, [bold]goodput "
         + (f"{100 * rep['goodput']:.1f}%" if rep["steps_completed"] or not rep["wall_s"] else "unknown")
         + "[/]"
     )
     if rep["jobs"] > 1 or rep["preemptions"]:
-        when = ", ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in rep["preemptions"]) or "none"
-        con.print(
-            f"{rep['jobs']} jobs in this run; preempted at {when}; queue between jobs "
+        when = ", ".join(clock(t) for t in rep["preemptions"]) or "none"
+        say(
+            f"{plural(rep['jobs'], 'job')} in this run; preempted at {when}; queue between jobs "
             f"{_fmt_s(rep['buckets_s']['queue'])} (not productive)"
         )
 
@@ -248,7 +248,8 @@ def _render_interruptions(
         return
     it = Table(title="Interruptions")
     for col in ("#", "failure", "host", "rank", "step", "detect", "lost work", "recovery", "total cost"):
-        it.add_column(col, justify="right" if col not in ("failure", "host") else "left")
+        # a long host name folds onto a second line rather than being cut ("node-wi…")
+        it.add_column(col, justify="right" if col not in ("failure", "host") else "left", overflow="fold")
     for i, c in enumerate(interruptions, 1):
         it.add_row(
             str(i),
@@ -270,18 +271,21 @@ def _render_reliability(
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
-    say(
-        f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a (no failures)'}"
-        f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
-        f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
-    )
+    if not r["failures"]:
+        say("failures: none")
+    else:
+        say(
+            f"failures {r['failures']}; MTBF {f'{mtbf_h:.4f} job-hours' if mtbf_h else 'n/a'}"
+            f" ({(r['mtbf_gpu_hours'] or 0):.4f} GPU-hours); MTTR {_fmt_s(m['total_s'])} = detect "
+            f"{_fmt_s(m['detect_s'])} + decide {_fmt_s(m['decide_s'])} + recover {_fmt_s(m['recover_s'])}"
+        )
     for sk in rep.get("skipped", ()):
-        what = f"{sk['rows']} row(s) of" if sk["rows"] else "ledger"
+        what = f"{plural(sk['rows'], 'row')} of" if sk["rows"] else "ledger"
         say(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
 
 
 def _render_findings(
-    rep: dict[str, Any], say: Callable[[str], None]
+    rep: dict[str, Any], con: Console, say: Callable[[str], None]
 ) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
     """Stragglers, rejected checkpoints and incidents, one line each."""
     spans = rep["stragglers"]["spans"]
@@ -298,9 +302,7 @@ def _render_findings(
         )
     changes = rep.get("checkpoint_interval", [])
     if changes:
-        steps = " -> ".join(
-            f"{c['interval_steps']} ({time.strftime('%H:%M:%S', time.localtime(c['ts']))})" for c in changes
-        )
+        steps = " -> ".join(f"{c['interval_steps']} ({clock(c['ts'])})" for c in changes)
         say(f"checkpoint interval (auto), steps over time: {steps}")
         say(f"  [dim]{esc(changes[-1]['reason'])}[/]")
     for r in rep.get("script_resumes", []):
@@ -321,7 +323,7 @@ def _render_findings(
     incidents = rep.get("incidents", [])
     say(f"incidents: {len(incidents) or 'none'}")
     for inc in incidents:
-        say(f"  {time.strftime('%H:%M:%S', time.localtime(inc['ts']))} {esc(inc['line'])}")
+        wrapped(con, f"  {clock(inc['ts'])} {esc(inc['line'])}", hang=9)  # under the text, past the time
         for line in inc["evidence"][:4]:
             say(f"    [dim]{esc(line)}[/]")
 
@@ -343,7 +345,15 @@ def _render_detectors(
         fired = ", ".join(f"{d['detector']} {d['firings']}" for d in dets)
         say(f"detector firings: {fired} (no ground truth in this run to measure precision against)")
         return
-    dt = Table(title="Detector precision (firings joined with what followed)")
+    from rich import box  # deferred: heavy (rich)
+
+    # no vertical rules, one space of padding between columns: 8 columns fit 80 uncut ("confi…")
+    dt = Table(
+        title="Detector precision (firings joined with what followed)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     dt.add_column("detector", no_wrap=True)
     for col in ("fired", "confirmed", "prec.", "faults", "caught", "recall"):
         dt.add_column(col, justify="right")
@@ -379,7 +389,7 @@ def _render_recoveries(
     con.print(t)
     for i, r in enumerate(recs, 1):
         if r["why"] and (r["path"] != "warm" or "in-place" in r["why"]):
-            con.print(f"  recovery {i} ({r['path']}): {esc(r['why'])}", soft_wrap=True)
+            wrapped(con, f"  recovery {i} ({r['path']}): {esc(r['why'])}")
 
 
 def print_report(

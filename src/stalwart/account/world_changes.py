@@ -40,6 +40,7 @@ from ..events import (
     ReformedInPlace,
     StepCompleted,
 )
+from ..terminal import plural
 from .goodput import job_windows
 
 DECISIONS = ("shrink_in_place", "grow_in_place")
@@ -237,7 +238,7 @@ def lines(rep: dict) -> list[str]:
     s = rep["summary"]
     if len(rep.get("periods") or []) > 1:
         out.append(
-            f"In all: {s['reduced_steps']} steps over {s['reduced_s']:.1f} s below the launched world size; "
+            f"In all: {plural(s['reduced_steps'], 'step')} over {s['reduced_s']:.1f} s below the launched world size; "
             f"{s['forgone_step_equivalents']:.1f} full steps' worth of samples not seen."
         )
     return out

@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..events import CheckpointCommitted, CheckpointStaged, Event, FailureDetected, StepCompleted
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..policy.checkpoint_interval import daly_interval, young_interval
+from ..terminal import plural
 
 if TYPE_CHECKING:
     from .engine import CheckpointEngine  # engine pulls in torch
@@ -246,7 +247,10 @@ def decide_interval(x: AutoInputs) -> IntervalChoice:
 def mtbf_of_run(failures: int, training_s: float, history_mtbf_s: float | None = None) -> tuple[float, str]:
     """The run's own MTBF when it has failed, else the node history's, else :data:`DEFAULT_MTBF_S`."""
     if failures > 0 and training_s > 0:
-        return training_s / failures, f"this run: {failures} failure(s) in {training_s:.0f}s of training"
+        return (
+            training_s / failures,
+            f"this run: {plural(failures, 'failure')} in {training_s:.0f}s of training",
+        )
     if history_mtbf_s is not None and history_mtbf_s > 0:
         return history_mtbf_s, "node history"
     return DEFAULT_MTBF_S, f"default {DEFAULT_MTBF_S / 3600:.0f} h (no failure yet)"

@@ -3,6 +3,9 @@ phases at the plan's size with where each figure came from."""
 
 from __future__ import annotations
 
+from ..terminal import console
+from ..terminal import say as wrapped
+
 
 def compact(x: float) -> str:
     """A count short enough for an 80-column table: 99,999 as is, then 123k, 4.5M, 1.2B."""
@@ -59,13 +62,12 @@ def _sdc_lines(d: dict) -> list[str]:
 
 def _print(d: dict) -> None:
     from rich import box  # deferred: heavy (rich)
-    from rich.console import Console  # deferred: heavy (rich)
     from rich.table import Table  # deferred: heavy (rich)
 
-    c = Console(highlight=False)
+    c = console()
 
-    def say(text: str) -> None:  # prose: wrapped at the terminal's width (80 when not a terminal)
-        c.print(text)
+    def say(text: str) -> None:  # prose: wrapped at words to the width, later lines indented
+        wrapped(c, text)
 
     def table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
         # no vertical rules, each column as wide as its widest value: numbers are never cut at 80 columns

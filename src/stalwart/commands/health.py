@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..terminal import console, say
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -26,12 +27,11 @@ def _fmt(v: object, unit: str = "") -> str:
 
 
 def _print_tables(result, node: str, applied) -> None:
-    from rich.console import Console  # deferred: heavy (rich)
     from rich.table import Table  # deferred: heavy (rich)
 
     from ..health.gpu_observation import clock_reason_names  # deferred: heavy (pydantic)
 
-    con = Console(width=None if sys.stdout.isatty() else 160)
+    con = console()  # 80 columns (or COLUMNS) when piped
     gpu = result.gpu
     sev_of: dict[str, str] = {}
     for d in result.verdict.decisions:
@@ -98,9 +98,9 @@ def _print_tables(result, node: str, applied) -> None:
                 d.status, d.finding.subject, d.finding.code, d.finding.message, f"{d.rule} -> {d.action}"
             )
         con.print(t)
-    con.print(f"[bold]{result.verdict.reason}[/bold]  ({result.duration_s:.2f} s)")
+    say(con, f"[bold]{result.verdict.reason}[/bold]  ({result.duration_s:.2f} s)")
     if applied is not None:
-        con.print(f"node {node}: {applied.transition.record.state.value} -- {applied.transition.reason}")
+        say(con, f"node {node}: {applied.transition.record.state.value} -- {applied.transition.reason}")
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ..account.mfu import parse_model_spec
+from ..account.mfu import MODEL_SPEC_HELP, parse_model_spec
 from ..errors import ConfigError
 from ..serve import LOOPBACK
 from ..serve.rules import rules_path
@@ -27,8 +27,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(
             None,
             "--model",
-            help="Model spec for tokens/s and MFU: params=7e9,layers=32,heads=32,head_dim=128,"
-            "seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
+            help=f"Model spec for tokens/s and MFU, {MODEL_SPEC_HELP}.",
         ),
         file_sd_dir: Path = typer.Option(
             None, "--file-sd-dir", help="Under Slurm, write a Prometheus file_sd target here."

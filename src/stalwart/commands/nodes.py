@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from ..errors import SchedulerError
+from ..terminal import console, say
 
 
 def register(app: typer.Typer) -> None:
@@ -65,7 +66,6 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(rows, indent=1))
             return
-        from rich.console import Console  # deferred: heavy (rich)
         from rich.table import Table  # deferred: heavy (rich)
 
         t = Table(title=f"nodes ({backend})")
@@ -82,10 +82,10 @@ def register(app: typer.Typer) -> None:
             if r["scheduler_reason"]:
                 reasons.append(f"{r['node']} (scheduler): {r['scheduler_reason']}")
         if rows:
-            con = Console()
+            con = console()
             con.print(t)
             for line in reasons:
-                con.print(line, soft_wrap=True, markup=False, highlight=False)
+                say(con, line, markup=False)
         else:
             print(
                 "no nodes known: no health records yet (a run with the health gate writes them; "

@@ -22,9 +22,11 @@ from ..launch.finished_run import finished
 from ..ledger import read_merged
 from ..process_clock import process_start
 from ..settings import run_config as run_config
+from ..settings.panels import NEEDS_SDK, Panel
 from ..settings.run_config import SETTINGS, claim_run_dir
 from ..settings.sources import Leaf, cli_type
 from ..settings.torchrun_flags import pet_defaults, resolve_nproc
+from ._help import PanelledCommand
 
 KEYWORD_ONLY = Parameter.KEYWORD_ONLY
 
@@ -37,8 +39,10 @@ def _param_name(leaf: Leaf) -> str:
 
 
 def _help(leaf: Leaf) -> str:
-    """A flag's help: the field's description and the schema's default (never in the description)."""
+    """A flag's help: the field's description, whether it needs the SDK and the schema's default
+    (never in the description)."""
     d, text = leaf.field.default, leaf.field.description or ""
+    text = f"{text} {NEEDS_SDK}" if leaf.needs_sdk else text
     if d is None or d == "" or not isinstance(d, (bool, int, float, str)):
         return text  # no default to show (unset, a list, or one the run derives)
     if isinstance(d, bool):
@@ -51,36 +55,78 @@ def _help(leaf: Leaf) -> str:
 
 
 def _parameter(leaf: Leaf) -> inspect.Parameter:
-    s = leaf.setting
+    s, panel = leaf.setting, _panel(leaf).value
     if s.argument:
         required = leaf.field.is_required()
-        info: Any = typer.Argument(... if required else None, help=leaf.field.description, show_default=False)
+        info: Any = typer.Argument(
+            ... if required else None, help=leaf.field.description, show_default=False, rich_help_panel=panel
+        )
     else:
-        info = typer.Option(None, *s.flags, help=_help(leaf), show_default=False, metavar=s.metavar)
+        info = typer.Option(
+            None, *s.flags, help=_help(leaf), show_default=False, metavar=s.metavar, rich_help_panel=panel
+        )
     return inspect.Parameter(_param_name(leaf), KEYWORD_ONLY, default=info, annotation=cli_type(leaf))
 
 
-# every setting with flags or a position is a parameter of `stalwart run`, in the schema's order
-_ON_COMMAND_LINE = [leaf for leaf in SETTINGS.values() if leaf.setting.flags or leaf.setting.argument]
+def _panel(leaf: Leaf) -> Panel:
+    if leaf.panel is None:  # a flag without a heading would land in a list of its own
+        raise TypeError(f"setting {leaf.name} has flags but no help panel (settings/panels.py)")
+    return leaf.panel
+
+
+# every setting with flags or a position is a parameter of `stalwart run`, grouped by help panel (in
+# the panels' order, each in the schema's order: the help lists the panels as they first appear)
+_ON_COMMAND_LINE = sorted(
+    (leaf for leaf in SETTINGS.values() if leaf.setting.flags or leaf.setting.argument),
+    key=lambda leaf: list(Panel).index(_panel(leaf)),
+)
 _SETTING_OF = {_param_name(leaf): leaf.name for leaf in _ON_COMMAND_LINE}
 _COMMAND_ONLY = [  # what is not a setting of the run: where the settings come from, and the report
     inspect.Parameter(
         "config",
         KEYWORD_ONLY,
-        default=typer.Option(None, "--config", help="YAML/TOML file of these settings (setting: value)."),
+        default=typer.Option(
+            None,
+            "--config",
+            help="YAML/TOML file of these settings (setting: value).",
+            rich_help_panel=Panel.RUN.value,
+        ),
         annotation=str,
     ),
     inspect.Parameter(
         "report",
         KEYWORD_ONLY,
-        default=typer.Option(True, "--report/--no-report", help="Print the goodput report at the end."),
+        default=typer.Option(
+            True,
+            "--report/--no-report",
+            help="Print the goodput report at the end.",
+            rich_help_panel=Panel.RUN.value,
+        ),
         annotation=bool,
     ),
 ]
 
 
 def run(**given: Any) -> None:  # Any: typer passes each option's value, each of its own type
-    """Launch and supervise training workers; restart through crashes and hangs."""
+    """Launch and supervise training workers; restart through crashes and hangs.
+
+    Examples:
+
+    \b
+      # an unchanged torchrun script: 4 workers on this node
+      stalwart run --nproc-per-node 4 train.py --epochs 3
+      # the same with faults injected from a chaos plan (YAML)
+      stalwart run --nproc-per-node 4 --chaos-file faults.yaml train.py
+      # two nodes of 8 GPUs: the same line on each, one rendezvous endpoint
+      stalwart run --nnodes 2 --nproc-per-node 8 \\
+          --rdzv-endpoint head-node:29400 --rdzv-id job-1 train.py
+
+    \b
+    Flags marked (needs the SDK) act only for scripts that use
+    stalwart.train.Session or a framework callback (docs/integrations.md);
+    docs/unchanged-scripts.md says what an unchanged script gets. Every flag
+    is also a --config file setting and a STALWART_<NAME> variable.
+    """
 
     config, report = given.pop("config"), given.pop("report")
     flags: dict[str, Any] = {
@@ -134,7 +180,7 @@ def _finished(cfg) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_interspersed_args": False})(run)
+    app.command(cls=PanelledCommand, context_settings={"allow_interspersed_args": False})(run)
 
 
 def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:

@@ -10,6 +10,8 @@ import typer
 
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
+from ..terminal import console as terminal_console
+from ..terminal import say
 
 
 def load_config_file(
@@ -147,15 +149,14 @@ def register(app: typer.Typer) -> None:
 
 
 def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON document of any shape (json.dumps)
-    from rich.console import Console  # deferred: heavy (rich)
     from rich.table import Table  # deferred: heavy (rich)
 
-    console = Console(highlight=False)
+    console = terminal_console()
     spares = "pool" if s["spare_nodes"] is None else s["spare_nodes"]
-    console.print(
+    say(
+        console,
         f"[bold]{s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['days']:g} days, {s['trials']:,} trials"
         f"[/bold]  strategy={s['strategy']} spares={spares} elastic={s['elastic']}",
-        soft_wrap=True,
     )
     t = Table(title="outcome per trial")
     for col in ("metric", "mean", "p5", "p50", "p95"):

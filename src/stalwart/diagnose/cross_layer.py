@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..terminal import shorten
 from .incident import BlastRadius, Component, FaultClass, Incident
 from .rule_file import load_rule_file
 from .signals import Signal
@@ -133,7 +134,7 @@ def diagnose_comm_failure(
         )
     what = "hang" if all(s.code == "process.hang" for s in comm) else "communication failure"
     return Incident(
-        cause=f"{what} with no node-level cause in the window (first: {first.text[:120]})",
+        cause=f"{what} with no node-level cause in the window (first: {shorten(first.text, 120)})",
         fault_class=FaultClass.UNKNOWN,
         component=Component.COMMUNICATION,
         confidence=0.3,

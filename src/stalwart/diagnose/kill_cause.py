@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..terminal import shorten
 from .incident import Component, FaultClass
 from .rule_file import load_rule_file
 
@@ -140,11 +141,11 @@ def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdi
     if rule is None:
         return None
     name = signal_name(ev.signum)
-    tail = " | ".join(x.strip() for x in ev.log_tail[-3:] if x.strip())[:300] or "(empty)"
+    tail = shorten(" | ".join(x.strip() for x in ev.log_tail[-3:] if x.strip()), 300) or "(empty)"
     values = _Fmt(signal=name, rss=ev.rss_text(), tail=tail, injected=ev.injected)
     what = rule.what.format_map(values)
     evidence = [f"rank {ev.rank} (pid {ev.pid}) killed by {name}"]
-    evidence += [f"kernel log: {x[:200]}" for x in ev.oom_lines]
+    evidence += [f"kernel log: {shorten(x, 200)}" for x in ev.oom_lines]
     if ev.cgroup_oom_kills:
         evidence.append(f"memory cgroup: oom_kill rose by {ev.cgroup_oom_kills} during the attempt")
     if ev.injected:

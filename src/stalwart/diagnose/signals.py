@@ -16,6 +16,7 @@ from ..events import DecisionTaken, Event, FailureDetected, StackCaptured, Strag
 from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
 from ..protocol.error_record import COMM_TEXT, COMM_TYPES
+from ..terminal import clock, shorten
 
 # The comm test of the crash classifier, plus the PyTorch watchdog's words.
 _WATCHDOG = re.compile(r"\bwatchdog\b", re.IGNORECASE)
@@ -38,7 +39,7 @@ class Signal:
 
     def line(self) -> str:
         who = f"{self.node} rank {self.rank}" if self.rank >= 0 else self.node
-        return f"{who} t={self.ts:.1f}: {self.text or self.code}"
+        return f"{who} at {clock(self.ts)}: {self.text or self.code}"
 
 
 def is_comm_text(error_type: str, text: str) -> bool:
@@ -60,7 +61,7 @@ def from_failure(ev: FailureDetected) -> Signal:
     m = _HCA_TEXT.search(text)
     if m:
         evidence["hca"] = m.group("hca")
-    line = f"{ev.failure}: {(ev.error_type + ': ') if ev.error_type else ''}{text[:200]}"
+    line = f"{ev.failure}: {(ev.error_type + ': ') if ev.error_type else ''}{shorten(text, 200)}"
     return Signal(
         ts=ev.onset or ev.ts,
         node=ev.node,
@@ -115,7 +116,7 @@ def from_exclusion(ev: DecisionTaken) -> Signal | None:
         node=ev.node,
         code="agent.node_excluded",
         subject=ev.node,
-        text=f"the agent of {ev.node} excluded its node: {ev.reason[:200]}",
+        text=f"the agent of {ev.node} excluded its node: {shorten(ev.reason, 200)}",
     )
 
 
@@ -200,7 +201,7 @@ def from_kernel_log(
                 node=node,
                 code="gpu.xid",
                 subject=names.get(x.bdf, x.bdf),
-                text=f"kernel log: {x.line.strip()[:200]}",
+                text=f"kernel log: {shorten(x.line.strip(), 200)}",
                 evidence={"xid": x.xid, "bdf": x.bdf},
             )
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..terminal import plural
 from .label import Label
 from .membership import Change, MembershipView, Role, lost_nodes, next_group
 from .restart_policy import FailureKind
@@ -128,11 +129,15 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
     if case.forced_failure:
         return NotInPlace("in-place recovery forced to fail (chaos)")
     survivors = len(case.ranks) - len(case.failed)
-    kept = f"{survivors} surviving ranks" if case.num_nodes == 1 else "the surviving ranks of every node"
+    kept = (
+        "the surviving ranks of every node keep their processes"
+        if case.num_nodes != 1
+        else f"{plural(survivors, 'surviving rank')} {'keeps its process' if survivors == 1 else 'keep their processes'}"
+    )
     return InPlace(
         case.failed,
         case.generation + 1,
-        f"rank {failed} ({case.failure}) replaced in place; {kept} keep their processes and hand over "
+        f"rank {failed} ({case.failure}) replaced in place; {kept} and hand over "
         f"the live state (generation {case.generation + 1})",
     )
 

@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing_extensions import assert_never
 
 from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from ..terminal import plural
 from .label import Label
 from .restart_policy import Failure, RestartAction, RestartBudget, decide
 from .world_size import SizeRule, WorldPlan, plan_world
@@ -206,7 +207,7 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
     {
         "succeeded": Verdict(
             "succeeded",
-            "training finished after {attempts} attempt(s), {failures} failure(s) recovered",
+            "training finished after {attempts}, {failures} recovered",
             EXIT_OK,
         ),
         "final_unsaved": Verdict(
@@ -283,8 +284,8 @@ def _fields(state: JobState, out: Outcome) -> dict[str, object]:
         else "no good checkpoint on disk"
     )
     return {
-        "attempts": state.attempt + 1,
-        "failures": len(state.history) + state.in_place,
+        "attempts": plural(state.attempt + 1, "attempt"),
+        "failures": plural(len(state.history) + state.in_place, "failure"),
         "node": state.spec.node,
         "step": out.step,
         "at": f" of step {out.step}" if out.step >= 0 else "",

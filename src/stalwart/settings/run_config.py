@@ -29,6 +29,7 @@ from ..policy.timeouts import HangTimeoutPolicy, validate_hierarchy
 from ..policy.world_size import SizeRule
 from . import sources as _sources
 from .etcd_access import check_etcd_access
+from .panels import Group, Panel
 from .recovery import InPlaceSettings, SdcSettings
 from .schema import (
     ChaosSettings,
@@ -40,11 +41,11 @@ from .schema import (
     ObserveSettings,
     RendezvousSettings,
     RestartSettings,
-    StragglerSettings,
     WorkerSettings,
     setting,
 )
 from .script_fingerprint import fingerprint
+from .stragglers import StragglerSettings
 from .trust import TrustSettings
 
 
@@ -55,67 +56,70 @@ class RunConfig(BaseSettings):
 
     model_config = SettingsConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    script: Annotated[str, setting("script", argument=True)] = Field(
+    script: Annotated[str, setting("script", argument=True, panel=Panel.TORCHRUN)] = Field(
         description="Training script (or module with -m) followed by its arguments."
     )
-    script_args: Annotated[list[str], setting("script_args", argument=True)] = Field(
+    script_args: Annotated[list[str], setting("script_args", argument=True, panel=Panel.TORCHRUN)] = Field(
         default_factory=list, description="Arguments passed to the script."
     )
-    module: Annotated[bool, setting("module", "-m", "--module")] = Field(
+    module: Annotated[bool, setting("module", "-m", "--module", panel=Panel.TORCHRUN)] = Field(
         default=False, description="Run SCRIPT as a module (python -m)."
     )
-    no_python: Annotated[bool, setting("no_python", "--no-python", "--no_python")] = Field(
-        default=False, description="Execute SCRIPT directly."
+    no_python: Annotated[bool, setting("no_python", "--no-python", "--no_python", panel=Panel.TORCHRUN)] = (
+        Field(default=False, description="Execute SCRIPT directly.")
     )
-    run_path: Annotated[bool, setting("run_path", "--run-path", "--run_path")] = Field(
+    run_path: Annotated[bool, setting("run_path", "--run-path", "--run_path", panel=Panel.TORCHRUN)] = Field(
         default=False, description="Run SCRIPT (absolute path) via runpy."
     )
     python: str = Field(default=sys.executable, description="The interpreter that runs the workers.")
     nproc_per_node: Annotated[
-        int, setting("nproc_per_node", "--nproc-per-node", "--nproc_per_node", cli_type=str)
+        int,
+        setting("nproc_per_node", "--nproc-per-node", "--nproc_per_node", cli_type=str, panel=Panel.TORCHRUN),
     ] = Field(default=1, ge=1, le=1024, description="Workers per node: N, auto, cpu, gpu or xpu.")
-    nnodes: Annotated[str, setting("nnodes", "--nnodes")] = Field(
+    nnodes: Annotated[str, setting("nnodes", "--nnodes", panel=Panel.TORCHRUN)] = Field(
         default="1", description="Nodes: N or MIN:MAX (elastic)."
     )
-    valid_sizes: Annotated[str, setting("valid_sizes", "--valid-sizes")] = Field(
+    valid_sizes: Annotated[str, setting("valid_sizes", "--valid-sizes", panel=Panel.RECOVERY)] = Field(
         default="any", description="Valid world sizes: any, pow2 or multiple:N; extra nodes are hot spares."
     )
     monitor_interval_s: Annotated[
-        float, setting("monitor_interval_s", "--monitor-interval", "--monitor_interval")
+        float, setting("monitor_interval_s", "--monitor-interval", "--monitor_interval", panel=Panel.TORCHRUN)
     ] = Field(default=0.05, gt=0, description="Agent poll interval, seconds.")
-    run_id: Annotated[str, setting("run_id", "--run-id")] = Field(
+    run_id: Annotated[str, setting("run_id", "--run-id", panel=Panel.RUN)] = Field(
         default="", description="Run id (default: Slurm job id, --rdzv-id, or a hash of the command line)."
     )
-    run_dir: Annotated[Path | None, setting("run_dir", "--run-dir")] = Field(
+    run_dir: Annotated[Path | None, setting("run_dir", "--run-dir", panel=Panel.RUN)] = Field(
         default=None, description="Where ledger, checkpoints and logs go."
     )
-    continue_changed: Annotated[bool, setting("continue_changed", "--continue-changed")] = Field(
-        default=False,
-        description="Resume this run id although the script changed since the run started "
-        "(otherwise bad input, exit 2).",
+    continue_changed: Annotated[bool, setting("continue_changed", "--continue-changed", panel=Panel.RUN)] = (
+        Field(
+            default=False,
+            description="Resume this run id although the script changed since the run started "
+            "(otherwise bad input, exit 2).",
+        )
     )
-    node_name: Annotated[str, setting("node_name", "--node-name")] = Field(
+    node_name: Annotated[str, setting("node_name", "--node-name", panel=Panel.RUN)] = Field(
         default="", description="Name of this node in the ledger (default hostname)."
     )
-    quiet: Annotated[bool, setting("quiet", "--quiet", "-q")] = Field(
+    quiet: Annotated[bool, setting("quiet", "--quiet", "-q", panel=Panel.RUN)] = Field(
         default=False, description="Print only the verdict."
     )
 
     # the settings of each concern (frozen models: one shared default instance each)
-    rendezvous: RendezvousSettings = RendezvousSettings()
-    workers: WorkerSettings = WorkerSettings()
-    logs: LogSettings = LogSettings()
-    restart: RestartSettings = RestartSettings()
-    hang: HangSettings = HangSettings()
-    checkpoint: CheckpointSettings = CheckpointSettings()
-    faults: ChaosSettings = ChaosSettings()
-    health: HealthSettings = HealthSettings()
-    reform: InPlaceSettings = InPlaceSettings()
-    sdc: SdcSettings = SdcSettings()
-    observe: ObserveSettings = ObserveSettings()
-    diagnosis: DiagnosisSettings = DiagnosisSettings()
-    straggler: StragglerSettings = StragglerSettings()
-    trust: TrustSettings = TrustSettings()
+    rendezvous: Annotated[RendezvousSettings, Group(Panel.TORCHRUN)] = RendezvousSettings()
+    workers: Annotated[WorkerSettings, Group(Panel.TORCHRUN)] = WorkerSettings()
+    logs: Annotated[LogSettings, Group(Panel.TORCHRUN)] = LogSettings()
+    restart: Annotated[RestartSettings, Group(Panel.RECOVERY)] = RestartSettings()
+    hang: Annotated[HangSettings, Group(Panel.HANGS)] = HangSettings()
+    checkpoint: Annotated[CheckpointSettings, Group(Panel.RECOVERY, sdk=True)] = CheckpointSettings()
+    faults: Annotated[ChaosSettings, Group(Panel.CHAOS)] = ChaosSettings()
+    health: Annotated[HealthSettings, Group(Panel.HEALTH)] = HealthSettings()
+    reform: Annotated[InPlaceSettings, Group(Panel.RECOVERY, sdk=True)] = InPlaceSettings()
+    sdc: Annotated[SdcSettings, Group(Panel.RECOVERY, sdk=True)] = SdcSettings()
+    observe: Annotated[ObserveSettings, Group(Panel.OBSERVABILITY)] = ObserveSettings()
+    diagnosis: Annotated[DiagnosisSettings, Group(Panel.DIAGNOSIS)] = DiagnosisSettings()
+    straggler: Annotated[StragglerSettings, Group(Panel.DIAGNOSIS)] = StragglerSettings()
+    trust: Annotated[TrustSettings, Group(Panel.MULTI_NODE)] = TrustSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -17,8 +17,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
-from ..account.mfu import parse_model_spec
-from ..diagnose.straggler_action import STRAGGLER_MODES, StragglerActionConfig
+from ..account.mfu import MODEL_SPEC_HELP, parse_model_spec
 from ..errors import ConfigError
 from ..policy.timeouts import (
     CPU_STALL_S,
@@ -32,6 +31,7 @@ from ..policy.timeouts import (
 )
 from ..protocol import DEFAULT_PG_TIMEOUT_S
 from ..secret_values import read_url_file, redact_url
+from .panels import Panel
 from .streams import parse_streams
 
 
@@ -40,20 +40,22 @@ class Setting:
     """Where a field is set from: its flat name (file key, ``STALWART_<NAME>``) and its flags.
 
     No flags: file and environment only. ``cli_type`` is what the flag takes when it differs from
-    the field (``--nproc-per-node auto`` becomes a number); ``argument``: a positional argument."""
+    the field (``--nproc-per-node auto`` becomes a number); ``argument``: a positional argument;
+    ``panel``: its help heading when not its group's; ``sdk``: acts only for scripts using the SDK."""
 
     name: str
     flags: tuple[str, ...] = ()
     cli_type: type | None = None
     metavar: str | None = None
     argument: bool = False
+    panel: Panel | None = None
+    sdk: bool = False
 
 
 def setting(name: str, *flags: str, **kw) -> Setting:
     return Setting(name, tuple(flags), **kw)
 
 
-_STRAGGLER_POLICY = StragglerActionConfig.model_fields  # its defaults are the run's
 _MODEL = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 MODEL_CONFIG = _MODEL  # for the settings models declared beside this module (settings_recovery.py)
 
@@ -72,10 +74,10 @@ class HangSettings(BaseModel):
     cap_s: Annotated[float, setting("hang_cap_s", "--hang-cap")] = Field(
         default=HANG_CAP_S, gt=0, description="Largest hang timeout, seconds."
     )
-    startup_s: Annotated[float, setting("startup_timeout_s", "--startup-timeout")] = Field(
+    startup_s: Annotated[float, setting("startup_timeout_s", "--startup-timeout", sdk=True)] = Field(
         default=STARTUP_TIMEOUT_S,
         gt=0,
-        description="Hang timeout of SDK workers before steps are seen, seconds.",
+        description="Hang timeout of workers before their first step, seconds.",
     )
     min_samples: Annotated[int, setting("hang_min_samples", "--hang-min-samples")] = Field(
         default=HANG_MIN_SAMPLES, ge=1, description="Steps seen before calibrating."
@@ -125,13 +127,15 @@ class RendezvousSettings(BaseModel):
     standalone: Annotated[bool, setting("standalone", "--standalone")] = Field(
         default=False, description="Single node, local rendezvous."
     )
-    timeout_s: Annotated[float, setting("rdzv_timeout_s", "--rdzv-timeout")] = Field(
+    timeout_s: Annotated[float, setting("rdzv_timeout_s", "--rdzv-timeout", panel=Panel.MULTI_NODE)] = Field(
         default=900.0, gt=0, description="Seconds to wait for a rendezvous."
     )
     last_call_s: Annotated[float, setting("rdzv_last_call_s")] = Field(
         default=3.0, ge=0, description="Seconds a rendezvous waits for late agents once the minimum is there."
     )
-    startup_window_s: Annotated[float, setting("rdzv_startup_window_s", "--rdzv-startup-window")] = Field(
+    startup_window_s: Annotated[
+        float, setting("rdzv_startup_window_s", "--rdzv-startup-window", panel=Panel.MULTI_NODE)
+    ] = Field(
         default=30.0,
         ge=0,
         description="First round only: seconds an agent waits for every host of --nnodes MAX to arrive "
@@ -147,7 +151,9 @@ class RendezvousSettings(BaseModel):
         description="Seconds the rendezvous store may leave this agent's reads unanswered before the job "
         "ends (exit 75); --rdzv-conf read_timeout sets it.",
     )
-    host: Annotated[bool | None, setting("rdzv_host", "--rdzv-host/--no-rdzv-host")] = Field(
+    host: Annotated[
+        bool | None, setting("rdzv_host", "--rdzv-host/--no-rdzv-host", panel=Panel.MULTI_NODE)
+    ] = Field(
         default=None, description="Host the rendezvous store here (default: when the endpoint is local)."
     )
     node_rank: Annotated[int, setting("node_rank", "--node-rank", "--node_rank")] = Field(
@@ -176,9 +182,9 @@ class RestartSettings(BaseModel):
 
     model_config = _MODEL
 
-    max_restarts: Annotated[int, setting("max_restarts", "--max-restarts", "--max_restarts")] = Field(
-        default=3, ge=0, description="Restarts allowed for infrastructure faults."
-    )
+    max_restarts: Annotated[
+        int, setting("max_restarts", "--max-restarts", "--max_restarts", panel=Panel.TORCHRUN)
+    ] = Field(default=3, ge=0, description="Restarts allowed for infrastructure faults.")
     max_user_error_restarts: Annotated[
         int, setting("max_user_error_restarts", "--max-user-error-restarts")
     ] = Field(default=1, ge=0, description="Restarts allowed after exceptions in the script.")
@@ -213,11 +219,13 @@ class WorkerSettings(BaseModel):
     stop_grace_s: Annotated[
         float, setting("stop_grace_s", "--stop-grace", "--shutdown-timeout", "--shutdown_timeout")
     ] = Field(default=3.0, gt=0, description="SIGTERM -> SIGKILL grace when stopping workers, seconds.")
-    warm: Annotated[bool, setting("warm", "--warm/--no-warm")] = Field(
+    warm: Annotated[bool, setting("warm", "--warm/--no-warm", panel=Panel.RECOVERY)] = Field(
         default=True,
         description="Start workers from a fork server with torch preloaded; see docs/fast-recovery.md.",
     )
-    instrument: Annotated[bool, setting("instrument", "--instrument/--no-instrument")] = Field(
+    instrument: Annotated[
+        bool, setting("instrument", "--instrument/--no-instrument", panel=Panel.ADVANCED)
+    ] = Field(
         default=True, description="Start workers through the bootstrap: step hooks, stacks, process titles."
     )
     warm_fail_attempt: Annotated[int, setting("warm_fail_attempt")] = Field(
@@ -334,7 +342,7 @@ class HealthSettings(BaseModel):
     gate: Annotated[bool, setting("health_gate", "--health-gate/--no-health-gate")] = Field(
         default=True, description="Check this node before the first start and every restart."
     )
-    fixture: Annotated[Path | None, setting("health_fixture", "--health-fixture")] = Field(
+    fixture: Annotated[Path | None, setting("health_fixture", "--health-fixture", panel=Panel.CHAOS)] = Field(
         default=None, description="Recorded telemetry to check instead of the live node (testing)."
     )
     active: Annotated[bool, setting("health_active", "--health-active/--no-health-active")] = Field(
@@ -368,8 +376,7 @@ class ObserveSettings(BaseModel):
     )
     metrics_model: Annotated[str, setting("metrics_model", "--metrics-model")] = Field(
         default="",
-        description="Model spec for tokens/s and MFU on /metrics: params=7e9,layers=32,heads=32,"
-        "head_dim=128,seq_len=4096,tokens_per_step=4e6,gpus=64,device=h100[,dtype=bf16].",
+        description=f"Model spec for tokens/s and MFU on /metrics, {MODEL_SPEC_HELP}.",
     )
     notify: Annotated[list[str], setting("notify", "--notify")] = Field(
         default_factory=list,
@@ -441,55 +448,4 @@ class DiagnosisSettings(BaseModel):
         """Any evidence source given (the run checks them before it starts)."""
         return bool(
             self.topology or self.facility or self.facility_query or self.kernel_log or self.node_telemetry
-        )
-
-
-class StragglerSettings(BaseModel):
-    """Straggler -> action (diagnose/straggler_action.py): the mode, the precision gate, the costs."""
-
-    model_config = _MODEL
-
-    action: Annotated[str, setting("straggler_action", "--straggler-action")] = Field(
-        default="observe",
-        description="observe: record the straggler policy's verdicts; auto: act once the detector's "
-        "measured precision passes; act: exclude a costly straggler's node unless measured precision fails.",
-    )
-    act_min_precision: Annotated[
-        float, setting("straggler_act_min_precision", "--straggler-min-precision")
-    ] = Field(default=0.9, ge=0, le=1, description="Precision the straggler detector needs to act.")
-    act_min_firings: Annotated[int, setting("straggler_act_min_firings")] = Field(
-        default=5, ge=1, description="Firings the detector's measured precision needs before it counts."
-    )
-    history: Annotated[Path | None, setting("straggler_history", "--straggler-history")] = Field(
-        default=None, description="Run dir or ledger whose straggler firings add to the measured precision."
-    )
-    recovery_s: Annotated[float, setting("straggler_recovery_s", "--straggler-recovery")] = Field(
-        default=_STRAGGLER_POLICY["recovery_s"].default,
-        ge=0,
-        description="Seconds a restart without the straggler's node costs, restart to first step.",
-    )
-    margin: Annotated[float, setting("straggler_margin")] = Field(
-        default=_STRAGGLER_POLICY["margin"].default,
-        ge=1,
-        description="Continuing must cost this many times more than excluding the node.",
-    )
-    min_confidence: Annotated[float, setting("straggler_min_confidence")] = Field(
-        default=_STRAGGLER_POLICY["min_confidence"].default,
-        ge=0,
-        le=1,
-        description="Act only on straggler detections at least this sure.",
-    )
-
-    @field_validator("action")
-    @classmethod
-    def _action(cls, v: str) -> str:
-        if v not in STRAGGLER_MODES:
-            raise ValueError(f"--straggler-action {v!r} must be {', '.join(STRAGGLER_MODES)}")
-        return v
-
-    @property
-    def policy(self) -> StragglerActionConfig:
-        """The straggler-action policy's settings (diagnose/straggler_action.py)."""
-        return StragglerActionConfig.model_validate(
-            {"min_confidence": self.min_confidence, "margin": self.margin, "recovery_s": self.recovery_s}
         )

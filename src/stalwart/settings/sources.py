@@ -26,6 +26,7 @@ from pydantic_settings import PydanticBaseSettingsSource
 
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
+from .panels import Group, Panel
 from .schema import Setting
 
 ENV_PREFIX = "STALWART_"
@@ -34,12 +35,23 @@ _NOT_FROM_ENV = {"script", "script_args"}  # the environment never names the pro
 
 @dataclass(frozen=True)
 class Leaf:
-    """One setting: its flat name, where it sits in the schema, its field and its flags."""
+    """One setting: its flat name, where it sits in the schema, its field and its flags (and the
+    ``Group`` marker of the settings group it is in, if any)."""
 
     name: str
     path: tuple[str, ...]
     field: FieldInfo
     setting: Setting
+    group: Group | None = None
+
+    @property
+    def panel(self) -> Panel | None:
+        """Its heading in ``stalwart run --help``: its own, else its group's."""
+        return self.setting.panel or (self.group.panel if self.group else None)
+
+    @property
+    def needs_sdk(self) -> bool:
+        return self.setting.sdk or (self.group is not None and self.group.sdk)
 
     @property
     def dotted(self) -> str:
@@ -57,16 +69,19 @@ def _group(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> dict[str, Leaf]:
+def leaves(
+    model: type[BaseModel], prefix: tuple[str, ...] = (), marker: Group | None = None
+) -> dict[str, Leaf]:
     """Every setting of ``model`` by flat name, nested models walked (schema order)."""
     out: dict[str, Leaf] = {}
     for name, field in model.model_fields.items():
         group = _group(field.annotation)
         if group is not None:
-            out.update(leaves(group, (*prefix, name)))
+            inner = next((m for m in field.metadata if isinstance(m, Group)), marker)
+            out.update(leaves(group, (*prefix, name), inner))
             continue
         meta = next((m for m in field.metadata if isinstance(m, Setting)), Setting(name))
-        out[meta.name] = Leaf(meta.name, (*prefix, name), field, meta)
+        out[meta.name] = Leaf(meta.name, (*prefix, name), field, meta, marker)
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..policy.label import Label
+from ..terminal import plural
 from .fit import poisson_interval
 from .units import number
 
@@ -46,7 +47,7 @@ def judge_rates(
     if marked_tests:
         return RateEvidence(
             published,
-            f"the run's {failures} failure(s) are marked as tests (--faults-are-tests): published "
+            f"the run's {plural(failures, 'failure')} {'is' if failures == 1 else 'are'} marked as tests (--faults-are-tests): published "
             "failure rates used, the run's measured times kept",
         )
     if injected:
@@ -62,7 +63,7 @@ def judge_rates(
     if spread > max_spread:
         return RateEvidence(
             published,
-            f"{failures} failure(s) in {number(gpu_hours)} GPU-hours is too little to estimate a rate "
+            f"{plural(failures, 'failure')} in {number(gpu_hours)} GPU-hours is too little to estimate a rate "
             f"(its 95% interval spans a factor of {number(spread)}, over {max_spread:g}): published "
             "failure rates used, the run's measured times kept; mark a hand-made kill with "
             "--faults-are-tests to say so outright",
