@@ -19,7 +19,7 @@ board watches every other (as the first node of a group does). Measured per size
 
 Not measured here: the workers, the process groups, the heartbeat-bound verdict of a silent host
 (by design the bound, 2.5 s by default). Run: .venv/bin/python bench/bench_control_plane.py
-[--sizes 16,64,256] [--json out]
+[--sizes 16,64,256] [--rendezvous-max 64] [--json out]
 """
 
 from __future__ import annotations
@@ -184,15 +184,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="16,64,256")
     ap.add_argument("--quiet-s", type=float, default=10.0)
+    ap.add_argument(
+        "--rendezvous-max", type=int, default=1 << 20, help="skip the rendezvous above this many agents"
+    )
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            probe = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-            port = probe.port
-            del probe  # the first agent hosts the rendezvous store on this port
-            rdzv = rendezvous(n, port, Path(tmp))
+        rdzv = float("nan")
+        if n <= args.rendezvous_max:
+            with tempfile.TemporaryDirectory() as tmp:
+                probe = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+                port = probe.port
+                del probe  # the first agent hosts the rendezvous store on this port
+                rdzv = rendezvous(n, port, Path(tmp))
         row = {"agents": n, "rendezvous_s": rdzv, **boards(n, args.quiet_s)}
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -158,3 +158,37 @@ def test_a_planted_unsigned_address_is_refused_and_never_dialled(store):
     assert not board._watch.connected("n1") and board.dead() == {}
     assert any("unsigned liveness address" in n for n in notes), notes
     board.close()
+
+
+def test_a_watcher_holding_more_than_1024_descriptors_still_dials():
+    """A first node of a large job holds a connection per node: descriptors past select(2)'s 1,024."""
+    import resource
+    import socket as socketlib
+
+    from stalwart.launch.inplace.liveness import Line, Watch
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE,
+        (max(soft, 1200) if hard == resource.RLIM_INFINITY else min(max(soft, 1200), hard), hard),
+    )
+    spare = [socketlib.socket() for _ in range(1100)]  # push the next descriptors past 1,024
+    line = Line("127.0.0.1")
+    clock = ManualClock()
+    watch = Watch(clock.monotonic)
+    try:
+        assert watch.dial("n1", line.address)
+        for _ in range(50):
+            watch.poll()
+            line.accept()
+            if "n1" in watch._held:
+                break
+        assert "n1" in watch._held and watch.dead() == {}
+    finally:
+        watch.close()
+        line.close()
+        for s in spare:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -140,9 +140,13 @@ class Watch:
     def _finish_dials(self, now: float) -> None:
         if not self._dialing:
             return
-        _, ready, _ = select.select([], [d.sock for d in self._dialing.values()], [], 0)
+        # poll(2), not select(2): a first node of a large job holds more than 1,024 descriptors
+        waiting = select.poll()
+        for d in self._dialing.values():
+            waiting.register(d.sock, select.POLLOUT)
+        ready = {fd for fd, _ in waiting.poll(0)}
         for node, d in list(self._dialing.items()):
-            if d.sock in ready:
+            if d.sock.fileno() in ready:
                 del self._dialing[node]
                 if d.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
                     self._held[node] = _Held(d.sock)
