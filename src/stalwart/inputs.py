@@ -6,8 +6,6 @@ larger than its limit, nesting deeper than a parser can take, an alias bomb) wit
 (``FaultPlanError``, ``TelemetryError``) instead.
 """
 
-# Any in this module: JSON/TOML values of any shape, walked to validate them
-
 from __future__ import annotations
 
 import json

@@ -21,8 +21,6 @@ job key itself never signs anything directly. Opening a seal is errors as data: 
 :class:`Refused` with the reason.
 """
 
-# Any in this module: a store value: bytes or str, as torch's stores take them
-
 from __future__ import annotations
 
 import hashlib

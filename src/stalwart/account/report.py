@@ -1,7 +1,5 @@
 """``stalwart report``: goodput, badput buckets, interruptions and reliability of one run."""
 
-# Any in this module: the report is a JSON document of any shape (what --json prints)
-
 from __future__ import annotations
 
 import json

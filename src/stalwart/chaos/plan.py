@@ -29,8 +29,6 @@ which fires at every attempt because it models a deterministic bug.
 YAML: a list of mappings with ``fault:`` and the same keys, or ``{faults: [...]}``.
 """
 
-# Any in this module: a fault's parameters as written by the user (text or TOML), before validation
-
 from __future__ import annotations
 
 import json

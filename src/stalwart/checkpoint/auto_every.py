@@ -17,8 +17,6 @@ reason. ``plan --ledger`` recommends with the same function over the recorded ru
 (:func:`~stalwart.checkpoint.advisor.recommend_from_ledger`).
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import statistics

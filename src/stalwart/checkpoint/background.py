@@ -7,8 +7,6 @@ persist waits in a collective for a rank that already gave up. Here the thread i
 abandoned persist never committed anything (a version is visible only after its manifest's rename).
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import atexit

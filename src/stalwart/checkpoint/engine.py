@@ -14,8 +14,6 @@ The persist path lives in :mod:`.tier_writer`, the load path (the tier walk) in 
 retention in :mod:`.persist`; the result types in :mod:`.outcomes` are re-exported here.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import os

@@ -6,8 +6,6 @@ manifest last and commits. If any rank fails (a full disk, an I/O error), nothin
 the partial directory is removed and every older version stays as it was.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import os

@@ -9,8 +9,6 @@ values go through ``torch.load(weights_only=True)``. Anything else is refused wi
 ``UnsafeCheckpoint`` that names the global, before it is resolved, so nothing executes.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import io

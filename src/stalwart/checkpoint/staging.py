@@ -11,8 +11,6 @@ as their local shard and rebuilt as DTensors over the staged buffer (no collecti
 torch.distributed.checkpoint still sees the global sharding and can reshard on load.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import copy

@@ -11,8 +11,6 @@ A store signs the manifests it commits with the configured checkpoint key (see `
 file store's root is private: created 0700, refused when another user owns it or others can write it.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import os

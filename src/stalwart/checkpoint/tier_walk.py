@@ -3,8 +3,6 @@ tier first for one step), and take the first that verifies on every rank, then l
 Every version passed over is a CheckpointRejected event with its reason; nothing torn or tampered
 with is ever loaded."""
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """``stalwart nodes``: every node's scheduler state, who drained it, and Stalwart's lifecycle state."""
 
-# Any in this module: typer's option objects and values, each of its own type
-
 from __future__ import annotations
 
 import json

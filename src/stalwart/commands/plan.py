@@ -1,7 +1,5 @@
 """``stalwart plan``: checkpoint interval per tier, spares, restart strategy, ETTR and cost at scale."""
 
-# Any in this module: typer's option objects and values, each of its own type
-
 from __future__ import annotations
 
 import inspect

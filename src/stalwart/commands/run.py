@@ -4,8 +4,6 @@ Its flags, their help and defaults are generated from the settings schema (``set
 add a setting there and it is a flag here, a key of the ``--config`` file and a ``STALWART_``
 variable."""
 
-# Any in this module: typer's option objects and values, each of its own type
-
 from __future__ import annotations
 
 import importlib.util

@@ -5,8 +5,6 @@ rank, a health finding, a kernel-log Xid, a straggler. Adapters below build them
 health findings and kernel-log observations. Pure functions; nothing here reads a clock.
 """
 
-# Any in this module: evidence is JSON of any shape
-
 from __future__ import annotations
 
 import re

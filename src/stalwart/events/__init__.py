@@ -10,8 +10,6 @@ first ``decode``. The ledger decodes every registered kind and returns :class:`R
 it does not know, so an old reader never fails on a new file.
 """
 
-# Any in this module: an event's payload is JSON of any shape
-
 from __future__ import annotations
 
 import dataclasses

@@ -6,8 +6,6 @@ does not keep the process alive. A wedged driver therefore costs one leaked thre
 is why the CLI runs each check in a short-lived process.
 """
 
-# Any in this module: the result of whatever call runs under the deadline
-
 from __future__ import annotations
 
 import subprocess

@@ -4,8 +4,6 @@ Every reader returns observations; anything it cannot parse becomes a *problem* 
 observation (which a check turns into a ``telemetry.bad`` finding), never an exception.
 """
 
-# Any in this module: JSON telemetry from a file, checked field by field below
-
 from __future__ import annotations
 
 import csv

@@ -4,8 +4,6 @@ The NVML module is injectable so tests can replay recorded values or simulate a 
 No library / no driver is a normal, reported case (``available=False``), not an error.
 """
 
-# Any in this module: pynvml (an optional dependency without types)
-
 from __future__ import annotations
 
 import time

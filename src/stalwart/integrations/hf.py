@@ -13,8 +13,6 @@ with code 76. Resume is the Trainer's: ``resume_from_checkpoint``; ``resume_path
 checkpoint directory that a crash left without its ``trainer_state.json`` (written last).
 """
 
-# Any in this module: transformers' callback arguments (an optional dependency without stubs)
-
 from __future__ import annotations
 
 import os

@@ -21,8 +21,6 @@ iterator's seed) never shift the training step's random stream in one run and no
 ``DataLoader`` only at an epoch boundary, and the callback says so once at start (docs/integrations.md).
 """
 
-# Any in this module: Lightning's trainer, module and batches (an optional dependency), or a state_dict's values
-
 from __future__ import annotations
 
 import math

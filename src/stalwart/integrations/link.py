@@ -5,8 +5,6 @@ sections, evaluation heartbeats and checkpoints through this class instead. Ever
 need from the SDK goes through here, so a change to ``Session`` is absorbed in this one file.
 """
 
-# Any in this module: the framework's objects the link keeps open, of any type
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,8 +8,6 @@ epoch 0's permutation: the rest of the epoch trains on other samples. This sampl
 whatever the order of those calls. Use it with ``use_distributed_sampler=False`` in Lightning.
 """
 
-# Any in this module: a state_dict's values are of any type (torch's contract)
-
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -10,8 +10,6 @@ handlers, starts what the job needs (node memory tier, live diagnosis, fork serv
 on the way out. Time comes from an injected clock (launch/clock.py).
 """
 
-# Any in this module: built lazily with heavy imports (the node memory tier, the live diagnosis)
-
 from __future__ import annotations
 
 import os

@@ -2,8 +2,6 @@
 with no process, socket, file or sleep. One set serves the unit tests and the simulator
 (sim/agent_probe.py), so both drive the shipped supervisor, runner and job policy the same way."""
 
-# Any in this module: a test double stands in for any collaborator
-
 from __future__ import annotations
 
 import signal

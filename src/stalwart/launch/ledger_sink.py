@@ -3,8 +3,6 @@
 A full disk never stops the job: events wait in memory (bounded; step records go first, decisions and
 verdicts stay) and are written once there is room again, and the console is told once each way."""
 
-# Any in this module: an event's context is JSON of any shape
-
 from __future__ import annotations
 
 import dataclasses

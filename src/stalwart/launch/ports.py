@@ -6,8 +6,6 @@ launch/failure_files.py, launch/ledger_sink.py, launch/agent_chaos.py); the fake
 launch/fakes.py serve the unit tests and the simulator (sim/agent_probe.py) alike.
 """
 
-# Any in this module: an event's context is JSON of any shape
-
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence

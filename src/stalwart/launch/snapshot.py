@@ -6,8 +6,6 @@ workers without the SDK, the rendezvous' waiting nodes, the signals the agent re
 to the monitors. A monitor reads only the snapshot, so a test or the simulator can build one by hand.
 """
 
-# Any in this module: an empty mapping shared by every key and value type
-
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -16,8 +16,6 @@ Both sides import this module and nothing else of each other:
   directory through :class:`stalwart.protocol.run_dir.MemDir`).
 """
 
-# Any in this module: a wire record is JSON of any shape
-
 from __future__ import annotations
 
 import json

@@ -5,8 +5,6 @@ Names follow Prometheus' conventions: base units (``_seconds``, ``_ratio``), ``_
 ``metrics`` extra): :mod:`.metrics` imports this module only when it renders.
 """
 
-# Any in this module: a JSON body (Slack/webhook/metrics) of any shape
-
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping

@@ -5,8 +5,6 @@ has a timeout and a bounded number of retries with backoff; when the queue is fu
 dropped and counted (a notifier must never slow or fail a training run).
 """
 
-# Any in this module: a JSON body (Slack/webhook/metrics) of any shape
-
 from __future__ import annotations
 
 import json

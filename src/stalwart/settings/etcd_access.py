@@ -13,8 +13,6 @@ when the run's configuration is built (exit 2 before anything starts); :func:`re
 :func:`gateway_error` turn what a member answered into one sentence that says what to fix.
 """
 
-# Any in this module: settings values before validation (flags, TOML, environment) are of any type
-
 from __future__ import annotations
 
 import json

@@ -6,8 +6,6 @@ defaults < file (``--config`` YAML/TOML) < environment (``STALWART_<NAME>``) < f
 docs/resilient-run.md#run-configuration).
 """
 
-# Any in this module: settings values before validation (flags, TOML, environment) are of any type
-
 from __future__ import annotations
 
 import hashlib

@@ -7,8 +7,6 @@ here turn flat names into nested dicts, and pydantic-settings merges them in the
 precedence (``RunConfig.sources``).
 """
 
-# Any in this module: settings values before validation (flags, TOML, environment) are of any type
-
 from __future__ import annotations
 
 import os

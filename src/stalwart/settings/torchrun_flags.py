@@ -1,8 +1,6 @@
 """torchrun's conventions outside the flags themselves: ``PET_*`` variables and ``--nproc-per-node``
 values (pure functions)."""
 
-# Any in this module: settings values before validation (flags, TOML, environment) are of any type
-
 from __future__ import annotations
 
 import os

@@ -34,8 +34,6 @@ Each answer is computed once per distinct input and cached; the engine folds the
 vectorised arrays.
 """
 
-# Any in this module: a round is a tuple of node names or a scripted outcome
-
 from __future__ import annotations
 
 import dataclasses

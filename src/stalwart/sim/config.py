@@ -9,8 +9,6 @@ faults and NCCL hangs as a collective timeout (10 min), silent data corruption o
 notices a loss anomaly (1 h).
 """
 
-# Any in this module: pydantic's before-validator receives the raw input
-
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """Fit the simulator to a real run: failure rate, detection, recovery and checkpoint stall from a ledger."""
 
-# Any in this module: measured values of several types, keyed by name
-
 from __future__ import annotations
 
 import os

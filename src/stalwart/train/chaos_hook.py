@@ -18,8 +18,6 @@ neither imports :mod:`stalwart.chaos` nor pays a per-step call for it.
   The Session hands the hook its loop's ``state``.
 """
 
-# Any in this module: the call and arguments a fault schedules, of any type
-
 from __future__ import annotations
 
 import os

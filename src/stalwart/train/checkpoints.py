@@ -5,8 +5,6 @@ The engine saves and loads on every rank (see train/state.py for what ``state`` 
 class only tracks steps: the last one saved, the last one known durable, the one resumed at.
 """
 
-# Any in this module: a checkpoint's state holds the user's objects (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import threading

@@ -18,8 +18,6 @@ uneven last batch) makes ``consumed`` an over-count; keep per-rank batch counts 
 ``drop_last=True``, which leaves the tail of each epoch unseen, never duplicated).
 """
 
-# Any in this module: a state_dict's values are of any type (torch's contract)
-
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -25,8 +25,6 @@ RNG streams are per rank: every rank (holder or replacement) restores the record
 node at the start of the resumed step (train/live_rng.py).
 """
 
-# Any in this module: a state_dict's values are of any type (torch's contract)
-
 from __future__ import annotations
 
 import hashlib

@@ -15,8 +15,6 @@ keeps one registration per signal, so a registration made before ours on the sta
 not brought back.
 """
 
-# Any in this module: signal handlers and excepthooks as Python keeps them (any callable or int)
-
 from __future__ import annotations
 
 import faulthandler

@@ -9,8 +9,6 @@ Every phase is timed on the worker and reported to the agent with :class:`~stalw
 ``transfer`` (agreeing on the step and moving the state).
 """
 
-# Any in this module: the user's training state (torch state_dict values of any type)
-
 from __future__ import annotations
 
 import copy

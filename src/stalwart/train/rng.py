@@ -6,8 +6,6 @@ kept as an int64 tensor and turned back into an array on restore. ``to_json``/``
 it between ranks as JSON (tensors as base64 bytes), so a gather of every rank's state unpickles nothing.
 """
 
-# Any in this module: RNG states of several libraries (torch, numpy, random)
-
 from __future__ import annotations
 
 import base64

@@ -25,8 +25,6 @@ optional :class:`~stalwart.train.step_hooks.StepHook`s (chaos is one, loaded onl
 passed a fault plan). Time comes from an injected :class:`~stalwart.train.clock.Clock`.
 """
 
-# Any in this module: checkpoint tiers given as settings objects or plain dicts
-
 from __future__ import annotations
 
 import dataclasses

@@ -17,8 +17,6 @@ On load the targets are the live objects' own state dicts at the current world s
 resumed on fewer or more ranks receives its model and optimizer resharded.
 """
 
-# Any in this module: the user's training state: nested containers of any objects
-
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -4,8 +4,6 @@ the fork server, or cold), and their supervision (launch/attempt/supervisor.py) 
 Implements :class:`stalwart.launch.ports.WorkerLauncher`, and :class:`stalwart.launch.ports.JobLink`
 for the supervisor (the agent's signal, nodes waiting to join, hot spares, quarantine)."""
 
-# Any in this module: built lazily with heavy imports (the node memory tier, the live diagnosis)
-
 from __future__ import annotations
 
 import os

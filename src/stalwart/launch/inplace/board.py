@@ -43,8 +43,6 @@ heartbeat every 0.5 s. The document is read only when the version moved, and the
 heartbeats only during an incident, every 0.5 s, and only by the spares and the first node.
 """
 
-# Any in this module: torch's TCPStore client (its values bytes or str), or a bench's counting stand-in
-
 from __future__ import annotations
 
 import threading

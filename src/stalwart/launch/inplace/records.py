@@ -5,8 +5,6 @@ ranks' :class:`~stalwart.protocol.Reformed` reports, and of the records of a nod
 spare; the executor (launch/inplace/recovery.py) emits them.
 """
 
-# Any in this module: an event's context is JSON of any shape
-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -38,8 +38,6 @@ The cold path runs ``python -u -c "from stalwart.launch.processes.bootstrap impo
 <script> <args>``; the warm path (``forkserver_main.py``) calls :func:`install` and :func:`run_main`.
 """
 
-# Any in this module: torch's hook handles and clock callables (untyped in torch)
-
 from __future__ import annotations
 
 import builtins

@@ -24,8 +24,6 @@ This module is the agent's side (:class:`ForkServer`); what runs in the server p
 worker between its fork and its script, is in ``forkserver_main.py``.
 """
 
-# Any in this module: a JSON request or reply of any shape, checked where read
-
 from __future__ import annotations
 
 import ast

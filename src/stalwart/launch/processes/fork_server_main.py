@@ -8,8 +8,6 @@ inherited descriptors at the numbers it expects, restores what a fresh interpret
 runs the script as ``__main__``.
 """
 
-# Any in this module: a JSON request or reply of any shape, checked where read
-
 from __future__ import annotations
 
 import atexit

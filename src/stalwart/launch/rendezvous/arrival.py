@@ -22,8 +22,6 @@ Every store call is bounded (the store's own timeout); the waits take their time
 clock.
 """
 
-# Any in this module: torch's c10d Store or Stalwart's etcd store: duck-typed alike
-
 from __future__ import annotations
 
 import datetime as dt

@@ -19,8 +19,6 @@ this client (its certificate, its user) raises :class:`EtcdAccessError`, one sen
 to fix, never a retry.
 """
 
-# Any in this module: etcd's JSON API (any shape) and store values (bytes or str, as torch's)
-
 from __future__ import annotations
 
 import base64

@@ -11,8 +11,6 @@ has been silent longer than the store timeout; the membership the supervisor's t
 read is the latest answer of a background thread, or :class:`StoreUnreachable` once that silence is
 over the store timeout."""
 
-# Any in this module: torch's rendezvous handler and stores (c10d or etcd), duck-typed alike
-
 from __future__ import annotations
 
 import datetime
