@@ -116,6 +116,7 @@ def read_text_tail(
     return data.replace(b"\x00", b"").decode("utf-8", errors="replace"), cut
 
 
+# Any: json.loads/yaml.safe_load return untyped data; callers validate it
 def check_shape(
     data: Any,  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
     what: str,
@@ -123,7 +124,7 @@ def check_shape(
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
     error: type[StalwartError] = ConfigError,
-) -> Any:  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
+) -> Any:
     """Refuse documents nested deeper than ``max_depth`` or with more than ``max_nodes`` values.
 
     Iterative, and it counts every visit, so YAML aliases that fan out (a "billion laughs") stop at
@@ -144,9 +145,8 @@ def check_shape(
     return data
 
 
-def parse_json(
-    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
-) -> Any:  # Any: json.loads returns untyped data; callers validate it
+# Any: json.loads returns untyped data; callers validate it
+def parse_json(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
     try:
         data = json.loads(text)
     except RecursionError:
@@ -156,9 +156,8 @@ def parse_json(
     return check_shape(data, what, error=error, **limits)
 
 
-def parse_yaml(
-    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
-) -> Any:  # Any: yaml.safe_load returns untyped data; callers validate it
+# Any: yaml.safe_load returns untyped data; callers validate it
+def parse_yaml(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
     import yaml  # deferred: heavy (yaml)
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

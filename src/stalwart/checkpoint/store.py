@@ -145,7 +145,7 @@ class FsspecStore:
         except FileNotFoundError:
             return dest  # no manifest: verification rejects it
         manifest, _ = parse_checked(manifest_bytes, self.key)
-        names: list[Any] = sorted(manifest.files) if manifest is not None else []
+        names: list[str] = sorted(manifest.files) if manifest is not None else []
         for name in names:
             try:
                 self.fs.get_file(f"{src}/{name}", str(dest / name))

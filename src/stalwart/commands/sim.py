@@ -12,9 +12,8 @@ from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
 
 
-def load_config_file(
-    path: Path | None,
-) -> dict[str, Any]:  # Any: yaml.safe_load returns untyped data; SimConfig validates it
+# Any: yaml.safe_load returns untyped data; SimConfig validates it
+def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
 
@@ -43,7 +42,7 @@ def build_values(
     elastic: bool | None,
     rate_scale: float,
     price: float | None,
-) -> dict[str, Any]:  # Any: settings as parsed from YAML; SimConfig validates them
+) -> dict[str, Any]:  # Any: the values SimConfig validates
     """Flags override the file; the file overrides the defaults."""
     from ..sim.config import llama3_failure_mix  # deferred: heavy (numpy)
 

@@ -47,9 +47,8 @@ def _int(value: object) -> int | None:
     return None if v is None or abs(v) > 2**63 else int(v)
 
 
-def _gpu_from_snapshot(
-    index: int, d: dict[str, Any]
-) -> GpuObservation:  # Any: a recorded snapshot is JSON of any shape (json.loads)
+# Any: a recorded snapshot is JSON of any shape (json.loads)
+def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
     fields = d.get("field_values") or {}
     remap_raw = d.get("remapped_rows")
     remap: list[Any] | None = remap_raw if isinstance(remap_raw, list) and len(remap_raw) == 4 else None

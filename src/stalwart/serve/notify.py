@@ -92,9 +92,8 @@ class Message:
     title: str
     lines: tuple[str, ...]
     severity: str = Severity.INFO  # a Severity, or an Alertmanager alert's own severity label
-    fields: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # Any: alert fields are a JSON document of any shape (json.dumps)
+    # Any: alert fields are a JSON document of any shape (json.dumps)
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -272,9 +271,8 @@ class RunNotifier:
 # --- delivery ------------------------------------------------------------------------------
 
 
-def _http_post(
-    url: str, body: dict[str, Any], timeout: float
-) -> None:  # Any: a JSON document of any shape (json.dumps)
+# Any: a JSON document of any shape (json.dumps)
+def _http_post(url: str, body: dict[str, Any], timeout: float) -> None:
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - configured http(s) URL
@@ -292,9 +290,8 @@ class Poster:
         retries: int = 3,
         timeout_s: float = 5.0,
         backoff_s: float = 0.5,
-        send: Callable[
-            [str, dict[str, Any], float], None
-        ] = _http_post,  # Any: a JSON document of any shape (json.dumps)
+        # Any: a JSON document of any shape (json.dumps)
+        send: Callable[[str, dict[str, Any], float], None] = _http_post,
     ) -> None:
         self.targets = tuple(targets)
         self.retries = retries
