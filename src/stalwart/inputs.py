@@ -116,7 +116,6 @@ def read_text_tail(
     return data.replace(b"\x00", b"").decode("utf-8", errors="replace"), cut
 
 
-# Any: json.loads/yaml.safe_load return untyped data; callers validate it
 def check_shape(
     data: Any,  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
     what: str,
@@ -124,13 +123,13 @@ def check_shape(
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
     error: type[StalwartError] = ConfigError,
-) -> Any:
+) -> Any:  # Any: the document as given, of any shape
     """Refuse documents nested deeper than ``max_depth`` or with more than ``max_nodes`` values.
 
     Iterative, and it counts every visit, so YAML aliases that fan out (a "billion laughs") stop at
     the node budget instead of being walked in full.
     """
-    stack: list[tuple[Any, int]] = [(data, 1)]
+    stack: list[tuple[Any, int]] = [(data, 1)]  # Any: parsed JSON/YAML of any shape
     seen = 0
     while stack:
         item, depth = stack.pop()

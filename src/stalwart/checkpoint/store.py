@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from .manifest import MANIFEST, Manifest, configured_key, encode, fsync_dir, parse_checked, write_durable
 from .tiers import check_private, private_dir

@@ -54,6 +54,7 @@ def _parameter(leaf: Leaf) -> inspect.Parameter:
     s = leaf.setting
     if s.argument:
         required = leaf.field.is_required()
+        # Any: typer.Argument/typer.Option, which typer declares as returning Any
         info: Any = typer.Argument(... if required else None, help=leaf.field.description, show_default=False)
     else:
         info = typer.Option(None, *s.flags, help=_help(leaf), show_default=False, metavar=s.metavar)
@@ -83,7 +84,7 @@ def run(**given: Any) -> None:  # Any: typer passes each option's value, each of
     """Launch and supervise training workers; restart through crashes and hangs."""
 
     config, report = given.pop("config"), given.pop("report")
-    flags: dict[str, Any] = {
+    flags: dict[str, Any] = {  # Any: typer passes each option's own type
         _SETTING_OF[name]: (value or None) if isinstance(value, list) else value
         for name, value in given.items()
     }

@@ -55,7 +55,7 @@ def from_failure(ev: FailureDetected) -> Signal:
         code = "comm.timeout" if _TIMEOUT_TEXT.search(text) else "comm.error"
     else:
         code = f"process.{ev.failure}"
-    evidence: dict[str, Any] = {"failure": ev.failure}
+    evidence: dict[str, str] = {"failure": ev.failure}
     m = _HCA_TEXT.search(text)
     if m:
         evidence["hca"] = m.group("hca")

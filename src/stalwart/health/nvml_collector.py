@@ -200,11 +200,11 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
 
 
 def collect_nvml(
-    nvml: Any = None,
+    nvml: Any = None,  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
     *,
     timeout_s: float = 5.0,
     xid_wait_ms: int = 0,
-    nvlink_max: int = 18,  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
+    nvlink_max: int = 18,
 ) -> GpuNodeObservation:
     """Read every GPU through NVML. ``nvml`` defaults to the real ``pynvml`` module."""
     nvml = nvml if nvml is not None else _import_nvml()

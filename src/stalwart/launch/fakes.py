@@ -352,6 +352,7 @@ class RecordingBoard:
     def announce(self, a: Any) -> None:
         self.sent.append(a)
 
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def latest(self) -> Any:
         return self.seen
 

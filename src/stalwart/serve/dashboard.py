@@ -211,10 +211,9 @@ class Dashboard:
         code, obj = self._api(req.method, path, segs[1:], query, req.body)
         return Reply.json(code, obj)
 
-    # Any: a JSON document of any shape (json.dumps)
     def _api(
         self, method: str, path: str, api: list[str], query: dict[str, list[str]], body: bytes
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, Any]:  # Any: a JSON document of any shape (json.dumps)
         if method == "GET" and api == ["runs"]:
             return 200, {"root": str(self.root), "runs": self.runs()}
         if method == "GET" and api == ["cluster"]:

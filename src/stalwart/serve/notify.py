@@ -103,7 +103,7 @@ class Message:
         """Slack blocks; every text that came from outside (alert labels, a script's error) escaped."""
         esc = slack_escape
         icon = _ICONS.get(self.severity, ":information_source:")
-        blocks: list[dict[str, Any]] = [
+        blocks: list[dict[str, Any]] = [  # Any: Slack's JSON blocks, of any shape
             {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{esc(self.title)}*"}}
         ]
         if self.lines:
@@ -186,7 +186,7 @@ def from_alertmanager(payload: object) -> list[Message]:
         sev = Severity.RESOLVED if status == "resolved" else labels.get("severity", Severity.WARNING)
         title = f"[{status.upper()}] {name}: {ann.get('summary', '')}".rstrip(": ")
         lines = tuple(x for x in (ann.get("description", ""),) if x)
-        fields: dict[str, Any] = {
+        fields: dict[str, object] = {
             k: labels[k] for k in ("run", "rank", "node", "cause", "instance", "severity") if k in labels
         }
         fields["since"] = a.startsAt

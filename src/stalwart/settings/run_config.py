@@ -142,6 +142,7 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
+    # Any: a mode='before' validator gets and returns pydantic's raw input
     def _nest_flat_names(cls, data: Any) -> Any:
         return _sources.nest(data, SETTINGS) if isinstance(data, dict) else data
 
@@ -329,6 +330,7 @@ CONFIG_SETTINGS = frozenset(
 )  # STALWART_<SETTING> variables configure a run; workers do not inherit them
 
 
+# Any: each setting's default is of that setting's own type
 def default_of(name: str) -> Any:
     """The schema's default of a setting, by flat name (``default_of("hang_cap_s")``)."""
     return SETTINGS[name].field.get_default(call_default_factory=True)

@@ -177,6 +177,7 @@ class FileSource(_FlatSource):
         super().__init__(settings_cls, load_file(path, table) if path else {}, table)
 
 
+# Any: a class or a typing form (list[str]), as typer takes a parameter's annotation
 def cli_type(leaf: Leaf) -> Any:
     """The Python type a flag of this setting parses to (``int | None`` -> ``int``)."""
     if leaf.setting.cli_type is not None:

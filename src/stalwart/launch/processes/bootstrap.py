@@ -207,8 +207,7 @@ def install(
     return inst
 
 
-def _path(text: str) -> Any:
-
+def _path(text: str) -> Path:
     return Path(text)
 
 

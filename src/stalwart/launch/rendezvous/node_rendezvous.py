@@ -155,6 +155,7 @@ class NodeRendezvous:
         """``store`` with every value sealed with the job key on write and checked on read."""
         return SealedStore(store, self.signer, self.refusals)
 
+    # Any: torch's rendezvous state backend, imported lazily (heavy)
     def sealed_backend(self, backend: Any) -> Any:
         """torch's rendezvous state backend with the state sealed (launch/rendezvous/sealed.py)."""
         from .sealed import SealedBackend  # deferred: heavy (numpy, torch)
