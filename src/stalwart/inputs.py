@@ -123,13 +123,13 @@ def check_shape(
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
     error: type[StalwartError] = ConfigError,
-) -> Any:  # Any: json.loads/yaml.safe_load return untyped data; callers validate it
+) -> Any:  # Any: the document as given, of any shape
     """Refuse documents nested deeper than ``max_depth`` or with more than ``max_nodes`` values.
 
     Iterative, and it counts every visit, so YAML aliases that fan out (a "billion laughs") stop at
     the node budget instead of being walked in full.
     """
-    stack: list[tuple[Any, int]] = [(data, 1)]
+    stack: list[tuple[Any, int]] = [(data, 1)]  # Any: parsed JSON/YAML of any shape
     seen = 0
     while stack:
         item, depth = stack.pop()
@@ -144,9 +144,8 @@ def check_shape(
     return data
 
 
-def parse_json(
-    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
-) -> Any:  # Any: json.loads returns untyped data; callers validate it
+# Any: json.loads returns untyped data; callers validate it
+def parse_json(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
     try:
         data = json.loads(text)
     except RecursionError:
@@ -156,9 +155,8 @@ def parse_json(
     return check_shape(data, what, error=error, **limits)
 
 
-def parse_yaml(
-    text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int
-) -> Any:  # Any: yaml.safe_load returns untyped data; callers validate it
+# Any: yaml.safe_load returns untyped data; callers validate it
+def parse_yaml(text: str, what: str, *, error: type[StalwartError] = ConfigError, **limits: int) -> Any:
     import yaml  # deferred: heavy (yaml)
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

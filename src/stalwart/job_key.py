@@ -143,9 +143,8 @@ class KeyValueStore(Protocol):
     """What :class:`SealedStore` needs of a store: torch's ``torch.distributed.Store`` (TCPStore,
     PrefixStore, the etcd store) and the tests' fakes all have it."""
 
-    def set(
-        self, key: str, value: Any
-    ) -> None: ...  # Any: torch's Store.set stub says str; its C++ takes bytes
+    # Any: torch's Store.set stub says str; its C++ takes bytes
+    def set(self, key: str, value: Any) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 

@@ -31,9 +31,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def build(
-    location: str | os.PathLike[str],
-) -> dict[str, Any]:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     """The report as plain data: what ``--json`` prints and what the library returns."""
     read = read_available(location)
     events = read.events
@@ -176,9 +175,8 @@ def _fmt_s(x: float | None) -> str:
     return f"{x:.2f}s" if x < 120 else f"{x / 60:.1f}m"
 
 
-def render(
-    rep: dict[str, Any], console: Console | None = None
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def render(rep: dict[str, Any], console: Console | None = None) -> None:
     con = console or terminal_console()
 
     def say(text: str) -> None:  # prose wrapped at words to the width, later lines indented
@@ -203,9 +201,8 @@ def render(
         say(f"note: {esc(n)}")
 
 
-def _render_summary(
-    rep: dict[str, Any], con: Console, say: Callable[[str], None]
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_summary(rep: dict[str, Any], con: Console, say: Callable[[str], None]) -> None:
     say(f"[bold]Run report[/] {esc(rep['run_dir'])}")
     say(f"outcome: {rep['outcome']} (exit {rep['exit_code']}): {esc(rep['verdict'])}")
     say(
@@ -222,9 +219,8 @@ def _render_summary(
         )
 
 
-def _render_buckets(
-    rep: dict[str, Any], con: Console
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_buckets(rep: dict[str, Any], con: Console) -> None:
     from rich.table import Table  # deferred: heavy (rich)
 
     wall = rep["wall_s"]
@@ -239,9 +235,8 @@ def _render_buckets(
     con.print(t)
 
 
-def _render_interruptions(
-    interruptions: list[dict[str, Any]], con: Console
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> None:
     from rich.table import Table  # deferred: heavy (rich)
 
     if not interruptions:
@@ -265,9 +260,8 @@ def _render_interruptions(
     con.print(it)
 
 
-def _render_reliability(
-    rep: dict[str, Any], say: Callable[[str], None]
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_reliability(rep: dict[str, Any], say: Callable[[str], None]) -> None:
     r = rep["reliability"]
     m = r["mttr_s"]
     mtbf_h = r["mtbf_job_hours"]
@@ -284,9 +278,8 @@ def _render_reliability(
         say(f"[yellow]skipped {what} {esc(sk['path'])}: {esc(sk['reason'])}[/]")
 
 
-def _render_findings(
-    rep: dict[str, Any], con: Console, say: Callable[[str], None]
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_findings(rep: dict[str, Any], con: Console, say: Callable[[str], None]) -> None:
     """Stragglers, rejected checkpoints and incidents, one line each."""
     spans = rep["stragglers"]["spans"]
     say(f"stragglers (as detected live): {len(spans) or 'none'}")
@@ -332,9 +325,8 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
-def _render_detectors(
-    dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[str], None]) -> None:
     from rich.table import Table  # deferred: heavy (rich)
 
     if not dets:
@@ -372,9 +364,8 @@ def _render_detectors(
     con.print(dt)
 
 
-def _render_recoveries(
-    recs: list[dict[str, Any]], con: Console
-) -> None:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def _render_recoveries(recs: list[dict[str, Any]], con: Console) -> None:
     """Each interruption's recovery path (warm / cold and why) and its phases (account/recovery.py)."""
     from rich.table import Table  # deferred: heavy (rich)
 
@@ -392,9 +383,8 @@ def _render_recoveries(
             wrapped(con, f"  recovery {i} ({r['path']}): {esc(r['why'])}")
 
 
-def print_report(
-    location: str | os.PathLike[str], *, as_json: bool = False
-) -> dict[str, Any]:  # Any: the report is a JSON document of any shape (json.dumps)
+# Any: the report is a JSON document of any shape (json.dumps)
+def print_report(location: str | os.PathLike[str], *, as_json: bool = False) -> dict[str, Any]:
     rep = build(location)
     if as_json:
         print(json.dumps(rep, indent=1, default=str))

@@ -32,9 +32,9 @@ YAML: a list of mappings with ``fault:`` and the same keys, or ``{faults: [...]}
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from typing_extensions import assert_never
 
@@ -183,12 +183,12 @@ class FaultPlan:
                 )
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _int(kind: str, key: str, value: Any) -> int:
+def _int(kind: str, key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise FaultPlanError(f"fault {kind!r}: {key}={_shown(value)} is not an integer")
     try:
@@ -204,7 +204,7 @@ def _int(kind: str, key: str, value: Any) -> int:
     return out
 
 
-def make_fault(kind: str, params: dict[str, Any]) -> Fault:
+def make_fault(kind: str, params: Mapping[str, object]) -> Fault:
     name = kind.strip().lower().replace("_", "-")
     try:
         fault_kind = FaultKind(name)
@@ -244,7 +244,7 @@ def make_fault(kind: str, params: dict[str, Any]) -> Fault:
     )
 
 
-def _flip_of(kind: FaultKind, params: dict[str, Any]) -> tuple[str, int]:
+def _flip_of(kind: FaultKind, params: Mapping[str, object]) -> tuple[str, int]:
     """A bitflip's ``target=`` (param by default) and ``bit=`` (-1: the lowest exponent bit)."""
     if kind is not FaultKind.BITFLIP:
         if "target" in params or "bit" in params:
@@ -261,7 +261,7 @@ def _flip_of(kind: FaultKind, params: dict[str, Any]) -> tuple[str, int]:
     return target, bit
 
 
-def _on(kind: FaultKind, raw: Any) -> bool:
+def _on(kind: FaultKind, raw: object) -> bool:
     """``on=failure``: checkpoint damage that strikes when an attempt fails (the version a restart
     reads, whatever committed in the meantime), not when its step is reached."""
     if kind not in (FaultKind.CORRUPT_CHECKPOINT, FaultKind.TRUNCATE_CHECKPOINT):
@@ -273,7 +273,7 @@ def _on(kind: FaultKind, raw: Any) -> bool:
     return True
 
 
-def _fraction(kind: FaultKind, raw: Any) -> float:
+def _fraction(kind: FaultKind, raw: object) -> float:
     """``at=``: a fraction of the step in [0, 1), for the faults a timer can fire mid-step (a kill)."""
     name = kind.value
     if kind not in (FaultKind.CRASH, FaultKind.EXIT):
@@ -286,7 +286,7 @@ def _fraction(kind: FaultKind, raw: Any) -> float:
     return value
 
 
-def _factor(name: str, raw: Any, key: str = "factor") -> float:
+def _factor(name: str, raw: object, key: str = "factor") -> float:
     try:
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)) or len(str(raw)) > 30:
             raise ValueError
@@ -334,7 +334,7 @@ def _check_needs(
             assert_never(kind)
 
 
-def _ident(kind: str, value: Any) -> str:
+def _ident(kind: str, value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise FaultPlanError(f"fault {kind!r}: id={_shown(value)} must be a short name")
     text = str(value)
@@ -353,7 +353,7 @@ def parse_spec(spec: str) -> Fault:
     if len(spec) > MAX_SPEC_CHARS:
         raise FaultPlanError(f"fault spec of {len(spec):,} characters (at most {MAX_SPEC_CHARS})")
     kind, _, rest = spec.partition("@")
-    params: dict[str, Any] = {}
+    params: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or not value:

@@ -77,9 +77,8 @@ class AutoEvery:
         training_s: float = 0.0,
         history_mtbf_s: float | None = None,
         emit: Callable[[Event], None] | None = None,
-        context: Callable[
-            [], dict[str, Any]
-        ] = dict,  # Any: an event's context is JSON of any shape (json.dumps)
+        # Any: an event's context is JSON of any shape (json.dumps)
+        context: Callable[[], dict[str, Any]] = dict,
         agree: Callable[[list[float]], list[float]] = _agree_max,
     ) -> None:
         self._stall, self._persist, self._now = stall, persist, now

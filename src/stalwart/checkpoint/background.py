@@ -46,9 +46,8 @@ class Background:
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
                 fut.set_exception(exc)
 
-    def submit(
-        self, fn: Callable[..., Any], *args: Any
-    ) -> Future:  # Any: concurrent.futures.Executor.submit's own signature
+    # Any: concurrent.futures.Executor.submit's own signature
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._closed:
             raise RuntimeError("cannot submit to a closed persist thread")
         fut: Future = Future()

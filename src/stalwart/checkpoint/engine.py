@@ -179,11 +179,11 @@ class CheckpointEngine:
     def stage(
         self,
         step: int,
+        # Any: torch state_dict values and the user's per-rank object (anything torch.save pickles)
         state: dict[str, Any],
         rank_state: Any = None,
         *,
-        _t0: float
-        | None = None,  # Any: torch state_dict values (tensors, nested containers, user objects); a per-rank object of the user's, anything torch.save pickles
+        _t0: float | None = None,
     ) -> Snapshot:
         """Copy the state into the host buffers (blocking: this is the stall) and keep it as latest."""
         if self.busy():
@@ -383,9 +383,8 @@ class CheckpointEngine:
         """(step, tier, location), newest step first and, for one step, fastest tier first."""
         return self._walk.candidates(self.tiers)
 
-    def load_latest(
-        self, target_state: dict[str, Any], max_step: int | None = None
-    ) -> EngineLoad | None:  # Any: torch state_dict values (tensors, nested containers, user objects)
+    # Any: torch state_dict values (tensors, nested containers, user objects)
+    def load_latest(self, target_state: dict[str, Any], max_step: int | None = None) -> EngineLoad | None:
         """Load, in place into ``target_state``, the newest version that verifies (resharding to
         this world size), of a step no later than ``max_step`` when given (a rollback). Every
         version skipped is a CheckpointRejected event with its reason."""

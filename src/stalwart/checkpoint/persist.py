@@ -29,6 +29,7 @@ from .staging import Snapshot
 from .store import FileStore, FsspecStore
 from .tiers import TierConfig
 
+# Any: torch.distributed.checkpoint's StorageWriter, imported lazily (heavy)
 WriterFactory = Callable[[Path, TierConfig], Any]
 
 
@@ -70,9 +71,8 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def default_writer(
-    path: Path, tier: TierConfig
-) -> Any:  # Any: torch.distributed.checkpoint's StorageWriter, imported lazily (heavy)
+# Any: torch.distributed.checkpoint's StorageWriter, imported lazily (heavy)
+def default_writer(path: Path, tier: TierConfig) -> Any:
     return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=tier.do_fsync, overwrite=True)
 
 

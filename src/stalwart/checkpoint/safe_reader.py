@@ -66,9 +66,8 @@ def _is_dtype(module: str, name: str) -> bool:
 class RestrictedUnpickler(pickle.Unpickler):
     """Resolves only :data:`ALLOWED_GLOBALS` and torch dtypes; refuses everything else by name."""
 
-    def find_class(
-        self, module: str, name: str
-    ) -> Any:  # Any: pickle.Unpickler.find_class returns any object
+    # Any: pickle.Unpickler.find_class returns any object
+    def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
         raise UnsafeCheckpoint(
@@ -149,9 +148,8 @@ class SafeFileSystemReader(FileSystemReader):
 
     refusal = ""
 
-    def read_metadata(
-        self, *args: Any, **kwargs: Any
-    ) -> Metadata:  # Any: forwarded to torch's FileSystemReader.read_metadata
+    # Any: forwarded to torch's FileSystemReader.read_metadata
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path: str | os.PathLike[str]
         if hasattr(self, "_get_metadata_path"):
             path = self._get_metadata_path(kwargs.get("rank"))
@@ -259,9 +257,8 @@ def _weights_only_refusal(obj: Any) -> str:  # Any: torch.load/pickle return arb
     return ""
 
 
-def unsafe_values(
-    state: dict[str, Any],
-) -> str:  # Any: torch state_dict values (tensors, nested containers, user objects)
+# Any: torch state_dict values (tensors, nested containers, user objects)
+def unsafe_values(state: dict[str, Any]) -> str:
     """ "" if every non-tensor value of ``state`` loads back with ``torch.load(weights_only=True)``
     (as :class:`SafeLoadPlanner` will load it), else which value does not and why. Checked before a
     save, so that a version that could only be loaded by running its pickles is never committed."""

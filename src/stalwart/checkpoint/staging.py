@@ -72,9 +72,8 @@ class Stager:
         self.allocated_bytes += buf.numel() * buf.element_size()
         return buf
 
-    def _copy(
-        self, key: str, value: Any, counter: list[int]
-    ) -> Any:  # Any: torch state_dict values (tensors, nested containers, user objects)
+    # Any: torch state_dict values (tensors, nested containers, user objects)
+    def _copy(self, key: str, value: Any, counter: list[int]) -> Any:
         if DTensor is not None and isinstance(value, DTensor):
             local = value.to_local()
             buf = self._buffer_for(key, local)
@@ -110,9 +109,8 @@ class Stager:
             return tuple(self._copy(f"{key}/{i}", v, counter) for i, v in enumerate(value))
         return copy.deepcopy(value)
 
-    def stage(
-        self, step: int, state: dict[str, Any], rank_state: Any = None
-    ) -> Snapshot:  # Any: torch state_dict values (tensors, nested containers, user objects); a per-rank object of the user's, anything torch.save pickles
+    # Any: torch state_dict values and the user's per-rank object (anything torch.save pickles)
+    def stage(self, step: int, state: dict[str, Any], rank_state: Any = None) -> Snapshot:
         """Copy ``state`` (and this rank's ``rank_state``) into the host buffers; blocks until done."""
         t0 = self._clock()
         counter = [0]

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from .manifest import MANIFEST, Manifest, configured_key, encode, fsync_dir, parse_checked, write_durable
 from .tiers import check_private, private_dir
@@ -145,7 +144,7 @@ class FsspecStore:
         except FileNotFoundError:
             return dest  # no manifest: verification rejects it
         manifest, _ = parse_checked(manifest_bytes, self.key)
-        names: list[Any] = sorted(manifest.files) if manifest is not None else []
+        names: list[str] = sorted(manifest.files) if manifest is not None else []
         for name in names:
             try:
                 self.fs.get_file(f"{src}/{name}", str(dest / name))

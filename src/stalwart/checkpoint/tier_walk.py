@@ -151,9 +151,10 @@ class TierWalk:
                 CheckpointRejected(ts=self.parts.wall(), path=str(loc), reason=f"{tier}: {why}", step=step)
             )
 
+    # Any: torch state_dict values (tensors, nested containers, user objects)
     def load_latest(
         self, tiers: list[TierConfig], target_state: dict[str, Any], max_step: int | None = None
-    ) -> EngineLoad | None:  # Any: torch state_dict values (tensors, nested containers, user objects)
+    ) -> EngineLoad | None:
         """Collective: load, in place into ``target_state``, the newest version that verifies
         (resharding to this world size), of a step no later than ``max_step`` when one is given."""
         p = self.parts
@@ -203,9 +204,8 @@ class TierWalk:
             )
         return None
 
-    def _load_tensors(
-        self, path: Path, target_state: dict[str, Any]
-    ) -> str:  # Any: torch state_dict values (tensors, nested containers, user objects)
+    # Any: torch state_dict values (tensors, nested containers, user objects)
+    def _load_tensors(self, path: Path, target_state: dict[str, Any]) -> str:
         """Collective ``dcp.load`` into ``target_state``; returns why the version was refused ("" when
         loaded). Every rank gets DCP's same exception, so all fall back together."""
         safe = SafeLoad(path)
@@ -221,9 +221,8 @@ class TierWalk:
             ) from exc
         return ""
 
-    def _read_rank_state(
-        self, path: Path, manifest: Manifest
-    ) -> tuple[Any, int, str]:  # Any: a per-rank object of the user's, anything torch.save pickles
+    # Any: a per-rank object of the user's, anything torch.save pickles
+    def _read_rank_state(self, path: Path, manifest: Manifest) -> tuple[Any, int, str]:
         """This rank's extras, or (world size changed, this rank is new) those of rank
         ``rank % saved world size``. Tensors and plain data only: ``weights_only=True`` refuses
         any pickled object, which rejects the whole version. Returns (state, source rank, reason)."""

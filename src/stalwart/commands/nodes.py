@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
                 f"{hint}; 'stalwart nodes' without --backend lists Stalwart's own records",
             ) from None
         sched = {s.node: s for s in listed}
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []  # Any: JSON rows (json.dumps), each column of its own type
         for name in sorted(set(records) | set(sched)):
             rec, s = records.get(name), sched.get(name)
             owner = "-"

@@ -26,6 +26,7 @@ def _software_crash(f) -> bool:
     return not f.node_loss and f.detect_s <= CRASH_DETECT_S
 
 
+# Any: a flag's Python type, and typer.Option, which typer declares as returning Any
 _OPTIONS: list[tuple[str, Any, Any]] = [  # (name, type, typer.Option): the command's own flags
     ("gpus", int, typer.Option(None, help="GPUs in the job (default 16384).")),
     ("gpus_per_node", int, typer.Option(None, help="GPUs per node (default 8).")),

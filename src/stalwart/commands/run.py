@@ -58,6 +58,7 @@ def _parameter(leaf: Leaf) -> inspect.Parameter:
     s, panel = leaf.setting, _panel(leaf).value
     if s.argument:
         required = leaf.field.is_required()
+        # Any: typer.Argument/typer.Option, which typer declares as returning Any
         info: Any = typer.Argument(
             ... if required else None, help=leaf.field.description, show_default=False, rich_help_panel=panel
         )
@@ -129,7 +130,7 @@ def run(**given: Any) -> None:  # Any: typer passes each option's value, each of
     """
 
     config, report = given.pop("config"), given.pop("report")
-    flags: dict[str, Any] = {
+    flags: dict[str, Any] = {  # Any: typer passes each option's own type
         _SETTING_OF[name]: (value or None) if isinstance(value, list) else value
         for name, value in given.items()
     }

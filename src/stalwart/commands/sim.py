@@ -14,9 +14,8 @@ from ..terminal import console as terminal_console
 from ..terminal import say
 
 
-def load_config_file(
-    path: Path | None,
-) -> dict[str, Any]:  # Any: yaml.safe_load returns untyped data; SimConfig validates it
+# Any: yaml.safe_load returns untyped data; SimConfig validates it
+def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
 
@@ -45,7 +44,7 @@ def build_values(
     elastic: bool | None,
     rate_scale: float,
     price: float | None,
-) -> dict[str, Any]:  # Any: settings as parsed from YAML; SimConfig validates them
+) -> dict[str, Any]:  # Any: the values SimConfig validates
     """Flags override the file; the file overrides the defaults."""
     from ..sim.config import llama3_failure_mix  # deferred: heavy (numpy)
 

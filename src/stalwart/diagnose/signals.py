@@ -33,9 +33,8 @@ class Signal:
     subject: str = ""  # gpu0, mlx5_0/1, /data, rank3
     text: str = ""  # one human-readable evidence line
     rank: int = -1
-    evidence: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # Any: evidence is JSON of any shape (json.dumps)
+    # Any: evidence is JSON of any shape (json.dumps)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
         who = f"{self.node} rank {self.rank}" if self.rank >= 0 else self.node
@@ -57,7 +56,7 @@ def from_failure(ev: FailureDetected) -> Signal:
         code = "comm.timeout" if _TIMEOUT_TEXT.search(text) else "comm.error"
     else:
         code = f"process.{ev.failure}"
-    evidence: dict[str, Any] = {"failure": ev.failure}
+    evidence: dict[str, str] = {"failure": ev.failure}
     m = _HCA_TEXT.search(text)
     if m:
         evidence["hca"] = m.group("hca")

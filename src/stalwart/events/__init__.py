@@ -50,9 +50,8 @@ class RawEvent(Event):
     """An event of a kind this reader does not know; its payload is kept verbatim."""
 
     raw_kind: str
-    payload: dict[str, Any] = field(
-        default_factory=dict
-    )  # Any: a raw event's payload is whatever JSON an unknown kind carried (json.loads)
+    # Any: a raw event's payload is whatever JSON an unknown kind carried (json.loads)
+    payload: dict[str, Any] = field(default_factory=dict)
 
 
 # --- job and attempts -----------------------------------------------------------------------
@@ -67,9 +66,8 @@ class JobStarted(Event):
     min_nodes: int = 1
     max_nodes: int = 1
     max_restarts: int = 0
-    config: dict[str, Any] = field(
-        default_factory=dict
-    )  # Any: run configuration as JSON of any shape (json.dumps)
+    # Any: run configuration as JSON of any shape (json.dumps)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @event
@@ -320,9 +318,8 @@ def encode(ev: Event) -> tuple[str, str]:
     return ev.kind, json.dumps(_jsonable(ev.to_payload()), separators=(",", ":"))
 
 
-def decode(
-    kind: str, payload: str | dict[str, Any]
-) -> Event:  # Any: JSON values of any shape (json.dumps/json.loads)
+# Any: JSON values of any shape (json.dumps/json.loads)
+def decode(kind: str, payload: str | dict[str, Any]) -> Event:
     """Rebuild an event; unknown kinds and fields come back as :class:`RawEvent`."""
     data = json.loads(payload) if isinstance(payload, str) else dict(payload)
     cls = _REGISTRY.get(kind)

@@ -27,7 +27,7 @@ class CallTimedOut(Exception):
 
 def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str = "call") -> T:
     """Return ``fn()`` or raise :class:`CallTimedOut`; exceptions of ``fn`` propagate."""
-    box: dict[str, Any] = {}
+    box: dict[str, Any] = {}  # Any: fn's value (a T) or the exception it raised
     done = threading.Event()
 
     def runner() -> None:

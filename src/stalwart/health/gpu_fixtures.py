@@ -47,11 +47,11 @@ def _int(value: object) -> int | None:
     return None if v is None or abs(v) > 2**63 else int(v)
 
 
-def _gpu_from_snapshot(
-    index: int, d: dict[str, Any]
-) -> GpuObservation:  # Any: a recorded snapshot is JSON of any shape (json.loads)
+# Any: a recorded snapshot is JSON of any shape (json.loads)
+def _gpu_from_snapshot(index: int, d: dict[str, Any]) -> GpuObservation:
     fields = d.get("field_values") or {}
     remap_raw = d.get("remapped_rows")
+    # Any: JSON of any shape (json.loads), each value checked where it is read
     remap: list[Any] | None = remap_raw if isinstance(remap_raw, list) and len(remap_raw) == 4 else None
     errors = []
     for key, value in d.items():
@@ -82,9 +82,10 @@ def _gpu_from_snapshot(
     power = _num(d.get("power_mw"))
     limit = _num(d.get("power_limit_mw"))
     util_raw = d.get("util")
+    # Any: JSON of any shape (json.loads), each value checked where it is read
     util: dict[str, Any] = util_raw if isinstance(util_raw, dict) else {}
     xids_raw = d.get("xid_events")
-    xids: list[Any] = xids_raw if isinstance(xids_raw, list) else []
+    xids: list[Any] = xids_raw if isinstance(xids_raw, list) else []  # Any: JSON of any shape (json.loads)
     return GpuObservation(
         index=index,
         name=str(d.get("name", "")),
@@ -145,6 +146,7 @@ def load_nvml_snapshot(path: Path) -> GpuNodeObservation:
     if nvml.get("unavailable"):
         return GpuNodeObservation(source=source, available=False, unavailable_reason=str(nvml["unavailable"]))
     gpus_raw = nvml.get("gpus")
+    # Any: JSON of any shape (json.loads), each value checked where it is read
     per_gpu: list[Any] = gpus_raw if isinstance(gpus_raw, list) else [nvml]
     gpus, problems = [], []
     if len(per_gpu) > MAX_GPUS:

@@ -28,9 +28,8 @@ def _import_nvml() -> ModuleType | None:
     return pynvml
 
 
-def _later(
-    nvml: Any, name: str, *args: Any
-) -> Callable[[], Any]:  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
+# Any: pynvml is untyped (the optional nvidia-ml-py extra)
+def _later(nvml: Any, name: str, *args: Any) -> Callable[[], Any]:
     """A deferred NVML call with its arguments bound now; the function is looked up when it runs
     (inside the reader's deadline and error handling)."""
     return lambda: getattr(nvml, name)(*args)
@@ -43,9 +42,8 @@ def _err_name(exc: BaseException) -> str:
 class _Reader:
     """Wraps one NVML module: each read has a deadline; NotSupported reads as None."""
 
-    def __init__(
-        self, nvml: Any, timeout_s: float
-    ) -> None:  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
+    # Any: pynvml is untyped (the optional nvidia-ml-py extra)
+    def __init__(self, nvml: Any, timeout_s: float) -> None:
         self.nvml = nvml
         self.timeout_s = timeout_s
         self.errors: list[str] = []
@@ -202,11 +200,11 @@ def _xid_events(r: _Reader, count: int, wait_ms: int) -> dict[int, tuple[int, ..
 
 
 def collect_nvml(
-    nvml: Any = None,
+    nvml: Any = None,  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
     *,
     timeout_s: float = 5.0,
     xid_wait_ms: int = 0,
-    nvlink_max: int = 18,  # Any: pynvml is untyped (the optional nvidia-ml-py extra)
+    nvlink_max: int = 18,
 ) -> GpuNodeObservation:
     """Read every GPU through NVML. ``nvml`` defaults to the real ``pynvml`` module."""
     nvml = nvml if nvml is not None else _import_nvml()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from transformers import TrainerCallback
@@ -27,6 +27,9 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 
 from ..exit_codes import EXIT_PREEMPTED
 from .link import EVALUATION, StepLink
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE_MARK = "trainer_state.json"  # the Trainer writes it after model, optimizer and RNG state
@@ -55,21 +58,30 @@ class StalwartCallback(TrainerCallback):
     def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
         return resume_path(output_dir)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    # Any: TrainingArguments types output_dir as optional; the Trainer has set it before any hook
+    def on_train_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.reclaim_signals()
         ckpt = kwargs.get("resume_from_checkpoint") or ""
         if not ckpt and state.global_step > 0:
             ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         self.link.started(state.global_step, int(state.max_steps or 0), from_checkpoint=str(ckpt))
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.begin_step(state.global_step)
         self.link.section_begin("forward_backward")
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.section_begin("optimizer")
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.end_step(state.global_step - 1)
         if not self.preempted and self.link.stop_requested():
             self.preempted = True
@@ -79,19 +91,26 @@ class StalwartCallback(TrainerCallback):
         if control.should_save:
             self._save_t0 = self.link.checkpoint_begin()
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    # Any: TrainingArguments types output_dir as optional; the Trainer has set it before any hook
+    def on_save(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
         t0 = self._save_t0 if self._save_t0 is not None else self.link.checkpoint_begin()
         self._save_t0 = None
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self.link.checkpoint_end(t0, path, emergency=self.preempted)
 
-    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.beat(EVALUATION)
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.beat(EVALUATION)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.link.finish(preempted=self.preempted)
         if self.preempted:
             raise SystemExit(EXIT_PREEMPTED)

@@ -27,7 +27,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,9 +43,13 @@ from ..protocol.json_collective import JSON, PeerDataError, all_gather_json
 from ..train import rng
 from .link import EVALUATION, StepLink
 
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
 _PREFIX, _SUFFIX = "step-", ".ckpt"
 
 
+# Any: an RNG state (random, numpy and torch each take their own type back)
 def _peer_rng(value: JSON, rank: int) -> dict[str, Any]:
     try:
         return rng.from_json(value)
@@ -69,10 +73,12 @@ class StalwartCallback(Callback):
         self.keep = keep
         self.dirpath = Path(dirpath) if dirpath is not None else self.link.checkpoint_dir("lightning")
         self.preempted = False
+        # Any: an RNG state (random, numpy and torch each take their own type back)
         self._rng_to_restore: dict[str, Any] | None = None
 
     # --- the callback's state in Lightning's checkpoint: every rank's RNG -----------------------
 
+    # Any: Lightning's Callback.state_dict/load_state_dict signatures
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG states (Lightning calls this on every rank while saving; rank 0 writes)."""
         mine = rng.capture()
@@ -84,6 +90,7 @@ class StalwartCallback(Callback):
             every = [mine]
         return {"rng_per_rank": every}
 
+    # Any: Lightning's Callback.state_dict/load_state_dict signatures
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         every = state_dict.get("rng_per_rank") or []
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -106,7 +113,7 @@ class StalwartCallback(Callback):
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.link.reclaim_signals()  # Lightning's own SIGTERM handler would exit without a checkpoint
         total = (
             trainer.max_steps
@@ -118,25 +125,34 @@ class StalwartCallback(Callback):
         if trainer.is_global_zero and not _resumable(trainer.train_dataloader):
             warnings.warn(_position_warning(trainer), stacklevel=2)
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._rng_to_restore is not None:  # a new epoch's loader draws its seeds from the saved state,
             rng.restore(self._rng_to_restore)  # as a run resumed at this epoch boundary does
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
         if self._rng_to_restore is not None:  # the first batch after a save or a resume
             rng.restore(self._rng_to_restore)
             self._rng_to_restore = None
         self.link.begin_step(trainer.global_step)
         self.link.section_begin("forward")
 
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
         self.link.section_begin("backward")
 
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.link.section_begin("optimizer")
 
     def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
     ) -> None:
         self.link.end_step(trainer.global_step - 1)
         done = self.link.completed
@@ -149,23 +165,34 @@ class StalwartCallback(Callback):
             self._save(trainer, emergency=False)
 
     def on_validation_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: object,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self.link.beat(EVALUATION)
 
     def on_validation_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self.link.beat(EVALUATION)
 
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.link.finish(preempted=self.preempted)
         if self.preempted:
             raise SystemExit(EXIT_PREEMPTED)
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def _save(self, trainer: Any, *, emergency: bool) -> None:
+    def _save(self, trainer: pl.Trainer, *, emergency: bool) -> None:
         t0 = self.link.checkpoint_begin()
         final = self.dirpath / f"{_PREFIX}{self.link.completed:08d}{_SUFFIX}"
         partial = final.with_name(final.name + ".partial")
@@ -186,7 +213,7 @@ EXACT_FIX = (
 )
 
 
-def _position_warning(trainer: Any) -> str:  # Any: Lightning's Trainer (an optional dependency)
+def _position_warning(trainer: pl.Trainer) -> str:
     """What a training loader without ``state_dict`` changes, said precisely: on a resume in the
     middle of an epoch, Lightning goes on at the saved batch index but draws the rest of the epoch
     from the start of a new pass over the loader (measured with Lightning 2.6: the saved run's
@@ -213,7 +240,7 @@ def _position_warning(trainer: Any) -> str:  # Any: Lightning's Trainer (an opti
     )
 
 
-def _resumable(loaders: Any) -> bool:
+def _resumable(loaders: object) -> bool:
     """Whether every training loader can save and restore its position (Lightning's test)."""
     flat = getattr(loaders, "flattened", None)
     items = flat if flat is not None else (loaders if isinstance(loaders, list | tuple) else [loaders])

@@ -8,11 +8,11 @@ need from the SDK goes through here, so a change to ``Session`` is absorbed in t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..events import CheckpointCommitted, TrainingFinished, TrainingResumed
 from ..protocol import CHECKPOINT_SECTION, CheckpointDone, DurableKind, LoopStarted
 from ..train.session import Session
+from ..train.session_scopes import Section
 
 EVALUATION = "evaluation"
 
@@ -22,7 +22,7 @@ class StepLink:
 
     def __init__(self, session: Session | None = None) -> None:
         self.session = session or Session()
-        self._open: dict[str, Any] = {}
+        self._open: dict[str, Section] = {}
         self._in_step = False
         self.stop_taken = False
 

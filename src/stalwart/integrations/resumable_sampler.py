@@ -47,8 +47,9 @@ class _Position(Iterator[int]):
         self.yielded += 1
         return self._indices[self.yielded - 1]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "yielded": self.yielded}
 
+    # Any: torchdata hands back the state it saved (a dict read from a checkpoint)
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.yielded, self._indices = int(state["epoch"]), int(state["yielded"]), None

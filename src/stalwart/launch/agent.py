@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from typing_extensions import assert_never
 
@@ -372,8 +372,8 @@ class Agent:
     def _node_workers(
         self,
         rendezvous: NodeRendezvous | None = None,
-        memory: Any = None,
-        diagnosis: Any = None,
+        memory: NodeMemory | None = None,
+        diagnosis: LiveDiagnosis | None = None,
         warm: WarmPool | None = None,
     ) -> NodeWorkers:
         """The node's worker launcher, built only here: with the live parts for the job runner, bare

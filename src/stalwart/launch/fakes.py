@@ -33,6 +33,7 @@ class RecordingLedger:
     events: list[Event] = field(default_factory=list)
     shown: list[Event] = field(default_factory=list)
 
+    # Any: unpacked as the keyword arguments of each event (run_id: str, node: str, attempt: int)
     def ctx(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt}
 
@@ -337,7 +338,8 @@ class RecordingBoard:
     """A :class:`~stalwart.launch.inplace.board.Board` that records what this node wrote (``sent``, in
     order) and answers what the test says the other nodes wrote."""
 
-    seen: Any = None  # the newest announcement (an Announcement)
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
+    seen: Any = None  # the newest announcement
     refused: tuple[str, str] | None = None
     quiet: dict[str, float] = field(default_factory=dict)  # seconds each watched node has been silent
     gone: dict[str, float] = field(default_factory=dict)  # watched nodes whose agent process is gone
@@ -346,9 +348,11 @@ class RecordingBoard:
     readied: dict[str, int] = field(default_factory=dict)
     sent: list = field(default_factory=list)
 
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def announce(self, a: Any) -> None:
         self.sent.append(a)
 
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def latest(self) -> Any:
         return self.seen
 
@@ -370,6 +374,7 @@ class RecordingBoard:
     def dead(self) -> dict[str, float]:
         return self.gone
 
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def publish_group(self, a: Any) -> None:
         self.sent.append(("group", a))
 
@@ -382,6 +387,7 @@ class RecordingBoard:
     def watch_more(self, nodes: Sequence[str]) -> None:
         self.sent.append(("watch", tuple(nodes)))
 
+    # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def invite(self, a: Any) -> None:
         self.sent.append(("invite", a))
 

@@ -20,7 +20,7 @@ def printable_nodes(ev: Event) -> Event:
     """``ev`` with its node names (``node``, an incident's ``nodes``) made printable
     (:func:`printable_name`): a name another process wrote reaches the ledger without raw control
     characters. An event whose names are printable already is returned as it is."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {}  # Any: dataclasses.replace's keyword arguments, each its field's type
     if ev.node != (shown := printable_name(ev.node)):
         changes["node"] = shown
     nodes = getattr(ev, "nodes", None)
@@ -57,6 +57,7 @@ class NodeLedger:
         self.dropped = 0
         self._full = False
 
+    # Any: unpacked as the keyword arguments of each event (run_id: str, node: str, attempt: int)
     def ctx(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt}
 

@@ -28,6 +28,7 @@ from .progress import ProgressTracker
 class LedgerSink(Protocol):
     """The job's ledger: every event of this node, stamped with the job's context."""
 
+    # Any: unpacked as the keyword arguments of each event (run_id: str, node: str, attempt: int)
     def ctx(self) -> dict[str, Any]:
         """run_id, node and attempt: the fields every event of this node carries."""
         ...

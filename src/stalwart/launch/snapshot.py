@@ -25,9 +25,11 @@ from .progress import ProgressTracker, RankProgress
 K = TypeVar("K")
 V = TypeVar("V")
 
+# Any: one empty mapping shared as the default of fields of every key and value type
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 
+# Any: as _EMPTY, so each field's default takes the field's own type
 def _empty() -> Mapping[Any, Any]:
     return _EMPTY
 

@@ -23,7 +23,6 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 PREFIX = "STALWART_W_"
 
@@ -383,7 +382,7 @@ def encode(msg: Message) -> bytes:
         return line.encode() if len(line) <= MAX_LINE else (head + "\n").encode()
     kind = _KINDS[type(msg)]
     names = _FIELDS[kind][1]
-    out: dict[str, Any] = {"k": kind, "r": msg.rank, "t": msg.t}
+    out: dict[str, object] = {"k": kind, "r": msg.rank, "t": msg.t}
     for short, attr in names.items():
         out[short] = getattr(msg, attr)
     data = (json.dumps(out, separators=(",", ":")) + "\n").encode()

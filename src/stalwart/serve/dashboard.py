@@ -79,9 +79,8 @@ def discover(root: Path) -> dict[str, Path]:
     }
 
 
-def snapshot_json(
-    snap: RunSnapshot, series: list[tuple[float, float]], *, loading: bool
-) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
+# Any: a JSON document of any shape (json.dumps)
+def snapshot_json(snap: RunSnapshot, series: list[tuple[float, float]], *, loading: bool) -> dict[str, Any]:
     ck = snap.checkpoints
     return {
         "run_id": snap.run_id,
@@ -301,9 +300,8 @@ class Dashboard:
             raise HttpError(400, f"query parameter {name}={v} must be between {lo} and {hi}")
         return v
 
-    def events(
-        self, w: RunWatcher, query: dict[str, list[str]]
-    ) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
+    # Any: a JSON document of any shape (json.dumps)
+    def events(self, w: RunWatcher, query: dict[str, list[str]]) -> dict[str, Any]:
         unknown = set(query) - {"limit", "offset", "kind"}
         if unknown:
             raise HttpError(
@@ -328,9 +326,8 @@ class Dashboard:
     def _annotations_file(self, w: RunWatcher) -> Path:
         return w.run_dir / "annotations.jsonl"
 
-    def annotations(
-        self, w: RunWatcher
-    ) -> list[dict[str, Any]]:  # Any: a JSON document of any shape (json.dumps)
+    # Any: a JSON document of any shape (json.dumps)
+    def annotations(self, w: RunWatcher) -> list[dict[str, Any]]:
         f = self._annotations_file(w)
         if not f.is_file():
             return []
@@ -342,9 +339,8 @@ class Dashboard:
                 continue
         return out
 
-    def annotate(
-        self, w: RunWatcher, body: bytes
-    ) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
+    # Any: a JSON document of any shape (json.dumps)
+    def annotate(self, w: RunWatcher, body: bytes) -> dict[str, Any]:
         try:
             data = json.loads(body or b"null")
         except ValueError:

@@ -183,9 +183,8 @@ def _interruption_families(snap: RunSnapshot, now: float) -> Iterator[Family]:
         yield _last_interruption_cost(run, its[-1], now)
 
 
-def _last_interruption_cost(
-    run: str, it: Mapping[str, Any], now: float
-) -> Family:  # Any: an interruption record is a JSON document of any shape (json.dumps)
+# Any: an interruption record is a JSON document of any shape (json.dumps)
+def _last_interruption_cost(run: str, it: Mapping[str, Any], now: float) -> Family:
     cost = GaugeMetricFamily(
         "stalwart_last_interruption_cost_seconds",
         "Cost so far of the newest interruption.",

@@ -92,9 +92,8 @@ class Message:
     title: str
     lines: tuple[str, ...]
     severity: str = Severity.INFO  # a Severity, or an Alertmanager alert's own severity label
-    fields: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # Any: alert fields are a JSON document of any shape (json.dumps)
+    # Any: alert fields are a JSON document of any shape (json.dumps)
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -104,7 +103,7 @@ class Message:
         """Slack blocks; every text that came from outside (alert labels, a script's error) escaped."""
         esc = slack_escape
         icon = _ICONS.get(self.severity, ":information_source:")
-        blocks: list[dict[str, Any]] = [
+        blocks: list[dict[str, Any]] = [  # Any: Slack's JSON blocks, of any shape
             {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{esc(self.title)}*"}}
         ]
         if self.lines:
@@ -187,7 +186,7 @@ def from_alertmanager(payload: object) -> list[Message]:
         sev = Severity.RESOLVED if status == "resolved" else labels.get("severity", Severity.WARNING)
         title = f"[{status.upper()}] {name}: {ann.get('summary', '')}".rstrip(": ")
         lines = tuple(x for x in (ann.get("description", ""),) if x)
-        fields: dict[str, Any] = {
+        fields: dict[str, object] = {
             k: labels[k] for k in ("run", "rank", "node", "cause", "instance", "severity") if k in labels
         }
         fields["since"] = a.startsAt
@@ -272,9 +271,8 @@ class RunNotifier:
 # --- delivery ------------------------------------------------------------------------------
 
 
-def _http_post(
-    url: str, body: dict[str, Any], timeout: float
-) -> None:  # Any: a JSON document of any shape (json.dumps)
+# Any: a JSON document of any shape (json.dumps)
+def _http_post(url: str, body: dict[str, Any], timeout: float) -> None:
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - configured http(s) URL
@@ -292,9 +290,8 @@ class Poster:
         retries: int = 3,
         timeout_s: float = 5.0,
         backoff_s: float = 0.5,
-        send: Callable[
-            [str, dict[str, Any], float], None
-        ] = _http_post,  # Any: a JSON document of any shape (json.dumps)
+        # Any: a JSON document of any shape (json.dumps)
+        send: Callable[[str, dict[str, Any], float], None] = _http_post,
     ) -> None:
         self.targets = tuple(targets)
         self.retries = retries

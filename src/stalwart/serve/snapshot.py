@@ -301,9 +301,8 @@ def take(
     )
 
 
-def _interruption_dict(
-    c: InterruptionCost,
-) -> dict[str, Any]:  # Any: a JSON document of any shape (json.dumps)
+# Any: a JSON document of any shape (json.dumps)
+def _interruption_dict(c: InterruptionCost) -> dict[str, Any]:
     return {
         "onset": c.onset,
         "detected": c.detected,

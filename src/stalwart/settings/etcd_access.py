@@ -20,10 +20,13 @@ import os
 import ssl
 import stat
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..secret_values import read_secret_file
+
+if TYPE_CHECKING:
+    from .trust import TrustSettings
 
 ETCD_BACKENDS = ("etcd", "etcd-v2")
 FLAGS = {
@@ -47,7 +50,7 @@ class EtcdAccess:
     password_file: str = ""
 
     @classmethod
-    def of(cls, trust: Any) -> EtcdAccess:
+    def of(cls, trust: TrustSettings) -> EtcdAccess:
         """From the run's trust settings (``cfg.trust``)."""
         return cls(
             str(trust.etcd_cacert or ""),
@@ -158,7 +161,7 @@ def check_private_key(path: str) -> None:
         )
 
 
-def check_etcd_access(backend: str, endpoint: str, trust: Any) -> None:
+def check_etcd_access(backend: str, endpoint: str, trust: TrustSettings) -> None:
     """The run's ``--etcd-*`` options, checked when its configuration is built."""
     access = EtcdAccess.of(trust)
     access.check(backend, endpoint)

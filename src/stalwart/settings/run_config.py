@@ -134,7 +134,7 @@ class RunConfig(BaseSettings):
 
     @classmethod
     def sources(
-        cls, flags: Mapping[str, Any], config_file: str | None, env: Mapping[str, str] | None
+        cls, flags: Mapping[str, object], config_file: str | None, env: Mapping[str, str] | None
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """The layers of a run's settings, highest precedence first: flags, then ``STALWART_<NAME>``
         variables, then the ``--config`` file; pydantic-settings merges them over the defaults."""
@@ -146,6 +146,7 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
+    # Any: a mode='before' validator gets and returns pydantic's raw input
     def _nest_flat_names(cls, data: Any) -> Any:
         return _sources.nest(data, SETTINGS) if isinstance(data, dict) else data
 
@@ -321,7 +322,7 @@ class RunConfig(BaseSettings):
             }
         )
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, str | bool]:
         """What makes two invocations the same run (a re-run resumes it)."""
         script = self.script if self.module or self.no_python else str(Path(self.script).absolute())
         return {"script": script, "module": self.module}
@@ -333,6 +334,7 @@ CONFIG_SETTINGS = frozenset(
 )  # STALWART_<SETTING> variables configure a run; workers do not inherit them
 
 
+# Any: each setting's default is of that setting's own type
 def default_of(name: str) -> Any:
     """The schema's default of a setting, by flat name (``default_of("hang_cap_s")``)."""
     return SETTINGS[name].field.get_default(call_default_factory=True)
@@ -390,6 +392,7 @@ def claim_run_dir(cfg: RunConfig) -> None:
     _same_script(cfg, theirs, mine, path)
 
 
+# Any: the run's identity file as json.loads read it back
 def _same_script(cfg: RunConfig, theirs: dict[str, Any], mine: dict[str, Any], path: Path) -> None:
     """zero (issue 25): the script's content changed under the same run id: bad input unless
     --continue-changed (then the new content is recorded)."""
@@ -422,9 +425,9 @@ _RDZV_CONF = {
 _RDZV_IGNORED = {"close_timeout", "keep_alive_max_attempt", "use_libuv", "store_type"}
 
 
-def parse_rdzv_conf(text: str) -> dict[str, Any]:
+def parse_rdzv_conf(text: str) -> dict[str, str]:
     """torchrun's ``--rdzv-conf key=value,...`` as settings of this run."""
-    out: dict[str, Any] = {}
+    out: dict[str, str] = {}
     for item in (x for x in text.split(",") if x.strip()):
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -440,18 +443,19 @@ def parse_rdzv_conf(text: str) -> dict[str, Any]:
     return out
 
 
+# Any: tomllib/YAML output before validation
 def load_file(path: str | Path) -> dict[str, Any]:
     """A ``--config`` file's settings by flat name."""
     return _sources.load_file(path, SETTINGS)
 
 
-def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_env(env: Mapping[str, str] | None = None) -> dict[str, str | list[str]]:
     """The ``STALWART_<NAME>`` settings of ``env`` (default: this process's) by flat name."""
     return _sources.from_env(os.environ if env is None else env, SETTINGS)
 
 
 def build(
-    flags: Mapping[str, Any], *, config_file: str | None = None, env: Mapping[str, str] | None = None
+    flags: Mapping[str, object], *, config_file: str | None = None, env: Mapping[str, str] | None = None
 ) -> RunConfig:
     """The run's settings: defaults < ``config_file`` < ``env`` < ``flags`` (flat names; a flag of
     None was not given)."""

@@ -445,7 +445,7 @@ class DiagnosisSettings(BaseModel):
 
     @property
     def configured(self) -> bool:
-        """Any evidence source given (the run checks them before it starts)."""
+        """Whether an evidence source is given (the run checks them before it starts)."""
         return bool(
             self.topology or self.facility or self.facility_query or self.kernel_log or self.node_telemetry
         )

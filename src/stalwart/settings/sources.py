@@ -22,7 +22,7 @@ else:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_settings import PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
@@ -62,7 +62,7 @@ class Leaf:
         return get_origin(self.field.annotation) is list
 
 
-def _group(annotation: Any) -> type[BaseModel] | None:
+def _group(annotation: object) -> type[BaseModel] | None:
     """The nested model a field holds, if it is one."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -85,10 +85,11 @@ def leaves(
     return out
 
 
+# Any: settings before pydantic validates them (nested dicts of any values)
 def nest(flat: Mapping[str, Any], table: Mapping[str, Leaf]) -> dict[str, Any]:
     """``{"hang_floor_s": 5}`` -> ``{"hang": {"floor_s": 5}}``; unknown names are kept as they are
     (the model refuses them with their name); nested groups given as dicts are merged."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # Any: settings before pydantic validates them
     for key, value in flat.items():
         leaf = table.get(key)
         path = leaf.path if leaf is not None else (key,)
@@ -102,7 +103,7 @@ def nest(flat: Mapping[str, Any], table: Mapping[str, Leaf]) -> dict[str, Any]:
     return out
 
 
-def flat_name(loc: tuple[Any, ...], table: Mapping[str, Leaf]) -> str:
+def flat_name(loc: tuple[int | str, ...], table: Mapping[str, Leaf]) -> str:
     """The flat setting name of a pydantic error location (``("hang", "floor_s")``)."""
     dotted = ".".join(str(x) for x in loc)
     for leaf in table.values():
@@ -111,6 +112,7 @@ def flat_name(loc: tuple[Any, ...], table: Mapping[str, Leaf]) -> str:
     return dotted
 
 
+# Any: tomllib/YAML output before validation
 def load_file(path: str | Path, table: Mapping[str, Leaf]) -> dict[str, Any]:
     """A ``--config`` file (YAML, or TOML by its suffix) as flat settings."""
     p = Path(path)
@@ -138,9 +140,9 @@ def load_file(path: str | Path, table: Mapping[str, Leaf]) -> dict[str, Any]:
     return data
 
 
-def from_env(env: Mapping[str, str], table: Mapping[str, Leaf]) -> dict[str, Any]:
+def from_env(env: Mapping[str, str], table: Mapping[str, Leaf]) -> dict[str, str | list[str]]:
     """``STALWART_<NAME>`` variables as flat settings (lists separated by ``;``)."""
-    out: dict[str, Any] = {}
+    out: dict[str, str | list[str]] = {}
     for name, leaf in table.items():
         key = ENV_PREFIX + name.upper()
         if name not in _NOT_FROM_ENV and key in env:
@@ -151,13 +153,16 @@ def from_env(env: Mapping[str, str], table: Mapping[str, Leaf]) -> dict[str, Any
 class _FlatSource(PydanticBaseSettingsSource):
     """A layer of flat settings handed to pydantic-settings as the nested dict it merges."""
 
-    def __init__(self, settings_cls: Any, flat: Mapping[str, Any], table: Mapping[str, Leaf]):
+    # Any: settings before pydantic validates them
+    def __init__(self, settings_cls: type[BaseSettings], flat: Mapping[str, Any], table: Mapping[str, Leaf]):
         super().__init__(settings_cls)
         self._values = nest(flat, table)
 
+    # Any: pydantic-settings' own signatures for a source
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self._values.get(field_name), field_name, False
 
+    # Any: pydantic-settings' own signatures for a source
     def __call__(self) -> dict[str, Any]:
         return self._values
 
@@ -165,24 +170,29 @@ class _FlatSource(PydanticBaseSettingsSource):
 class FlagSource(_FlatSource):
     """Flags given on the command line (None: not given)."""
 
-    def __init__(self, settings_cls: Any, flags: Mapping[str, Any], table: Mapping[str, Leaf]):
+    def __init__(
+        self, settings_cls: type[BaseSettings], flags: Mapping[str, object], table: Mapping[str, Leaf]
+    ):
         super().__init__(settings_cls, {k: v for k, v in flags.items() if v is not None}, table)
 
 
 class EnvSource(_FlatSource):
     """``STALWART_<NAME>`` variables."""
 
-    def __init__(self, settings_cls: Any, env: Mapping[str, str] | None, table: Mapping[str, Leaf]):
+    def __init__(
+        self, settings_cls: type[BaseSettings], env: Mapping[str, str] | None, table: Mapping[str, Leaf]
+    ):
         super().__init__(settings_cls, from_env(os.environ if env is None else env, table), table)
 
 
 class FileSource(_FlatSource):
     """The ``--config`` file, if any."""
 
-    def __init__(self, settings_cls: Any, path: str | Path | None, table: Mapping[str, Leaf]):
+    def __init__(self, settings_cls: type[BaseSettings], path: str | Path | None, table: Mapping[str, Leaf]):
         super().__init__(settings_cls, load_file(path, table) if path else {}, table)
 
 
+# Any: a class or a typing form (list[str]), as typer takes a parameter's annotation
 def cli_type(leaf: Leaf) -> Any:
     """The Python type a flag of this setting parses to (``int | None`` -> ``int``)."""
     if leaf.setting.cli_type is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from typing_extensions import assert_never
 
@@ -48,9 +47,9 @@ _PET = {
 _SWITCHES = {"standalone", "module", "no_python", "run_path", "virtual_local_rank"}
 
 
-def pet_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+def pet_defaults(env: Mapping[str, str]) -> dict[str, str | bool]:
     """Settings from torchrun's ``PET_<FLAG>`` variables (they stand in for flags not given)."""
-    out: dict[str, Any] = {}
+    out: dict[str, str | bool] = {}
     for name, key in _PET.items():
         value = env.get(f"PET_{name}")
         if value is None:

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from ..events import FailureDetected
 from ..launch.attempt.monitors import decide
@@ -273,7 +273,7 @@ def restart_stop(budget: RestartBudget | None, supervised: int = SUPERVISED_ATTE
     if budget is None:  # no budget in the agent: a cluster manager restarts, the agent never stops
         return RestartProbe(None, 0, None)
     spec = JobSpec(node=NODE, budget=budget)
-    rounds: list[Any] = [(NODE,)] * supervised
+    rounds: list[Sequence[str] | BaseException] = [(NODE,)] * supervised
     runner = _runner(spec, FakeRendezvous(rounds), _SupervisedKills(), ManualClock(T0))
     runner.run()
     ended = runner.ended
@@ -335,7 +335,7 @@ def world_after_loss(
             return AttemptOutcome(AttemptStatus.FAILED, dataclasses.replace(failure, attempt=n))
         return AttemptOutcome(AttemptStatus.SUCCEEDED)
 
-    rounds: list[Any] = [names, names[lost:]]
+    rounds: list[Sequence[str] | BaseException] = [names, names[lost:]]
     runner = _runner(
         spec, FakeRendezvous(rounds, waiting_at=1), ScriptedWorkers(outcome=attempt), ManualClock(T0)
     )

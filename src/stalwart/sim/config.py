@@ -186,9 +186,8 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _nest_flat_names(
-        cls, data: Any
-    ) -> Any:  # Any: pydantic's model_validator(mode='before') gets the raw input
+    # Any: pydantic's model_validator(mode='before') gets the raw input
+    def _nest_flat_names(cls, data: Any) -> Any:
         return nest(data, _HANG_SETTINGS) if isinstance(data, dict) else data
 
     @model_validator(mode="after")

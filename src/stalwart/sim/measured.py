@@ -76,6 +76,7 @@ def config_from_events(
     return MeasuredConfig(make_config(**values), notes, rates)
 
 
+# Any: the settings SimConfig validates, as YAML and flags gave them
 def _measured_times(infra: Sequence[Interruption], values: dict[str, Any], notes: list[str]) -> None:
     """The run's detection, decision and restart times into ``values``, whichever rates are planned."""
     m = mttr(infra)

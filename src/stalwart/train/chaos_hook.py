@@ -74,9 +74,8 @@ class ChaosHook:
         context: dict[str, Any],  # Any: an event's context is JSON of any shape (json.dumps)
         clock: Clock = SYSTEM_CLOCK,
         actions: FaultActions | None = None,
-        timer: Callable[
-            [float, Callable[..., None], tuple[Any, ...]], Any
-        ] = threading.Timer,  # Any: threading.Timer's signature
+        # Any: threading.Timer's signature
+        timer: Callable[[float, Callable[..., None], tuple[Any, ...]], Any] = threading.Timer,
     ) -> None:
         self.rank = rank
         self._at_step = tuple(f for f in faults if f.kind not in ("slow", "bitflip"))
@@ -95,6 +94,7 @@ class ChaosHook:
         self._announced: set[Fault] = set()
 
     @classmethod
+    # Any: forwarded to ChaosHook's constructor (each keyword its own type)
     def from_plan(cls, plan_json: str, *, rank: int, **kwargs: Any) -> ChaosHook | None:
         """The hook for ``rank``'s faults in the plan, or None when it has none."""
         faults = FaultPlan.from_json(plan_json).for_rank(rank)

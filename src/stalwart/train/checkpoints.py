@@ -32,7 +32,7 @@ class Checkpoints:
         worker_env: WorkerEnv | None,
         directory: str,
         keep: int,
-        tiers: tuple[Any, ...] = (),
+        tiers: tuple[TierConfig, ...] = (),
         memory_tier: bool = True,
         sink: Callable[[Event], None],
     ) -> None:
@@ -108,9 +108,8 @@ class Checkpoints:
 
     # --- load and save ------------------------------------------------------------------------
 
-    def resume(
-        self, state: dict[str, Any], max_step: int | None = None
-    ) -> EngineLoad | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def resume(self, state: dict[str, Any], max_step: int | None = None) -> EngineLoad | None:
         """Load the newest good checkpoint into ``state`` (collective), of a step no later than
         ``max_step`` when given; None when there is none."""
         from . import state as state_io  # deferred: heavy (torch)
@@ -129,9 +128,8 @@ class Checkpoints:
             self.durable_step = found.step  # resumed at the end: nothing new to make durable
         return found
 
-    def save(
-        self, state: dict[str, Any], step: int, *, emergency: bool = False
-    ) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def save(self, state: dict[str, Any], step: int, *, emergency: bool = False) -> None:
         """Stage ``state`` as the checkpoint after ``step`` steps (collective); the persist runs on."""
         from . import state as state_io  # deferred: heavy (torch)
 

@@ -102,9 +102,8 @@ class ElasticDistributedSampler(torch.utils.data.Sampler[int]):
             "seed": self.seed,
         }
 
-    def load_state_dict(
-        self, state: dict[str, Any]
-    ) -> None:  # Any: torchdata StatefulDataLoader's state_dict
+    # Any: torchdata StatefulDataLoader's state_dict
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if (
             int(state.get("num_samples", self.num_samples)) != self.num_samples
             or int(state.get("seed", self.seed)) != self.seed

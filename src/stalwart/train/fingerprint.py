@@ -80,7 +80,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def exact(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """An int64 vector, one element per tensor: the sum of its bit patterns (wrapping for 64-bit
-    types). Any single bit flip in a tensor changes its element. A sharded tensor (a DTensor)
+    types). Every single-bit flip in a tensor changes its element. A sharded tensor (a DTensor)
     contributes its local shard only. On the tensors' device, with no copy to the host."""
     with torch.no_grad():
         sums = [bits(_local(t).detach()).sum(dtype=torch.int64) for t in tensors]

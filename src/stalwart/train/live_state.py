@@ -79,7 +79,7 @@ def _shard_key(tensors: dict[str, torch.Tensor]) -> int:
     groups). From the local shapes and, for DTensors, the rank's coordinates on the sharded mesh dims."""
     from torch.distributed.tensor import DTensor  # deferred: heavy (torch)
 
-    parts: list[Any] = []
+    parts: list[object] = []
     for k in sorted(tensors):
         t = tensors[k]
         coord: tuple[int, ...] = ()
@@ -115,7 +115,7 @@ def same_shards(held: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> 
     return held.keys() == new.keys() and all(_placement(held[k]) == _placement(new[k]) for k in new)
 
 
-def _layout(tensors: dict[str, torch.Tensor]) -> list[list[Any]]:
+def _layout(tensors: dict[str, torch.Tensor]) -> list[list[object]]:
     return [
         [k, list(_local(t).shape), str(t.dtype).removeprefix("torch.")] for k, t in sorted(tensors.items())
     ]
@@ -224,11 +224,8 @@ def _send(payload: _Payload, dst: int) -> int:
     return sent + len(payload.extras)
 
 
-def _receive(
-    targets: state.Targets, src: int, extras_limit: int
-) -> tuple[
-    dict[str, Any], int
-]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's training state (torch modules, optimizers, tensors, any object)
+def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[str, Any], int]:
 
     head = json.loads(_recv_bytes(src, 1 << 24))
     mine = {k: _local(t) for k, t in targets.tensors.items()}

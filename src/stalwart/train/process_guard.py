@@ -48,8 +48,9 @@ class ProcessGuard:
         self._stack_path = stack_file
         self._agent_pid = agent_pid
         self._stack: IO[str] | None = None
+        # Any: signal.signal returns a handler, an int or None (typeshed's private _HANDLER)
         self._signals: dict[int, Any] = {}  # signal -> the handler before ours
-        self._previous_hook: Callable[..., Any] | None = None
+        self._previous_hook: Callable[..., Any] | None = None  # Any: sys.excepthook's signature
         self._death_signal: int | None = None  # before ours; None: not set by us
         self._hook_active = False
         self.installed = False

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..events import TrainingResumed
-from ..protocol import Note, PhaseChanged, Reformed, Reforming
+from ..protocol import Note, PhaseChanged, Reformed, Reforming, WorkerPlace
 from .inplace import Generation, Reform, abandon_group, is_comm_failure
 from .live_rng import LiveRng, path_for, restore_at
 from .live_state import Adopted, Held, LiveStateError, adopt
@@ -43,17 +43,14 @@ class Reformer:
     timeout_s: float  # bound on each wait: the agent's request, the new group, the transfer
     rng_dir: Path
     held: Held | None = None
-    state: dict[str, Any] | None = (
-        None  # Any: the user's training state (torch modules, optimizers, tensors, any object)
-    )
+    # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    state: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)
     t_rejoin: float = 0.0  # when this rank started joining the current generation
-    boundary: tuple[int, dict[str, Any] | None] = (
-        -1,
-        None,
-    )  # Any: the user's training state (torch modules, optimizers, tensors, any object); (step, other objects' state at its start)
+    # (step, the other objects' state at its start); Any: state dicts of the user's objects
+    boundary: tuple[int, dict[str, Any] | None] = (-1, None)
     _rng: LiveRng | None = None
-    _store: Any = None  # the client of the agent's store for generations > 0
+    _store: dist.TCPStore | None = None  # the client of the agent's store for generations > 0
     joining: bool = False  # started as a replacement: say so once it is about to join its generation
 
     @property
@@ -108,9 +105,8 @@ class Reformer:
 
     # --- the process group and the state --------------------------------------------------------
 
-    def init_group(
-        self, backend: str, rank: int, world_size: int, **kwargs: Any
-    ) -> None:  # Any: forwarded to torch.distributed.init_process_group
+    # Any: forwarded to torch.distributed.init_process_group
+    def init_group(self, backend: str, rank: int, world_size: int, **kwargs: Any) -> None:
         """Join this generation's process group through a fresh prefix of the agent's store."""
 
         env = self.session.env
@@ -131,9 +127,8 @@ class Reformer:
         prefixed = dist.PrefixStore(self.generation.store_prefix(), self._store)
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, **kwargs)
 
-    def take_live_state(
-        self, state: dict[str, Any]
-    ) -> Adopted | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def take_live_state(self, state: dict[str, Any]) -> Adopted | None:
         """In a re-formed group: the newest live state into ``state`` (collective), or None when there
         is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
         that the agent takes the next rung (a whole-group restart from a checkpoint)."""
@@ -161,9 +156,8 @@ class Reformer:
         self.phases.update({"rendezvous": t0 - rejoin, "transfer": now() - t0})
         return got
 
-    def start(
-        self, state: dict[str, Any], resume: bool
-    ) -> int | None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    def start(self, state: dict[str, Any], resume: bool) -> int | None:
         """The step a re-formed group's loop starts at (the live state, else a checkpoint); None in
         generation 0 (the session resumes as usual)."""
         s = self.session
@@ -238,19 +232,18 @@ def move(s: Session, first_rank: int, world_size: int) -> None:
     s._ckpt.move(new)
 
 
-def _place_values(place: Any, local_world: int) -> tuple[str, ...]:
+def _place_values(place: WorkerPlace, local_world: int) -> tuple[str, ...]:
     groups = str(max(1, place.world_size // local_world))
     ws = str(place.world_size)
     return (str(place.rank), ws, str(place.group_rank), groups, str(place.rank), ws)
 
 
-def boundary_objects(
-    state: dict[str, Any],
-) -> dict[str, Any]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's training state (torch modules, optimizers, tensors, any object)
+def boundary_objects(state: dict[str, Any]) -> dict[str, Any]:
     """A copy of the state dicts of the objects that are neither models nor optimizers (the part of a
     checkpoint's extras called ``objects``), as :func:`stalwart.train.state.capture` takes them."""
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # Any: the state dicts of the user's objects hold values of any type
     for key, obj in state.items():
         if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
             continue

@@ -98,6 +98,7 @@ def from_json(value: JSON) -> dict[str, Any]:  # Any: random/numpy/torch RNG sta
     version, internal, gauss = py
     if not isinstance(version, int) or not (gauss is None or isinstance(gauss, float)):
         raise ValueError("the Python RNG state is malformed")
+    # Any: random, torch and numpy each take their own state type back
     state: dict[str, Any] = {
         "python": (version, tuple(_ints(internal, "Python")), gauss),
         "torch": _bytes_tensor(value.get("torch")),

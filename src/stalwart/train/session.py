@@ -69,6 +69,7 @@ from .worker_link import WorkerLink
 
 if TYPE_CHECKING:
     from ..checkpoint.engine import CheckpointEngine
+    from ..checkpoint.tiers import TierConfig
     from ..ledger import LedgerWriter
     from .reform import Reformer
     from .replica_check import ReplicaCheck
@@ -85,7 +86,7 @@ class Session:
         *,
         checkpoint_dir: str | None = None,
         keep_checkpoints: int = 3,
-        tiers: tuple[Any, ...] = (),
+        tiers: tuple[TierConfig, ...] = (),
         memory_tier: bool = True,
         clock: Clock | None = None,
         hooks: Sequence[StepHook] = (),

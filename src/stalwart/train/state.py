@@ -29,7 +29,7 @@ from ..errors import CheckpointError
 from . import rng
 
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device, torch.Size)
-KeyPath = tuple[Any, ...]
+KeyPath = tuple[object, ...]  # dict keys and list positions
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,10 @@ class Captured:
     """One rank's state, ready for the engine: ``sharded`` (tensors only, DCP) and ``extras`` (plain)."""
 
     sharded: dict[str, torch.Tensor]
-    extras: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    extras: dict[str, Any]  # Any: plain data of any shape, read back by torch.load
 
 
-def _leaves(
-    obj: Any, path: KeyPath = ()
-) -> Iterator[
-    tuple[KeyPath, Any]
-]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+def _leaves(obj: object, path: KeyPath = ()) -> Iterator[tuple[KeyPath, object]]:
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _leaves(v, (*path, k))
@@ -64,9 +60,7 @@ def _key(path: KeyPath) -> str:
     return "/".join(str(p) for p in path)
 
 
-def check_plain(
-    obj: Any, where: str
-) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+def check_plain(obj: object, where: str) -> None:
     """Raise CheckpointError unless ``obj`` is tensors and plain containers of plain values."""
     if isinstance(obj, torch.Tensor) or isinstance(obj, _PLAIN):
         return
@@ -90,15 +84,11 @@ def check_plain(
     )
 
 
-def _is_module(
-    obj: Any,
-) -> bool:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+def _is_module(obj: object) -> bool:
     return isinstance(obj, torch.nn.Module)
 
 
-def _is_optimizer(
-    obj: Any,
-) -> bool:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+def _is_optimizer(obj: object) -> bool:
     return isinstance(obj, torch.optim.Optimizer)
 
 
@@ -113,11 +103,8 @@ def _owner(opt: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]) -> s
     )
 
 
-def _live_dicts(
-    state: dict[str, Any],
-) -> tuple[
-    dict[str, Any], list[torch.optim.Optimizer]
-]:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's state holds live objects of any kind; torch state dicts hold values of any type
+def _live_dicts(state: dict[str, Any]) -> tuple[dict[str, Any], list[torch.optim.Optimizer]]:
     """The models' and optimizers' state dicts (sharded; every rank calls this). Also returns the
     optimizers that had no state yet: ``get_optimizer_state_dict`` initialises them with a zero-lr
     step (which counts as a step in Adam's ``step``), so callers clear them again when nothing loads."""
@@ -127,7 +114,7 @@ def _live_dicts(
     )  # deferred: heavy (torch)
 
     modules = {k: v for k, v in state.items() if _is_module(v)}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # Any: torch state dicts hold values of any type
     fresh = [v for v in state.values() if _is_optimizer(v) and not v.state]
     for key, obj in state.items():
         if _is_module(obj):
@@ -143,20 +130,19 @@ def forget_init(fresh: list[torch.optim.Optimizer]) -> None:
         opt.state.clear()
 
 
-def capture(
-    state: dict[str, Any],
-) -> Captured:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's state holds live objects of any kind (modules, optimizers, samplers, dicts)
+def capture(state: dict[str, Any]) -> Captured:
     """Collective over all ranks: this rank's sharded tensors and plain extras."""
     live, fresh = _live_dicts(state)
     forget_init(fresh)  # the captured dicts keep the tensors; the live optimizer stays as it was
     sharded: dict[str, torch.Tensor] = {}
-    plain: list[tuple[list[Any], Any]] = []
+    plain: list[tuple[list[object], object]] = []
     for path, leaf in _leaves(live):
         if isinstance(leaf, torch.Tensor):
             sharded[_key(path)] = leaf
         else:
             plain.append((list(path), leaf))
-    objects: dict[str, Any] = {}
+    objects: dict[str, object] = {}
     for key, obj in state.items():
         if key in live:
             continue
@@ -171,14 +157,13 @@ class Targets:
     """Where a checkpoint loads into: the live state dicts and their flat tensor view (DCP fills
     the tensors in place), plus the optimizers that were initialised only to build the view."""
 
-    live: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+    live: dict[str, Any]  # Any: torch state dicts hold values of any type
     tensors: dict[str, torch.Tensor]
     fresh: list[torch.optim.Optimizer]
 
 
-def load_targets(
-    state: dict[str, Any],
-) -> Targets:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's state holds live objects of any kind (modules, optimizers, samplers, dicts)
+def load_targets(state: dict[str, Any]) -> Targets:
     """Collective: the live models' and optimizers' state dicts at this world size."""
     live, fresh = _live_dicts(state)
     return Targets(
@@ -186,9 +171,8 @@ def load_targets(
     )
 
 
-def _set(
-    root: Any, path: list[Any], value: Any
-) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: nested dicts and lists of a torch state dict, indexed by key or position
+def _set(root: Any, path: list[object], value: object) -> None:
     node = root
     for p in path[:-1]:
         node = node[p]
@@ -200,9 +184,8 @@ def _set(
     node[path[-1]] = value
 
 
-def apply(
-    state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, own_rng: bool
-) -> None:  # Any: the user's training state (torch modules, optimizers, tensors, any object)
+# Any: the user's state holds live objects of any kind; extras are torch.load output
+def apply(state: dict[str, Any], targets: Targets, extras: dict[str, Any], *, own_rng: bool) -> None:
     """Put a loaded checkpoint into the live objects: ``targets`` from :func:`load_targets` after
     DCP filled its tensors in place, ``extras`` as read back from the rank file."""
     live = targets.live

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...chaos.plan import FaultPlan
 from ...diagnose.straggler_action import straggler_gate
@@ -42,6 +42,10 @@ from ..processes.worker_group import WorkerGroup, WorkerSpec
 from ..rendezvous.node_rendezvous import NodeRendezvous, local_addr
 from .straggler_exclusion import listens_on, quarantine_node, straggler_precision
 from .supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from ...checkpoint.node_memory import NodeMemory
+    from ...diagnose.live import LiveDiagnosis
 
 
 def argv(cfg: RunConfig) -> list[str]:
@@ -78,8 +82,8 @@ class NodeWorkers:
         chaos: AgentChaos,
         rendezvous: NodeRendezvous | None = None,
         signal: Callable[[], int | None] = lambda: None,
-        memory: Any = None,
-        diagnosis: Any = None,
+        memory: NodeMemory | None = None,
+        diagnosis: LiveDiagnosis | None = None,
         warm: WarmPool | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.clock, self.ledger, self.console = cfg, run, clock, ledger, console

@@ -146,7 +146,7 @@ class StoreBoard:
         self.refusals = Refusals(note)  # documents that failed: ignored, counted, noted once per kind
         self._changes: deque[Change] = deque()  # handed over, not yet written
         self._stop = threading.Event()
-        self._store: Any = None
+        self._store: Any = None  # Any: torch's Store, imported lazily (heavy)
         self._state = BoardState()  # the last authentic state read or written
         self._raw = b""  # the bytes last read or written under KEY (the next compare-and-set's base)
         self._seen: Announcement | None = None  # the newest announcement seen
@@ -291,6 +291,7 @@ class StoreBoard:
         except Exception:  # noqa: BLE001 - the store is unreachable: try again on a new connection
             self._store = None
 
+    # Any: torch's Store, imported lazily (heavy)
     def _exchange(self, store: Any) -> None:
         """Write what was handed over; beat; read the document when the version moved."""
         self._polls += 1
@@ -307,6 +308,7 @@ class StoreBoard:
         self._liveness(store)
         self._answered = True
 
+    # Any: torch's Store, imported lazily (heavy)
     def _liveness(self, store: Any) -> None:
         """Publish this agent's liveness line once; dial the watched nodes' lines (their sealed
         addresses, looked up every few polls until held); read the held lines. The lock guards the
@@ -328,6 +330,7 @@ class StoreBoard:
                 self._line.accept()
             self._watch.poll()
 
+    # Any: torch's Store, imported lazily (heavy)
     def _lookup(self, store: Any, node: str) -> str:
         """``node``'s liveness address when the store holds one sealed with the job key, else ""."""
         if not store.check([LIVE + node]):
@@ -341,6 +344,7 @@ class StoreBoard:
     def _live_context(self, node: str) -> str:
         return f"stalwart-live|{self._where}|{node}"
 
+    # Any: torch's Store, imported lazily (heavy)
     def _write(self, store: Any) -> None:
         """The changes handed over, applied to the last authentic state and set by compare-and-set on
         the bytes last read; on a conflict, applied again to what the store holds (bounded)."""
@@ -394,6 +398,7 @@ class StoreBoard:
         self._beats = {}
         self._incident = True
 
+    # Any: torch's Store, imported lazily (heavy)
     def _read_beats(self, store: Any) -> None:
         """The watched nodes' heartbeats: when each last moved."""
         for n in list(self._moved):
@@ -404,7 +409,7 @@ class StoreBoard:
                     self._moved[n] = self._clock()
 
 
-def _bytes(value: Any) -> bytes:
+def _bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 

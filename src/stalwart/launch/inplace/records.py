@@ -16,6 +16,7 @@ from ...protocol import Reformed
 from .machine import InPlaceState, Pending, Resize
 
 
+# Any: unpacked as the keyword arguments of each event (run_id: str, node: str, attempt: int)
 def replaced(p: Pending, msgs: Sequence[Reformed], now: float, ctx: Mapping[str, Any]) -> ReformedInPlace:
     """This node replaced its failed ranks and every local rank joined: the phases of the recovery,
     detect (fault -> detection), replace (-> replacements started), then the slowest rank's own."""
@@ -42,7 +43,11 @@ def replaced(p: Pending, msgs: Sequence[Reformed], now: float, ctx: Mapping[str,
 
 
 def joined(
-    s: InPlaceState, local: Sequence[int], msgs: Sequence[Reformed], now: float, ctx: Mapping[str, Any]
+    s: InPlaceState,
+    local: Sequence[int],
+    msgs: Sequence[Reformed],
+    now: float,
+    ctx: Mapping[str, Any],  # Any: unpacked as each event's keyword arguments
 ) -> ReformedInPlace:
     """The local ranks joined a generation this node did not replace ranks for: a hot spare's take-over,
     a newcomer's start, or the shrink or grow this node announced. Survivors keep their last completed
@@ -85,7 +90,7 @@ def lost_without_spare(
     silent: Mapping[str, float],
     nproc_per_node: int,
     now: float,
-    ctx: Mapping[str, Any],
+    ctx: Mapping[str, Any],  # Any: unpacked as each event's keyword arguments
     dead: Mapping[str, float] | None = None,
 ) -> tuple[FailureDetected, IncidentRaised]:
     """The lost node's failure, as this node detected it (its agent is gone), and the incident that

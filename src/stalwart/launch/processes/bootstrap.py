@@ -78,7 +78,7 @@ class StepObserver:
 
     rank: int
     sender: Sender | None
-    clock: Any = time.time
+    clock: Callable[[], float] = time.time
     steps: int = 0
     lead: int = 0  # id() of the optimizer whose steps count (the first one that stepped)
     last_end: float = 0.0
@@ -86,6 +86,7 @@ class StepObserver:
     waited: float = 0.0
     grad_at: float = 0.0  # when this step's latest gradient was accumulated (0: none seen)
     grad_last: int = -1  # which watched parameter that gradient belonged to
+    # Any: torch's RemovableHandle (torch is imported lazily here: heavy)
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # parameter index -> hook handle
     grad_lasts: set[int] = field(default_factory=set)  # parameters seen last in a watched step
     chaos: HookChaos | None = None  # the fault plan's faults for this rank (``hook_chaos.py``)
@@ -173,7 +174,7 @@ class Instrumentation:
     """What :func:`install` installed in this process (installed once; a second call returns it)."""
 
     observer: StepObserver
-    handles: list[Any] = field(default_factory=list)
+    handles: list[Any] = field(default_factory=list)  # Any: torch's RemovableHandles, as above
     stack_file: IO[str] | None = None
     title: str = ""
 
@@ -221,8 +222,7 @@ def install(
     return inst
 
 
-def _path(text: str) -> Any:
-
+def _path(text: str) -> Path:
     return Path(text)
 
 

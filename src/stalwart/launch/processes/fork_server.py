@@ -173,6 +173,7 @@ class ForkServer:
         self.ready_s = time.monotonic() - self._started
         self._ready = True
 
+    # Any: a message of the fork server's JSON protocol (json.loads/json.dumps)
     def _reply(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buf:

@@ -143,10 +143,11 @@ def _own_files(loaded: list[str]) -> dict[str, float]:
     return out
 
 
-def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+def _send(sock: socket.socket, obj: dict[str, object]) -> None:
     sock.sendall(json.dumps(obj).encode() + b"\n")
 
 
+# Any: a message of the fork server's JSON protocol (json.loads/json.dumps)
 def _fork_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> dict[str, Any]:
     if _threads() > 1:
         return {"ok": False, "error": "the fork server has started threads; forking is unsafe"}
@@ -212,6 +213,7 @@ def _await_adoption() -> None:
         os._exit(70)  # the agent died meanwhile
 
 
+# Any: a message of the fork server's JSON protocol (json.loads/json.dumps)
 def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
     """The received descriptors at the numbers the worker expects: its IPC pipe at the numbers named
     in its environment, the output pipes (or the log) as stdout and stderr, /dev/null as stdin."""
@@ -239,6 +241,7 @@ def _place_fds(req: dict[str, Any], fds: list[int]) -> None:
     os.close(devnull)
 
 
+# Any: a message of the fork server's JSON protocol (json.loads/json.dumps)
 def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
 
     code = 1

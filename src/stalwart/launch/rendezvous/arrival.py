@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from ..clock import Clock
 
@@ -83,11 +83,25 @@ class FinishedMark:
         )
 
 
-def mark_workers(store: Any, run_id: str, addr: str, port: int) -> None:
+class MarkStore(Protocol):
+    """What a mark needs of a store: torch's Store, an EtcdStore (etcd.py) or a SealedStore (sealed.py)."""
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+
+
+class CountStore(Protocol):
+    """What the count of arrived hosts needs of a store (torch's Store or an EtcdStore)."""
+
+    def add(self, key: str, amount: int) -> int: ...
+
+
+def mark_workers(store: MarkStore, run_id: str, addr: str, port: int) -> None:
     store.set(f"{WORKERS_KEY}/{run_id}", json.dumps({"addr": addr, "port": port}))
 
 
-def read_workers(store: Any, run_id: str) -> tuple[str, int] | None:
+def read_workers(store: MarkStore, run_id: str) -> tuple[str, int] | None:
     """Where the running round hosts its worker store (None: no round recorded one, or not a record)."""
     key = f"{WORKERS_KEY}/{run_id}"
     if not store.check([key]):
@@ -104,6 +118,7 @@ def read_workers(store: Any, run_id: str) -> tuple[str, int] | None:
     return addr, port
 
 
+# Any: torch's TCPStore (imported lazily: heavy) or an EtcdStore, used as both protocols above
 def store_for(cfg, timeout_s: float) -> Any:
     """A client of the rendezvous store with ``add``/``set``/``check``/``get`` (a torch Store):
     the c10d host's TCPStore on a new connection, or a key prefix in etcd."""
@@ -122,21 +137,21 @@ def store_for(cfg, timeout_s: float) -> Any:
     return TCPStore(host, port, None, False, timeout=dt.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
-def await_hosts(store: Any, run_id: str, max_nodes: int, window_s: float, clock: Clock) -> Arrivals:
+def await_hosts(store: CountStore, run_id: str, max_nodes: int, window_s: float, clock: Clock) -> Arrivals:
     """Count this agent in, then wait (bounded) for the others (the first round's start-up window)."""
     key = f"{ARRIVED_KEY}/{run_id}"
     store.add(key, 1)
     return wait_for_hosts(lambda: int(store.add(key, 0)), max_nodes, window_s, clock)
 
 
-def read_finished(store: Any, run_id: str) -> FinishedMark | None:
+def read_finished(store: MarkStore, run_id: str) -> FinishedMark | None:
     key = f"{FINISHED_KEY}/{run_id}"
     if not store.check([key]):
         return None
     return FinishedMark.decode(store.get(key))
 
 
-def mark_finished(store: Any, run_id: str, mark: FinishedMark) -> None:
+def mark_finished(store: MarkStore, run_id: str, mark: FinishedMark) -> None:
     store.set(f"{FINISHED_KEY}/{run_id}", mark.encode())
 
 

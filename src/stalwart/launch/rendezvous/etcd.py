@@ -94,6 +94,7 @@ class EtcdClient:
         self.request_s = request_s
         self._first = 0  # the member that answered last: asked first next time
 
+    # Any: a request and reply of etcd's JSON gateway, JSON of any shape
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._token is None:
             self._authenticate()
@@ -111,6 +112,7 @@ class EtcdClient:
         self._token = ""  # the authenticate call itself carries none
         self._token = str(self._ask("auth/authenticate", body).get("token") or "")
 
+    # Any: a request and reply of etcd's JSON gateway, JSON of any shape
     def _ask(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One call, to each member in turn until one answers."""
         data = json.dumps(body).encode()
@@ -231,7 +233,7 @@ class EtcdStore(Store):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}"
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: str | bytes) -> None:
         self.client.put(self._key(key), value.encode() if isinstance(value, str) else bytes(value))
 
     def get(self, key: str) -> bytes:
@@ -252,7 +254,7 @@ class EtcdStore(Store):
             if ok:
                 return value
 
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         enc = lambda v: v.encode() if isinstance(v, str) else bytes(v)  # noqa: E731
         cur = self.client.get(self._key(key))
         if (cur is None and enc(expected) == b"") or (cur is not None and cur[0] == enc(expected)):

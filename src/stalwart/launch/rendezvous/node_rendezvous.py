@@ -45,6 +45,7 @@ __all__ = [
 
 
 class PeerExchange(Protocol):
+    # Any: the round's store (torch's Store, imported lazily (heavy))
     def exchange(self, store: Any, group_rank: int, num_nodes: int) -> None: ...
 
 
@@ -67,6 +68,7 @@ class NodeRendezvous:
         *,
         key: JobKey,
         note: Callable[[str], None] = lambda text: None,
+        # Any: the run's config and a client of its store (arrival.store_for)
         store_for: Callable[[Any, float], Any] = arrival.store_for,
     ) -> None:
         self.cfg = cfg
@@ -75,13 +77,14 @@ class NodeRendezvous:
         self.refusals = Refusals(note)  # records that failed their seal: ignored, counted, noted once
         self.memory = memory  # the node memory tier: its peers learn each other's address per round
         self.clock: Clock = clock or SystemClock()
+        # Any: torch's rendezvous handler and stores, imported lazily (heavy)
         self.handler: Any = None  # torch's rendezvous handler, made at the first c10d round
         self.store: Any = None  # this round's store (c10d)
+        # Any: as above
         self.worker_store: Any = None  # the TCPStore this node hosts for this round's workers
         self.watch: StoreWatch | None = None  # the store's reader off the tick (c10d), from the first round
-        self.arrivals: Any = (
-            None  # how the first round's start-up window ended (launch/rendezvous/arrival.py)
-        )
+        # how the first round's start-up window ended (launch/rendezvous/arrival.py)
+        self.arrivals: arrival.Arrivals | None = None
 
     @property
     def elastic(self) -> bool:
@@ -147,10 +150,12 @@ class NodeRendezvous:
             self.memory.exchange(store, group_rank, num_nodes)
         return Round(group_rank, names, addr, int(port_text))
 
+    # Any: torch's Store, imported lazily (heavy)
     def sealed(self, store: Any) -> SealedStore:
         """``store`` with every value sealed with the job key on write and checked on read."""
         return SealedStore(store, self.signer, self.refusals)
 
+    # Any: torch's rendezvous state backend, imported lazily (heavy)
     def sealed_backend(self, backend: Any) -> Any:
         """torch's rendezvous state backend with the state sealed (launch/rendezvous/sealed.py)."""
         from .sealed import SealedBackend  # deferred: heavy (numpy, torch)
@@ -334,6 +339,7 @@ def listening(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
+# Any: seal wraps torch's rendezvous state backend (imported lazily: heavy)
 def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = lambda text: None):
     """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
     (torchrun's, bound to the endpoint's address), or on etcd (launch/rendezvous/etcd.py); ``seal``
@@ -353,7 +359,7 @@ def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = 
         from .etcd import make_etcd_handler  # deferred: heavy (numpy, torch)
 
         return make_etcd_handler(cfg, seal)
-    conf: dict[str, Any] = {
+    conf: dict[str, float] = {
         "join_timeout": cfg.rendezvous.timeout_s,
         "last_call_timeout": cfg.rendezvous.last_call_s,
         "close_timeout": 10,
