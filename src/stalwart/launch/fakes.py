@@ -149,15 +149,9 @@ class FakeBlock:
         self.reforms.append(-1)
 
 
-@dataclass
-class FakeSpec:
-    local_rank: int
-    global_rank: int
-    log_path: Path | None = None
-
-
-def specs(ranks: Iterable[int]) -> list[FakeSpec]:
-    return [FakeSpec(r, r) for r in ranks]
+def specs(ranks: Iterable[int]) -> list[WorkerSpec]:
+    """One spec a rank (local and global rank alike), no environment, output inherited."""
+    return [WorkerSpec(local_rank=r, global_rank=r, env={}, log_path=None) for r in ranks]
 
 
 @dataclass

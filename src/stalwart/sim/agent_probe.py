@@ -99,6 +99,7 @@ class ProbeConfig:
     min_nodes: int = 1
     max_nodes: int = 1
     size_rule: SizeRule = SizeRule()
+    nproc_per_node: int = len(RANKS)  # read only by in-place moves across nodes, which the probe never makes
 
 
 class _Rig:

@@ -4,6 +4,7 @@ or, without the SDK, CPU progress; a hang incident. One of the agent's monitors 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from typing_extensions import assert_never
@@ -17,6 +18,7 @@ from ...policy.restart_policy import Failure, FailureKind
 from ...policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
 from ..cpu_progress import detect_cpu_stall
 from ..decision import AttemptOutcome, Decision, DecisionKind
+from ..ports import FailureFiles, WorkerProcesses
 from ..progress import HangVerdict, detect_hang_in
 from ..snapshot import Snapshot
 from .straggler_monitor import StragglerMonitor
@@ -186,3 +188,16 @@ def _hang(
         rank=culprit,
         onset=onset,
     )
+
+
+def injected_hang(files: FailureFiles, group: WorkerProcesses, rank: int, local: Sequence[int]) -> str:
+    """The chaos plan's entry that hung ``rank`` or, every rank of a hung group being silent, one of
+    this node's ``local`` ranks (its worker left the entry under its pid), else ""."""
+    for r in (rank, *local):
+        try:
+            found = files.injected_by(group.pid(r))
+        except KeyError:  # a rank of another node
+            continue
+        if found:
+            return found
+    return ""

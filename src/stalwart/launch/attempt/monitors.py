@@ -35,8 +35,10 @@ from ...policy.restart_policy import Failure, FailureKind
 from ...policy.timeouts import HangTimeoutPolicy
 from ...policy.world_size import SizeRule
 from ...protocol import DEFAULT_PG_TIMEOUT_S
+from ...settings.schema import DiagnosisSettings, WorkerSettings
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..finish_exit import FinishedNotExited
+from ..inplace.nodes import RecoverySettings
 from ..processes.worker_group import describe_exit
 from ..progress import durability_problem_in
 from ..snapshot import RankView, Snapshot
@@ -51,6 +53,7 @@ __all__ = [
     "HangSource",
     "Monitor",
     "MonitorSettings",
+    "SupervisorSettings",
     "SignalMonitor",
     "StragglerMonitor",
     "crash",
@@ -331,6 +334,21 @@ class MonitorSettings(Protocol):
 
     @property
     def hang(self) -> _HangPart: ...
+
+
+class SupervisorSettings(MonitorSettings, RecoverySettings, Protocol):
+    """What the supervisor reads from a run's settings, its monitors' and in-place recovery's parts
+    included: the run configuration, or the simulator's ProbeConfig (sim/agent_probe.py). A
+    ``no_python`` flag is optional (the simulator's ranks are never bare scripts)."""
+
+    @property
+    def monitor_interval_s(self) -> float: ...
+
+    @property
+    def workers(self) -> WorkerSettings: ...
+
+    @property
+    def diagnosis(self) -> DiagnosisSettings: ...
 
 
 def default_monitors(cfg: MonitorSettings, straggler_gate: GateDecision | None = None) -> tuple[Monitor, ...]:

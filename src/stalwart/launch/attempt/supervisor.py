@@ -47,11 +47,19 @@ from ..ports import (
     LedgerSink,
     WorkerProcesses,
 )
-from ..processes.worker_group import describe_exit, tail, tail_lines
+from ..processes.worker_group import WorkerSpec, describe_exit, tail, tail_lines
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
-from .monitors import HangMonitor, StragglerMonitor, crash, decide, default_monitors
+from .hang_monitor import injected_hang
+from .monitors import (
+    HangMonitor,
+    StragglerMonitor,
+    SupervisorSettings,
+    crash,
+    decide,
+    default_monitors,
+)
 from .straggler_records import record_stragglers
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
@@ -62,7 +70,7 @@ class Supervisor:
     def __init__(
         self,
         *,
-        cfg,  # RunConfig, or the simulator's ProbeConfig (sim/agent_probe.py): the part it reads
+        cfg: SupervisorSettings,
         ledger: LedgerSink,
         console: Console,
         files: FailureFiles,
@@ -71,7 +79,7 @@ class Supervisor:
         group: WorkerProcesses,
         receiver: Inbox,
         block: ControlWrites,
-        specs,  # WorkerSpec, or the simulator's fake specs (rank numbers and log paths are what it reads)
+        specs: Sequence[WorkerSpec],
         clock: Clock,
         attempt: int,
         node: str,
@@ -450,7 +458,7 @@ class Supervisor:
             onset=d.onset,
             step=failure.step,
             rank=rank,
-            injected=self._injected(rank),
+            injected=injected_hang(self.files, self.group, rank, [s.global_rank for s in self.specs]),
             **ctx,
         )
         self.ledger.emit(detected)
@@ -469,18 +477,6 @@ class Supervisor:
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
         )
         return d.outcome
-
-    def _injected(self, rank: int) -> str:
-        """The chaos plan's entry that hung ``rank`` or, every rank of a hung group being silent, a
-        peer on this node (its worker left the entry under its pid), else ""."""
-        for r in (rank, *(s.global_rank for s in self.specs)):
-            try:
-                found = self.files.injected_by(self.group.pid(r))
-            except KeyError:  # a rank of another node
-                continue
-            if found:
-                return found
-        return ""
 
     def _incident(self, d: Decision, detected: FailureDetected) -> None:
         """The decision's incident, unless the live diagnosis owns this failure: a communication

@@ -21,6 +21,7 @@ The local-failure rung (replace the failed ranks of this node) is launch/inplace
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from typing_extensions import assert_never
 
@@ -39,8 +40,9 @@ from ...policy.inplace import (
     shrink,
 )
 from ...policy.membership import lost_nodes
+from ...policy.world_size import SizeRule
 from ...protocol.control import ControlBlock
-from ...settings.run_config import RunConfig
+from ...settings.recovery import InPlaceSettings
 from ..clock import Clock
 from ..gpu_faults import XidWatch
 from ..ports import ControlWrites, Inbox, LedgerSink, WorkerProcesses
@@ -88,12 +90,32 @@ def proc_state(pid: int) -> str:
     return tail[:1].decode(errors="replace")
 
 
+class RecoverySettings(Protocol):
+    """What in-place recovery reads from a run's settings: the run configuration, or the simulator's
+    ProbeConfig (sim/agent_probe.py); a ``diagnosis`` part is optional (its kernel log feeds the Xids)."""
+
+    @property
+    def reform(self) -> InPlaceSettings: ...
+
+    @property
+    def nproc_per_node(self) -> int: ...
+
+    @property
+    def min_nodes(self) -> int: ...
+
+    @property
+    def max_nodes(self) -> int: ...
+
+    @property
+    def size_rule(self) -> SizeRule: ...
+
+
 class NodeRecovery:
     """The machine's state for one attempt, and the moves that involve other nodes."""
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: RecoverySettings,
         ledger: LedgerSink,
         group: WorkerProcesses,
         receiver: Inbox,
