@@ -192,3 +192,30 @@ def test_a_watcher_holding_more_than_1024_descriptors_still_dials():
         for s in spare:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_line_that_holds_no_more_says_goodbye_so_no_watcher_counts_its_agent_dead(monkeypatch):
+    """Past its cap (a flood of connections) a line closes the newest with a goodbye: a real watcher
+    among them is told the line is not held, never that the agent died."""
+    from stalwart.launch.inplace import liveness
+    from stalwart.launch.inplace.liveness import Line, Watch
+
+    monkeypatch.setattr(liveness, "MAX_WATCHERS", 1)
+    line = Line("127.0.0.1")
+    clock = ManualClock()
+    first, second = Watch(clock.monotonic), Watch(clock.monotonic)
+    try:
+        assert first.dial("n1", line.address) and second.dial("n1", line.address)
+        for _ in range(50):
+            line.accept()
+            first.poll()
+            second.poll()
+            if "n1" in first._held and not second.connected("n1"):
+                break
+        assert "n1" in first._held  # held by the line
+        assert not second.connected("n1") and second.dead() == {}  # over the cap: goodbye, no verdict
+        assert first.dead() == {}
+    finally:
+        first.close()
+        second.close()
+        line.close()

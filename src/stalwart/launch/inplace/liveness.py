@@ -54,8 +54,8 @@ class Line:
                 return
             except OSError:
                 return
-            if len(self._held) >= MAX_WATCHERS:  # a flood of connections: the newest are not held
-                conn.close()
+            if len(self._held) >= MAX_WATCHERS:  # a flood of connections: the newest are not held, and
+                _goodbye(conn)  # are told goodbye first, so a watcher among them draws no verdict
                 continue
             conn.setblocking(False)
             self._held.append(conn)
@@ -65,13 +65,19 @@ class Line:
         close (a dead process does neither)."""
         self.accept()
         for conn in self._held:
-            try:
-                conn.send(GOODBYE)
-            except OSError:
-                pass
-            conn.close()
+            _goodbye(conn)
         self._held.clear()
         self._sock.close()
+
+
+def _goodbye(conn: socket.socket) -> None:
+    """Close a watcher's connection on purpose: the goodbye byte first (a close without one reads as
+    a dead agent to the watcher)."""
+    try:
+        conn.send(GOODBYE)
+    except OSError:
+        pass
+    conn.close()
 
 
 @dataclass

@@ -210,8 +210,8 @@ class NodeRecovery:
             if q.reforming is not None and q.reforming.generation > s.generation
         ]
         settings = self.cfg.reform
-        silent, dead = board.silence(), frozenset(board.dead())
-        lost = lost_nodes(s.active or tuple(silent), silent, settings.announce_s / 2, dead=dead)
+        silent, dead = board.silence(), board.dead()
+        lost = lost_nodes(s.active or tuple(silent), silent, settings.announce_s / 2, dead=frozenset(dead))
         newer = seen is not None and seen.generation > s.generation  # another node's, to join instead
         if (
             waiting
@@ -301,7 +301,7 @@ class NodeRecovery:
             self.board.ready(gen)
 
     def _shrink(
-        self, lost: tuple[str, ...], silent: dict[str, float], dead: frozenset[str], snap: Snapshot
+        self, lost: tuple[str, ...], silent: dict[str, float], dead: dict[str, float], snap: Snapshot
     ) -> bool:
         """A lost node and no hot spare: re-form the survivors in place at the smaller size (announced,
         then joined like any generation), or refuse; False when another node (or a spare) decides."""
@@ -319,7 +319,7 @@ class NodeRecovery:
                 rule=cfg.size_rule,
                 generation=s.next_generation_base,
                 silent=silent,
-                dead=dead & set(lost),
+                dead=frozenset(dead).intersection(lost),
             )
         )
         match choice:
@@ -332,9 +332,8 @@ class NodeRecovery:
                 dropped = tuple(n for n in s.active if n in lost)
                 nproc = cfg.nproc_per_node
                 ctx = self.ledger.ctx()
-                seen_dead = self.board.dead() if self.board is not None else {}
                 for ev in inplace_records.lost_without_spare(
-                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=seen_dead
+                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=dead
                 ):
                     self.ledger.emit(ev)
                 self.record("shrink_in_place", reason, snap.now)
