@@ -23,6 +23,7 @@ from stalwart.protocol.step_history import (
     optimizer_steps,
     parse,
     resume_point,
+    script_resume,
 )
 from stalwart.train import fingerprint
 
@@ -199,3 +200,11 @@ def test_a_session_in_the_process_owns_the_steps(tmp_path, monkeypatch):
     _train(m, opt)
     again = _run(tmp_path, m, opt, 2, events)
     assert again.sent == [0, 1] and len(events) == 1  # type: ignore[attr-defined]
+
+
+def test_a_resume_label_reads_back_as_its_source_and_reason_and_a_first_start_is_no_resume():
+    point = resume_point("b", HISTORY, None, False)
+    assert script_resume(point.label) == (ResumeSource.FINGERPRINT, point.reason)
+    assert script_resume(resume_point("x", {}, None, True).label) is None  # the run's first start
+    assert script_resume("live:generation 3") is None and script_resume("/ckpt/step-20") is None
+    assert script_resume("script:nonsense: planted") is None

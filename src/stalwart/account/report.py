@@ -16,7 +16,7 @@ from ..diagnose.straggler_episodes import episodes
 from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted, TrainingResumed
 from ..events.checkpoint import CheckpointIntervalAdvised
 from ..ledger import read_available
-from ..protocol.step_history import is_script_resume
+from ..protocol.step_history import ResumeSource, script_resume
 from ..terminal import clock, plural
 from ..terminal import console as terminal_console
 from ..terminal import say as wrapped
@@ -81,7 +81,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "script_resumes": [
             {"attempt": e.attempt, "step": e.step, "how": e.from_checkpoint.removeprefix("script:")}
             for e in events
-            if isinstance(e, TrainingResumed) and is_script_resume(e.from_checkpoint)
+            if isinstance(e, TrainingResumed) and script_resume(e.from_checkpoint) is not None
         ],
         "checkpoints_rejected": [
             {
@@ -299,14 +299,17 @@ def _render_findings(rep: dict[str, Any], con: Console, say: Callable[[str], Non
         say(f"checkpoint interval (auto), steps over time: {steps}")
         say(f"  [dim]{esc(changes[-1]['reason'])}[/]")
     for r in rep.get("script_resumes", []):
-        source, how = r["how"].split(": ", 1)
-        if source == "unknown":
+        told = script_resume(f"script:{r['how']}")
+        if told is None:
+            continue
+        source, how = told
+        if source is ResumeSource.UNKNOWN:
             say(
                 f"attempt {r['attempt']}: where the script resumed is not known ({esc(how)}); its steps are counted from 0"
             )
         else:
             say(
-                f"attempt {r['attempt']}: the script {esc(how)} (its own checkpoint, told by {source.replace('_', ' ')})"
+                f"attempt {r['attempt']}: the script {esc(how)} (its own checkpoint, told by {source.name.lower().replace('_', ' ')})"
             )
     rejected = rep["checkpoints_rejected"]
     say(f"checkpoints rejected on load: {len(rejected) or 'none'}")

@@ -161,9 +161,14 @@ def optimizer_steps(optimizer: object) -> tuple[int | None, bool]:
     return None, False
 
 
-def is_script_resume(label: str) -> bool:
-    """Whether a ``TrainingResumed.from_checkpoint`` is an unchanged script's resume after a restart
-    (its first start is not one)."""
-    return label.startswith("script:") and not label.startswith(
-        f"script:{ResumeSource.FIRST_START.name.lower()}"
-    )
+def script_resume(label: str) -> tuple[ResumeSource, str] | None:
+    """How and why an unchanged script resumed after a restart, read back from the
+    ``TrainingResumed.from_checkpoint`` that :attr:`ResumePoint.label` wrote; None for any other label
+    (an SDK checkpoint, live state) and for the script's first start."""
+    if not label.startswith("script:"):
+        return None
+    name, _, reason = label.removeprefix("script:").partition(": ")
+    source = next((s for s in ResumeSource if s.name.lower() == name), None)
+    if source is None or source is ResumeSource.FIRST_START:
+        return None
+    return source, reason

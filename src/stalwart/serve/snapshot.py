@@ -33,7 +33,7 @@ from ..events import (
 )
 from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from ..policy.label import Label
-from ..protocol.step_history import is_script_resume
+from ..protocol.step_history import script_resume
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
 HEATMAP_STEPS = 60  # per-rank step durations kept for the dashboard's heat map
@@ -212,9 +212,9 @@ def _checkpoints(events: Sequence[Event]) -> Checkpoints:
         newest_ts=newest.ts if newest else None,
         newest_path=newest.path if newest else "",
         script_resumes=tuple(
-            f"attempt {e.attempt}: {e.from_checkpoint.split(': ', 1)[-1]}"
+            f"attempt {e.attempt}: {told[1]}"
             for e in events
-            if isinstance(e, TrainingResumed) and is_script_resume(e.from_checkpoint)
+            if isinstance(e, TrainingResumed) and (told := script_resume(e.from_checkpoint)) is not None
         ),
     )
 
