@@ -25,6 +25,11 @@ from pathlib import Path
 STOPPED_STATES = ("T", "t")
 
 
+STOPPED = (
+    "(stopped, state T: read from outside by py-spy dump --nonblocking)"  # a stopped rank's stack begins so
+)
+
+
 def py_spy() -> str | None:
     """The py-spy executable: on PATH, or next to this interpreter (a virtualenv's bin/)."""
     found = shutil.which("py-spy")
@@ -61,7 +66,7 @@ def dump_stopped(pid: int, timeout_s: float, exe: str | None = None) -> str | No
         return None
     if p.returncode != 0 or "Thread " not in p.stdout:
         return None
-    return f"(stopped, state T: read from outside by py-spy dump --nonblocking)\n{p.stdout}"
+    return f"{STOPPED}\n{p.stdout}"
 
 
 def stopped_stacks(pids: Mapping[int, int], timeout_s: float) -> dict[int, str]:

@@ -17,6 +17,7 @@ from ..health.findings import Finding, Severity
 from ..health.kernel_log import KernelLogObservation
 from ..protocol.error_record import COMM_TEXT, COMM_TYPES
 from ..terminal import clock, shorten
+from .pyspy import STOPPED
 
 # The comm test of the crash classifier, plus the PyTorch watchdog's words.
 _WATCHDOG = re.compile(r"\bwatchdog\b", re.IGNORECASE)
@@ -72,13 +73,10 @@ def from_failure(ev: FailureDetected) -> Signal:
     )
 
 
-STOPPED_MARK = "(stopped, state T"  # how a stack read from outside a stopped rank begins (pyspy.py)
-
-
 def from_stack(ev: StackCaptured) -> Signal | None:
     """``process.stopped`` for a rank whose stack had to be read from outside because it was
     stopped (state T: SIGSTOP, SIGTSTP or a debugger): it could not run, whatever its peers did."""
-    if not ev.stack.startswith(STOPPED_MARK):
+    if not ev.stack.startswith(STOPPED):
         return None
     return Signal(
         ts=ev.ts,

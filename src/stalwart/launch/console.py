@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape as _markup
 
 from ..diagnose.incident import event_line
+from ..diagnose.pyspy import STOPPED
 from ..events import (
     AttemptStarted,
     ChaosInjected,
@@ -91,7 +92,7 @@ class RunConsole:
             )
         elif isinstance(ev, StackCaptured):
             where = innermost_frame(ev.stack)
-            stopped = " (the rank is stopped: state T)" if ev.stack.startswith("(stopped") else ""
+            stopped = " (the rank is stopped: state T)" if ev.stack.startswith(STOPPED) else ""
             self.say(
                 f"{t}   stack of rank {ev.rank}{stopped} captured into the ledger; innermost: {esc(where)}"
             )
