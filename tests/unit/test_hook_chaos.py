@@ -11,9 +11,8 @@ from stalwart.launch.processes import hook_chaos
 from stalwart.launch.processes.bootstrap import StepObserver
 from stalwart.launch.processes.hook_chaos import HookChaos
 from stalwart.launch.processes.hook_ledger import HookLedger
-from stalwart.protocol import WorkerEnv, WorkerPlace
+from stalwart.protocol import WorkerEnv, WorkerPlace, step_history
 from stalwart.protocol.run_dir import RunDir
-from stalwart.train import chaos_hook
 from stalwart.train.chaos_hook import ChaosHook, FaultActions
 
 
@@ -49,7 +48,7 @@ class _Actions(FaultActions):
 
 @pytest.fixture(autouse=True)
 def _no_session(monkeypatch):
-    monkeypatch.setattr(chaos_hook, "_SESSION_FIRES", False)
+    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", False)
 
 
 def _observer(fault: Fault, tmp_path, events: list, actions: _Actions, clock: _Clock) -> StepObserver:
@@ -123,7 +122,7 @@ def test_slow_sleeps_in_each_slowed_step_by_the_ranks_own_step_time(tmp_path):
 def test_a_session_in_the_process_takes_the_plan_and_the_hooks_fire_nothing(tmp_path, monkeypatch):
     clock, events, actions, opt = _Clock(), [], _Actions(), object()
     obs = _observer(Fault("crash", rank=1, step=1), tmp_path, events, actions, clock)
-    monkeypatch.setattr(chaos_hook, "_SESSION_FIRES", True)
+    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", True)
     for _ in range(3):
         _step(obs, opt, clock)
     assert actions.done == [] and events == []

@@ -2,7 +2,7 @@
 
 The worker bootstrap drives the same hook from torch's optimizer step hooks for a script without a
 Session (``launch/processes/hook_chaos.py``); a Session that takes the plan claims it first
-(:func:`claim_for_session`), so no fault fires twice.
+(``protocol.step_history.claim_steps``), so no fault fires twice.
 
 Imported only when the agent passed a fault plan (``stalwart run --chaos``), so a run without one
 neither imports :mod:`stalwart.chaos` nor pays a per-step call for it.
@@ -31,19 +31,6 @@ from ..chaos.once import claim, claim_announcement, mark_injected
 from ..chaos.plan import Fault, FaultPlan
 from ..events import ChaosInjected, Event
 from .clock import SYSTEM_CLOCK, Clock
-
-_SESSION_FIRES = False  # a Session in this process fires the plan: the bootstrap's step hooks stand down
-
-
-def session_fires() -> bool:
-    """Whether a Session in this process fires this rank's faults (the bootstrap's hooks then do not)."""
-    return _SESSION_FIRES
-
-
-def claim_for_session() -> None:
-    """A Session took this process's faults: the bootstrap's step hooks fire none from now on."""
-    global _SESSION_FIRES
-    _SESSION_FIRES = True
 
 
 class FaultActions:

@@ -129,7 +129,7 @@ class Session:
         self._guard = self._process_guard(wenv)
         self._guard.install()
         self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
-        claim_steps()  # the Session's own step numbers count: the bootstrap's locator stands down
+        claim_steps()  # its own steps count: the bootstrap's locator, chaos and SDC check stand down
 
     # --- parts --------------------------------------------------------------------------------
 
@@ -137,9 +137,8 @@ class Session:
         """This rank's faults from the agent's fault plan, if there is one (else chaos is never imported)."""
         if wenv is None or not wenv.chaos:
             return ()
-        from .chaos_hook import ChaosHook, claim_for_session  # deferred: no plan, no stalwart.chaos
+        from .chaos_hook import ChaosHook  # deferred: no plan, no stalwart.chaos
 
-        claim_for_session()  # the bootstrap's step hooks stand down: the loop fires the plan
         hook = ChaosHook.from_plan(
             wenv.chaos,
             rank=self.rank,

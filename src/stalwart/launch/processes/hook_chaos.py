@@ -12,7 +12,8 @@ as the Session would do it:
   script's ``optimizer.step()`` with the injected error); ``at=`` counts that fraction of the step
   time from there; ``slow`` sleeps at the start of each slowed step, counted in that step's time.
 
-A Session in the same process takes the plan (``claim_for_session``): these hooks then fire nothing.
+A Session in the same process fires the plan itself (it claims the steps, ``protocol.step_history``):
+these hooks then fire nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ...protocol import WorkerEnv, WorkerPlace
 from ...protocol.run_dir import RunDir
+from ...protocol.step_history import session_owns_steps
 from .hook_ledger import HookLedger
 
 if TYPE_CHECKING:
@@ -64,9 +66,7 @@ class HookChaos:
 
     def began(self, step: int) -> None:
         """Step ``step`` starts: fire what is due (a slow fault sleeps here, in this step's time)."""
-        from ...train.chaos_hook import session_fires  # deferred: as above, chaos only with a plan
-
-        if session_fires():
+        if session_owns_steps():
             return
         self.hook.step_began(step)
         self.hook.section_ended(step, HOOK_CHAOS_SECTION)
