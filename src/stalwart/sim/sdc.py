@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..policy.sdc import check_interval
 from .config import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_TABLE5
 
 SDC_CLASS = "silent_data_corruption"
@@ -60,7 +61,7 @@ def advise(
     if check_s <= 0 or step_s <= 0 or gpus <= 0 or not 0 < budget < 1:
         raise ValueError("check_s, step_s and gpus must be positive, and budget a share in (0, 1)")
     rate = sdc_per_gpu_s() * gpus
-    floor = max(1, math.ceil(check_s / (budget * step_s)))  # the budget's bound
+    floor = check_interval(check_s, step_s, budget)  # the budget's bound, as the running check sets it
     best = max(1, round(math.sqrt(2.0 * check_s / rate) / step_s))  # the square-root law's optimum
     ceiling = (
         max(1, math.floor(checkpoint_every_s / step_s + 1e-9)) if math.isfinite(checkpoint_every_s) else best
