@@ -126,3 +126,15 @@ def test_a_run_dir_belongs_to_one_script(tmp_path: Path):
     other = build({"script": str(b), "run_id": "shared", "run_dir": tmp_path / "run"}, env={})
     with pytest.raises(ConfigError, match="belongs to another run"):
         claim_run_dir(other)
+
+
+def test_two_run_dirs_of_one_script_are_two_runs(tmp_path: Path, monkeypatch):
+    """Same script and arguments in two explicit run dirs: two ids, so their node-memory tiers
+    (named after the id) never meet; the same run dir again is the same id (a requeue resumes)."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    one = stable_run_id(RunConfig(script=str(script), run_dir=tmp_path / "a"), {})
+    assert one == stable_run_id(RunConfig(script=str(script), run_dir=tmp_path / "a"), {})
+    assert one != stable_run_id(RunConfig(script=str(script), run_dir=tmp_path / "b"), {})
+    assert one != stable_run_id(RunConfig(script=str(script)), {})

@@ -342,7 +342,9 @@ def default_of(name: str) -> Any:
 
 def stable_run_id(cfg: RunConfig, env: Mapping[str, str]) -> str:
     """The same job gets the same id when it runs again, so a requeue resumes: ``--run-id``, else
-    the Slurm job (and array task), else ``--rdzv-id``, else a hash of the command line."""
+    the Slurm job (and array task), else ``--rdzv-id``, else a hash of the command line. An explicit
+    ``--run-dir`` is part of that line: two jobs of one script in two run dirs are two runs, and must
+    not share a node-memory tier named after the id."""
     if cfg.run_id:
         return cfg.run_id
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
@@ -351,7 +353,8 @@ def stable_run_id(cfg: RunConfig, env: Mapping[str, str]) -> str:
         return f"slurm-{env['SLURM_JOB_ID']}"
     if cfg.rendezvous.id and not cfg.rendezvous.standalone:
         return cfg.rendezvous.id
-    line = json.dumps([cfg.identity(), cfg.script_args, cfg.nnodes, cfg.nproc_per_node, os.getcwd()])
+    run_dir = str(cfg.run_dir.absolute()) if cfg.run_dir else None
+    line = json.dumps([cfg.identity(), cfg.script_args, cfg.nnodes, cfg.nproc_per_node, os.getcwd(), run_dir])
     stem = Path(cfg.script).stem if not cfg.module else cfg.script.rsplit(".", 1)[-1]
     return f"{stem}-{hashlib.sha256(line.encode()).hexdigest()[:12]}"
 
