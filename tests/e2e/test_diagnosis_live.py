@@ -16,7 +16,7 @@ import pytest
 from netutil import free_port
 from stalwart.events import DecisionTaken, FailureDetected, IncidentRaised
 
-from .runner import events, stalwart
+from .runner import events, stalwart, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -203,7 +203,7 @@ def test_faults_on_three_nodes_under_one_leaf_switch_are_one_shared_cause_and_no
         ]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         if i == 0:
-            time.sleep(1.0)  # n1 hosts the rendezvous store
+            wait_listening(port, procs[0])  # n1 hosts the rendezvous store
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert all(p.returncode != 0 for p in procs), outs
     incidents = events(rd, IncidentRaised)

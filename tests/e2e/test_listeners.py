@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from netutil import free_port
+from proctree import descendants
 from stalwart.chaos.soak import read_events
 from stalwart.checkpoint.peer_store import PeerStore
 from stalwart.events import StepCompleted, WorkersStarted
@@ -51,19 +52,6 @@ def _listening(pids: set[int]) -> list[tuple[str, int]]:
                     )
                 )
     return found
-
-
-def _descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = {int(x) for x in Path(f"/proc/{p}/task/{p}/children").read_text().split()}
-        except OSError:
-            continue
-        todo.extend(kids - out)
-        out |= kids
-    return out
 
 
 SECRET_HOOK = "http://127.0.0.1:9/services/T000/B000/listenersHookSecret"  # port 9: refused at once
@@ -109,7 +97,7 @@ def test_single_node_run_listens_on_loopback_only(tmp_path):
             time.sleep(0.5)
         (started,) = [e for e in read_events(tmp_path) if isinstance(e, WorkersStarted)]
         workers = set(started.pids)
-        below = _descendants(proc.pid)  # the workers and, on the warm path, the fork server
+        below = descendants(proc.pid)  # the workers and, on the warm path, the fork server
         assert len(workers) == 2 and workers <= below, (workers, below)
         found = _listening({proc.pid, *below})
     finally:

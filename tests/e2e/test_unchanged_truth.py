@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from proctree import cmdline, descendants
 from stalwart.account.report import build
 from stalwart.ledger import read_merged
 from stalwart.serve.snapshot import take
@@ -62,11 +63,11 @@ def _when_saved(cwd: Path, p: subprocess.Popen[str], step: int) -> None:
         time.sleep(0.02)
 
 
-def _rank_pid(cwd: Path, rank: int) -> int:
-    out = subprocess.run(
-        ["pgrep", "-f", f"ddp_steps.py.*stalwart rank {rank} "], capture_output=True, text=True
-    )
-    pids = [int(x) for x in out.stdout.split()]
+def _rank_pid(job: subprocess.Popen[str], rank: int) -> int:
+    """The pid of ``rank`` below this test's own ``stalwart run`` (never another test's: the title
+    is looked up among the job's descendants only)."""
+    title = re.compile(rf"ddp_steps\.py.*stalwart rank {rank} ")
+    pids = sorted(p for p in descendants(job.pid) if title.search(cmdline(p)))
     assert pids, f"no process of rank {rank}"
     return pids[0]
 
@@ -89,7 +90,7 @@ def test_a_killed_rank_keeps_the_scripts_steps_and_loses_only_the_step_after_its
     p = _start(tmp_path)
     try:
         _when_saved(tmp_path, p, 20)
-        os.kill(_rank_pid(tmp_path, 1), signal.SIGKILL)
+        os.kill(_rank_pid(p, 1), signal.SIGKILL)
     finally:
         text = _finish(p)
     assert p.returncode == 0, text[-3000:]
