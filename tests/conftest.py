@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 import pytest
 
 import netutil
+import warm
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -61,10 +63,43 @@ def tier_of(nodeid: str) -> str:
     return top if top in ("unit", "integration", "e2e") else "other"
 
 
+_CPU_SECONDS: dict[str, float] = {}  # test file -> CPU seconds of the test and the processes it ran
+
+
+def _cpu_now() -> float:
+    """CPU seconds used so far by this process and every child it has waited for (their children
+    included, once waited for): what a test's real processes cost the machine."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + warm.server_cpu_s()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201 - a hook wrapper
+    outcome = yield
+    report = outcome.get_result()
+    now = _cpu_now()
+    last = item.stash.get(_CPU_MARK, None)
+    if last is not None:  # the CPU since the previous phase of this test (set-up counts from start)
+        report.user_properties.append(("cpu_s", now - last))
+    item.stash[_CPU_MARK] = now
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_MARK] = _cpu_now()
+
+
+_CPU_MARK = pytest.StashKey[float]()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # set-up, call and tear-down all count: a module-scoped fixture's start is the first test's set-up
     tests = _TIER_SECONDS.setdefault(tier_of(report.nodeid), {})
     tests[report.nodeid] = tests.get(report.nodeid, 0.0) + report.duration
+    path = report.nodeid.split("::", 1)[0]
+    for key, value in report.user_properties:  # sent back by pytest-xdist's workers too
+        if key == "cpu_s":
+            _CPU_SECONDS[path] = _CPU_SECONDS.get(path, 0.0) + float(value)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's own reporter type
@@ -75,3 +110,9 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
         spent = _TIER_SECONDS.get(tier)
         if spent:
             terminalreporter.write_line(f"{tier:12s} {sum(spent.values()):8.1f}s over {len(spent)} tests")
+    if _CPU_SECONDS:  # on a machine with few cores, CPU is what parallel workers compete for
+        terminalreporter.section("CPU per test file (the 15 costliest)")
+        total = sum(_CPU_SECONDS.values())
+        for path, cpu in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{cpu:8.1f}s  {100 * cpu / total:4.1f}%  {path}")
+        terminalreporter.write_line(f"{total:8.1f}s  in all")

@@ -7,9 +7,9 @@ on disk. A fresh process that lost the memory tier then resumes from exactly tha
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,22 +91,23 @@ def _resume(root: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_signal_makes_the_newest_staged_step_durable_within_the_deadline(tmp_path, sig):
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE), "train", str(tmp_path)], stderr=subprocess.PIPE, text=True
-    )
+    import warm  # deferred: this file is also the trainer script, where tests/ need not be on the path
+
+    proc = warm.start(HERE, ["train", str(tmp_path)], dict(os.environ))  # forked warm
     deadline = time.monotonic() + 120
     while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert proc.poll() is None, proc.output()[-3000:]
         assert time.monotonic() < deadline, "the trainer made no progress"
         time.sleep(0.05)
     proc.send_signal(sig)
-    assert proc.wait(timeout=DEADLINE_S + 30) == 0, proc.stderr.read()[-3000:]
+    assert proc.wait(timeout=DEADLINE_S + 30) == 0, proc.output()[-3000:]
     res = json.loads((tmp_path / "emergency.json").read_text())
     assert res["signal"] == sig and res["committed"] and res["tier"] == "disk", res
     assert res["duration_s"] <= DEADLINE_S
     assert res["step"] >= 5 and res["step"] in (res["last_staged"], res["last_staged"] + 1)
     shutil.rmtree(tmp_path / "shm")  # the node's memory is gone: only the emergency save remains
-    subprocess.run([sys.executable, str(HERE), "resume", str(tmp_path)], check=True, timeout=120)
+    code, out = warm.run(HERE, ["resume", str(tmp_path)], timeout=120)
+    assert code == 0, out[-3000:]
     rep = json.loads((tmp_path / "resume.json").read_text())
     assert rep == {"step": res["step"], "tier": "disk", "exact": True}
 
@@ -153,36 +154,25 @@ def _train_ranks(root: Path) -> None:
 
 
 def test_two_ranks_agree_at_the_step_boundary_and_commit_within_the_deadline(tmp_path):
-    import os
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE), "ranks", str(tmp_path)],
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(
-                os.environ,
-                RANK=str(r),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            ),
-        )
-        for r in range(2)
-    ]
+    import warm  # deferred: as above
+
+    env = dict(
+        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
+    )
+    procs = [warm.start(HERE, ["ranks", str(tmp_path)], dict(env, RANK=str(r))) for r in range(2)]
     deadline = time.monotonic() + 120
     while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
-        assert all(p.poll() is None for p in procs), [p.stderr.read()[-2000:] for p in procs]
+        assert all(p.poll() is None for p in procs), [p.output()[-2000:] for p in procs]
         assert time.monotonic() < deadline, "the ranks made no progress"
         time.sleep(0.05)
     procs[1].send_signal(signal.SIGTERM)  # one rank is told; the other learns at the step boundary
     for p in procs:
-        assert p.wait(timeout=DEADLINE_S + 60) == 0, p.stderr.read()[-3000:]
+        assert p.wait(timeout=DEADLINE_S + 60) == 0, p.output()[-3000:]
     res = [json.loads((tmp_path / f"emergency-{r}.json").read_text()) for r in range(2)]
     assert res[0]["step"] == res[1]["step"] == res[0]["staged"] >= 5  # the newest staged step
     assert all(r["committed"] and r["tier"] == "disk" and r["duration_s"] <= DEADLINE_S for r in res), res
@@ -191,7 +181,8 @@ def test_two_ranks_agree_at_the_step_boundary_and_commit_within_the_deadline(tmp
     manifest, _ = verify(tmp_path / "disk" / f"step-{res[0]['step']:09d}")
     assert manifest.world_size == 2 and {"rank-0.pt", "rank-1.pt"} <= set(manifest.files)
     shutil.rmtree(tmp_path / "shm")
-    subprocess.run([sys.executable, str(HERE), "resume", str(tmp_path)], check=True, timeout=120)
+    code, out = warm.run(HERE, ["resume", str(tmp_path)], timeout=120)
+    assert code == 0, out[-3000:]
     rep = json.loads((tmp_path / "resume.json").read_text())
     assert rep == {"step": res[0]["step"], "tier": "disk", "exact": True}
 

@@ -110,10 +110,10 @@ def _main(mode: str, root: str, arg: str) -> None:
 
 
 def _run(mode: str, root: Path, arg: str = "") -> dict:
-    p = subprocess.run(
-        [sys.executable, str(HERE), mode, str(root), arg], capture_output=True, text=True, timeout=240
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
+    import warm  # deferred: this file is also the trainer script, where tests/ need not be on the path
+
+    code, out = warm.run(HERE, [mode, str(root), arg])  # forked warm: torch is imported once
+    assert code == 0, out[-3000:]
     return json.loads((root / f"{mode}.json").read_text())
 
 
@@ -146,13 +146,23 @@ def _drop_shard(d: Path) -> None:
     _first_data_file(d).unlink()
 
 
+@pytest.fixture(scope="module")
+def committed_1_to_3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1-3 committed on both tiers by one trainer process, shared by the damage cases (each
+    damages its own copy)."""
+    root = tmp_path_factory.mktemp("committed")
+    _run("train", root, "3")
+    return root
+
+
 @pytest.mark.parametrize(
     "damage,reason",
     [(_flip, "corrupted"), (_truncate, "truncated"), (_drop_shard, "missing file")],
     ids=["bitflip", "truncated", "missing"],
 )
-def test_damaged_newest_version_resumes_from_the_newest_good_one(tmp_path, damage, reason):
-    _run("train", tmp_path, "3")
+def test_damaged_newest_version_resumes_from_the_newest_good_one(tmp_path, committed_1_to_3, damage, reason):
+    for sub in ("shm", "disk"):  # a copy of one trained run's tiers: every damage kind starts alike
+        shutil.copytree(committed_1_to_3 / sub, tmp_path / sub, symlinks=True)
     for sub in ("shm", "disk"):
         damage(tmp_path / sub / "step-000000003")
     rep = _run("resume", tmp_path)
@@ -165,15 +175,12 @@ def test_damaged_newest_version_resumes_from_the_newest_good_one(tmp_path, damag
 
 
 def test_kill_9_mid_persist_never_resumes_from_the_torn_version(tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE), "hang_in_persist", str(tmp_path), ""],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    import warm  # deferred: as in _run
+
+    proc = warm.start(HERE, ["hang_in_persist", str(tmp_path), ""], dict(os.environ))
     deadline = time.monotonic() + 120
     while not (tmp_path / "mid-persist").exists():
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert proc.poll() is None, proc.output()[-3000:]
         assert time.monotonic() < deadline, "the trainer never reached the persist"
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)

@@ -5,7 +5,6 @@ Run as a script, this file is one rank of a phase (see ``_worker``)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -98,7 +97,8 @@ def _worker(phase: str, src: str, dst: str, out: str) -> None:
 
 
 def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Path) -> None:
-    from netutil import free_port  # here, not at the top: each rank runs this file as a script
+    import warm  # deferred: here, not at the top: each rank runs this file as a script
+    from netutil import free_port  # deferred: as warm
 
     port = free_port()
     procs = []
@@ -112,18 +112,9 @@ def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Pat
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(HERE), phase, str(src or ""), str(dst or ""), str(out)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    for r, (p, o) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"phase {phase} rank {r} failed:\n{o[-3000:]}"
+        procs.append(warm.start(HERE, [phase, str(src or ""), str(dst or ""), str(out)], env))
+    for r, (code, o) in enumerate(warm.wait_all(procs, timeout=240)):  # ranks forked warm
+        assert code == 0, f"phase {phase} rank {r} failed:\n{o[-3000:]}"
 
 
 def _assert_same(a, b, where=""):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import warm
 from netutil import free_port
 
 pytest.importorskip("torchdata")
@@ -22,35 +23,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def launch(world: int, *args: str, attempt: int = 0) -> list[tuple[int, str]]:
-    """Start ``world`` ranks of the script the way torchrun does (env://) and wait for them."""
+    """Start ``world`` ranks of the script the way torchrun does (env://) and wait for them. Ranks
+    are forked warm (tests/warm.py): real processes, without importing torch once each."""
     port = free_port()
-    procs = []
-    for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            TORCHELASTIC_RESTART_COUNT=str(attempt),  # what torchrun sets; the SDK reads it
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(SCRIPT), *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    try:
-        return [(p.wait(timeout=300), p.stdout.read()) for p in procs]  # type: ignore[union-attr]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    procs = [warm.start(SCRIPT, list(args), _rank_env(r, world, port, attempt)) for r in range(world)]
+    return warm.wait_all(procs, timeout=300)
+
+
+def _rank_env(rank: int, world: int, port: int, attempt: int = 0) -> dict[str, str]:
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        TORCHELASTIC_RESTART_COUNT=str(attempt),  # what torchrun sets; the SDK reads it
+    )
 
 
 def same(a, b, where="") -> None:
@@ -171,6 +161,19 @@ def _drop_rank1_extras(v: Path) -> None:
     (v / "rank-1.pt").unlink()
 
 
+@pytest.fixture(scope="module")
+def versions_2_and_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Versions 2 and 4 of a 2-rank FSDP2 run (two attempts) and the state at step 2, made once and
+    shared by the damage cases, each of which damages its own copy."""
+    root = tmp_path_factory.mktemp("fsdp2-versions")
+    common = ["--checkpoint-every", "2", "--checkpoint-dir", str(root / "ck")]
+    runs = launch(2, *common, "--steps", "2", "--out", str(root / "at2.pt"))
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    runs = launch(2, *common, "--steps", "4", attempt=1)
+    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
+    return root
+
+
 @pytest.mark.parametrize(
     "damage,reason",
     [
@@ -181,16 +184,13 @@ def _drop_rank1_extras(v: Path) -> None:
     ids=["bitflip", "truncated", "missing"],
 )
 def test_fsdp2_damaged_shard_of_one_rank_resumes_every_rank_from_the_previous_version(
-    tmp_path, damage, reason
+    tmp_path, versions_2_and_4, damage, reason
 ):
     import torch
 
-    ck = str(tmp_path / "ck")
+    ck = str(tmp_path / "ck")  # this case's own copy of the shared run's versions
+    shutil.copytree(versions_2_and_4 / "ck", ck, symlinks=True)
     common = ["--checkpoint-every", "2", "--checkpoint-dir", ck]
-    runs = launch(2, *common, "--steps", "2", "--out", str(tmp_path / "at2.pt"))
-    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
-    runs = launch(2, *common, "--steps", "4", attempt=1)
-    assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
     damage(Path(ck) / "step-000000004")
     from stalwart.checkpoint.manifest import verify
 
@@ -198,7 +198,7 @@ def test_fsdp2_damaged_shard_of_one_rank_resumes_every_rank_from_the_previous_ve
     runs = launch(2, *common, "--steps", "5", "--dump-at-start", str(tmp_path / "resumed.pt"), attempt=2)
     assert all(code == 0 for code, _ in runs), runs[0][1][-3000:]
     same(
-        torch.load(tmp_path / "at2.pt", weights_only=True),
+        torch.load(versions_2_and_4 / "at2.pt", weights_only=True),
         torch.load(tmp_path / "resumed.pt", weights_only=True),
     )
     assert verify(Path(ck) / "step-000000002")[0] is not None  # nothing good was lost
@@ -215,39 +215,16 @@ def test_fsdp2_kill_9_of_every_rank_never_resumes_from_a_torn_version(tmp_path):
 
     ck = tmp_path / "ck"
     port = free_port()
-    procs = []
-    for r in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(SCRIPT),
-                    "--steps",
-                    "100000",
-                    "--checkpoint-every",
-                    "1",
-                    "--checkpoint-dir",
-                    str(ck),
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+    args = ["--steps", "100000", "--checkpoint-every", "1", "--checkpoint-dir", str(ck)]
+    procs = [warm.start(SCRIPT, args, _rank_env(r, 2, port)) for r in range(2)]
     deadline = time.monotonic() + 180
     while len(list(ck.glob("step-*"))) < 2 if ck.exists() else True:
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(0.3)
+    # kill while a version is being written, told by its partial directory (no fixed sleep)
+    while not list(ck.glob(".step-*.partial")):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.005)
     for p in procs:
         p.send_signal(signal.SIGKILL)
     for p in procs:

@@ -12,7 +12,6 @@ import os
 import pickle
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -183,30 +182,17 @@ def _main(phase: str, root: str) -> None:
 
 
 def _run(phase: str, root: Path, env_extra: dict) -> None:
+    import warm  # deferred: each rank runs this file as a script, where tests/ need not be on the path
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE), phase, str(root)],
-            env=dict(
-                os.environ,
-                RANK=str(r),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-                **env_extra,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    for r, (p, o) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"{phase} rank {r} failed:\n{o[-3000:]}"
+    env = dict(
+        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
+    )
+    procs = [warm.start(HERE, [phase, str(root)], dict(env, RANK=str(r), **env_extra)) for r in range(2)]
+    for r, (code, o) in enumerate(warm.wait_all(procs, timeout=240)):  # ranks forked warm
+        assert code == 0, f"{phase} rank {r} failed:\n{o[-3000:]}"
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["planted metadata", "forged manifest with key"])

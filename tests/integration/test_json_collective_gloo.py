@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import warm
+
 pytestmark = pytest.mark.integration
 
 WORLD = 3
@@ -96,7 +98,9 @@ def _worker(rank: int, init: str, case: str, out: str) -> None:
 
 def _run(case: str, out: str) -> list[dict]:
     init = f"file://{tempfile.mkdtemp()}/store"
-    mp.start_processes(_worker, args=(init, case, out), nprocs=WORLD, join=True, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(init, case, out), nprocs=WORLD, join=True, start_method=warm.forkserver()
+    )  # ranks forked warm
     ranks = range(WORLD) if case == "ok" else [r for r in range(WORLD) if r != ROGUE]
     return [json.loads(open(os.path.join(out, f"rank{r}.json")).read()) for r in ranks]
 

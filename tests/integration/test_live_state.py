@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import warm
+
 pytestmark = pytest.mark.integration
 
 
@@ -69,7 +71,9 @@ def _worker(rank: int, init: str, case: str, out: str) -> None:
 
 def _run(case: str, out: str) -> None:
     init = f"file://{tempfile.mkdtemp()}/store"
-    mp.start_processes(_worker, args=(init, case, out), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(init, case, out), nprocs=2, join=True, start_method=warm.forkserver()
+    )  # ranks forked warm
 
 
 def test_a_replicas_state_arrives_exact(tmp_path):
