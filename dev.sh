@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run Stalwart from a fresh clone.
 #   ./dev.sh demo [args]   create .venv, install, run `stalwart demo`
-#   ./dev.sh test [args]   create .venv, install with test extras, run the test suite
+#   ./dev.sh test [args]   create .venv, install with test extras, run the whole test suite
+#   ./dev.sh fast [args]   the inner loop: unit and integration tests only (docs/testing.md)
 #   ./dev.sh setup         only create/update .venv
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -26,11 +27,22 @@ setup() {
   fi
 }
 
+# Most test time is spent waiting on real processes (rendezvous, timeouts, restarts), so one worker
+# more than the cores keeps the CPUs busy (docs/testing.md has the measurements).
+workers() {
+  if [ -n "${STALWART_TEST_WORKERS:-}" ]; then echo "$STALWART_TEST_WORKERS"; return; fi
+  echo $(( $(nproc 2>/dev/null || echo 1) + 1 ))
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/stalwart" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest -q -ra --durations=30 "$@" ;;  # the slowest 30: where the suite's time goes
-  *) echo "usage: ./dev.sh {demo|test|setup} [args]" >&2; exit 2 ;;
+  # tests: test files run in parallel, one file per worker at a time (module set-ups are shared within
+  # a file); STALWART_TEST_WORKERS=0 runs them in this process. --durations: where the time goes.
+  test) setup; exec "$VENV/bin/python" -m pytest -q -ra --durations=30 -n "$(workers)" --dist loadfile "$@" ;;
+  fast) setup; exec "$VENV/bin/python" -m pytest -q -ra --durations=15 -n "$(workers)" --dist loadfile \
+          tests/unit tests/integration "$@" ;;
+  *) echo "usage: ./dev.sh {demo|test|fast|setup} [args]" >&2; exit 2 ;;
 esac

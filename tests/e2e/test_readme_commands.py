@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -49,7 +49,7 @@ RULES = [
     (
         "./dev.sh test",
         "./dev.sh test --collect-only -q tests/unit",
-        "the whole suite takes 16-20 min; collecting the unit tests proves dev.sh sets up and starts pytest",
+        "the whole suite takes about half an hour on 2 cores (docs/testing.md); collecting the unit tests proves dev.sh sets up and starts pytest",
     ),
     (
         "stalwart run --nproc-per-node 4 --max-restarts 3 train.py --lr 3e-4",
