@@ -52,6 +52,11 @@ RULES = [
         "the whole suite takes about half an hour on 2 cores (docs/testing.md); collecting the unit tests proves dev.sh sets up and starts pytest",
     ),
     (
+        "./dev.sh fast",
+        "./dev.sh fast --collect-only -q",
+        "the two tiers take about 4 min; collecting them proves dev.sh starts pytest on those tiers",
+    ),
+    (
         "stalwart run --nproc-per-node 4 --max-restarts 3 train.py --lr 3e-4",
         "stalwart run --nproc-per-node 2 --max-restarts 3 train.py --lr 3e-4",
         "2 workers on a 2-core test machine; train.py is a 6-step SDK script written by the test",
@@ -136,6 +141,12 @@ def test_readme_commands_run(tmp_path):
             assert "crash detected" in p.stdout and "hang detected" in p.stdout
         if cmd.startswith("stalwart run") or cmd.startswith("stalwart demo"):
             assert "Where the wall time went" in p.stdout, "the run must end with its report"
+        if cmd.startswith("./dev.sh fast"):  # the inner loop: the two fast tiers and nothing else
+            assert (
+                "tests/unit/" in p.stdout
+                and "tests/integration/" in p.stdout
+                and "tests/e2e/" not in p.stdout
+            )
         if "--json" in cmd:
             json.loads(p.stdout)
         if cmd.startswith("stalwart nodes"):
