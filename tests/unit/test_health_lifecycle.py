@@ -7,6 +7,7 @@ from dataclasses import replace
 from stalwart.events.node_health import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from stalwart.health.findings import Finding, Severity
 from stalwart.health.lifecycle import (
+    UNCHECKED,
     CheckOutcome,
     LifecyclePolicy,
     NodeRecord,
@@ -203,5 +204,22 @@ def test_store_lists_quarantined_nodes_for_exclusion(tmp_path):
     apply_verdict("a", _verdict("gpu.lost"), level="passive", backend=be, store=store, policy=pol, now=1)
     apply_verdict("b", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=2)
     assert store.excluded() == {"a"}
-    # a routine pass of a healthy node is not written: the ledger grows with incidents only
-    assert not (tmp_path / "node-b.ledger").exists()
+    assert store.record("b").state is NodeState.HEALTHY
+
+
+def test_a_nodes_first_pass_is_recorded_and_routine_passes_after_it_are_not(tmp_path):
+    """A node that passed its first check is healthy on record, with when and what was checked, and
+    comes from "never checked"; later passes that change nothing add nothing, so the ledger grows
+    with incidents, not with the check interval."""
+    store, be, pol = HealthStore(tmp_path), FakeBackend(), LifecyclePolicy()
+    assert "b" not in store.records()  # never checked
+    apply_verdict("b", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=2)
+    (changed,) = [e for e in store.events() if isinstance(e, NodeStateChanged)]
+    assert (changed.from_state, changed.to_state, changed.ts) == (UNCHECKED, "healthy", 2)
+    (checked,) = [e for e in store.events() if isinstance(e, HealthChecked)]
+    assert (checked.level, checked.status) == ("passive", "pass")
+    assert store.records()["b"].since == 2
+    before = len(store.events())
+    for t in (3, 4, 5):
+        apply_verdict("b", _verdict(None), level="passive", backend=be, store=store, policy=pol, now=t)
+    assert len(store.events()) == before and be.calls == []

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List nodes with their states and reasons."""
         from ..health.backends import make_backend  # deferred: heavy (pydantic)
+        from ..health.lifecycle import UNCHECKED  # deferred: as the store
         from ..health.node_store import DEFAULT_STATE_DIR, HealthStore  # deferred: heavy (pydantic)
 
         records = _records(state_dir, DEFAULT_STATE_DIR, HealthStore)
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
                     "scheduler_state": s.state if s else "",
                     "scheduler_reason": s.reason if s else "",
                     "drained_by": owner,
-                    "state": rec.state.value if rec else "healthy",
+                    "state": rec.state.value if rec else UNCHECKED,  # listed by the scheduler only
                     "since": rec.since if rec else None,
                     "reason": rec.reason if rec else "",
                     "needs_human": bool(rec and rec.needs_human),
@@ -75,7 +76,8 @@ def register(app: typer.Typer) -> None:
         reasons = []
         for r in rows:
             since = time.strftime("%m-%d %H:%M", time.localtime(r["since"])) if r["since"] else "-"
-            state = r["state"] + (" (needs human)" if r["needs_human"] else "")
+            shown = "never checked" if r["state"] == UNCHECKED else r["state"]
+            state = shown + (" (needs human)" if r["needs_human"] else "")
             t.add_row(r["node"], r["scheduler_state"] or "-", r["drained_by"], state, since)
             if r["reason"]:
                 reasons.append(f"{r['node']}: {r['reason']}")

@@ -22,6 +22,11 @@ class NodeState(Label):
     PROBATION = "probation"
 
 
+# A node no check has recorded yet: the state readers show before a node's first record ("never
+# checked", never "healthy": nothing was checked), and a node's first record starts from it.
+UNCHECKED = "unknown"
+
+
 class NodeAction(Label):
     """What a backend must do after a transition (written to the ledger as it is)."""
 

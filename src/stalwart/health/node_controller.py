@@ -11,7 +11,15 @@ from ..events import Event
 from ..events.node_health import HealthAlert, HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
 from .backends import NodeBackend, make_backend
 from .findings import CheckStatus
-from .lifecycle import CheckOutcome, LifecyclePolicy, NodeAction, NodeRecord, Transition, transition
+from .lifecycle import (
+    UNCHECKED,
+    CheckOutcome,
+    LifecyclePolicy,
+    NodeAction,
+    NodeRecord,
+    Transition,
+    transition,
+)
 from .node_store import HealthStore
 from .rules import Verdict
 
@@ -22,13 +30,16 @@ class Applied:
     read_back: str = ""
 
 
-def state_changed(node: str, before: NodeRecord, tr: Transition, now: float) -> NodeStateChanged:
-    """The ledger record of one lifecycle transition of ``node`` (from ``before`` to ``tr.record``)."""
+def state_changed(
+    node: str, before: NodeRecord, tr: Transition, now: float, *, first: bool = False
+) -> NodeStateChanged:
+    """The ledger record of one lifecycle transition of ``node`` (from ``before`` to ``tr.record``;
+    ``first``: the node had no record, so it comes from :data:`UNCHECKED`)."""
     new = tr.record
     return NodeStateChanged(
         ts=now,
         node=node,
-        from_state=before.state.value,
+        from_state=UNCHECKED if first else before.state.value,
         to_state=new.state.value,
         action=tr.action.value,
         reason=tr.reason,
@@ -64,7 +75,8 @@ def apply_verdict(
     duration_s: float = 0.0,
 ) -> Applied:
     events = store.events()
-    rec = store.records(events).get(node) or NodeRecord(node=node, since=now)
+    known = store.records(events).get(node)
+    rec = known or NodeRecord(node=node, since=now)
     sched = backend.view(node)
     drains = store.recent_auto_drains(now, policy.drain_window_s, events)
     tr = transition(rec, outcome_of(verdict, level == "active"), sched, policy, now, drains)
@@ -106,11 +118,12 @@ def apply_verdict(
         case _:
             assert_never(tr.action)
     new = tr.record
-    if new != rec or tr.changed:
-        out.append(state_changed(node, rec, tr, now))
-    if verdict.status is CheckStatus.PASS and not tr.changed and new == rec:
-        # a routine pass changes nothing: not recorded, so the ledger grows with incidents, not with
-        # the check interval (HealthCheckProgram may run every few seconds on every node)
+    if new != rec or tr.changed or known is None:  # a node's first check is recorded, a pass too
+        out.append(state_changed(node, rec, tr, now, first=known is None))
+    if verdict.status is CheckStatus.PASS and not tr.changed and new == rec and known is not None:
+        # a routine pass of a node already on record changes nothing: not recorded, so the ledger
+        # grows with incidents, not with the check interval (HealthCheckProgram may run every few
+        # seconds on every node)
         return Applied(tr, read_back)
     store.append(node, out)
     return Applied(tr, read_back)

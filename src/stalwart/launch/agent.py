@@ -27,6 +27,7 @@ from ..chaos.plan import FaultPlan, build_plan
 from ..diagnose.live import LiveDiagnosis
 from ..errors import CheckpointError, ConfigError, FaultPlanError, LedgerError
 from ..events import Event, JobStarted
+from ..events.node_health import HealthChecked
 from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter, read_available, read_merged
 from ..policy import job
@@ -63,24 +64,40 @@ def _no_progress(step: int, total: int, attempt: int, rate: float, *, now: float
 
 
 class NodeHealthGate:
-    """Implements :class:`stalwart.launch.ports.HealthGate`: the node's health checks before a start."""
+    """Implements :class:`stalwart.launch.ports.HealthGate`: the node's health checks before a start.
+    Every check is also recorded in the run's own ledger (``HealthChecked``), so the run's readers
+    (report, ``/metrics``, dashboard) tell a node that passed its gate from one never checked."""
 
-    def __init__(self, cfg: RunConfig, clock: Clock, run_root: Path) -> None:
-        self.cfg, self.clock, self.run_root = cfg, clock, run_root
+    def __init__(
+        self, cfg: RunConfig, clock: Clock, run_root: Path, ledger: NodeLedger | None = None
+    ) -> None:
+        self.cfg, self.clock, self.run_root, self.ledger = cfg, clock, run_root, ledger
 
     def check(self, attempt: int) -> tuple[str, str]:
         cfg = self.cfg
         if not cfg.health.gate:
             return "", ""
 
+        now = self.clock.now()
         res = check_node(
             node=cfg.node_name,
-            now=self.clock.now(),
+            now=now,
             state_dir=cfg.health.state_dir or self.run_root / "health",
             fixture=cfg.health.fixture,
             active=cfg.health.active and attempt > 0,
             backend=cfg.health.backend,
         )
+        if self.ledger is not None:
+            checked = HealthChecked(
+                **self.ledger.ctx(),
+                ts=now,
+                level=res.level,
+                status=res.status,
+                action=res.action,
+                reason=res.reason,
+                duration_s=res.duration_s,
+            )
+            self.ledger.emit(checked, show=False)
         return ("", "") if res.passed else (res.reason, res.state)
 
 
@@ -251,7 +268,7 @@ class Agent:
             ledger=self.ledger,
             clock=self.clock,
             signal=self._signal,
-            gate=NodeHealthGate(self.cfg, self.clock, self.run.root),
+            gate=NodeHealthGate(self.cfg, self.clock, self.run.root, self.ledger),
             on_attempt=on_attempt,
             closing=closing,
         )

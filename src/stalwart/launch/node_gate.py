@@ -24,6 +24,9 @@ class GateOutcome:
     reason: str
     duration_s: float
     state: str
+    level: str = "passive"  # passive | active: what was checked
+    status: str = "pass"  # pass | warn | fail: the checks' verdict
+    action: str = "none"  # the rule table's action for that verdict
 
 
 def check_node(
@@ -61,4 +64,8 @@ def check_node(
     state = applied.transition.record.state
     passed = res.passed and state != NodeState.QUARANTINED
     reason = res.reason if state != NodeState.QUARANTINED else f"{res.reason}; {applied.transition.reason}"
-    return GateOutcome(passed, reason, res.duration_s, state.value)
+    level = "active" if active else "passive"
+    verdict = res.verdict
+    return GateOutcome(
+        passed, reason, res.duration_s, state.value, level, verdict.status.value, verdict.action
+    )
