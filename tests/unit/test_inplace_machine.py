@@ -227,6 +227,14 @@ def test_a_lost_node_shrinks_the_group_to_the_survivors_on_the_first_survivor_on
     assert refused.change is Change.RESTART and "= 6 processes is not" in refused.reason
 
 
+def test_a_shrink_to_one_node_says_so_in_the_singular():
+    one = next_group(_member(active=("n0", "n1"), nproc_per_node=1, lost=("n1",)))
+    assert one.change is Change.SHRINK
+    assert "the surviving node re-forms in place" in one.reason and "to 1 process;" in one.reason
+    many = next_group(_member(lost=("n3",)))
+    assert "the 3 surviving nodes re-form in place" in many.reason and "to 6 processes;" in many.reason
+
+
 def test_offers_grow_the_group_to_the_largest_valid_size_within_max():
     view = _member(active=("n0", "n1"), offers=("n2", "n3", "n4"), rule=POW2)
     got = next_group(view)

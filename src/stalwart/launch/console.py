@@ -28,6 +28,7 @@ from ..events import (
     TrainingResumed,
 )
 from ..node_name import printable_name
+from ..terminal import plural
 
 
 def esc(text: str) -> str:
@@ -229,12 +230,12 @@ def resized_line(t: str, ev: ReformedInPlace) -> str:
     """The console's line for a group that shrank or grew in place."""
     if ev.shrunk_from:
         return (
-            f"{t} [green]shrank in place[/] from {ev.shrunk_from} to {ev.world_size} processes: the "
+            f"{t} [green]shrank in place[/] from {ev.shrunk_from} to {plural(ev.world_size, 'process', 'processes')}: the "
             f"surviving ranks kept their processes and the live state after step {ev.step}"
         )
     ranks = f"{ev.ranks[0]}-{ev.ranks[-1]}" if len(ev.ranks) > 1 else ", ".join(map(str, ev.ranks))
     return (
-        f"{t} [green]grew back in place[/] from {ev.grown_from} to {ev.world_size} processes: the "
+        f"{t} [green]grew back in place[/] from {ev.grown_from} to {plural(ev.world_size, 'process', 'processes')}: the "
         f"ranks kept their processes and a replica sent new rank {ranks} the live state after "
         f"step {ev.step} ({ev.bytes_moved / 2**20:.1f} MiB)"
     )

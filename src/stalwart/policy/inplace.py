@@ -195,14 +195,14 @@ def join(case: JoinCase) -> JoinDecision:
         if case.grown_to:
             return Join(
                 case.announced,
-                f"node {case.announced_by} grew the group back in place to {case.grown_to} processes (a "
+                f"node {case.announced_by} grew the group back in place to {plural(case.grown_to, 'process', 'processes')} (a "
                 f"node returned); this node's ranks keep their processes and join generation "
                 f"{case.announced} at the next step boundary",
             )
         if case.shrunk_to:
             return Join(
                 case.announced,
-                f"node {case.announced_by} shrank the group in place to {case.shrunk_to} processes (a lost "
+                f"node {case.announced_by} shrank the group in place to {plural(case.shrunk_to, 'process', 'processes')} (a lost "
                 f"node, no hot spare); this node's ranks keep their processes and join generation "
                 f"{case.announced} in their new places",
             )

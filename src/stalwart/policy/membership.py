@@ -17,6 +17,7 @@ from enum import Enum
 
 from typing_extensions import assert_never
 
+from ..terminal import plural
 from .world_size import SizeRule
 
 
@@ -128,8 +129,8 @@ def _shrink(v: MembershipView) -> Membership:
         assert v.rule is not None
         return Membership(
             Change.RESTART,
-            reason=f"node {gone} is lost and the round has no hot spare; {len(survivors)} surviving node(s) "
-            f"x {v.nproc_per_node} = {world} processes is not {v.rule.describe()}: the group restarts at the "
+            reason=f"node {gone} is lost and the round has no hot spare; {plural(len(survivors), 'surviving node')} "
+            f"x {v.nproc_per_node} = {plural(world, 'process', 'processes')} is not {v.rule.describe()}: the group restarts at the "
             "next valid size",
         )
     gen = v.generation + 1
@@ -138,8 +139,8 @@ def _shrink(v: MembershipView) -> Membership:
         survivors,
         gen,
         f"node {gone} is lost ({'; '.join(why_lost(n, v.silent, v.dead) for n in lost)}) and the round "
-        f"has no hot spare: the {len(survivors)} "
-        f"surviving node(s) re-form in place, shrinking the world from {old} to {world} processes; "
+        f"has no hot spare: {'the surviving node re-forms' if len(survivors) == 1 else f'the {len(survivors)} surviving nodes re-form'} "
+        f"in place, shrinking the world from {old} to {plural(world, 'process', 'processes')}; "
         f"their ranks keep their processes (generation {gen})",
         world,
         lost=lost,
