@@ -23,18 +23,10 @@ from stalwart.events import (
     StepCompleted,
 )
 from stalwart.ledger import LedgerWriter
+from widths import problems
 
-WIDTH = 80
 RUN = "r80"
 T0 = 1_795_869_900.0  # a wall-clock time, as in a real ledger
-
-
-def problems(text: str, width: int = WIDTH) -> list[str]:
-    """The lines of ``text`` over ``width`` columns, and any traceback in it."""
-    out = [f"{len(ln)} columns: {ln}" for ln in text.splitlines() if len(ln) > width]
-    if "Traceback (most recent call last)" in text:
-        out.append("a traceback")
-    return out
 
 
 def test_the_check_catches_an_over_long_line_and_a_traceback():

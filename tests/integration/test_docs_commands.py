@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from widths import problems
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,8 +120,11 @@ def _health_json(out: str, walk: Walk) -> None:
 
 
 def _nodes_json(out: str, walk: Walk) -> None:
-    (node,) = json.loads(out)
-    assert node["node"] == "n2" and node["state"] == "quarantined" and "PCIe link x8" in node["reason"], node
+    nodes = {n["node"]: n for n in json.loads(out)}
+    assert set(nodes) == {"n1", "n2"}, nodes  # n1 passed its first check above: healthy on record
+    assert nodes["n1"]["state"] == "healthy" and nodes["n1"]["since"], nodes["n1"]
+    n2 = nodes["n2"]
+    assert n2["state"] == "quarantined" and "PCIe link x8" in n2["reason"], n2
 
 
 def _rules_path(out: str, walk: Walk) -> None:
@@ -248,8 +253,8 @@ ENTRIES = [
         "health.md",
         "stalwart nodes [--backend local|slurm] [--state-dir DIR] [--json]",
         "stalwart nodes --backend local --state-dir health-state --json",
-        "a synopsis; the records a failed check of a recorded node (PCIe link at x8) wrote first; a "
-        "passing check writes none (the Slurm backend needs a Slurm controller: "
+        "a synopsis; the records of the passing check above (n1) and of a failed check of a recorded "
+        "node (n2, PCIe link at x8) made first (the Slurm backend needs a Slurm controller: "
         "tests/integration/test_slurm_health.py)",
         check=_nodes_json,
         before=(
@@ -400,6 +405,12 @@ def _argv(cmd: str, walk: Walk, receiver: str = "") -> list[str]:
     return [sys.executable, "-m", "stalwart.cli", *argv[1:]]
 
 
+def _machine_output(command: str) -> bool:
+    """A command whose output is for programs (JSON, Prometheus rules, a CSV): not held to the
+    80-column check."""
+    return any(flag in command for flag in ("--json", "--csv", " rules", "--format json"))
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "COLUMNS": "80"}
 
@@ -499,5 +510,10 @@ def test_docs_command_runs(e: Entry, walk: Walk):
         p = subprocess.run(argv, cwd=walk.cwd, env=_env(), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, f"{argv}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         out = p.stdout
+        said = p.stdout + p.stderr
+        assert "Traceback (most recent call last)" not in said, (argv, said[-3000:])
+        if not _machine_output(e.written) and not e.written.startswith("stalwart run"):
+            # what a person reads fits 80 columns (the run console's event lines are not wrapped yet)
+            assert not problems(said), (argv, problems(said))
     if e.check is not None:
         e.check(out, walk)
