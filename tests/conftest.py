@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,27 @@ def job_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ.setdefault("STALWART_JOB_KEY_FILE", str(key))
     os.environ["XDG_CONFIG_HOME"] = str(home)
     return Path(os.environ["STALWART_JOB_KEY_FILE"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_shm() -> Iterator[Path]:
+    """Each test process (each pytest-xdist worker) its own base for node-memory tiers: a tier is
+    named after its run id and node, and two files' jobs may share both while running at once.
+    A namespaced host gets the directory made again in its own /dev/shm (the tier creates it)."""
+    if "STALWART_SHM_DIR" in os.environ:  # the person running the tests chose one
+        yield Path(os.environ["STALWART_SHM_DIR"])
+        return
+    base = (
+        Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        / f"stalwart-tests-{os.getpid()}"
+    )
+    base.mkdir(mode=0o700)
+    os.environ["STALWART_SHM_DIR"] = str(base)
+    try:
+        yield base
+    finally:
+        os.environ.pop("STALWART_SHM_DIR", None)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from .test_grow_in_place import SCRIPT, _agent, _until
 pytestmark = pytest.mark.e2e
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 ATTACK = str(Path(__file__).parent / "scripts" / "control_plane_attack.py")
-RUN_ID = "grow-in-place"  # the run id tests/e2e/test_grow_in_place.py's agents use
+RUN_ID = "trust-in-place"  # this file's own run id (test_grow_in_place.py's jobs may run meanwhile)
 
 
 @pytest.mark.timeout(600)
@@ -43,7 +43,7 @@ def test_another_user_cannot_run_code_shrink_or_join_a_running_group(tmp_path: P
         extra = ("--rdzv-conf", "last_call_timeout=1", "--rdzv-startup-window", "0")
         for i in range(2):
             procs[f"n{i}"] = _agent(
-                tmp_path, port, i, [SCRIPT, "100000", str(tmp_path)], 1, *extra, quiet=False
+                tmp_path, port, i, [SCRIPT, "100000", str(tmp_path)], 1, *extra, quiet=False, run_id=RUN_ID
             )
             if i == 0:
                 wait_listening(port, procs["n0"])

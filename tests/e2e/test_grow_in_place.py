@@ -35,8 +35,17 @@ AFTER = 20
 
 
 def _agent(
-    tmp: Path, port: int, i: int, job: list[str], per_node: int, *extra: str, quiet: bool = True
+    tmp: Path,
+    port: int,
+    i: int,
+    job: list[str],
+    per_node: int,
+    *extra: str,
+    quiet: bool = True,
+    run_id: str = "grow-in-place",
 ) -> subprocess.Popen:
+    """Agent ``n<i>`` of a 2:3 job; ``run_id`` must be the calling file's own (it names the nodes'
+    memory tiers in /dev/shm, and another file's job may run at the same time)."""
     cmd = [
         sys.executable,
         "-m",
@@ -50,7 +59,7 @@ def _agent(
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
         "--rdzv-id",
-        "grow-in-place",
+        run_id,
         "--run-dir",
         str(tmp / "run"),
         "--node-name",
