@@ -56,6 +56,10 @@ def test_a_costly_straggler_is_excluded_and_a_mild_one_kept(tmp_path):
             str(tmp_path),
             "--node-name",
             f"n{i}",
+            # torch orders a round's nodes by (address, pid) and pids wrap on a busy machine: a loopback
+            # address per node keeps n1 group rank 1, so rank 3 (the straggler) is on n1
+            "--local-addr",
+            f"127.0.0.{i + 1}",
             "--hang-floor",
             "5",
             "--straggler-action",
