@@ -133,6 +133,21 @@ class WarmProcess:
             Path(self._out).unlink(missing_ok=True)
 
 
+def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    """This process's environment plus what torchrun gives rank ``rank`` of ``world`` (env://
+    rendezvous on 127.0.0.1:``port``, one thread), and ``extra``."""
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        **extra,
+    )
+
+
 def start(script: Path, args: list[str], env: dict[str, str]) -> WarmProcess:
     """Run ``script`` with ``args`` in a rank process forked warm, with exactly ``env``."""
     return WarmProcess(script, args, env)

@@ -161,10 +161,7 @@ def test_two_ranks_agree_at_the_step_boundary_and_commit_within_the_deadline(tmp
         port = sock.getsockname()[1]
     import warm  # deferred: as above
 
-    env = dict(
-        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
-    )
-    procs = [warm.start(HERE, ["ranks", str(tmp_path)], dict(env, RANK=str(r))) for r in range(2)]
+    procs = [warm.start(HERE, ["ranks", str(tmp_path)], warm.rank_env(r, 2, port)) for r in range(2)]
     deadline = time.monotonic() + 120
     while not ((tmp_path / "progress").exists() and int((tmp_path / "progress").read_text() or 0) >= 5):
         assert all(p.poll() is None for p in procs), [p.output()[-2000:] for p in procs]

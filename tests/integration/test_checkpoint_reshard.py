@@ -4,7 +4,6 @@ Run as a script, this file is one rank of a phase (see ``_worker``)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -101,18 +100,8 @@ def _run_phase(phase: str, ws: int, src: Path | None, dst: Path | None, out: Pat
     from netutil import free_port  # deferred: as warm
 
     port = free_port()
-    procs = []
-    for r in range(ws):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(ws),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(warm.start(HERE, [phase, str(src or ""), str(dst or ""), str(out)], env))
+    args = [phase, str(src or ""), str(dst or ""), str(out)]
+    procs = [warm.start(HERE, args, warm.rank_env(r, ws, port)) for r in range(ws)]
     for r, (code, o) in enumerate(warm.wait_all(procs, timeout=240)):  # ranks forked warm
         assert code == 0, f"phase {phase} rank {r} failed:\n{o[-3000:]}"
 

@@ -31,16 +31,8 @@ def launch(world: int, *args: str, attempt: int = 0) -> list[tuple[int, str]]:
 
 
 def _rank_env(rank: int, world: int, port: int, attempt: int = 0) -> dict[str, str]:
-    return dict(
-        os.environ,
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-        TORCHELASTIC_RESTART_COUNT=str(attempt),  # what torchrun sets; the SDK reads it
-    )
+    # TORCHELASTIC_RESTART_COUNT: what torchrun sets; the SDK reads it
+    return warm.rank_env(rank, world, port, TORCHELASTIC_RESTART_COUNT=str(attempt))
 
 
 def same(a, b, where="") -> None:

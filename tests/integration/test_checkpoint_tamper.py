@@ -187,10 +187,7 @@ def _run(phase: str, root: Path, env_extra: dict) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(
-        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
-    )
-    procs = [warm.start(HERE, [phase, str(root)], dict(env, RANK=str(r), **env_extra)) for r in range(2)]
+    procs = [warm.start(HERE, [phase, str(root)], warm.rank_env(r, 2, port, **env_extra)) for r in range(2)]
     for r, (code, o) in enumerate(warm.wait_all(procs, timeout=240)):  # ranks forked warm
         assert code == 0, f"{phase} rank {r} failed:\n{o[-3000:]}"
 
