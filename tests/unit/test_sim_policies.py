@@ -240,3 +240,35 @@ def test_more_nodes_in_repair_than_active_leave_only_the_healthy_ones_running(no
         runnable = healthy >= min_nodes
         expect = (runnable, min(nodes, healthy) / nodes if runnable else 0.0)
         assert sizer.share(out) == pytest.approx(expect), (out, sizer.share(out), expect)
+
+
+@pytest.mark.parametrize("every,step_s,expect", [(100, 2.0, 100.0), (10, 2.0, 10.0), (1000, 2.0, 300.0)])
+def test_silent_corruption_is_found_half_a_replica_check_interval_after_it_strikes(every, step_s, expect):
+    """N steps between checks at step_s: found on average N * step_s / 2 later, never later than half
+    the checkpoint interval (600 s: a save checks too); its own detect_s (3600 s) no longer applies."""
+    sdc = [
+        FailureClass(name="silent_data_corruption", per_1000_gpu_days=100.0, node_loss=False, detect_s=3600.0)
+    ]
+    r = simulate(_cfg(failures=sdc, step_s=step_s, sdc={"every": every}, days=20.0))
+    per = r.buckets["detection"] / np.maximum(r.interruptions, 1)
+    assert np.all(per <= expect + 1e-9) and np.median(per) == pytest.approx(expect)
+
+
+def test_silent_corruption_keeps_its_own_detection_without_a_known_check_interval():
+    sdc = [
+        FailureClass(name="silent_data_corruption", per_1000_gpu_days=100.0, node_loss=False, detect_s=3600.0)
+    ]
+    for values in ({"sdc": {"every": -1}, "step_s": 2.0}, {"sdc": {"every": 100}}, {"step_s": 2.0}):
+        r = simulate(_cfg(failures=sdc, days=20.0, **values))
+        per = r.buckets["detection"] / np.maximum(r.interruptions, 1)
+        assert np.median(per) == pytest.approx(3600.0), values
+
+
+def test_with_the_budget_the_check_interval_follows_the_checks_cost():
+    """--sdc-every 0: the interval is the one the 1% budget allows a check of sdc_check_s."""
+    sdc = [
+        FailureClass(name="silent_data_corruption", per_1000_gpu_days=100.0, node_loss=False, detect_s=3600.0)
+    ]
+    r = simulate(_cfg(failures=sdc, step_s=1.0, sdc={"every": 0, "budget": 0.01}, sdc_check_s=0.5, days=20.0))
+    per = r.buckets["detection"] / np.maximum(r.interruptions, 1)
+    assert np.median(per) == pytest.approx(50 * 1.0 / 2)  # 0.5 s / (1% of 1 s) = every 50 steps

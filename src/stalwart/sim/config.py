@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
+from ..settings.recovery import SdcSettings
 from ..settings.schema import HangSettings
 from ..settings.sources import flat_name, leaves, nest
 from .repair import RepairPipeline
@@ -170,6 +171,16 @@ class SimConfig(BaseModel):
     # the agent's hang settings, the same model and defaults as `stalwart run` (settings/schema.py);
     # given flat as in a run's config (hang_floor_s, hang_cap_s, hang_multiplier)
     hang: HangSettings = HangSettings()  # frozen: one shared default instance
+    # the run's cross-replica state check (settings/recovery.py): with step_s, the
+    # silent_data_corruption class is found by it, half an interval after it strikes (sim/sdc.py)
+    sdc: SdcSettings = SdcSettings()
+    sdc_check_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="one cross-replica check, s (bench/sdc_overhead.py); with sdc.every 0 the "
+        "interval is the one the budget allows at step_s",
+    )
     size_rule: Literal["multiple", "power_of_two"] = "multiple"
     size_divisor: int = Field(1, ge=1, le=MAX_GPUS, description="world size must be a multiple of this")
     # replica-level fault tolerance (strategy "replica"): the job is this many replica groups; a failed

@@ -46,13 +46,14 @@ from ..policy.timeouts import HangTimeoutPolicy
 from ..policy.world_size import SizeRule
 from .book import Booked, Draws, TraceRow, book
 from .buckets import SIM_BUCKETS
-from .config import SimConfig
+from .config import FailureClass, SimConfig
 from .cycles import draw, fail_at, running_sum, shares
 from .model import Model, Schedule, alias
 from .model import schedule as _schedule
 from .policies import WorldSizer, hang_detect_s, restart_backoff, restart_period
 from .repair import effective
 from .repair_queue import Piece, fixed_waits_of, sequential_waits
+from .sdc import SDC_CLASS, found_after_s
 
 BUCKETS = SIM_BUCKETS
 CHUNK_CELLS = 1 << 17  # trials x cycles per chunk: arrays of 0.5-1 MiB that stay in the CPU cache
@@ -134,10 +135,18 @@ def _model(cfg: SimConfig, sch: Schedule) -> Model:
             cap_s=max(cfg.hang.cap_s, cfg.hang.floor_s),
         )
         hang_s = hang_detect_s(cfg.step_s, policy)
-    detect = np.array(
-        [(hang_s if f.kind == "hang" and hang_s is not None else f.detect_s) + cfg.decide_s for f in classes]
-        + [0.0]
+    checked = found_after_s(
+        cfg.sdc.every, cfg.sdc.budget, cfg.step_s, cfg.sdc_check_s, min(t.interval_s for t in cfg.tiers)
     )
+
+    def detect_s(f: FailureClass) -> float:
+        if f.kind == "hang" and hang_s is not None:
+            return hang_s
+        if f.name == SDC_CLASS and checked is not None:  # found by the replicas' next check
+            return checked
+        return f.detect_s
+
+    detect = np.array([detect_s(f) + cfg.decide_s for f in classes] + [0.0])
     restart, restore = _recovery_costs(cfg, sch, node_loss, n_cls)
     plan_stall = np.zeros(n_cls + 1)
     plan_stall[n_cls] = sum(t.stall_s for t in cfg.tiers)

@@ -33,6 +33,28 @@ GATHER_S = 0.002  # one all-gather of a few hundred int64 (our assumption: a lat
 DEFAULT_PASS_GBPS = 1000.0  # one read of the state on an H100 (3.35 TB/s HBM3), at under a third: ours
 
 
+def found_after_s(
+    every: int,
+    budget: float,
+    step_s: float | None,
+    check_s: float | None,
+    checkpoint_every_s: float = math.inf,
+) -> float | None:
+    """Mean time from a corruption to the replica check that finds it: half the interval between
+    checks, N steps (``every``, or with ``every`` 0 the interval the ``budget`` allows a check of
+    ``check_s``), and never longer than the checkpoint interval (a save checks too). None when the
+    interval is not known: checks off (``every`` -1), or no step time, or no check cost to size it."""
+    if every < 0 or step_s is None:
+        return None
+    if every > 0:
+        steps = every
+    elif check_s is not None:
+        steps = check_interval(check_s, step_s, budget)
+    else:
+        return None
+    return min(steps * step_s, checkpoint_every_s) / 2
+
+
 def sdc_per_gpu_s() -> float:
     """Silent data corruptions per GPU-second in Llama 3's run."""
     count = next(c for name, c, _, _ in LLAMA3_TABLE5 if name == SDC_CLASS)
