@@ -115,7 +115,7 @@ def test_drain_continue_resume_and_operator_drains_are_left_alone(slurm_factory,
         rows["node3"]["drained_by"] == "operator"
         and rows["node3"]["scheduler_reason"] == "maintenance: PSU swap"
     )
-    assert rows["node1"]["state"] == "healthy"
+    assert rows["node1"]["state"] == "unknown"  # listed by Slurm, never checked: not "healthy"
 
 
 def test_health_check_program_drains_and_resumes_its_node(slurm_factory, tmp_path):  # noqa: F811

@@ -173,6 +173,8 @@ def test_a_flipped_bit_is_found_the_rank_named_and_every_replica_rolled_back(fli
     assert ev.suspect_ranks == (1,) and ev.suspect_nodes == ("n1",)
     assert ev.action == "rollback" and ev.to_step == 20 and ev.verdict == "odd_one_out"
     assert ev.tensors and ev.evidence and ev.confidence > 0.5
+    # the interval the finding check ran at: the steps since the previous check, which was clean
+    assert ev.step == found_at and ev.interval == found_at - ev.last_clean_step > 0
     assert any(e.kind == "IncidentRaised" and e.nodes == ("n1",) for e in reps[0].events)
     assert reps[1].events == [] and reps[2].events == []  # rank 0 writes the event
     for r, c in zip(reps, clean, strict=True):  # the replay ends where the clean run ends

@@ -101,7 +101,8 @@ class ReplicaCheck:
         self._proven = False  # the replicas were seen identical after a step
         self.clean_steps: list[int] = []
         self.rollbacks = 0
-        self.interval = 1
+        self.interval = 1  # steps until the next check (every rank's largest proposal)
+        self.gap = 0  # steps between the previous check and the latest one: the interval it ran at
         self._next_at = 0
         self._check_s = 0.0
         self._t_last, self._step_last, self._last_clean = 0.0, -1, -1
@@ -148,6 +149,7 @@ class ReplicaCheck:
         named = state_tensors(self._state)
         vec = exact([t for _, t in named])
         steps = completed - self._step_last
+        self.gap = steps if self._step_last >= 0 else 0
         step_s = (t0 - self._t_last) / steps if self._step_last >= 0 and steps > 0 else 0.0
         proposal = self._every or check_interval(self._check_s, step_s, self._budget)
         rows = self._gather(torch.cat([vec.to(torch.int64), torch.tensor([proposal], device=vec.device)]))
@@ -222,7 +224,7 @@ class ReplicaCheck:
                 confidence=d.confidence,
                 action=d.action.value,
                 to_step=d.to_step,
-                interval=self.interval,
+                interval=self.gap,  # the interval this check ran at (the next one may differ)
                 last_clean_step=self._last_clean,
                 tensors=tensors,
                 evidence=evidence,
