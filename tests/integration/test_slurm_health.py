@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,8 +150,17 @@ exec {sys.executable} -m stalwart.cli health check --backend slurm --node "$SLUR
     (hc / "fault-node4").unlink()
     back = c.wait_for(lambda n: n["node4"][0] == "idle", timeout=120, what="HealthCheckProgram resumes node4")
     print(f"HealthCheckProgram: drained after {waited:.1f} s, resumed after {back:.1f} s")
-    log = (hc / "hc-node4.log").read_text()
-    assert "node node4: quarantined -- drain: fail: Xid 48" in log and "resume: re-validation passed" in log
+    # Slurm shows the node idle as soon as the check resumed it; the check prints its line only after
+    # reading the state back (sinfo, slow on a busy machine): wait, bounded, for the line itself.
+    # The CLI wraps at 80 columns, so the log is read with its line breaks folded into spaces.
+    deadline = time.monotonic() + 60
+    log = ""
+    while "resume: re-validation passed" not in log and time.monotonic() < deadline:
+        time.sleep(0.2)
+        log = " ".join((hc / "hc-node4.log").read_text().split())
+    assert (
+        "node node4: quarantined -- drain: fail: Xid 48" in log and "resume: re-validation passed" in log
+    ), log
 
 
 def test_prolog_failure_drains_and_keeps_stalwarts_reason(slurm_factory, tmp_path):  # noqa: F811
