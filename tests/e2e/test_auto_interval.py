@@ -36,7 +36,7 @@ def test_faults_every_few_seconds_choose_a_shorter_interval(tmp_path: Path):
     assert last[-1].interval_steps < first[-1].interval_steps
     for d in first + last:  # on the persist the run measured: the next save never waits for it
         floor = float(re.search(r"needs >= ([\d.]+)s", d.reason).group(1))
-        assert d.interval_s >= floor, d.reason
+        assert round(d.interval_s, 2) >= floor, d.reason  # the reason prints both to 0.01 s
     # `plan --ledger` decides with the same function on the recorded run
     assert recommend_from_ledger(stormy) is not None
     shown = stalwart("report", str(tmp_path / "stormy"))
