@@ -88,6 +88,7 @@ def tier_of(nodeid: str) -> str:
 
 
 _CPU_SECONDS: dict[str, float] = {}  # test file -> CPU seconds of the test and the processes it ran
+_CPU_MARK = pytest.StashKey[float]()  # a test's CPU reading at the end of its previous phase
 
 
 def _cpu_now() -> float:
@@ -111,9 +112,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_CPU_MARK] = _cpu_now()
-
-
-_CPU_MARK = pytest.StashKey[float]()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -17,6 +17,7 @@ import importlib.util
 import multiprocessing
 import os
 import runpy
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,6 +36,14 @@ PRELOAD = (
 )
 
 _CONTEXT: list[ForkServerContext] = []
+_LOGS: list[Path] = []  # the ranks' output files of this test process, removed when it exits
+
+
+def _log_dir() -> Path:
+    if not _LOGS:
+        _LOGS.append(Path(tempfile.mkdtemp(prefix="warm-ranks-")))
+        atexit.register(shutil.rmtree, _LOGS[0], True)
+    return _LOGS[0]
 
 
 def forkserver() -> str:
@@ -96,7 +105,7 @@ class WarmProcess:
     """The part of :class:`subprocess.Popen` the tests use, for a rank forked warm."""
 
     def __init__(self, script: Path, args: list[str], env: dict[str, str]) -> None:
-        fd, self._out = tempfile.mkstemp(prefix="warm-rank-", suffix=".log")
+        fd, self._out = tempfile.mkstemp(prefix="rank-", suffix=".log", dir=_log_dir())
         os.close(fd)
         self._proc = _context().Process(
             target=_run_script, args=(str(script), list(args), dict(env), self._out)
@@ -126,11 +135,9 @@ class WarmProcess:
         self.send_signal(signal.SIGKILL)
 
     def output(self) -> str:
-        """Everything the rank wrote to stdout and stderr (read once it has exited)."""
-        try:
-            return Path(self._out).read_text(errors="replace")
-        finally:
-            Path(self._out).unlink(missing_ok=True)
+        """Everything the rank wrote to stdout and stderr so far (its file goes when the test
+        process exits, read or not)."""
+        return Path(self._out).read_text(errors="replace")
 
 
 def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
