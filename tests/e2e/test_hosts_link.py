@@ -63,14 +63,17 @@ def test_a_slow_link_is_not_a_hang_and_its_host_is_named(tmp_path):
     # silence (the data was slow coming in, shaped on the bridge's side, out of its view) it cannot tell
     # which end is slow and names no host: it never blames the healthy one
     assert "h0" not in own[0].nodes, own[0]
+    flagged = [e for e in events_so_far(tmp_path, StragglerDetected) if e.ts > cut and e.node == "h1"]
     if own[0].nodes:
         assert own[0].nodes == ("h1",) and "slow link on host h1" in own[0].cause, own[0]
         assert any("over-limit" in line for line in own[0].evidence), own[0].evidence
+        # its communication time counts as straggler evidence on the slow host
+        assert flagged and flagged[0].score > 1.0, flagged
     else:
         assert "slow coming in" in own[0].evidence[0] and "between hosts" in own[0].cause, own[0]
-    # its communication time counts as straggler evidence on the slow host
-    flagged = [e for e in events_so_far(tmp_path, StragglerDetected) if e.ts > cut and e.node == "h1"]
-    assert flagged and flagged[0].score > 1.0, flagged
+        # it cannot tell which end is slow, so it does not flag its own rank either (the incident is
+        # raised once per silence: no later verdict of this silence flags it)
+        assert not flagged, flagged
     # the other host saw its peer crawl and never blamed itself: it names h1 when its own sends waited
     # during the silence, and no host when they did not (on a busy machine either can come first:
     # the data was then only slow coming in, which its view cannot pin on either end)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.account.recovery import recoveries
+from stalwart.account.reliability import interruptions_from_events, mttr
 from stalwart.events import (
     DecisionTaken,
     FailureDetected,
@@ -42,6 +43,20 @@ def test_phases_add_up_from_onset_to_the_first_step_of_every_rank():
     expect = {"detect": 0.3, "tear_down": 0.1, "decide": 0.05, "re_form": 0.3, "load": 1.5, "first_step": 0.3}
     assert r.phases == pytest.approx(expect)
     assert r.total_s == pytest.approx(12.55 - 10.0)
+
+
+def test_the_mttr_ends_where_the_table_does_at_every_ranks_first_step():
+    # the two ranks' first steps land 0.1 s apart: the MTTR and the table both end at the later one
+    evs = _attempt(0, 0.0, "warm", "forked")
+    evs += [
+        FailureDetected(ts=10.3, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
+        WorkersStopped(ts=10.4, reason="rank 1 killed", attempt=0),
+        DecisionTaken(ts=10.45, action="restart", reason="restart", attempt=0),
+    ]
+    evs += _attempt(1, 10.75, "warm", "forked")
+    [r] = recoveries(evs)
+    (i,) = interruptions_from_events(evs).interruptions
+    assert mttr([i]).total_s == pytest.approx(r.total_s) == pytest.approx(12.55 - 10.0)
 
 
 def test_a_failure_that_stopped_the_run_is_no_recovery_and_missing_events_give_none():

@@ -18,7 +18,7 @@ from stalwart.diagnose.slow_link import (
     slow_link_incident,
 )
 from stalwart.diagnose.straggler_action import StragglerActionConfig
-from stalwart.events import IncidentRaised, StepCompleted, StragglerDetected
+from stalwart.events import IncidentRaised, StepCompleted, StragglerCleared, StragglerDetected
 from stalwart.health.link_counters import (
     IfCounters,
     LinkSample,
@@ -377,6 +377,26 @@ def test_a_slow_links_straggler_clears_when_its_own_steps_are_back_at_the_health
     assert back is not None and back.cleared == ((0, 1.0),)
     # a rank flagged by the comparison is not cleared for want of one (one rank per host)
     assert mon(snap(T0, (), recent_steps=steps([0.2] * 10), stragglers={0: 1.5}, straggler_step=30)) is None
+
+
+def test_a_slow_link_raised_without_a_flag_is_watched_again_once_its_steps_are_back():
+    # a witness (or a host that could not tell which end is slow) raised the silence but flagged no
+    # straggler: once its steps run at the healthy pace its next slow silence is raised again
+    def steps(durations):
+        return tuple(
+            StepCompleted(ts=T0 + i, rank=0, step=i, start=T0 + i - d, duration=d)
+            for i, d in enumerate(durations)
+        )
+
+    mon = StragglerMonitor()
+    raised = dict(slow_links=frozenset({0}), straggler_step=30)
+    assert mon(snap(T0, (), recent_steps=steps([0.2] * 20 + [10.0] + [0.2] * 9), **raised)) is None
+    back = mon(snap(T0, (), recent_steps=steps([10.0] * 2 + [0.2] * 10), **raised))
+    assert back is not None and back.healed == (0,) and back.cleared == () and back.detected == ()
+    ledger = RecordingLedger(node="h0")
+    slow_links = {0}
+    record_stragglers(ledger, T0 + 30, {}, back, 60, slow_links)
+    assert slow_links == set() and not ledger.of(StragglerCleared) and not ledger.of(StragglerDetected)
 
 
 def test_the_records_of_a_slow_link_name_the_host_once_and_flag_the_rank_until_it_clears():

@@ -193,8 +193,9 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
     later, after another host's decision, joins that interruption when none of its failures is on
     a host already in it and its onset is no later than the interruption's first detection: it saw
     the same fault from the other side (a partition noticed late by the cut-off host). ``decided`` is the
-    first DecisionTaken after detection; ``recovered`` is the first StepCompleted after the next
-    TrainingResumed (or the TrainingResumed itself when no step followed). GPUs = world size of the
+    first DecisionTaken after detection; ``recovered`` is when every rank completed a step after the
+    next TrainingResumed, the last rank's first step (or the TrainingResumed itself when no step
+    followed), as in the recovery table (:mod:`.recovery`). GPUs = world size of the
     attempt in force at the onset.
     """
     evs = sorted(events, key=lambda e: e.ts)
@@ -237,10 +238,13 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
             nxt_fail = next(
                 (e.ts for e in evs if isinstance(e, FailureDetected) and e.ts > resumed.ts), math.inf
             )
-            step = next(
-                (e for e in evs if isinstance(e, StepCompleted) and resumed.ts <= e.ts < nxt_fail), None
-            )
-            recovered = step.ts if step is not None else resumed.ts
+            # every rank stepped again: each rank's first step after resuming, the last of them (the
+            # recovery table's end, so its total and the MTTR tell one measurement)
+            firsts: dict[int, float] = {}
+            for e in evs:
+                if isinstance(e, StepCompleted) and resumed.ts <= e.ts < nxt_fail:
+                    firsts.setdefault(e.rank, e.ts)
+            recovered = max(firsts.values()) if firsts else resumed.ts
         gpus, _ = world_at(onset)
         out.append(
             Interruption(

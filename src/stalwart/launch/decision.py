@@ -90,6 +90,9 @@ class Decision:
     detected: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) newly slow
     cleared: tuple[tuple[int, float], ...] = ()  # stragglers: (rank, score) no longer slow
     evidence: str = ""  # stragglers: the detector's reason
+    # slow links: ranks raised as a slow link but never flagged (no host could be named), back at the
+    # healthy pace: watched again, so the next slow silence is raised again
+    healed: tuple[int, ...] = ()
     advice: tuple[StragglerAdvice, ...] = ()  # stragglers: the straggler-action policy's verdicts
 
     def __post_init__(self) -> None:

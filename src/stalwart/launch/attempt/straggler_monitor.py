@@ -80,7 +80,8 @@ class StragglerMonitor:
             for r in sorted(s.slow_links)
             if r in s.stragglers and r not in slow and r not in dict(cleared) and self._back(s, r)
         )
-        if not detected and not cleared:
+        healed = tuple(r for r in sorted(s.slow_links) if r not in s.stragglers and self._back(s, r))
+        if not detected and not cleared and not healed:
             return None
         new = {r for r, _ in detected}
         verdicts = [v for v in (self._weigh(s, r) for r in rep.stragglers if r.rank in new) if v is not None]
@@ -97,6 +98,7 @@ class StragglerMonitor:
                 cleared=cleared,
                 evidence=rep.reason,
                 advice=advice,
+                healed=healed,
             )
         inc = dataclasses.replace(exclude.incident, action_taken=True)
         return Decision(
@@ -110,6 +112,7 @@ class StragglerMonitor:
             cleared=cleared,
             evidence=rep.reason,
             advice=advice,
+            healed=healed,
         )
 
     def slow_link(

@@ -25,6 +25,7 @@ def record_stragglers(
             slow_links.add(d.rank)
     if slow_links is not None:
         slow_links.difference_update(r for r, _ in d.cleared)
+        slow_links.difference_update(d.healed)
     for rank, score in d.detected:
         ledger.emit(StragglerDetected(ts=now, rank=rank, score=score, step=step, evidence=d.evidence, **ctx))
         current[rank] = score
