@@ -99,4 +99,4 @@ def test_an_outside_sigkill_is_not_user_code(tmp_path: Path):
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     inc = _incident(tmp_path, p)
     assert "killed from outside the job" in inc.cause, inc
-    assert (inc.fault_class, inc.component) == ("unknown", "unknown"), inc
+    assert (inc.fault_class, inc.component) == ("unknown", "external"), inc

@@ -98,7 +98,7 @@ def _ledger(run_dir: Path, *, failed: bool) -> None:
                 onset=T0 + 7,
                 attempt=0,
                 cause=cause,
-                fault_class="software",
+                fault_class="user_program",
                 component="unknown",
                 confidence=0.6,
                 action="restart",

@@ -15,15 +15,21 @@ from stalwart.errors import ConfigError
 
 
 def test_component_classes_and_their_incident_class():
-    assert component_class("crash", "XID 79: GPU has fallen off the bus") == "gpu"
-    assert component_class("crash", "Xid 48 double bit ECC") == "gpu_memory"
-    assert component_class("hang", "NCCL watchdog timeout on allreduce") == "nccl_timeout"
-    assert component_class("crash", "", "RuntimeError", "CUDA out of memory") == "software"
-    assert component_class("hang", "no heartbeat for 300 s") == "hang"
-    assert component_class("preempted", "SIGTERM from scheduler") == "planned"
-    assert incident_class("gpu_memory") == (FaultClass.HARDWARE, Component.GPU_MEMORY)
-    assert incident_class("software") == (FaultClass.USER, Component.USER_CODE)
-    assert incident_class("planned") == (FaultClass.UNKNOWN, Component.UNKNOWN)
+    assert component_class("crash", "XID 79: GPU has fallen off the bus") is Component.GPU
+    assert component_class("crash", "Xid 48 double bit ECC") is Component.GPU_MEMORY
+    assert component_class("hang", "NCCL watchdog timeout on allreduce") is Component.COMMUNICATION
+    assert component_class("crash", "", "RuntimeError", "CUDA out of memory") is Component.USER_CODE
+    assert component_class("crash", "mlx5_0 port 1 link down") is Component.IB_LINK
+    assert component_class("crash", "nvme0n1: I/O error") is Component.STORAGE
+    assert component_class("crash", "GPU thermal slowdown, overheat") is Component.COOLING
+    # with no telling evidence, the failure kind says
+    assert component_class("hang", "no heartbeat for 300 s") is Component.COMMUNICATION
+    assert component_class("agent_lost", "no heartbeat from the agent") is Component.HOST
+    assert component_class("peer_lost", "") is Component.UNKNOWN
+    assert component_class("not a kind", "") is Component.UNKNOWN
+    assert incident_class(Component.GPU_MEMORY) == (FaultClass.HARDWARE, Component.GPU_MEMORY)
+    assert incident_class(Component.USER_CODE) == (FaultClass.USER, Component.USER_CODE)
+    assert incident_class(Component.EXTERNAL) == (FaultClass.UNKNOWN, Component.EXTERNAL)
 
 
 def test_poisson_tail_against_direct_sum():

@@ -11,7 +11,8 @@ from stalwart.events.node_health import HealthChecked
 from stalwart.launch.agent import NodeHealthGate
 from stalwart.launch.clock import ManualClock
 from stalwart.launch.ledger_sink import NodeLedger
-from stalwart.serve.snapshot import NodeHealth, take
+from stalwart.policy.vocabulary import NodeState
+from stalwart.serve.snapshot import take
 from stalwart.settings.run_config import RunConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -47,7 +48,7 @@ def test_a_passing_gate_is_in_the_run_ledger_and_the_node_reads_healthy(tmp_path
     assert isinstance(checked, HealthChecked)
     assert (checked.node, checked.level, checked.status, checked.attempt) == ("n0", "passive", "pass", 0)
     (node,) = take(kept.events, now=checked.ts).nodes
-    assert (node.node, node.state) == ("n0", NodeHealth.HEALTHY)
+    assert (node.node, node.state) == ("n0", NodeState.HEALTHY)
 
 
 def test_a_failing_gate_is_in_the_run_ledger_too(tmp_path):

@@ -6,7 +6,7 @@ import dataclasses
 
 from stalwart.launch.gpu_faults import XidWatch, severe_codes, severe_xids
 from stalwart.policy.inplace import InPlaceCase, NotInPlace, decide
-from stalwart.policy.restart_policy import FailureKind
+from stalwart.policy.vocabulary import FailureKind
 
 LOG = (
     "[  100.000000] NVRM: Xid (PCI:0000:2b:00): 79, pid=1, GPU has fallen off the bus.",

@@ -438,7 +438,8 @@ def test_a_node_given_a_place_runs_its_first_attempt_on_that_plan_without_a_rend
 
 
 def test_the_place_is_looked_for_only_before_the_first_rendezvous():
-    from stalwart.policy.restart_policy import Failure, FailureKind
+    from stalwart.policy.restart_policy import Failure
+    from stalwart.policy.vocabulary import FailureKind
 
     back = (TookOver(PLACE_PLAN, "node n0 took node n2 back"), Round(2, PLACE_PLAN.active, *WORKERS))
     crash = AttemptOutcome(AttemptStatus.FAILED, Failure(FailureKind.CRASH, 0, 3, 4, "killed by SIGKILL"))

@@ -321,7 +321,7 @@ def test_a_group_that_offers_no_in_place_says_why_and_how_to_fix_it(session, wor
 
 def test_nothing_to_fix_is_not_said_when_in_place_is_off_or_the_failure_is_the_scripts_own():
     from stalwart.policy.inplace import not_offered
-    from stalwart.policy.restart_policy import FailureKind
+    from stalwart.policy.vocabulary import FailureKind
 
     assert not_offered(False, FailureKind.CRASH, True) is None
     assert not_offered(True, FailureKind.EXCEPTION, True) is None

@@ -23,7 +23,7 @@ from stalwart.policy.inplace import (
     shrink,
     take_over,
 )
-from stalwart.policy.restart_policy import FailureKind
+from stalwart.policy.vocabulary import FailureKind
 from stalwart.policy.world_size import SizeRule
 
 RANKS = frozenset({0, 1, 2, 3})

@@ -30,7 +30,8 @@ from stalwart.policy.job import (
     StandBy,
     Unhealthy,
 )
-from stalwart.policy.restart_policy import Failure, FailureKind, RestartBudget
+from stalwart.policy.restart_policy import Failure, RestartBudget
+from stalwart.policy.vocabulary import FailureKind
 from stalwart.policy.world_size import SizeRule, plan_world
 
 NOW = 1_000.0

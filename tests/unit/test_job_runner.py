@@ -20,7 +20,8 @@ from stalwart.launch.fakes import (
 from stalwart.launch.runner import SPARE_POLL_S, JobRunner
 from stalwart.policy import job
 from stalwart.policy.job import AttemptStatus, End, JobSpec, Replace, Restart, Shrink, StandBy
-from stalwart.policy.restart_policy import Failure, FailureKind, RestartBudget
+from stalwart.policy.restart_policy import Failure, RestartBudget
+from stalwart.policy.vocabulary import FailureKind
 
 T0 = 1_000_000.0
 

@@ -56,7 +56,7 @@ def test_sigkill_without_oom_evidence_is_from_outside_never_user_code():
     assert v.fault_class is FaultClass.UNKNOWN and v.component is not Component.USER_CODE
     # the accounting reads the same words back from the failure's evidence
     cls = component_class("crash", f"killed by SIGKILL: {v.cause}")
-    assert cls == v.component_class == "infrastructure"
+    assert cls is v.component is Component.EXTERNAL
     assert incident_class(cls)[1] is not Component.USER_CODE
 
 
@@ -66,7 +66,7 @@ def test_native_crash_names_the_signal_and_the_log_tail(sig):
     v = classify_kill(KillEvidence(rank=3, pid=5, signum=sig, log_tail=tail))
     assert v is not None and v.rule == "native-crash"
     assert sig.name in v.cause and "Fatal Python error" in v.cause
-    assert component_class("crash", v.cause) == "native_crash"
+    assert component_class("crash", v.cause) is v.component is Component.NATIVE_CODE
 
 
 def test_an_oom_kill_outranks_the_signal_name():
@@ -129,7 +129,7 @@ def test_a_kill_the_chaos_plan_sent_is_labelled_injected_with_its_plan_entry(tmp
     assert kills[1].rule == "chaos-injected" and kills[1].confidence == 1.0
     assert "killed by the chaos plan (crash at rank 1, step 20, SIGKILL)" in kills[1].cause
     assert "outside" not in kills[1].cause and "ask who" not in kills[1].action
-    assert component_class("crash", kills[1].what) == "injected"
+    assert component_class("crash", kills[1].what) is kills[1].component is Component.INJECTED
     assert kills[2].rule == "outside-sigkill"  # another pid of the same run: a real kill stays real
 
 
@@ -180,3 +180,10 @@ def test_the_crash_monitor_blames_the_evidence_not_user_code():
     d2 = crash(_snap({1: oom}), {1: -signal.SIGKILL})
     assert d2.incident is not None and d2.incident.component is Component.HOST_MEMORY
     assert "kernel OOM killer" in d2.incident.cause
+
+
+def test_the_accounting_tells_every_kill_rules_words_to_the_rules_own_component():
+    # one vocabulary: the interruption's class in the report is the incident's component
+    for rule in load_kill_rules().rules:
+        what = rule.what.format(signal="SIGKILL", rss="1.0 GiB", tail="(empty)", injected="crash at rank 1")
+        assert component_class("crash", what) is rule.component, rule.name

@@ -84,7 +84,8 @@ def test_no_history_is_an_error():
 
 
 def test_kinds_and_actions_are_enums_that_still_equal_their_strings():
-    from stalwart.policy.restart_policy import FailureKind, RestartAction
+    from stalwart.policy.restart_policy import RestartAction
+    from stalwart.policy.vocabulary import FailureKind
 
     f = Failure("hang", 0, 3, 1, "silent")  # type: ignore[arg-type]  # a caller still passing the string
     assert f.kind is FailureKind.HANG and f.kind == "hang" and f"{f.kind}" == "hang"

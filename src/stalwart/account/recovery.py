@@ -34,11 +34,12 @@ from ..events import (
     WorkersStarted,
     WorkersStopped,
 )
+from ..policy.vocabulary import RecoveryDecision, RecoveryPath
 
-IN_PLACE = "in-place"  # the path of a recovery in place: survivors kept, only the failed ranks replaced
+IN_PLACE = RecoveryPath.IN_PLACE  # survivors kept, only the failed ranks replaced
 # the in-place rung's decisions; taken: the failed ranks replaced, or a lost node's survivors shrunk
-TAKEN = ("in_place", "shrink_in_place")
-RUNGS = (*TAKEN, "in_place_skipped", "in_place_failed")
+TAKEN = (RecoveryDecision.IN_PLACE, RecoveryDecision.SHRINK_IN_PLACE)
+RUNGS = (*TAKEN, RecoveryDecision.IN_PLACE_SKIPPED, RecoveryDecision.IN_PLACE_FAILED)
 PHASES = ("detect", "tear_down", "decide", "re_form", "load", "first_step")
 
 

@@ -40,10 +40,11 @@ from ..events import (
     ReformedInPlace,
     StepCompleted,
 )
+from ..policy.vocabulary import RecoveryDecision
 from ..terminal import plural
 from .goodput import job_windows
 
-DECISIONS = ("shrink_in_place", "grow_in_place")
+DECISIONS = (RecoveryDecision.SHRINK_IN_PLACE, RecoveryDecision.GROW_IN_PLACE)
 
 
 @dataclass(frozen=True)

@@ -17,36 +17,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..events import IncidentRaised
-from ..policy.label import Label
-
-
-class FaultClass(Label):
-    """Who owns the fix."""
-
-    USER = "user_program"  # the training script: a bug, an OOM, a desync
-    SYSTEM = "system_software"  # drivers, filesystems, collectors, the scheduler
-    HARDWARE = "hardware"  # a GPU, a link, a NIC, a PSU in one node
-    FACILITY = "facility"  # shared infrastructure: a cooling loop, a PDU, a switch
-    UNKNOWN = "unknown"
-
-
-class Component(Label):
-    GPU = "gpu"
-    GPU_MEMORY = "gpu_memory"
-    HOST_MEMORY = "host_memory"  # the node's RAM: the kernel OOM killer
-    NVLINK = "nvlink"
-    PCIE = "pcie"
-    NIC = "nic"  # a NIC/HCA
-    IB_LINK = "ib_link"
-    MOUNT = "mount"
-    COOLING = "cooling"
-    POWER = "power"
-    SWITCH = "switch"
-    STRAGGLER = "straggler"  # slow, cause not (yet) known
-    USER_CODE = "user_code"
-    COLLECTOR = "collector"  # a monitor that stopped reporting
-    COMMUNICATION = "communication"  # only when nothing below it explains the symptom
-    UNKNOWN = "unknown"
+from ..policy.vocabulary import Component, FaultClass
 
 
 @dataclass(frozen=True)

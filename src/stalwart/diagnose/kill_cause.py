@@ -92,8 +92,7 @@ class KillRule(BaseModel):
     injected: bool | None = None  # true: only a death the chaos plan caused; false: only one it did not
     what: str
     fault_class: FaultClass
-    component: Component
-    component_class: str
+    component: Component  # also the accounting's class of the interruption (policy/vocabulary.py)
     confidence: float = Field(ge=0.0, le=1.0)
     action: str
 
@@ -118,7 +117,6 @@ class KillVerdict:
     cause: str  # "rank N <what>": the incident's cause
     fault_class: FaultClass
     component: Component
-    component_class: str
     confidence: float
     action: str
     evidence: tuple[str, ...]
@@ -158,7 +156,6 @@ def classify_kill(ev: KillEvidence, rules: KillRules | None = None) -> KillVerdi
         cause=f"rank {ev.rank} {what}",
         fault_class=rule.fault_class,
         component=rule.component,
-        component_class=rule.component_class,
         confidence=rule.confidence,
         action=rule.action,
         evidence=tuple(evidence),

@@ -12,19 +12,11 @@ from dataclasses import dataclass, replace
 from typing_extensions import assert_never
 
 from ..policy.label import Label
+from ..policy.vocabulary import NEVER_CHECKED, NodeState
 from .findings import CheckStatus
 
-
-class NodeState(Label):
-    HEALTHY = "healthy"
-    SUSPECT = "suspect"
-    QUARANTINED = "quarantined"
-    PROBATION = "probation"
-
-
-# A node no check has recorded yet: the state readers show before a node's first record ("never
-# checked", never "healthy": nothing was checked), and a node's first record starts from it.
-UNCHECKED = "unknown"
+# a node no check has recorded yet: readers show it as "never checked" (policy/vocabulary.py)
+UNCHECKED = NEVER_CHECKED
 
 
 class NodeAction(Label):

@@ -15,19 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..terminal import plural
-from .label import Label
 from .membership import Change, MembershipView, Role, lost_nodes, next_group
-from .restart_policy import FailureKind
+from .vocabulary import FailureKind
 from .world_size import SizeRule
-
-
-class Rung(Label):
-    """The rungs of the recovery ladder, as the ledger and the report name them."""
-
-    IN_PLACE = "in-place"
-    WARM = "warm"
-    COLD = "cold"
-
 
 # failures a re-formed group can recover from: a lost or stuck rank, not the script's own error
 RECOVERABLE = frozenset({FailureKind.CRASH, FailureKind.HANG, FailureKind.PEER_LOST})

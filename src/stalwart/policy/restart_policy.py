@@ -13,14 +13,7 @@ from dataclasses import dataclass
 
 from ..exit_codes import EXIT_INFRA, EXIT_USER_ERROR
 from .label import Label
-
-
-class FailureKind(Label):
-    CRASH = "crash"  # a worker killed by a signal or exiting non-zero without an exception record
-    HANG = "hang"
-    PEER_LOST = "peer_lost"
-    AGENT_LOST = "agent_lost"
-    EXCEPTION = "exception"  # raised by the training script: the user-error budget
+from .vocabulary import FailureKind
 
 
 class RestartAction(Label):

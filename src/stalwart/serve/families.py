@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from .snapshot import Checkpoints, NodeHealth, RunSnapshot
+from .snapshot import NODE_HEALTH, Checkpoints, RunSnapshot
 
 Family = Metric  # what a collector yields
 Labelled = GaugeMetricFamily | CounterMetricFamily
@@ -255,8 +255,8 @@ def _node_families(snap: RunSnapshot) -> Iterator[Family]:
         labels=["run", "node", "subject"],
     )
     for n in snap.nodes:
-        for st in NodeHealth:
-            state.add_metric([run, n.node, st.value], 1.0 if n.state == st else 0.0)
+        for st in NODE_HEALTH:
+            state.add_metric([run, n.node, st], 1.0 if n.state == st else 0.0)
         drained.add_metric([run, n.node], 1.0 if n.drained else 0.0)
         for sev in ("info", "warn", "fail"):
             findings.add_metric([run, n.node, sev], sum(1 for f in n.findings if f.get("severity") == sev))

@@ -28,11 +28,13 @@ from ..events import (
     FailureDetected,
     JobEnded,
     JobStarted,
+    ReformedInPlace,
     StepCompleted,
     TrainingResumed,
 )
 from ..events.node_health import HealthChecked, NodeDrained, NodeResumed, NodeStateChanged
-from ..policy.label import Label
+from ..policy import vocabulary as vocab
+from ..policy.vocabulary import MEMBERSHIP, NEVER_CHECKED, RecoveryDecision
 from ..protocol.step_history import script_resume
 
 RECENT_STEPS = 20  # per-rank window for the "recent step time"
@@ -48,15 +50,9 @@ HW_SLOWDOWN_CODES = (
 LINK_ERROR_PREFIXES = ("ib.", "gpu.nvlink.", "gpu.pcie.")
 
 
-class NodeHealth(Label):
-    """A node's health as the dashboard and ``stalwart_node_state`` show it: the lifecycle's states
-    (:class:`stalwart.health.lifecycle.NodeState`) and ``unknown`` before any check."""
-
-    HEALTHY = "healthy"
-    SUSPECT = "suspect"
-    QUARANTINED = "quarantined"
-    PROBATION = "probation"
-    UNKNOWN = "unknown"
+# a node's health as the dashboard and ``stalwart_node_state`` show it: the lifecycle's states and
+# "unknown" (never checked) before any check
+NODE_HEALTH: tuple[str, ...] = (*(str(s) for s in vocab.NodeState), NEVER_CHECKED)
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ class RankState:
 @dataclass(frozen=True)
 class NodeState:
     node: str
-    state: str  # a NodeHealth value (the lifecycle's state as the ledger wrote it)
+    state: str  # one of NODE_HEALTH (the lifecycle's state as the ledger wrote it)
     reason: str
     drained: bool
     drain_reason: str
@@ -163,7 +159,7 @@ def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
             continue
         n = info.setdefault(
             e.node,
-            {"state": NodeHealth.UNKNOWN, "reason": "", "drained": False, "drain_reason": "", "findings": ()},
+            {"state": NEVER_CHECKED, "reason": "", "drained": False, "drain_reason": "", "findings": ()},
         )
         if isinstance(e, NodeStateChanged):
             n["state"], n["reason"] = e.to_state, e.state_reason or e.reason
@@ -173,8 +169,8 @@ def _nodes(events: Sequence[Event]) -> tuple[NodeState, ...]:
             n["drained"], n["drain_reason"] = False, ""
         elif isinstance(e, HealthChecked):
             n["findings"] = tuple(e.findings)
-            if n["state"] == NodeHealth.UNKNOWN:
-                n["state"] = NodeHealth.HEALTHY if e.status == "pass" else NodeHealth.SUSPECT
+            if n["state"] == NEVER_CHECKED:
+                n["state"] = vocab.NodeState.HEALTHY if e.status == "pass" else vocab.NodeState.SUSPECT
     out = []
     for node, n in sorted(info.items()):
         fs = n["findings"]
@@ -220,16 +216,21 @@ def _checkpoints(events: Sequence[Event]) -> Checkpoints:
 
 
 def _restarts(events: Sequence[Event]) -> dict[str, int]:
-    """Restart decisions, attributed to the failure they answered (``peer_lost`` only if nothing else)."""
+    """Restart decisions, attributed to the failure they answered (``peer_lost`` only if nothing
+    else); a restart that answered no failure re-formed the group for a joining node (membership).
+    A failure is answered by a restart, a stop, or an in-place recovery that completed; the ladder's
+    other records (an in-place rung skipped or failed, observe-only advice) leave it pending."""
     out: dict[str, int] = {}
     pending: list[FailureDetected] = []
     for e in events:
         if isinstance(e, FailureDetected):
             pending.append(e)
-        elif isinstance(e, DecisionTaken):
-            if e.action == "restart":
+        elif isinstance(e, ReformedInPlace):
+            pending = []
+        elif isinstance(e, DecisionTaken) and e.action in (RecoveryDecision.RESTART, RecoveryDecision.STOP):
+            if e.action == RecoveryDecision.RESTART:
                 root = next((f for f in pending if f.failure != "peer_lost"), pending[0] if pending else None)
-                cause = root.failure if root is not None else "unknown"
+                cause = root.failure if root is not None else MEMBERSHIP
                 out[cause] = out.get(cause, 0) + 1
             pending = []
     return out

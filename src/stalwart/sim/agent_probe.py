@@ -65,8 +65,9 @@ from ..launch.ports import Round, WorkerLauncher
 from ..launch.runner import JobRunner
 from ..policy import job
 from ..policy.job import AttemptStatus, End, JobDecision, JobSpec, JobState, Outcome, Replace, Restart, Shrink
-from ..policy.restart_policy import Failure, FailureKind, RestartBudget
+from ..policy.restart_policy import Failure, RestartBudget
 from ..policy.timeouts import HangTimeoutPolicy
+from ..policy.vocabulary import FailureKind
 from ..policy.world_size import SizeRule, WorldPlan
 from ..protocol import StepBegan, StepDone
 from ..settings.recovery import InPlaceSettings

@@ -38,12 +38,12 @@ from ..events import (
     Event,
     StepCompleted,
 )
+from ..policy.vocabulary import FailureKind
 from .config import SimConfig
 from .units import duration
 
-NODE_LOSING = ("agent_lost",)  # the node itself went away: a spare or a repaired node is needed
-HANGS = ("hang",)
-NOT_A_FAULT = ("user_error", "preempted")
+NODE_LOSING = (FailureKind.AGENT_LOST,)  # the node itself went away: a spare or a repaired node is needed
+HANGS = (FailureKind.HANG,)
 CONFIDENCE = 0.95
 
 
@@ -224,11 +224,7 @@ def fit_run(events: Sequence[Event]) -> RunFit:
         )
     # each interruption paired with whether it was recovered in place (the same grouping, in order)
     paths = [r.path if r is not None else "" for r in recovery_per_interruption(list(events))]
-    placed = [
-        (i, p == IN_PLACE)
-        for i, p in zip(run.interruptions, paths, strict=True)
-        if i.failure not in NOT_A_FAULT
-    ]
+    placed = [(i, p == IN_PLACE) for i, p in zip(run.interruptions, paths, strict=True)]
     faults = [i for i, _ in placed]
     kinds = sorted({(i.failure, in_place) for i, in_place in placed})
     first_steps = {e.ts: e.duration for e in events if isinstance(e, StepCompleted)}

@@ -15,8 +15,6 @@ from .config import CheckpointTier, FailureClass, SimConfig, make_config
 from .evidence import RateEvidence, RateSource, judge_rates
 from .units import duration, number
 
-NOT_INFRA = ("user", "planned")
-
 
 @dataclass(frozen=True)
 class MeasuredConfig:
@@ -33,7 +31,9 @@ def config_from_events(
     rates regardless. Notes say what was replaced."""
     run = interruptions_from_events(events)
     notes: list[str] = []
-    infra = [i for i in run.interruptions if i.component not in NOT_INFRA]
+    # every interruption counts, the script's own exceptions too: the published table whose rates
+    # these scale counts software bugs among its unexpected interruptions
+    infra = list(run.interruptions)
     values = base.model_dump()
     if run.exposure.gpu_hours <= 0:
         raise LedgerError(

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
-from ..policy.restart_policy import Failure, FailureKind, RestartBudget, decide
+from ..policy.restart_policy import Failure, RestartBudget, decide
 from ..policy.timeouts import HangTimeoutPolicy
+from ..policy.vocabulary import FailureKind
 from ..policy.world_size import SizeRule, WorldPlan, plan_world, replace_failed
 from .agent_probe import MONITOR_INTERVAL_S, hang_latency, restart_stop
 

@@ -14,8 +14,9 @@ from ...diagnose.root_cause import component_class, incident_class
 from ...diagnose.slow_link import Silence, judge_silence, link_window, slow_link_incident
 from ...policy.job import AttemptStatus
 from ...policy.label import Label
-from ...policy.restart_policy import Failure, FailureKind
+from ...policy.restart_policy import Failure
 from ...policy.timeouts import HangTimeout, HangTimeoutPolicy, hang_timeout
+from ...policy.vocabulary import FailureKind
 from ..cpu_progress import detect_cpu_stall
 from ..decision import AttemptOutcome, Decision, DecisionKind
 from ..ports import FailureFiles, WorkerProcesses

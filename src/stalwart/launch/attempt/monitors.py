@@ -31,8 +31,9 @@ from ...diagnose.root_cause import classify, component_class, incident_class
 from ...diagnose.straggler_action import StragglerActionConfig
 from ...exit_codes import EXIT_PREEMPTED
 from ...policy.job import AttemptStatus
-from ...policy.restart_policy import Failure, FailureKind
+from ...policy.restart_policy import Failure
 from ...policy.timeouts import HangTimeoutPolicy
+from ...policy.vocabulary import FailureKind
 from ...policy.world_size import SizeRule
 from ...protocol import DEFAULT_PG_TIMEOUT_S
 from ...settings.schema import DiagnosisSettings, WorkerSettings
@@ -72,7 +73,6 @@ Monitor = Callable[[Snapshot], Decision | None]
 # says what killed the rank but not why; a lost peer says the cause is elsewhere
 CRASH_CONFIDENCE = {"exception": 0.9, "crash": 0.7, "peer_lost": 0.4}
 _KIND_ORDER = {"exception": 0, "crash": 1, "peer_lost": 2}
-_CLASS_OF_KIND = {"exception": "user_error", "crash": "crash", "peer_lost": "peer_lost"}
 
 
 # --- worker exits ---------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def crash(s: Snapshot, failed: dict[int, int]) -> Decision:
         sdk=bool(s.sdk_ranks),
     )
     fault_class, component = incident_class(
-        component_class(_CLASS_OF_KIND[kind], evidence, err.type if err else "", err.message if err else "")
+        component_class(kind, evidence, err.type if err else "", err.message if err else "")
     )
     others = sorted(r for r in failed if r != root)
     kill = s.kills.get(root) if kind == "crash" else None

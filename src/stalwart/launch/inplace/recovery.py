@@ -28,7 +28,7 @@ from typing_extensions import assert_never
 
 from ...events import WorkersStopped
 from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits, not_offered
-from ...policy.restart_policy import FailureKind
+from ...policy.vocabulary import FailureKind
 from ...protocol import PREFIX
 from ...protocol.control import ControlBlock
 from ...protocol.pipe import Receiver

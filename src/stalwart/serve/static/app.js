@@ -117,7 +117,7 @@ async function pageRun(app, id) {
       el("div", { class: "card" }, el("h2", { text: "Where the wall time went" }), bucketBar(r.buckets_s, r.wall_s))),
     el("div", { class: "card" }, el("h2", { text: "Step time per rank (last 60 steps; red = slower than the fleet)" }),
       heatmap(r.ranks, r.ideal_step_s)),
-    el("div", { class: "card" }, el("h2", { text: "Incidents" }), incidents(r.interruptions)),
+    el("div", { class: "card" }, el("h2", { text: "Interruptions" }), incidents(r.interruptions)),
     el("div", { class: "grid" },
       el("div", { class: "card" }, el("h2", { text: "Workers" }), workers(r.ranks)),
       el("div", { class: "card" }, el("h2", { text: "Checkpoints" }), checkpoints(ck))),
@@ -213,7 +213,7 @@ function incidents(list) {
     td(i + 1, "num"), td(when(c.onset)), td(pill(c.failure, "bad")), td(c.component), td(c.rank, "num"), td(c.node),
     td(c.step, "num"), td(fmtS(c.detection_s), "num"), td(fmtS(c.lost_work_s), "num"), td(fmtS(c.recovery_s), "num"),
     td(c.total_s === null ? "ongoing" : fmtS(c.total_s), "num")));
-  return table("incidents", [{ label: "#", num: 1 }, { label: "onset" }, { label: "cause" }, { label: "class" },
+  return table("incidents", [{ label: "#", num: 1 }, { label: "onset" }, { label: "failure" }, { label: "component" },
     { label: "rank", num: 1 }, { label: "node" }, { label: "step", num: 1 }, { label: "detect", num: 1 },
     { label: "lost work", num: 1 }, { label: "recovery", num: 1 }, { label: "cost", num: 1 }], rows);
 }
