@@ -406,6 +406,7 @@ class Session:
                 emit=self.emit,
                 note=lambda text: self._send(Note(self.rank, text, self._now())),
                 context=self._ctx,
+                tell=self._send,
             )
         self._replicas.begin(state, start, resumed=start > 0 and self._ckpt.loaded_step == start)
         return self._replicas
