@@ -29,7 +29,7 @@ from ..errors import SilentCorruptionError
 from ..events import Event, IncidentRaised
 from ..events.integrity import SilentCorruption
 from ..policy.sdc import MAX_INTERVAL, Localisation, SdcAction, SdcDecision, check_interval, decide, localise
-from ..protocol import CorruptionFound
+from ..protocol import DEFAULT_SDC_BUDGET, CorruptionFound, Message, Note, WorkerEnv
 from ..protocol.json_collective import all_gather_json, device_for
 from .clock import Clock
 from .fingerprint import exact
@@ -72,6 +72,11 @@ def gather_prints(vec: torch.Tensor) -> list[list[int]]:
     return [[int(x) for x in o.cpu().tolist()] for o in out]
 
 
+def in_group() -> bool:
+    """A default process group of two ranks or more: replicas to compare."""
+    return dist.is_initialized() and dist.get_world_size() >= 2
+
+
 def gather_nodes(node: str) -> list[str]:
     """Every rank's node name (collective; JSON, never pickles)."""
     return [str(n) for n in all_gather_json(node)]
@@ -110,6 +115,30 @@ class ReplicaCheck:
         self._next_at = 0
         self._check_s = 0.0
         self._t_last, self._step_last, self._last_clean = 0.0, -1, -1
+
+    @classmethod
+    def of_worker(
+        cls,
+        wenv: WorkerEnv | None,
+        rank: int,
+        node: str,
+        clock: Clock,
+        emit: Callable[[Event], None],
+        send: Callable[[Message], None],
+        context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON
+    ) -> ReplicaCheck:
+        """A Session's check, as the agent configured it (``send``: this rank's pipe to its agent)."""
+        return cls(
+            every=wenv.sdc_every if wenv else 0,
+            budget=wenv.sdc_budget if wenv else DEFAULT_SDC_BUDGET,
+            rank=rank,
+            node=node,
+            clock=clock,
+            emit=emit,
+            note=lambda text: send(Note(rank, text, clock.now())),
+            context=context,
+            tell=send,
+        )
 
     def begin(self, state: Mapping[str, Any], start: int, *, resumed: bool) -> None:  # Any: user state
         """Collective (in a group of two or more ranks), at a loop's start: whether the check applies
