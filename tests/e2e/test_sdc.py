@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from stalwart.diagnose.precision import detector_stats
-from stalwart.events import ChaosInjected, IncidentRaised, TrainingResumed
+from stalwart.events import ChaosInjected, DecisionTaken, IncidentRaised, TrainingResumed
 from stalwart.events.integrity import SilentCorruption
+from stalwart.health.node_store import HealthStore
 
 from .runner import events, stalwart
 
@@ -46,6 +47,7 @@ def test_a_healthy_ddp_job_is_never_flagged(clean):
     evs = events(rd)
     assert not [e for e in evs if isinstance(e, SilentCorruption)]
     assert not [e for e in evs if isinstance(e, IncidentRaised) and e.rule.startswith("sdc:")]
+    assert HealthStore(rd / "health").events() == [], "a healthy job quarantines no node"
 
 
 @pytest.mark.parametrize("target", ["param", "grad", "optim"])
@@ -68,6 +70,17 @@ def test_a_flipped_bit_is_found_named_and_rolled_back_to_the_clean_result(tmp_pa
         isinstance(e, IncidentRaised) and e.rule == "sdc:replica-mismatch" and e.ranks == (1,) for e in evs
     )
     assert any(isinstance(e, TrainingResumed) and e.step == FLIP_STEP for e in evs)
+    # rank 1's node is quarantined by its agent (once, though every rank reported the finding), with the reason
+    (node,) = sdc.suspect_nodes
+    rec = HealthStore(rd / "health").record(node)
+    assert rec.state.value == "quarantined" and rec.fault_key == "sdc" and rec.needs_human, rec
+    assert (
+        f"after step {sdc.step}" in rec.reason
+        and "odd_one_out" in rec.reason
+        and sdc.tensors[0] in rec.reason
+    )
+    (quarantine,) = [e for e in evs if isinstance(e, DecisionTaken) and e.action == "sdc_quarantine"]
+    assert quarantine.node == node
     assert digests == clean[1], "every replica ends where the run without the fault ends"
     stats = {d.detector: d for d in detector_stats(evs)}["sdc"]
     assert stats.faults == 1 and stats.caught == 1 and stats.confirmed == 1, stats

@@ -23,6 +23,8 @@ MESSAGES = [
     protocol.Finished(1, 100, True, 11.0),
     protocol.SignalSeen(0, 15, 12.0),
     protocol.Note(0, "checkpoint step-40 rejected: checksum", 13.0),
+    protocol.CorruptionFound(2, 41, "odd_one_out", (1,), ("n1",), 0.9, 14.0, ("model.weight",)),
+    protocol.CorruptionFound(0, 41, "pair", (), (), 0.5, 14.0),
 ]
 
 
@@ -31,6 +33,15 @@ def test_every_message_round_trips_as_one_short_line(msg):
     line = protocol.encode(msg)
     assert line.endswith(b"\n") and line.count(b"\n") == 1 and len(line) <= protocol.MAX_LINE
     assert protocol.decode(line[:-1]) == msg
+
+
+def test_a_corruption_finding_too_long_for_one_line_drops_its_tensor_names_not_its_verdict():
+    msg = protocol.CorruptionFound(0, 41, "odd_one_out", (1,), ("n1",), 0.9, 14.0, ("w" * 3000, "v" * 3000))
+    line = protocol.encode(msg)
+    assert len(line) <= protocol.MAX_LINE
+    back = protocol.decode(line[:-1])
+    assert isinstance(back, protocol.CorruptionFound) and back.tensors == ()
+    assert (back.suspect_ranks, back.suspect_nodes, back.verdict) == ((1,), ("n1",), "odd_one_out")
 
 
 def test_garbled_and_unknown_lines_decode_to_none():
@@ -42,6 +53,8 @@ def test_garbled_and_unknown_lines_decode_to_none():
         b"D 1 x",
         b"[1,2]",
         b'{"k":"ckpt","r":0,"t":1,"s":2,"kind":"sometime"}',
+        b'{"k":"sdc","r":0,"t":1,"s":2,"v":"pair","sr":["x"],"sn":[],"c":0.5}',
+        b'{"k":"sdc","r":0,"t":1,"s":2,"v":"pair","sr":5,"sn":[],"c":0.5}',
     ):
         assert protocol.decode(line) is None
 

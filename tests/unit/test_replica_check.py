@@ -55,6 +55,7 @@ class Replica:
     rank: int
     events: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    told: list = field(default_factory=list)  # what this rank told its agent
     rollbacks: list = field(default_factory=list)
     final: dict = field(default_factory=dict)
     check: ReplicaCheck | None = None
@@ -93,6 +94,7 @@ def _train(r: Replica, ex: Exchange, data, steps: int, flip, seed: int, every: i
         context=lambda: {"rank": r.rank},
         gather=gather,
         nodes=lambda node: ex.gather(r.rank, node),
+        tell=r.told.append,
     )
     r.check = check
     saved: dict[int, dict] = {}
@@ -153,7 +155,7 @@ def test_a_healthy_job_is_never_flagged_and_marks_every_save_clean():
     reps = run()
     for r in reps:
         assert r.error is None
-        assert r.events == [] and r.rollbacks == [] and r.notes == []
+        assert r.events == [] and r.rollbacks == [] and r.notes == [] and r.told == []
         assert r.check is not None and r.check.active
         assert r.check.clean_steps == [10, 20, 30, 40]
         # a 0.2 ms check at 16 ms steps within 1%: every 2 steps (the largest proposal of the ranks)
@@ -177,6 +179,10 @@ def test_a_flipped_bit_is_found_the_rank_named_and_every_replica_rolled_back(fli
     assert ev.step == found_at and ev.interval == found_at - ev.last_clean_step > 0
     assert any(e.kind == "IncidentRaised" and e.nodes == ("n1",) for e in reps[0].events)
     assert reps[1].events == [] and reps[2].events == []  # rank 0 writes the event
+    for r in reps:  # every rank tells its own agent, which quarantines its node if it is named
+        (told,) = r.told
+        assert (told.rank, told.step, told.verdict) == (r.rank, found_at, "odd_one_out")
+        assert told.suspect_ranks == (1,) and told.suspect_nodes == ("n1",) and told.tensors == ev.tensors
     for r, c in zip(reps, clean, strict=True):  # the replay ends where the clean run ends
         for k in c.final:
             assert torch.equal(r.final[k], c.final[k]), k
@@ -186,6 +192,7 @@ def test_a_pair_that_disagrees_rolls_back_without_naming_a_rank():
     reps = run(n=2, seeds=(0, 0), flip=(1, 25, flip_weight))
     (ev,) = [e for e in reps[0].events if isinstance(e, SilentCorruption)]
     assert ev.verdict == "pair" and ev.suspect_ranks == () and ev.to_step == 20
+    assert [(t.verdict, t.suspect_nodes) for r in reps for t in r.told] == [("pair", ())] * 2
 
 
 def test_ranks_that_start_different_are_not_replicas_and_are_never_checked():

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stalwart.policy.sdc import (
     MAX_INTERVAL,
     ODD_ONE_OUT_CONFIDENCE,
     ReplicaVerdict,
     SdcAction,
+    SdcNodeAction,
     check_interval,
     decide,
     localise,
+    quarantine,
 )
 
 CLEAN = [11, 22, 33]
@@ -82,3 +86,73 @@ def test_interval_keeps_the_check_within_its_budget():
     assert check_interval(10.0, 0.001, 0.01) == MAX_INTERVAL
     assert check_interval(0.001, 0.0, 0.01) == MAX_INTERVAL  # no step measured yet
     assert check_interval(0.001, 0.016, 0.0) == MAX_INTERVAL  # no budget
+
+
+# --- quarantine: which node leaves the pool -----------------------------------------------------
+
+
+def _quarantine_of(prints, nodes, step=41):
+    found = localise(prints)
+    names = [f"layer{i}.weight" for i in found.tensors]
+    return quarantine(
+        found.verdict,
+        found.suspects,
+        tuple(nodes[r] for r in found.suspects),
+        found.confidence,
+        step=step,
+        tensors=names,
+    )
+
+
+def test_the_odd_one_out_quarantines_its_node_with_step_tensors_and_verdict_in_the_reason():
+    q = _quarantine_of([CLEAN, [11, 22 + 2**30, 33], CLEAN], ["a", "b", "c"])
+    assert q.action is SdcNodeAction.QUARANTINE and q.node == "b"
+    assert "after step 41" in q.reason and "rank 1 on b" in q.reason
+    assert "odd_one_out" in q.reason and "layer1.weight" in q.reason and "0.90" in q.reason
+
+
+def test_the_odd_one_out_on_a_node_it_shares_with_the_majority_still_names_that_node():
+    # one node, three GPUs: the faulty GPU is on it, and a node is what a scheduler drains
+    q = _quarantine_of([CLEAN, [11, 22, 34], CLEAN], ["n", "n", "n"])
+    assert q.action is SdcNodeAction.QUARANTINE and q.node == "n"
+
+
+@pytest.mark.parametrize(
+    "prints,nodes",
+    [
+        ([CLEAN, [11, 22, 34]], ["a", "b"]),  # pair: either may be the corrupted one
+        ([CLEAN, [11, 22, 34], [12, 22, 33]], ["a", "b", "c"]),  # split: no majority
+        ([CLEAN, CLEAN, CLEAN], ["a", "b", "c"]),  # agree
+    ],
+    ids=["pair", "split", "agree"],
+)
+def test_no_replica_named_quarantines_no_one(prints, nodes):
+    q = _quarantine_of(prints, nodes)
+    assert q.action is SdcNodeAction.KEEP and q.node == ""
+    assert q.reason
+
+
+def test_a_pair_or_split_quarantines_no_one_even_if_a_node_is_passed_along():
+    for verdict in (ReplicaVerdict.PAIR, ReplicaVerdict.SPLIT):
+        q = quarantine(verdict, (1,), ("b",), 0.99, step=7)
+        assert q.action is SdcNodeAction.KEEP and q.node == "" and "not known" in q.reason
+
+
+def test_several_odd_replicas_point_to_a_shared_cause_and_quarantine_no_one():
+    q = _quarantine_of([CLEAN, [1, 2, 3], [1, 2, 3], CLEAN, CLEAN], ["a", "b", "c", "d", "e"])
+    assert q.action is SdcNodeAction.KEEP and "shared cause" in q.reason
+
+
+def test_a_suspect_named_without_enough_confidence_or_without_a_node_stays():
+    low = quarantine(ReplicaVerdict.ODD_ONE_OUT, (1,), ("b",), 0.6, step=7)
+    assert low.action is SdcNodeAction.KEEP and "confidence 0.60" in low.reason
+    nameless = quarantine(ReplicaVerdict.ODD_ONE_OUT, (1,), ("",), 0.9, step=7)
+    assert nameless.action is SdcNodeAction.KEEP
+
+
+def test_the_reason_stays_one_short_line_with_many_tensors():
+    q = quarantine(
+        ReplicaVerdict.ODD_ONE_OUT, (1,), ("b",), 0.9, step=7, tensors=[f"t{i}" for i in range(50)]
+    )
+    assert "t2" in q.reason and "t3" not in q.reason and q.reason.endswith("...")
+    assert "\n" not in q.reason

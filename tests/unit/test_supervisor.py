@@ -34,7 +34,7 @@ from stalwart.launch.fakes import (
 from stalwart.launch.snapshot import RankView, Snapshot
 from stalwart.policy.timeouts import HangTimeoutPolicy
 from stalwart.policy.world_size import SizeRule, WorldPlan
-from stalwart.protocol import CheckpointDone, Hello, StepBegan, StepDone
+from stalwart.protocol import CheckpointDone, CorruptionFound, Hello, StepBegan, StepDone
 
 T0 = 1_000_000.0
 
@@ -444,6 +444,58 @@ def test_a_closed_gate_records_the_exclusion_it_would_make_and_keeps_training():
     (dt,) = w.of(DecisionTaken)
     assert dt.action == "observe_exclude_quarantine" and "test gate: observe" in dt.reason
     assert w.quarantined == [] and w.group.stops == []
+
+
+def _finding(verdict, suspects, nodes, confidence):
+    """Both ranks report the same finding at tick 3 (every rank tells its agent), training goes on."""
+
+    def script(tick, w):
+        training(8)(tick, w)
+        if tick == 3:
+            w.send(
+                *(
+                    CorruptionFound(r, 3, verdict, suspects, nodes, confidence, w.clock.now(), ("m.w",))
+                    for r in (0, 1)
+                )
+            )
+        if tick == 8:
+            w.group.codes.update({0: 0, 1: 0})
+
+    return script
+
+
+def test_a_finding_that_names_this_node_quarantines_it_once_and_training_goes_on():
+    w = World(_finding("odd_one_out", (1,), ("n0",), 0.9))
+    assert w.sup.run().status == "succeeded"
+    ((node, reason),) = w.quarantined
+    assert node == "n0" and "after step 3" in reason and "rank 1 on n0" in reason and "m.w" in reason
+    assert w.job.faults == [("sdc", False)], "silent corruption: no health check can clear the node"
+    (dt,) = w.of(DecisionTaken)
+    assert dt.action == "sdc_quarantine" and dt.reason.endswith("node state: quarantined")
+    assert w.group.stops == [], "the workers keep going: the replicas already rolled back"
+    assert any("quarantining this node (n0)" in n for n in w.sup.console.notes)
+
+
+def test_a_finding_that_names_another_node_or_none_leaves_this_node_alone():
+    for finding in (
+        _finding("odd_one_out", (1,), ("n1",), 0.9),  # the other node's agent quarantines n1
+        _finding("pair", (), (), 0.5),  # which replica is corrupted is not known
+        _finding("split", (), (), 0.0),
+    ):
+        w = World(finding)
+        assert w.sup.run().status == "succeeded"
+        assert w.quarantined == [] and w.of(DecisionTaken) == []
+
+
+def test_a_healthy_job_never_quarantines():
+    def script(tick, w):
+        training(8)(tick, w)
+        if tick == 8:
+            w.group.codes.update({0: 0, 1: 0})
+
+    w = World(script)
+    assert w.sup.run().status == "succeeded"
+    assert w.quarantined == [] and w.of(DecisionTaken) == [] and w.sup.sdc.handled == set()
 
 
 def test_decision_kinds_are_enums_and_an_unknown_kind_is_refused():

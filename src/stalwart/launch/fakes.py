@@ -188,6 +188,7 @@ class FakeJobLink:
     waiting_of: Callable[[], int | None] | None = None  # None: no rendezvous
     released: int = 0
     quarantined: list[tuple[str, str]] = field(default_factory=list)
+    faults: list[tuple[str, bool]] = field(default_factory=list)  # each quarantine's fault, recoverable
     node_state: str = "quarantined"
 
     def signal(self) -> int | None:
@@ -199,8 +200,11 @@ class FakeJobLink:
     def release_spares(self) -> None:
         self.released += 1
 
-    def quarantine(self, node: str, reason: str) -> str:
+    def quarantine(
+        self, node: str, reason: str, *, fault: str = "straggler", recoverable: bool = True
+    ) -> str:
         self.quarantined.append((node, reason))
+        self.faults.append((fault, recoverable))
         return self.node_state
 
 

@@ -101,8 +101,11 @@ class JobLink(Protocol):
         """Tell hot spares the job is done."""
         ...
 
-    def quarantine(self, node: str, reason: str) -> str:
-        """Quarantine ``node``; the node state it ended in."""
+    def quarantine(
+        self, node: str, reason: str, *, fault: str = "straggler", recoverable: bool = True
+    ) -> str:
+        """Quarantine ``node`` for ``fault`` (its key in the node records); the node state it ended
+        in. ``recoverable=False``: passing checks never re-admit it, an operator must."""
         ...
 
 

@@ -12,6 +12,7 @@ from typing_extensions import assert_never
 from ..diagnose.hang import RankPosition, attribute_hang
 from ..protocol import (
     CheckpointDone,
+    CorruptionFound,
     Finished,
     Hello,
     LoopStarted,
@@ -126,7 +127,7 @@ class ProgressTracker:
                     self.preempted_ranks.add(msg.rank)
             case SignalSeen():
                 self.signals.append(msg.signum)
-            case Note():
+            case Note() | CorruptionFound():  # shown, or acted on, by the supervisor
                 pass
             case _:
                 assert_never(msg)

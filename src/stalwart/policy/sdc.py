@@ -2,7 +2,8 @@
 
 Data-parallel replicas must hold bit-identical state after every step. Each replica reports one
 fingerprint per state tensor (``train/fingerprint.py``); :func:`localise` compares them and
-:func:`decide` turns what it found into a decision with a reason. No torch, no store, no clock:
+:func:`decide` turns what it found into a decision with a reason; :func:`quarantine` says whether
+the suspect's node leaves the pool (its agent carries that out). No torch, no store, no clock:
 the SDK's ``train/replica_check.py`` gathers the fingerprints and carries out the decision, and the
 unit tests drive these functions with plain integers.
 
@@ -29,6 +30,7 @@ SEVERAL_CONFIDENCE = 0.6  # more than one replica differs from a majority
 PAIR_CONFIDENCE = 0.5  # two replicas disagree: either may be the one
 MAX_ROLLBACKS = 3  # corruption found again after this many rollbacks in one run: stop
 MAX_INTERVAL = 10_000  # steps between checks at most (a save checks too)
+SHOWN_TENSORS = 3  # differing tensors named in a quarantine reason (a Slurm drain reason is one short line)
 
 
 class ReplicaVerdict(Label):
@@ -136,3 +138,67 @@ def check_interval(check_s: float, step_s: float, budget: float) -> int:
     if check_s <= 0:
         return 1
     return max(1, min(MAX_INTERVAL, math.ceil(check_s / (budget * step_s))))
+
+
+QUARANTINE_CONFIDENCE = ODD_ONE_OUT_CONFIDENCE  # the least confidence that quarantines a suspect node
+
+
+class SdcNodeAction(Label):
+    """What the suspect's node agent does with its node after a finding (the replicas' rollback or
+    halt is :class:`SdcAction`, decided by :func:`decide`)."""
+
+    QUARANTINE = (
+        "sdc_quarantine"  # the node is named with confidence: out of the pool until a human clears it
+    )
+    KEEP = "keep"  # no node can be blamed with confidence: nobody is quarantined
+
+
+@dataclass(frozen=True)
+class NodeQuarantine:
+    action: SdcNodeAction
+    node: str  # the node to quarantine ("" unless QUARANTINE)
+    reason: str
+
+
+def quarantine(
+    verdict: ReplicaVerdict,
+    suspect_ranks: Sequence[int],
+    suspect_nodes: Sequence[str],
+    confidence: float,
+    *,
+    step: int,
+    tensors: Sequence[str] = (),
+    min_confidence: float = QUARANTINE_CONFIDENCE,
+) -> NodeQuarantine:
+    """Whether a finding made after ``step`` steps blames one node with enough confidence to take it
+    out of the pool. Only a single replica that differs from a strict majority does (odd one out):
+    a pair that disagrees or a split names no replica, and several replicas that differ point to a
+    shared cause (a collective, the input) more than to one node."""
+    match verdict:
+        case ReplicaVerdict.AGREE:
+            return NodeQuarantine(SdcNodeAction.KEEP, "", "the replicas agree: nothing to quarantine")
+        case ReplicaVerdict.PAIR | ReplicaVerdict.SPLIT:
+            why = f"{verdict.value} verdict after step {step}: which replica is corrupted is not known, so no node is quarantined"
+            return NodeQuarantine(SdcNodeAction.KEEP, "", why)
+        case ReplicaVerdict.ODD_ONE_OUT:
+            pass
+        case _:
+            assert_never(verdict)
+    nodes = sorted({n for n in suspect_nodes if n})
+    if len(suspect_ranks) != 1 or len(nodes) != 1:
+        named = ", ".join(f"rank {r}" for r in suspect_ranks) or "no rank"
+        why = (
+            f"{named} differ from the majority after step {step} (on {', '.join(nodes) or 'no named node'}): "
+            "more than one suspect points to a shared cause, so no node is quarantined"
+        )
+        return NodeQuarantine(SdcNodeAction.KEEP, "", why)
+    (rank,), (node,) = suspect_ranks, nodes
+    if confidence < min_confidence:
+        why = f"rank {rank} on {node} is named with confidence {confidence:.2f} (< {min_confidence:.2f}): not quarantined"
+        return NodeQuarantine(SdcNodeAction.KEEP, "", why)
+    shown = ", ".join(tensors[:SHOWN_TENSORS]) + (" ..." if len(tensors) > SHOWN_TENSORS else "")
+    why = (
+        f"silent data corruption after step {step}: rank {rank} on {node} differs from the majority of "
+        f"replicas (odd_one_out, confidence {confidence:.2f})" + (f"; tensors {shown}" if shown else "")
+    )
+    return NodeQuarantine(SdcNodeAction.QUARANTINE, node, why)

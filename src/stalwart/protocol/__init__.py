@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 PREFIX = "STALWART_W_"
@@ -331,6 +331,27 @@ class Note:
     t: float
 
 
+@dataclass(frozen=True)
+class CorruptionFound:
+    """The cross-replica check found silent data corruption after ``step`` steps (every rank sends
+    it to its own agent, which decides whether its node is the one to quarantine)."""
+
+    rank: int
+    step: int
+    verdict: str  # policy.sdc.ReplicaVerdict
+    suspect_ranks: tuple[int, ...]
+    suspect_nodes: tuple[str, ...]
+    confidence: float
+    t: float
+    tensors: tuple[str, ...] = ()  # the differing state tensors (a few)
+
+    def __post_init__(self) -> None:  # from the wire: JSON lists; a wrong type is garbled
+        object.__setattr__(self, "suspect_ranks", tuple(int(r) for r in self.suspect_ranks))
+        object.__setattr__(self, "suspect_nodes", tuple(str(n) for n in self.suspect_nodes))
+        object.__setattr__(self, "tensors", tuple(str(n) for n in self.tensors))
+        object.__setattr__(self, "confidence", float(self.confidence))
+
+
 Message = (
     Hello
     | Reforming
@@ -344,6 +365,7 @@ Message = (
     | Finished
     | SignalSeen
     | Note
+    | CorruptionFound
 )
 
 _KINDS: dict[type, str] = {
@@ -358,6 +380,7 @@ _KINDS: dict[type, str] = {
     Finished: "fin",
     SignalSeen: "sig",
     Note: "note",
+    CorruptionFound: "sdc",
 }
 _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
     "hello": (Hello, {"ip": "in_place"}),
@@ -371,6 +394,17 @@ _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
     "fin": (Finished, {"s": "steps", "pre": "preempted"}),
     "sig": (SignalSeen, {"sig": "signum"}),
     "note": (Note, {"text": "text"}),
+    "sdc": (
+        CorruptionFound,
+        {
+            "s": "step",
+            "v": "verdict",
+            "sr": "suspect_ranks",
+            "sn": "suspect_nodes",
+            "c": "confidence",
+            "x": "tensors",
+        },
+    ),
 }
 
 
@@ -388,6 +422,10 @@ def encode(msg: Message) -> bytes:
     data = (json.dumps(out, separators=(",", ":")) + "\n").encode()
     if len(data) > MAX_LINE and isinstance(msg, Note):
         return encode(Note(msg.rank, msg.text[: MAX_LINE // 2], msg.t))
+    if (
+        len(data) > MAX_LINE and isinstance(msg, CorruptionFound) and msg.tensors
+    ):  # the names are evidence only
+        return encode(replace(msg, tensors=()))
     return data
 
 

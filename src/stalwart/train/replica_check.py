@@ -1,7 +1,8 @@
 """Silent data corruption in a Session's loop: data-parallel replicas compare exact fingerprints of
 their state (``fingerprint.exact``) every N steps and at every checkpoint save; one that differs is
 named by majority (``policy/sdc.py``) and every rank rolls back to the newest checkpoint verified
-clean.
+clean. Every rank tells its own agent what was found (a ``CorruptionFound`` message): the agent of
+the node named with confidence quarantines it (``launch/attempt/sdc_quarantine.py``).
 
 The state compared is every parameter of every module in the loop's ``state`` and every tensor of
 every optimizer's state, in a fixed order. One check is one pass over that memory and one
@@ -28,6 +29,7 @@ from ..errors import SilentCorruptionError
 from ..events import Event, IncidentRaised
 from ..events.integrity import SilentCorruption
 from ..policy.sdc import MAX_INTERVAL, Localisation, SdcAction, SdcDecision, check_interval, decide, localise
+from ..protocol import DEFAULT_SDC_BUDGET, CorruptionFound, Message, Note, WorkerEnv
 from ..protocol.json_collective import all_gather_json, device_for
 from .clock import Clock
 from .fingerprint import exact
@@ -70,6 +72,11 @@ def gather_prints(vec: torch.Tensor) -> list[list[int]]:
     return [[int(x) for x in o.cpu().tolist()] for o in out]
 
 
+def in_group() -> bool:
+    """A default process group of two ranks or more: replicas to compare."""
+    return dist.is_initialized() and dist.get_world_size() >= 2
+
+
 def gather_nodes(node: str) -> list[str]:
     """Every rank's node name (collective; JSON, never pickles)."""
     return [str(n) for n in all_gather_json(node)]
@@ -91,8 +98,10 @@ class ReplicaCheck:
         context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON
         gather: Callable[[torch.Tensor], list[list[int]]] = gather_prints,
         nodes: Callable[[str], list[str]] = gather_nodes,
+        tell: Callable[[CorruptionFound], None] = lambda msg: None,
     ) -> None:
         self._gather, self._nodes = gather, nodes  # the collectives (a test passes its own)
+        self._tell = tell  # this rank's agent: it quarantines its node when the finding names it
         self._every, self._budget = every, budget
         self._rank, self._node, self._clock = rank, node, clock
         self._emit, self._note, self._context = emit, note, context
@@ -106,6 +115,30 @@ class ReplicaCheck:
         self._next_at = 0
         self._check_s = 0.0
         self._t_last, self._step_last, self._last_clean = 0.0, -1, -1
+
+    @classmethod
+    def of_worker(
+        cls,
+        wenv: WorkerEnv | None,
+        rank: int,
+        node: str,
+        clock: Clock,
+        emit: Callable[[Event], None],
+        send: Callable[[Message], None],
+        context: Callable[[], dict[str, Any]],  # Any: an event's context is JSON
+    ) -> ReplicaCheck:
+        """A Session's check, as the agent configured it (``send``: this rank's pipe to its agent)."""
+        return cls(
+            every=wenv.sdc_every if wenv else 0,
+            budget=wenv.sdc_budget if wenv else DEFAULT_SDC_BUDGET,
+            rank=rank,
+            node=node,
+            clock=clock,
+            emit=emit,
+            note=lambda text: send(Note(rank, text, clock.now())),
+            context=context,
+            tell=send,
+        )
 
     def begin(self, state: Mapping[str, Any], start: int, *, resumed: bool) -> None:  # Any: user state
         """Collective (in a group of two or more ranks), at a loop's start: whether the check applies
@@ -201,18 +234,31 @@ class ReplicaCheck:
         rows: list[list[int]],
         names: list[str],
     ) -> None:
-        """Every rank names its node (collective); rank 0 writes the event, the incident and a console line."""
+        """Every rank names its node (collective) and tells its agent what was found; rank 0 writes
+        the event, the incident and a console line."""
         nodes = self._nodes(self._node)
-        if self._rank != 0:
-            return
         shown = found.tensors[:SHOWN]
         tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in shown)
+        suspect_nodes = tuple(nodes[r] for r in d.suspects)
+        now = self._clock.now()
+        self._tell(
+            CorruptionFound(
+                self._rank,
+                completed,
+                found.verdict.value,
+                d.suspects,
+                suspect_nodes,
+                d.confidence,
+                now,
+                tensors,
+            )
+        )
+        if self._rank != 0:
+            return
         evidence = tuple(
             f"{tensors[i]}: " + ", ".join(f"rank {r}={row[t]}" for r, row in enumerate(rows))
             for i, t in enumerate(shown)
         )
-        suspect_nodes = tuple(nodes[r] for r in d.suspects)
-        now = self._clock.now()
         ctx = self._context()
         self._emit(
             SilentCorruption(

@@ -43,7 +43,6 @@ from ..ledger import LedgerWriter
 from ..protocol import (
     CHECKPOINT_SECTION,
     DEFAULT_PG_TIMEOUT_S,
-    DEFAULT_SDC_BUDGET,
     CheckpointDone,
     DurableKind,
     Finished,
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
     from ..checkpoint.engine import CheckpointEngine
     from ..checkpoint.tiers import TierConfig
     from ..ledger import LedgerWriter
+    from .anomaly_watch import AnomalyWatch
     from .reform import Reformer
     from .replica_check import ReplicaCheck
 
@@ -126,6 +126,7 @@ class Session:
         self._hooks: tuple[StepHook, ...] = (*hooks, *self._chaos(wenv))
         self._reform: Reformer | None = None  # in-place recovery, when the script runs under run()
         self._replicas: ReplicaCheck | None = None  # silent-data-corruption checks, from the first loop
+        self._anomalies: AnomalyWatch | None = None  # loss and gradient-norm checks, from the first observe
         self._guard = self._process_guard(wenv)
         self._guard.install()
         self._send(Hello(self.rank, self._now()))  # the agent's SDK timers apply to this worker from now on
@@ -374,6 +375,8 @@ class Session:
             if self._reform is not None:
                 self._reform.check()
             step = self._completed
+        if self._anomalies is not None:
+            self._anomalies.flush()  # the last steps' values still on their way from the device
         if checkpoint_every:
             why = self.make_durable(state, emergency=False)
             self._send(
@@ -390,22 +393,13 @@ class Session:
         w = self.worker_env
         if self.world_size < 2 or (w is not None and w.sdc_every < 0):
             return None
-        import torch.distributed as dist  # deferred: heavy (torch)
+        from .replica_check import ReplicaCheck, in_group  # deferred: heavy (torch)
 
-        from .replica_check import ReplicaCheck  # deferred: heavy (torch)
-
-        if not dist.is_initialized() or dist.get_world_size() < 2:
+        if not in_group():
             return None
         if self._replicas is None:
-            self._replicas = ReplicaCheck(
-                every=w.sdc_every if w else 0,
-                budget=w.sdc_budget if w else DEFAULT_SDC_BUDGET,
-                rank=self.rank,
-                node=self.node,
-                clock=self._clock,
-                emit=self.emit,
-                note=lambda text: self._send(Note(self.rank, text, self._now())),
-                context=self._ctx,
+            self._replicas = ReplicaCheck.of_worker(
+                w, self.rank, self.node, self._clock, self.emit, self._send, self._ctx
             )
         self._replicas.begin(state, start, resumed=start > 0 and self._ckpt.loaded_step == start)
         return self._replicas
@@ -457,6 +451,16 @@ class Session:
             self._link.send(StepDone(self.rank, step, self._step_start, seconds, self._sections))
         self._completed = step + 1
         self._step = None
+
+    def observe(self, loss: object, *, grad_norm: object = None, scaler: object = None) -> None:
+        """This step's loss (a number or tensor), gradient norm and AMP ``GradScaler``, once per step
+        after the optimizer step: a NaN/Inf or a spike is recorded, never acted on (docs/sdc.md)."""
+        if self._anomalies is None:
+            from .anomaly_watch import AnomalyWatch  # deferred: only for scripts that report a loss
+
+            self._anomalies = AnomalyWatch.of_worker(self.rank, self.emit, self._send, self._ctx, self._clock)
+        step = self._step if self._step is not None else self._completed - 1
+        self._anomalies.observe(step, loss, grad_norm, scaler)
 
     def section(self, name: str) -> Section:
         """``with session.section("forward"): ...`` times a named part of the step."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..events import CheckpointLoaded, CheckpointRejected, Event
 from ..events.checkpoint import CheckpointPersistFailed
+from ..events.integrity import TrainingAnomaly
 from ..protocol import PhaseChanged
 
 if TYPE_CHECKING:
@@ -15,7 +16,11 @@ if TYPE_CHECKING:
 
 
 def live_note(ev: Event) -> str:
-    """A line worth showing live on the agent's console for a checkpoint event, or ""."""
+    """A line worth showing live on the agent's console for a checkpoint event or a training
+    anomaly, or ""."""
+    if isinstance(ev, TrainingAnomaly):  # a signal: the console says so, training goes on
+        more = f" ({ev.repeats} anomalous steps since the last report)" if ev.repeats else ""
+        return f"training anomaly on rank {ev.rank}: {ev.reason}{more}; training goes on"
     if isinstance(ev, CheckpointLoaded) and ev.tier == "peer":  # state from a peer
         return f"checkpoint of step {ev.step} restored from a peer's copy"
     if isinstance(ev, CheckpointRejected):  # a fallback to an older checkpoint

@@ -91,9 +91,7 @@ class NodeWorkers:
         self.memory, self.diagnosis, self.warm = memory, diagnosis, warm
         self.attempt = 0
         self.group_rank = 0  # this node's place in the attempt's world
-        self.world: WorldPlan | None = (
-            None  # this attempt's world plan (the straggler-action policy weighs it)
-        )
+        self.world: WorldPlan | None = None  # this attempt's world plan (the straggler policy weighs it)
         self.routed: dict[str, str] = {}  # the NCCL environment changes of a sick link routed around
         self.spare: SpareWatch | None = None  # a hot spare's watch for a lost node's place
         self.joining = 0  # > 0: this attempt's ranks replace a lost node's, in this generation
@@ -487,11 +485,14 @@ class NodeWorkers:
         except Exception:  # noqa: BLE001 - best effort: spares also leave when the store goes away
             pass
 
-    def quarantine(self, node: str, reason: str) -> str:
-
+    def quarantine(
+        self, node: str, reason: str, *, fault: str = "straggler", recoverable: bool = True
+    ) -> str:
         return quarantine_node(
             node,
             reason,
+            fault=fault,
+            recoverable=recoverable,
             now=self.clock.now(),
             state_dir=self.cfg.health.state_dir or self.run_dir.root / "health",
             backend=self.cfg.health.backend,

@@ -1,4 +1,5 @@
-"""What the agent needs to act on a straggler: the detector's precision so far, and the quarantine.
+"""What the agent needs to act on a straggler: the detector's precision so far, and the quarantine
+(shared with silent data corruption's, ``sdc_quarantine.py``).
 
 - :func:`straggler_precision` (collector): the straggler detector's measured precision over the
   history before this attempt: this run directory's ledger (earlier attempts, earlier runs in it)
@@ -51,16 +52,29 @@ def straggler_precision(
     return stats, notes
 
 
-def quarantine_node(node: str, reason: str, *, now: float, state_dir: Path, backend: str) -> str:
-    """Quarantine ``node`` as a straggler in the node records; returns the state it ended in.
+def quarantine_node(
+    node: str,
+    reason: str,
+    *,
+    now: float,
+    state_dir: Path,
+    backend: str,
+    fault: str = "straggler",
+    recoverable: bool = True,
+) -> str:
+    """Quarantine ``node`` in the node records for ``fault`` (a straggler; silent data corruption,
+    ``sdc``, not recoverable: no health check can clear it); returns the state it ended in.
 
-    The lifecycle decides as for a failed check (blast-radius cap included: past the cap the node is
-    only suspect and a human is paged); no ``HealthChecked`` is written, since no health check ran."""
+    The lifecycle decides as for a failed check (blast-radius cap and owned Slurm drains included:
+    past the cap the node is only suspect and a human is paged); no ``HealthChecked`` is written,
+    since no health check ran."""
     from ...health.findings import CheckStatus  # deferred: heavy (yaml)
     from ...health.lifecycle import CheckOutcome  # deferred: heavy (yaml)
     from ...health.node_controller import record_outcome  # deferred: heavy (yaml)
 
-    outcome = CheckOutcome(status=CheckStatus.FAIL, reason=f"straggler: {reason}", fault_key="straggler")
+    outcome = CheckOutcome(
+        status=CheckStatus.FAIL, reason=f"{fault}: {reason}", fault_key=fault, recoverable=recoverable
+    )
     return record_outcome(node, outcome, now=now, state_dir=state_dir, backend=backend)
 
 

@@ -31,7 +31,7 @@ from ...events import (
 )
 from ...health.link_counters import LinkSampler
 from ...policy.world_size import WorldPlan
-from ...protocol import LoopStarted, Note
+from ...protocol import CorruptionFound, LoopStarted, Note
 from ..clock import Clock
 from ..cpu_progress import CpuProgress, ProcSample, read_proc
 from ..decision import AttemptOutcome, Decision, DecisionKind
@@ -60,6 +60,7 @@ from .monitors import (
     decide,
     default_monitors,
 )
+from .sdc_quarantine import SdcQuarantine
 from .straggler_records import record_stragglers
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked for nodes waiting to join
@@ -137,6 +138,7 @@ class Supervisor:
         # why a rank died by a signal (the chaos plan, when it sent it)
         self.witness = KillWitness((group.pid(r) for r in ranks), injected_by=files.injected_by)
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
+        self.sdc = SdcQuarantine(node=node, job=job, ledger=ledger, console=console, clock=clock)
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -171,6 +173,8 @@ class Supervisor:
                     f"the live state, in place (generation {gen})" if gen else "the newest good checkpoint"
                 )
                 self.console.note(f"workers resumed at step {msg.first_step} from {origin}")
+            elif isinstance(msg, CorruptionFound):
+                self.sdc.seen(msg)  # this node quarantined when the finding names it with confidence
             rec = tracker.observe(msg, now)
             if rec is not None:
                 batch.append(

@@ -210,7 +210,7 @@ def install(
     )
     observer = StepObserver(place.rank, sender, chaos=HookChaos.for_worker(wenv, place, ledger))
     if wenv is not None:
-        observer.sdc = HookSdc(wenv, place, ledger if place.rank == 0 else None)
+        observer.sdc = HookSdc(wenv, place, ledger if place.rank == 0 else None, sender)
     inst = Instrumentation(observer)
     _hook_steps(inst)
     if run is not None and wenv is not None and inst.handles:

@@ -13,6 +13,8 @@ What it cannot do for a script Stalwart does not checkpoint: roll back. There is
 verified clean, so a mismatch stops the rank with ``SilentCorruptionError`` raised from the
 script's ``optimizer.step()``; the agent restarts the group, and the script resumes from its own
 checkpoint (one saved before the corruption is clean; the report names the step it was found at).
+Every rank tells its agent what was found, over the bootstrap's pipe, so the agent of a node named
+with confidence quarantines it (as for a Session, ``launch/attempt/sdc_quarantine.py``).
 A Session in the process runs its own check: these hooks then check nothing.
 """
 
@@ -29,14 +31,19 @@ from .hook_ledger import HookLedger
 
 if TYPE_CHECKING:
     from ...events import Event
+    from ...protocol import CorruptionFound
+    from ...protocol.pipe import Sender
     from ...train.replica_check import ReplicaCheck
 
 
 class HookSdc:
     """One rank's cross-replica check at the hooks' step boundaries."""
 
-    def __init__(self, wenv: WorkerEnv, place: WorkerPlace, ledger: HookLedger | None) -> None:
+    def __init__(
+        self, wenv: WorkerEnv, place: WorkerPlace, ledger: HookLedger | None, sender: Sender | None = None
+    ) -> None:
         self._wenv, self._place, self._ledger = wenv, place, ledger
+        self._sender = sender  # to this rank's agent: a finding that names its node quarantines it
         self._off = wenv.sdc_every < 0
         self._check: ReplicaCheck | None = None
         self._offset = 0  # the script's step number of this process's step 0, agreed by every rank
@@ -91,10 +98,15 @@ class HookSdc:
             emit=self._emit,
             note=lambda text: print(f"stalwart: {text}", file=sys.stderr, flush=True),
             context=lambda: dict(ctx),
+            tell=self._tell,
         )
         state = {"params": ParamsOf(optimizer), "optimizer": optimizer}
         self._check.begin(state, self._offset + count, resumed=False)
         self._off = not self._check.active
+
+    def _tell(self, msg: CorruptionFound) -> None:
+        if self._sender is not None:
+            self._sender.send(msg)
 
     def _emit(self, ev: Event) -> None:
         if self._ledger is not None:

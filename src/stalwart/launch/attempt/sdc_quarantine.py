@@ -1,0 +1,80 @@
+"""Silent data corruption, agent side: quarantine this node when a finding names it with confidence.
+
+Every rank tells its agent what the cross-replica check found (``CorruptionFound``, sent by
+``train/replica_check.py`` in a Session's loop or from an unchanged script's step hooks). The policy
+(:func:`stalwart.policy.sdc.quarantine`, pure) decides whether one node is to blame: only a single
+replica that differs from a strict majority names one; a pair that disagrees, a split or several
+odd replicas name none. The agent of that node records it quarantined in the node records through
+the health lifecycle (drained in Slurm with Stalwart's owned reason when the Slurm backend is
+configured; the blast-radius cap applies), as not recoverable: no health check can see silent
+corruption, so a passing check never re-admits the node, an operator does. The workers keep going
+(the replicas already rolled back to a clean checkpoint, or stop with the error); the health gate
+keeps the node out of the job from its next start on, and ``stalwart nodes`` shows it with the reason.
+
+The ledger gets a ``DecisionTaken`` (action ``sdc_quarantine``, deliberately not one of the fixing
+actions that confirm a detector's firing in ``diagnose/precision.py``: the node stays in the running
+attempt, so the detector's silence afterwards would prove nothing about the node).
+"""
+
+from __future__ import annotations
+
+from typing_extensions import assert_never
+
+from ...events import DecisionTaken
+from ...policy.sdc import ReplicaVerdict, SdcNodeAction, quarantine
+from ...protocol import CorruptionFound
+from ..clock import Clock
+from ..ports import Console, JobLink, LedgerSink
+
+SDC_FAULT = "sdc"  # the fault key in the node records
+
+
+class SdcQuarantine:
+    """This node's response to the findings its ranks report (one per check: every rank reports it)."""
+
+    def __init__(
+        self, *, node: str, job: JobLink, ledger: LedgerSink, console: Console, clock: Clock
+    ) -> None:
+        self.node, self.job, self.ledger, self.console, self.clock = node, job, ledger, console, clock
+        self.handled: set[int] = set()  # the steps whose finding this agent already judged
+        self.state = ""  # the node state after the quarantine ("" while none was made)
+
+    def seen(self, msg: CorruptionFound) -> None:
+        if msg.step in self.handled:
+            return
+        self.handled.add(msg.step)
+        try:
+            verdict = ReplicaVerdict(msg.verdict)
+        except ValueError:  # not a verdict this agent knows: nothing to act on
+            return
+        d = quarantine(
+            verdict, msg.suspect_ranks, msg.suspect_nodes, msg.confidence, step=msg.step, tensors=msg.tensors
+        )
+        match d.action:
+            case SdcNodeAction.KEEP:
+                if self.node in msg.suspect_nodes:  # named, but not with confidence: say why it stays
+                    self.console.note(f"this node ({self.node}) is not quarantined: {d.reason}")
+                return
+            case SdcNodeAction.QUARANTINE:
+                if d.node != self.node:
+                    return  # another node's agent quarantines its own node
+            case _:
+                assert_never(d.action)
+        self._quarantine(d.reason)
+
+    def _quarantine(self, reason: str) -> None:
+        try:
+            state = self.job.quarantine(self.node, reason, fault=SDC_FAULT, recoverable=False)
+        except Exception as exc:  # noqa: BLE001 - the job goes on; say why the node is not recorded
+            state = f"not recorded in the node state ({type(exc).__name__}: {exc})"
+        self.state = state
+        self.console.note(f"quarantining this node ({self.node}): {reason}; node state: {state}")
+        self.ledger.emit(
+            DecisionTaken(
+                ts=self.clock.now(),
+                action=SdcNodeAction.QUARANTINE.value,
+                reason=f"{reason}; node state: {state}",
+                **self.ledger.ctx(),
+            ),
+            show=False,
+        )

@@ -1,0 +1,176 @@
+"""Silent data corruption, agent side, over real files: a finding a worker sends over its real pipe
+(as the cross-replica check does) reaches the agent's handler, which quarantines the node it names
+through the real node controller into a real node-state directory and writes the run's real ledger;
+the health gate then keeps the node out of the next start, and `stalwart nodes` (a real process)
+lists it with the reason. Findings that cannot tell which replica is corrupted touch nothing. With
+a real Slurm cluster the node is drained with Stalwart's owned reason, and an operator's drain is
+left alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
+
+from stalwart.chaos.plan import FaultPlan
+from stalwart.events import DecisionTaken
+from stalwart.health.node_store import HealthStore
+from stalwart.launch.agent import NodeHealthGate
+from stalwart.launch.agent_chaos import AgentChaos
+from stalwart.launch.attempt.node_workers import NodeWorkers
+from stalwart.launch.attempt.sdc_quarantine import SdcQuarantine
+from stalwart.launch.clock import ManualClock
+from stalwart.launch.fakes import RecordingConsole
+from stalwart.launch.ledger_sink import NodeLedger
+from stalwart.ledger import LedgerWriter, read_available
+from stalwart.ledger.store import ledger_files
+from stalwart.protocol import CorruptionFound
+from stalwart.protocol.pipe import Receiver, Sender
+from stalwart.protocol.run_dir import RunDir
+from stalwart.settings.run_config import RunConfig
+
+pytestmark = pytest.mark.integration
+
+GOOD = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"  # passes every check
+
+
+class Agent:
+    """The agent's parts the finding goes through: the pipe, the job link, the ledger, the handler."""
+
+    def __init__(self, tmp_path: Path, node: str, backend: str = "local") -> None:
+        self.node = node
+        self.run = RunDir(tmp_path / "run").create()
+        self.state = tmp_path / "health"
+        self.cfg = RunConfig(
+            script=str(tmp_path / "train.py"),
+            node_name=node,
+            health_fixture=GOOD,
+            health_state_dir=self.state,
+            health_backend=backend,
+        )
+        self.clock = ManualClock()
+        self.writer = LedgerWriter(self.run.agent_ledger(node, os.getpid()), writer="agent")
+        self.ledger = NodeLedger(self.writer, run_id="r", node=node)
+        self.console = RecordingConsole()
+        job = NodeWorkers(
+            self.cfg,
+            run=self.run,
+            clock=self.clock,
+            ledger=self.ledger,
+            console=self.console,
+            faults=FaultPlan(),
+            chaos=AgentChaos(FaultPlan(), self.run, self.ledger, self.clock),
+        )
+        self.sdc = SdcQuarantine(
+            node=node, job=job, ledger=self.ledger, console=self.console, clock=self.clock
+        )
+        self.receiver = Receiver()
+        self.workers = [Sender(self.receiver.new_channel()) for _ in range(3)]
+
+    def report(
+        self, verdict: str, suspects: tuple[int, ...], nodes: tuple[str, ...], confidence: float
+    ) -> None:
+        """Every rank tells its agent (ReplicaCheck's ``tell``), and the agent drains its pipes."""
+        for rank, w in enumerate(self.workers):
+            w.send(CorruptionFound(rank, 41, verdict, suspects, nodes, confidence, 1.0, ("model.0.weight",)))
+        for msg in self.receiver.drain():
+            assert isinstance(msg, CorruptionFound)
+            self.sdc.seen(msg)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.receiver.close()
+        self.writer.close()
+
+    def decisions(self) -> list[DecisionTaken]:
+        evs = read_available(ledger_files(self.run.root), require_some=False).events
+        return [e for e in evs if isinstance(e, DecisionTaken)]
+
+
+def nodes_listing(state: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, dict]:
+    p = subprocess.run(
+        [sys.executable, "-m", "stalwart.cli", "nodes", "--state-dir", str(state), "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    return {r["node"]: r for r in json.loads(p.stdout)}
+
+
+def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_shows_why(tmp_path):
+    agent = Agent(tmp_path, "gpu-a")
+    try:
+        agent.report("odd_one_out", (1,), ("gpu-a",), 0.9)
+    finally:
+        agent.close()
+    rec = HealthStore(agent.state).record("gpu-a")
+    assert rec.state.value == "quarantined" and rec.fault_key == "sdc" and rec.needs_human
+    for part in (
+        "sdc: silent data corruption after step 41",
+        "rank 1 on gpu-a",
+        "odd_one_out",
+        "model.0.weight",
+    ):
+        assert part in rec.reason, rec.reason
+    (dt,) = agent.decisions()  # one decision, though three ranks reported the finding
+    assert dt.action == "sdc_quarantine" and dt.node == "gpu-a" and "node state: quarantined" in dt.reason
+
+    # the next start: the node's own checks pass, yet the gate keeps it out (no check clears silent corruption)
+    reason, state = NodeHealthGate(agent.cfg, ManualClock(2_000_000.0), agent.run.root).check(1)
+    assert state == "quarantined" and "an operator must repair and resume the node" in reason
+    row = nodes_listing(agent.state)["gpu-a"]
+    assert row["state"] == "quarantined" and row["needs_human"] and "after step 41" in row["reason"]
+
+
+@pytest.mark.parametrize(
+    "verdict,suspects,nodes,confidence",
+    [("pair", (), (), 0.5), ("split", (), (), 0.0), ("odd_one_out", (1,), ("gpu-b",), 0.9)],
+    ids=["pair", "split", "another-node"],
+)
+def test_a_finding_that_does_not_name_this_node_with_confidence_touches_nothing(
+    tmp_path, verdict, suspects, nodes, confidence
+):
+    agent = Agent(tmp_path, "gpu-a")
+    try:
+        agent.report(verdict, suspects, nodes, confidence)
+    finally:
+        agent.close()
+    assert HealthStore(agent.state).events() == [] and agent.decisions() == []
+    assert NodeHealthGate(agent.cfg, ManualClock(), agent.run.root).check(1) == ("", "")
+
+
+@pytest.mark.slurm
+def test_slurm_drains_the_named_node_with_stalwarts_reason_and_leaves_an_operators_drain_alone(
+    slurm_factory,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    c = slurm_factory()
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    agent = Agent(tmp_path / "a", "node2", backend="slurm")
+    try:
+        agent.report("odd_one_out", (1,), ("node2",), 0.9)
+    finally:
+        agent.close()
+    st, reason = c.nodes()["node2"]
+    assert "drain" in st and reason.startswith("stalwart: sdc: silent data corruption after step 41"), reason
+    assert "node state: quarantined (drain: slurm)" in agent.console.notes[-1]
+
+    c.run("scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=maintenance: PSU swap")
+    other = Agent(tmp_path / "b", "node3", backend="slurm")
+    try:
+        other.report("odd_one_out", (1,), ("node3",), 0.9)
+    finally:
+        other.close()
+    assert c.nodes()["node3"][1] == "maintenance: PSU swap", "an operator's drain is never overwritten"
+    rows = nodes_listing(agent.state, "--backend", "slurm", env=dict(os.environ))
+    assert rows["node2"]["drained_by"] == "stalwart" and rows["node2"]["state"] == "quarantined"
+    assert rows["node3"]["drained_by"] == "operator"
