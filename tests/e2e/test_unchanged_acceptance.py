@@ -77,8 +77,8 @@ def _figures(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 0.05 * abs(b)
+def _close(a: float, b: float, within: float = 0.05) -> bool:
+    return abs(a - b) <= within * abs(b)
 
 
 def _assert_same_report(hooked: dict[str, Any], sdk: dict[str, Any]) -> None:
@@ -88,7 +88,10 @@ def _assert_same_report(hooked: dict[str, Any], sdk: dict[str, Any]) -> None:
     assert h["steps"] == s["steps"] > 0, why
     assert _close(h["productive_s"], s["productive_s"]), why
     assert h["stragglers"].keys() == s["stragglers"].keys(), why
-    assert all(_close(h["stragglers"][r], s["stragglers"][r]) for r in s["stragglers"]), why
+    # a score divides the straggler's own work by the others': two runs on a shared machine time the
+    # healthy rank's few milliseconds under different load (a CI run beside a CPU hog read 1.90 vs
+    # 1.78; quiet pairs agree within 0.3 %, docs/benchmarks.md): within 10 %, the same ranks flagged
+    assert all(_close(h["stragglers"][r], s["stragglers"][r], 0.10) for r in s["stragglers"]), why
 
 
 def test_a_ddp_epochs_loop_with_loader_workers_and_its_own_snapshot_reports_what_its_sdk_twin_does(

@@ -4,6 +4,8 @@ the replay never rolls back."""
 
 import pytest
 
+from stalwart.account.recovery import recovery_per_interruption
+from stalwart.account.reliability import interruptions_from_events
 from stalwart.events import (
     AttemptStarted,
     DecisionTaken,
@@ -214,3 +216,17 @@ def test_slow_steps_are_fitted_against_productive_time_and_replayed():
     fit = fit_run(evs)
     assert fit.slow_steps == pytest.approx(b["straggler_slowdown"] / b["productive"])
     assert run_config(fit, {}, 10)["slow_steps"] == fit.slow_steps
+
+
+def test_a_warm_restarts_row_ends_before_a_later_recovery_in_place_in_its_attempt():
+    # each warm row is its own detect + decide + re-form + first step; the in-place recoveries later in
+    # the same attempt (replacements resumed from live state) are theirs, not the warm row's
+    evs = _mixed_run()
+    rows = recovery_per_interruption(evs)
+    its = interruptions_from_events(evs).interruptions
+    warm = [(r, i) for r, i in zip(rows, its, strict=True) if r is not None and r.path == "warm"]
+    assert [r.total_s for r, _ in warm] == pytest.approx(
+        [1 + 1 + 10 + 3, 2 + 2 + 14 + 3, 3 + 1.5 + 12 + 3, 1.5 + 1.5 + 8 + 3]
+    )
+    # and the MTTR of each is the same measurement
+    assert [i.downtime_s for _, i in warm] == pytest.approx([r.total_s for r, _ in warm])

@@ -51,6 +51,7 @@ class Recovery:
     path: str  # in-place | warm | cold | mixed | "" (no start recorded: the run stopped)
     why: str
     phases: dict[str, float | None]
+    ended: float | None = None  # when every rank had stepped again (epoch seconds); None: not measured
 
     @property
     def total_s(self) -> float | None:
@@ -117,7 +118,8 @@ def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         "load": ph.get("transfer", 0.0),
         "first_step": max(0.0, max(first.values()) - done.ts) if first else None,
     }
-    return Recovery(a, fd.failure, fd.rank, IN_PLACE, chosen.reason, phases)
+    ended = max(first.values()) if first else None
+    return Recovery(a, fd.failure, fd.rank, IN_PLACE, chosen.reason, phases, ended)
 
 
 def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
@@ -131,11 +133,15 @@ def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         return None
     start = _first(evs, DecisionTaken, decided.ts, lambda e: e.attempt > a and e.action.startswith("start_"))
     nxt = start.attempt if start is not None else a + 1
-    started = [e for e in evs if isinstance(e, WorkersStarted) and e.attempt == nxt]
-    resumed = [e for e in evs if isinstance(e, TrainingResumed) and e.attempt == nxt]
+    # the new attempt's events up to its own next failure: a later recovery in place within it
+    # (replacements started, resumed from live state) belongs to that failure, not to this one
+    upto = _first(evs, FailureDetected, decided.ts, lambda e: e.attempt == nxt)
+    ours = [e for e in evs if e.attempt == nxt and (upto is None or e.ts < upto.ts)]
+    started = [e for e in ours if isinstance(e, WorkersStarted)]
+    resumed = [e for e in ours if isinstance(e, TrainingResumed)]
     first_steps: dict[int, float] = {}
-    for e in evs:
-        if isinstance(e, StepCompleted) and e.attempt == nxt and e.rank not in first_steps:
+    for e in ours:
+        if isinstance(e, StepCompleted) and e.rank not in first_steps:
             first_steps[e.rank] = e.ts
     marks: list[float | None] = [
         fd.onset,
@@ -146,11 +152,16 @@ def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
         max(e.ts for e in resumed) if resumed else None,
         max(first_steps.values()) if first_steps else None,
     ]
+    # each phase from the end of the previous one; a mark earlier than the one before it (an unchanged
+    # script's first step hooked before its resume was told) ends its phase at once: the phases add
+    # up to the newest mark, the moment every rank had stepped again
     phases: dict[str, float | None] = {}
     prev = marks[0]
     for name, mark in zip(PHASES, marks[1:], strict=True):
         phases[name] = None if mark is None or prev is None else max(0.0, mark - prev)
-        prev = mark if mark is not None else prev
+        if mark is not None:
+            prev = mark if prev is None else max(prev, mark)
+    ended = prev if marks[-1] is not None and all(v is not None for v in phases.values()) else None
     path, why = "", ""
     if start is not None:
         path = start.action.removeprefix("start_")
@@ -160,4 +171,4 @@ def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
     left = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action.startswith("in_place_"))
     if left is not None and left.ts <= decided.ts:
         why = f"in-place not taken ({left.reason}); {path}: {why}" if path else left.reason
-    return Recovery(a, fd.failure, fd.rank, path, why, phases)
+    return Recovery(a, fd.failure, fd.rank, path, why, phases, ended)

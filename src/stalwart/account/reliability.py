@@ -31,6 +31,7 @@ from ..events import (
     StepCompleted,
     TrainingResumed,
 )
+from .recovery import recovery_per_interruption
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,9 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
     later, after another host's decision, joins that interruption when none of its failures is on
     a host already in it and its onset is no later than the interruption's first detection: it saw
     the same fault from the other side (a partition noticed late by the cut-off host). ``decided`` is the
-    first DecisionTaken after detection; ``recovered`` is when every rank completed a step after the
-    next TrainingResumed, the last rank's first step (or the TrainingResumed itself when no step
-    followed), as in the recovery table (:mod:`.recovery`). GPUs = world size of the
+    first DecisionTaken after detection; ``recovered`` is where the interruption's recovery record
+    (:mod:`.recovery`) ends, every rank stepping again; without one, when every rank completed a step
+    after the next TrainingResumed (or the TrainingResumed itself when no step followed). GPUs = world size of the
     attempt in force at the onset.
     """
     evs = sorted(events, key=lambda e: e.ts)
@@ -217,9 +218,12 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         )
 
     groups = one_fault_across_hosts(failure_groups(evs))
+    # each interruption's recovery record (the same grouping, paired): where it saw every rank step
+    # again, the MTTR ends there too, so the two tell one measurement
+    records = recovery_per_interruption(evs)
 
     out = []
-    for g in groups:
+    for g, record in zip(groups, records, strict=True):
         root = next((f for f in g if f.failure != "peer_lost"), g[0])
         onset = min(f.onset for f in g)
         detected = min(f.ts for f in g)
@@ -245,6 +249,8 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
                 if isinstance(e, StepCompleted) and resumed.ts <= e.ts < nxt_fail:
                     firsts.setdefault(e.rank, e.ts)
             recovered = max(firsts.values()) if firsts else resumed.ts
+        if record is not None and record.ended is not None:
+            recovered = max(record.ended, after)
         gpus, _ = world_at(onset)
         out.append(
             Interruption(
