@@ -114,6 +114,12 @@ def test_a_killed_rank_keeps_the_scripts_steps_and_loses_only_the_step_after_its
     assert snap.checkpoints is not None and snap.checkpoints.script_resumes == (
         "attempt 1: resumed at step 20: the parameters are those after step 19",
     )
+    # where the start-up went: every phase measured, told by the console and the report alike
+    (start,) = rep["startup"]
+    assert all(v is not None for v in start["phases"].values()), start
+    told = re.search(r"start-up ([0-9.]+)s before the first step: Python start and imports", text)
+    assert told, text[:3000]
+    assert float(told.group(1)) == pytest.approx(start["total_s"], abs=0.01)
 
 
 def test_a_requeued_job_resumes_the_scripts_count_where_its_checkpoint_was(tmp_path: Path):

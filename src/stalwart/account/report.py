@@ -24,6 +24,8 @@ from .goodput import BUCKETS, compute
 from .hosts import host_views
 from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
+from .startup import line as startup_line
+from .startup import startups
 from .world_changes import lines as world_change_lines
 from .world_changes import world_changes
 
@@ -57,6 +59,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "buckets_s": {b: gp.buckets[b] for b in BUCKETS},
         "interruptions": [asdict(c) for c in gp.interruptions],
         "recoveries": [dict(asdict(r), total_s=r.total_s) for r in recoveries(events)],
+        "startup": [{"node": s.node, "phases": s.phases, "total_s": s.total_s} for s in startups(events)],
         "jobs": gp.jobs,
         "preemptions": list(gp.preemptions),
         "hosts": _hosts(events),
@@ -184,6 +187,8 @@ def render(rep: dict[str, Any], console: Console | None = None) -> None:
 
     _render_summary(rep, con, say)
     _render_buckets(rep, con)
+    for s in rep.get("startup") or ():  # the start-up bucket, split (account/startup.py)
+        say(f"{esc(s['node'])}: {esc(startup_line(s['phases']))}")
     if rep.get("hosts"):
         say("what each host saw (the table above is the merged account of all of them):")
         for h in rep["hosts"]:

@@ -345,4 +345,4 @@ def registered_kinds() -> dict[str, type[Event]]:
 
 
 # The kinds of the health and checkpoint packages; imported last, as they build on ``event`` above.
-from . import checkpoint, integrity, node_health  # noqa: E402, F401
+from . import checkpoint, integrity, node_health, startup  # noqa: E402, F401

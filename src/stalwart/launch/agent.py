@@ -28,6 +28,7 @@ from ..diagnose.live import LiveDiagnosis
 from ..errors import CheckpointError, ConfigError, FaultPlanError, LedgerError
 from ..events import Event, JobStarted
 from ..events.node_health import HealthChecked
+from ..events.startup import StartupMarks
 from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter, read_available, read_merged
 from ..policy import job
@@ -55,8 +56,10 @@ if TYPE_CHECKING:
 
 
 class _Console:
-    def __init__(self, note: Callable[[str], None], progress: Progress) -> None:
-        self.note, self.progress = note, progress
+    def __init__(
+        self, note: Callable[[str], None], progress: Progress, first_step: Callable[[int, float], None]
+    ) -> None:
+        self.note, self.progress, self.first_step = note, progress, first_step
 
 
 def _no_progress(step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
@@ -148,6 +151,7 @@ class Agent:
         started: float | None = None,
         note: Callable[[str], None] | None = None,
         clock: Clock | None = None,
+        first_step: Callable[[int, float], None] | None = None,
     ):
         self.cfg = cfg
         if cfg.run_dir is None:
@@ -161,7 +165,9 @@ class Agent:
             key_file=cfg.trust.key_file, insecure=cfg.trust.insecure, multi_node=cfg.max_nodes > 1
         )
         self._notify = notify or (lambda ev: None)
-        self.console = _Console(note or (lambda text: None), progress or _no_progress)
+        self.console = _Console(
+            note or (lambda text: None), progress or _no_progress, first_step or (lambda attempt, start: None)
+        )
         self.ledger = NodeLedger(
             LedgerWriter(self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"),
             run_id=cfg.run_id,
@@ -185,6 +191,7 @@ class Agent:
 
     def run_job(self) -> int:
         cfg = self.cfg
+        imported = self.clock.now()  # the interpreter, Stalwart's imports and the settings are behind
         self.ledger.emit(
             JobStarted(
                 ts=self.started,
@@ -216,6 +223,8 @@ class Agent:
             held.rendezvous = rendezvous = NodeRendezvous(
                 cfg, memory, self.clock, key=self.key, note=self.console.note
             )
+            up = self.clock.now()
+            self.ledger.emit(StartupMarks(ts=up, imported=imported, services=up, **self.ledger.ctx()))
 
             def closing(end: End) -> None:
                 self._account_chaos()

@@ -10,6 +10,7 @@ from typing import IO
 from rich.console import Console
 from rich.markup import escape as _markup
 
+from ..account.startup import StartupWatch
 from ..diagnose.incident import event_line
 from ..diagnose.pyspy import STOPPED
 from ..events import (
@@ -50,6 +51,7 @@ class RunConsole:
         self._line_open = False
         self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
         self._skipped: set[str] = set()  # in-place skip reasons already said (each once per job)
+        self._startup = StartupWatch()  # where the time before the first step went (account/startup.py)
 
     def _clear_line(self) -> None:
         if self._line_open:
@@ -64,6 +66,7 @@ class RunConsole:
         self.console.print(text)
 
     def event(self, ev: Event) -> None:
+        self._startup.seen(ev)
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
             self.say(
@@ -152,6 +155,12 @@ class RunConsole:
 
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
+
+    def first_step(self, attempt: int, start: float) -> None:
+        """A step of ``attempt`` began at ``start``: at the job's first, where its start-up went."""
+        told = self._startup.first_step(attempt, start)
+        if told is not None:
+            self.say(f"{time.strftime('%H:%M:%S', time.localtime(start))} {esc(told)}")
 
     def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
         """Steps done so far (``total`` 0: the script did not say how many it runs, as an unchanged

@@ -58,6 +58,10 @@ class Console(Protocol):
         self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None
     ) -> None: ...
 
+    def first_step(self, attempt: int, start: float) -> None:
+        """A step of ``attempt`` began at ``start`` (the console tells the start-up at the job's first)."""
+        ...
+
 
 # --- what the supervisor of one attempt asks ------------------------------------------------------
 
