@@ -13,6 +13,7 @@ from stalwart.diagnose.straggler_episodes import episodes
 from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
 from stalwart.launch.console import RunConsole
 from stalwart.ledger import LedgerWriter
+from widths import unwrap
 
 
 def live_events() -> list:
@@ -121,7 +122,7 @@ def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_t
     RunConsole(stream=live).event(inc)
     out = io.StringIO()
     render(rep, Console(file=out, width=300, highlight=False))
-    printed = live.getvalue().split("incident: ", 1)[1].strip()
+    printed = unwrap(live.getvalue()).split("incident: ", 1)[1].strip()
     assert printed in out.getvalue().replace("\n", " ")  # the report repeats the console's line
     assert "2.000 GPU-h" in printed and "blast radius cooling_loop:loopA (ranks 3)" in printed
     table = out.getvalue().split("Detector precision", 1)[1]
