@@ -102,6 +102,9 @@ def test_fork_server_starts_workers_warm_and_exact(tmp_path):
     assert "frozen: True collector on: True" in out["gloo_log"]
     assert out["ipc"] == ["hello from 0\n", "hello from 1\n"]
     assert out["raise"] == 1 and "KeyError: 'boom'" in out["raise_log"] and "Traceback" in out["raise_log"]
+    # the script's own frames, without the fork server's and the bootstrap's, which it says it left out
+    assert "of Stalwart's worker bootstrap left out)" in out["raise_log"], out["raise_log"]
+    assert "fork_server_main.py" not in out["raise_log"] and "bootstrap.py" not in out["raise_log"]
     assert out["exit"] == 7
     assert out["killed"] == -9
     assert out["sleep_ppid"] != out["server_pid"], "the worker is re-parented away from the server"

@@ -86,3 +86,15 @@ def test_cold_and_warm_workers_see_what_python_script_py_sees(tmp_path: Path):
         assert "probe.py a b --x" in seen["cmdline"] and "rank 1 local_rank 1 attempt 0" in seen["cmdline"]
     assert plain["env"]["RANK"] == "1" and plain["env"]["PROBE_X"] == "y"
     assert "RANK=1" in warm_seen["environ"] and "LOCAL_RANK=1" in warm_seen["environ"]
+
+
+def test_a_scripts_traceback_is_what_python_prints_less_the_bootstraps_frames(tmp_path: Path):
+    (tmp_path / "boom.py").write_text("def f():\n    raise KeyError('boom')\n\n\nf()\n")
+    env = _env(tmp_path, "unused.json")
+    run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    plain = subprocess.run([sys.executable, "boom.py"], **run)  # type: ignore[call-overload]
+    cold = subprocess.run([sys.executable, "-u", "-c", BOOT_CODE, "boom.py"], **run)  # type: ignore[call-overload]
+    assert cold.returncode == plain.returncode == 1, cold.stderr
+    said, traceback = cold.stderr.split("\n", 1)
+    assert said == "(3 frames of Stalwart's worker bootstrap left out)", cold.stderr  # main, run_main, exec
+    assert traceback == plain.stderr
