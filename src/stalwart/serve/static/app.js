@@ -7,6 +7,7 @@ const SVGNS = "http://www.w3.org/2000/svg";
 const POLL_MS = 1000;
 let timer = null;
 let lastOk = 0;
+let ended = false;  // the page shows a job that has ended: nothing on it changes any more
 
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
@@ -53,7 +54,10 @@ function setLive(ok) {
   const live = document.getElementById("live");
   const stale = Date.now() - lastOk > 5000;
   live.classList.toggle("stale", stale);
-  live.textContent = stale ? "disconnected" : "live";
+  live.classList.toggle("ended", !stale && ended);
+  live.textContent = stale ? "disconnected" : ended ? "ended" : "live";
+  live.title = stale ? "no answer from the dashboard for 5 s"
+    : ended ? "this job has ended: its page no longer changes" : "updates every second";
 }
 function table(id, cols, rows) {
   const head = el("tr", {}, ...cols.map(c => el("th", { class: c.num ? "num" : "", text: c.label })));
@@ -99,6 +103,7 @@ function kpi(v, label, id) {
 async function pageRun(app, id) {
   const r = await api("/api/runs/" + encodeURIComponent(id));
   const outcome = r.loading ? "loading" : r.outcome;
+  ended = !r.loading && r.finished === true;  // its JobEnded is in the ledger
   const restarts = Object.values(r.restarts_by_cause).reduce((a, b) => a + b, 0);
   const ck = r.checkpoints || {};
   put(app, 
@@ -256,6 +261,7 @@ async function render() {
   const h = location.hash || "#/";
   document.getElementById("nav-runs").classList.toggle("active", h === "#/" || h.startsWith("#/run/"));
   document.getElementById("nav-nodes").classList.toggle("active", h === "#/nodes");
+  ended = false;
   try {
     if (h.startsWith("#/run/")) await pageRun(app, decodeURIComponent(h.slice(6)));
     else if (h === "#/nodes") await pageNodes(app);
