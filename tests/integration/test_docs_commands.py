@@ -95,8 +95,9 @@ def _plan_plots(out: str, walk: Walk) -> None:
         "ettr_vs_interval.svg",
     ]
     # the --scale-to row: the size is rounded down to whole model-parallel groups of the target job
-    # (128 GPUs for the default 405B model: 99,968), so either spelling of the row counts
-    assert re.search(r"\b(100,000|100000|99,968)\b", out), out[-2000:]
+    # (128 GPUs for the default 405B model: 99,968), and a note says so
+    assert re.search(r"^ 99,968 ", out, flags=re.M), out[-2000:]
+    assert "--scale-to 100,000 is predicted at 99,968 GPUs: rounded down" in " ".join(out.split())
 
 
 def _has(out: str, text: str) -> None:

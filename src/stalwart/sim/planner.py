@@ -214,6 +214,29 @@ def _option(c: SimConfig, opt: RecoveryOption | str, target: Target | None) -> S
     return _reoptimised(target.config(c, opt))
 
 
+def _whole(gpus: int, per_node: int, target: Target | None) -> int:
+    """``gpus`` rounded down to whole nodes and, for a target job, whole model-parallel groups."""
+    return target.round(gpus, per_node) if target else max(per_node, gpus // per_node * per_node)
+
+
+def _rounded(asked: Sequence[int], per_node: int, target: Target | None) -> list[str]:
+    """A note for each size asked for (``--scale-to``) that is predicted at another size, or not at
+    all, and why: a job runs on whole nodes and whole model-parallel groups."""
+    unit = f"whole nodes of {per_node} GPUs"
+    if target is not None:
+        job = target.job
+        why = job.size.why if job.model_parallel is None else "given"
+        unit = f"whole model-parallel groups of {job.mp} GPUs ({why}) on {unit}"
+    notes = []
+    for g in sorted(set(asked)):
+        if not per_node <= g <= MAX_GPUS:
+            what = f"fewer GPUs than one node ({per_node})" if g < per_node else f"over {MAX_GPUS:,} GPUs"
+            notes.append(f"--scale-to {g:,} is not predicted: {what}")
+        elif (at := _whole(g, per_node, target)) != g:
+            notes.append(f"--scale-to {g:,} is predicted at {at:,} GPUs: rounded down to {unit}")
+    return notes
+
+
 def _at_size(
     tuned: SimConfig,
     gpus: int,
@@ -339,10 +362,11 @@ def plan(
     # --scale-to, four sizes
     extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
+    notes += _rounded([int(g) for g in scale_to], tuned.gpus_per_node, target)
     points = []
     options: list[Row] = []
     per = tuned.gpus_per_node
-    for g in sorted({target.round(g, per) if target else max(per, g // per * per) for g in sizes}):
+    for g in sorted({_whole(g, per, target) for g in sizes}):
         c, r = _at_size(tuned, g, spare_candidates, target, chosen)
         lam_g, _ = _rates(c)
         points.append(
