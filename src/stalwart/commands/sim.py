@@ -104,7 +104,9 @@ def register(app: typer.Typer) -> None:
         spares: int = typer.Option(None, help="Hot spare nodes (default: the pool always has one)."),
         elastic: bool = typer.Option(None, "--elastic/--no-elastic", help="Shrink when no spare is left."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate (1.0 = Llama 3 mix)."),
-        price: float = typer.Option(None, help="Cost of one GPU-hour (default 2.0)."),
+        price: float = typer.Option(
+            None, help="Price of one GPU-hour, in any currency: the cost is in the same one (default 2.0)."
+        ),
         config: Path = typer.Option(None, help="YAML file of simulator settings (see docs/simulator.md)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
         write_ledger: Path = typer.Option(
@@ -167,9 +169,10 @@ def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON docu
         "lost_gpu_hours": "{:,.0f}",
         "cost": "{:,.0f}",
     }
+    price = f"cost at {s['currency_per_gpu_hour']:g}/GPU-h"  # in the price's currency (--price)
     for key, f in fmt.items():
         row = s[key]
-        t.add_row(key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))
+        t.add_row(price if key == "cost" else key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))
     console.print(t)
     b = Table(title="where the wall-clock went (mean hours per trial)")
     b.add_column("bucket")

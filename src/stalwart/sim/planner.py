@@ -119,6 +119,7 @@ class Plan:
     job: tuple[str, ...] = ()  # the target job, one line per figure with its source
     gpus: int = 0  # the plan's own size
     sdc: SdcAdvice | None = None  # how often replicas compare their state (with a target job)
+    gpu_hour_price: float = 0.0  # what one GPU-hour costs: the unit of every cost, in its currency
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -415,6 +416,7 @@ def plan(
         job,
         cfg.gpus,
         sdc,
+        cfg.gpu_hour_price,
     )
 
 
