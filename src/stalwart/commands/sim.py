@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import typer
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
 from ..terminal import console as terminal_console
-from ..terminal import say
+from ..terminal import plural, say
 
 
 # Any: yaml.safe_load returns untyped data; SimConfig validates it
@@ -138,15 +139,23 @@ def register(app: typer.Typer) -> None:
             price=price,
         )
         result = simulate(make_config(**values), trace=write_ledger is not None)
+        wrote = None
         if write_ledger is not None:
             from ..sim.run_ledger import write  # deferred: heavy (numpy)
 
-            write(result, write_ledger, step)
+            wrote = write(result, write_ledger, step)
         summary = result.summary()
         if json_out:
             print(json.dumps(summary, indent=2))
-            return
-        print_summary(summary)
+        else:
+            print_summary(summary)
+        if wrote is not None:  # on stderr under --json: stdout stays one JSON document
+            n, days = int(result.interruptions[0]), result.config.days
+            said = (
+                f"wrote trial 0 ({plural(n, 'interruption')} in {days:g} day{'s' * (days != 1)}) as a run's "
+                f"ledger: {wrote}; read it with: stalwart report {write_ledger}"
+            )
+            say(terminal_console(sys.stderr if json_out else None), said, markup=False)
 
 
 def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON document of any shape (json.dumps)
