@@ -3,6 +3,7 @@ StragglerCleared events (every flagged rank, its own score), and every rejected 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
@@ -10,7 +11,7 @@ from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir im
 
 from stalwart.account.report import build, notes, render
 from stalwart.diagnose.straggler_episodes import episodes
-from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
+from stalwart.events import CheckpointRejected, FailureDetected, StragglerCleared, StragglerDetected
 from stalwart.launch.console import RunConsole
 from stalwart.ledger import LedgerWriter
 from widths import unwrap
@@ -134,3 +135,15 @@ def test_no_step_observed_says_productive_time_is_unknown_not_zero():
     (note,) = notes({"startup": 5.0, "productive": 0.0, "other": 95.0}, 100.0, 0)
     assert note.startswith("productive time unknown") and "--no-instrument" in note
     assert not any(n.startswith("productive time unknown") for n in notes({"productive": 90.0}, 100.0, 2))
+
+
+def test_an_unknown_step_reads_as_a_dash_not_minus_one(tmp_path):
+    """A failure before the first step, or of a script without the SDK, has no step (-1 in the
+    ledger); the report's table shows "-" there."""
+    evs = [dataclasses.replace(e, step=-1) if isinstance(e, FailureDetected) else e for e in crash_run()]
+    with LedgerWriter(tmp_path / "agent.ledger", writer="test") as w:
+        w.extend(sorted(evs, key=lambda e: e.ts))
+    out = io.StringIO()
+    render(build(tmp_path), Console(file=out, width=100, highlight=False))
+    (row,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("│ 1 │ crash")]
+    assert [c.strip() for c in row.split("│")][5] == "-", row

@@ -216,7 +216,7 @@ function incidents(list) {
   if (!list.length) return el("p", { class: "muted", id: "no-incidents", text: "No interruptions." });
   const rows = list.map((c, i) => el("tr", { class: "incident" },
     td(i + 1, "num"), td(when(c.onset)), td(pill(c.failure, "bad")), td(c.component), td(c.rank, "num"), td(c.node),
-    td(c.step, "num"), td(fmtS(c.detection_s), "num"), td(fmtS(c.lost_work_s), "num"), td(fmtS(c.recovery_s), "num"),
+    td(c.step >= 0 ? c.step : "-", "num"), td(fmtS(c.detection_s), "num"), td(fmtS(c.lost_work_s), "num"), td(fmtS(c.recovery_s), "num"),
     td(c.total_s === null ? "ongoing" : fmtS(c.total_s), "num")));
   return table("incidents", [{ label: "#", num: 1 }, { label: "onset" }, { label: "cause" }, { label: "class" },
     { label: "rank", num: 1 }, { label: "node" }, { label: "step", num: 1 }, { label: "detect", num: 1 },
