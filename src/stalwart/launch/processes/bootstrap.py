@@ -256,7 +256,8 @@ def _stacks(run: RunDir, node: str, attempt: int, rank: int) -> IO[str] | None:
     path = run.stack_file(node, attempt, rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a")  # noqa: SIM115 - kept open for faulthandler for the process's life
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fh = os.fdopen(fd, "a")  # private as every file of the run; kept open for faulthandler
     except OSError:
         return None
     faulthandler.register(STACK_DUMP_SIGNAL, file=fh, all_threads=True)
