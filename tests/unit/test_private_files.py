@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stalwart.chaos.once import claim, claim_announcement
+from stalwart.chaos.plan import parse_spec
 from stalwart.checkpoint.manifest import Manifest
 from stalwart.checkpoint.store import FileStore
 from stalwart.launch.processes.bootstrap import _stacks
@@ -66,3 +68,12 @@ def test_stack_files_and_error_records_are_0600(tmp_path):
     record = run.error_file("n0", 0, 1)
     write_error(record, KeyError, KeyError("lr"), None, step=3, rank=1)
     assert _mode(record) == 0o600
+
+
+def test_chaos_markers_are_0600(tmp_path):
+    fault = parse_spec("crash@rank=1,step=5")
+    assert claim(tmp_path / "chaos", fault) and claim_announcement(tmp_path / "chaos", fault)
+    assert {f.name.split("-")[0]: _mode(f) for f in (tmp_path / "chaos").iterdir()} == {
+        "fired": 0o600,
+        "announced": 0o600,
+    }
