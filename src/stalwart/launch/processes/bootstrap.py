@@ -42,12 +42,14 @@ An exception that ends the script is printed as the interpreter prints it, throu
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import ctypes
 import faulthandler
 import importlib.machinery
 import os
 import runpy
+import signal
 import sys
 import time
 import types
@@ -55,7 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
 from ...protocol.pipe import Sender
@@ -393,6 +395,27 @@ def print_uncaught(exc: BaseException) -> None:
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the interpreter's prints __traceback__
 
 
+def die_interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    """End the script on a KeyboardInterrupt as the interpreter does (its traceback, the exit
+    functions, then killed by SIGINT), with SIGINT ignored from the start: one Ctrl-C reaches a
+    worker twice (from the terminal, and passed on by the agent to a script without the SDK, as
+    torchrun does), and the second must not break an exit function ("Exception ignored in atexit
+    callback ... KeyboardInterrupt")."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print_uncaught(exc)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing left to say
+                pass
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(128 + signal.SIGINT)  # not reached: the signal ends the process
+
+
 def main() -> None:
     """The cold path's entry: ``python -c BOOT_CODE [-m] <script> <args>``."""
     args = sys.argv[1:]
@@ -404,8 +427,10 @@ def main() -> None:
     install(os.environ, (["-m"] if module else []) + args, python=sys.executable)
     try:
         run_main(args, module)
-    except (SystemExit, KeyboardInterrupt):
-        raise  # as the interpreter ends on them
+    except SystemExit:
+        raise  # as the interpreter ends on it
+    except KeyboardInterrupt as exc:
+        die_interrupted(exc)
     except BaseException as exc:  # noqa: BLE001 - as the interpreter would: printed, exit 1
         print_uncaught(exc)
         sys.exit(1)
