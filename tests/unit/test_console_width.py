@@ -54,8 +54,10 @@ def _console(monkeypatch, columns: int) -> str:
             con.progress(ev[1], 200, 0, 1.0, now=ev[0])
         else:
             con.event(ev)
-    con.note(f"last lines of rank 1 (its log: {LOG}):\nTraceback (most recent call last):\n"
-             '  File "train.py", line 3, in <module>\n    main()\nRuntimeError: boom')  # fmt: skip
+    con.say(
+        f"00:00:21 last lines of rank 1 (its log: {LOG}):\nTraceback (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n    main()\nRuntimeError: boom'
+    )  # a note, at a fixed time; fmt: skip
     return out.getvalue()
 
 
@@ -67,6 +69,11 @@ def test_every_line_of_the_console_fits_80_columns_and_goes_on_under_its_text(mo
     assert rows[detected + 1].startswith(" " * 9) and rows[detected + 1][9] != " "  # under "crash"
     assert any(len(row) == 80 for row in rows), "the log's path is longer than a line: cut inside it"
     assert '  File "train.py", line 3, in <module>\n    main()\nRuntimeError: boom' in text
+    assert not [row for row in rows if row.endswith(" ")], "a row ends at a word, never in spaces"
+    started = next(line for line in unwrap(text).splitlines() if "job started" in line)
+    assert started.endswith(
+        f"train.py --steps 200 --lr 3e-4 --out {LOG} (4 proc/node, nodes 1:1, max restarts 0)"
+    )
 
 
 @pytest.mark.parametrize("columns", [80, 60, 100])

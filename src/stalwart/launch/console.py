@@ -70,7 +70,7 @@ class RunConsole:
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
             self.say(
-                f"[bold]{t} job started[/]: {esc(' '.join((ev.script, *ev.args)))}  "
+                f"[bold]{t} job started[/]: {esc(' '.join((ev.script, *ev.args)))} "
                 f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
                 f"max restarts {ev.max_restarts})"
             )
