@@ -1,5 +1,6 @@
 """Text for a terminal of 80 columns: how wide output is when piped, prose wrapped with a hanging
-indent, text cut at a word with an ellipsis, counts with their plural, local clock times.
+indent (under the text after a leading clock time), text cut at a word with an ellipsis, counts with
+their plural, local clock times.
 
 Rich measures a terminal itself; when stdout is not one (a pipe, a file, a CI log) it would measure
 stdin's or stderr's terminal instead, so piped output came out 139 columns wide on a wide
@@ -8,6 +9,7 @@ terminal. :func:`output_width` gives such output ``COLUMNS`` columns, else 80.""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import IO, TYPE_CHECKING
@@ -37,11 +39,12 @@ def console(stream: IO[str] | None = None) -> Console:
 
 
 def _spans(plain: str, width: int, hang: int) -> list[tuple[int, int]]:
-    """Where a line of ``plain`` breaks: at the last space that fits (the first line ``width``
-    columns, the next ones ``width - hang``); a word longer than a whole line is cut."""
+    """Where a line of ``plain`` breaks: at the last space before the line is full (the first line
+    ``width`` columns, the next ones ``width - hang``); a word longer than a whole line is cut, so a
+    line filled to its last column is one cut inside a word (what an unwrap needs to join it)."""
     spans, start, room = [], 0, width
     while len(plain) - start > room:
-        cut = plain.rfind(" ", start, start + room + 1)
+        cut = plain.rfind(" ", start, start + room)
         if cut <= start or not plain[start:cut].strip():
             cut = start + room  # one word fills the line: cut it (a path, a hash)
             spans.append((start, cut))
@@ -56,19 +59,27 @@ def _spans(plain: str, width: int, hang: int) -> list[tuple[int, int]]:
     return spans
 
 
-def say(con: Console, text: str, *, hang: int = 2, markup: bool = True) -> None:
+CLOCK_HANG = 9  # "HH:MM:SS ": a line that starts with a clock time goes on under the text after it
+_CLOCK = re.compile(r"\d\d:\d\d:\d\d ")
+
+
+def say(con: Console, text: str, *, hang: int | None = 2, markup: bool = True) -> None:
     """Print prose wrapped at words to the console's width, each line after a paragraph's first
-    indented ``hang`` columns deeper than its first (rich markup unless ``markup`` is False)."""
+    indented ``hang`` columns deeper than its first (rich markup unless ``markup`` is False); with
+    ``hang`` None, a paragraph that starts with a clock time goes on under the text after it
+    (:data:`CLOCK_HANG` columns), any other 2 columns deeper. All of it in one write, so the
+    workers' output to the same terminal falls between lines of ours, not inside one."""
     from rich.text import Text  # deferred: heavy (rich)
 
-    for para in text.split("\n"):
-        t = Text.from_markup(para) if markup else Text(para)
+    lines: list[Text] = []
+    for t in (Text.from_markup(text) if markup else Text(text)).split("\n", allow_blank=True):
         plain = t.plain
         lead = len(plain) - len(plain.lstrip(" "))
-        pad = " " * (lead + hang)
-        for i, (a, b) in enumerate(_spans(plain, con.width, lead + hang)):
-            line = t[a:b] if i == 0 else Text(pad) + t[a:b]
-            con.print(line, soft_wrap=True, highlight=False)
+        deeper = hang if hang is not None else CLOCK_HANG if _CLOCK.match(plain) else 2
+        pad = " " * (lead + deeper)
+        for i, (a, b) in enumerate(_spans(plain, con.width, lead + deeper)):
+            lines.append(t[a:b] if i == 0 else Text(pad) + t[a:b])
+    con.print(Text("\n").join(lines), soft_wrap=True, highlight=False)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from stalwart.errors import LedgerError
 from stalwart.ledger import read_merged
+from widths import unwrap  # tests/ is on sys.path (its conftest)
 
 EXAMPLE = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-every", "0"]
 
@@ -35,6 +36,14 @@ def stalwart(*args: str, timeout: float = 600, cwd: Path | None = None) -> Resul
         cwd=cwd,
     )
     return Result(p.returncode, p.stdout, p.stderr, time.time() - t0)
+
+
+def console(text: str) -> str:
+    """What ``stalwart run`` printed (its stdout, alone or with stderr) with each of the console's
+    lines whole again: the console wraps a line to the terminal's width (80 columns into a pipe),
+    its continuations indented under the text after the clock time, so a match on its words must
+    not depend on where a line broke. Output of the workers passes through unchanged."""
+    return unwrap(text)
 
 
 def events(run_dir: Path, kind: type | None = None) -> list:

@@ -22,7 +22,7 @@ import pytest
 from netutil import free_port
 from stalwart.events import ReformedInPlace, StepCompleted
 
-from .runner import events, events_so_far, wait_listening
+from .runner import console, events, events_so_far, wait_listening
 from .test_grow_in_place import SCRIPT, _agent, _until
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ def test_another_user_cannot_run_code_shrink_or_join_a_running_group(tmp_path: P
     for rank in (0, 1):  # one call of train per rank, always at world size 2: no shrink, no re-formation
         places = (tmp_path / f"place-rank{rank}.txt").read_text().split("\n")
         assert [ln.split()[1:] for ln in places if ln] == [[str(rank), "2"]], places
-    said = "\n".join(outs.values())
+    said = console("\n".join(outs.values()))
     assert "ignored an unsigned board state in the worker store" in said, said
     assert "ignored a rendezvous state not signed with this job's key" in said, said
 
@@ -146,6 +146,6 @@ def test_a_mark_and_a_pickled_state_planted_in_etcd_by_another_user_are_not_take
         shutil.rmtree(shared, ignore_errors=True)
     assert not ran, "the planted rendezvous state was unpickled: code ran as the job's user"
     assert [a.returncode for a in agents] == [0, 0], outs
-    said = "\n".join(outs)
+    said = console("\n".join(outs))
     assert "already succeeded" not in said and "ignored a rendezvous state not signed" in said, said
     assert {e.node for e in events(run, StepCompleted)} == {"n0", "n1"}

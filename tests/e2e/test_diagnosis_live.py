@@ -16,7 +16,7 @@ import pytest
 from netutil import free_port
 from stalwart.events import DecisionTaken, FailureDetected, IncidentRaised
 
-from .runner import events, stalwart, wait_listening
+from .runner import console, events, stalwart, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,8 @@ def test_a_slow_rank_on_a_hot_gpu_on_a_warming_loop_is_one_cooling_seam_with_cos
     assert seam.domain == "cooling_loop:loopA" and seam.ranks == (1,)
     assert seam.fault_class == "facility" and seam.action == "facility_alert_no_rma"
     assert seam.cost_gpu_s > 0
-    assert "incident" in run.out and "cooling seam: loop loopA" in run.out  # the console line
+    said = console(run.out)
+    assert "incident" in said and "cooling seam: loop loopA" in said  # the console line
 
 
 def test_a_comm_timeout_with_xid79_on_its_node_is_a_gpu_off_the_bus_incident(tmp_path):
@@ -109,7 +110,7 @@ def test_a_comm_timeout_with_xid79_on_its_node_is_a_gpu_off_the_bus_incident(tmp
     assert inc.component == "gpu" and inc.fault_class == "hardware" and inc.action == "drain_power_cycle"
     assert "fell off the bus" in inc.cause and inc.nodes == ("n0",) and 1 in inc.ranks
     assert any("Xid (PCI:0000:00:06): 79" in line for line in inc.evidence)
-    assert "fell off the bus" in run.out
+    assert "fell off the bus" in console(run.out)
 
 
 def _ib_down(root: Path) -> Path:

@@ -100,7 +100,7 @@ def test_sigterm_to_the_agent_saves_an_emergency_checkpoint_and_the_requeue_resu
     seen = []
     for line in agent.stdout:  # the first progress line: training is under way on every rank
         seen.append(line)
-        if line.strip().startswith("step "):
+        if line.startswith("  step "):  # not a wrapped line's continuation, indented deeper
             agent.send_signal(signal.SIGTERM)
             break
     rest, _ = agent.communicate(timeout=300)

@@ -71,7 +71,7 @@ def test_sigterm_mid_epoch_resumes_bit_identically(tmp_path: Path, reference: di
     seen = []
     for line in agent.stdout:  # signal just past an epoch boundary: the stop lands mid-epoch
         seen.append(line)
-        m = re.match(r"\s*step (\d+)/", line)
+        m = re.match(r"  step (\d+)/", line)  # a progress line, not a wrapped line's continuation
         if m and int(m.group(1)) % PER_EPOCH == 1:
             agent.send_signal(signal.SIGTERM)
             break

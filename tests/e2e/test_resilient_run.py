@@ -20,7 +20,7 @@ from stalwart.events import (
 )
 from stalwart.policy.timeouts import p99
 
-from .runner import EXAMPLE, same_params, stalwart
+from .runner import EXAMPLE, console, same_params, stalwart
 
 pytestmark = pytest.mark.e2e
 
@@ -202,7 +202,7 @@ def test_same_exception_twice_stops_with_user_error(tmp_path):
     end = events(tmp_path, JobEnded)[-1]
     assert end.outcome == "user_error" and not end.requeue_helps
     assert end.verdict.startswith("user error at step 3: RuntimeError: injected bug at step 3")
-    assert "user error at step 3" in run.out
+    assert "user error at step 3" in console(run.out)
     assert len(events(tmp_path, FailureDetected)) == 2
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from stalwart.events import ChaosInjected, ChaosUnfired, FailureDetected, IncidentRaised, JobEnded
 
-from .runner import events
+from .runner import console, events
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ def test_a_crash_planned_for_an_unchanged_script_fires_at_its_rank_and_step_and_
     ]
     cmd += [SCRIPT, "--steps", "10", "--idle", "0.05"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    out = p.stdout + p.stderr
+    out = console(p.stdout + p.stderr)  # the console's lines whole
     assert p.returncode == 0, out[-4000:]
     run = tmp_path / "run"
     [fired] = events(run, ChaosInjected)
@@ -55,7 +55,7 @@ def test_checkpoint_damage_planned_for_an_unchanged_script_is_refused_with_exit_
     cmd = [*STALWART, "--run-dir", "run", "--chaos", "corrupt-checkpoint@step=5"]
     cmd += [SCRIPT, "--steps", "1000", "--idle", "0.05"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    out = p.stdout + p.stderr
+    out = console(p.stdout + p.stderr)  # the console's lines whole
     assert p.returncode == 2, out[-4000:]
     assert "fault 'corrupt-checkpoint@step=5' needs the Stalwart SDK (Session)" in out
     assert "drop the fault" in out
@@ -67,7 +67,7 @@ def test_a_hang_planned_for_an_unchanged_script_is_detected_and_labelled_injecte
     cmd = [*STALWART, "--run-dir", "run", "--hang-floor", "2", "--chaos", "hang@rank=1,step=4"]
     cmd += [SCRIPT, "--steps", "8", "--idle", "0.05"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    out = p.stdout + p.stderr
+    out = console(p.stdout + p.stderr)  # the console's lines whole
     assert p.returncode == 0, out[-4000:]
     run = tmp_path / "run"
     [fired] = events(run, ChaosInjected)

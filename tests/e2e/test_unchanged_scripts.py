@@ -23,7 +23,7 @@ from stalwart.events import (
 )
 from stalwart.exit_codes import EXIT_INFRA, EXIT_PREEMPTED
 
-from .runner import events, events_so_far
+from .runner import console, events, events_so_far
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +118,8 @@ def test_a_stopped_hooked_rank_is_a_hang_caught_by_its_step_timeout_with_stacks(
     (incident,) = events(run, IncidentRaised)
     assert incident.rule == "cross_layer:rank-stopped", incident
     assert incident.cause.startswith("rank 1 on n0 was stopped (state T"), incident.cause
-    assert "(the rank is stopped: state T)" in out and "innermost:" in out  # the console says it too
+    said = console(out)
+    assert "(the rank is stopped: state T)" in said and "innermost:" in said  # the console says it too
 
 
 def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_path: Path):
@@ -129,7 +130,8 @@ def test_a_finished_run_stays_finished_and_a_changed_script_is_bad_input(tmp_pat
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert "already finished at step 2" in again.stdout and "nothing launched" in again.stdout
+    said = console(again.stdout)
+    assert "already finished at step 2" in said and "nothing launched" in said
     assert len(events(tmp_path / "run", JobEnded)) == 1  # nothing ran: no second verdict
     script.write_text(script.read_text() + "\n# edited\n")
     changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -32,6 +32,8 @@ from stalwart.account.report import build
 from stalwart.ledger import read_merged
 from stalwart.serve.snapshot import take
 
+from .runner import console
+
 pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
@@ -79,7 +81,7 @@ def _finish(p: subprocess.Popen[str]) -> str:
         if p.poll() is None:
             p.kill()
             p.wait()
-    return text
+    return console(text)  # the console's lines whole, wherever 80 columns broke them
 
 
 def _report(cwd: Path) -> dict[str, Any]:

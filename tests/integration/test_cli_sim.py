@@ -49,6 +49,9 @@ def test_sim_tables():
     p = cli("sim", "--gpus", "1024", "--days", "3", "--trials", "20")
     assert p.returncode == 0, p.stderr
     assert "ettr" in p.stdout and "lost_work" in p.stdout and "1,024 GPUs" in p.stdout
+    assert "│ cost at 2/GPU-h " in p.stdout  # the cost's unit: the default price of a GPU-hour
+    priced = cli("sim", "--gpus", "1024", "--days", "3", "--trials", "5", "--price", "3.5")
+    assert "│ cost at 3.5/GPU-h " in priced.stdout, priced.stdout
 
 
 def test_sim_config_file(tmp_path):
@@ -136,6 +139,7 @@ def test_plan_tables_and_png(tmp_path):
     p = cli("plan", "--gpus", "1024", "--days", "3", "--trials", "20", "--plot", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "restart strategy" in p.stdout
+    assert "cost: of the lost GPU-hours and the spares at 2 a GPU-hour" in p.stdout  # the cost's unit
     assert (tmp_path / "ettr_vs_gpus.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -1,5 +1,6 @@
 """The dashboard in real headless Chromium (Playwright): every page renders without console errors,
-live steps and a new incident appear without a reload, a corrupt ledger shows a banner.
+live steps and a new incident appear without a reload, a corrupt ledger shows a banner, and the
+"live" badge goes off on a finished job's page.
 
 Screenshots go to tests/artifacts/dashboard/ (git-ignored; STALWART_TEST_ARTIFACTS overrides); the test
 prints the directory.
@@ -118,6 +119,8 @@ def test_every_page_renders_and_live_updates_arrive(browser, tmp_path):
         page.wait_for_selector("#incidents tr.incident")
         assert page.locator("#incidents tr.incident").count() == 2
         assert page.locator("#goodput-chart polyline").count() == 1
+        page.wait_for_selector("#live.ended")  # a finished job's page: the badge is off, not "live"
+        assert page.inner_text("#live") == "ended"
         page.screenshot(path=str(out / "job-finished.png"), full_page=True)
 
         page.goto(dash.url + "#/nodes")
@@ -135,6 +138,7 @@ def test_every_page_renders_and_live_updates_arrive(browser, tmp_path):
             "document.querySelector('#steps') && document.querySelector('#steps').textContent == '10'"
         )
         page.evaluate("window.__noReload = 1")
+        assert page.inner_text("#live") == "live" and page.locator("#live.ended").count() == 0
         assert page.locator("#no-incidents").count() == 1
         steps(10, 15)
         page.wait_for_function("document.querySelector('#steps').textContent == '25'")

@@ -35,6 +35,10 @@ WORKER = textwrap.dedent("""
         raise KeyError("boom")
     elif mode == "exit":
         sys.exit(7)
+    elif mode == "interrupt":  # a Ctrl-C, and a second one (passed on by the agent) in an exit function
+        import atexit
+        atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2), print("cleaned up")))
+        raise KeyboardInterrupt
     elif mode == "sleep":
         time.sleep(60)
 """)
@@ -68,7 +72,7 @@ DRIVER = textwrap.dedent("""
     out["gloo"] = [wait(p) for p, _, _ in pairs]
     out["ipc"] = [os.read(r, 100).decode() for _, r, _ in pairs]
     out["gloo_log"] = open(pairs[0][2]).read()
-    for mode in ("raise", "exit"):
+    for mode in ("raise", "exit", "interrupt"):
         pid, _, log = start(0, mode)
         out[mode] = wait(pid)
         out[mode + "_log"] = open(log).read()
@@ -102,7 +106,12 @@ def test_fork_server_starts_workers_warm_and_exact(tmp_path):
     assert "frozen: True collector on: True" in out["gloo_log"]
     assert out["ipc"] == ["hello from 0\n", "hello from 1\n"]
     assert out["raise"] == 1 and "KeyError: 'boom'" in out["raise_log"] and "Traceback" in out["raise_log"]
+    # the script's own frames, without the fork server's and the bootstrap's, which it says it left out
+    assert "of Stalwart's worker bootstrap left out)" in out["raise_log"], out["raise_log"]
+    assert "fork_server_main.py" not in out["raise_log"] and "bootstrap.py" not in out["raise_log"]
     assert out["exit"] == 7
+    assert out["interrupt"] == -2, out["interrupt_log"]  # as a fresh interpreter: killed by SIGINT
+    assert "cleaned up" in out["interrupt_log"] and "Exception ignored" not in out["interrupt_log"]
     assert out["killed"] == -9
     assert out["sleep_ppid"] != out["server_pid"], "the worker is re-parented away from the server"
     assert out["server_exit"] is not None

@@ -86,3 +86,42 @@ def test_cold_and_warm_workers_see_what_python_script_py_sees(tmp_path: Path):
         assert "probe.py a b --x" in seen["cmdline"] and "rank 1 local_rank 1 attempt 0" in seen["cmdline"]
     assert plain["env"]["RANK"] == "1" and plain["env"]["PROBE_X"] == "y"
     assert "RANK=1" in warm_seen["environ"] and "LOCAL_RANK=1" in warm_seen["environ"]
+
+
+def test_a_scripts_traceback_is_what_python_prints_less_the_bootstraps_frames(tmp_path: Path):
+    (tmp_path / "boom.py").write_text("def f():\n    raise KeyError('boom')\n\n\nf()\n")
+    env = _env(tmp_path, "unused.json")
+    run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    plain = subprocess.run([sys.executable, "boom.py"], **run)  # type: ignore[call-overload]
+    cold = subprocess.run([sys.executable, "-u", "-c", BOOT_CODE, "boom.py"], **run)  # type: ignore[call-overload]
+    assert cold.returncode == plain.returncode == 1, cold.stderr
+    said, traceback = cold.stderr.split("\n", 1)
+    assert said == "(3 frames of Stalwart's worker bootstrap left out)", cold.stderr  # main, run_main, exec
+    assert traceback == plain.stderr
+
+
+CTRL_C_TWICE = textwrap.dedent("""
+    import atexit, os, signal, time
+
+    def cleanup():  # the second Ctrl-C (the agent passes the signal on) lands in an exit function
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        print("cleaned up", flush=True)
+
+    atexit.register(cleanup)
+    os.kill(os.getpid(), signal.SIGINT)  # the first, from the terminal
+    time.sleep(5)
+""")
+
+
+def test_a_second_ctrl_c_during_the_exit_functions_breaks_nothing(tmp_path: Path):
+    """Python alone: the second SIGINT breaks the exit function ("Exception ignored in atexit
+    callback ... KeyboardInterrupt"). Under the bootstrap the worker ends as the interpreter would
+    (one traceback, the exit functions run to their end, killed by SIGINT) and says nothing more."""
+    (tmp_path / "twice.py").write_text(CTRL_C_TWICE)
+    run = {"cwd": tmp_path, "env": _env(tmp_path, "unused.json"), "capture_output": True, "text": True}
+    plain = subprocess.run([sys.executable, "twice.py"], timeout=60, **run)  # type: ignore[call-overload]
+    assert "Exception ignored in atexit callback" in plain.stderr  # what one Ctrl-C added
+    cold = subprocess.run([sys.executable, "-u", "-c", BOOT_CODE, "twice.py"], timeout=120, **run)  # type: ignore[call-overload]
+    assert cold.returncode == -2 and "cleaned up" in cold.stdout, cold.stderr
+    assert "Exception ignored" not in cold.stderr and cold.stderr.count("KeyboardInterrupt") == 1, cold.stderr

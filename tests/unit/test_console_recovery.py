@@ -7,6 +7,7 @@ import io
 
 from stalwart.events import DecisionTaken, FailureDetected, TrainingResumed
 from stalwart.launch.console import RunConsole
+from widths import unwrap  # tests/ is on sys.path (its conftest)
 
 
 def _show(events) -> str:
@@ -17,7 +18,7 @@ def _show(events) -> str:
             con.progress(ev[1], 40, ev[2], 1.0, now=ev[0])
         else:
             con.event(ev)
-    return out.getvalue()
+    return unwrap(out.getvalue())  # a line as printed, before the terminal's width broke it
 
 
 def test_path_and_phases_are_printed_once_per_recovery():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -58,4 +59,5 @@ def test_a_changed_script_is_bad_input_unless_told_to_continue(tmp_path: Path):
     claim_run_dir(_cfg(tmp_path, script, continue_changed=True))
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())
     assert recorded["sha256"] == fingerprint(str(script), False, False)
+    assert stat.S_IMODE((tmp_path / "run" / "run.json").stat().st_mode) == 0o600  # still private
     claim_run_dir(_cfg(tmp_path, script))  # the new content is the run's now

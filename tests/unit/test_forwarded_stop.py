@@ -91,7 +91,7 @@ def test_the_verdicts_are_exit_0_for_finished_workers_and_76_for_stopped_ones_ne
 # --- the supervisor carries it out --------------------------------------------------------------------
 
 
-def _supervisor(script, signal_at: int, session: bool = False):
+def _supervisor(script, signal_at: int, session: bool = False, sig: int = signal.SIGTERM):
     clock = ManualClock(T0)
     group = FakeGroup.of(range(2))
     pipe = FakePipe()
@@ -123,7 +123,7 @@ def _supervisor(script, signal_at: int, session: bool = False):
         ledger=RecordingLedger(run_id="r", node="n0", attempt=0),
         console=RecordingConsole(),
         files=FakeFailureFiles(),
-        job=FakeJobLink(signal_of=lambda: signal.SIGTERM if chaos.ticks > signal_at else None),
+        job=FakeJobLink(signal_of=lambda: sig if chaos.ticks > signal_at else None),
         chaos=chaos,
         group=group,
         receiver=pipe,
@@ -174,3 +174,27 @@ def test_a_signal_before_any_worker_spoke_waits_a_bounded_start_up_grace():
     assert early is not None and early.kind == "hold" and "start-up" in early.reason
     late = FWD(snap(signal=signal.SIGTERM, ranks=silent, now=T0 + FWD.startup_grace_s + 0.1))
     assert late is not None and late.kind == "forward_signal"
+
+
+def test_one_ctrl_c_to_the_process_group_is_the_operators_interrupt_not_a_crash():
+    """A terminal's Ctrl-C reaches the agent and every worker at once: workers it killed before the
+    agent acted on its own SIGINT are the interrupt, not a crash to restart from ("crash detected:
+    killed by SIGINT", a restart used, then "stopped by SIGINT before start")."""
+
+    def script(tick, group):
+        if tick == 4:  # the tick the agent sees its SIGINT
+            group.codes.update({0: -signal.SIGINT, 1: -signal.SIGINT})  # as Python ends a KeyboardInterrupt
+
+    for session in (False, True):
+        sup, group = _supervisor(script, signal_at=3, session=session, sig=signal.SIGINT)
+        out = sup.run()
+        assert out.status is AttemptStatus.INTERRUPTED, (session, out)
+        assert not [e for e in sup.ledger.events if type(e).__name__ == "FailureDetected"], session
+
+
+def test_workers_all_gone_during_start_up_are_not_waited_for():
+    gone = (RankView(0, T0), RankView(1, T0))  # killed by the same Ctrl-C before a word
+    d = FWD(
+        snap(signal=signal.SIGINT, ranks=gone, codes={0: -signal.SIGINT, 1: -signal.SIGINT}, now=T0 + 2.0)
+    )
+    assert d is not None and d.kind == "forward_signal"  # then stopped_exit: interrupted, at once

@@ -54,6 +54,14 @@ def test_no_crash_while_every_rank_runs_or_a_stop_was_asked():
     assert worker_exits(snap(codes={0: 1, 1: None}, stop_requested_at=T0 + 8)) is None
 
 
+def test_ranks_killed_by_the_agents_own_stop_signal_are_the_signals_not_a_crash():
+    # one Ctrl-C reaches the agent and every worker: those it killed are the signal monitors' to answer
+    assert worker_exits(snap(codes={0: -signal.SIGINT, 1: None}, signal=signal.SIGINT)) is None
+    assert worker_exits(snap(codes={0: -signal.SIGTERM, 1: -signal.SIGTERM}, signal=signal.SIGTERM)) is None
+    crashed = worker_exits(snap(codes={0: -signal.SIGINT, 1: 1}, signal=signal.SIGINT))  # and a real failure
+    assert crashed is not None and crashed.kind == "crash"
+
+
 def test_user_exception_is_the_root_cause_over_an_earlier_signal_death():
     s = snap(
         codes={0: -9, 1: 1},

@@ -131,3 +131,20 @@ def test_mismatched_units_are_one_line(tmp_path, capsys):
         capsys, ["plan", "--interval", "30", "--stall", "30000", "--gpus", "64", "--days", "1"]
     )
     assert "units" in line
+
+
+def test_a_size_asked_for_that_is_not_whole_groups_is_said_to_be_rounded(capsys):
+    """--scale-to 100000 for the 405B default (128-GPU model-parallel groups) is planned at 99,968
+    GPUs, and the plan says so and why instead of a row that silently reads 99,968."""
+    cli.main(
+        ["plan", "--gpus", "16384", "--scale-to", "100000", "--scale-to", "4", "--trials", "5", "--json"]
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert [p["gpus"] for p in d["scale"]] == [16384, 99968]
+    assert (
+        "--scale-to 100,000 is predicted at 99,968 GPUs: rounded down to whole model-parallel groups of "
+        "128 GPUs (TP 8 x PP 16, as Llama 3 405B trained) on whole nodes of 8 GPUs" in d["notes"]
+    )
+    assert "--scale-to 4 is not predicted: fewer GPUs than one node (8)" in d["notes"]
+    cli.main(["plan", "--gpus", "16384", "--scale-to", "32768", "--trials", "5", "--json"])
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "--scale-to" in n]  # whole already

@@ -3,6 +3,7 @@ StragglerCleared events (every flagged rank, its own score), and every rejected 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
@@ -10,9 +11,10 @@ from test_goodput import RUN, crash_run  # tests/unit is on sys.path (rootdir im
 
 from stalwart.account.report import build, notes, render
 from stalwart.diagnose.straggler_episodes import episodes
-from stalwart.events import CheckpointRejected, StragglerCleared, StragglerDetected
+from stalwart.events import CheckpointRejected, FailureDetected, StragglerCleared, StragglerDetected
 from stalwart.launch.console import RunConsole
 from stalwart.ledger import LedgerWriter
+from widths import unwrap
 
 
 def live_events() -> list:
@@ -121,7 +123,7 @@ def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_t
     RunConsole(stream=live).event(inc)
     out = io.StringIO()
     render(rep, Console(file=out, width=300, highlight=False))
-    printed = live.getvalue().split("incident: ", 1)[1].strip()
+    printed = unwrap(live.getvalue()).split("incident: ", 1)[1].strip()
     assert printed in out.getvalue().replace("\n", " ")  # the report repeats the console's line
     assert "2.000 GPU-h" in printed and "blast radius cooling_loop:loopA (ranks 3)" in printed
     table = out.getvalue().split("Detector precision", 1)[1]
@@ -133,3 +135,15 @@ def test_no_step_observed_says_productive_time_is_unknown_not_zero():
     (note,) = notes({"startup": 5.0, "productive": 0.0, "other": 95.0}, 100.0, 0)
     assert note.startswith("productive time unknown") and "--no-instrument" in note
     assert not any(n.startswith("productive time unknown") for n in notes({"productive": 90.0}, 100.0, 2))
+
+
+def test_an_unknown_step_reads_as_a_dash_not_minus_one(tmp_path):
+    """A failure before the first step, or of a script without the SDK, has no step (-1 in the
+    ledger); the report's table shows "-" there."""
+    evs = [dataclasses.replace(e, step=-1) if isinstance(e, FailureDetected) else e for e in crash_run()]
+    with LedgerWriter(tmp_path / "agent.ledger", writer="test") as w:
+        w.extend(sorted(evs, key=lambda e: e.ts))
+    out = io.StringIO()
+    render(build(tmp_path), Console(file=out, width=100, highlight=False))
+    (row,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("│ 1 │ crash")]
+    assert [c.strip() for c in row.split("│")][5] == "-", row

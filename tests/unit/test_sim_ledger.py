@@ -1,15 +1,23 @@
 """A simulated run written as a ledger reads back through the report with the simulator's buckets."""
 
+import io
+import json
+
 import numpy as np
 import pytest
+from rich.console import Console
 
+from stalwart import cli
 from stalwart.account.goodput import BUCKETS as REPORT_BUCKETS
 from stalwart.account.goodput import compute
+from stalwart.account.report import build, render
 from stalwart.errors import ConfigError
+from stalwart.events import FailureDetected, StepCompleted, TrainingResumed
 from stalwart.ledger import read_merged
 from stalwart.sim import CheckpointTier, FailureClass, SimConfig, simulate
 from stalwart.sim.buckets import SIM_BUCKETS, to_report
 from stalwart.sim.run_ledger import events_of, write
+from widths import unwrap
 
 
 def _cfg(**kw):
@@ -76,3 +84,36 @@ def test_failures_only_while_training_also_read_back_exactly(tmp_path):
     sim = to_report({b: float(v[0]) for b, v in r.buckets.items()})
     for name in REPORT_BUCKETS:
         assert report.buckets[name] == pytest.approx(sim[name], abs=1e-3), name
+
+
+def test_a_simulated_failure_names_the_step_it_struck(tmp_path):
+    """Each failure carries the step it cut short (the last step before it, ending at its onset), or
+    the next step to run when it struck outside a step (a save, a recovery); never -1, "unknown"."""
+    r = simulate(_cfg(seed=12), trace=True)
+    evs = events_of(r, step_s=5.0)
+    failures = [e for e in evs if isinstance(e, FailureDetected)]
+    assert len(failures) >= 5
+    for f in failures:
+        done = [e for e in evs if isinstance(e, StepCompleted) and e.ts <= f.onset + 1e-9]
+        resumed = [e.step for e in evs if isinstance(e, TrainingResumed) and e.ts <= f.onset]
+        cut = done and abs(done[-1].ts - f.onset) < 1e-6 and done[-1].attempt == f.attempt
+        assert f.step == (done[-1].step if cut else max([*resumed, *(d.step + 1 for d in done), 0])), f
+    write(r, tmp_path, step_s=5.0)
+    out = io.StringIO()
+    render(build(tmp_path), Console(file=out, width=100, highlight=False))
+    table = out.getvalue().split("Interruptions", 1)[1].split("Recoveries", 1)[0]
+    assert "│ crash " in table and " -1 " not in table
+
+
+def test_sim_says_what_it_wrote_and_where(tmp_path, capsys):
+    argv = ["sim", "--gpus", "16", "--days", "0.25", "--trials", "2", "--rate-scale", "500", "--step", "10"]
+    cli.main([*argv, "--write-ledger", str(tmp_path / "a")])
+    said = unwrap(capsys.readouterr().out)  # a long path is cut at 80 columns
+    assert (
+        f"as a run's ledger: {tmp_path / 'a' / 'ledger' / 'sim.ledger'}; read it with: stalwart report"
+        in said
+    )
+    cli.main([*argv, "--write-ledger", str(tmp_path / "b"), "--json"])
+    got = capsys.readouterr()
+    assert json.loads(got.out)["trials"] == 2  # stdout stays one JSON document; the note is on stderr
+    assert str(tmp_path / "b" / "ledger" / "sim.ledger") in unwrap(got.err)

@@ -256,7 +256,7 @@ def _render_interruptions(interruptions: list[dict[str, Any]], con: Console) -> 
             c["failure"],
             c["node"] or "-",
             str(c["rank"]),
-            str(c["step"]),
+            str(c["step"]) if c["step"] >= 0 else "-",  # -1: not known (no SDK, before a first step)
             _fmt_s(c["detection_s"]),
             _fmt_s(c["lost_work_s"]),
             _fmt_s(c["recovery_s"]),

@@ -14,7 +14,7 @@ def claim(chaos_dir: Path, fault: Fault) -> bool:
         return True
     chaos_dir.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(chaos_dir / f"fired-{fault.marker()}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(chaos_dir / f"fired-{fault.marker()}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         return False
     os.close(fd)
@@ -26,7 +26,7 @@ def claim_announcement(chaos_dir: Path, fault: Fault) -> bool:
     recorded in the ledger once, when it first takes effect, however many attempts it spans."""
     chaos_dir.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(chaos_dir / f"announced-{fault.marker()}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(chaos_dir / f"announced-{fault.marker()}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         return False
     os.close(fd)

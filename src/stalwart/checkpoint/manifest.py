@@ -212,9 +212,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
+    """Write ``data`` to ``path`` atomically: temp file (0600), fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         if fsync:
@@ -222,6 +223,14 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
     os.replace(tmp, path)
     if fsync:
         fsync_dir(path.parent)
+
+
+def make_private(version: Path) -> None:
+    """Every file of a version directory 0600, whatever the umask it was written under (torch's
+    writer and ``write_bytes`` leave 0644 under the usual 022): the docs promise private files."""
+    for f in version.iterdir():
+        if f.is_file() and not f.is_symlink():
+            f.chmod(0o600)
 
 
 def encode(manifest: Manifest, key: bytes | None) -> bytes:

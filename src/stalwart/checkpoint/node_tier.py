@@ -25,7 +25,16 @@ from pathlib import Path
 
 from ..policy.label import Label
 from ..protocol.json_collective import JSON, PeerDataError
-from .manifest import MANIFEST, Manifest, encode, parse_checked, read_manifest, verify_files, write_durable
+from .manifest import (
+    MANIFEST,
+    Manifest,
+    encode,
+    make_private,
+    parse_checked,
+    read_manifest,
+    verify_files,
+    write_durable,
+)
 from .peer_store import Peer, PeerClient, PeerError, valid_owner
 from .store import FileStore, step_name
 
@@ -257,6 +266,7 @@ def assemble(link: NodeLink, store: FileStore, step: int, clock=time.perf_counte
                 "", None, f"{name}: " + ("; ".join(problems) or "no copy on this node or a peer")
             )
     if work != final:
+        make_private(work)
         write_durable(work / MANIFEST, data or encode(manifest, store.key), fsync=False)
         os.replace(work, final)
     source = RestoreSource.PEER if fetched else RestoreSource.MEMORY

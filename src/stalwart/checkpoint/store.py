@@ -18,7 +18,16 @@ import re
 import shutil
 from pathlib import Path
 
-from .manifest import MANIFEST, Manifest, configured_key, encode, fsync_dir, parse_checked, write_durable
+from .manifest import (
+    MANIFEST,
+    Manifest,
+    configured_key,
+    encode,
+    fsync_dir,
+    make_private,
+    parse_checked,
+    write_durable,
+)
 from .tiers import check_private, private_dir
 
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -55,6 +64,7 @@ class FileStore:
     def commit(self, step: int, manifest: Manifest) -> Path:
         """Write the manifest last, then make the version visible with one atomic rename."""
         work = self.partial(step)
+        make_private(work)
         write_durable(work / MANIFEST, encode(manifest, self.key), fsync=self.fsync)
         final = self.final(step)
         if final.exists():  # an older save of the same step: replaced only by a complete one

@@ -191,7 +191,8 @@ def _print(d: dict) -> None:
     say(
         "(interval re-optimised and spares re-chosen at each size for the most productive GPU-hours per "
         "reserved GPU-hour; job MTBF: the job's mean time between failures; ckpt every: checkpoint "
-        "interval; cost: of the lost GPU-hours and the spares; k/M/B: thousands, millions, billions)"
+        f"interval; cost: of the lost GPU-hours and the spares at {d['gpu_hour_price']:g} a GPU-hour "
+        "(gpu_hour_price of --config); k/M/B: thousands, millions, billions)"
     )
     for p in d["scale"]:
         if p.get("wait_share", 0.0) >= 0.0005:

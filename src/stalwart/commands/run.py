@@ -26,6 +26,8 @@ from ..settings.panels import NEEDS_SDK, Panel
 from ..settings.run_config import SETTINGS, claim_run_dir
 from ..settings.sources import Leaf, cli_type
 from ..settings.torchrun_flags import pet_defaults, resolve_nproc
+from ..terminal import console as terminal_console
+from ..terminal import say
 from ._help import PanelledCommand
 
 KEYWORD_ONLY = Parameter.KEYWORD_ONLY
@@ -194,7 +196,7 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
     claim_run_dir(cfg)
     done = _finished(cfg)
     if done:  # a finished run stays finished: launch nothing
-        print(done, flush=True)
+        say(terminal_console(), done, markup=False)
         sys.exit(0)
     console = RunConsole(quiet=cfg.quiet)
     for line in intro or ():

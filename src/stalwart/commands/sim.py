@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import typer
 from ..errors import ConfigError
 from ..inputs import parse_yaml, read_text_file
 from ..terminal import console as terminal_console
-from ..terminal import say
+from ..terminal import plural, say
 
 
 # Any: yaml.safe_load returns untyped data; SimConfig validates it
@@ -104,7 +105,9 @@ def register(app: typer.Typer) -> None:
         spares: int = typer.Option(None, help="Hot spare nodes (default: the pool always has one)."),
         elastic: bool = typer.Option(None, "--elastic/--no-elastic", help="Shrink when no spare is left."),
         rate_scale: float = typer.Option(1.0, help="Multiply every failure rate (1.0 = Llama 3 mix)."),
-        price: float = typer.Option(None, help="Cost of one GPU-hour (default 2.0)."),
+        price: float = typer.Option(
+            None, help="Price of one GPU-hour, in any currency: the cost is in the same one (default 2.0)."
+        ),
         config: Path = typer.Option(None, help="YAML file of simulator settings (see docs/simulator.md)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
         write_ledger: Path = typer.Option(
@@ -136,15 +139,23 @@ def register(app: typer.Typer) -> None:
             price=price,
         )
         result = simulate(make_config(**values), trace=write_ledger is not None)
+        wrote = None
         if write_ledger is not None:
             from ..sim.run_ledger import write  # deferred: heavy (numpy)
 
-            write(result, write_ledger, step)
+            wrote = write(result, write_ledger, step)
         summary = result.summary()
         if json_out:
             print(json.dumps(summary, indent=2))
-            return
-        print_summary(summary)
+        else:
+            print_summary(summary)
+        if wrote is not None:  # on stderr under --json: stdout stays one JSON document
+            n, days = int(result.interruptions[0]), result.config.days
+            said = (
+                f"wrote trial 0 ({plural(n, 'interruption')} in {days:g} day{'s' * (days != 1)}) as a run's "
+                f"ledger: {wrote}; read it with: stalwart report {write_ledger}"
+            )
+            say(terminal_console(sys.stderr if json_out else None), said, markup=False)
 
 
 def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON document of any shape (json.dumps)
@@ -167,9 +178,10 @@ def print_summary(s: dict[str, Any]) -> None:  # Any: the summary is a JSON docu
         "lost_gpu_hours": "{:,.0f}",
         "cost": "{:,.0f}",
     }
+    price = f"cost at {s['currency_per_gpu_hour']:g}/GPU-h"  # in the price's currency (--price)
     for key, f in fmt.items():
         row = s[key]
-        t.add_row(key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))
+        t.add_row(price if key == "cost" else key, *(f.format(row[k]) for k in ("mean", "p5", "p50", "p95")))
     console.print(t)
     b = Table(title="where the wall-clock went (mean hours per trial)")
     b.add_column("bucket")

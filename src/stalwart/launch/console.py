@@ -1,4 +1,5 @@
-"""Live terminal output of a run: a progress line and each incident as it happens."""
+"""Live terminal output of a run: a progress line and each incident as it happens, every line
+wrapped to the terminal's width (80 columns when piped) under the text after its clock time."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from ..events import (
     TrainingResumed,
 )
 from ..node_name import printable_name
-from ..terminal import plural
+from ..terminal import output_width, plural
+from ..terminal import say as wrapped
 
 
 def esc(text: str) -> str:
@@ -41,7 +43,8 @@ def esc(text: str) -> str:
 
 class RunConsole:
     def __init__(self, *, quiet: bool = False, stream: IO[str] | None = None) -> None:
-        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+        out = stream or sys.stdout
+        self.console = Console(file=out, width=output_width(out), highlight=False, soft_wrap=True)
         self.quiet = quiet
         self.tty = self.console.is_terminal
         self._last_print = 0.0
@@ -63,14 +66,14 @@ class RunConsole:
         if self.quiet and not always:
             return
         self._clear_line()
-        self.console.print(text)
+        wrapped(self.console, text, hang=None)
 
     def event(self, ev: Event) -> None:
         self._startup.seen(ev)
         t = time.strftime("%H:%M:%S", time.localtime(ev.ts))
         if isinstance(ev, JobStarted):
             self.say(
-                f"[bold]{t} job started[/]: {esc(ev.script)} {esc(' '.join(ev.args))}  "
+                f"[bold]{t} job started[/]: {esc(' '.join((ev.script, *ev.args)))} "
                 f"({ev.nproc_per_node} proc/node, nodes {ev.min_nodes}:{ev.max_nodes}, "
                 f"max restarts {ev.max_restarts})"
             )
@@ -177,9 +180,7 @@ class RunConsole:
             if now - self._last_print < 0.2:
                 return
             self._last_print = now
-            frac = min(1.0, step / total) if total else 0.0
-            bar = f"[{'#' * int(30 * frac)}{'-' * (30 - int(30 * frac))}] " if total else ""
-            self.console.file.write(f"\r\x1b[2K  {bar}{line}")
+            self.console.file.write(f"\r\x1b[2K{_bar_line(line, step, total, self.console.width)}")
             self.console.file.flush()
             self._line_open = True
             return
@@ -188,7 +189,7 @@ class RunConsole:
         mark = int(10 * step / total) if total else _decade_mark(step)
         if mark != self._last_pct or (now - self._last_print > 30 and step != self._last_step):
             self._last_pct, self._last_print, self._last_step = mark, now, step
-            self.console.print(f"  {line}")
+            wrapped(self.console, f"  {line}", hang=None)
 
     def close(self) -> None:
         self._clear_line()
@@ -199,6 +200,17 @@ def progress_line(step: int, total: int, attempt: int, rate: float, elapsed_s: f
     done = f"step {step}/{total} ({min(100, int(100 * step / total))}%)" if total else f"step {step}"
     speed = f"{rate:.1f} steps/s" if rate > 0 else "rate -"
     return f"{done}, attempt {attempt}, {speed}, {_elapsed(elapsed_s)} elapsed"
+
+
+def _bar_line(line: str, step: int, total: int, width: int) -> str:
+    """The progress line on a terminal, with a bar as wide as fits (up to 30 columns; none under 10
+    or without a total), within the terminal's width less one column: a longer line would wrap,
+    and the next update would clear only its last row."""
+    cols = min(30, width - 1 - len(line) - 5) if total else 0
+    if cols < 10:
+        return f"  {line}"[: width - 1]
+    done = int(cols * min(1.0, step / total))
+    return f"  [{'#' * done}{'-' * (cols - done)}] {line}"
 
 
 def _elapsed(s: float) -> str:

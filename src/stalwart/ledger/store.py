@@ -116,13 +116,29 @@ def _create(path: Path, writer: str, fsync: bool) -> None:
         raise _write_error(path, exc, "create") from exc
 
 
+def _private_dirs(path: Path) -> None:
+    """``path`` and its missing parents, each created 0700 (a node's state directory, a simulated
+    run's): ledgers hold stacks, command lines and host names. An existing one keeps its mode."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile by another writer: it keeps its own mode
+
+
 class LedgerWriter:
     """The single writer of one ledger file. Thread-safe; appends are durable on return."""
 
     def __init__(self, path: str | os.PathLike[str], *, writer: str = "", fsync: bool = False) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _private_dirs(self.path.parent)
             self._lock_fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise _write_error(self.path, exc, "create") from exc

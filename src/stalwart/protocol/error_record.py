@@ -12,6 +12,7 @@ The file format is part of the agent-worker contract and lives here only; the di
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import traceback
@@ -139,4 +140,6 @@ def write_error(
         "ts": time.time() if ts is None else ts,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:  # private, as every file of the run: a traceback names the code
+        fh.write(json.dumps(record))

@@ -373,10 +373,7 @@ def claim_run_dir(cfg: RunConfig) -> None:
         theirs = json.loads(path.read_text())
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as RunDir.create
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
-            fh.write(json.dumps(mine))
-        os.replace(tmp, path)
+        _replace_private(path, mine)
         return
     except (OSError, ValueError) as exc:
         raise ConfigError(
@@ -406,8 +403,15 @@ def _same_script(cfg: RunConfig, theirs: dict[str, Any], mine: dict[str, Any], p
             f"the script {mine['script']} changed since run {cfg.run_id!r} started (run dir {cfg.run_dir})",
             "resume it anyway with --continue-changed, or start a new run with another --run-id",
         )
+    _replace_private(path, {**theirs, "sha256": mine["sha256"]})
+
+
+# Any: the run's identity file, a JSON document (json.dumps)
+def _replace_private(path: Path, record: dict[str, Any]) -> None:
+    """``path`` replaced by ``record`` as JSON, in one rename, 0600 as docs/security.md says."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({**theirs, "sha256": mine["sha256"]}))
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as fh:
+        fh.write(json.dumps(record))
     os.replace(tmp, path)
 
 

@@ -119,6 +119,7 @@ class Plan:
     job: tuple[str, ...] = ()  # the target job, one line per figure with its source
     gpus: int = 0  # the plan's own size
     sdc: SdcAdvice | None = None  # how often replicas compare their state (with a target job)
+    gpu_hour_price: float = 0.0  # what one GPU-hour costs: the unit of every cost, in its currency
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -212,6 +213,29 @@ def _option(c: SimConfig, opt: RecoveryOption | str, target: Target | None) -> S
     if target is None:
         return option_config(c, opt)
     return _reoptimised(target.config(c, opt))
+
+
+def _whole(gpus: int, per_node: int, target: Target | None) -> int:
+    """``gpus`` rounded down to whole nodes and, for a target job, whole model-parallel groups."""
+    return target.round(gpus, per_node) if target else max(per_node, gpus // per_node * per_node)
+
+
+def _rounded(asked: Sequence[int], per_node: int, target: Target | None) -> list[str]:
+    """A note for each size asked for (``--scale-to``) that is predicted at another size, or not at
+    all, and why: a job runs on whole nodes and whole model-parallel groups."""
+    unit = f"whole nodes of {per_node} GPUs"
+    if target is not None:
+        job = target.job
+        why = job.size.why if job.model_parallel is None else "given"
+        unit = f"whole model-parallel groups of {job.mp} GPUs ({why}) on {unit}"
+    notes = []
+    for g in sorted(set(asked)):
+        if not per_node <= g <= MAX_GPUS:
+            what = f"fewer GPUs than one node ({per_node})" if g < per_node else f"over {MAX_GPUS:,} GPUs"
+            notes.append(f"--scale-to {g:,} is not predicted: {what}")
+        elif (at := _whole(g, per_node, target)) != g:
+            notes.append(f"--scale-to {g:,} is predicted at {at:,} GPUs: rounded down to {unit}")
+    return notes
 
 
 def _at_size(
@@ -339,10 +363,11 @@ def plan(
     # --scale-to, four sizes
     extra = [int(g) for g in scale_to] or [tuned.gpus // 16, tuned.gpus // 4, tuned.gpus * 4]
     sizes = sorted({tuned.gpus, *[g for g in extra if tuned.gpus_per_node <= g <= MAX_GPUS]})
+    notes += _rounded([int(g) for g in scale_to], tuned.gpus_per_node, target)
     points = []
     options: list[Row] = []
     per = tuned.gpus_per_node
-    for g in sorted({target.round(g, per) if target else max(per, g // per * per) for g in sizes}):
+    for g in sorted({_whole(g, per, target) for g in sizes}):
         c, r = _at_size(tuned, g, spare_candidates, target, chosen)
         lam_g, _ = _rates(c)
         points.append(
@@ -391,6 +416,7 @@ def plan(
         job,
         cfg.gpus,
         sdc,
+        cfg.gpu_hour_price,
     )
 
 

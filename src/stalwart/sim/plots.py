@@ -52,7 +52,12 @@ def write_plots(p: Plan, out_dir: str | Path, fmt: str = "png") -> list[Path]:
     if len(sizes) >= 2:
         for key, label, name, scale in (
             ("ettr", "effective training time ratio (%)", "ettr_vs_gpus", 100.0),
-            ("cost", "cost of lost GPU-hours and spares (per run)", "cost_vs_gpus", 1.0),
+            (
+                "cost",
+                f"cost of lost GPU-hours and spares per run, at {p.gpu_hour_price:g} a GPU-hour",
+                "cost_vs_gpus",
+                1.0,
+            ),
         ):
             fig, ax = plt.subplots(figsize=(7, 4.2))
             for opt in OPTIONS:

@@ -6,7 +6,7 @@ The trial is trial 0 of a run made with ``simulate(cfg, trace=True)``. Every cyc
 ``TrainingResumed`` from the newest checkpoint, a ``StepCompleted`` per step of rank 0 (``step_s``
 seconds; the last step before a failure or the end is cut short so the run phase ends exactly where
 the simulator's does), a synchronous ``CheckpointCommitted`` at the end of every stall, and a
-``FailureDetected`` with the fault's onset. Restrictions: one checkpoint tier, strategies other than
+``FailureDetected`` with the fault's onset and step (the step it cut short, else the next to run). Restrictions: one checkpoint tier, strategies other than
 ``replica`` (the report has no notion of a replica group being away), no stragglers (a simulated
 slowdown is a throughput share, not a set of slow steps).
 """
@@ -82,6 +82,7 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
     ]
     step = 0  # steps completed and committed; a failure rolls back to the newest commit
     for attempt, cyc in enumerate(result.trace):
+        struck = step  # the step a failure strikes: the next to run, unless it cut one short
         t = EPOCH + cyc["start"]
         a: _Ids = {"run_id": RUN_ID, "node": NODE, "attempt": attempt}
         evs.append(AttemptStarted(ts=t, world_size=cfg.gpus, num_nodes=cfg.nodes, **a))
@@ -94,7 +95,7 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
                     CheckpointCommitted(ts=t, step=step, path="sim", stall_s=cyc["plan_stall"], rank=0, **a)
                 )
             evs.append(TrainingResumed(ts=t, step=step, rank=0, **a))
-            t, step = _run(evs, a, t, step, cyc, tier.interval_s, tier.stall_s, step_s)
+            t, step, struck = _run(evs, a, t, step, cyc, tier.interval_s, tier.stall_s, step_s)
         else:
             t += cyc["restart"]
         if cyc["failed"]:
@@ -106,6 +107,7 @@ def events_of(result: SimResult, step_s: float) -> list[Event]:
                     failure="crash",
                     evidence=f"simulated {cyc['class']}",
                     onset=onset,
+                    step=struck,
                     rank=0,
                     **a,
                 )
@@ -134,8 +136,9 @@ def _run(
     interval: float,
     stall: float,
     step_s: float,
-) -> tuple[float, int]:
-    """Steps and checkpoints of one run phase starting at ``t``; returns (end, step to resume from)."""
+) -> tuple[float, int, int]:
+    """Steps and checkpoints of one run phase starting at ``t``; returns (end, step to resume from,
+    the step the phase's end struck: the one cut short, else the next to run)."""
     end = t + cyc["run"]
     left = cyc["compute"]
     committed = step
@@ -151,7 +154,7 @@ def _run(
             if left > 1e-9:  # its last step, cut short by the failure or the end of the horizon
                 evs.append(StepCompleted(ts=t + left, step=step, start=t, duration=left, rank=0, **a))
                 t += left
-                step += 1
+                return t, (committed if cyc["failed"] and cyc["class"] != "planned" else step + 1), step
             break
         # a whole interval done: the stall follows (the run phase may end inside it)
         s = min(stall, max(end - t, 0.0))
@@ -164,7 +167,7 @@ def _run(
                 evs.append(CheckpointStaged(ts=t + s, step=step, stall_s=s, rank=0, **a))
             t += s
             break
-    return t, (committed if cyc["failed"] and cyc["class"] != "planned" else step)
+    return t, (committed if cyc["failed"] and cyc["class"] != "planned" else step), step
 
 
 def write(result: SimResult, run_dir: str | os.PathLike[str], step_s: float) -> Path:

@@ -73,7 +73,13 @@ class ProcessGuard:
             self._tie_to_agent(self._agent_pid)
         if self._stack_path is not None:
             self._stack_path.parent.mkdir(parents=True, exist_ok=True)
-            self._stack = open(self._stack_path, "w")  # noqa: SIM115 - kept open for faulthandler, closed in close()
+            # private, as every file of the run (stacks name the script's code); kept open for
+            # faulthandler, closed in close()
+            fd = os.open(
+                self._stack_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            os.fchmod(fd, 0o600)  # one left by an older attempt of this name keeps no wider mode
+            self._stack = os.fdopen(fd, "w")
             faulthandler.register(STACK_DUMP_SIGNAL, file=self._stack, all_threads=True)
         if self._on_error is not None:
             self._previous_hook = sys.excepthook

@@ -13,8 +13,8 @@ did, never a claim about checkpoints Stalwart cannot see:
   stop grace, as torchrun's shutdown timeout does.
 
 A signal in an attempt's first ``STARTUP_GRACE_S`` seconds, before any rank said Hello or stepped,
-waits for that (bounded): forwarding it then would kill an SDK worker still importing instead of
-letting its Session save.
+waits for that (bounded) while a worker runs: forwarding it then would kill an SDK worker still
+importing instead of letting its Session save.
 
 A Session coordinates its own emergency save (``SignalMonitor`` in ``monitors.py``); this monitor
 stands aside as soon as any rank said Hello.
@@ -55,7 +55,8 @@ class ForwardedStop:
             return None
         name = _name(s.signal)
         unknown = not s.sdk_ranks and not s.steps_seen  # no rank has said anything yet (step hooks, Hello)
-        if s.stop_requested_at is None and unknown and s.now - s.started < self.startup_grace_s:
+        waiting = not s.all_exited and s.now - s.started < self.startup_grace_s  # workers that may yet say
+        if s.stop_requested_at is None and unknown and waiting:
             return Decision(
                 DecisionKind.HOLD,
                 f"{name} during start-up: waiting for the workers to say whether they run a Session",

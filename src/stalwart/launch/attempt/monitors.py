@@ -79,9 +79,14 @@ _KIND_ORDER = {"exception": 0, "crash": 1, "peer_lost": 2}
 
 
 def worker_exits(s: Snapshot) -> Decision | None:
-    """A rank exited non-zero while no stop was asked: the attempt failed; name the root cause."""
+    """A rank exited non-zero while no stop was asked: the attempt failed; name the root cause. Not
+    when every failed rank was killed by the signal the agent has to act on: a Ctrl-C (a scheduler's
+    signal) reaches the whole process group, and workers it killed first are its doing, which the
+    signal monitors after this one answer, not a crash to restart from."""
     failed = s.failed
     if not failed or s.stop_requested_at is not None:
+        return None
+    if s.signal is not None and all(code == -s.signal for code in failed.values()):
         return None
     return crash(s, failed)
 

@@ -47,7 +47,7 @@ from ..ports import (
     LedgerSink,
     WorkerProcesses,
 )
-from ..processes.worker_group import WorkerSpec, describe_exit, tail, tail_lines
+from ..processes.worker_group import WorkerSpec, describe_exit, ending_note, tail
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
@@ -397,13 +397,12 @@ class Supervisor:
     def _crash(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
         assert d.outcome is not None and d.outcome.failure is not None
         failure, root, err = d.outcome.failure, d.rank, d.error
-        log = next((s.log_path for s in self.specs if s.global_rank == root), None)
-        text = tail(log, 3)
-        # one line names the failure (the FailureDetected below); a traceback's end, with where the
-        # whole log is, only when the rank left one
-        shown = tail_lines(log, 8, match="Traceback (most recent call last)")
-        if shown:
-            self.console.note(f"last lines of rank {root} (its log: {log}):\n{shown}")
+        spec = next((s for s in self.specs if s.global_rank == root), None)
+        text = tail(spec.log_path if spec else None, 3)
+        # one line names the failure (the FailureDetected below); before it, where the rank's log is
+        # and, unless the rank printed it on the console already, how its output ended
+        if ending := ending_note(spec):
+            self.console.note(ending)
         ctx = self.ledger.ctx()
         detected = FailureDetected(
             ts=d.outcome.detected_at,

@@ -36,28 +36,34 @@ What the script sees is what torchrun's ``python train.py`` gives it: ``sys.argv
 ``runpy``) and the environment are left as a fresh interpreter would have them (``prepare_main``).
 The cold path runs ``python -u -c "from stalwart.launch.processes.bootstrap import main; main()" [-m]
 <script> <args>``; the warm path (``forkserver_main.py``) calls :func:`install` and :func:`run_main`.
+An exception that ends the script is printed as the interpreter prints it, through ``sys.excepthook``
+(the SDK records it there), less the bootstrap's own frames above the script's (:func:`print_uncaught`).
 """
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import ctypes
 import faulthandler
 import importlib.machinery
 import os
 import runpy
+import signal
 import sys
 import time
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ...protocol import STACK_DUMP_SIGNAL, StepDone, WorkerEnv, WorkerPlace
 from ...protocol.pipe import Sender
 from ...protocol.run_dir import RunDir
 from ...protocol.step_history import StepHistory, session_owns_steps
+from ...terminal import plural
 from .hook_chaos import HookChaos
 from .hook_ledger import HookLedger
 from .hook_sdc import HookSdc
@@ -252,7 +258,8 @@ def _stacks(run: RunDir, node: str, attempt: int, rank: int) -> IO[str] | None:
     path = run.stack_file(node, attempt, rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a")  # noqa: SIM115 - kept open for faulthandler for the process's life
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fh = os.fdopen(fd, "a")  # private as every file of the run; kept open for faulthandler
     except OSError:
         return None
     faulthandler.register(STACK_DUMP_SIGNAL, file=fh, all_threads=True)
@@ -359,6 +366,56 @@ def _run_file(path: str) -> None:
     exec(code, main.__dict__)
 
 
+def _bootstrap_frame(tb: TracebackType) -> bool:
+    """A frame of the way into the script: this package (the bootstrap, the fork server), ``runpy``
+    (``-m``) or the cold path's ``-c`` line."""
+    name = tb.tb_frame.f_code.co_filename
+    return os.path.dirname(name) == os.path.dirname(__file__) or name in (
+        "<string>",
+        runpy.__file__,
+        "<frozen runpy>",
+    )
+
+
+def user_traceback(tb: TracebackType | None) -> tuple[TracebackType | None, int]:
+    """``tb`` from the script's first frame on, and how many of the bootstrap's frames came before it
+    (an error in the bootstrap itself keeps its innermost frame)."""
+    hidden = 0
+    while tb is not None and tb.tb_next is not None and _bootstrap_frame(tb):
+        tb, hidden = tb.tb_next, hidden + 1
+    return tb, hidden
+
+
+def print_uncaught(exc: BaseException) -> None:
+    """Print an exception that ended the script as the interpreter would, through ``sys.excepthook``,
+    without the frames of Stalwart's bootstrap above the script's, saying how many it left out."""
+    tb, hidden = user_traceback(exc.__traceback__)
+    if hidden:
+        print(f"({plural(hidden, 'frame')} of Stalwart's worker bootstrap left out)", file=sys.stderr)
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the interpreter's prints __traceback__
+
+
+def die_interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    """End the script on a KeyboardInterrupt as the interpreter does (its traceback, the exit
+    functions, then killed by SIGINT), with SIGINT ignored from the start: one Ctrl-C reaches a
+    worker twice (from the terminal, and passed on by the agent to a script without the SDK, as
+    torchrun does), and the second must not break an exit function ("Exception ignored in atexit
+    callback ... KeyboardInterrupt")."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print_uncaught(exc)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing left to say
+                pass
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(128 + signal.SIGINT)  # not reached: the signal ends the process
+
+
 def main() -> None:
     """The cold path's entry: ``python -c BOOT_CODE [-m] <script> <args>``."""
     args = sys.argv[1:]
@@ -368,4 +425,12 @@ def main() -> None:
     if not args:
         raise SystemExit("worker_boot: no script given")
     install(os.environ, (["-m"] if module else []) + args, python=sys.executable)
-    run_main(args, module)
+    try:
+        run_main(args, module)
+    except SystemExit:
+        raise  # as the interpreter ends on it
+    except KeyboardInterrupt as exc:
+        die_interrupted(exc)
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter would: printed, exit 1
+        print_uncaught(exc)
+        sys.exit(1)

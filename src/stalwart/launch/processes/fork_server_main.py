@@ -24,7 +24,7 @@ from typing import Any
 import setproctitle
 
 from ...protocol.lifetime import die_with_parent
-from .bootstrap import install, run_main
+from .bootstrap import die_interrupted, install, print_uncaught, run_main
 
 
 def _threads() -> int:
@@ -266,8 +266,10 @@ def _become_worker(req: dict[str, Any], fds: list[int], sock: socket.socket) -> 
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
             print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - as the interpreter would: print through the excepthook, exit 1
-        sys.excepthook(*sys.exc_info())
+    except KeyboardInterrupt as exc:
+        die_interrupted(exc)  # killed by SIGINT, as a fresh interpreter
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter would: print through the excepthook, exit 1
+        print_uncaught(exc)
         code = 1
     finally:
         try:

@@ -396,3 +396,17 @@ def tail_lines(path: Path | None, lines: int = 5, match: str = "") -> str:
         if starts:
             rows = rows[starts[-1] :]
     return "\n".join(rows[-lines:])
+
+
+def ending_note(spec: WorkerSpec | None) -> str:
+    """What the console says of how a failed rank's output ended, with where its whole log is: the
+    log's last lines (from its last traceback on) where the rank's stderr does not reach the
+    console (redirected, filtered out); where it does, the worker printed them there already, and
+    the console points to them instead of printing the traceback twice. "" without a log."""
+    log = spec.log_path if spec is not None else None
+    shown = tail_lines(log, 8, match="Traceback (most recent call last)")
+    if spec is None or not shown:
+        return ""
+    if spec.route is None or spec.route.console[1]:
+        return f"rank {spec.global_rank}'s own output above shows how it ended (its log: {log})"
+    return f"last lines of rank {spec.global_rank} (its log: {log}):\n{shown}"

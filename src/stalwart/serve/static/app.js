@@ -7,6 +7,7 @@ const SVGNS = "http://www.w3.org/2000/svg";
 const POLL_MS = 1000;
 let timer = null;
 let lastOk = 0;
+let ended = false;  // the page shows a job that has ended: nothing on it changes any more
 
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
@@ -53,7 +54,10 @@ function setLive(ok) {
   const live = document.getElementById("live");
   const stale = Date.now() - lastOk > 5000;
   live.classList.toggle("stale", stale);
-  live.textContent = stale ? "disconnected" : "live";
+  live.classList.toggle("ended", !stale && ended);
+  live.textContent = stale ? "disconnected" : ended ? "ended" : "live";
+  live.title = stale ? "no answer from the dashboard for 5 s"
+    : ended ? "this job has ended: its page no longer changes" : "updates every second";
 }
 function table(id, cols, rows) {
   const head = el("tr", {}, ...cols.map(c => el("th", { class: c.num ? "num" : "", text: c.label })));
@@ -99,6 +103,7 @@ function kpi(v, label, id) {
 async function pageRun(app, id) {
   const r = await api("/api/runs/" + encodeURIComponent(id));
   const outcome = r.loading ? "loading" : r.outcome;
+  ended = !r.loading && r.finished === true;  // its JobEnded is in the ledger
   const restarts = Object.values(r.restarts_by_cause).reduce((a, b) => a + b, 0);
   const ck = r.checkpoints || {};
   put(app, 
@@ -211,7 +216,7 @@ function incidents(list) {
   if (!list.length) return el("p", { class: "muted", id: "no-incidents", text: "No interruptions." });
   const rows = list.map((c, i) => el("tr", { class: "incident" },
     td(i + 1, "num"), td(when(c.onset)), td(pill(c.failure, "bad")), td(c.component), td(c.rank, "num"), td(c.node),
-    td(c.step, "num"), td(fmtS(c.detection_s), "num"), td(fmtS(c.lost_work_s), "num"), td(fmtS(c.recovery_s), "num"),
+    td(c.step >= 0 ? c.step : "-", "num"), td(fmtS(c.detection_s), "num"), td(fmtS(c.lost_work_s), "num"), td(fmtS(c.recovery_s), "num"),
     td(c.total_s === null ? "ongoing" : fmtS(c.total_s), "num")));
   return table("incidents", [{ label: "#", num: 1 }, { label: "onset" }, { label: "failure" }, { label: "component" },
     { label: "rank", num: 1 }, { label: "node" }, { label: "step", num: 1 }, { label: "detect", num: 1 },
@@ -256,6 +261,7 @@ async function render() {
   const h = location.hash || "#/";
   document.getElementById("nav-runs").classList.toggle("active", h === "#/" || h.startsWith("#/run/"));
   document.getElementById("nav-nodes").classList.toggle("active", h === "#/nodes");
+  ended = false;
   try {
     if (h.startsWith("#/run/")) await pageRun(app, decodeURIComponent(h.slice(6)));
     else if (h === "#/nodes") await pageNodes(app);
