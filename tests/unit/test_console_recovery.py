@@ -14,7 +14,8 @@ def _show(events) -> str:
     out = io.StringIO()
     con = RunConsole(stream=out)
     for ev in events:
-        if isinstance(ev, tuple):  # a progress report: (now, step, attempt)
+        if isinstance(ev, tuple):  # a step of rank 0 (the node's one rank) and progress: (now, step, attempt)
+            con.stepped(ev[2], [(0, ev[0] - 0.1, ev[0])], 1)
             con.progress(ev[1], 40, ev[2], 1.0, now=ev[0])
         else:
             con.event(ev)
@@ -43,6 +44,19 @@ def test_path_and_phases_are_printed_once_per_recovery():
         "cold path 3.50s after the fault: detect 0.50s, stop and decide 0.25s, re-form 0.25s, "
         "start to first step 2.50s" in lines[0]
     )
+
+
+def test_a_recovery_is_told_once_every_rank_of_the_node_stepped_again():
+    out = io.StringIO()
+    con = RunConsole(stream=out)
+    con.event(FailureDetected(ts=10.5, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0))
+    con.event(DecisionTaken(ts=10.75, action="restart", reason="restart: crash", attempt=0))
+    con.event(DecisionTaken(ts=11.0, action="start_warm", reason="warm: forked", attempt=1))
+    con.stepped(1, [(0, 12.0, 12.5)], 2)
+    assert "recovered on the" not in out.getvalue()  # rank 1 has not stepped yet
+    con.stepped(1, [(0, 12.5, 13.0), (1, 12.2, 13.25)], 2)
+    (said,) = [ln for ln in unwrap(out.getvalue()).splitlines() if "recovered on the" in ln]
+    assert "warm path 3.25s after the fault" in said and "start to first step 2.25s" in said, said
 
 
 def test_why_in_place_was_not_taken_is_said_once_per_job_however_many_failures():

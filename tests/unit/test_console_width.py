@@ -50,7 +50,8 @@ def _console(monkeypatch, columns: int) -> str:
     out = io.StringIO()
     con = RunConsole(stream=out)
     for ev in EVENTS:
-        if isinstance(ev, tuple):  # a progress report: (now, step)
+        if isinstance(ev, tuple):  # the node's one rank stepped, and progress: (now, step)
+            con.stepped(int(ev[0] > 10), [(0, ev[0] - 0.1, ev[0])], 1)  # attempt 1 after the restart
             con.progress(ev[1], 200, 0, 1.0, now=ev[0])
         else:
             con.event(ev)

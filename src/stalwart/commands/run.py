@@ -211,7 +211,7 @@ def execute(cfg, *, report: bool, intro: list[str] | None = None) -> None:
         progress=console.progress,
         started=process_start(),  # the process start, read from /proc
         note=console.note,
-        first_step=console.first_step,
+        stepped=console.stepped,
     )
     console.say(f"run dir: {cfg.run_dir}")
     observe.start()

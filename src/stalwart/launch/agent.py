@@ -43,7 +43,7 @@ from .failure_files import CheckpointFiles
 from .finished_run import last_step
 from .ledger_sink import NodeLedger
 from .node_gate import check_node
-from .ports import Progress
+from .ports import Progress, Stepped
 from .processes.warm_pool import WarmPool
 from .processes.worker_group import WorkerSpec
 from .rendezvous.arrival import FinishedMark
@@ -56,10 +56,8 @@ if TYPE_CHECKING:
 
 
 class _Console:
-    def __init__(
-        self, note: Callable[[str], None], progress: Progress, first_step: Callable[[int, float], None]
-    ) -> None:
-        self.note, self.progress, self.first_step = note, progress, first_step
+    def __init__(self, note: Callable[[str], None], progress: Progress, stepped: Stepped) -> None:
+        self.note, self.progress, self.stepped = note, progress, stepped
 
 
 def _no_progress(step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
@@ -151,7 +149,7 @@ class Agent:
         started: float | None = None,
         note: Callable[[str], None] | None = None,
         clock: Clock | None = None,
-        first_step: Callable[[int, float], None] | None = None,
+        stepped: Stepped | None = None,
     ):
         self.cfg = cfg
         if cfg.run_dir is None:
@@ -166,7 +164,9 @@ class Agent:
         )
         self._notify = notify or (lambda ev: None)
         self.console = _Console(
-            note or (lambda text: None), progress or _no_progress, first_step or (lambda attempt, start: None)
+            note or (lambda text: None),
+            progress or _no_progress,
+            stepped or (lambda attempt, steps, ranks: None),
         )
         self.ledger = NodeLedger(
             LedgerWriter(self.run.agent_ledger(cfg.node_name, os.getpid()), writer=f"agent {cfg.node_name}"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import IO
 
 from rich.console import Console
@@ -55,6 +56,7 @@ class RunConsole:
         self._recovering: dict[str, float | str] = {}  # marks of the recovery under way (phases line)
         self._skipped: set[str] = set()  # in-place skip reasons already said (each once per job)
         self._startup = StartupWatch()  # where the time before the first step went (account/startup.py)
+        self._stepped_attempt, self._stepped = -1, set[int]()  # the ranks that stepped in this attempt
 
     def _clear_line(self) -> None:
         if self._line_open:
@@ -146,8 +148,9 @@ class RunConsole:
             )
 
     def _recovered(self, now: float) -> None:
-        """At the first step reported after a restart: the path and the phases of that recovery
-        (the report has the same per interruption, from the ledger, up to every rank's first step)."""
+        """Once every rank of this node stepped after a restart: the path and the phases of that
+        recovery (the report has the same per interruption, from the ledger, up to every rank's first
+        step)."""
         r, self._recovering = self._recovering, {}
         onset, detected, decided, started = (float(r[k]) for k in ("onset", "detected", "decided", "started"))
         self.say(
@@ -159,18 +162,27 @@ class RunConsole:
     def note(self, text: str) -> None:
         self.say(f"{time.strftime('%H:%M:%S')} {esc(text)}")
 
-    def first_step(self, attempt: int, start: float) -> None:
-        """A step of ``attempt`` began at ``start``: at the job's first, where its start-up went."""
+    def stepped(self, attempt: int, steps: Sequence[tuple[int, float, float]], ranks: int) -> None:
+        """Steps of ``attempt`` completed, as (rank, start, end), of this node's ``ranks`` ranks: at the
+        job's first step, where its start-up went; once every rank stepped after a restart, that
+        recovery (the report's recovery table ends it there too)."""
+        if not steps:
+            return
+        start = min(s for _, s, _ in steps)
         told = self._startup.first_step(attempt, start)
         if told is not None:
             self.say(f"{time.strftime('%H:%M:%S', time.localtime(start))} {esc(told)}")
+        if self._stepped_attempt != attempt:
+            self._stepped_attempt, self._stepped = attempt, set()
+        for rank, _, end in sorted(steps, key=lambda s: s[2]):
+            self._stepped.add(rank)
+            if len(self._stepped) >= ranks and "started" in self._recovering:
+                self._recovered(end)
 
     def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
         """Steps done so far (``total`` 0: the script did not say how many it runs, as an unchanged
         script's hooks cannot), the attempt, the job's rate and the time since the first report."""
         now = time.time() if now is None else now
-        if "started" in self._recovering:
-            self._recovered(now)
         if self.quiet:
             return
         if self._first is None:

@@ -53,13 +53,13 @@ class RecordingLedger:
 class RecordingConsole:
     notes: list[str] = field(default_factory=list)
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)
-    firsts: list[tuple[int, float]] = field(default_factory=list)
+    stepped_: list[tuple[int, int, int]] = field(default_factory=list)  # (attempt, steps, ranks)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def first_step(self, attempt: int, start: float) -> None:
-        self.firsts.append((attempt, start))
+    def stepped(self, attempt: int, steps: Sequence[tuple[int, float, float]], ranks: int) -> None:
+        self.stepped_.append((attempt, len(steps), ranks))
 
     def progress(self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None) -> None:
         self.steps.append((step, total, attempt, rate))

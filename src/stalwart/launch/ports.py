@@ -51,6 +51,12 @@ class Progress(Protocol):
     ) -> None: ...
 
 
+class Stepped(Protocol):
+    """Steps of ``attempt`` completed, as (rank, start, end), of this node's ``ranks`` ranks."""
+
+    def __call__(self, attempt: int, steps: Sequence[tuple[int, float, float]], ranks: int) -> None: ...
+
+
 class Console(Protocol):
     def note(self, text: str) -> None: ...
 
@@ -58,8 +64,10 @@ class Console(Protocol):
         self, step: int, total: int, attempt: int, rate: float, *, now: float | None = None
     ) -> None: ...
 
-    def first_step(self, attempt: int, start: float) -> None:
-        """A step of ``attempt`` began at ``start`` (the console tells the start-up at the job's first)."""
+    def stepped(self, attempt: int, steps: Sequence[tuple[int, float, float]], ranks: int) -> None:
+        """Steps of ``attempt`` completed, as (rank, start, end), of this node's ``ranks`` ranks: the
+        console tells the start-up at the job's first step, and a restart's recovery once every rank
+        stepped again (where the report's recovery table ends it)."""
         ...
 
 

@@ -200,7 +200,7 @@ class Supervisor:
         self.window.extend(batch)
         if top.step // STRAGGLER_EVERY != self.last_straggler_check // STRAGGLER_EVERY:
             self.last_straggler_check = straggler_step = top.step
-        self.console.first_step(self.attempt, min(e.start for e in batch))
+        self.console.stepped(self.attempt, [(e.rank, e.start, e.ts) for e in batch], len(self.specs))
         # the batch's newest step end, not this tick: a recovery's time is the one the report gives
         self.console.progress(
             top.step + 1, tracker.total_steps, self.attempt, tracker.rate(), now=max(e.ts for e in batch)
