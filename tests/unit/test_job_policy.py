@@ -211,6 +211,13 @@ def test_a_rendezvous_store_that_refuses_the_agent_is_bad_input_not_a_requeue():
     assert d.verdict == "the rendezvous store refused this agent: EtcdAccessError: no client certificate"
 
 
+def test_a_rendezvous_that_failed_after_the_job_succeeded_elsewhere_ends_quietly_with_success():
+    said = "the job already succeeded on h0 at 10:45:07 (the run directory's ledger says so)"
+    d = job.next(state(), RendezvousFailed("DistStoreError: timed out", finished=said), NOW)
+    assert isinstance(d, End) and d.outcome == "succeeded" and d.exit_code == 0 and not d.left
+    assert d.verdict == f"{said}; this agent arrived at its end: nothing to join, nothing launched"
+
+
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_PREEMPTED)])
 def test_a_signal_before_start_ends_the_job(signum, code):
     d = job.next(state(), Met(("n0",), signum), NOW)

@@ -134,6 +134,17 @@ def test_a_rendezvous_that_raises_ends_the_job_with_its_first_line():
     assert verdict(r).verdict == "rendezvous failed: TimeoutError: join timed out"
 
 
+def test_an_agent_whose_store_went_with_a_job_that_succeeded_elsewhere_exits_0():
+    files = FakeRunFiles(
+        finished="the job already succeeded on h0 at 10:45:07 (the run directory's ledger says so)"
+    )
+    r = runner([TimeoutError("the store is gone")], ScriptedWorkers([]), files=files)
+    assert r.run() == EXIT_OK
+    assert verdict(r).outcome == "succeeded" and verdict(r).verdict.startswith(
+        "the job already succeeded on h0"
+    )
+
+
 def test_membership_re_forms_and_the_next_round_decides_the_world():
     w = ScriptedWorkers([AttemptOutcome(AttemptStatus.MEMBERSHIP), AttemptOutcome(AttemptStatus.SUCCEEDED)])
     r = runner([("a", "b"), ("a", "b", "c", "d")], w, node="a", max_nodes=4)

@@ -273,7 +273,7 @@ class Agent:
             state=job.initial(job_spec(self.cfg)),
             rendezvous=rendezvous,
             workers=workers,
-            files=CheckpointFiles(self.run),
+            files=CheckpointFiles(self.run, node=self.cfg.node_name, since=self.started),
             ledger=self.ledger,
             clock=self.clock,
             signal=self._signal,

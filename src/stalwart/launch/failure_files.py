@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from ..chaos.once import injected_by
 from ..diagnose.pyspy import stopped_stacks
+from ..events import JobEnded
+from ..ledger import read_available
 from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
 from ..protocol.run_dir import RunDir
 from .clock import Clock
@@ -117,8 +120,29 @@ class AttemptFiles:
 class CheckpointFiles:
     """Implements :class:`stalwart.launch.ports.RunFiles` over the run directory's checkpoints."""
 
-    def __init__(self, run: RunDir) -> None:
-        self.run = run
+    def __init__(self, run: RunDir, *, node: str = "", since: float = 0.0) -> None:
+        self.run, self.node, self.since = run, node, since
+
+    def finished_elsewhere(self) -> str:
+        """What the run directory's ledger says when another node ended the job succeeded since this
+        agent started (``since``); "" when none did or the ledger cannot be read."""
+        try:
+            events = read_available(self.run.root).events
+        except Exception:  # noqa: BLE001 - no answer from the files: the store's failure stands
+            return ""
+        done = [
+            e
+            for e in events
+            if isinstance(e, JobEnded)
+            and e.outcome == "succeeded"
+            and e.node != self.node
+            and e.ts >= self.since
+        ]
+        if not done:
+            return ""
+        last = max(done, key=lambda e: e.ts)
+        when = time.strftime("%H:%M:%S", time.localtime(last.ts))
+        return f"the job already succeeded on {last.node} at {when} (the run directory's ledger says so)"
 
     def newest_good(self) -> int | None:
         """The newest checkpoint step in the run directory that verifies, or None."""

@@ -303,10 +303,14 @@ class ScriptedWorkers:
 class FakeRunFiles:
     newest: int | None = None
     asked: int = 0
+    finished: str = ""  # what finished_elsewhere says
 
     def newest_good(self) -> int | None:
         self.asked += 1
         return self.newest
+
+    def finished_elsewhere(self) -> str:
+        return self.finished
 
 
 @dataclass

@@ -184,6 +184,11 @@ class RunFiles(Protocol):
         """The newest checkpoint step in the run directory that verifies, or None."""
         ...
 
+    def finished_elsewhere(self) -> str:
+        """What the run directory's ledger says when another node ended the job succeeded since this
+        agent started ("" when none did, or it cannot be read)."""
+        ...
+
 
 class HealthGate(Protocol):
     def check(self, attempt: int) -> tuple[str, str]:

@@ -87,7 +87,9 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure ends the job with a verdict
             text = str(exc).splitlines()[0] if str(exc) else ""
             refused = isinstance(exc, ConfigError)  # the store refused us (etcd's certificate, user)
-            return self._ask(RendezvousFailed(f"{type(exc).__name__}: {text}", refused))
+            # a store gone with a job that succeeded: the run directory tells (bounded local read)
+            finished = "" if refused else self.files.finished_elsewhere()
+            return self._ask(RendezvousFailed(f"{type(exc).__name__}: {text}", refused, finished))
         decision = self._ask(Met(met.names, self.signal()))
         match decision:
             case End():

@@ -84,6 +84,9 @@ class Unhealthy:
 class RendezvousFailed:
     error: str  # "Type: first line of the message"
     refused: bool = False  # the store refused this agent (its certificate, user, key): a requeue cannot help
+    # the run directory's ledger says another node ended the job succeeded since this agent started
+    # (the store went with it): what it says; this agent arrived at the end and has nothing to do
+    finished: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,9 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
             left=True,
         ),
         "rendezvous_failed": Verdict("rendezvous_failed", "rendezvous failed: {detail}", EXIT_INFRA),
+        "finished_elsewhere": Verdict(
+            "succeeded", "{detail}; this agent arrived at its end: nothing to join, nothing launched", EXIT_OK
+        ),
         "rendezvous_refused": Verdict(
             "rendezvous_failed", "the rendezvous store refused this agent: {detail}", EXIT_BAD_INPUT
         ),
@@ -316,7 +322,9 @@ def next(state: JobState, observation: Observation, now: float) -> JobDecision: 
             why = f"exclude node {state.spec.node}: {reason} (node state {node_state})"
             records = (Record("exclude_node", why, now),)
             return end(state, "unhealthy", Outcome(AttemptStatus.FAILED, detail=reason), records)
-        case RendezvousFailed(error=error, refused=refused):
+        case RendezvousFailed(error=error, refused=refused, finished=finished):
+            if finished:
+                return end(state, "finished_elsewhere", Outcome(AttemptStatus.FAILED, detail=finished))
             key = "rendezvous_refused" if refused else "rendezvous_failed"
             return end(state, key, Outcome(AttemptStatus.FAILED, detail=error))
         case Met():
