@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from stalwart.errors import LedgerError
-from stalwart.ledger import read_merged
+from stalwart.events.integrity import SilentCorruption, TrainingAnomaly
+from stalwart.ledger import read_available, read_merged
 from widths import unwrap  # tests/ is on sys.path (its conftest)
 
 EXAMPLE = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-every", "0"]
@@ -103,3 +104,16 @@ def seen_samples(dirs: list[Path]) -> dict[int, list[int]]:
         for step, (_, idxs) in rows.items():
             out.setdefault(step, []).extend(idxs)
     return out
+
+
+def integrity_findings(root: Path) -> list[str]:
+    """One line per SilentCorruption or TrainingAnomaly event in the ledgers under ``root``."""
+    files = sorted(root.rglob("*.ledger"))
+    if not files:
+        return []
+    events = read_available(files, require_some=False).events
+    return [
+        f"{type(e).__name__} on {e.node} rank {e.rank}: {getattr(e, 'reason', '')}"
+        for e in events
+        if isinstance(e, (SilentCorruption, TrainingAnomaly))
+    ]

@@ -11,10 +11,11 @@ import pytest
 
 from stalwart.diagnose.precision import detector_stats
 from stalwart.events import ChaosInjected, DecisionTaken, IncidentRaised, TrainingResumed
-from stalwart.events.integrity import SilentCorruption
+from stalwart.events.integrity import SilentCorruption, TrainingAnomaly
 from stalwart.health.node_store import HealthStore
+from stalwart.ledger import LedgerWriter
 
-from .runner import events, stalwart
+from .runner import events, integrity_findings, stalwart
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +85,17 @@ def test_a_flipped_bit_is_found_named_and_rolled_back_to_the_clean_result(tmp_pa
     assert digests == clean[1], "every replica ends where the run without the fault ends"
     stats = {d.detector: d for d in detector_stats(evs)}["sdc"]
     assert stats.faults == 1 and stats.caught == 1 and stats.confirmed == 1, stats
+
+
+def test_the_suites_check_for_false_findings_reads_every_ledger_under_a_directory(tmp_path: Path):
+    # every other e2e test's tmp_path is read by this check after it (tests/e2e/conftest.py)
+    assert integrity_findings(tmp_path) == []
+    with LedgerWriter(tmp_path / "run" / "ledger" / "worker-n0-a0-r1-p9.ledger", writer="test") as w:
+        w.append(SilentCorruption(ts=1.0, step=30, verdict="odd_one_out", node="n0", rank=1, reason="bit"))
+        w.append(
+            TrainingAnomaly(
+                ts=2.0, step=31, signal="loss", anomaly="nonfinite", value="nan", node="n0", rank=1
+            )
+        )
+    found = integrity_findings(tmp_path)
+    assert len(found) == 2 and found[0].startswith("SilentCorruption on n0 rank 1"), found
