@@ -47,8 +47,10 @@ class _Actions(FaultActions):
 
 
 @pytest.fixture(autouse=True)
-def _no_session(monkeypatch):
-    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", False)
+def _no_session():
+    step_history.release_steps()
+    yield
+    step_history.release_steps()
 
 
 def _observer(fault: Fault, tmp_path, events: list, actions: _Actions, clock: _Clock) -> StepObserver:
@@ -122,7 +124,7 @@ def test_slow_sleeps_in_each_slowed_step_by_the_ranks_own_step_time(tmp_path):
 def test_a_session_in_the_process_takes_the_plan_and_the_hooks_fire_nothing(tmp_path, monkeypatch):
     clock, events, actions, opt = _Clock(), [], _Actions(), object()
     obs = _observer(Fault("crash", rank=1, step=1), tmp_path, events, actions, clock)
-    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", True)
+    step_history.claim_steps()  # handed back by the fixture
     for _ in range(3):
         _step(obs, opt, clock)
     assert actions.done == [] and events == []

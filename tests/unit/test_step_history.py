@@ -29,8 +29,10 @@ from stalwart.train import fingerprint
 
 
 @pytest.fixture(autouse=True)
-def _no_session(monkeypatch):
-    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", False)
+def _no_session():
+    step_history.release_steps()
+    yield
+    step_history.release_steps()
 
 
 HISTORY = {"init": INITIAL, "a": 0, "b": 1, "c": 2}
@@ -195,7 +197,7 @@ def test_a_script_that_starts_over_from_its_seed_is_step_zero_again(tmp_path):
 def test_a_session_in_the_process_owns_the_steps(tmp_path, monkeypatch):
     events: list = []
     _run(tmp_path, *_model(), 3, events)
-    monkeypatch.setattr(step_history, "_SESSION_OWNS_STEPS", True)
+    step_history.claim_steps()  # handed back by the fixture
     m, opt = _model()
     _train(m, opt)
     again = _run(tmp_path, m, opt, 2, events)

@@ -145,6 +145,13 @@ def claim_steps() -> None:
     _SESSION_OWNS_STEPS = True
 
 
+def release_steps() -> None:
+    """No Session counts this process's steps (again): the hooks' locator records them. A process
+    starts this way; a test that made a Session hands the steps back with this."""
+    global _SESSION_OWNS_STEPS
+    _SESSION_OWNS_STEPS = False
+
+
 def optimizer_steps(optimizer: object) -> tuple[int | None, bool]:
     """The step count the optimizer's state carries (Adam and its kin keep one per parameter; None
     where it keeps none) and whether its state is new (nothing loaded or stepped yet)."""
