@@ -1,7 +1,8 @@
 """Silent data corruption in a real 3-rank DDP job: a bit the chaos plan flips on rank 1 is found by
 the cross-replica check within the checks' interval, rank 1 and its node are named, every rank rolls
 back to the checkpoint verified clean before the flip, and the run ends with every replica's weights
-bit-identical to a run without the fault. A healthy run is never flagged."""
+bit-identical to a run without the fault. A healthy run is never flagged. With two ranks (a pair names
+nobody) the replay of the step after the rollback names rank 1, whose node is quarantined."""
 
 from __future__ import annotations
 
@@ -24,17 +25,19 @@ STEPS = 60
 FLIP_STEP = 30  # flipped at the end of step 30: 31 steps done; the checkpoint of step 30 is clean
 
 
-def _run(tmp_path: Path, name: str, *chaos: str) -> tuple[Path, list[str]]:
+def _run(
+    tmp_path: Path, name: str, *chaos: str, nproc: int = 3, flags: tuple[str, ...] = ()
+) -> tuple[Path, list[str]]:
     rd, out = tmp_path / name, tmp_path / f"{name}-out"
     out.mkdir()
-    flags = [a for spec in chaos for a in ("--chaos", spec)]
+    faults = [a for spec in chaos for a in ("--chaos", spec)]
     run = stalwart(
-        "run", "-q", "--no-health-gate", "--nproc-per-node", "3", "--run-dir", str(rd), *flags,
+        "run", "-q", "--no-health-gate", "--nproc-per-node", str(nproc), "--run-dir", str(rd), *faults, *flags,
         SCRIPT, str(STEPS), str(out),
         timeout=400,
     )  # fmt: skip
     assert run.code == 0, run.out[-3000:] + run.err[-3000:]
-    return rd, [(out / f"digest-rank{r}.txt").read_text() for r in range(3)]
+    return rd, [(out / f"digest-rank{r}.txt").read_text() for r in range(nproc)]
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +102,45 @@ def test_the_suites_check_for_false_findings_reads_every_ledger_under_a_director
         )
     found = integrity_findings(tmp_path)
     assert len(found) == 2 and found[0].startswith("SilentCorruption on n0 rank 1"), found
+
+
+@pytest.fixture(scope="module")
+def clean_pair(tmp_path_factory) -> tuple[Path, list[str]]:
+    return _run(tmp_path_factory.mktemp("sdc-pair"), "clean-pair", nproc=2)
+
+
+def test_a_pairs_mismatch_is_localised_by_replaying_the_step(tmp_path, clean_pair):
+    """Two replicas: the mismatch names nobody and every rank rolls back; checked every step, it was
+    found before the next all-reduce spread it, so the replay of that step matches rank 0's first
+    result and rank 1 is named (and its node quarantined); the run ends where the fault-free one does."""
+    rd, digests = _run(
+        tmp_path, "pair", f"bitflip@rank=1,step={FLIP_STEP}", nproc=2, flags=("--sdc-every", "1")
+    )
+    evs = events(rd)
+    pair, again = [e for e in evs if isinstance(e, SilentCorruption)]
+    assert (pair.verdict, pair.step, pair.suspect_ranks, pair.action, pair.to_step) == (
+        "pair",
+        FLIP_STEP + 1,
+        (),
+        "rollback",
+        FLIP_STEP,
+    )
+    assert (again.verdict, again.replay, again.step, again.to_step) == (
+        "replayed",
+        "transient",
+        FLIP_STEP + 1,
+        FLIP_STEP,
+    )
+    assert again.suspect_ranks == (1,) and again.confidence >= 0.9 and again.action == "continue"
+    assert "matched rank 0's first result; rank 1's first result differed: rank 1 corrupted" in again.reason
+    assert again.evidence and "; replay " in again.evidence[0]
+    assert any(isinstance(e, IncidentRaised) and e.rule == "sdc:replay" and e.ranks == (1,) for e in evs)
+    (node,) = again.suspect_nodes
+    rec = HealthStore(rd / "health").record(node)
+    assert rec.state.value == "quarantined" and rec.fault_key == "sdc", rec
+    assert f"after step {FLIP_STEP + 1}" in rec.reason and "replayed" in rec.reason
+    (quarantine,) = [e for e in evs if isinstance(e, DecisionTaken) and e.action == "sdc_quarantine"]
+    assert quarantine.node == node
+    assert digests == clean_pair[1], "every replica ends where the run without the fault ends"
+    stats = {d.detector: d for d in detector_stats(evs)}["sdc"]
+    assert stats.faults == 1 and stats.caught == 1 and stats.confirmed == stats.firings == 2, stats

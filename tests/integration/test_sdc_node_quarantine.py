@@ -2,7 +2,8 @@
 (as the cross-replica check does) reaches the agent's handler, which quarantines the node it names
 through the real node controller into a real node-state directory and writes the run's real ledger;
 the health gate then keeps the node out of the next start, and `stalwart nodes` (a real process)
-lists it with the reason. Findings that cannot tell which replica is corrupted touch nothing. With
+lists it with the reason (named by majority, or by the replay of a pair's step). Findings that cannot
+tell which replica is corrupted touch nothing. With
 a real Slurm cluster the node is drained with Stalwart's owned reason, and an operator's drain is
 left alone."""
 
@@ -105,10 +106,13 @@ def nodes_listing(state: Path, *extra: str, env: dict[str, str] | None = None) -
     return {r["node"]: r for r in json.loads(p.stdout)}
 
 
-def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_shows_why(tmp_path):
+@pytest.mark.parametrize("verdict", ["odd_one_out", "replayed"])
+def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_shows_why(tmp_path, verdict):
     agent = Agent(tmp_path, "gpu-a")
     try:
-        agent.report("odd_one_out", (1,), ("gpu-a",), 0.9)
+        if verdict == "replayed":  # a pair's finding names nobody; the replay of its step names rank 1
+            agent.report("pair", (), (), 0.5)
+        agent.report(verdict, (1,), ("gpu-a",), 0.9)
     finally:
         agent.close()
     rec = HealthStore(agent.state).record("gpu-a")
@@ -116,7 +120,7 @@ def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_
     for part in (
         "sdc: silent data corruption after step 41",
         "rank 1 on gpu-a",
-        "odd_one_out",
+        verdict,
         "model.0.weight",
     ):
         assert part in rec.reason, rec.reason
@@ -132,8 +136,13 @@ def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_
 
 @pytest.mark.parametrize(
     "verdict,suspects,nodes,confidence",
-    [("pair", (), (), 0.5), ("split", (), (), 0.0), ("odd_one_out", (1,), ("gpu-b",), 0.9)],
-    ids=["pair", "split", "another-node"],
+    [
+        ("pair", (), (), 0.5),
+        ("split", (), (), 0.0),
+        ("odd_one_out", (1,), ("gpu-b",), 0.9),
+        ("replayed", (), (), 0.0),
+    ],
+    ids=["pair", "split", "another-node", "replay-names-nobody"],
 )
 def test_a_finding_that_does_not_name_this_node_with_confidence_touches_nothing(
     tmp_path, verdict, suspects, nodes, confidence

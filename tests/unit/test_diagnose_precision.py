@@ -6,6 +6,7 @@ import pytest
 
 from stalwart.diagnose.precision import detector_stats, firings, precision_gate, precision_table
 from stalwart.events import ChaosInjected, DecisionTaken, FailureDetected, StepCompleted, StragglerDetected
+from stalwart.events.integrity import SilentCorruption
 from stalwart.events.node_health import HealthChecked
 
 
@@ -143,3 +144,27 @@ def test_an_incident_that_found_node_evidence_confirms_the_firing_it_explains():
         if s.detector == "crash"
     ]
     assert s.confirmed == 0  # another node's cause
+
+
+def test_a_replay_fires_only_when_it_names_a_replica():
+    def sdc(ts, verdict, ranks=(), nodes=(), replay=""):
+        return SilentCorruption(
+            ts=ts,
+            node="n0",
+            rank=0,
+            step=31,
+            verdict=verdict,
+            suspect_ranks=ranks,
+            suspect_nodes=nodes,
+            replay=replay,
+        )
+
+    evs = [
+        ChaosInjected(ts=100, node="n0", rank=1, fault="bitflip"),
+        sdc(101, "pair"),  # names nobody: a firing at its writer's node
+        sdc(102, "replayed", (1,), ("n0",), "transient"),  # names rank 1: a firing there
+        sdc(103, "replayed", replay="not_reached"),  # names nobody: the pair already fired
+    ]
+    assert [(f.ts, f.rank) for f in firings(evs)] == [(101, -1), (102, 1)]
+    s = {d.detector: d for d in detector_stats(evs)}["sdc"]
+    assert (s.firings, s.confirmed, s.faults, s.caught) == (2, 2, 1, 1)

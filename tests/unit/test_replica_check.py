@@ -1,6 +1,8 @@
 """Cross-replica checks with threads as replicas: a fake all_gather exchanges their fingerprints, each
 replica trains the same tiny model on the same data (as DDP's averaged gradients make them), saves
-in-memory checkpoints and rolls back when the check says so."""
+in-memory checkpoints and rolls back when the check says so. With ``allreduce`` the replicas average
+their gradients through the exchange, as DDP does, so a corrupted replica pollutes the others from
+its next step on."""
 
 from __future__ import annotations
 
@@ -71,7 +73,16 @@ def flip_moment(state, rank):
     bits(exp_avg).view(-1)[0] ^= 1 << 23
 
 
-def _train(r: Replica, ex: Exchange, data, steps: int, flip, seed: int, every: int) -> None:
+def _allreduce(model: torch.nn.Module, ex: Exchange, rank: int) -> None:
+    """Every replica's gradients averaged in rank order (the same sum on every run)."""
+    grads = ex.gather(rank, [p.grad.clone() for p in model.parameters()])
+    for i, p in enumerate(model.parameters()):
+        p.grad.copy_(sum(g[i] for g in grads) / len(grads))
+
+
+def _train(
+    r: Replica, ex: Exchange, data, steps: int, flip, seed: int, every: int, allreduce: bool = False
+) -> None:
     clock = Clock()
     with INIT:  # the global RNG, one thread at a time
         torch.manual_seed(seed)
@@ -105,6 +116,8 @@ def _train(r: Replica, ex: Exchange, data, steps: int, flip, seed: int, every: i
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
+        if allreduce:
+            _allreduce(model, ex, r.rank)
         opt.step()
         clock.t += STEP_S
         done = step + 1
@@ -130,13 +143,13 @@ def ex_data(step: int, rank: int) -> torch.Tensor:
     return torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
 
 
-def run(n=3, steps=40, flip=None, seeds=(0, 0, 0), data=ex_data, every=0) -> list[Replica]:
+def run(n=3, steps=40, flip=None, seeds=(0, 0, 0), data=ex_data, every=0, allreduce=False) -> list[Replica]:
     ex = Exchange(n)
     reps = [Replica(r) for r in range(n)]
 
     def main(r: Replica) -> None:
         try:
-            _train(r, ex, data, steps, flip, seeds[r.rank], every)
+            _train(r, ex, data, steps, flip, seeds[r.rank], every, allreduce)
         except SilentCorruptionError as exc:  # every replica stops together
             r.error = exc
         except BaseException as exc:  # noqa: BLE001 - reported to the test; the others must not wait
@@ -188,11 +201,58 @@ def test_a_flipped_bit_is_found_the_rank_named_and_every_replica_rolled_back(fli
             assert torch.equal(r.final[k], c.final[k]), k
 
 
-def test_a_pair_that_disagrees_rolls_back_without_naming_a_rank():
-    reps = run(n=2, seeds=(0, 0), flip=(1, 25, flip_weight))
-    (ev,) = [e for e in reps[0].events if isinstance(e, SilentCorruption)]
-    assert ev.verdict == "pair" and ev.suspect_ranks == () and ev.to_step == 20
-    assert [(t.verdict, t.suspect_nodes) for r in reps for t in r.told] == [("pair", ())] * 2
+@pytest.mark.parametrize("flip", [flip_weight, flip_moment])
+def test_a_pair_rolls_back_without_naming_a_rank_and_the_replay_names_the_corrupted_one(flip):
+    """Checked every step (caught before the next all-reduce spreads it): the pair's finding names
+    nobody; the replay of its step matches rank 0's first result, so rank 1's was the corrupted one."""
+    clean = run(n=2, seeds=(0, 0), every=1, allreduce=True)
+    reps = run(n=2, seeds=(0, 0), flip=(1, 25, flip), every=1, allreduce=True)
+    assert all(r.error is None for r in reps)
+    pair, again = [e for e in reps[0].events if isinstance(e, SilentCorruption)]
+    assert (pair.verdict, pair.step, pair.suspect_ranks, pair.action, pair.to_step) == (
+        "pair",
+        26,
+        (),
+        "rollback",
+        20,
+    )
+    assert (again.verdict, again.replay, again.step, again.action, again.to_step) == (
+        "replayed",
+        "transient",
+        26,
+        "continue",
+        20,
+    )
+    assert again.suspect_ranks == (1,) and again.suspect_nodes == ("n1",) and again.confidence == 0.9
+    assert "matched rank 0's first result; rank 1's first result differed: rank 1 corrupted" in again.reason
+    assert again.tensors and all("first rank 0=" in e and "; replay rank 0=" in e for e in again.evidence)
+    (inc,) = [e for e in reps[0].events if e.kind == "IncidentRaised" and e.rule == "sdc:replay"]
+    assert inc.nodes == ("n1",) and inc.ranks == (1,)
+    for r in reps:  # every rank tells its agent: the pair, then the replay that names rank 1
+        assert [(t.verdict, t.step, t.suspect_ranks, t.suspect_nodes) for t in r.told] == [
+            ("pair", 26, (), ()),
+            ("replayed", 26, (1,), ("n1",)),
+        ]
+        assert r.rollbacks == [(26, 20)] and r.check.replays == {}
+    for r, c in zip(reps, clean, strict=True):  # the replay ends where the clean run ends
+        for k in c.final:
+            assert torch.equal(r.final[k], c.final[k]), k
+
+
+def test_a_pair_found_after_the_corruption_spread_is_replayed_but_nobody_is_named():
+    """Checked every 4 steps: the check after the flip comes after rank 1's polluted gradients were
+    averaged into rank 0's, so neither first result is the clean one; the replay says only that the
+    fault did not repeat."""
+    clean = run(n=2, seeds=(0, 0), every=4, allreduce=True)
+    reps = run(n=2, seeds=(0, 0), flip=(1, 25, flip_weight), every=4, allreduce=True)
+    pair, again = [e for e in reps[0].events if isinstance(e, SilentCorruption)]
+    assert pair.verdict == "pair" and pair.step == 28 and pair.last_clean_step == 24
+    assert (again.verdict, again.replay, again.step, again.suspect_ranks) == ("replayed", "spread", 28, ())
+    assert not [e for e in reps[0].events if e.kind == "IncidentRaised" and e.rule == "sdc:replay"]
+    assert [t.suspect_ranks for t in reps[1].told] == [(), ()]
+    for r, c in zip(reps, clean, strict=True):
+        for k in c.final:
+            assert torch.equal(r.final[k], c.final[k]), k
 
 
 def test_ranks_that_start_different_are_not_replicas_and_are_never_checked():
@@ -241,3 +301,83 @@ def test_ranks_holding_different_tensors_are_told_apart_before_any_unequal_gathe
         t.join(timeout=30)
     assert sizes == [[2], [2]]
     assert notes and "hold different tensors" in notes[0]
+
+
+class Scripted:
+    """Rank 0 of two replicas in one thread: the other replica's fingerprints are this rank's, with
+    ``bump`` added to its first tensor's (what a test scripts it to hold)."""
+
+    def __init__(self, every: int = 7) -> None:
+        self.bump = 0
+        self.events: list = []
+        self.told: list = []
+        self.state = {"model": torch.nn.Linear(4, 2)}
+        self.check = ReplicaCheck(
+            every=every, budget=0.01, rank=0, node="n0", clock=Clock(), emit=self.events.append,
+            note=lambda text: None, context=dict, gather=self.gather, nodes=lambda node: ["n0", "n1"],
+            tell=self.told.append,
+        )  # fmt: skip
+
+    def gather(self, vec: torch.Tensor) -> list[list[int]]:
+        mine, other = vec.tolist(), vec.tolist()
+        if vec.numel() > 2:  # fingerprints and the proposal (not the two-number header)
+            other[0] += self.bump
+        return [mine, other]
+
+    def pair_found_at_a_save(self) -> None:
+        """Clean at the save of step 10 (next check due at 17); rank 1 differs at the save of step 15."""
+        self.check.begin(self.state, 0, resumed=False)
+        assert self.check.verify(1, False) == -1 and self.check.verify(10, True) == -1
+        self.bump = 4
+        assert self.check.verify(15, True) == 10  # every replica rolls back to step 10
+
+    def replays(self) -> list:
+        return [e for e in self.events if isinstance(e, SilentCorruption) and e.verdict == "replayed"]
+
+
+@pytest.mark.parametrize(
+    "bump,outcome,named",
+    [(0, "transient", (1,)), (8, "intermittent", (1,)), (4, "repeated", ())],
+    ids=["agree", "differs-again", "same-mismatch"],
+)
+def test_the_replay_is_checked_at_the_pairs_step_whatever_the_interval_and_judged(bump, outcome, named):
+    s = Scripted()
+    s.pair_found_at_a_save()
+    assert not s.check.due(14, False) and s.check.due(15, False), "due at the pair's step, off the interval"
+    assert not s.check.due(16, False)
+    s.bump = bump
+    s.check.verify(15, False)
+    (ev,) = s.replays()
+    assert (ev.step, ev.replay, ev.suspect_ranks, ev.to_step) == (15, outcome, named, 10)
+    assert ev.suspect_nodes == tuple(f"n{r}" for r in named)
+    assert ev.action == ("continue" if bump == 0 else "rollback")
+    assert s.told[-1 if bump == 0 else -2].verdict == "replayed"
+    if bump:  # a pair again: rolled back again, and its step remembered for the next replay
+        assert s.check.rollbacks == 2 and list(s.check.replays) == [15]
+
+
+def test_a_pair_that_keeps_repeating_halts_with_nothing_left_pending():
+    s = Scripted()
+    s.pair_found_at_a_save()
+    with pytest.raises(SilentCorruptionError, match="3 rollback"):
+        for _ in range(3):
+            s.check.verify(15, False)
+    assert [e.replay for e in s.replays()] == ["repeated"] * 3 and s.check.replays == {}
+
+
+@pytest.mark.parametrize("how", ["finish", "new-loop"])
+def test_a_replay_that_ends_before_the_pairs_step_is_recorded_as_not_reached(how):
+    s = Scripted()
+    s.pair_found_at_a_save()
+    s.bump = 0
+    if how == "finish":  # Session.finish: the loop stopped (preempted) after step 12
+        s.check.end(12)
+    else:  # a new loop (a re-formed group) starts at step 12
+        s.check.begin(s.state, 12, resumed=False)
+    (ev,) = s.replays()
+    assert ev.replay == "not_reached" and ev.suspect_ranks == () and ev.action == ""
+    assert "stopped after step 12, before step 15" in ev.reason and ev.tensors == ("model.weight",)
+    assert [t.verdict for t in s.told] == ["pair"], "nothing named: no agent is told"
+    assert s.check.replays == {}
+    if how == "finish":
+        assert not s.check.due(15, False), "no longer due off the interval"

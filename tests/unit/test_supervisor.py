@@ -476,11 +476,32 @@ def test_a_finding_that_names_this_node_quarantines_it_once_and_training_goes_on
     assert any("quarantining this node (n0)" in n for n in w.sup.console.notes)
 
 
+def test_the_replay_of_a_pair_that_names_this_node_quarantines_it_after_the_pair_did_not():
+    pair = _finding("pair", (), (), 0.5)
+
+    def script(tick, w):
+        pair(tick, w)
+        if tick == 5:  # the replay of the same step names rank 1 (every rank reports it)
+            w.send(
+                *(
+                    CorruptionFound(r, 3, "replayed", (1,), ("n0",), 0.9, w.clock.now(), ("m.w",))
+                    for r in (0, 1)
+                )
+            )
+
+    w = World(script)
+    assert w.sup.run().status == "succeeded"
+    ((node, reason),) = w.quarantined
+    assert node == "n0" and "after step 3" in reason and "named by replaying the step" in reason
+    assert w.sup.sdc.handled == {(3, "pair", ()), (3, "replayed", (1,))}
+
+
 def test_a_finding_that_names_another_node_or_none_leaves_this_node_alone():
     for finding in (
         _finding("odd_one_out", (1,), ("n1",), 0.9),  # the other node's agent quarantines n1
         _finding("pair", (), (), 0.5),  # which replica is corrupted is not known
         _finding("split", (), (), 0.0),
+        _finding("replayed", (), (), 0.0),  # a replay that could not tell
     ):
         w = World(finding)
         assert w.sup.run().status == "succeeded"

@@ -1,7 +1,8 @@
 """Detectors that know their precision: join each firing with what followed (pure, over events).
 
 A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``failure`` kind),
-``StragglerDetected`` (``straggler``), ``SilentCorruption`` (``sdc``, at each replica it names), a failing ``HealthChecked`` (``health.<level>``), a
+``StragglerDetected`` (``straggler``), ``SilentCorruption`` (``sdc``, at each replica it names; a
+replay that names none is no new firing), a failing ``HealthChecked`` (``health.<level>``), a
 ``CheckpointRejected`` (``checkpoint_verify``: the load refused a damaged checkpoint). It is
 *confirmed* when, on the same rank (or node), within ``window_s``:
 
@@ -102,6 +103,8 @@ def firings(events: Iterable[Event]) -> tuple[Firing, ...]:
         elif isinstance(e, CheckpointRejected):
             out.append(Firing("checkpoint_verify", e.ts, e.node, -1))
         elif isinstance(e, SilentCorruption):  # one firing per replica it names (none named: its writer's)
+            if e.verdict == "replayed" and not e.suspect_ranks:
+                continue  # a replay that names no replica: its mismatch already fired
             named = zip(e.suspect_ranks, e.suspect_nodes, strict=False)
             out += [Firing("sdc", e.ts, n, r) for r, n in named] or [Firing("sdc", e.ts, e.node, -1)]
     return tuple(sorted(out, key=lambda f: f.ts))

@@ -13,20 +13,25 @@ from . import Event, event
 @dataclass(frozen=True, kw_only=True)
 class SilentCorruption(Event):
     """Replicas that must hold identical state did not, found after ``step`` completed steps (the
-    rank that writes it is the event's ``rank``; the replicas it suspects are ``suspect_ranks``)."""
+    rank that writes it is the event's ``rank``; the replicas it suspects are ``suspect_ranks``).
+    Verdict ``replayed``: what replaying the steps up to an earlier finding at ``step`` that named
+    no replica found there (``replay``), recorded beside that finding's own event."""
 
     step: int
-    verdict: str  # policy.sdc.ReplicaVerdict: odd_one_out | pair | split
+    verdict: str  # policy.sdc.ReplicaVerdict: odd_one_out | pair | split | replayed
     suspect_ranks: tuple[int, ...] = ()
     suspect_nodes: tuple[str, ...] = ()
     confidence: float = 0.0  # that the suspects' nodes caused it
-    action: str = ""  # policy.sdc.SdcAction: rollback | halt
-    to_step: int = -1  # the checkpoint rolled back to (verified clean when saved)
+    action: str = ""  # policy.sdc.SdcAction: rollback | halt (continue: a replay whose replicas agree)
+    to_step: int = -1  # the checkpoint rolled back to (verified clean when saved); replayed: the one
+    # the replay started from
     interval: int = 0  # steps between checks when it was found
     last_clean_step: int = -1  # the last check before this one that found the replicas identical
     tensors: tuple[str, ...] = ()  # the state tensors whose fingerprints differ (at most a few)
-    evidence: tuple[str, ...] = ()  # each differing tensor's fingerprint per replica
+    evidence: tuple[str, ...] = ()  # each differing tensor's fingerprint per replica (replayed: in
+    # the first run and in the replay)
     reason: str = ""
+    replay: str = ""  # verdict replayed: policy.sdc.ReplayOutcome (transient, intermittent, ...)
 
 
 @event

@@ -13,6 +13,13 @@ fingerprints do not happen); its node is the likely cause (0.9), not a certain o
 corrupted collective can deliver bad data to one receiver. Several replicas differing from a
 majority point to a shared cause (0.6). Two replicas that disagree, or no majority at all, name no
 replica: every replica rolls back, and the evidence says the pair disagreed.
+
+Localisation by replay (:func:`replayed`): the rollback re-computes the same steps, so when the
+replay completes the step of such a mismatch again, each replica's new fingerprint is compared with
+its first one. A replica that reproduced its first result is a reference; one whose first result
+differs from what the replay agreed on was corrupted; one that gives a different result each time
+is faulty. What cannot be told apart is said so: the same mismatch twice (deterministic), no replica
+that reproduced itself, or a replay that never reached the step.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class ReplicaVerdict(Label):
     ODD_ONE_OUT = "odd_one_out"  # a strict majority agrees; the others are named
     PAIR = "pair"  # two replicas disagree: which one is corrupted is not known
     SPLIT = "split"  # no strict majority among three or more
+    REPLAYED = "replayed"  # the replay of a pair's (or split's) mismatch: see ReplayOutcome
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,8 @@ def decide(
             return SdcDecision(SdcAction.CONTINUE, -1, (), 0.0, found.reason)
         case ReplicaVerdict.ODD_ONE_OUT | ReplicaVerdict.PAIR | ReplicaVerdict.SPLIT:
             pass
+        case ReplicaVerdict.REPLAYED:  # not a comparison's verdict (localise never gives it): a
+            pass  # finding all the same, so the safe response, a rollback
         case _:
             assert_never(found.verdict)
     what = f"silent data corruption after step {step}: {found.reason}"
@@ -138,6 +148,90 @@ def check_interval(check_s: float, step_s: float, budget: float) -> int:
     if check_s <= 0:
         return 1
     return max(1, min(MAX_INTERVAL, math.ceil(check_s / (budget * step_s))))
+
+
+class ReplayOutcome(Label):
+    """What replaying the steps up to a mismatch that named no replica found at that step."""
+
+    TRANSIENT = "transient"  # they agree now; a replica whose first result differs from it was corrupted
+    SPREAD = "spread"  # they agree now, and no first result matches: no replica to name
+    INTERMITTENT = "intermittent"  # they differ again; a replica that did not reproduce itself is faulty
+    REPEATED = "repeated"  # the same mismatch again, bit for bit: which replica is wrong is not known
+    UNSTABLE = "unstable"  # they differ again, and no consistent replica to compare with: none named
+    NOT_REACHED = "not_reached"  # the replay stopped before the step: nothing to compare
+
+
+@dataclass(frozen=True)
+class ReplayFinding:
+    outcome: ReplayOutcome
+    suspects: tuple[int, ...]  # replica indexes; () when none is named
+    confidence: float  # that the suspects' nodes caused it (0 when none is named)
+    tensors: tuple[int, ...]  # state tensors whose fingerprints differ (in either run)
+    reason: str
+
+
+def _ranks(ix: Sequence[int]) -> str:
+    return ("rank " if len(ix) == 1 else "ranks ") + ", ".join(str(i) for i in ix)
+
+
+def replayed(
+    first: Sequence[Sequence[int]], again: Sequence[Sequence[int]] | None, *, step: int, reached: int = -1
+) -> ReplayFinding:
+    """Judge a replay: ``first`` holds every replica's fingerprints when a mismatch that named no
+    replica was found after ``step`` steps, ``again`` theirs when the replay completed that step once
+    more (None: it stopped after ``reached`` steps, before it). The replay starts from a checkpoint
+    the replicas agreed on and, as the job is deterministic, re-computes the same state: a replica
+    that reproduced its first result bit for bit is the reference the others are judged by."""
+    runs = (*first, *(again or ()))
+    width = min((len(r) for r in runs), default=0)
+    tensors = tuple(t for t in range(width) if len({r[t] for r in runs}) > 1)
+    if again is None:
+        why = (
+            f"the replay stopped after step {reached}, before step {step}: nothing to compare, "
+            "so which replica was corrupted is not known"
+        )
+        return ReplayFinding(ReplayOutcome.NOT_REACHED, (), 0.0, tensors, why)
+    pairs = list(zip(first, again, strict=True))
+    kept = tuple(i for i, (a, b) in enumerate(pairs) if tuple(a) == tuple(b))  # reproduced itself
+    others = tuple(i for i in range(len(pairs)) if i not in kept)
+    sure = ODD_ONE_OUT_CONFIDENCE if len(others) == 1 else SEVERAL_CONFIDENCE
+    at = f"replay at step {step}"
+    if len({tuple(r) for r in again}) == 1:  # the replicas agree now
+        if not kept:
+            why = (
+                f"{at}: the replicas agree now, but no replica's first result matches the replay: the "
+                "corruption spread (through the gradients' all-reduce) before the check found it, or the "
+                "job does not replay bit for bit; the fault did not repeat, which replica it struck is not known"
+            )
+            return ReplayFinding(ReplayOutcome.SPREAD, (), 0.0, tensors, why)
+        why = (
+            f"{at} matched {_ranks(kept)}'s first result; {_ranks(others)}'s first result differed: "
+            f"{_ranks(others)} corrupted (the fault did not repeat)"
+        )
+        return ReplayFinding(ReplayOutcome.TRANSIENT, others, sure, tensors, why)
+    if not others:
+        why = (
+            f"{at} reproduced the same mismatch bit for bit: the divergence is deterministic (a device "
+            "that computes the same wrong result every time, or ranks that differ by design); which "
+            "replica is wrong is not known"
+        )
+        return ReplayFinding(ReplayOutcome.REPEATED, (), 0.0, tensors, why)
+    if not kept or len({tuple(again[i]) for i in kept}) > 1:
+        why = (
+            f"{at}: the replicas disagree again and "
+            + (
+                "no replica reproduced its first result"
+                if not kept
+                else f"{_ranks(kept)} reproduced theirs, which differ"
+            )
+            + " (a fault that struck again, or a job that does not replay bit for bit): none is named"
+        )
+        return ReplayFinding(ReplayOutcome.UNSTABLE, (), 0.0, tensors, why)
+    why = (
+        f"{at}: the replicas disagree again; {_ranks(kept)} reproduced {'its' if len(kept) == 1 else 'their'} "
+        f"first result, {_ranks(others)} did not: {_ranks(others)} faulty (a result that changes from run to run)"
+    )
+    return ReplayFinding(ReplayOutcome.INTERMITTENT, others, sure, tensors, why)
 
 
 QUARANTINE_CONFIDENCE = ODD_ONE_OUT_CONFIDENCE  # the least confidence that quarantines a suspect node
@@ -171,9 +265,9 @@ def quarantine(
     min_confidence: float = QUARANTINE_CONFIDENCE,
 ) -> NodeQuarantine:
     """Whether a finding made after ``step`` steps blames one node with enough confidence to take it
-    out of the pool. Only a single replica that differs from a strict majority does (odd one out):
-    a pair that disagrees or a split names no replica, and several replicas that differ point to a
-    shared cause (a collective, the input) more than to one node."""
+    out of the pool. Only a single replica that differs from a strict majority (odd one out), or that
+    a replay named (replayed), does: a pair that disagrees or a split names no replica, and several
+    replicas that differ point to a shared cause (a collective, the input) more than to one node."""
     match verdict:
         case ReplicaVerdict.AGREE:
             return NodeQuarantine(SdcNodeAction.KEEP, "", "the replicas agree: nothing to quarantine")
@@ -181,14 +275,19 @@ def quarantine(
             why = f"{verdict.value} verdict after step {step}: which replica is corrupted is not known, so no node is quarantined"
             return NodeQuarantine(SdcNodeAction.KEEP, "", why)
         case ReplicaVerdict.ODD_ONE_OUT:
-            pass
+            how = "differs from the majority of replicas"
+        case ReplicaVerdict.REPLAYED:
+            how = "was named by replaying the step"
         case _:
             assert_never(verdict)
     nodes = sorted({n for n in suspect_nodes if n})
+    if not suspect_ranks:
+        why = f"{verdict.value} after step {step} names no replica, so no node is quarantined"
+        return NodeQuarantine(SdcNodeAction.KEEP, "", why)
     if len(suspect_ranks) != 1 or len(nodes) != 1:
-        named = ", ".join(f"rank {r}" for r in suspect_ranks) or "no rank"
+        named = ", ".join(f"rank {r}" for r in suspect_ranks)
         why = (
-            f"{named} differ from the majority after step {step} (on {', '.join(nodes) or 'no named node'}): "
+            f"{named} named after step {step} ({verdict.value}, on {', '.join(nodes) or 'no named node'}): "
             "more than one suspect points to a shared cause, so no node is quarantined"
         )
         return NodeQuarantine(SdcNodeAction.KEEP, "", why)
@@ -198,7 +297,7 @@ def quarantine(
         return NodeQuarantine(SdcNodeAction.KEEP, "", why)
     shown = ", ".join(tensors[:SHOWN_TENSORS]) + (" ..." if len(tensors) > SHOWN_TENSORS else "")
     why = (
-        f"silent data corruption after step {step}: rank {rank} on {node} differs from the majority of "
-        f"replicas (odd_one_out, confidence {confidence:.2f})" + (f"; tensors {shown}" if shown else "")
+        f"silent data corruption after step {step}: rank {rank} on {node} {how} "
+        f"({verdict.value}, confidence {confidence:.2f})" + (f"; tensors {shown}" if shown else "")
     )
     return NodeQuarantine(SdcNodeAction.QUARANTINE, node, why)

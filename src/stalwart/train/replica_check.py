@@ -15,11 +15,20 @@ seen identical at the loop's start and again after its first step (a job whose r
 different models, or shard them, differs there and the check turns itself off with a note). A
 checkpoint is *verified clean* when the replicas agreed at its save (or at its load, at the loop's
 start): only those are rollback targets, so a checkpoint saved after a corruption never is.
+
+Localisation by replay: a mismatch that names no replica (two replicas, or no majority) is
+remembered with every replica's fingerprints and nodes across the rollback it causes. The rollback
+re-computes the same steps; when the replay completes that step again the check runs there (due
+whatever the interval) and ``policy.sdc.replayed`` judges each replica's new fingerprint against its
+first: a second ``SilentCorruption`` (verdict ``replayed``) names the corrupted replica when the
+evidence does, and every rank tells its agent, which quarantines a node named with confidence. A
+replay that ends before its step (the loop stops, re-forms or halts) is recorded as not reached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,13 +37,33 @@ import torch.distributed as dist
 from ..errors import SilentCorruptionError
 from ..events import Event, IncidentRaised
 from ..events.integrity import SilentCorruption
-from ..policy.sdc import MAX_INTERVAL, Localisation, SdcAction, SdcDecision, check_interval, decide, localise
+from ..policy.sdc import (
+    MAX_INTERVAL,
+    Localisation,
+    ReplayFinding,
+    ReplicaVerdict,
+    SdcAction,
+    SdcDecision,
+    check_interval,
+    decide,
+    localise,
+    replayed,
+)
 from ..protocol import DEFAULT_SDC_BUDGET, CorruptionFound, Message, Note, WorkerEnv
 from ..protocol.json_collective import all_gather_json, device_for
 from .clock import Clock
 from .fingerprint import exact
 
 SHOWN = 4  # differing tensors named in an event
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A mismatch that named no replica, kept across its rollback until the replay completes its step."""
+
+    rows: tuple[tuple[int, ...], ...]  # every replica's fingerprints when it was found
+    nodes: tuple[str, ...]  # every replica's node then
+    from_step: int  # the checkpoint the replay starts from
 
 
 class ParamsOf:
@@ -110,6 +139,7 @@ class ReplicaCheck:
         self._proven = False  # the replicas were seen identical after a step
         self.clean_steps: list[int] = []
         self.rollbacks = 0
+        self.replays: dict[int, Replay] = {}  # step -> the mismatch found there, until replayed
         self.interval = 1  # steps until the next check (every rank's largest proposal)
         self.gap = 0  # steps between the previous check and the latest one: the interval it ran at
         self._next_at = 0
@@ -143,6 +173,8 @@ class ReplicaCheck:
     def begin(self, state: Mapping[str, Any], start: int, *, resumed: bool) -> None:  # Any: user state
         """Collective (in a group of two or more ranks), at a loop's start: whether the check applies
         to this job, from its own state."""
+        if self.replays:  # a new loop (a re-formed group, other ranks): the replays are not comparable
+            self.end(start)
         self._state, self.active, self._proven = state, False, False
         if self._every < 0:
             return
@@ -174,7 +206,7 @@ class ReplicaCheck:
         self._next_at = start + 1  # the first step proves the ranks are replicas
 
     def due(self, completed: int, saving: bool) -> bool:
-        return self.active and (saving or completed >= self._next_at)
+        return self.active and (saving or completed >= self._next_at or completed in self.replays)
 
     def _compare(self, completed: int) -> tuple[list[list[int]], list[str]]:
         """Collective: every rank's fingerprints, and the tensors' names; sets the next check."""
@@ -208,23 +240,121 @@ class ReplicaCheck:
                         "silent-data-corruption checks off: the ranks' state differs after a step (not replicas)"
                     )
                 return -1
+        replay = self.replays.pop(completed, None)
         if found.clean:
+            if replay is not None:
+                self._replayed(completed, replay, rows, names, SdcAction.CONTINUE)
             self._last_clean = completed
             if saving and completed not in self.clean_steps:
                 self.clean_steps.append(completed)
             return -1
         decision = decide(found, step=completed, clean_steps=self.clean_steps, rollbacks=self.rollbacks)
-        self._report(completed, found, decision, rows, names)
+        if replay is not None:
+            self._replayed(completed, replay, rows, names, decision.action)
+        nodes = self._report(completed, found, decision, rows, names)
         match decision.action:
             case SdcAction.ROLLBACK:
+                if not found.suspects:  # nobody named: the replay of this step may name one
+                    self.replays[completed] = Replay(tuple(map(tuple, rows)), nodes, decision.to_step)
                 self.rollbacks += 1
                 self._next_at = decision.to_step + self.interval
                 self._step_last, self._t_last = decision.to_step, self._clock.monotonic()
                 return decision.to_step
             case SdcAction.HALT:
+                self.end(completed)
                 raise SilentCorruptionError(decision.reason, "drain the suspect node and requeue the job")
             case SdcAction.CONTINUE:  # the policy continues only replicas that agree
                 return -1
+
+    def end(self, completed: int) -> None:
+        """The loop stops, re-forms or halts after ``completed`` steps: each replay still pending is
+        recorded as not reached (by rank 0; no collective, and nobody is named)."""
+        names = [n for n, _ in state_tensors(self._state)]
+        for step, replay in sorted(self.replays.items()):
+            found = replayed(replay.rows, None, step=step, reached=completed)
+            self._record_replay(step, replay, found, [], names, "")
+        self.replays.clear()
+
+    def _replayed(
+        self, completed: int, replay: Replay, rows: list[list[int]], names: list[str], action: SdcAction
+    ) -> None:
+        """The replay completed the step of a remembered mismatch: judge it; every rank tells its
+        agent (the agent of a node named with confidence quarantines it); rank 0 records it."""
+        found = replayed(replay.rows, rows, step=completed)
+        nodes = tuple(replay.nodes[r] for r in found.suspects)
+        tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in found.tensors[:SHOWN])
+        verdict = ReplicaVerdict.REPLAYED.value
+        now = self._clock.now()
+        self._tell(
+            CorruptionFound(
+                self._rank, completed, verdict, found.suspects, nodes, found.confidence, now, tensors
+            )
+        )
+        self._record_replay(completed, replay, found, rows, names, action.value)
+
+    def _record_replay(
+        self,
+        step: int,
+        replay: Replay,
+        found: ReplayFinding,
+        again: list[list[int]],
+        names: list[str],
+        action: str,
+    ) -> None:
+        """Rank 0 writes what the replay of ``step`` found (a ``SilentCorruption``, verdict
+        ``replayed``), an incident when it names a replica, and a console line."""
+        if self._rank != 0:
+            return
+        shown = found.tensors[:SHOWN]
+        tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in shown)
+        evidence = tuple(
+            f"{tensors[i]}: first "
+            + ", ".join(f"rank {r}={row[t]}" for r, row in enumerate(replay.rows))
+            + ("; replay " + ", ".join(f"rank {r}={row[t]}" for r, row in enumerate(again)) if again else "")
+            for i, t in enumerate(shown)
+        )
+        nodes = tuple(replay.nodes[r] for r in found.suspects)
+        now, ctx = self._clock.now(), self._context()
+        why = f"silent data corruption, localised by replay: {found.reason}"
+        self._emit(
+            SilentCorruption(
+                ts=now,
+                step=step,
+                verdict=ReplicaVerdict.REPLAYED.value,
+                replay=found.outcome.value,
+                suspect_ranks=found.suspects,
+                suspect_nodes=nodes,
+                confidence=found.confidence,
+                action=action,
+                to_step=replay.from_step,
+                interval=self.gap if again else 0,
+                last_clean_step=self._last_clean,
+                tensors=tensors,
+                evidence=evidence,
+                reason=why,
+                **ctx,
+            )
+        )
+        if found.suspects:
+            who = ", ".join(f"rank {r} on {n}" for r, n in zip(found.suspects, nodes, strict=True))
+            self._emit(
+                IncidentRaised(
+                    ts=now,
+                    cause=f"silent data corruption in {who}, named by replaying step {step}",
+                    fault_class="hardware",
+                    component="gpu",
+                    confidence=found.confidence,
+                    action=f"drain {', '.join(sorted(set(nodes)))}",
+                    action_taken=False,  # the node's own agent quarantines it (policy.sdc.quarantine)
+                    rule="sdc:replay",
+                    onset=now,
+                    evidence=(why, *evidence),
+                    nodes=nodes,
+                    ranks=found.suspects,
+                    **ctx,
+                )
+            )
+        self._note(why)
 
     def _report(
         self,
@@ -233,10 +363,10 @@ class ReplicaCheck:
         d: SdcDecision,
         rows: list[list[int]],
         names: list[str],
-    ) -> None:
+    ) -> tuple[str, ...]:
         """Every rank names its node (collective) and tells its agent what was found; rank 0 writes
-        the event, the incident and a console line."""
-        nodes = self._nodes(self._node)
+        the event, the incident and a console line. Returns every rank's node."""
+        nodes = tuple(self._nodes(self._node))
         shown = found.tensors[:SHOWN]
         tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in shown)
         suspect_nodes = tuple(nodes[r] for r in d.suspects)
@@ -254,7 +384,7 @@ class ReplicaCheck:
             )
         )
         if self._rank != 0:
-            return
+            return nodes
         evidence = tuple(
             f"{tensors[i]}: " + ", ".join(f"rank {r}={row[t]}" for r, row in enumerate(rows))
             for i, t in enumerate(shown)
@@ -299,3 +429,4 @@ class ReplicaCheck:
             )
         )
         self._note(d.reason)
+        return nodes

@@ -91,12 +91,10 @@ class Session:
         clock: Clock | None = None,
         hooks: Sequence[StepHook] = (),
     ) -> None:
-        env = dict(os.environ if env is None else env)
-        self.env = env
+        self.env = env = dict(os.environ if env is None else env)
         self._place = place = WorkerPlace.from_env(env)
         self.rank, self.world_size, self.local_rank = place.rank, place.world_size, place.local_rank
-        wenv = WorkerEnv.from_env(env)
-        self.worker_env = wenv
+        self.worker_env = wenv = WorkerEnv.from_env(env)
         self.attempt = place.attempt
         self.node = wenv.node if wenv else "local"
         self.run_id = wenv.run_id if wenv else ""
@@ -495,5 +493,7 @@ class Session:
         The process hooks stay until :meth:`close` (or process exit): an exception or a hang after
         ``finish`` is still recorded."""
         self._ckpt.close()  # waits for background persists
+        if self._replicas is not None:  # a replay that stopped short of its step says so (docs/sdc.md)
+            self._replicas.end(self._completed)
         self._send(Finished(self.rank, self._completed, preempted, self._now()))
         self._close_ledger()

@@ -1,4 +1,4 @@
-"""A deterministic 3-rank DDP job under ``Session.run`` for the silent-data-corruption e2e: the same
+"""A deterministic DDP job (3 ranks, or 2) under ``Session.run`` for the silent-data-corruption e2e: the same
 weights on every rank, data drawn from the step number, a fixed reduction order, AdamW. Each rank
 writes the sha256 of its final parameters to ``<out>/digest-rank<R>.txt``, so a test compares every
 replica with every other and with a run without faults.

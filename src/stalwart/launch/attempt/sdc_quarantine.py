@@ -3,7 +3,8 @@
 Every rank tells its agent what the cross-replica check found (``CorruptionFound``, sent by
 ``train/replica_check.py`` in a Session's loop or from an unchanged script's step hooks). The policy
 (:func:`stalwart.policy.sdc.quarantine`, pure) decides whether one node is to blame: only a single
-replica that differs from a strict majority names one; a pair that disagrees, a split or several
+replica that differs from a strict majority names one, or the replay of a pair's (or split's)
+mismatch that names one replica (verdict ``replayed``); a pair that disagrees, a split or several
 odd replicas name none. The agent of that node records it quarantined in the node records through
 the health lifecycle (drained in Slurm with Stalwart's owned reason when the Slurm backend is
 configured; the blast-radius cap applies), as not recoverable: no health check can see silent
@@ -36,13 +37,16 @@ class SdcQuarantine:
         self, *, node: str, job: JobLink, ledger: LedgerSink, console: Console, clock: Clock
     ) -> None:
         self.node, self.job, self.ledger, self.console, self.clock = node, job, ledger, console, clock
-        self.handled: set[int] = set()  # the steps whose finding this agent already judged
+        # the findings this agent already judged (every rank reports each): a step's mismatch, and
+        # later each replay of that step (policy.sdc.replayed), which may name a replica
+        self.handled: set[tuple[int, str, tuple[int, ...]]] = set()
         self.state = ""  # the node state after the quarantine ("" while none was made)
 
     def seen(self, msg: CorruptionFound) -> None:
-        if msg.step in self.handled:
+        key = (msg.step, msg.verdict, msg.suspect_ranks)
+        if key in self.handled:
             return
-        self.handled.add(msg.step)
+        self.handled.add(key)
         try:
             verdict = ReplicaVerdict(msg.verdict)
         except ValueError:  # not a verdict this agent knows: nothing to act on
