@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "gpu"
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 def timeit(fn, repeat: int) -> tuple[float, float]:
@@ -74,6 +74,7 @@ def bench_active() -> None:
 
 def bench_slurm(repeat: int) -> None:
     import pytest
+
     from slurm_cluster import _stop, start_cluster
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,9 @@ A code block without a language, or marked bash/sh/shell/console, holds commands
 entry in ``ENTRIES`` below. An entry gives the command as the page writes it, the command the test
 runs (``None``: exactly as written) and, when they differ, the reason. Synopses (``[--flag]``,
 ``RUN_DIR``) run as an instance with the options they show. Servers run until they answered one real
-request, then get SIGINT and must exit 0. Diagrams and output belong in ```text blocks.
+request, then get SIGINT and must exit 0. Diagrams and output belong in ```text blocks. A shell
+block that starts with ``#!`` is a whole script, shown to be copied, not typed: it must be a copy of a
+file shipped in ``src/stalwart/examples`` (the tests run that file).
 
 The commands share one small run (the observability page's ``stalwart run --metrics-port``), made
 once per module. A command added to a page without an entry fails ``test_every_docs_command_has_an_entry``
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+EXAMPLES = ROOT / "src" / "stalwart" / "examples"
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 
 TRAIN_PY = """
@@ -356,7 +359,7 @@ def docs_commands() -> list[tuple[str, str]]:
     out = []
     for page in sorted(DOCS.glob("*.md")):
         for lang, block in _code_blocks(page.read_text()):
-            if lang not in SHELL_LANGS:
+            if lang not in SHELL_LANGS or block.startswith("#!"):  # a script file: docs_scripts
                 continue
             joined = re.sub(r"\\\n\s*", " ", block)
             for line in joined.splitlines():
@@ -381,6 +384,27 @@ def test_every_docs_command_has_an_entry():
     for e in ENTRIES:
         assert e.run is None or e.reason, f"a command run in another form needs its reason: {e.written}"
         assert e.server == (e.probe is not None), f"a server needs a probe and only a server has one: {e.run}"
+
+
+def docs_scripts() -> list[tuple[str, str]]:
+    """(page, text) of every shell code block that is a whole script (its first line ``#!...``)."""
+    return [
+        (page.name, block)
+        for page in sorted(DOCS.glob("*.md"))
+        for lang, block in _code_blocks(page.read_text())
+        if lang in SHELL_LANGS and block.startswith("#!")
+    ]
+
+
+def test_docs_scripts_are_the_shipped_files():
+    shipped = {p.read_text(): p.name for p in EXAMPLES.iterdir() if p.is_file() and p.suffix != ".py"}
+    scripts = docs_scripts()
+    assert scripts, "docs/slurm.md shows the sbatch template"
+    for page, text in scripts:
+        assert text in shipped, (
+            f"{page}: a script block ({text.splitlines()[0]} ...) must be a copy of a file in "
+            "src/stalwart/examples, which the tests run: copy that file into the page"
+        )
 
 
 def test_docs_show_the_sim_yaml_they_run():

@@ -95,3 +95,40 @@ def test_agents_of_one_job_overlap_into_one_window():
         ),
     ]
     assert job_windows(starts, ends) == [(0.0, 10.0)]
+
+
+def _ended(ts: float, node: str, outcome: str, code: int) -> JobEnded:
+    return JobEnded(
+        ts=ts,
+        run_id=RUN,
+        node=node,
+        verdict=outcome,
+        outcome=outcome,
+        exit_code=code,
+        requeue_helps=code == 75,
+    )
+
+
+def test_a_killed_agent_ends_its_job_with_its_last_event_not_with_the_next_jobs_end():
+    """The sbatch template's requeue (tests/e2e/test_slurm_sbatch.py): the agent of n0 is SIGKILLed
+    (no JobEnded), n1's ends 75, and the requeued job runs on the same two nodes. n0's first window
+    used to end at the JobEnded of its requeued agent: the two jobs were one, and the gap between them
+    was not queue time."""
+    ev = [JobStarted(ts=0.0, run_id=RUN, node=n, attempt=0, script="t.py") for n in ("n0", "n1")]
+    ev += [AttemptStarted(ts=0.2, run_id=RUN, node="n0", attempt=0, world_size=2)]
+    ev += steps(0, 0, [1.0, 2.0, 3.0, 4.0])  # n0's rank 0; its last word at 5.0, then SIGKILL
+    ev += [_ended(6.0, "n1", "rendezvous_failed", 75)]
+    ev += [JobStarted(ts=105.0, run_id=RUN, node=n, attempt=0, script="t.py") for n in ("n0", "n1")]
+    ev += [
+        AttemptStarted(ts=105.2, run_id=RUN, node="n0", attempt=0, world_size=2),
+        TrainingResumed(ts=105.8, run_id=RUN, node="n0", attempt=0, rank=0, step=4),
+    ]
+    ev += steps(0, 4, [106.0, 107.0, 108.0])
+    ev += [_ended(109.5, "n0", "succeeded", 0), _ended(109.5, "n1", "succeeded", 0)]
+    starts = [e for e in ev if isinstance(e, JobStarted)]
+    ends = [e for e in ev if isinstance(e, JobEnded)]
+    assert job_windows(starts, ends, ev) == [(0.0, 6.0), (105.0, 109.5)]
+    assert job_windows(starts, ends) == [(0.0, 109.5)]  # without the events: the old reading
+    g = compute(ev)
+    assert g.jobs == 2 and g.buckets["queue"] == pytest.approx(105.0 - 6.0)
+    assert sum(g.buckets[b] for b in BUCKETS) == pytest.approx(g.wall_s)

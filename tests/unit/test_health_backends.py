@@ -80,3 +80,78 @@ def test_make_backend():
     assert make_backend("local").view("x") is None
     with pytest.raises(ConfigError):
         make_backend("k8s")
+
+
+# what sinfo 22.05 printed on this machine with no slurm.conf and no configless DNS record
+NO_CONFIG_STDERR = """sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host
+sinfo: error: fetch_config: DNS SRV lookup failed
+sinfo: error: _establish_config_source: failed to fetch config
+sinfo: fatal: Could not establish a configuration source
+"""
+
+
+def failing(monkeypatch, stderr: str, calls: list | None = None) -> None:
+    def run(argv, timeout_s):
+        if calls is not None:
+            calls.append(list(argv))
+        return subprocess.CompletedProcess(argv, 1, "", stderr)
+
+    monkeypatch.setattr(backends, "run_command", run)
+
+
+def test_no_slurm_configuration_says_so_instead_of_pointing_at_permissions(monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    failing(monkeypatch, NO_CONFIG_STDERR)
+    for call in (lambda be: be.list_nodes(), lambda be: be.drain("node2", "stalwart: x")):
+        with pytest.raises(SchedulerError) as exc:
+            call(SlurmBackend())
+        err = exc.value
+        assert err.message == (
+            "no Slurm configuration found: sinfo: fatal: Could not establish a configuration source"
+        )
+        assert "SLURM_CONF" in err.hint and "--backend local" in err.hint
+        assert "permission" not in str(err).lower() and "SlurmUser" not in str(err)
+
+
+def test_a_slurm_conf_that_is_not_there_is_named_before_slurm_retries_it_for_a_minute(monkeypatch, tmp_path):
+    calls: list = []
+    failing(monkeypatch, "unreached", calls)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    with pytest.raises(SchedulerError, match=r"no Slurm configuration found: SLURM_CONF=.* is not a file"):
+        SlurmBackend().list_nodes()
+    assert calls == []  # sinfo never ran
+
+
+@pytest.mark.parametrize(
+    ("stderr", "hint"),
+    [
+        ("slurm_update error: Access/permission denied", "operator rights"),
+        ("slurm_update error: Invalid node name specified", "sinfo -N"),
+        ("slurm_update error: Unable to contact slurm controller (connect failure)", "scontrol ping"),
+        (
+            "scontrol: error: ClusterName needs to be specified\nscontrol: fatal: Unable to process "
+            "configuration file",
+            "fix the slurm.conf",
+        ),
+    ],
+)
+def test_each_failure_gets_the_hint_that_fits_it(monkeypatch, stderr, hint):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    failing(monkeypatch, stderr)
+    with pytest.raises(SchedulerError) as exc:
+        SlurmBackend().drain("node2", "stalwart: x")
+    assert hint in exc.value.hint, exc.value
+    assert "no Slurm configuration found" not in exc.value.message
+
+
+def test_stalwart_nodes_passes_the_no_configuration_hint_on(monkeypatch, capsys, tmp_path):
+    from stalwart import cli
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    failing(monkeypatch, NO_CONFIG_STDERR)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["nodes", "--backend", "slurm", "--state-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no Slurm configuration found" in err and "set SLURM_CONF" in err, err
+    assert "permission" not in err.lower(), err

@@ -224,7 +224,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
     t1 = max(e.ts for e in ends) if ends else max(e.ts for e in events)
     every_step = [e for e in events if isinstance(e, StepCompleted)]
     steps = sorted((e for e in every_step if e.rank == 0), key=lambda e: e.start)
-    windows = job_windows(starts, ends)
+    windows = job_windows(starts, ends, events)
     splits = [e.ts for e in events if isinstance(e, DecisionTaken) and e.action in IN_PLACE_TAKEN]
     segs = _segments(steps, windows, splits)
     ideal = ideal_step_time([s.duration for s in steps])
@@ -329,12 +329,25 @@ def _step_intervals(
     return intervals
 
 
-def job_windows(starts: Sequence[JobStarted], ends: Sequence[JobEnded]) -> list[tuple[float, float]]:
+def job_windows(
+    starts: Sequence[JobStarted], ends: Sequence[JobEnded], events: Sequence[Event] = ()
+) -> list[tuple[float, float]]:
     """When some job of the run was running: each agent's JobStarted up to its node's next JobEnded
-    (open until the newest event if it has none), merged where they overlap, in time order."""
+    (open until the newest event if it has none), merged where they overlap, in time order.
+
+    An agent killed outright (SIGKILL, a lost host) writes no JobEnded. Given the run's ``events``, its
+    window ends with the last event of its node before that node's next JobStarted: the JobEnded of a
+    later agent on the same node (a requeued job) would otherwise join the two jobs into one."""
+    seen: dict[str, list[float]] = {}
+    for e in events:
+        seen.setdefault(e.node, []).append(e.ts)
     spans = []
     for st in starts:
         end = min((e.ts for e in ends if e.node == st.node and e.ts >= st.ts), default=float("inf"))
+        if seen:
+            nxt = min((o.ts for o in starts if o.node == st.node and o.ts > st.ts), default=float("inf"))
+            if end >= nxt or end == float("inf"):  # no JobEnded of its own: its node's last word
+                end = max((t for t in seen.get(st.node, ()) if st.ts <= t < nxt), default=st.ts)
         spans.append((st.ts, end))
     spans.sort()
     merged: list[tuple[float, float]] = []

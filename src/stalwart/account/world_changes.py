@@ -113,7 +113,7 @@ def world_changes(events: Sequence[Event]) -> WorldChanges:
     """The run's changes of world size in place and its periods below the launched size (pure)."""
     evs = sorted(events, key=lambda e: e.ts)
     windows = job_windows(
-        [e for e in evs if isinstance(e, JobStarted)], [e for e in evs if isinstance(e, JobEnded)]
+        [e for e in evs if isinstance(e, JobStarted)], [e for e in evs if isinstance(e, JobEnded)], evs
     )
 
     def key(e: Event, t: float) -> tuple[int, int]:  # attempt numbers start again in every job

@@ -36,14 +36,10 @@ def register(app: typer.Typer) -> None:
             listed = make_backend(backend).list_nodes()
         except SchedulerError as exc:
             first = exc.message.splitlines()[0] if exc.message else "no answer"
-            hint = (
-                exc.hint
-                if first.startswith("cannot run")
-                else ("is Slurm configured on this machine (slurmctld reachable, SLURM_CONF set)?")
-            )
+            hint = f"{exc.hint}; " if exc.hint else ""  # the backend's hint fits what Slurm said
             raise SchedulerError(
                 f"cannot list Slurm nodes: {first}",
-                f"{hint}; 'stalwart nodes' without --backend lists Stalwart's own records",
+                f"{hint}'stalwart nodes' without --backend lists Stalwart's own records",
             ) from None
         sched = {s.node: s for s in listed}
         rows: list[dict[str, Any]] = []  # Any: JSON rows (json.dumps), each column of its own type

@@ -5,6 +5,7 @@ A Kubernetes backend (cordon + taint) would implement the same four methods.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +16,7 @@ from ..node_name import validate_drain_reason, validate_node_name
 from ..policy.label import Label
 from .deadline import CallTimedOut, run_command
 from .lifecycle import SchedulerView
+from .slurm_failure import NO_CONFIG_HINT, missing_slurm_conf, slurm_failure
 
 
 @dataclass(frozen=True)
@@ -70,21 +72,20 @@ class SlurmBackend:
         self.sinfo = sinfo
 
     def _run(self, argv: list[str]) -> str:
+        missing = missing_slurm_conf(os.environ)
+        if missing:  # Slurm's tools would retry reading that file for 60 s before they fail
+            raise SchedulerError(f"no Slurm configuration found: {missing}", NO_CONFIG_HINT)
         try:
             proc = run_command(argv, self.timeout_s)
         except CallTimedOut as exc:
             raise SchedulerError(
                 f"{argv[0]} did not answer within {self.timeout_s:g} s",
-                "is slurmctld running and SLURM_CONF set?",
+                "is slurmctld running ('scontrol ping'), and does SLURM_CONF name this cluster's slurm.conf?",
             ) from exc
         except OSError as exc:
             raise SchedulerError(f"cannot run {argv[0]}: {exc}", "install the Slurm client tools") from exc
         if proc.returncode != 0:
-            raise SchedulerError(
-                f"{' '.join(argv[:3])} failed (exit {proc.returncode}): "
-                f"{(proc.stderr or proc.stdout).strip()[:300]}",
-                "check the node name and that you may run scontrol update (root or SlurmUser)",
-            )
+            raise slurm_failure(argv, proc.returncode, proc.stderr or proc.stdout)
         return proc.stdout
 
     def list_nodes(self) -> list[NodeStatus]:

@@ -3,6 +3,7 @@
 Everything lives in a temporary directory (SLURM_CONF points there; /etc is not touched); munged
 gets its own socket so it never collides with a system munged. Daemons are stopped at teardown.
 Skipped, with the reason, only when the Slurm/munge binaries are not installed (.ci/run installs them).
+Importable from every test package, as ``netutil``.
 """
 
 from __future__ import annotations
