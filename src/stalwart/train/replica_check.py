@@ -28,7 +28,7 @@ replay that ends before its step (the loop stops, re-forms or halts) is recorded
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,13 +46,13 @@ from ..policy.sdc import (
     SdcDecision,
     check_interval,
     decide,
-    localise,
     replayed,
 )
 from ..protocol import DEFAULT_SDC_BUDGET, CorruptionFound, Message, Note, WorkerEnv
 from ..protocol.json_collective import all_gather_json, device_for
 from .clock import Clock
 from .fingerprint import exact
+from .shard_replicas import local, localise_groups, replicas_of
 
 SHOWN = 4  # differing tensors named in an event
 
@@ -64,6 +64,7 @@ class Replay:
     rows: tuple[tuple[int, ...], ...]  # every replica's fingerprints when it was found
     nodes: tuple[str, ...]  # every replica's node then
     from_step: int  # the checkpoint the replay starts from
+    group: tuple[int, ...] = ()  # the replica group (global ranks) the replay judges; () every rank
 
 
 class ParamsOf:
@@ -135,6 +136,7 @@ class ReplicaCheck:
         self._rank, self._node, self._clock = rank, node, clock
         self._emit, self._note, self._context = emit, note, context
         self._state: Mapping[str, Any] = {}  # Any: user state
+        self._groups: tuple[tuple[int, ...], ...] = ()  # the replica groups (global ranks)
         self.active = False
         self._proven = False  # the replicas were seen identical after a step
         self.clean_steps: list[int] = []
@@ -179,21 +181,28 @@ class ReplicaCheck:
         if self._every < 0:
             return
         named = state_tensors(state)
-        if not named or any(callable(getattr(t, "to_local", None)) for _, t in named):
-            if self._rank == 0 and named:
-                self._note(
-                    "silent-data-corruption checks off: sharded parameters (FSDP/TP) are not compared yet"
-                )
+        if not named:
             return
-        shapes = self._gather(torch.tensor([len(named), sum(t.numel() for _, t in named)], dtype=torch.int64))
-        if len({tuple(r) for r in shapes}) > 1:  # other tensors on other ranks: no replicas (and no
-            if self._rank == 0:  # equal-length gather to make)
+        shapes = self._gather(
+            torch.tensor([len(named), sum(local(t).numel() for _, t in named)], dtype=torch.int64)
+        )
+        found = replicas_of([t for _, t in named], len(shapes))
+        if found.off:
+            if self._rank == 0:
+                self._note(f"silent-data-corruption checks off: {found.off}")
+            return
+        self._groups = found.groups
+        # other tensors on other ranks (of a shard): no replicas, and no equal-length gather to make
+        if len({r[0] for r in shapes}) > 1 or any(
+            len({tuple(shapes[r]) for r in g}) > 1 for g in self._groups
+        ):
+            if self._rank == 0:
                 self._note(
                     "silent-data-corruption checks off: the ranks hold different tensors (not replicas)"
                 )
             return
         rows, _ = self._compare(start)
-        if not localise(rows).clean:
+        if not localise_groups(rows, self._groups)[0].clean:
             if self._rank == 0:
                 self._note(
                     "silent-data-corruption checks off: the ranks' state differs at the start (not replicas)"
@@ -212,7 +221,7 @@ class ReplicaCheck:
         """Collective: every rank's fingerprints, and the tensors' names; sets the next check."""
         t0 = self._clock.monotonic()
         named = state_tensors(self._state)
-        vec = exact([t for _, t in named])
+        vec = exact([local(t) for _, t in named])
         steps = completed - self._step_last
         self.gap = steps if self._step_last >= 0 else 0
         step_s = (t0 - self._t_last) / steps if self._step_last >= 0 and steps > 0 else 0.0
@@ -230,7 +239,7 @@ class ReplicaCheck:
         step of the clean checkpoint every rank must roll back to; raises SilentCorruptionError when
         the run must stop. A save about to follow a clean check is marked verified clean."""
         rows, names = self._compare(completed)
-        found = localise(rows)
+        found, group = localise_groups(rows, self._groups)
         if not self._proven:
             self._proven = True
             if not found.clean:  # the ranks diverge by themselves: not data-parallel replicas
@@ -255,7 +264,7 @@ class ReplicaCheck:
         match decision.action:
             case SdcAction.ROLLBACK:
                 if not found.suspects:  # nobody named: the replay of this step may name one
-                    self.replays[completed] = Replay(tuple(map(tuple, rows)), nodes, decision.to_step)
+                    self.replays[completed] = Replay(tuple(map(tuple, rows)), nodes, decision.to_step, group)
                 self.rollbacks += 1
                 self._next_at = decision.to_step + self.interval
                 self._step_last, self._t_last = decision.to_step, self._clock.monotonic()
@@ -271,16 +280,27 @@ class ReplicaCheck:
         recorded as not reached (by rank 0; no collective, and nobody is named)."""
         names = [n for n, _ in state_tensors(self._state)]
         for step, replay in sorted(self.replays.items()):
-            found = replayed(replay.rows, None, step=step, reached=completed)
+            found = self._judge(replay, None, step, completed)
             self._record_replay(step, replay, found, [], names, "")
         self.replays.clear()
+
+    @staticmethod
+    def _judge(replay: Replay, rows: list[list[int]] | None, step: int, reached: int) -> ReplayFinding:
+        """``policy.sdc.replayed`` within the replica group that disagreed, naming global ranks."""
+        group = replay.group or tuple(range(len(replay.rows)))
+        again = [rows[r] for r in group] if rows is not None else None
+        found = replayed([replay.rows[r] for r in group], again, step=step, reached=reached)
+        if group == tuple(range(len(replay.rows))):
+            return found
+        reason = f"replicas of ranks {', '.join(map(str, group))} (by place): {found.reason}"
+        return replace(found, suspects=tuple(group[i] for i in found.suspects), reason=reason)
 
     def _replayed(
         self, completed: int, replay: Replay, rows: list[list[int]], names: list[str], action: SdcAction
     ) -> None:
         """The replay completed the step of a remembered mismatch: judge it; every rank tells its
         agent (the agent of a node named with confidence quarantines it); rank 0 records it."""
-        found = replayed(replay.rows, rows, step=completed)
+        found = self._judge(replay, rows, completed, -1)
         nodes = tuple(replay.nodes[r] for r in found.suspects)
         tensors = tuple(names[t] if t < len(names) else f"#{t}" for t in found.tensors[:SHOWN])
         verdict = ReplicaVerdict.REPLAYED.value
