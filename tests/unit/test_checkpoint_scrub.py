@@ -211,3 +211,17 @@ def test_the_console_and_the_report_say_what_was_found_and_what_it_cost(tmp_path
     assert "background checkpoint verification on n1: 2 versions read (0.0 MB) in" in text
     assert "checkpoints found damaged in the background and set aside: 1" in text
     assert "local tier, step 20: __1_0.distcp checksum" in text
+
+
+def test_a_version_that_commits_while_a_damaged_one_is_read_is_the_fallback(tmp_path):
+    disk = tmp_path / "disk"
+    version(disk, 10, FILES)
+    flip(version(disk, 20, FILES) / "__0_0.distcp")
+    events: list[Event] = []
+    s = scrubber(
+        tmp_path, [ScrubTier("local", disk, 1)], events, Clock(), settle=lambda: version(disk, 30, FILES)
+    )
+    s.poll()  # 20 is the newest when listed; 30 commits during the settle
+    [ev] = events
+    assert isinstance(ev, CheckpointDamaged) and ev.step == 20
+    assert ev.fallback == "a recovery reads step 30 from the local tier instead, verified just now"

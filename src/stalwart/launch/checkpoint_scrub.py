@@ -143,7 +143,7 @@ class CheckpointScrub:
         self._settled = 0.0
         outcome, problem = self._read(decision.version, listed)
         if outcome.step is ScrubStep.SET_ASIDE:
-            self._damage_found(decision.version, problem, listed, versions)
+            self._damage_found(decision.version, problem, listed)
         ended = self.mono()
         busy = ended - now - self._settled  # waiting for a version to settle costs nothing
         self.stats.busy_s += busy
@@ -169,12 +169,14 @@ class CheckpointScrub:
         (self._settle or (lambda: time.sleep(SETTLE_S)))()
         self._settled += self.mono() - t0
 
-    def _damage_found(self, first: Version, problem: str, listed: Listed, versions: list[Version]) -> None:
+    def _damage_found(self, first: Version, problem: str, listed: Listed) -> None:
         """Set ``first`` aside, after reading what a recovery would read instead until one verifies
         (damage seldom comes alone: every tier's copy of a version holds the same bytes, one disk holds
         several versions), so what the console says of the fallback is known, not hoped."""
-        found = [(first, problem)]
-        left = [v for v in versions if (v.tier, v.step) != (first.tier, first.step)]
+        key = (first.tier, first.step)
+        found = [(first, listed[key][1], problem)]
+        listed = self._listed()  # as it is now: a newer version may have committed during the reading
+        left = [v for v in self._versions(listed) if (v.tier, v.step) != key]
         nxt: Version | None = None
         verified = False
         while left:
@@ -187,12 +189,10 @@ class CheckpointScrub:
                 break
             left.remove(nxt)
             if outcome.step is ScrubStep.SET_ASIDE:
-                found.append((nxt, why))
+                found.append((nxt, listed[(nxt.tier, nxt.step)][1], why))
             nxt = None
-        for version, why in found:
-            self._set_aside(
-                version, listed[(version.tier, version.step)][1], why, fallback_line(nxt, verified)
-            )
+        for version, path, why in found:
+            self._set_aside(version, path, why, fallback_line(nxt, verified))
 
     def _set_aside(self, version: Version, path: Path, problem: str, fallback: str) -> None:
         self.stats.damaged += 1
