@@ -59,21 +59,32 @@ def scrubber(
         budget=Budget(duty=1.0, recheck_s=5.0),
         wall=lambda: 1.7e9,
         mono=clock,
+        cpu=lambda: 0.0,  # readings cost no CPU: the budget never makes the tests wait
         settle=settle,
         key=None,
     )
 
 
+def seen_then_due(s: CheckpointScrub, clock: Clock) -> None:
+    """One round that sees the versions committed (known good: their persist hashed them), then the
+    clock past the recheck, when they are due."""
+    s.poll()
+    clock.t += 5.0
+
+
 FILES = {"__0_0.distcp": b"a" * 4096, "__1_0.distcp": b"b" * 4096, "rank-0.pt": b"r0", ".metadata": b"m"}
 
 
-def test_clean_versions_are_read_once_each_then_again_when_due(tmp_path):
+def test_versions_are_read_a_recheck_after_their_commit_and_again_after_each_reading(tmp_path):
     disk = tmp_path / "disk"
     for step in (10, 20):
         version(disk, step, FILES)
     events: list[Event] = []
     clock = Clock()
     s = scrubber(tmp_path, [ScrubTier("local", disk, 1)], events, clock)
+    s.poll()
+    assert s.stats.readings == 0  # just committed: the persist hashed these very files
+    clock.t += 5.0
     s.poll()
     s.poll()
     assert s.stats.readings == 2 and s.stats.bytes == 2 * sum(map(len, FILES.values()))
@@ -93,6 +104,7 @@ def test_a_damaged_version_is_set_aside_recorded_and_said(tmp_path):
     clock = Clock()
     tiers = [ScrubTier("local", disk, 1), ScrubTier("memory", mem, 0, node_local=True)]
     s = scrubber(tmp_path, tiers, events, clock)
+    seen_then_due(s, clock)
     for _ in range(3):
         s.poll()
     assert s.stats.readings == 3 and not events
@@ -123,9 +135,9 @@ def test_a_version_removed_while_it_is_read_is_not_called_damaged(tmp_path):
     doomed = version(disk, 10, FILES)
     (doomed / "__1_0.distcp").unlink()  # retention's rmtree half way through ...
     events: list[Event] = []
-    s = scrubber(
-        tmp_path, [ScrubTier("local", disk, 1)], events, Clock(), settle=lambda: shutil.rmtree(doomed)
-    )
+    clock = Clock()
+    s = scrubber(tmp_path, [ScrubTier("local", disk, 1)], events, clock, settle=lambda: shutil.rmtree(doomed))
+    seen_then_due(s, clock)
     s.poll()  # ... and done by the time the problem is looked at again
     assert s.stats.readings == 1 and not events
 
@@ -137,7 +149,9 @@ def test_a_tier_another_node_reads_is_not_read_here_but_counts_for_the_fallback(
     flip(mem / step_name(10) / "__0_0.distcp")
     events: list[Event] = []
     tiers = [ScrubTier("local", disk, 1, verify=lambda: False), ScrubTier("memory", mem, 0, node_local=True)]
-    s = scrubber(tmp_path, tiers, events, Clock())
+    clock = Clock()
+    s = scrubber(tmp_path, tiers, events, clock)
+    seen_then_due(s, clock)
     s.poll()
     s.poll()
     assert s.stats.readings == 1
@@ -153,15 +167,23 @@ def test_a_node_local_version_is_checked_for_the_files_this_node_holds(tmp_path)
     assert "missing file __1_0.distcp" in read_version(path, None, settle=lambda: None).reading.problem
 
 
-def test_a_version_saved_again_under_its_step_is_read_again(tmp_path):
+def test_a_version_saved_again_under_its_step_is_a_new_commit(tmp_path):
     disk = tmp_path / "disk"
     version(disk, 10, FILES)
     clock = Clock()
     s = scrubber(tmp_path, [ScrubTier("local", disk, 1)], [], clock)
+    seen_then_due(s, clock)
     s.poll()
+    assert s.stats.readings == 1
+    clock.t += 4.0
     shutil.rmtree(disk / step_name(10))
     version(disk, 10, {**FILES, "rank-1.pt": b"r1"})  # a restart saved step 10 again
-    s.poll()  # within the recheck, but a new version
+    s.poll()  # seen committed now
+    clock.t += 4.0
+    s.poll()  # 8 s after the first reading, 4 s after the new commit: not due
+    assert s.stats.readings == 1
+    clock.t += 1.0
+    s.poll()
     assert s.stats.readings == 2
 
 
@@ -184,8 +206,10 @@ def test_the_console_and_the_report_say_what_was_found_and_what_it_cost(tmp_path
     version(disk, 10, FILES)
     flip(version(disk, 20, FILES) / "__1_0.distcp")
     events: list[Event] = []
-    s = scrubber(tmp_path, [ScrubTier("local", disk, 1)], events, Clock())
+    clock = Clock()
+    s = scrubber(tmp_path, [ScrubTier("local", disk, 1)], events, clock)
     s.wall = lambda: 15.0
+    seen_then_due(s, clock)
     s.poll()
     s.stop()  # records what it did
 
@@ -218,9 +242,11 @@ def test_a_version_that_commits_while_a_damaged_one_is_read_is_the_fallback(tmp_
     version(disk, 10, FILES)
     flip(version(disk, 20, FILES) / "__0_0.distcp")
     events: list[Event] = []
+    clock = Clock()
     s = scrubber(
-        tmp_path, [ScrubTier("local", disk, 1)], events, Clock(), settle=lambda: version(disk, 30, FILES)
+        tmp_path, [ScrubTier("local", disk, 1)], events, clock, settle=lambda: version(disk, 30, FILES)
     )
+    seen_then_due(s, clock)
     s.poll()  # 20 is the newest when listed; 30 commits during the settle
     [ev] = events
     assert isinstance(ev, CheckpointDamaged) and ev.step == 20

@@ -115,8 +115,8 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
                 "node": e.node,
                 "readings": e.readings,
                 "bytes": e.bytes,
-                "busy_s": e.busy_s,
-                "share": e.busy_s / gp.wall_s if gp.wall_s > 0 else None,
+                "cpu_s": e.cpu_s,
+                "share": e.cpu_s / gp.wall_s if gp.wall_s > 0 else None,
                 "damaged": e.damaged,
                 "duty": e.duty,
             }
@@ -348,10 +348,10 @@ def _render_findings(rep: dict[str, Any], con: Console, say: Callable[[str], Non
         step = f"step {r['step']}, " if r["step"] >= 0 else ""
         say(f"  {esc(r['path'])} ({step}attempt {r['attempt']}): {esc(r['reason'])}")
     for v in rep.get("checkpoint_verification", []):
-        share = f", {100 * v['share']:.1f}% of the wall time" if v["share"] is not None else ""
+        share = f" ({100 * v['share']:.1f}% of one CPU over the run)" if v["share"] is not None else ""
         say(
             f"background checkpoint verification on {esc(v['node'])}: {plural(v['readings'], 'version')} "
-            f"read ({v['bytes'] / 1e6:.1f} MB) in {v['busy_s']:.2f}s{share}"
+            f"read ({v['bytes'] / 1e6:.1f} MB) in {v['cpu_s']:.2f}s of CPU{share}"
         )
     damaged = rep.get("checkpoints_damaged", [])
     if damaged or rep.get("checkpoint_verification"):  # said only where it ran

@@ -81,6 +81,6 @@ class CheckpointsVerified(Event):
 
     readings: int  # versions read
     bytes: int  # bytes read and hashed
-    busy_s: float  # wall time spent reading, at a lowered CPU priority
+    cpu_s: float  # CPU time spent reading (a thread at a lowered priority)
     damaged: int
-    duty: float  # the share of the time it was allowed
+    duty: float  # the share of one CPU it was allowed

@@ -3,7 +3,7 @@ committed versions against their manifests, sets a damaged one aside before a re
 says so (a ``CheckpointDamaged`` event in a ledger file of its own, and the console).
 
 The thread runs at a lowered CPU priority, in the agent's process, never in a worker's: the training
-loop does not wait for it. Which version to read next and when (at most ``Budget.duty`` of the time,
+loop does not wait for it. Which version to read next and when (at most ``Budget.duty`` of one CPU,
 each clean version again after ``Budget.recheck_s``) is policy/checkpoint_scrub.py's decision; the
 reading and the setting aside are checkpoint/scrub.py's.
 """
@@ -26,7 +26,6 @@ from ..events import Event
 from ..events.checkpoint import CheckpointDamaged, CheckpointsVerified
 from ..ledger import LedgerWriter
 from ..policy.checkpoint_scrub import (
-    SETTLE_S,
     Budget,
     Identity,
     ScrubAction,
@@ -65,7 +64,7 @@ class ScrubStats:
 
     readings: int = 0
     bytes: int = 0
-    busy_s: float = 0.0  # wall time spent reading
+    cpu_s: float = 0.0  # CPU time spent reading
     damaged: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -86,6 +85,7 @@ class CheckpointScrub:
         budget: Budget | None = None,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.thread_time,
         settle: Callable[[], None] | None = None,
         key: bytes | None = None,
     ) -> None:
@@ -93,13 +93,13 @@ class CheckpointScrub:
         self.run, self.node, self.run_id = run, node, run_id
         self.notify, self.attempt = notify, attempt
         self.budget = budget or Budget()
-        self.wall, self.mono = wall, mono
+        self.wall, self.mono, self.cpu = wall, mono, cpu
         self._settle = settle
         self.key = key if key is not None else configured_key()
         self.stats = ScrubStats()
-        self._verified: dict[tuple[str, int], tuple[Identity | None, float]] = {}
+        # (tier, step) -> the version's identity and when it was last known good
+        self._known: dict[tuple[str, int], tuple[Identity | None, float]] = {}
         self._rested = 0.0
-        self._settled = 0.0  # of the reading under way, time spent waiting for a version to settle
         self._writer: LedgerWriter | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,18 +116,20 @@ class CheckpointScrub:
             out.update({(tier.name, step): (tier, path) for step, path in versions})
         return out
 
-    def _versions(self, listed: Listed) -> list[Version]:
-        """The listed versions, each with when it last verified clean: a version saved again under
-        its step (a new identity) is a new version."""
-        self._verified = {
-            k: seen
-            for k, seen in self._verified.items()
-            if k in listed and seen[0] is not None and seen[0] == identity(listed[k][1])
+    def _versions(self, listed: Listed, now: float) -> list[Version]:
+        """The listed versions, each with when it was last known good. A version first seen now was
+        verified by its persist, which hashed the files it had just written; a version saved again
+        under its step (a new identity) is seen anew."""
+        self._known = {
+            k: known
+            for k, known in self._known.items()
+            if k in listed and known[0] is not None and known[0] == identity(listed[k][1])
         }
         out = []
-        for key, (tier, _path) in listed.items():
-            seen = self._verified.get(key)
-            out.append(Version(tier.name, tier.speed, key[1], seen[1] if seen is not None else None))
+        for key, (tier, path) in listed.items():
+            if key not in self._known:
+                self._known[key] = (identity(path), now)
+            out.append(Version(tier.name, tier.speed, key[1], self._known[key][1]))
         return out
 
     def poll(self) -> float:
@@ -135,39 +137,34 @@ class CheckpointScrub:
         monotonic time to poll again."""
         now = self.mono()
         listed = self._listed()
-        versions = self._versions(listed)
+        versions = self._versions(listed, now)
         mine = [v for v in versions if listed[(v.tier, v.step)][0].verify()]
         decision = next_verification(mine, now=now, rested_at=self._rested, budget=self.budget)
         if decision.action is ScrubAction.WAIT or decision.version is None:
             return min(decision.until, now + POLL_S)
-        self._settled = 0.0
+        used = self.cpu()
         outcome, problem = self._read(decision.version, listed)
         if outcome.step is ScrubStep.SET_ASIDE:
             self._damage_found(decision.version, problem, listed)
-        ended = self.mono()
-        busy = ended - now - self._settled  # waiting for a version to settle costs nothing
-        self.stats.busy_s += busy
-        self._rested = rest_until(ended - busy, ended, self.budget.duty)
+        used = self.cpu() - used  # this thread's: waiting for the CPU or for a version to settle is free
+        self.stats.cpu_s += used
+        self._rested = rest_until(now, used, self.budget.duty)
         return self._rested  # the next reading as soon as the budget allows it
 
     def _read(self, version: Version, listed: Listed) -> tuple[ScrubOutcome, str]:
         """Read one version and keep what it showed: (the outcome, the problem found)."""
         key = (version.tier, version.step)
         tier, path = listed[key]
-        got = read_version(path, self.key, present_only=tier.node_local, settle=self._timed_settle)
+        settle = {} if self._settle is None else {"settle": self._settle}
+        got = read_version(path, self.key, present_only=tier.node_local, **settle)
         self.stats.readings += 1
         self.stats.bytes += got.bytes
         outcome = judge(version, got.reading)
         if outcome.step is ScrubStep.KEEP:
-            self._verified[key] = (got.reading.after, self.mono())
+            self._known[key] = (got.reading.after, self.mono())
         else:
-            self._verified.pop(key, None)
+            self._known.pop(key, None)
         return outcome, got.reading.problem
-
-    def _timed_settle(self) -> None:
-        t0 = self.mono()
-        (self._settle or (lambda: time.sleep(SETTLE_S)))()
-        self._settled += self.mono() - t0
 
     def _damage_found(self, first: Version, problem: str, listed: Listed) -> None:
         """Set ``first`` aside, after reading what a recovery would read instead until one verifies
@@ -176,7 +173,7 @@ class CheckpointScrub:
         key = (first.tier, first.step)
         found = [(first, listed[key][1], problem)]
         listed = self._listed()  # as it is now: a newer version may have committed during the reading
-        left = [v for v in self._versions(listed) if (v.tier, v.step) != key]
+        left = [v for v in self._versions(listed, self.mono()) if (v.tier, v.step) != key]
         nxt: Version | None = None
         verified = False
         while left:
@@ -263,7 +260,7 @@ class CheckpointScrub:
                 ts=self.wall(),
                 readings=st.readings,
                 bytes=st.bytes,
-                busy_s=st.busy_s,
+                cpu_s=st.cpu_s,
                 damaged=st.damaged,
                 duty=self.budget.duty,
                 run_id=self.run_id,

@@ -8,10 +8,13 @@ version off the training path (launch/checkpoint_scrub.py) and sets a damaged on
 recovery falls back to an older good version without trying it. These functions decide; they hold
 no clock (``now`` comes in as an argument), read no file and start no thread.
 
-The cost is bounded twice: time spent verifying is at most ``duty`` of the wall time (after a
-verification that took ``t`` seconds the scrubber rests ``t * (1 / duty - 1)``), and a version that
-verified clean is read again no sooner than ``recheck_s`` later. New versions come first, then the
-ones due again in the order a recovery reads them (newest step first, fastest tier first).
+A version's first verification is its persist: each rank took the SHA-256 of the files it had just
+written, so reading them again at once would check the same bytes. It is read first ``recheck_s``
+after the scrubber saw it committed, then every ``recheck_s`` after each clean reading, the versions
+due in the order a recovery reads them (newest step first, fastest tier first), and no faster than
+the budget: verifying uses at most ``duty`` of one CPU (a reading that used ``c`` seconds of CPU is
+followed by the next no sooner than ``c / duty`` after it started). CPU time, not wall time: on a
+loaded node a reading spends most of its wall time waiting for a CPU, which costs training nothing.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 
 from .label import Label
 
-DEFAULT_DUTY = 0.02  # 2% of the wall time of one thread, at a lowered CPU priority
-DEFAULT_RECHECK_S = 1.0
+DEFAULT_DUTY = 0.02  # 2% of one CPU, on a thread at a lowered CPU priority
+DEFAULT_RECHECK_S = 0.5
 SETTLE_S = 0.5  # a problem is judged again after this long: a version being deleted is gone by then
 
 
@@ -45,7 +48,7 @@ class Version:
     tier: str
     speed: int  # 0 for the fastest tier (the loader reads a step's fastest copy first)
     step: int
-    verified_at: float | None = None  # when it last verified clean; None: not since it was committed
+    checked_at: float  # when it was last known good: first seen committed, then each clean reading
 
     @property
     def name(self) -> str:
@@ -70,10 +73,10 @@ class ScrubDecision:
     until: float = 0.0  # WAIT: when to ask again (the caller still looks for new versions sooner)
 
 
-def rest_until(started: float, ended: float, duty: float) -> float:
-    """When the next verification may start, after one that ran from ``started`` to ``ended``."""
-    took = max(0.0, ended - started)
-    return ended + took * (1.0 / duty - 1.0)
+def rest_until(started: float, cpu_s: float, duty: float) -> float:
+    """When the next verification may start, after one that started at ``started`` and used ``cpu_s``
+    seconds of CPU: over every such cycle the CPU used is at most ``duty`` of the time."""
+    return started + max(0.0, cpu_s) / duty
 
 
 def next_verification(
@@ -84,24 +87,20 @@ def next_verification(
     if now < rested_at:
         return ScrubDecision(
             ScrubAction.WAIT,
-            f"resting {rested_at - now:.2f}s: verification takes at most {budget.duty:.0%} of the time",
+            f"resting {rested_at - now:.2f}s: verification uses at most {budget.duty:.0%} of one CPU",
             until=rested_at,
         )
     ordered = recovery_order(versions)
-    new = [v for v in ordered if v.verified_at is None]
-    if new:
-        return ScrubDecision(ScrubAction.VERIFY, f"{new[0].name} committed and not verified yet", new[0])
-    due = [v for v in ordered if v.verified_at is not None and now - v.verified_at >= budget.recheck_s]
+    due = [v for v in ordered if now - v.checked_at >= budget.recheck_s]
     if due:
         v = due[0]
-        ago = now - v.verified_at if v.verified_at is not None else 0.0
-        return ScrubDecision(ScrubAction.VERIFY, f"{v.name} verified {ago:.1f}s ago, due again", v)
+        return ScrubDecision(ScrubAction.VERIFY, f"{v.name} known good {now - v.checked_at:.1f}s ago, due", v)
     if not ordered:
         return ScrubDecision(ScrubAction.WAIT, "no committed version to verify", until=now + budget.recheck_s)
-    soonest = min((v.verified_at or now) + budget.recheck_s for v in ordered)
+    soonest = min(v.checked_at for v in ordered) + budget.recheck_s
     return ScrubDecision(
         ScrubAction.WAIT,
-        f"all {len(ordered)} version(s) verified within the last {budget.recheck_s:g}s",
+        f"all {len(ordered)} version(s) known good within the last {budget.recheck_s:g}s",
         until=soonest,
     )
 

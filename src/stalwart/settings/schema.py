@@ -324,7 +324,7 @@ class CheckpointSettings(BaseModel):
         default=DEFAULT_DUTY,
         ge=0,
         le=1,
-        description="Share of the time the agent may spend re-verifying committed checkpoints in the "
+        description="Share of one CPU the agent may spend re-verifying committed checkpoints in the "
         "background, setting damaged ones aside before a recovery needs them (0: off).",
     )
 
