@@ -30,7 +30,7 @@ CHECKPOINT_EVERY = 10
 
 # what a run takes, measured on the 2-core VM beside other jobs (docs/benchmarks.md, "The demo after
 # issue 40"); README.md and the top-level help say the same
-DURATION = "under a minute on 2 cores: 35-46 s measured beside other jobs, longer on heavily loaded ones"
+DURATION = "under a minute on 2 cores: 35-51 s measured beside other jobs, longer on heavily loaded ones"
 
 
 def demo_faults(workers: int) -> tuple[list[str], str]:
