@@ -28,9 +28,10 @@ from .errors import StalwartError  # noqa: E402
 _HELP = """Keep distributed training runs productive through failures.
 
 \b
-Start here: stalwart demo (a 4-worker DDP run under injected faults, a few
-minutes, no GPU), then stalwart run --nproc-per-node N train.py (your
-torchrun script, unchanged). Docs: README.md; every run flag: stalwart run -h.
+Start here: stalwart demo (a 4-worker DDP run under injected faults, under a
+minute on 2 cores, no GPU), then stalwart run --nproc-per-node N train.py
+(your torchrun script, unchanged). Docs: README.md; every run flag:
+stalwart run -h.
 """
 
 app = typer.Typer(

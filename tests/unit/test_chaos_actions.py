@@ -99,6 +99,7 @@ def test_damage_on_failure_waits_for_the_failure_then_hits_the_newest_committed_
     chaos.settle()  # the attempt failed and its workers are gone
     [hit] = ledger.of(ChaosInjected)
     assert "step-000000012" in hit.detail and "step-000000008" not in hit.detail
+    assert hit.detail.startswith("memory tier: ")  # only the memory tier had committed 12
     assert (mem / "step-000000012" / "__0_0.distcp").read_bytes() != bytes(range(256)) * 8
     chaos.settle()  # once per run
     assert len(ledger.of(ChaosInjected)) == 1
@@ -114,3 +115,31 @@ def test_on_failure_is_only_for_checkpoint_damage_and_only_failure():
         parse_spec("crash@rank=0,step=3,on=failure")
     with pytest.raises(FaultPlanError, match="use on=failure"):
         parse_spec("corrupt-checkpoint@step=3,on=success")
+
+
+def test_each_damaged_copy_is_named_by_its_tier(tmp_path):
+    """The disk and the memory copy of one version flip the same bytes of the same file name: only
+    the tier tells the two lines of the console apart."""
+    from stalwart.chaos.plan import FaultPlan, parse_spec
+    from stalwart.events import ChaosInjected
+    from stalwart.launch.agent_chaos import AgentChaos
+    from stalwart.launch.clock import ManualClock
+    from stalwart.launch.fakes import RecordingLedger
+    from stalwart.launch.progress import ProgressTracker
+    from stalwart.protocol import StepDone
+    from stalwart.protocol.run_dir import RunDir
+
+    run, mem = RunDir(tmp_path / "run"), tmp_path / "mem"
+    _version(run.checkpoints, 10)
+    _version(mem, 10)
+    ledger = RecordingLedger()
+    chaos = AgentChaos(
+        FaultPlan((parse_spec("corrupt-checkpoint@step=14"),)), run, ledger, ManualClock(), _Memory(mem)
+    )
+    tracker = ProgressTracker(ranks=[0], started=0.0)
+    tracker.observe(StepDone(0, 13, 1.0, 0.1, {}), 1.1)
+    chaos.tick(tracker)
+    [hit] = ledger.of(ChaosInjected)
+    on_disk, in_memory = hit.detail.split("; ")
+    assert on_disk.startswith("local tier: flipped 16 bytes at offset 1024 of step-000000010/__0_0.distcp")
+    assert in_memory.startswith("memory tier: flipped 16 bytes at offset 1024 of step-000000010/")

@@ -168,3 +168,18 @@ def test_a_replay_fires_only_when_it_names_a_replica():
     assert [(f.ts, f.rank) for f in firings(evs)] == [(101, -1), (102, 1)]
     s = {d.detector: d for d in detector_stats(evs)}["sdc"]
     assert (s.firings, s.confirmed, s.faults, s.caught) == (2, 2, 1, 1)
+
+
+def test_a_checkpoint_found_damaged_in_the_background_is_a_caught_corruption():
+    """The damaged version was set aside before any load read it: no CheckpointRejected, yet the
+    corruption was caught (the demo's table said recall 0%)."""
+    from stalwart.events.checkpoint import CheckpointDamaged
+
+    evs = [
+        ChaosInjected(ts=100, node="n1", fault="corrupt-checkpoint", detail="local tier: flipped 16 bytes"),
+        CheckpointDamaged(ts=101.5, node="n1", step=140, tier="local", path="p", reason="checksum"),
+        CheckpointDamaged(ts=101.7, node="n1", step=140, tier="memory", path="q", reason="checksum"),
+    ]
+    v = {s.detector: s for s in detector_stats(evs)}["checkpoint_verify"]
+    assert (v.firings, v.confirmed, v.faults, v.caught) == (2, 2, 1, 1) and v.recall == 1.0
+    assert [f.detector for f in firings(evs)] == ["checkpoint_verify", "checkpoint_verify"]

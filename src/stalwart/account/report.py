@@ -14,7 +14,7 @@ from ..diagnose.incident import event_line
 from ..diagnose.precision import detector_stats, precision_gate
 from ..diagnose.straggler_episodes import episodes
 from ..events import ChaosUnfired, CheckpointRejected, IncidentRaised, StepCompleted, TrainingResumed
-from ..events.checkpoint import CheckpointIntervalAdvised
+from ..events.checkpoint import CheckpointDamaged, CheckpointIntervalAdvised, CheckpointsVerified
 from ..ledger import read_available
 from ..protocol.step_history import ResumeSource, script_resume
 from ..terminal import clock, plural
@@ -96,6 +96,32 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
                 "attempt": e.attempt,
             }
             for e in rejected
+        ],
+        "checkpoints_damaged": [  # found by background verification and set aside before any load
+            {
+                "ts": e.ts,
+                "path": e.path,
+                "tier": e.tier,
+                "step": e.step,
+                "reason": e.reason,
+                "set_aside": e.set_aside,
+                "fallback": e.fallback,
+            }
+            for e in events
+            if isinstance(e, CheckpointDamaged)
+        ],
+        "checkpoint_verification": [  # its cost, per node (launch/checkpoint_scrub.py)
+            {
+                "node": e.node,
+                "readings": e.readings,
+                "bytes": e.bytes,
+                "cpu_s": e.cpu_s,
+                "share": e.cpu_s / gp.wall_s if gp.wall_s > 0 else None,
+                "damaged": e.damaged,
+                "duty": e.duty,
+            }
+            for e in events
+            if isinstance(e, CheckpointsVerified)
         ],
         "incidents": [
             {
@@ -321,6 +347,19 @@ def _render_findings(rep: dict[str, Any], con: Console, say: Callable[[str], Non
     for r in rejected:
         step = f"step {r['step']}, " if r["step"] >= 0 else ""
         say(f"  {esc(r['path'])} ({step}attempt {r['attempt']}): {esc(r['reason'])}")
+    for v in rep.get("checkpoint_verification", []):
+        share = f" ({100 * v['share']:.1f}% of one CPU over the run)" if v["share"] is not None else ""
+        say(
+            f"background checkpoint verification on {esc(v['node'])}: {plural(v['readings'], 'version')} "
+            f"read ({v['bytes'] / 1e6:.1f} MB) in {v['cpu_s']:.2f}s of CPU{share}"
+        )
+    damaged = rep.get("checkpoints_damaged", [])
+    if damaged or rep.get("checkpoint_verification"):  # said only where it ran
+        say(f"checkpoints found damaged in the background and set aside: {len(damaged) or 'none'}")
+    for d in damaged:
+        say(
+            f"  {clock(d['ts'])} {esc(d['tier'])} tier, step {d['step']}: {esc(d['reason'])}; {esc(d['fallback'])}"
+        )
     incidents = rep.get("incidents", [])
     say(f"incidents: {len(incidents) or 'none'}")
     for inc in incidents:

@@ -10,6 +10,7 @@ abandoned persist never committed anything (a version is visible only after its 
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -17,6 +18,18 @@ from concurrent.futures import Future
 from typing import Any
 
 EXIT_WAIT_S = 30.0
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Run the calling thread ``nice`` steps below its current CPU priority (Linux: per thread), so
+    background work (a persist, a verification) yields to the training loop."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError:
+        pass
 
 
 class Background:

@@ -16,8 +16,6 @@ retention in :mod:`.persist`; the result types in :mod:`.outcomes` are re-export
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -32,7 +30,7 @@ from ..errors import CheckpointError
 from ..events import CheckpointStaged
 from ..events.checkpoint import EmergencyCheckpoint
 from ..policy.label import Label
-from .background import Background
+from .background import Background, lower_thread_priority
 from .collective import Collective
 from .node_tier import NodeLink
 from .outcomes import (
@@ -71,17 +69,6 @@ class OnBusy(Label):
 
     SKIP = "skip"
     WAIT = "wait"
-
-
-def _lower_thread_priority(nice: int) -> None:
-    """Run the persist thread at a lower CPU priority than the training loop (Linux: per thread)."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-    except OSError:
-        pass
 
 
 class CheckpointEngine:
@@ -137,7 +124,7 @@ class CheckpointEngine:
         self._writer = TierWriter(self._parts, persister, scratch)
         self._walk = TierWalk(self._parts, base / ".fetch")
         self._last: dict[str, int | None] = {t.name: None for t in self.tiers}
-        self._executor = Background("stalwart-ckpt", _lower_thread_priority, (persist_nice,))
+        self._executor = Background("stalwart-ckpt", lower_thread_priority, (persist_nice,))
         self._inflight: tuple[Future[PersistResult], int, tuple[str, ...]] | None = None
         self._latest: Snapshot | None = None
         self.last_stall_s: float | None = None

@@ -38,6 +38,17 @@ def step_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
+def committed_versions(root: Path) -> list[tuple[int, Path]]:
+    """The version directories (``step-<N>``) under ``root``, newest step first; a partial one, or
+    one set aside as damaged (``.step-<N>.damaged``, checkpoint/scrub.py), is never listed."""
+    out = []
+    for p in root.iterdir() if root.exists() else ():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out, reverse=True)
+
+
 class FileStore:
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, key: bytes | None = None) -> None:
         self.root = Path(root)
@@ -68,7 +79,8 @@ class FileStore:
         write_durable(work / MANIFEST, encode(manifest, self.key), fsync=self.fsync)
         final = self.final(step)
         if final.exists():  # an older save of the same step: replaced only by a complete one
-            shutil.rmtree(final)
+            # (errors ignored: the scrubber may have set it aside meanwhile; anything left fails the rename)
+            shutil.rmtree(final, ignore_errors=True)
         os.replace(work, final)
         if self.fsync:
             fsync_dir(self.root)
@@ -87,12 +99,7 @@ class FileStore:
         return gone
 
     def versions(self) -> list[tuple[int, Path]]:
-        out = []
-        for p in self.root.iterdir() if self.root.exists() else ():
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir():
-                out.append((int(m.group(1)), p))
-        return sorted(out, reverse=True)
+        return committed_versions(self.root)
 
     def delete(self, step: int) -> None:
         shutil.rmtree(self.final(step), ignore_errors=True)

@@ -1,9 +1,15 @@
 """Detectors that know their precision: join each firing with what followed (pure, over events).
 
 A *firing* is a detector saying "fault": ``FailureDetected`` (detector = its ``failure`` kind),
+<<<<<<< HEAD
 ``StragglerDetected`` (``straggler``), ``SilentCorruption`` (``sdc``, at each replica it names; a
 replay that names none is no new firing), a failing ``HealthChecked`` (``health.<level>``), a
 ``CheckpointRejected`` (``checkpoint_verify``: the load refused a damaged checkpoint). It is
+=======
+``StragglerDetected`` (``straggler``), ``SilentCorruption`` (``sdc``, at each replica it names), a failing ``HealthChecked`` (``health.<level>``), a
+``CheckpointRejected`` or ``CheckpointDamaged`` (``checkpoint_verify``: the load refused a damaged
+checkpoint, or background verification found one and set it aside before any load). It is
+>>>>>>> hdemo
 *confirmed* when, on the same rank (or node), within ``window_s``:
 
 - a ``ChaosInjected`` fault preceded it (ground truth in chaos runs); a fault that holds for a span of
@@ -38,6 +44,7 @@ from ..events import (
     StepCompleted,
     StragglerDetected,
 )
+from ..events.checkpoint import CheckpointDamaged
 from ..events.integrity import SilentCorruption
 from ..policy.label import Label
 
@@ -51,7 +58,8 @@ EXPECTED_DETECTORS: dict[str, tuple[str, ...]] = {
     "hang": ("hang",),
     "slow": ("straggler",),
     "kill-agent": ("agent_lost",),
-    "corrupt-checkpoint": ("checkpoint_verify",),  # the load refuses the damaged version
+    # background verification sets the damaged version aside, or a load refuses it
+    "corrupt-checkpoint": ("checkpoint_verify",),
     "truncate-checkpoint": ("checkpoint_verify",),
     "bitflip": ("sdc",),  # the cross-replica check names the rank (train/replica_check.py)
 }
@@ -100,7 +108,7 @@ def firings(events: Iterable[Event]) -> tuple[Firing, ...]:
             out.append(Firing("straggler", e.ts, e.node, e.rank))
         elif e.kind == "HealthChecked" and getattr(e, "status", "") == "fail":
             out.append(Firing(f"health.{getattr(e, 'level', 'passive')}", e.ts, e.node, -1))
-        elif isinstance(e, CheckpointRejected):
+        elif isinstance(e, (CheckpointRejected, CheckpointDamaged)):
             out.append(Firing("checkpoint_verify", e.ts, e.node, -1))
         elif isinstance(e, SilentCorruption):  # one firing per replica it names (none named: its writer's)
             if e.verdict == "replayed" and not e.suspect_ranks:

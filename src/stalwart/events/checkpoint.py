@@ -57,3 +57,30 @@ class PeerReplicated(Event):
     duration_s: float
     ok: bool
     reason: str = ""
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointDamaged(Event):
+    """Background verification found a committed version that no longer matches its manifest, and
+    set it aside so that no recovery reads it (launch/checkpoint_scrub.py)."""
+
+    step: int
+    tier: str
+    path: str  # where the version was
+    reason: str  # the first file that does not match, and how
+    set_aside: str = ""  # where it is now ("" if it could not be moved: the reason says why)
+    fallback: str = ""  # what a recovery reads instead
+
+
+@event
+@dataclass(frozen=True, kw_only=True)
+class CheckpointsVerified(Event):
+    """What background verification did on one node over the job (written when it stops): its cost
+    and what it found."""
+
+    readings: int  # versions read
+    bytes: int  # bytes read and hashed
+    cpu_s: float  # CPU time spent reading (a thread at a lowered priority)
+    damaged: int
+    duty: float  # the share of one CPU it was allowed

@@ -24,6 +24,7 @@ from typing_extensions import assert_never
 
 from .. import job_key
 from ..chaos.plan import FaultPlan, build_plan
+from ..checkpoint.tiers import TierKind
 from ..diagnose.live import LiveDiagnosis
 from ..errors import CheckpointError, ConfigError, FaultPlanError, LedgerError
 from ..events import Event, JobStarted
@@ -32,12 +33,14 @@ from ..events.startup import StartupMarks
 from ..exit_codes import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OK
 from ..ledger import LedgerWriter, read_available, read_merged
 from ..policy import job
+from ..policy.checkpoint_scrub import Budget
 from ..policy.job import End
 from ..protocol import WorkerEnv
-from ..protocol.run_dir import RunDir
+from ..protocol.run_dir import DISK_TIER, MEMORY_TIER, RunDir
 from ..settings.run_config import CONFIG_SETTINGS, RunConfig
 from .agent_chaos import AgentChaos
 from .attempt.node_workers import NodeWorkers
+from .checkpoint_scrub import CheckpointScrub, ScrubTier
 from .clock import Clock, SystemClock
 from .failure_files import CheckpointFiles
 from .finished_run import last_step
@@ -120,19 +123,24 @@ class _Started:
 
     diagnosis: LiveDiagnosis | None = None
     memory: NodeMemory | None = None
+    scrub: CheckpointScrub | None = None
     warm: WarmPool | None = None
     rendezvous: NodeRendezvous | None = None
 
     def close(self, *, leaving: bool) -> None:
         """Each stop runs even when an earlier one raised: the diagnosis first (its last round may
-        raise incidents), then the rendezvous, the memory tier, the fork server."""
+        raise incidents), then the rendezvous, the checkpoint verification, the memory tier (whose
+        directory it reads), the fork server."""
         diagnosis, rendezvous, memory, warm = self.diagnosis, self.rendezvous, self.memory, self.warm
-        self.diagnosis = self.rendezvous = self.memory = self.warm = None
+        scrub = self.scrub
+        self.diagnosis = self.rendezvous = self.memory = self.warm = self.scrub = None
         with ExitStack() as stops:  # last pushed, first run
             if warm is not None:
                 stops.callback(warm.close)
             if memory is not None:
                 stops.callback(memory.close)
+            if scrub is not None:
+                stops.callback(scrub.stop)
             if rendezvous is not None:
                 stops.callback(rendezvous.close, leaving=leaving)
             if diagnosis is not None:
@@ -178,6 +186,7 @@ class Agent:
         self.received: int | None = None  # the signal this agent received
         self.runner: JobRunner | None = None
         self.chaos: AgentChaos | None = None
+        self.workers: NodeWorkers | None = None
 
     @property
     def attempt(self) -> int:
@@ -218,6 +227,7 @@ class Agent:
                 self.console.note(text)
                 return write_verdict(self.ledger, self.clock, "succeeded", text, EXIT_OK)
             held.memory = memory = self._node_memory()
+            held.scrub = self._start_scrub(memory)
             held.diagnosis = diagnosis = self._start_diagnosis()
             held.warm = warm = self._warm_pool()
             held.rendezvous = rendezvous = NodeRendezvous(
@@ -263,7 +273,9 @@ class Agent:
         warm: WarmPool | None,
         closing: Callable[[End], None],
     ) -> JobRunner:
-        workers = self._node_workers(rendezvous=rendezvous, memory=memory, diagnosis=diagnosis, warm=warm)
+        self.workers = workers = self._node_workers(
+            rendezvous=rendezvous, memory=memory, diagnosis=diagnosis, warm=warm
+        )
         self.chaos = workers.chaos
 
         def on_attempt(attempt: int) -> None:
@@ -380,6 +392,30 @@ class Agent:
                 pass
             case _ as unreachable:
                 assert_never(unreachable)
+
+    def _start_scrub(self, memory: NodeMemory | None) -> CheckpointScrub | None:
+        """Background verification of the committed checkpoints (launch/checkpoint_scrub.py): the run
+        directory's tier by the node of group rank 0 (the nodes of a job share the run directory), the
+        node memory tier by every node; None when turned off."""
+        duty = self.cfg.checkpoint.scrub_duty
+        if not duty:
+            return None
+        tiers = [ScrubTier(DISK_TIER, self.run.checkpoints, TierKind.LOCAL.speed, verify=self._leads)]
+        if memory is not None:
+            tiers.append(ScrubTier(MEMORY_TIER, memory.versions_root, TierKind.MEMORY.speed, node_local=True))
+        return CheckpointScrub(
+            tiers,
+            run=self.run,
+            node=self.cfg.node_name,
+            run_id=self.cfg.run_id,
+            notify=self._notify,
+            attempt=lambda: self.attempt,
+            budget=Budget(duty=duty),
+        ).start()
+
+    def _leads(self) -> bool:
+        """Whether this node is group rank 0 of the current attempt (before the first: yes)."""
+        return self.workers is None or self.workers.group_rank == 0
 
     def _start_diagnosis(self):
         """The live diagnosis collector (diagnose/live.py) on its own thread; None when turned off."""

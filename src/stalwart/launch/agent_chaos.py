@@ -13,7 +13,7 @@ from ..chaos.plan import FaultPlan
 from ..chaos.reach import Fired, needs_sdk, sdk_refusal, spec_of, unfired, unfired_line
 from ..checkpoint.store import step_name
 from ..events import ChaosInjected, ChaosUnfired, Event, StepCompleted
-from ..protocol.run_dir import RunDir
+from ..protocol.run_dir import DISK_TIER, MEMORY_TIER, RunDir
 from . import chaos_actions
 from .clock import Clock
 from .ports import LedgerSink
@@ -118,10 +118,10 @@ class AgentChaos:
         target = target or chaos_actions.newest_checkpoint(disk)
         if target is None or not claim(self.run.chaos, fault):
             return
-        detail = chaos_actions.damage(target, fault.kind)
+        detail = chaos_actions.damage(target, fault.kind, DISK_TIER)
         mem = self.memory.version_dir(target.name) if self.memory is not None else None
         if mem is not None:  # and the node memory tier's copy of the same version
-            detail += "; " + chaos_actions.damage(mem, fault.kind)
+            detail += "; " + chaos_actions.damage(mem, fault.kind, MEMORY_TIER)
         self._injected(fault, detail)
 
     def _damage_at_failure(self, fault) -> None:
@@ -133,7 +133,8 @@ class AgentChaos:
             return
         on_disk = chaos_actions.committed(disk, step)
         mem = self.memory.version_dir(step_name(step)) if self.memory is not None else None
-        done = [chaos_actions.damage(path, fault.kind) for path in (on_disk, mem) if path is not None]
+        copies = ((on_disk, DISK_TIER), (mem, MEMORY_TIER))
+        done = [chaos_actions.damage(path, fault.kind, tier) for path, tier in copies if path is not None]
         self._injected(fault, "; ".join(done))
 
     def _injected(self, fault, detail: str) -> None:

@@ -61,14 +61,16 @@ def _largest_file(ckpt: Path) -> Path:
     return max(files, key=lambda p: p.stat().st_size)
 
 
-def damage(ckpt: Path, kind: FaultKind | str) -> str:
-    """Flip bytes in (``corrupt-checkpoint``) or truncate (``truncate-checkpoint``) the largest file."""
+def damage(ckpt: Path, kind: FaultKind | str, tier: str = "") -> str:
+    """Flip bytes in (``corrupt-checkpoint``) or truncate (``truncate-checkpoint``) the largest file;
+    what was done, after the tier's name when given (two copies of one version read alike otherwise)."""
     fault = FaultKind(kind)
+    where = f"{tier} tier: " if tier else ""
     match fault:
         case FaultKind.TRUNCATE_CHECKPOINT:
-            return _truncate(ckpt)
+            return where + _truncate(ckpt)
         case FaultKind.CORRUPT_CHECKPOINT:
-            return _flip(ckpt)
+            return where + _flip(ckpt)
         case (
             FaultKind.CRASH
             | FaultKind.EXIT

@@ -30,6 +30,7 @@ from ..events import (
     StragglerDetected,
     TrainingResumed,
 )
+from ..events.checkpoint import CheckpointDamaged
 from ..node_name import printable_name
 from ..terminal import output_width, plural
 from ..terminal import say as wrapped
@@ -87,6 +88,12 @@ class RunConsole:
             self.say(resized_line(t, ev))
         elif isinstance(ev, ChaosInjected):
             self.say(f"{t} [magenta]chaos[/]: {esc(ev.detail)}")
+        elif isinstance(ev, CheckpointDamaged):  # found by background verification, before a recovery
+            aside = "set aside" if ev.set_aside else "not set aside"
+            self.say(
+                f"{t} [red bold]checkpoint damaged[/]: step {ev.step} in the {esc(ev.tier)} tier: "
+                f"{esc(ev.reason)}; {aside}, {esc(ev.fallback)}"
+            )
         elif isinstance(ev, FailureDetected):
             self._recovering = {"onset": ev.onset, "detected": ev.ts}
             lat = ev.ts - ev.onset

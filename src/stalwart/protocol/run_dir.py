@@ -59,6 +59,10 @@ class RunDir:
     def agent_ledger(self, node: str, pid: int) -> Path:
         return self.ledger / f"agent-{node}-{pid}.ledger"
 
+    def scrub_ledger(self, node: str, pid: int) -> Path:
+        """The ledger of the agent's background checkpoint verification (a writer of its own thread)."""
+        return self.ledger / f"scrub-{node}-{pid}.ledger"
+
     def worker_ledger(self, node: str, attempt: int, rank: int, pid: int) -> Path:
         return self.ledger / f"worker-{node}-a{attempt}-r{rank}-p{pid}.ledger"
 
@@ -133,6 +137,12 @@ class RunDir:
         finally:
             os.close(root_fd)
         return self
+
+
+# the names the SDK gives its tiers (train/checkpoints.py): they prefix every CheckpointRejected reason
+# and name the tier in what the agent says about a version (chaos damage, background verification)
+DISK_TIER = "local"  # the run directory's checkpoints/
+MEMORY_TIER = "memory"  # the node memory tier (MemDir.own)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_seriali
 
 from ..account.mfu import MODEL_SPEC_HELP, parse_model_spec
 from ..errors import ConfigError
+from ..policy.checkpoint_scrub import DEFAULT_DUTY
 from ..policy.timeouts import (
     CPU_STALL_S,
     HANG_CAP_S,
@@ -318,6 +319,13 @@ class CheckpointSettings(BaseModel):
 
     emergency_deadline_s: Annotated[float, setting("emergency_deadline_s", "--emergency-deadline")] = Field(
         default=30.0, gt=0, description="Seconds allowed for the emergency checkpoint on SIGTERM/SIGUSR1."
+    )
+    scrub_duty: Annotated[float, setting("checkpoint_scrub_duty", "--checkpoint-scrub-duty")] = Field(
+        default=DEFAULT_DUTY,
+        ge=0,
+        le=1,
+        description="Share of one CPU the agent may spend re-verifying committed checkpoints in the "
+        "background, setting damaged ones aside before a recovery needs them (0: off).",
     )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CheckpointError
 from ..events import Event
 from ..protocol import WorkerEnv, WorkerPlace
-from ..protocol.run_dir import MemDir
+from ..protocol.run_dir import DISK_TIER, MEMORY_TIER, MemDir
 
 if TYPE_CHECKING:
     from ..checkpoint.engine import CheckpointEngine, EngineLoad
@@ -67,7 +67,7 @@ class Checkpoints:
             raise CheckpointError(
                 f"keep_checkpoints={self._keep} would delete every checkpoint", "use keep >= 1"
             )
-        local = TierConfig(name="local", kind="local", location=str(self._dir), keep=self._keep)
+        local = TierConfig(name=DISK_TIER, kind="local", location=str(self._dir), keep=self._keep)
         tiers: list[TierConfig] = [local, *self._tiers]
         link = None
         if self._memory_tier and self._wenv is not None and self._wenv.mem_dir:
@@ -92,7 +92,7 @@ class Checkpoints:
         if any(t.kind == "memory" for t in tiers):  # the script configured its own memory tier
             return tiers, None
         mem_dir = MemDir(Path(wenv.mem_dir))
-        mem = TierConfig(name="memory", kind="memory", location=str(mem_dir.own), keep=1, node_local=True)
+        mem = TierConfig(name=MEMORY_TIER, kind="memory", location=str(mem_dir.own), keep=1, node_local=True)
         peers = parse_peers(wenv.peers) if wenv.peers else ()
         client = PeerClient(wenv.peer_key) if peers and wenv.peer_key else None
         link = NodeLink(
