@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,10 @@ def test_a_scripts_traceback_is_what_python_prints_less_the_bootstraps_frames(tm
     assert traceback == plain.stderr
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 CTRL_C_TWICE = textwrap.dedent("""
     import atexit, os, signal, time
 
@@ -119,7 +124,15 @@ def test_a_second_ctrl_c_during_the_exit_functions_breaks_nothing(tmp_path: Path
     callback ... KeyboardInterrupt"). Under the bootstrap the worker ends as the interpreter would
     (one traceback, the exit functions run to their end, killed by SIGINT) and says nothing more."""
     (tmp_path / "twice.py").write_text(CTRL_C_TWICE)
-    run = {"cwd": tmp_path, "env": _env(tmp_path, "unused.json"), "capture_output": True, "text": True}
+    # as from a terminal: a test run started in the background (nohup, CI) ignores SIGINT, and a
+    # child inherits that, so Python would never raise KeyboardInterrupt at all
+    run = {
+        "cwd": tmp_path,
+        "env": _env(tmp_path, "unused.json"),
+        "capture_output": True,
+        "text": True,
+        "preexec_fn": _sigint_default,
+    }
     plain = subprocess.run([sys.executable, "twice.py"], timeout=60, **run)  # type: ignore[call-overload]
     assert "Exception ignored in atexit callback" in plain.stderr  # what one Ctrl-C added
     cold = subprocess.run([sys.executable, "-u", "-c", BOOT_CODE, "twice.py"], timeout=120, **run)  # type: ignore[call-overload]

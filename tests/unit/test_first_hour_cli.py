@@ -92,6 +92,7 @@ def test_plan_scale_table_fits_80_columns_with_every_number_whole(capsys, monkey
             "scale": [point],
             "notes": [],
             "plots": [],
+            "gpu_hour_price": 2.0,
         }
     )
     out = capsys.readouterr().out.splitlines()
