@@ -129,6 +129,8 @@ def test_report_lists_each_incident_as_the_console_printed_it_and_the_detector_t
     table = out.getvalue().split("Detector precision", 1)[1]
     assert any(ln.split()[:3] == ["straggler", "2", "1"] for ln in table.splitlines() if "straggler" in ln)
     assert "50%" in table
+    # the mode column says what it gates: a detector shown 'observe' still had its crashes recovered
+    assert "crashes and hangs are recovered in either mode" in unwrap(table, 300)
 
 
 def test_no_step_observed_says_productive_time_is_unknown_not_zero():

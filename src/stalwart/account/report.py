@@ -409,6 +409,11 @@ def _render_detectors(dets: list[dict[str, Any]], con: Console, say: Callable[[s
             d["mode"],
         )
     con.print(dt)
+    say(
+        "mode: whether a detector's discretionary actions (excluding or draining a node) are taken "
+        "(act) or only recorded (observe) until its precision is proven; crashes and hangs are "
+        "recovered in either mode"
+    )
 
 
 # Any: the report is a JSON document of any shape (json.dumps)
