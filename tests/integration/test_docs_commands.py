@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from vocab import outside, words_in, words_in_metrics
 from widths import problems, unwrap
 
 pytestmark = pytest.mark.integration
@@ -519,6 +520,15 @@ def _serve(e: Entry, walk: Walk) -> None:
     assert rc == 0, f"{argv}: exit {rc} on SIGINT; stderr: {p.stderr.read()[-2000:]}"
 
 
+def _off_vocabulary(out: str) -> list[tuple[str, str, str]]:
+    """The labelled words of a command's JSON or metrics output outside the one vocabulary
+    (policy/vocabulary.py, docs/vocabulary.md)."""
+    try:
+        return outside(words_in(json.loads(out)))
+    except ValueError:
+        return outside(words_in_metrics(out))
+
+
 @pytest.mark.parametrize("e", ENTRIES, ids=[f"{e.page}:{e.written.split(' [')[0][:60]}" for e in ENTRIES])
 def test_docs_command_runs(e: Entry, walk: Walk):
     if e is ENTRIES[0]:
@@ -540,5 +550,6 @@ def test_docs_command_runs(e: Entry, walk: Walk):
         assert "Traceback (most recent call last)" not in said, (argv, said[-3000:])
         if not _machine_output(e.written):  # what a person reads fits 80 columns
             assert not problems(said), (argv, problems(said))
+        assert not _off_vocabulary(out), (argv, _off_vocabulary(out))
     if e.check is not None:  # a run's console lines whole again, wherever 80 columns broke them
         e.check(unwrap(out) if e.written.startswith("stalwart run") else out, walk)

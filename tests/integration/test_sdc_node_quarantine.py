@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
 
+from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
 from stalwart.chaos.plan import FaultPlan
 from stalwart.events import DecisionTaken
 from stalwart.health.node_store import HealthStore

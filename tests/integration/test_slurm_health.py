@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
 
 from netutil import free_port
+from slurm_cluster import slurm_factory  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

@@ -6,7 +6,6 @@ labelled word and the test fails on any word outside the vocabulary."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -35,48 +34,10 @@ from stalwart.serve.dashboard import snapshot_json
 from stalwart.serve.metrics import render
 from stalwart.serve.snapshot import take
 from stalwart.serve.synthetic import SyntheticRun, events
+from vocab import LABELS, outside, words_in, words_in_metrics  # tests/ is on sys.path (its conftest)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "vocab"
-
-# a JSON field or a map's keys, and the kind of word it holds
-FIELDS = {
-    "failure": "failure",
-    "component": "component",
-    "class": "fault_class",
-    "path": "path",
-    "state": "node_state",
-}
-KEYED = {"restarts_by_cause": "cause", "interruptions_by_cause": "cause", "incidents_by_class": "component"}
-# a /metrics label, and the kind of word it holds
-LABELS = {"cause": "cause", "class": "component", "state": "node_state"}
-
-
-def words_in(doc: object, where: str = "") -> Iterator[tuple[str, str, str]]:
-    """(kind, word, where) for every labelled word in a JSON document."""
-    if isinstance(doc, Mapping):
-        for k, v in doc.items():
-            if k in FIELDS and isinstance(v, str) and v:
-                yield FIELDS[k], v, f"{where}.{k}"
-            if k in KEYED and isinstance(v, Mapping):
-                yield from ((KEYED[k], str(key), f"{where}.{k}") for key in v)
-            yield from words_in(v, f"{where}.{k}")
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from words_in(v, f"{where}[{i}]")
-
-
-def words_in_metrics(text: str) -> Iterator[tuple[str, str, str]]:
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        for name, value in re.findall(r'(\w+)="([^"]*)"', line):
-            if name in LABELS:
-                yield LABELS[name], value, line.split("{", 1)[0]
-
-
-def outside(found: Iterator[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    return sorted({(kind, word, where) for kind, word, where in found if word not in WORDS[kind]})
 
 
 def _ctx(attempt: int = 0, node: str = "n0") -> dict:
