@@ -29,14 +29,19 @@ def _attempt(a: int, t0: float, path: str, why: str) -> list:
     ]
 
 
-def test_phases_add_up_from_onset_to_the_first_step_of_every_rank():
+def _crash_then_restart(path: str, why: str) -> list:
+    """Attempt 0 runs, rank 1 crashes (onset 10.0), the group restarts on ``path`` at 10.75."""
     evs = _attempt(0, 0.0, "warm", "forked")
     evs += [
         FailureDetected(ts=10.3, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
         WorkersStopped(ts=10.4, reason="rank 1 killed", attempt=0),
         DecisionTaken(ts=10.45, action="restart", reason="restart", attempt=0),
     ]
-    evs += _attempt(1, 10.75, "cold", "warm start failed (fork server is gone); started cold")
+    return evs + _attempt(1, 10.75, path, why)
+
+
+def test_phases_add_up_from_onset_to_the_first_step_of_every_rank():
+    evs = _crash_then_restart("cold", "warm start failed (fork server is gone); started cold")
     [r] = recoveries(evs)
     assert (r.attempt, r.failure, r.rank, r.path) == (0, "crash", 1, "cold")
     assert "fork server is gone" in r.why
@@ -47,13 +52,7 @@ def test_phases_add_up_from_onset_to_the_first_step_of_every_rank():
 
 def test_the_mttr_ends_where_the_table_does_at_every_ranks_first_step():
     # the two ranks' first steps land 0.1 s apart: the MTTR and the table both end at the later one
-    evs = _attempt(0, 0.0, "warm", "forked")
-    evs += [
-        FailureDetected(ts=10.3, failure="crash", evidence="x", onset=10.0, rank=1, attempt=0),
-        WorkersStopped(ts=10.4, reason="rank 1 killed", attempt=0),
-        DecisionTaken(ts=10.45, action="restart", reason="restart", attempt=0),
-    ]
-    evs += _attempt(1, 10.75, "warm", "forked")
+    evs = _crash_then_restart("warm", "forked")
     [r] = recoveries(evs)
     (i,) = interruptions_from_events(evs).interruptions
     assert mttr([i]).total_s == pytest.approx(r.total_s) == pytest.approx(12.55 - 10.0)

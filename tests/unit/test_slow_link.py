@@ -362,13 +362,15 @@ def test_a_witness_host_records_the_peers_slow_link_and_never_excludes_itself():
     assert d.detected == () and d.rank == 0  # its own rank is no straggler; it is raised once
 
 
-def test_a_slow_links_straggler_clears_when_its_own_steps_are_back_at_the_healthy_pace():
-    def steps(durations):
-        return tuple(
-            StepCompleted(ts=T0 + i, rank=0, step=i, start=T0 + i - d, duration=d)
-            for i, d in enumerate(durations)
-        )
+def steps(durations):
+    """Rank 0's steps, one a second from T0, each of the given duration."""
+    return tuple(
+        StepCompleted(ts=T0 + i, rank=0, step=i, start=T0 + i - d, duration=d)
+        for i, d in enumerate(durations)
+    )
 
+
+def test_a_slow_links_straggler_clears_when_its_own_steps_are_back_at_the_healthy_pace():
     mon = StragglerMonitor()
     flagged = dict(stragglers={0: 12.0}, slow_links=frozenset({0}), straggler_step=30)
     still = snap(T0, (), recent_steps=steps([0.2] * 20 + [10.0] + [0.2] * 9), **flagged)
@@ -382,12 +384,6 @@ def test_a_slow_links_straggler_clears_when_its_own_steps_are_back_at_the_health
 def test_a_slow_link_raised_without_a_flag_is_watched_again_once_its_steps_are_back():
     # a witness (or a host that could not tell which end is slow) raised the silence but flagged no
     # straggler: once its steps run at the healthy pace its next slow silence is raised again
-    def steps(durations):
-        return tuple(
-            StepCompleted(ts=T0 + i, rank=0, step=i, start=T0 + i - d, duration=d)
-            for i, d in enumerate(durations)
-        )
-
     mon = StragglerMonitor()
     raised = dict(slow_links=frozenset({0}), straggler_step=30)
     assert mon(snap(T0, (), recent_steps=steps([0.2] * 20 + [10.0] + [0.2] * 9), **raised)) is None
