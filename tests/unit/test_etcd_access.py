@@ -5,7 +5,10 @@ files, and the one sentence a refusal by a member becomes. Real members: tests/i
 from __future__ import annotations
 
 import os
+import socket
 import ssl
+import struct
+import threading
 
 import pytest
 
@@ -145,3 +148,28 @@ def test_etcds_auth_answers_become_clear_errors():
     assert "--etcd-user" in auth_refusal("user name is empty", EtcdAccess())
     assert "role grant-permission" in auth_refusal("permission denied", access)
     assert auth_refusal("no leader", access) == "" and gateway_error(b"<html>") == ""
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_member_that_drops_a_plain_connection_is_said_to_serve_https(how):
+    """A TLS member drops a plain client's request: it closes the connection, or, when its reply races
+    the close (as on a busy machine), resets it. Both read as the same hint."""
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def drop() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        if how == "reset":  # linger 0: close sends RST, not FIN
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    thread = threading.Thread(target=drop, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(Exception, match="serves https closes plain connections: give --etcd-cacert"):
+            EtcdClient(f"127.0.0.1:{port}", request_s=3.0).probe()
+    finally:
+        thread.join(timeout=5)
+        server.close()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import http.client
 import json
 import time
 import urllib.error
@@ -63,8 +62,11 @@ def members(endpoint: str, https: bool = False) -> list[str]:
 
 
 def _plain_hint(member: str, exc: BaseException) -> str:
-    """A member that serves https closes a plain http connection without a word: say so."""
-    if member.startswith("http://") and isinstance(exc, http.client.RemoteDisconnected):
+    """A member that serves https drops a plain http connection without a word: say so. It closes it
+    (``RemoteDisconnected``) or, when the reply races the close, resets it; ``urlopen`` wraps a reset
+    met while sending in a ``URLError``."""
+    cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if member.startswith("http://") and isinstance(cause, ConnectionResetError):  # RemoteDisconnected is one
         return " (a member that serves https closes plain connections: give --etcd-cacert)"
     return ""
 
