@@ -12,7 +12,7 @@ import pytest
 from .runner import integrity_findings
 
 # the tests that inject corruption (a flipped bit), so a finding is what they assert
-INJECTS_CORRUPTION = frozenset({"test_sdc.py", "test_unchanged_sdc.py"})
+INJECTS_CORRUPTION = frozenset({"test_sdc.py", "test_sdc_nodes.py", "test_unchanged_sdc.py"})
 
 
 @pytest.fixture(autouse=True)

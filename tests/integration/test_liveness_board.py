@@ -40,8 +40,8 @@ AGENT = textwrap.dedent(
         time.sleep(0.01)
     print("ready", flush=True)
     sys.stdin.readline()  # the test says when to go on
-    if mode == "leave":
-        board.close()
+    if mode in ("leave", "exclude"):
+        board.close(leaving=mode == "exclude")
         print("left", flush=True)
         sys.stdin.readline()
     else:
@@ -127,7 +127,28 @@ def test_an_agent_that_leaves_on_purpose_says_goodbye_and_is_never_dead(store):
         p.stdin.flush()
         assert p.stdout.readline().strip() == "left"
         assert _tick_until(ticker, lambda: "n1" not in board._watch._held, polls=20)
-        assert board.dead() == {}
+        assert board.dead() == {} and board.left() == frozenset()
+        board.close()
+    finally:
+        _stop(p)
+
+
+def test_an_agent_that_leaves_the_running_job_is_gone_at_once_and_named_as_leaving(store):
+    """Its node excluded itself (a straggler, silent data corruption): the job goes on without it, so
+    the watcher counts it gone with no bound to wait out, and knows it left rather than died."""
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    p = _agent(store, "exclude")
+    try:
+        board = _watcher(store, clock, ticker, notes)
+        assert _tick_until(ticker, lambda: "n1" in board._watch._held)
+        assert board.dead() == {} and board.left() == frozenset()
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "left"
+        assert _tick_until(ticker, lambda: "n1" in board.dead(), polls=20)
+        assert board.left() == {"n1"} and p.poll() is None, "the agent lives: it left on purpose"
         board.close()
     finally:
         _stop(p)

@@ -26,10 +26,12 @@ from stalwart.launch.agent_chaos import AgentChaos
 from stalwart.launch.attempt.node_workers import NodeWorkers
 from stalwart.launch.attempt.sdc_quarantine import SdcQuarantine
 from stalwart.launch.clock import ManualClock
-from stalwart.launch.fakes import RecordingConsole
+from stalwart.launch.fakes import FakeGroup, RecordingConsole
 from stalwart.launch.ledger_sink import NodeLedger
 from stalwart.ledger import LedgerWriter, read_available
 from stalwart.ledger.store import ledger_files
+from stalwart.policy.job import AttemptStatus
+from stalwart.policy.world_size import SizeRule, WorldPlan
 from stalwart.protocol import CorruptionFound
 from stalwart.protocol.pipe import Receiver, Sender
 from stalwart.protocol.run_dir import RunDir
@@ -43,7 +45,9 @@ GOOD = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"  # p
 class Agent:
     """The agent's parts the finding goes through: the pipe, the job link, the ledger, the handler."""
 
-    def __init__(self, tmp_path: Path, node: str, backend: str = "local") -> None:
+    def __init__(
+        self, tmp_path: Path, node: str, backend: str = "local", world: WorldPlan | None = None
+    ) -> None:
         self.node = node
         self.run = RunDir(tmp_path / "run").create()
         self.state = tmp_path / "health"
@@ -67,9 +71,9 @@ class Agent:
             faults=FaultPlan(),
             chaos=AgentChaos(FaultPlan(), self.run, self.ledger, self.clock),
         )
-        self.sdc = SdcQuarantine(
-            node=node, job=job, ledger=self.ledger, console=self.console, clock=self.clock
-        )
+        self.group = FakeGroup.of(range(3))
+        sizes = (2, 3, SizeRule("multiple"))  # the job runs on 2 or 3 nodes
+        self.sdc = SdcQuarantine(node, job, self.ledger, self.console, self.clock, self.group, world, sizes)
         self.receiver = Receiver()
         self.workers = [Sender(self.receiver.new_channel()) for _ in range(3)]
 
@@ -134,6 +138,28 @@ def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_
     assert row["state"] == "quarantined" and row["needs_human"] and "after step 41" in row["reason"]
 
 
+def test_a_quarantined_node_of_a_job_that_goes_on_without_it_leaves_the_running_attempt(tmp_path):
+    """Three nodes, two make a valid size: the named node's agent stops its workers at once (no save:
+    the replicas rolled back already) and ends the attempt excluded; the job's only node stays."""
+    agent = Agent(tmp_path / "three", "gpu-b", world=WorldPlan(("gpu-a", "gpu-b", "gpu-c"), (), 3, "planned"))
+    alone = Agent(tmp_path / "alone", "gpu-b")
+    try:
+        assert agent.sdc.leave() is None, "nothing found yet: nobody leaves"
+        agent.report("odd_one_out", (4,), ("gpu-b",), 0.9)
+        alone.report("odd_one_out", (1,), ("gpu-b",), 0.9)
+        out = agent.sdc.leave()
+        assert out is not None and out.status is AttemptStatus.EXCLUDED, out
+        assert agent.group.stops == [0.0] and all(c is not None for c in agent.group.poll().values())
+        assert "corrupting a replica silently" in out.detail and "goes on at 2 node(s)" in out.detail
+        assert alone.sdc.leave() is None and alone.group.stops == []
+        assert any("stays in the running job" in n and "0 other node(s)" in n for n in alone.console.notes)
+    finally:
+        agent.close()
+        alone.close()
+    assert [d.action for d in agent.decisions()] == ["sdc_quarantine", "sdc_exclude"]
+    assert [d.action for d in alone.decisions()] == ["sdc_quarantine"]
+
+
 @pytest.mark.parametrize(
     "verdict,suspects,nodes,confidence",
     [
@@ -171,7 +197,9 @@ def test_slurm_drains_the_named_node_with_stalwarts_reason_and_leaves_an_operato
         agent.close()
     st, reason = c.nodes()["node2"]
     assert "drain" in st and reason.startswith("stalwart: sdc: silent data corruption after step 41"), reason
-    assert "node state: quarantined (drain: slurm)" in agent.console.notes[-1]
+    assert any("node state: quarantined (drain: slurm)" in n for n in agent.console.notes), (
+        agent.console.notes
+    )
 
     c.run("scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=maintenance: PSU swap")
     other = Agent(tmp_path / "b", "node3", backend="slurm")

@@ -233,3 +233,21 @@ def test_a_peer_lost_just_after_its_agent_excluded_it_is_the_exclusions_cascade(
     ):
         inc = diagnose_comm_failure(symptoms, late, now=T0 + 5, gpus=4)
         assert inc is not None and inc.rule == "cross_layer:no-cause", inc
+
+
+def test_a_peer_lost_just_after_its_agent_excluded_it_for_silent_corruption_is_that_cascade():
+    from stalwart.diagnose.pipeline import evidence_signals  # deferred: as the straggler case above
+    from stalwart.events import DecisionTaken  # deferred: as the straggler case above
+
+    def decision(action: str) -> DecisionTaken:
+        return DecisionTaken(
+            ts=T0 - 5, node="n1", action=action, reason="n1 is quarantined for silent data corruption"
+        )
+
+    symptoms = [_peer_lost("n0", 0, T0), _peer_lost("n0", 1, T0)]
+    inc = diagnose_comm_failure(symptoms, evidence_signals([decision("sdc_exclude")]), now=T0 + 5, gpus=4)
+    assert inc is not None and inc.rule == "cross_layer:node-excluded-sdc", inc
+    assert inc.component == Component.GPU and "silent data corruption" in inc.cause and "n1" in inc.cause
+    # a quarantine that kept the node in the job excluded nothing
+    kept = diagnose_comm_failure(symptoms, evidence_signals([decision("sdc_quarantine")]), now=T0 + 5, gpus=4)
+    assert kept is not None and kept.rule == "cross_layer:no-cause", kept

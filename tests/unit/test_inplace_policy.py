@@ -300,3 +300,13 @@ def test_a_shrink_names_a_dead_agent_and_a_silent_host_apart():
     assert isinstance(dead, ShrinkInPlace) and isinstance(silent, ShrinkInPlace)
     assert "node n1 is lost (its agent's process is gone: its liveness connection closed)" in dead.reason
     assert "node n1 is lost (no heartbeat for 2.6s)" in silent.reason
+
+
+def test_a_node_whose_agent_left_the_job_is_named_as_leaving_in_a_shrink_and_a_take_over():
+    gone = frozenset({"n1"})
+    shrunk = shrink(dataclasses.replace(SHRINK, dead=gone, left=gone))
+    assert isinstance(shrunk, ShrinkInPlace)
+    assert "node n1 is lost (its agent left the job on purpose: it excluded its own node)" in shrunk.reason
+    fresh = dataclasses.replace(SPARE, silent={"n0": 0.1, "n1": 0.3, "n2": 0.2})
+    took = take_over(dataclasses.replace(fresh, dead=gone, left=gone))
+    assert isinstance(took, TakeOver) and took.lost == "n1" and "left the job on purpose" in took.reason

@@ -106,10 +106,10 @@ def exception(attempt: int, step: int = 7) -> Failure:
         ),
         (Outcome(AttemptStatus.INTERRUPTED), "aborted", EXIT_INTERRUPTED, "interrupted by the operator"),
         (
-            Outcome(AttemptStatus.EXCLUDED, detail="rank 3 is 2.1x slower"),
+            Outcome(AttemptStatus.EXCLUDED, detail="a straggler (rank 3 is 2.1x slower)"),
             "node_excluded",
             EXIT_INFRA,
-            "node n0 excluded as a straggler and quarantined: rank 3 is 2.1x slower",
+            "node n0 excluded and quarantined as a straggler (rank 3 is 2.1x slower)",
         ),
     ],
 )

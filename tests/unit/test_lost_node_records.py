@@ -25,3 +25,12 @@ def test_a_silent_host_keeps_its_heartbeat_verdict():
     failure, incident = lost_without_spare(("n1",), "n0", ("n0", "n1"), {"n1": 2.6}, 1, 100.0, CTX, dead={})
     assert failure.onset == pytest.approx(97.4) and "no heartbeat for 2.6s" in failure.evidence
     assert incident.rule == "inplace:silent-host"
+
+
+def test_an_agent_that_left_the_job_on_purpose_is_named_so_not_as_dead():
+    failure, incident = lost_without_spare(
+        ("n1",), "n0", ("n0", "n1"), {"n1": 0.2}, 1, 100.0, CTX, dead={"n1": 0.1}, left=frozenset({"n1"})
+    )
+    assert failure.onset == pytest.approx(99.9) and "left the job on purpose" in failure.evidence
+    assert "process is gone" not in failure.evidence
+    assert incident.rule == "inplace:node-left" and "excluded its own node" in incident.cause

@@ -373,7 +373,7 @@ def test_an_open_gate_turns_a_costly_straggler_into_an_exclusion_that_ends_the_a
     s = snap(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
     d = _acting_monitor()(s)
     assert d.kind == "exclude_straggler" and d.ends_attempt and d.rank == 2
-    assert d.outcome.status == "excluded" and d.outcome.detail == d.reason
+    assert d.outcome.status == "excluded" and d.outcome.detail == f"a straggler ({d.reason})"
     assert "exclude n0 and quarantine it" in d.reason and " GPU-" in d.reason and "gate says act" in d.reason
     assert d.incident.action == "exclude_quarantine" and d.incident.action_taken
     (adv,) = d.advice

@@ -10,11 +10,14 @@ from stalwart.policy.sdc import (
     ReplicaVerdict,
     SdcAction,
     SdcNodeAction,
+    SdcNodeExit,
     check_interval,
     decide,
+    exit_after_quarantine,
     localise,
     quarantine,
 )
+from stalwart.policy.world_size import SizeRule, WorldPlan
 
 CLEAN = [11, 22, 33]
 
@@ -156,3 +159,43 @@ def test_the_reason_stays_one_short_line_with_many_tensors():
     )
     assert "t2" in q.reason and "t3" not in q.reason and q.reason.endswith("...")
     assert "\n" not in q.reason
+
+
+def _world(active: tuple[str, ...], spares: tuple[str, ...] = ()) -> WorldPlan:
+    return WorldPlan(active, spares, 1, "planned")
+
+
+@pytest.mark.parametrize(
+    "world,min_nodes,rule,action,left,said",
+    [
+        # three nodes, two may run: the job goes on at two without the corrupting node
+        (_world(("n0", "n1", "n2")), 2, SizeRule("multiple"), SdcNodeExit.LEAVE, 2, "goes on at 2 node(s)"),
+        # a hot spare takes its place
+        (_world(("n0", "n1"), ("s0",)), 2, SizeRule(), SdcNodeExit.LEAVE, 2, "with hot spare s0"),
+        # the job needs both nodes and has no spare: leaving would end it
+        (_world(("n0", "n1")), 2, SizeRule(), SdcNodeExit.STAY, 0, "no valid world size is left"),
+        # the job's only node
+        (None, 1, SizeRule(), SdcNodeExit.STAY, 0, "0 other node(s)"),
+        # three left, but only a power of two is valid: two of them run
+        (_world(("n0", "n1", "n2", "n3")), 2, SizeRule(), SdcNodeExit.LEAVE, 2, "goes on at 2 node(s)"),
+    ],
+    ids=["shrink", "spare", "needs-both", "only-node", "power-of-two"],
+)
+def test_a_quarantined_node_leaves_only_when_the_job_goes_on_without_it(
+    world, min_nodes, rule, action, left, said
+):
+    d = exit_after_quarantine("n1", "quarantined", world, min_nodes, 4, rule)
+    assert d.action is action and d.nodes_left == left and said in d.reason, d
+
+
+@pytest.mark.parametrize("state", ["suspect", "not recorded in the node state (OSError: disk full)"])
+def test_a_node_the_lifecycle_did_not_quarantine_stays(state):
+    d = exit_after_quarantine("n1", state, _world(("n0", "n1", "n2")), 1, 3, SizeRule("multiple"))
+    assert d.action is SdcNodeExit.STAY and state in d.reason
+
+
+def test_a_slurm_drain_is_a_quarantine_too():
+    d = exit_after_quarantine(
+        "n1", "quarantined (drain: slurm)", _world(("n0", "n1", "n2")), 1, 3, SizeRule("multiple")
+    )
+    assert d.action is SdcNodeExit.LEAVE

@@ -166,6 +166,33 @@ def dead_agent_incident(
     )
 
 
+def left_agent_incident(
+    lost: tuple[str, ...], witness: str, onset: float, now: float, action: str
+) -> Incident:
+    """The incident of hosts whose agent left the running job on purpose: it excluded its own node (a
+    straggler worth more out than in, or a node that corrupted a replica silently) and said so on its
+    liveness line, so the witness knew at once. Why it left is in that agent's own ledger records
+    (``DecisionTaken`` ``exclude_quarantine`` or ``sdc_exclude``), not seen from here."""
+    gone = ", ".join(lost)
+    return Incident(
+        cause=f"host {gone} left the job on purpose: its agent excluded its own node (its ledger says why) "
+        f"while the ranks of {witness} waited",
+        fault_class=FaultClass.UNKNOWN,
+        component=Component.UNKNOWN,
+        confidence=DEAD_AGENT_CONFIDENCE,
+        action=action,
+        ts=now,
+        onset=onset,
+        rule="inplace:node-left",
+        evidence=tuple(
+            f"lost host {n}: its agent's liveness connection ended with the leaving byte" for n in lost
+        )
+        + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
+        blast_radius=BlastRadius(nodes=lost),
+        action_taken=True,
+    )
+
+
 def silent_host_incident(
     lost: tuple[str, ...], witness: str, silent_s: float, now: float, action: str
 ) -> Incident:

@@ -103,15 +103,23 @@ def from_injection(ev: FailureDetected) -> Signal | None:
     )
 
 
+EXCLUSIONS = {  # an agent's decision that took its own node out of the running job: its signal code
+    "exclude_quarantine": "agent.node_excluded",  # a straggler worth more out than in
+    "sdc_exclude": "agent.node_excluded_sdc",  # it corrupted a replica silently (policy/sdc.py)
+}
+
+
 def from_exclusion(ev: DecisionTaken) -> Signal | None:
-    """An agent that excluded its own node (a straggler worth more out than in): its peers lose it,
-    and their communication failure is that exclusion's cascade. Observe-only records are not."""
-    if ev.action != "exclude_quarantine":
+    """An agent that excluded its own node (a straggler worth more out than in, or a node that
+    corrupted a replica silently): its peers lose it, and their communication failure is that
+    exclusion's cascade. Observe-only records, and a quarantine that kept the node in, are not."""
+    code = EXCLUSIONS.get(ev.action)
+    if code is None:
         return None
     return Signal(
         ts=ev.ts,
         node=ev.node,
-        code="agent.node_excluded",
+        code=code,
         subject=ev.node,
         text=f"the agent of {ev.node} excluded its node: {shorten(ev.reason, 200)}",
     )

@@ -349,6 +349,8 @@ class RecordingBoard:
     refused: tuple[str, str] | None = None
     quiet: dict[str, float] = field(default_factory=dict)  # seconds each watched node has been silent
     gone: dict[str, float] = field(default_factory=dict)  # watched nodes whose agent process is gone
+    departed: frozenset[str] = frozenset()  # of ``gone``: those that left the job on purpose
+    closed: list[bool] = field(default_factory=list)  # each close: whether this node left the job
     offered: tuple[str, ...] = ()
     seqs: dict[str, int] = field(default_factory=dict)  # how many times each node offered (default 1)
     readied: dict[str, int] = field(default_factory=dict)
@@ -362,8 +364,8 @@ class RecordingBoard:
     def latest(self) -> Any:
         return self.seen
 
-    def close(self) -> None:
-        pass
+    def close(self, leaving: bool = False) -> None:
+        self.closed.append(leaving)
 
     def waiting(self, generation: int) -> None:
         self.sent.append(("waiting", generation))
@@ -379,6 +381,9 @@ class RecordingBoard:
 
     def dead(self) -> dict[str, float]:
         return self.gone
+
+    def left(self) -> frozenset[str]:
+        return self.departed
 
     # Any: an Announcement (launch/inplace/board.py, a layer above this one)
     def publish_group(self, a: Any) -> None:

@@ -234,6 +234,7 @@ class TakeOverCase:
     waiting: frozenset[str]  # active nodes whose ranks wait for a generation nobody announced
     bound_s: float  # silence after which a node counts as lost
     dead: frozenset[str] = frozenset()  # active nodes whose agent process is gone (no bound to wait out)
+    left: frozenset[str] = frozenset()  # of ``dead``: those whose agent left the job on purpose
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,7 @@ def take_over(case: TakeOverCase) -> TakeOverDecision:
         lost=lost_nodes(case.active, case.silent, case.bound_s, case.waiting, case.dead),
         silent=case.silent,
         dead=case.dead,
+        left=case.left,
         spares=case.spares,
         waiting=case.waiting,
     )
@@ -285,6 +287,7 @@ class ShrinkCase:
     generation: int  # this node's current generation
     silent: dict[str, float] = field(default_factory=dict)  # seconds since each heartbeat moved
     dead: frozenset[str] = frozenset()  # lost nodes whose agent process is gone (connection closed)
+    left: frozenset[str] = frozenset()  # of ``dead``: those whose agent left the job on purpose
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ def shrink(case: ShrinkCase) -> ShrinkDecision:
         lost=case.lost,
         silent=case.silent,
         dead=case.dead,
+        left=case.left,
         spares=("a hot spare",) if case.spares else (),  # which one does not matter here: it takes the place
     )
     got = next_group(view)

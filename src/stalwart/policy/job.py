@@ -53,7 +53,7 @@ class AttemptStatus(Label):
     PREEMPTED_UNSAVED = "preempted_unsaved"  # stopped by a signal, the emergency save did not commit
     STOPPED = "stopped"  # stopped by a signal, workers without the SDK (no emergency save)
     INTERRUPTED = "interrupted"  # SIGINT: the operator
-    EXCLUDED = "excluded"  # this node left the job as a straggler
+    EXCLUDED = "excluded"  # this node left the job: a straggler, or it corrupted a replica silently
     STORE_LOST = "store_lost"  # the rendezvous store stayed silent over its timeout (the job went away)
 
 
@@ -241,8 +241,7 @@ VERDICTS: Mapping[str, Verdict] = MappingProxyType(
         "interrupted": Verdict("aborted", "interrupted by the operator", EXIT_INTERRUPTED),
         "excluded": Verdict(
             "node_excluded",
-            "node {node} excluded as a straggler and quarantined: {detail}; the other nodes continue "
-            "without it",
+            "node {node} excluded and quarantined as {detail}; the other nodes continue without it",
             EXIT_INFRA,
             left=True,
         ),

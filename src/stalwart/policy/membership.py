@@ -52,6 +52,7 @@ class MembershipView:
     lost: tuple[str, ...] = ()  # active nodes counted lost (their heartbeat silent past the bound)
     silent: Mapping[str, float] = field(default_factory=dict)  # seconds since each heartbeat moved
     dead: frozenset[str] = frozenset()  # active nodes whose agent process is gone (its connection closed)
+    left: frozenset[str] = frozenset()  # of ``dead``: those whose agent left the job on purpose
     spares: tuple[str, ...] = ()  # the round's hot spares, in the plan's order
     waiting: frozenset[str] = frozenset()  # active nodes whose ranks wait for an unannounced generation
     offers: tuple[str, ...] = ()  # nodes that offered a free place, in the order they offered
@@ -85,8 +86,12 @@ def lost_nodes(
     return tuple(n for n in active if (n in dead or silent.get(n, 0.0) >= bound_s) and n not in waiting)
 
 
-def why_lost(node: str, silent: Mapping[str, float], dead: frozenset[str]) -> str:
+def why_lost(
+    node: str, silent: Mapping[str, float], dead: frozenset[str], left: frozenset[str] = frozenset()
+) -> str:
     """How ``node`` is known to be lost, for a decision's reason."""
+    if node in left:
+        return "its agent left the job on purpose: it excluded its own node"
     if node in dead:
         return "its agent's process is gone: its liveness connection closed"
     return f"no heartbeat for {silent.get(node, 0.0):.1f}s"
@@ -138,7 +143,7 @@ def _shrink(v: MembershipView) -> Membership:
         Change.SHRINK,
         survivors,
         gen,
-        f"node {gone} is lost ({'; '.join(why_lost(n, v.silent, v.dead) for n in lost)}) and the round "
+        f"node {gone} is lost ({'; '.join(why_lost(n, v.silent, v.dead, v.left) for n in lost)}) and the round "
         f"has no hot spare: {'the surviving node re-forms' if len(survivors) == 1 else f'the {len(survivors)} surviving nodes re-form'} "
         f"in place, shrinking the world from {old} to {plural(world, 'process', 'processes')}; "
         f"their ranks keep their processes (generation {gen})",
@@ -186,7 +191,7 @@ def _take_over(v: MembershipView) -> Membership:
         Change.TAKE_OVER,
         tuple(v.node if n == mine else n for n in v.active),
         v.generation + 1,
-        f"node {mine} is lost ({why_lost(mine, v.silent, v.dead)}; the ranks of {waiting} wait): "
+        f"node {mine} is lost ({why_lost(mine, v.silent, v.dead, v.left)}; the ranks of {waiting} wait): "
         f"hot spare {v.node} takes its place in place, the other nodes' ranks keep their processes",
         v.world_size,
         lost=(mine,),

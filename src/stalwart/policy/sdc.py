@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing_extensions import assert_never
 
 from .label import Label
+from .vocabulary import NodeState
+from .world_size import SizeRule, WorldPlan, plan_world
 
 ODD_ONE_OUT_CONFIDENCE = 0.9  # one replica differs from a majority of two or more
 SEVERAL_CONFIDENCE = 0.6  # more than one replica differs from a majority
@@ -301,3 +303,52 @@ def quarantine(
         f"({verdict.value}, confidence {confidence:.2f})" + (f"; tensors {shown}" if shown else "")
     )
     return NodeQuarantine(SdcNodeAction.QUARANTINE, node, why)
+
+
+class SdcNodeExit(Label):
+    """Whether a quarantined node also leaves the running attempt (its quarantine keeps it out of the
+    job's next starts either way)."""
+
+    LEAVE = "sdc_exclude"  # the job goes on at a valid size without it: stop its workers now and leave
+    STAY = "stay"  # leaving would end the job, or the quarantine was capped: it stays until the next start
+
+
+@dataclass(frozen=True)
+class NodeExit:
+    action: SdcNodeExit
+    reason: str
+    nodes_left: int = 0  # the nodes the job goes on with (LEAVE)
+
+
+def exit_after_quarantine(
+    node: str,
+    state: str,
+    world: WorldPlan | None,
+    min_nodes: int,
+    max_nodes: int,
+    rule: SizeRule = SizeRule(),
+) -> NodeExit:
+    """Whether ``node``, just recorded in ``state`` for silent data corruption, leaves the running
+    attempt now, as an excluded straggler does. Its replicas rolled back to clean state already, but
+    the device that corrupted one step can corrupt the next: out at once when the other nodes (and hot
+    spares) still make a valid world size within ``[min_nodes, max_nodes]``. It stays when the
+    lifecycle did not quarantine it (the blast-radius cap left it suspect: a human decides) or when
+    leaving would leave no valid size (the job would end: better on, checked every interval)."""
+    if state.partition(" ")[0] != NodeState.QUARANTINED.value:  # "quarantined (drain: slurm)" is one
+        why = f"{node} is {state}, not quarantined (the lifecycle decides, within its blast-radius cap): it stays in the job"
+        return NodeExit(SdcNodeExit.STAY, why)
+    if world is None:  # a job of this one node
+        world = WorldPlan((node,), (), 1, "this node only")
+    others = [n for n in (*world.active, *world.spares) if n != node]
+    plan = plan_world(others, world.nproc_per_node, 1, max(1, max_nodes), rule) if others else None
+    if plan is None or len(plan.active) < min_nodes:
+        why = (
+            f"without {node} no valid world size is left ({len(others)} other node(s), at least {min_nodes} "
+            "needed): it stays, its replicas rolled back and checked every interval, and the quarantine keeps it "
+            "out from the next start"
+        )
+        return NodeExit(SdcNodeExit.STAY, why)
+    spare = [n for n in plan.active if n in world.spares]
+    how = f"with hot spare {', '.join(spare)}" if spare else f"at {len(plan.active)} node(s)"
+    why = f"{node} is quarantined for silent data corruption: it leaves now and the job goes on {how}"
+    return NodeExit(SdcNodeExit.LEAVE, why, len(plan.active))

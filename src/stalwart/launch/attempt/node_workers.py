@@ -124,7 +124,7 @@ class NodeWorkers:
         )
         warm, path_reason, forced = self._warm_path()
         group = WorkerGroup(argv(cfg), specs, warm=warm)
-        board = None
+        board, leaving = None, False
         rdzv = self.rendezvous
         if num_nodes > 1 and cfg.reform.enabled and rdzv is not None:  # in-place re-formation across nodes
             # the first node watches the others' heartbeats during an incident (a lost node without a
@@ -155,10 +155,11 @@ class NodeWorkers:
                 show=False,
             )
             outcome = self._supervise(group, receiver, block, specs, board)
+            leaving = outcome.status is AttemptStatus.EXCLUDED  # the job goes on without this node
         finally:
             self.joining, self.newcomer = 0, False
             if board is not None:
-                board.close()
+                board.close(leaving)
             if self.spare is not None:  # its announcement was written long before the attempt ended
                 self.spare.close()
                 self.spare = None

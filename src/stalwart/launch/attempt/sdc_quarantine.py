@@ -8,24 +8,41 @@ mismatch that names one replica (verdict ``replayed``); a pair that disagrees, a
 odd replicas name none. The agent of that node records it quarantined in the node records through
 the health lifecycle (drained in Slurm with Stalwart's owned reason when the Slurm backend is
 configured; the blast-radius cap applies), as not recoverable: no health check can see silent
-corruption, so a passing check never re-admits the node, an operator does. The workers keep going
-(the replicas already rolled back to a clean checkpoint, or stop with the error); the health gate
-keeps the node out of the job from its next start on, and ``stalwart nodes`` shows it with the reason.
+corruption, so a passing check never re-admits the node, an operator does; ``stalwart nodes`` shows it
+with the reason.
+
+Then the node leaves the running attempt at once when the other nodes (or a hot spare) still make a
+valid world size (:func:`stalwart.policy.sdc.exit_after_quarantine`, pure): its workers are stopped
+without a save (the replicas rolled back to clean state already) and the agent ends ``excluded``, as an
+excluded straggler's does; the other agents see it go and re-form at the next valid size, in place
+where they can. Otherwise (the only node, or the lifecycle capped the quarantine) it stays, its
+replicas checked every interval, and the health gate keeps it out from the job's next start.
 
 The ledger gets a ``DecisionTaken`` (action ``sdc_quarantine``, deliberately not one of the fixing
-actions that confirm a detector's firing in ``diagnose/precision.py``: the node stays in the running
-attempt, so the detector's silence afterwards would prove nothing about the node).
+actions that confirm a detector's firing in ``diagnose/precision.py``: a node that stays in the running
+attempt proves nothing by the detector's silence afterwards), and one with action ``sdc_exclude`` when
+the node leaves (the survivors' lost peer is explained by it, ``diagnose/signals.py``).
 """
 
 from __future__ import annotations
 
 from typing_extensions import assert_never
 
-from ...events import DecisionTaken
-from ...policy.sdc import ReplicaVerdict, SdcNodeAction, quarantine
+from ...events import DecisionTaken, WorkersStopped
+from ...policy.job import AttemptStatus
+from ...policy.sdc import (
+    NodeExit,
+    ReplicaVerdict,
+    SdcNodeAction,
+    SdcNodeExit,
+    exit_after_quarantine,
+    quarantine,
+)
+from ...policy.world_size import SizeRule, WorldPlan
 from ...protocol import CorruptionFound
 from ..clock import Clock
-from ..ports import Console, JobLink, LedgerSink
+from ..decision import AttemptOutcome
+from ..ports import Console, JobLink, LedgerSink, WorkerProcesses
 
 SDC_FAULT = "sdc"  # the fault key in the node records
 
@@ -34,9 +51,19 @@ class SdcQuarantine:
     """This node's response to the findings its ranks report (one per check: every rank reports it)."""
 
     def __init__(
-        self, *, node: str, job: JobLink, ledger: LedgerSink, console: Console, clock: Clock
+        self,
+        node: str,
+        job: JobLink,
+        ledger: LedgerSink,
+        console: Console,
+        clock: Clock,
+        group: WorkerProcesses | None = None,
+        world: WorldPlan | None = None,
+        sizes: tuple[int, int, SizeRule] = (1, 1, SizeRule()),  # min_nodes, max_nodes, the size rule
     ) -> None:
         self.node, self.job, self.ledger, self.console, self.clock = node, job, ledger, console, clock
+        self.group, self.world, self.sizes = group, world, sizes
+        self.leaving: NodeExit | None = None  # set when the quarantined node is to leave the attempt
         # the findings this agent already judged (every rank reports each): a step's mismatch, and
         # later each replay of that step (policy.sdc.replayed), which may name a replica
         self.handled: set[tuple[int, str, tuple[int, ...]]] = set()
@@ -81,4 +108,28 @@ class SdcQuarantine:
                 **self.ledger.ctx(),
             ),
             show=False,
+        )
+        d = exit_after_quarantine(self.node, state, self.world, *self.sizes)
+        match d.action:
+            case SdcNodeExit.LEAVE:
+                self.leaving = d if self.group is not None else None
+            case SdcNodeExit.STAY:
+                self.console.note(f"this node stays in the running job: {d.reason}")
+            case _:
+                assert_never(d.action)
+
+    def leave(self) -> AttemptOutcome | None:
+        """Stop this node's workers at once and end the attempt ``excluded``, when the quarantine
+        decided the node leaves (None: it does not, or not yet)."""
+        d, group = self.leaving, self.group
+        if d is None or group is None:
+            return None
+        self.console.note(f"excluding this node ({self.node}): {d.reason}")
+        group.stop(0.0)
+        now, ctx = self.clock.now(), self.ledger.ctx()
+        self.ledger.emit(DecisionTaken(ts=now, action=d.action.value, reason=d.reason, **ctx), show=False)
+        why = f"silent data corruption: node {self.node} excluded"
+        self.ledger.emit(WorkersStopped(ts=now, reason=why, **ctx), show=False)
+        return AttemptOutcome(
+            AttemptStatus.EXCLUDED, detected_at=now, detail=f"corrupting a replica silently ({d.reason})"
         )

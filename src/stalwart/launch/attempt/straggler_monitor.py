@@ -104,7 +104,9 @@ class StragglerMonitor:
         return Decision(
             DecisionKind.EXCLUDE_STRAGGLER,
             exclude.reason,
-            AttemptOutcome(AttemptStatus.EXCLUDED, detected_at=s.now, detail=exclude.reason),
+            AttemptOutcome(
+                AttemptStatus.EXCLUDED, detected_at=s.now, detail=f"a straggler ({exclude.reason})"
+            ),
             inc,
             rank=inc.blast_radius.ranks[0],
             onset=inc.onset,
@@ -151,7 +153,9 @@ class StragglerMonitor:
         return Decision(
             DecisionKind.EXCLUDE_STRAGGLER,
             f"slow link on {s.node}: {verdict.reason}",
-            AttemptOutcome(AttemptStatus.EXCLUDED, detected_at=s.now, detail=verdict.reason),
+            AttemptOutcome(
+                AttemptStatus.EXCLUDED, detected_at=s.now, detail=f"a straggler ({verdict.reason})"
+            ),
             inc,
             rank=rank,
             onset=inc.onset,

@@ -22,13 +22,7 @@ from ...diagnose.cross_layer import COMM_CODES
 from ...diagnose.kill_witness import KillWitness
 from ...diagnose.precision import GateDecision
 from ...diagnose.signals import from_failure
-from ...events import (
-    FailureDetected,
-    StackCaptured,
-    StepCompleted,
-    TimeoutsCalibrated,
-    WorkersStopped,
-)
+from ...events import FailureDetected, StackCaptured, StepCompleted, TimeoutsCalibrated, WorkersStopped
 from ...health.link_counters import LinkSampler
 from ...policy.world_size import WorldPlan
 from ...protocol import CorruptionFound, LoopStarted, Note
@@ -138,7 +132,8 @@ class Supervisor:
         # why a rank died by a signal (the chaos plan, when it sent it)
         self.witness = KillWitness((group.pid(r) for r in ranks), injected_by=files.injected_by)
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
-        self.sdc = SdcQuarantine(node=node, job=job, ledger=ledger, console=console, clock=clock)
+        sizes = (strag.min_nodes, strag.max_nodes, strag.rule)
+        self.sdc = SdcQuarantine(node, job, ledger, console, clock, group, world, sizes)
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -282,7 +277,7 @@ class Supervisor:
     def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
-            fell_back = self.in_place.tick(snap)
+            fell_back = self.in_place.tick(snap) or self.sdc.leave()  # the node left: corrupted a replica
             if fell_back is not None:
                 return fell_back
             self._calibration(snap)

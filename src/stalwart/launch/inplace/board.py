@@ -173,19 +173,25 @@ class StoreBoard:
     def latest(self) -> Announcement | None:
         return self._seen
 
-    def close(self) -> None:
+    def close(self, leaving: bool = False) -> None:
         self._stop.set()  # the ticker stops polling this board; a call stuck on a dead host is a daemon
         with self._line_lock:
             if self._line is not None:
-                self._line.close()  # a goodbye: this agent leaves on purpose
+                self._line.close(leaving)  # a goodbye, or: this agent leaves the job that goes on
                 self._line = None
             self._watch.close()
 
     def dead(self) -> dict[str, float]:
         """Watched nodes whose agent process is gone (their liveness connection ended without a
-        goodbye), and the seconds since that was seen: no heartbeat bound to wait out."""
+        goodbye) or that left the job on purpose (:meth:`left`), and the seconds since that was seen:
+        no heartbeat bound to wait out."""
         now = self._clock()
-        return {n: now - t for n, t in self._watch.dead().items() if n in self._moved}
+        gone = {**self._watch.dead(), **self._watch.left()}
+        return {n: now - t for n, t in gone.items() if n in self._moved}
+
+    def left(self) -> frozenset[str]:
+        """The nodes of :meth:`dead` whose agent said it leaves the job (it excluded its own node)."""
+        return frozenset(n for n in self._watch.left() if n in self._moved)
 
     def waiting(self, generation: int) -> None:
         if self._node:

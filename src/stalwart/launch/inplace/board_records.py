@@ -187,7 +187,9 @@ class Board(Protocol):
         """The newest announcement seen (ours included); never waits."""
         ...
 
-    def close(self) -> None: ...
+    def close(self, leaving: bool = False) -> None:
+        """Stop; ``leaving``: this agent leaves a job that goes on without it (it excluded its node)."""
+        ...
 
     def waiting(self, generation: int) -> None:
         """Say that this node's ranks wait for ``generation`` (a lost peer nobody announced)."""
@@ -206,8 +208,12 @@ class Board(Protocol):
         ...
 
     def dead(self) -> dict[str, float]:
-        """Watched nodes whose agent process is gone (the kernel closed its connection), and the
-        seconds since that was seen."""
+        """Watched nodes whose agent process is gone (the kernel closed its connection) or that left
+        the job on purpose, and the seconds since that was seen."""
+        ...
+
+    def left(self) -> frozenset[str]:
+        """The nodes of :meth:`dead` that left the job on purpose (their agent excluded its node)."""
         ...
 
     def publish_group(self, a: Announcement) -> None:

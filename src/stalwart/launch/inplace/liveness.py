@@ -7,7 +7,10 @@ socket the process held at once. So each agent listens on a liveness port of its
 and the nodes that watch it (the first node, the hot spares) hold one TCP connection to it
 (:class:`Watch`): nothing is ever sent on it while the agent lives; an agent that leaves on purpose
 sends one goodbye byte before it closes; a connection that ends without a goodbye (end of stream, or
-a reset) means the agent's process is gone, and the watcher knows it within one poll. A host that
+a reset) means the agent's process is gone, and the watcher knows it within one poll. An agent that
+leaves the running job on purpose while the others go on (it excluded its own node: a straggler, or
+silent data corruption) sends the leaving byte instead: gone now, with no bound to wait out, and the
+watcher says it left rather than died. A host that
 drops off the network sends nothing and closes nothing: its connection stays open and the heartbeat
 bound decides, as before.
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 GOODBYE = b"B"  # sent by an agent that closes its liveness line on purpose
+LEAVING = b"X"  # sent by an agent that leaves the running job on purpose (its node excluded itself)
 LIVE = "stalwart/inplace/live/"  # store key prefix: each node's sealed liveness address
 MAX_WATCHERS = 1024  # connections a line holds (the first node and the spares watch; no more are needed)
 
@@ -60,21 +64,22 @@ class Line:
             conn.setblocking(False)
             self._held.append(conn)
 
-    def close(self) -> None:
-        """Leave on purpose: a goodbye to every watcher (those still in the listen queue too), then
-        close (a dead process does neither)."""
+    def close(self, leaving: bool = False) -> None:
+        """Close on purpose: a goodbye to every watcher (those still in the listen queue too), then
+        close (a dead process does neither); ``leaving``: the leaving byte instead, this agent leaves
+        a job that goes on without it."""
         self.accept()
         for conn in self._held:
-            _goodbye(conn)
+            _goodbye(conn, LEAVING if leaving else GOODBYE)
         self._held.clear()
         self._sock.close()
 
 
-def _goodbye(conn: socket.socket) -> None:
-    """Close a watcher's connection on purpose: the goodbye byte first (a close without one reads as
-    a dead agent to the watcher)."""
+def _goodbye(conn: socket.socket, word: bytes = GOODBYE) -> None:
+    """Close a watcher's connection on purpose: the goodbye (or leaving) byte first (a close without
+    one reads as a dead agent to the watcher)."""
     try:
-        conn.send(GOODBYE)
+        conn.send(word)
     except OSError:
         pass
     conn.close()
@@ -84,6 +89,7 @@ def _goodbye(conn: socket.socket) -> None:
 class _Held:
     sock: socket.socket
     goodbye: bool = False
+    leaving: bool = False
 
 
 @dataclass
@@ -102,10 +108,11 @@ class Watch:
     _dialing: dict[str, _Dialing] = field(default_factory=dict)
     _held: dict[str, _Held] = field(default_factory=dict)
     _dead: dict[str, float] = field(default_factory=dict)  # node -> when its line ended without goodbye
+    _left: dict[str, float] = field(default_factory=dict)  # node -> when it said it leaves the job
 
     def connected(self, node: str) -> bool:
         """Whether ``node``'s line is held, being dialled, or already ended."""
-        return node in self._held or node in self._dialing or node in self._dead
+        return node in self._held or node in self._dialing or node in self._dead or node in self._left
 
     def dial(self, node: str, address: str) -> bool:
         """Start a connection to ``node``'s line at ``address`` (``host:port``); False when the address
@@ -137,10 +144,13 @@ class Watch:
                 data = b""
             if data:
                 held.goodbye = held.goodbye or GOODBYE in data
+                held.leaving = held.leaving or LEAVING in data
                 continue
             held.sock.close()
             del self._held[node]
-            if not held.goodbye:
+            if held.leaving:
+                self._left[node] = now
+            elif not held.goodbye:
                 self._dead[node] = now
 
     def _finish_dials(self, now: float) -> None:
@@ -165,6 +175,10 @@ class Watch:
     def dead(self) -> dict[str, float]:
         """Nodes whose agent process is gone, and when that was seen."""
         return dict(self._dead)
+
+    def left(self) -> dict[str, float]:
+        """Nodes whose agent left the job on purpose (the leaving byte), and when its line closed."""
+        return dict(self._left)
 
     def close(self) -> None:
         for sock in [h.sock for h in self._held.values()] + [d.sock for d in self._dialing.values()]:

@@ -306,6 +306,7 @@ class NodeRecovery:
         """A lost node and no hot spare: re-form the survivors in place at the smaller size (announced,
         then joined like any generation), or refuse; False when another node (or a spare) decides."""
         cfg, s = self.cfg, self.state
+        left = self.board.left().intersection(lost) if self.board is not None else frozenset()
         choice = shrink(
             ShrinkCase(
                 enabled=cfg.reform.enabled,
@@ -320,6 +321,7 @@ class NodeRecovery:
                 generation=s.next_generation_base,
                 silent=silent,
                 dead=frozenset(dead).intersection(lost),
+                left=left,
             )
         )
         match choice:
@@ -333,7 +335,7 @@ class NodeRecovery:
                 nproc = cfg.nproc_per_node
                 ctx = self.ledger.ctx()
                 for ev in inplace_records.lost_without_spare(
-                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=dead
+                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=dead, left=left
                 ):
                     self.ledger.emit(ev)
                 self.record("shrink_in_place", reason, snap.now)

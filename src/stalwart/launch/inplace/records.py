@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...diagnose.incident import dead_agent_incident, silent_host_incident
+from ...diagnose.incident import dead_agent_incident, left_agent_incident, silent_host_incident
 from ...events import FailureDetected, IncidentRaised, ReformedInPlace
 from ...protocol import Reformed
 from .machine import InPlaceState, Pending, Resize
@@ -92,15 +92,23 @@ def lost_without_spare(
     now: float,
     ctx: Mapping[str, Any],  # Any: unpacked as each event's keyword arguments
     dead: Mapping[str, float] | None = None,
+    left: frozenset[str] = frozenset(),
 ) -> tuple[FailureDetected, IncidentRaised]:
     """The lost node's failure, as this node detected it (its agent is gone), and the incident that
     names the lost host (this node is its witness): a dead agent (its liveness connection closed,
-    ``dead``: node -> seconds since seen) or a silent host (its heartbeat past the bound)."""
+    ``dead``: node -> seconds since seen), an agent that left the job on purpose (of ``dead``, in
+    ``left``: it excluded its own node) or a silent host (its heartbeat past the bound)."""
     gone = ", ".join(lost)
     action = f"re-formed the group in place without host {gone}"
     rank = min(list(active).index(n) for n in lost) * nproc_per_node
     seen = [dead[n] for n in lost if dead and n in dead]
-    if seen and len(seen) == len(lost):
+    if left and left.issuperset(lost):
+        onset = now - max(seen) if seen else now
+        evidence = (
+            f"node {gone}: its agent left the job on purpose (it excluded its own node) while its peers wait"
+        )
+        found = left_agent_incident(tuple(lost), node, onset, now, action)
+    elif seen and len(seen) == len(lost):
         onset = now - max(seen)
         evidence = (
             f"node {gone}: its agent's process is gone (its liveness connection closed) while its peers wait"

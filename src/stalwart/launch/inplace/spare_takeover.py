@@ -37,6 +37,7 @@ class SpareWatch:
     generation: int = 0  # the generation this spare's ranks join, once it took a place
     silent_s: float = 0.0  # how long the lost node's heartbeat had not moved when its place was taken
     dead_s: float | None = None  # seconds since its agent's liveness connection closed (None: not dead)
+    left: bool = False  # its agent left the job on purpose (it excluded its own node)
 
     @classmethod
     def open(cls, cfg, plan: WorldPlan, met: Round, note, signer: Signer) -> SpareWatch:
@@ -67,6 +68,7 @@ class SpareWatch:
                 waiting=frozenset(board.nodes_waiting()),
                 bound_s=settings.announce_s / 2,  # decided before the waiting ranks give up
                 dead=frozenset(board.dead()),
+                left=board.left(),
             )
             choice = take_over(case)
             match choice:
@@ -87,6 +89,7 @@ class SpareWatch:
         lost = self.claiming
         self.silent_s = board.silence().get(lost.lost, 0.0)
         self.dead_s = board.dead().get(lost.lost)
+        self.left = lost.lost in board.left()
         seen = board.latest()
         self.generation = (seen.generation if seen is not None else 0) + 1
         nproc = self.plan.nproc_per_node
@@ -117,7 +120,9 @@ def lost_node_records(cfg, ledger, now: float, took: TookOver, watch: SpareWatch
             failure="agent_lost",
             evidence=f"node {watch.claiming.lost}: "
             + (
-                "its agent's process is gone (its liveness connection closed) while its peers wait"
+                "its agent left the job on purpose (it excluded its own node) while its peers wait"
+                if watch.left
+                else "its agent's process is gone (its liveness connection closed) while its peers wait"
                 if watch.dead_s is not None
                 else f"no heartbeat for {watch.silent_s:.1f}s while its peers wait"
             ),
