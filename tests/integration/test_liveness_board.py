@@ -89,6 +89,14 @@ def _published(store) -> bool:
     return store.check([LIVE + "n1"])
 
 
+def _leave(p: subprocess.Popen[str]) -> None:
+    """Tell the agent to close its board, and wait until it did."""
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "left"
+
+
 def _stop(p: subprocess.Popen[str]) -> None:
     if p.poll() is None:
         p.kill()
@@ -115,40 +123,26 @@ def test_a_killed_agent_is_dead_at_once_and_named_so(store):
         _stop(p)
 
 
-def test_an_agent_that_leaves_on_purpose_says_goodbye_and_is_never_dead(store):
+@pytest.mark.parametrize("mode", ["leave", "exclude"])
+def test_an_agent_that_closes_on_purpose_is_never_dead_and_one_that_leaves_the_job_is_gone_at_once(
+    store, mode
+):
+    """Closing its board (the attempt ended) says goodbye: no verdict. Leaving a job that goes on
+    without it (its node excluded itself: a straggler, silent data corruption) says so: the watcher
+    counts it gone with no bound to wait out, and knows it left rather than died."""
     clock, notes = ManualClock(), []
     ticker = ManualTicker(clock)
-    p = _agent(store, "leave")
+    p = _agent(store, mode)
     try:
         board = _watcher(store, clock, ticker, notes)
         assert _tick_until(ticker, lambda: "n1" in board._watch._held)
-        assert p.stdin is not None and p.stdout is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        assert p.stdout.readline().strip() == "left"
+        assert board.dead() == {} and board.left() == frozenset()
+        _leave(p)
         assert _tick_until(ticker, lambda: "n1" not in board._watch._held, polls=20)
-        assert board.dead() == {} and board.left() == frozenset()
-        board.close()
-    finally:
-        _stop(p)
-
-
-def test_an_agent_that_leaves_the_running_job_is_gone_at_once_and_named_as_leaving(store):
-    """Its node excluded itself (a straggler, silent data corruption): the job goes on without it, so
-    the watcher counts it gone with no bound to wait out, and knows it left rather than died."""
-    clock, notes = ManualClock(), []
-    ticker = ManualTicker(clock)
-    p = _agent(store, "exclude")
-    try:
-        board = _watcher(store, clock, ticker, notes)
-        assert _tick_until(ticker, lambda: "n1" in board._watch._held)
-        assert board.dead() == {} and board.left() == frozenset()
-        assert p.stdin is not None and p.stdout is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        assert p.stdout.readline().strip() == "left"
-        assert _tick_until(ticker, lambda: "n1" in board.dead(), polls=20)
-        assert board.left() == {"n1"} and p.poll() is None, "the agent lives: it left on purpose"
+        if mode == "leave":
+            assert board.dead() == {} and board.left() == frozenset()
+        else:
+            assert "n1" in board.dead() and board.left() == {"n1"} and p.poll() is None, "it lives: it left"
         board.close()
     finally:
         _stop(p)

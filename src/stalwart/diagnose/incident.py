@@ -141,52 +141,33 @@ DEAD_AGENT_CONFIDENCE = 0.95  # the kernel closed the agent's connection: its pr
 
 
 def dead_agent_incident(
-    lost: tuple[str, ...], witness: str, onset: float, now: float, action: str
+    lost: tuple[str, ...], witness: str, onset: float, now: float, action: str, *, left: bool = False
 ) -> Incident:
     """The incident of hosts whose agent process died while their kernel lived: the kernel closed the
     agent's liveness connection (launch/inplace/liveness.py), so the witness knew at once, with no
-    heartbeat bound to wait out. What killed the agent is not seen from here: the class stays unknown."""
+    heartbeat bound to wait out. What killed the agent is not seen from here: the class stays unknown.
+
+    ``left``: the agent left the running job on purpose instead: it excluded its own node (a straggler
+    worth more out than in, or a node that corrupted a replica silently) and said so on its liveness
+    line. Why it left is in that agent's own ledger (``DecisionTaken`` ``exclude_quarantine`` or
+    ``sdc_exclude``), not seen from here."""
     gone = ", ".join(lost)
-    return Incident(
-        cause=f"host {gone} left the job: its agent died (its process is gone: the kernel closed its "
-        f"liveness connection) while the ranks of {witness} waited",
-        fault_class=FaultClass.UNKNOWN,
-        component=Component.UNKNOWN,
-        confidence=DEAD_AGENT_CONFIDENCE,
-        action=action,
-        ts=now,
-        onset=onset,
-        rule="inplace:dead-agent",
-        evidence=tuple(
-            f"lost host {n}: its agent's liveness connection ended without a goodbye" for n in lost
-        )
-        + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
-        blast_radius=BlastRadius(nodes=lost),
-        action_taken=True,
+    how = (
+        "left the job on purpose: its agent excluded its own node (its ledger says why)"
+        if left
+        else "left the job: its agent died (its process is gone: the kernel closed its liveness connection)"
     )
-
-
-def left_agent_incident(
-    lost: tuple[str, ...], witness: str, onset: float, now: float, action: str
-) -> Incident:
-    """The incident of hosts whose agent left the running job on purpose: it excluded its own node (a
-    straggler worth more out than in, or a node that corrupted a replica silently) and said so on its
-    liveness line, so the witness knew at once. Why it left is in that agent's own ledger records
-    (``DecisionTaken`` ``exclude_quarantine`` or ``sdc_exclude``), not seen from here."""
-    gone = ", ".join(lost)
+    line_end = "with the leaving byte" if left else "without a goodbye"
     return Incident(
-        cause=f"host {gone} left the job on purpose: its agent excluded its own node (its ledger says why) "
-        f"while the ranks of {witness} waited",
+        cause=f"host {gone} {how} while the ranks of {witness} waited",
         fault_class=FaultClass.UNKNOWN,
         component=Component.UNKNOWN,
         confidence=DEAD_AGENT_CONFIDENCE,
         action=action,
         ts=now,
         onset=onset,
-        rule="inplace:node-left",
-        evidence=tuple(
-            f"lost host {n}: its agent's liveness connection ended with the leaving byte" for n in lost
-        )
+        rule="inplace:node-left" if left else "inplace:dead-agent",
+        evidence=tuple(f"lost host {n}: its agent's liveness connection ended {line_end}" for n in lost)
         + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
         blast_radius=BlastRadius(nodes=lost),
         action_taken=True,

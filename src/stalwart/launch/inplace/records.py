@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...diagnose.incident import dead_agent_incident, left_agent_incident, silent_host_incident
+from ...diagnose.incident import dead_agent_incident, silent_host_incident
 from ...events import FailureDetected, IncidentRaised, ReformedInPlace
 from ...protocol import Reformed
 from .machine import InPlaceState, Pending, Resize
@@ -107,7 +107,7 @@ def lost_without_spare(
         evidence = (
             f"node {gone}: its agent left the job on purpose (it excluded its own node) while its peers wait"
         )
-        found = left_agent_incident(tuple(lost), node, onset, now, action)
+        found = dead_agent_incident(tuple(lost), node, onset, now, action, left=True)
     elif seen and len(seen) == len(lost):
         onset = now - max(seen)
         evidence = (
