@@ -50,7 +50,7 @@ from ..events import (
     TrainingResumed,
 )
 from .recovery import TAKEN as IN_PLACE_TAKEN
-from .reliability import Interruption, interruptions_from_events
+from .reliability import Interruption, RunReliability, interruptions_from_events
 
 BUCKETS = (
     "productive",
@@ -126,6 +126,7 @@ class Goodput:
     jobs: int = 1  # jobs of the run (a requeued run has one per requeue)
     preemptions: tuple[float, ...] = ()  # when each preempted job ended
     timeline: tuple[tuple[float, float, str], ...] = ()  # (from, to, bucket): the wall time, in order
+    reliability: RunReliability | None = None  # the interruptions, exposure and recoveries it was told from
 
     @property
     def goodput(self) -> float:
@@ -279,6 +280,7 @@ def compute(events: Sequence[Event], *, slow_factor: float = 1.2) -> Goodput:
         jobs=len(windows),
         preemptions=tuple(sorted(e.ts for e in ends if e.outcome == "preempted")),
         timeline=tuple(pieces),
+        reliability=reliability,
     )
 
 

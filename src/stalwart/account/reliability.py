@@ -31,7 +31,7 @@ from ..events import (
     StepCompleted,
     TrainingResumed,
 )
-from .recovery import recovery_per_interruption
+from .recovery import Recovery, recovery_per_interruption
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,14 @@ class RunReliability:
     interruptions: tuple[Interruption, ...]
     exposure: Exposure
     node_days: Mapping[str, float] = field(default_factory=dict)
+    # each interruption's recovery record, in the same order (None: not recovered); read once here
+    # and shared by every reader of the run (report, snapshot), so the two tables tell one measurement
+    recoveries: tuple[Recovery | None, ...] = ()
+
+    @property
+    def recovered(self) -> list[Recovery]:
+        """The recovery records of the interruptions that were recovered, in order."""
+        return [r for r in self.recoveries if r is not None]
 
 
 def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
@@ -286,4 +294,5 @@ def interruptions_from_events(events: Sequence[Event]) -> RunReliability:
         tuple(out),
         Exposure(job_hours=max(0.0, t1 - t0) / 3600.0, gpu_hours=gpu_h, node_hours=node_h),
         node_days,
+        tuple(records),
     )

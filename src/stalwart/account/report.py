@@ -22,7 +22,6 @@ from ..terminal import console as terminal_console
 from ..terminal import say as wrapped
 from .goodput import BUCKETS, compute
 from .hosts import host_views
-from .recovery import recoveries
 from .reliability import interruptions_from_events, mtbf, mttr
 from .startup import line as startup_line
 from .startup import startups
@@ -39,7 +38,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
     read = read_available(location)
     events = read.events
     gp = compute(events)
-    rel = interruptions_from_events(events)
+    rel = gp.reliability or interruptions_from_events(events)
     rep_mttr = mttr(rel.interruptions)
     n = len(rel.interruptions)
     steps = [e for e in events if isinstance(e, StepCompleted)]
@@ -58,7 +57,7 @@ def build(location: str | os.PathLike[str]) -> dict[str, Any]:
         "ideal_step_s": gp.ideal_step_s,
         "buckets_s": {b: gp.buckets[b] for b in BUCKETS},
         "interruptions": [asdict(c) for c in gp.interruptions],
-        "recoveries": [dict(asdict(r), total_s=r.total_s) for r in recoveries(events)],
+        "recoveries": [dict(asdict(r), total_s=r.total_s) for r in rel.recovered],
         "startup": [{"node": s.node, "phases": s.phases, "total_s": s.total_s} for s in startups(events)],
         "jobs": gp.jobs,
         "preemptions": list(gp.preemptions),

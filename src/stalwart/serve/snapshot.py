@@ -258,7 +258,7 @@ def take(
         return replace(base, error="no JobStarted event yet" if events else "")
     try:
         gp = compute(events)
-        rel = interruptions_from_events(events)
+        rel = gp.reliability or interruptions_from_events(events)
     except StalwartError as exc:
         return replace(base, error=str(exc))
     n = len(rel.interruptions)
