@@ -28,8 +28,11 @@ SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "sdc_ddp.py")
 STEPS, FLIP_STEP = 60, 30
 
 
-@pytest.mark.timeout(900)
-def test_the_corrupting_node_leaves_the_running_job_and_the_others_finish(tmp_path):
+def _three_nodes(
+    tmp_path: Path, flip_rank: int, addr: dict[str, int]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Three agents of one rank on loopback; ``addr``: each node's last address byte (torch orders a
+    round's nodes by address, so it gives each node its group rank); n0 hosts the rendezvous store."""
     port, run, out = free_port(), tmp_path / "run", tmp_path / "out"
     out.mkdir()
     procs = {}
@@ -42,8 +45,8 @@ def test_the_corrupting_node_leaves_the_running_job_and_the_others_finish(tmp_pa
                 # the first round waits for all three (importing torch is slow on a busy machine)
                 "--rdzv-conf", "last_call_timeout=60",
                 "--run-dir", str(run), "--node-name", f"n{i}",
-                "--local-addr", f"127.0.0.{i + 1}",  # group rank i: torch orders nodes by address
-                "--chaos", f"bitflip@rank=1,step={FLIP_STEP}",
+                "--local-addr", f"127.0.0.{addr[f'n{i}']}",
+                "--chaos", f"bitflip@rank={flip_rank},step={FLIP_STEP}",
                 SCRIPT, str(STEPS), str(out),
             ]  # fmt: skip
             procs[f"n{i}"] = subprocess.Popen(
@@ -57,7 +60,13 @@ def test_the_corrupting_node_leaves_the_running_job_and_the_others_finish(tmp_pa
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    codes = {n: p.returncode for n, p in procs.items()}
+    return {n: p.returncode for n, p in procs.items()}, outs
+
+
+@pytest.mark.timeout(900)
+def test_the_corrupting_node_leaves_the_running_job_and_the_others_finish(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    codes, outs = _three_nodes(tmp_path, 1, {"n0": 1, "n1": 2, "n2": 3})  # n1 is rank 1
     assert codes == {"n0": 0, "n1": EXIT_INFRA, "n2": 0}, (codes, outs)
 
     evs = events(run)
@@ -89,3 +98,23 @@ def test_the_corrupting_node_leaves_the_running_job_and_the_others_finish(tmp_pa
     digests = [(out / f"digest-rank{r}.txt").read_text() for r in (0, 1)]
     assert digests[0] == digests[1], "the replicas that went on ended equal"
     assert not (out / "digest-rank2.txt").exists(), "the world ended at two ranks"
+
+
+@pytest.mark.timeout(900)
+def test_a_corrupting_node_whose_agent_serves_the_rendezvous_store_stays_and_the_job_finishes(tmp_path):
+    """n0 serves the rendezvous store but is the group's last node (rank 2): its exit would end the
+    job for all, so it is quarantined and stays; every replica rolled back, and the job finishes at 3."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    codes, outs = _three_nodes(tmp_path, 2, {"n0": 3, "n1": 2, "n2": 1})
+    assert codes == {"n0": 0, "n1": 0, "n2": 0}, (codes, outs)
+    evs = events(run)
+    first = next(e for e in evs if isinstance(e, SilentCorruption))
+    assert first.suspect_ranks == (2,) and first.suspect_nodes == ("n0",) and first.action == "rollback", (
+        first
+    )
+    assert HealthStore(run / "health").record("n0").state.value == "quarantined"
+    decided = [e for e in evs if isinstance(e, DecisionTaken) and e.action.startswith("sdc_")]
+    assert [(d.node, d.action) for d in decided] == [("n0", "sdc_quarantine"), ("n0", "sdc_stay")], decided
+    assert "serves the rendezvous store, which the other nodes need" in decided[1].reason, decided[1].reason
+    digests = {(out / f"digest-rank{r}.txt").read_text() for r in range(3)}
+    assert len(digests) == 1, "every replica ends equal: the rollback undid the flip"

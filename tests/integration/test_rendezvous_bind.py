@@ -24,12 +24,14 @@ def _accepts(host: str, port: int) -> bool:
 
 def test_the_store_listens_on_the_endpoints_address_only_and_a_second_agent_is_a_client():
     port = free_port()
-    host = c10d_store(f"127.0.0.1:{port}", None, 10.0)
+    served: list[str] = []  # which agent was told it serves the store (its exit would end the job)
+    host = c10d_store(f"127.0.0.1:{port}", None, 10.0, hosted=lambda: served.append("host"))
     assert _accepts("127.0.0.1", port)
     assert not _accepts("127.0.0.2", port)  # torch's own backend would answer on every address
-    client = c10d_store(f"127.0.0.1:{port}", None, 10.0)  # the port is held: this agent is a client
+    # the port is held: this agent is a client
+    client = c10d_store(f"127.0.0.1:{port}", None, 10.0, hosted=lambda: served.append("client"))
     client.set("k", "v")
-    assert host.get("k") == b"v"
+    assert host.get("k") == b"v" and served == ["host"]
 
 
 def test_hosting_on_an_address_that_is_not_this_machines_is_one_clear_error():

@@ -128,8 +128,10 @@ def test_the_named_node_is_quarantined_the_gate_keeps_it_out_and_stalwart_nodes_
         "model.0.weight",
     ):
         assert part in rec.reason, rec.reason
-    (dt,) = agent.decisions()  # one decision, though three ranks reported the finding
+    # one quarantine, though three ranks reported the finding; the job's only node stays in it
+    dt, stay = agent.decisions()
     assert dt.action == "sdc_quarantine" and dt.node == "gpu-a" and "node state: quarantined" in dt.reason
+    assert stay.action == "sdc_stay" and "no valid world size is left" in stay.reason
 
     # the next start: the node's own checks pass, yet the gate keeps it out (no check clears silent corruption)
     reason, state = NodeHealthGate(agent.cfg, ManualClock(2_000_000.0), agent.run.root).check(1)
@@ -157,7 +159,7 @@ def test_a_quarantined_node_of_a_job_that_goes_on_without_it_leaves_the_running_
         agent.close()
         alone.close()
     assert [d.action for d in agent.decisions()] == ["sdc_quarantine", "sdc_exclude"]
-    assert [d.action for d in alone.decisions()] == ["sdc_quarantine"]
+    assert [d.action for d in alone.decisions()] == ["sdc_quarantine", "sdc_stay"]
 
 
 @pytest.mark.parametrize(

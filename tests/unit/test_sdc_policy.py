@@ -199,3 +199,14 @@ def test_a_slurm_drain_is_a_quarantine_too():
         "n1", "quarantined (drain: slurm)", _world(("n0", "n1", "n2")), 1, 3, SizeRule("multiple")
     )
     assert d.action is SdcNodeExit.LEAVE
+
+
+def test_a_node_whose_agent_serves_a_store_the_others_need_stays():
+    """Its agent's exit would take the store with it and end the job for every node."""
+    three = _world(("n0", "n1", "n2"))
+    first = exit_after_quarantine("n0", "quarantined", three, 2, 3, SizeRule("multiple"))
+    assert first.action is SdcNodeExit.STAY and "the round's store" in first.reason, first
+    host = exit_after_quarantine(
+        "n1", "quarantined", three, 2, 3, SizeRule("multiple"), hosts="the rendezvous store"
+    )
+    assert host.action is SdcNodeExit.STAY and "serves the rendezvous store" in host.reason, host

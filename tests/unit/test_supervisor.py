@@ -470,9 +470,10 @@ def test_a_finding_that_names_this_node_quarantines_it_once_and_training_goes_on
     ((node, reason),) = w.quarantined
     assert node == "n0" and "after step 3" in reason and "rank 1 on n0" in reason and "m.w" in reason
     assert w.job.faults == [("sdc", False)], "silent corruption: no health check can clear the node"
-    (dt,) = w.of(DecisionTaken)
+    dt, stay = w.of(DecisionTaken)
     assert dt.action == "sdc_quarantine" and dt.reason.endswith("node state: quarantined")
-    assert w.group.stops == [], "the workers keep going: the replicas already rolled back"
+    assert stay.action == "sdc_stay" and "no valid world size is left" in stay.reason, stay.reason
+    assert w.group.stops == [], "the workers keep going: the job's only node stays, its replicas rolled back"
     assert any("quarantining this node (n0)" in n for n in w.sup.console.notes)
 
 

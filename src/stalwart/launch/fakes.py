@@ -194,9 +194,13 @@ class FakeJobLink:
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     faults: list[tuple[str, bool]] = field(default_factory=list)  # each quarantine's fault, recoverable
     node_state: str = "quarantined"
+    stores: str = ""  # what hosted_stores answers
 
     def signal(self) -> int | None:
         return self.signal_of()
+
+    def hosted_stores(self) -> str:
+        return self.stores
 
     def nodes_waiting(self) -> int | None:
         return self.waiting_of() if self.waiting_of is not None else None

@@ -120,6 +120,11 @@ class JobLink(Protocol):
         in. ``recoverable=False``: passing checks never re-admit it, an operator must."""
         ...
 
+    def hosted_stores(self) -> str:
+        """The stores this node's agent serves that the other nodes need (the c10d rendezvous store;
+        the round's store, as group rank 0), in words; "" when none: it may leave the job."""
+        ...
+
 
 class AttemptChaos(Protocol):
     def tick(self, tracker: ProgressTracker) -> None:

@@ -310,7 +310,9 @@ class SdcNodeExit(Label):
     job's next starts either way)."""
 
     LEAVE = "sdc_exclude"  # the job goes on at a valid size without it: stop its workers now and leave
-    STAY = "stay"  # leaving would end the job, or the quarantine was capped: it stays until the next start
+    STAY = (
+        "sdc_stay"  # leaving would end the job, or the quarantine was capped: it stays until the next start
+    )
 
 
 @dataclass(frozen=True)
@@ -327,18 +329,30 @@ def exit_after_quarantine(
     min_nodes: int,
     max_nodes: int,
     rule: SizeRule = SizeRule(),
+    hosts: str = "",
 ) -> NodeExit:
     """Whether ``node``, just recorded in ``state`` for silent data corruption, leaves the running
     attempt now, as an excluded straggler does. Its replicas rolled back to clean state already, but
     the device that corrupted one step can corrupt the next: out at once when the other nodes (and hot
     spares) still make a valid world size within ``[min_nodes, max_nodes]``. It stays when the
-    lifecycle did not quarantine it (the blast-radius cap left it suspect: a human decides) or when
-    leaving would leave no valid size (the job would end: better on, checked every interval)."""
+    lifecycle did not quarantine it (the blast-radius cap left it suspect: a human decides), when
+    leaving would leave no valid size, or when its agent serves a store the other nodes need
+    (``hosts``: the rendezvous store; the round's store, which the job's first node serves): in the
+    last two the job would end, so it goes on, checked every interval."""
     if state.partition(" ")[0] != NodeState.QUARANTINED.value:  # "quarantined (drain: slurm)" is one
         why = f"{node} is {state}, not quarantined (the lifecycle decides, within its blast-radius cap): it stays in the job"
         return NodeExit(SdcNodeExit.STAY, why)
     if world is None:  # a job of this one node
         world = WorldPlan((node,), (), 1, "this node only")
+    if world.active[:1] == (node,) and len(world.active) > 1:  # group rank 0 serves the round's store
+        hosts = " and ".join(h for h in (hosts, "the round's store (as the group's first node)") if h)
+    if hosts:
+        why = (
+            f"{node}'s agent serves {hosts}, which the other nodes need: leaving would end the job for every "
+            "node; it stays, its replicas rolled back and checked every interval, and the quarantine keeps it "
+            "out from the next start"
+        )
+        return NodeExit(SdcNodeExit.STAY, why)
     others = [n for n in (*world.active, *world.spares) if n != node]
     plan = plan_world(others, world.nproc_per_node, 1, max(1, max_nodes), rule) if others else None
     if plan is None or len(plan.active) < min_nodes:

@@ -454,7 +454,6 @@ class NodeWorkers:
         return route
 
     def _flag_node(self, outcome) -> str:
-
         try:
             return record_outcome(
                 self.cfg.node_name,
@@ -486,15 +485,10 @@ class NodeWorkers:
         except Exception:  # noqa: BLE001 - best effort: spares also leave when the store goes away
             pass
 
-    def quarantine(
-        self, node: str, reason: str, *, fault: str = "straggler", recoverable: bool = True
-    ) -> str:
-        return quarantine_node(
-            node,
-            reason,
-            fault=fault,
-            recoverable=recoverable,
-            now=self.clock.now(),
-            state_dir=self.cfg.health.state_dir or self.run_dir.root / "health",
-            backend=self.cfg.health.backend,
-        )
+    def quarantine(self, node: str, reason: str, fault: str = "straggler", recoverable: bool = True) -> str:
+        where = self.cfg.health.state_dir or self.run_dir.root / "health"
+        now, backend = self.clock.now(), self.cfg.health.backend
+        return quarantine_node(node, reason, fault, recoverable, now=now, state_dir=where, backend=backend)
+
+    def hosted_stores(self) -> str:
+        return "the rendezvous store" if self.rendezvous is not None and self.rendezvous.hosting else ""

@@ -21,7 +21,8 @@ replicas checked every interval, and the health gate keeps it out from the job's
 The ledger gets a ``DecisionTaken`` (action ``sdc_quarantine``, deliberately not one of the fixing
 actions that confirm a detector's firing in ``diagnose/precision.py``: a node that stays in the running
 attempt proves nothing by the detector's silence afterwards), and one with action ``sdc_exclude`` when
-the node leaves (the survivors' lost peer is explained by it, ``diagnose/signals.py``).
+the node leaves (the survivors' lost peer is explained by it, ``diagnose/signals.py``), or
+``sdc_stay`` with the reason it stays.
 """
 
 from __future__ import annotations
@@ -109,12 +110,16 @@ class SdcQuarantine:
             ),
             show=False,
         )
-        d = exit_after_quarantine(self.node, state, self.world, *self.sizes)
+        d = exit_after_quarantine(self.node, state, self.world, *self.sizes, hosts=self.job.hosted_stores())
         match d.action:
             case SdcNodeExit.LEAVE:
                 self.leaving = d if self.group is not None else None
             case SdcNodeExit.STAY:
                 self.console.note(f"this node stays in the running job: {d.reason}")
+                ctx = self.ledger.ctx()
+                self.ledger.emit(
+                    DecisionTaken(ts=self.clock.now(), action=d.action.value, reason=d.reason, **ctx)
+                )
             case _:
                 assert_never(d.action)
 

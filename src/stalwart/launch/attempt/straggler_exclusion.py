@@ -55,12 +55,12 @@ def straggler_precision(
 def quarantine_node(
     node: str,
     reason: str,
+    fault: str = "straggler",
+    recoverable: bool = True,
     *,
     now: float,
     state_dir: Path,
     backend: str,
-    fault: str = "straggler",
-    recoverable: bool = True,
 ) -> str:
     """Quarantine ``node`` in the node records for ``fault`` (a straggler; silent data corruption,
     ``sdc``, not recoverable: no health check can clear it); returns the state it ended in.

@@ -83,6 +83,7 @@ class NodeRendezvous:
         # Any: as above
         self.worker_store: Any = None  # the TCPStore this node hosts for this round's workers
         self.watch: StoreWatch | None = None  # the store's reader off the tick (c10d), from the first round
+        self.hosting = False  # this agent serves the c10d rendezvous store: the job ends if it leaves
         # how the first round's start-up window ended (launch/rendezvous/arrival.py)
         self.arrivals: arrival.Arrivals | None = None
 
@@ -112,6 +113,9 @@ class NodeRendezvous:
         watch.asking(self._ask)
         return met
 
+    def _hosting(self) -> None:
+        self.hosting = True
+
     def _ask(self) -> tuple[int, bool]:
         return self.handler.num_nodes_waiting(), bool(self.store.check([DONE_KEY]))
 
@@ -122,7 +126,7 @@ class NodeRendezvous:
     def _next_round(self) -> Round:
         cfg = self.cfg
         if self.handler is None:
-            self.handler = make_handler(cfg, self.sealed_backend, self.refusals.note)
+            self.handler = make_handler(cfg, self.sealed_backend, self.refusals.note, self._hosting)
             self._await_hosts()
         info = self.handler.next_rendezvous()
         group_rank, num_nodes = info.rank, info.world_size
@@ -339,8 +343,13 @@ def listening(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-# Any: seal wraps torch's rendezvous state backend (imported lazily: heavy)
-def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = lambda text: None):
+def make_handler(
+    cfg,
+    # Any: seal wraps torch's rendezvous state backend (imported lazily: heavy)
+    seal: Callable[[Any], Any],
+    note: Callable[[str], None] = lambda text: None,
+    hosted: Callable[[], None] = lambda: None,
+):
     """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
     (torchrun's, bound to the endpoint's address), or on etcd (launch/rendezvous/etcd.py); ``seal``
     wraps its state backend (launch/rendezvous/sealed.py)."""
@@ -379,7 +388,9 @@ def make_handler(cfg, seal: Callable[[Any], Any], note: Callable[[str], None] = 
     # deferred: heavy (numpy, torch)
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    store = c10d_store(cfg.rendezvous.endpoint, cfg.rendezvous.host, float(conf["read_timeout"]), note)
+    store = c10d_store(
+        cfg.rendezvous.endpoint, cfg.rendezvous.host, float(conf["read_timeout"]), note, hosted
+    )
     return create_handler(store, seal(C10dRendezvousBackend(store, cfg.rendezvous.id)), params)
 
 

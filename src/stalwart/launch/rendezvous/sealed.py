@@ -128,10 +128,15 @@ def _bind(host: str, port: int, note: Callable[[str], None]) -> socket.socket | 
 
 
 def c10d_store(
-    endpoint: str, is_host: bool | None, timeout_s: float, note: Callable[[str], None] = lambda text: None
+    endpoint: str,
+    is_host: bool | None,
+    timeout_s: float,
+    note: Callable[[str], None] = lambda text: None,
+    hosted: Callable[[], None] = lambda: None,
 ) -> TCPStore:
     """The c10d rendezvous store: hosted here on the endpoint's own address when this machine has that
-    address and the port is free (or ``is_host`` says so), else a client of the agent that hosts it."""
+    address and the port is free (or ``is_host`` says so; ``hosted`` is called then), else a client of
+    the agent that hosts it."""
     host, port = parse_rendezvous_endpoint(endpoint, default_port=DEFAULT_PORT)
     timeout = datetime.timedelta(seconds=timeout_s)
     sock = _bind(host, port, note) if is_host is not False else None
@@ -147,10 +152,12 @@ def c10d_store(
     here = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound  # the store's own client connects here
     fd = sock.detach()
     try:
-        return TCPStore(here, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
+        store = TCPStore(here, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
     except Exception:
         os.close(fd)
         raise
+    hosted()
+    return store
 
 
 __all__ = ["SealedBackend", "c10d_store"]
