@@ -15,8 +15,10 @@ Then the node leaves the running attempt at once when the other nodes (or a hot 
 valid world size (:func:`stalwart.policy.sdc.exit_after_quarantine`, pure): its workers are stopped
 without a save (the replicas rolled back to clean state already) and the agent ends ``excluded``, as an
 excluded straggler's does; the other agents see it go and re-form at the next valid size, in place
-where they can. Otherwise (the only node, or the lifecycle capped the quarantine) it stays, its
-replicas checked every interval, and the health gate keeps it out from the job's next start.
+where they can; not while a stop (an emergency save) or an in-place re-formation is under way, which
+its ranks take part in. Otherwise (the only node, its agent serves a store the others need, or the
+lifecycle capped the quarantine) it stays, its replicas checked every interval, and the health gate
+keeps it out from the job's next start.
 
 The ledger gets a ``DecisionTaken`` (action ``sdc_quarantine``, deliberately not one of the fixing
 actions that confirm a detector's firing in ``diagnose/precision.py``: a node that stays in the running
@@ -123,11 +125,12 @@ class SdcQuarantine:
             case _:
                 assert_never(d.action)
 
-    def leave(self) -> AttemptOutcome | None:
+    def leave(self, busy: bool = False) -> AttemptOutcome | None:
         """Stop this node's workers at once and end the attempt ``excluded``, when the quarantine
-        decided the node leaves (None: it does not, or not yet)."""
+        decided the node leaves (None: it does not, or not yet: ``busy``, a stop or a re-formation its
+        ranks take part in is under way; it leaves once that is over)."""
         d, group = self.leaving, self.group
-        if d is None or group is None:
+        if d is None or group is None or busy:
             return None
         self.console.note(f"excluding this node ({self.node}): {d.reason}")
         group.stop(0.0)

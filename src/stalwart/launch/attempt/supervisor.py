@@ -277,7 +277,8 @@ class Supervisor:
     def _run(self) -> AttemptOutcome:
         while True:
             snap = self.gather()
-            fell_back = self.in_place.tick(snap) or self.sdc.leave()  # the node left: corrupted a replica
+            busy = self.stop_requested_at is not None or self.in_place.reforming
+            fell_back = self.in_place.tick(snap) or self.sdc.leave(busy)  # left: it corrupted a replica
             if fell_back is not None:
                 return fell_back
             self._calibration(snap)
