@@ -14,6 +14,7 @@ from stalwart.settings.run_config import CONFIG_SETTINGS, from_env
 MESSAGES = [
     protocol.Hello(3, 1.5),
     protocol.LoopStarted(0, 40, 100, 2.0),
+    protocol.LoopStarted(1, 0, 100, 2.0, leaves_state=True),
     protocol.StepBegan(1, 7, 3.25),
     protocol.SectionBegan(1, 7, "forward", 3.5),
     protocol.StepDone(2, 7, 3.0, 0.5, {"forward": 0.25, "backward": 0.125}),

@@ -168,6 +168,24 @@ def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
     assert all(s <= 0.5 for s in w.clock.slept)  # only the manual clock moved
 
 
+def test_a_crash_waits_the_stop_grace_for_survivors_that_leave_their_live_state():
+    from stalwart.protocol import LoopStarted
+
+    def script(tick, w):
+        if tick == 0:
+            w.send(LoopStarted(0, 0, 100, w.clock.now(), leaves_state=True))
+        training(100)(tick, w)
+        if tick == 6:
+            w.group.codes[1] = 1
+            w.group.exit_times[1] = w.clock.now()
+
+    w = World(script)
+    out = w.sup.run()
+    assert out.status == "failed" and out.failure.rank == 1
+    # rank 0 writes its state on the way out (train/left_state.py): the stop gives it the grace
+    assert w.group.stops == [3.0]
+
+
 def test_sigterm_asks_for_a_coordinated_stop_and_a_committed_save_is_preempted():
     def script(tick, w):
         if tick == 0:  # the ranks run the SDK's Session: it coordinates the stop

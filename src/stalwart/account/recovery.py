@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..events import (
+    LEFT_IN_MEMORY,
     DecisionTaken,
     Event,
     FailureDetected,
@@ -171,4 +172,11 @@ def _recovery(evs: list[Event], fd: FailureDetected) -> Recovery | None:
     left = _first(evs, DecisionTaken, fd.ts, lambda e: e.attempt == a and e.action.startswith("in_place_"))
     if left is not None and left.ts <= decided.ts:
         why = f"in-place not taken ({left.reason}); {path}: {why}" if path else left.reason
+    source = next((e for e in resumed if e.from_checkpoint.endswith(LEFT_IN_MEMORY)), None)
+    if source is not None:  # the loop idiom's survivors left their live state (train/left_state.py)
+        holder = source.from_checkpoint.removeprefix("live:").removesuffix(LEFT_IN_MEMORY)
+        why += (
+            f"; state: the live state after step {source.step} that the survivors left in node memory "
+            f"(from {holder.replace('rank', 'rank ')}), nothing rolled back to a checkpoint"
+        )
     return Recovery(a, fd.failure, fd.rank, path, why, phases, ended)

@@ -117,7 +117,13 @@ class StepCompleted(Event):
 @dataclass(frozen=True, kw_only=True)
 class TrainingResumed(Event):
     step: int  # the first step this attempt will run
-    from_checkpoint: str = ""
+    from_checkpoint: str = ""  # a checkpoint's path; "live:rank<R>": a replica's live state, in place;
+    # "live:rank<R>" + LEFT_IN_MEMORY: the state rank R left in its node's memory on the way out
+
+
+LEFT_IN_MEMORY = (
+    ":node-memory"  # the suffix of a resume from a state left on the way out (train/left_state.py)
+)
 
 
 @event

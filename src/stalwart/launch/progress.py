@@ -51,6 +51,7 @@ class RankProgress:
     phase_budget_s: float = 0.0
     phase_t0: float = 0.0
     in_place: bool = False  # the script runs under Session.run: it can re-form its group in place
+    leaves_state: bool = False  # on a peer's failure it leaves its live state on the node (left_state.py)
     reforming: Reforming | None = None  # the survivor left its group and waits for the next generation
     reformed: Reformed | None = None  # the rank joined the newest generation with the live state
     finished_at: float = 0.0  # when the rank said its training finished
@@ -116,6 +117,7 @@ class ProgressTracker:
             case LoopStarted():
                 p.sdk = True
                 p.loop_done = False
+                p.leaves_state = msg.leaves_state
                 self.first_step = msg.first_step
                 self.total_steps = msg.total_steps
             case PhaseChanged():
@@ -205,6 +207,11 @@ class ProgressTracker:
         """Ranks whose messages count (the SDK, or the bootstrap's step hooks): only their silence
         can be a hang by heartbeat."""
         return [r for r, p in self.progress.items() if p.sdk]
+
+    def leaves_state(self, failed: int) -> bool:
+        """Whether a rank other than ``failed`` leaves its live state on a peer's failure: then the
+        group's stop waits (within the stop grace) for the survivors to write it."""
+        return any(p.leaves_state for r, p in self.progress.items() if r != failed)
 
     def session_ranks(self) -> list[int]:
         """Ranks that run the SDK's Session: only they take part in a coordinated stop."""

@@ -241,10 +241,14 @@ class Reformed:
 
 @dataclass(frozen=True)
 class LoopStarted:
+    """``leaves_state``: on a peer's failure the rank leaves its live state on the node on the way out
+    (train/left_state.py), so the agent stops the group within its stop grace, not at once."""
+
     rank: int
     first_step: int
     total_steps: int
     t: float
+    leaves_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -386,7 +390,7 @@ _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
     "hello": (Hello, {"ip": "in_place"}),
     "reforming": (Reforming, {"g": "generation", "a": "abort_s"}),
     "reformed": (Reformed, {"g": "generation", "s": "step", "b": "received", "p": "phases"}),
-    "start": (LoopStarted, {"s": "first_step", "n": "total_steps"}),
+    "start": (LoopStarted, {"s": "first_step", "n": "total_steps", "ls": "leaves_state"}),
     "step": (StepBegan, {"s": "step"}),
     "sec": (SectionBegan, {"s": "step", "n": "name"}),
     "ckpt": (CheckpointDone, {"s": "step", "ok": "durable", "why": "reason", "kind": "kind"}),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,7 +196,8 @@ class _Payload:
     extras: bytes  # torch.save of the plain extras (read back with weights_only=True)
 
 
-def _payload(cap: state.Captured) -> _Payload:
+def _payload(cap: state.Captured, **more: int) -> _Payload:
+    """``more``: other header fields (the step, for a state left in a file: train/left_state.py)."""
     buffers = _flat(cap.sharded)
     blob = io.BytesIO()
     torch.save({k: v for k, v in cap.extras.items() if k != "rng"}, blob)
@@ -206,6 +207,7 @@ def _payload(cap: state.Captured) -> _Payload:
         "numel": {d: b.numel() for d, b in buffers.items()},
         "digest": _digest(buffers),
         "extras": len(blob.getvalue()),
+        **more,
     }
     return _Payload(json.dumps(head).encode(), buffers, blob.getvalue())
 
@@ -229,22 +231,9 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
 
     head = json.loads(_recv_bytes(src, 1 << 24))
     mine = {k: _local(t) for k, t in targets.tensors.items()}
-    if head["layout"] != _layout(mine):
-        raise LiveStateError(
-            f"rank {src}'s state does not match this rank's model and optimizer "
-            "(different keys, shapes or dtypes): the training function built different objects"
-        )
-    numel: dict[str, int] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    for t in mine.values():  # the sizes only: no copy of this rank's own (fresh) state
-        numel[str(t.dtype)] = numel.get(str(t.dtype), 0) + t.numel()
-        dtypes[str(t.dtype)] = t.dtype
     buffers: dict[str, torch.Tensor] = {}
     got = 0
-    for d in head["dtypes"]:
-        buf = torch.empty(numel.get(d, 0), dtype=dtypes.get(d, torch.uint8))
-        if buf.numel() != head["numel"][d]:
-            raise LiveStateError(f"rank {src} sent {head['numel'][d]} values of {d}, expected {buf.numel()}")
+    for d, buf in empty_buffers(head, mine, f"rank {src}'s state", f"rank {src} sent"):
         if buf.numel():
             dist.recv(buf, src)
         buffers[d] = buf
@@ -254,6 +243,37 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
     blob = _recv_bytes(src, extras_limit)
     got += len(blob)
     extras = torch.load(io.BytesIO(blob), weights_only=True)
+    unflatten(mine, buffers)
+    return extras, got
+
+
+# Any: a header parsed from JSON (checked here against this rank's own objects)
+def empty_buffers(
+    head: Any, mine: dict[str, torch.Tensor], whose: str, sender: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """For a state header: (dtype, an empty flat buffer to fill) in the header's order, after checking
+    its layout against this rank's own local tensors ``mine``; LiveStateError when it does not fit."""
+    if not isinstance(head, dict) or head.get("layout") != _layout(mine):
+        raise LiveStateError(
+            f"{whose} does not match this rank's model and optimizer "
+            "(different keys, shapes or dtypes): the training function built different objects"
+        )
+    numel: dict[str, int] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for t in mine.values():  # the sizes only: no copy of this rank's own (fresh) state
+        numel[str(t.dtype)] = numel.get(str(t.dtype), 0) + t.numel()
+        dtypes[str(t.dtype)] = t.dtype
+    counts = head.get("numel")
+    for d in head.get("dtypes", ()):
+        buf = torch.empty(numel.get(d, 0), dtype=dtypes.get(d, torch.uint8))
+        said = counts.get(d) if isinstance(counts, dict) else None
+        if buf.numel() != said:
+            raise LiveStateError(f"{sender} {said} values of {d}, expected {buf.numel()}")
+        yield d, buf
+
+
+def unflatten(mine: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    """Copy the flat per-dtype buffers (keys in sorted order, as :func:`_flat` made them) into ``mine``."""
     offsets: dict[str, int] = {}
     for k in sorted(mine):
         t = mine[k]
@@ -262,7 +282,6 @@ def _receive(targets: state.Targets, src: int, extras_limit: int) -> tuple[dict[
         with torch.no_grad():
             t.copy_(buffers[d][at : at + t.numel()].view_as(t))
         offsets[d] = at + t.numel()
-    return extras, got
 
 
 def adopt(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ from ..protocol.json_collective import all_gather_json, device_for
 from .clock import Clock
 from .fingerprint import exact
 from .shard_replicas import local, localise_groups, replicas_of
+
+if TYPE_CHECKING:
+    from .session import Session
 
 SHOWN = 4  # differing tensors named in an event
 
@@ -450,3 +453,15 @@ class ReplicaCheck:
         )
         self._note(d.reason)
         return nodes
+
+
+def loop_check(s: Session, state: dict[str, Any], start: int) -> ReplicaCheck | None:  # Any: user state
+    """Collective at a loop's start: the session's silent-data-corruption check for this loop, or None
+    when the job has one rank or the agent turned it off."""
+    w = s.worker_env
+    if s.world_size < 2 or (w is not None and w.sdc_every < 0) or not in_group():
+        return None
+    if s._replicas is None:
+        s._replicas = ReplicaCheck.of_worker(w, s.rank, s.node, s.clock, s.emit, s._send, s._ctx)
+    s._replicas.begin(state, start, resumed=start > 0 and s._ckpt.loaded_step == start)
+    return s._replicas

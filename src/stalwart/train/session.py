@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from ..checkpoint.tiers import TierConfig
     from ..ledger import LedgerWriter
     from .anomaly_watch import AnomalyWatch
+    from .left_state import LeftState
     from .reform import Reformer
     from .replica_check import ReplicaCheck
 
@@ -124,6 +125,7 @@ class Session:
         self._hooks: tuple[StepHook, ...] = (*hooks, *self._chaos(wenv))
         self._reform: Reformer | None = None  # in-place recovery, when the script runs under run()
         self._replicas: ReplicaCheck | None = None  # silent-data-corruption checks, from the first loop
+        self._left: LeftState | None = None  # the loop idiom's state left on the way out (left_state.py)
         self._anomalies: AnomalyWatch | None = None  # loss and gradient-norm checks, from the first observe
         self._guard = self._process_guard(wenv)
         self._guard.install()
@@ -200,8 +202,9 @@ class Session:
         self._close_ledger()
         self._guard.close()
         self._link.close()
-        if self._reform is not None:
-            self._reform.close()
+        for part in (self._reform, self._left):
+            if part is not None:
+                part.close()
 
     def __enter__(self) -> Session:
         return self
@@ -229,6 +232,8 @@ class Session:
             return
         path = self.run_dir.error_file(self.node, self.attempt, self._link.rank)  # as launched, shrunk or not
         write_error(path, etype, value, tb, step=self._step, rank=self._link.rank, ts=self._now())
+        if self._left is not None and (why := self._left.on_error(value, self._completed)):
+            self._send(Note(self.rank, why, self._now()))
 
     # --- events -------------------------------------------------------------------------------
 
@@ -338,6 +343,10 @@ class Session:
     ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
         at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
+        from .left_state import arm  # deferred: heavy (torch)
+        from .replica_check import loop_check  # deferred: heavy (torch)
+
+        self._left = arm(self, state)  # the loop idiom's live state (train/left_state.py)
         start = self._start(state, resume)
         root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
         auto = (
@@ -346,12 +355,14 @@ class Session:
             else None
         )
         every = 0 if auto is not None else int(checkpoint_every)
-        replicas = self._replica_check(state, start)
+        replicas = loop_check(self, state, start)  # silent data corruption (docs/sdc.md)
         for hook in self._hooks:  # a hook that acts on the state (a chaos bitflip) is handed it
             bind = getattr(hook, "bind_state", None)
             if callable(bind):
                 bind(state)
-        self._send(LoopStarted(self.rank, start, total_steps, self._now()))
+        self._send(
+            LoopStarted(self.rank, start, total_steps, self._now(), leaves_state=self._left is not None)
+        )
         step = start
         while step < total_steps:
             self._begin_step(step)
@@ -385,23 +396,6 @@ class Session:
         if self.rank == 0:
             self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
 
-    def _replica_check(self, state: dict[str, Any], start: int) -> ReplicaCheck | None:  # Any: user state
-        """Collective: the silent-data-corruption check for this loop (docs/sdc.md), or None when the
-        job has one rank or the agent turned it off."""
-        w = self.worker_env
-        if self.world_size < 2 or (w is not None and w.sdc_every < 0):
-            return None
-        from .replica_check import ReplicaCheck, in_group  # deferred: heavy (torch)
-
-        if not in_group():
-            return None
-        if self._replicas is None:
-            self._replicas = ReplicaCheck.of_worker(
-                w, self.rank, self.node, self._clock, self.emit, self._send, self._ctx
-            )
-        self._replicas.begin(state, start, resumed=start > 0 and self._ckpt.loaded_step == start)
-        return self._replicas
-
     def _start(self, state: dict[str, Any], resume: bool) -> int:  # Any: user state (torch objects)
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the
         newest good checkpoint (or 0 when ``resume`` is off)."""
@@ -409,6 +403,8 @@ class Session:
             step = self._reform.start(state, resume)
             if step is not None:
                 return step
+        elif self._left is not None and resume and (step := self._left.resume(self, state)) is not None:
+            return step
         return self.resume(state) if resume else 0
 
     def _history_mtbf(self) -> float | None:
@@ -438,6 +434,8 @@ class Session:
         self._link.beat(step, "", t)
         if self._reform is not None:
             self._reform.step_began(step)
+        if self._left is not None:
+            self._left.step_began(step)
         for hook in self._hooks:
             hook.step_began(step)
 
@@ -449,6 +447,8 @@ class Session:
             self._link.send(StepDone(self.rank, step, self._step_start, seconds, self._sections))
         self._completed = step + 1
         self._step = None
+        if self._left is not None:
+            self._left.step_ended()
 
     def observe(self, loss: object, *, grad_norm: object = None, scaler: object = None) -> None:
         """This step's loss (a number or tensor), gradient norm and AMP ``GradScaler``, once per step

@@ -6,7 +6,9 @@ rank SIGSTOPs itself once at the start of that step's work (a hang at a known po
 ``INPLACE_DATA=1`` each rank takes one sample per step from an ``ElasticDistributedSampler`` kept in
 the state and appends "call step index" to ``<out>/seen-rank<R>.txt``. With ``INPLACE_STOP_FILE``,
 once that file exists (written whole by the test) every rank ends its loop at the step it names (a
-test that cannot know beforehand how long a run must last).
+test that cannot know beforehand how long a run must last). With ``INPLACE_IDIOM=loop`` the script
+calls ``train`` itself (the plain loop idiom, no ``Session.run``): a survivor's process ends with the
+broken group and the whole group restarts.
 argv: steps out_dir [stop_rank stop_step]."""
 
 import os
@@ -74,4 +76,7 @@ def train(session: Session) -> None:
     session.finish()
 
 
-Session().run(train)
+if os.environ.get("INPLACE_IDIOM") == "loop":
+    train(Session())
+else:
+    Session().run(train)

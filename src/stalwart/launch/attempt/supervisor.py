@@ -415,8 +415,8 @@ class Supervisor:
         )
         self.ledger.emit(detected)
         in_place = self.in_place.consider(d, snap, self.clock.now())
-        if not in_place:
-            self.group.stop(0.0)  # the group is broken: nothing left to save, do not wait out a grace period
+        if not in_place:  # the group is broken: no save to wait for, only the survivors' live state left
+            self.group.stop(self.cfg.workers.stop_grace_s if self.tracker.leaves_state(root) else 0.0)
         if text and failure.kind != "crash":
             self.ledger.emit(
                 StackCaptured(

@@ -1,0 +1,61 @@
+"""The plain loop idiom (``for step in session.loop(...)`` with DDP built before it, no
+``Session.run``) on real processes, 4 ranks on gloo: a rank SIGKILLed mid-run. The survivors' processes
+end with the broken group, so the whole group restarts warm; the survivors leave their live state in
+the node's memory on the way out and the restarted group takes it (train/left_state.py): nothing is
+rolled back to the checkpoint, the data position and every rank's random stream are kept, and the run
+ends bit-identical to an uninterrupted one, having seen the same samples at the same steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stalwart.account.recovery import recoveries
+from stalwart.events import LEFT_IN_MEMORY, StepCompleted, TrainingResumed
+
+from .runner import events, same_params, stalwart
+
+pytestmark = pytest.mark.e2e
+SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
+STEPS, RANKS, CRASH = 30, 4, 17  # a checkpoint every 10 steps: the newest before the crash is step 10
+
+
+def _run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> None:
+    tmp.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("INPLACE_IDIOM", "loop")
+    monkeypatch.setenv("INPLACE_DATA", "1")
+    args = ["run", "-q", "--nproc-per-node", str(RANKS), "--run-dir", str(tmp / "run"), *extra]
+    res = stalwart(*args, SCRIPT, str(STEPS), str(tmp), timeout=420)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+
+
+def _seen(tmp: Path, rank: int) -> dict[int, str]:
+    """Step -> the sample index rank ``rank`` took at it, the last time it ran that step."""
+    out = {}
+    for line in (tmp / f"seen-rank{rank}.txt").read_text().splitlines():
+        _, step, index = line.split()
+        out[int(step)] = index
+    return out
+
+
+def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(tmp_path, monkeypatch):
+    base, hit = tmp_path / "baseline", tmp_path / "killed"
+    _run(base, monkeypatch)
+    _run(hit, monkeypatch, "--chaos", f"crash@rank=2,step={CRASH}")
+    run = hit / "run"
+    resumed = {e.attempt: e for e in events(run, TrainingResumed)}
+    assert set(resumed) == {0, 1}, resumed  # one whole-group restart
+    again = resumed[1]
+    assert again.step == CRASH, again  # the interrupted step is redone, nothing before it
+    assert again.from_checkpoint.startswith("live:rank") and again.from_checkpoint.endswith(LEFT_IN_MEMORY)
+    first = min(e.step for e in events(run, StepCompleted) if e.attempt == 1)
+    assert first == CRASH
+    [rec] = recoveries(events(run))
+    assert rec.path == "warm" and "left in node memory" in rec.why, rec
+    assert same_params(hit / "final.pt", base / "final.pt"), "the left state changed the result"
+    for r in range(RANKS):
+        assert _seen(hit, r) == _seen(base, r), f"rank {r} took other samples after the restart"
+        pids = [int(x) for x in (hit / f"pids-rank{r}.txt").read_text().split()]
+        assert len(pids) == 2 and pids[0] != pids[1], pids  # every process restarted: not in place
