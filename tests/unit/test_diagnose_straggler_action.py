@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stalwart.diagnose.straggler_action import (
@@ -89,6 +91,23 @@ def test_no_valid_world_without_the_node_keeps_going():
     )
     d = decide_straggler(StragglerCase("a", 0, 3.0, 1.0, 0.0), w, now=1.0)
     assert d.action == "keep" and d.next_plan is None and "cannot run" in d.reason
+
+
+def test_a_straggler_whose_agent_serves_a_store_the_others_need_is_kept_with_that_reason():
+    """Excluding it would take the store with it and end the job for every node (the rule the
+    silent-data-corruption quarantine follows too): kept, whatever the costs say."""
+    costly = StragglerCase("n3", 27, slowdown=3.0, confidence=0.95, since=0.0)
+    host = dataclasses.replace(work(), hosts="the rendezvous store")
+    d = decide_straggler(costly, host, now=600.0)
+    assert d.action == "keep" and not d.exclude, d
+    assert d.reason.startswith("keep going, n3 is not excluded: n3's agent serves the rendezvous store")
+    assert "leaving would end the job for every node" in d.reason and " GPU-" in d.reason
+    assert d.incident.action == "keep"
+    # the group's first node serves the round's store
+    first = decide_straggler(dataclasses.replace(costly, node="n0", rank=3), work(), now=600.0)
+    assert first.action == "keep" and "serves the round's store (as the group's first node)" in first.reason
+    # the same straggler on a node that serves nothing the others need is excluded
+    assert decide_straggler(costly, work(), now=600.0).exclude
 
 
 def test_bad_case_is_refused():

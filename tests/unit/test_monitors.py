@@ -336,7 +336,7 @@ def test_the_straggler_action_policy_weighs_a_new_straggler_without_acting():
     from stalwart.policy.world_size import WorldPlan
 
     mon = StragglerMonitor(action=StragglerActionConfig(recovery_s=60.0), min_nodes=1, max_nodes=2)
-    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    world = WorldPlan(("n1", "n0"), ("n2",), 4, "two nodes and a hot spare")
     slow = steps(30, {2: 2.5})
     # a long run left and a spare to step in: a restart costs less than 10,000 steps 2.5x slower
     d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=10_000, max_done_step=29))
@@ -348,7 +348,7 @@ def test_the_straggler_action_policy_weighs_a_new_straggler_without_acting():
     d = mon(snap(recent_steps=slow, straggler_step=29, world=world, total_steps=31, max_done_step=29))
     assert d.advice[0].action == "observe_keep" and "keep going" in d.advice[0].reason
     # no spare: the run would go on at half the size, which costs more than the straggler
-    halved = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    halved = WorldPlan(("n1", "n0"), (), 4, "two nodes")
     d = mon(snap(recent_steps=slow, straggler_step=29, world=halved, total_steps=10_000, max_done_step=29))
     assert d.advice[0].action == "observe_keep"
     # without a world plan, or without the policy configured, detection only
@@ -369,7 +369,7 @@ def _acting_monitor(mode="act", **policy):
 def test_an_open_gate_turns_a_costly_straggler_into_an_exclusion_that_ends_the_attempt():
     from stalwart.policy.world_size import WorldPlan
 
-    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    world = WorldPlan(("n1", "n0"), ("n2",), 4, "two nodes and a hot spare")
     s = snap(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
     d = _acting_monitor()(s)
     assert d.kind == "exclude_straggler" and d.ends_attempt and d.rank == 2
@@ -388,7 +388,7 @@ def test_an_open_gate_keeps_a_mild_straggler_with_the_costs_as_reason():
     from stalwart.policy.world_size import WorldPlan
 
     # no spare: excluding n0 halves the world, which costs more than a 1.5x straggler
-    world = WorldPlan(("n0", "n1"), (), 4, "two nodes")
+    world = WorldPlan(("n1", "n0"), (), 4, "two nodes")
     d = _acting_monitor()(
         snap(recent_steps=steps(30, {2: 1.5}), straggler_step=29, world=world, total_steps=10_000)
     )
@@ -400,7 +400,7 @@ def test_an_open_gate_keeps_a_mild_straggler_with_the_costs_as_reason():
 def test_no_exclusion_while_a_worker_failed_or_a_stop_is_under_way():
     from stalwart.policy.world_size import WorldPlan
 
-    world = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    world = WorldPlan(("n1", "n0"), ("n2",), 4, "two nodes and a hot spare")
     base = dict(recent_steps=steps(30, {2: 2.5}), straggler_step=29, world=world, total_steps=10_000)
     ranks = tuple(rank(r) for r in range(4))
     failed = snap(ranks=ranks, codes={0: None, 1: 1, 2: None, 3: None}, **base)

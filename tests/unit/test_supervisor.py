@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 from types import SimpleNamespace
 
+import pytest
+
 from stalwart.diagnose.root_cause import ErrorRecord
 from stalwart.events import (
     DecisionTaken,
@@ -406,7 +408,7 @@ def _gate(mode):
 def test_an_allowed_exclusion_quarantines_this_node_and_stops_its_workers_at_once():
     from stalwart.diagnose.straggler_action import StragglerActionConfig
 
-    spare = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    spare = WorldPlan(("n1", "n0"), ("n2",), 4, "two nodes and a hot spare")
     w = World(
         _ddp_steps(0.6),
         ranks=4,
@@ -433,7 +435,7 @@ def test_an_allowed_exclusion_quarantines_this_node_and_stops_its_workers_at_onc
 def test_a_mild_straggler_is_kept_with_its_costs_and_training_finishes():
     from stalwart.diagnose.straggler_action import StragglerActionConfig
 
-    halved = WorldPlan(("n0", "n1"), (), 4, "two nodes, no spare")
+    halved = WorldPlan(("n1", "n0"), (), 4, "two nodes, no spare")
     w = World(
         _ddp_steps(0.2),
         ranks=4,
@@ -447,8 +449,36 @@ def test_a_mild_straggler_is_kept_with_its_costs_and_training_finishes():
     assert w.quarantined == [] and w.group.stops == []
 
 
+@pytest.mark.parametrize(
+    ("active", "stores", "said"),
+    [
+        (("n1", "n0"), "the rendezvous store", "n0's agent serves the rendezvous store"),
+        (("n0", "n1"), "", "n0's agent serves the round's store (as the group's first node)"),
+    ],
+    ids=["rendezvous-host", "first-node"],
+)
+def test_a_straggler_whose_agent_serves_a_store_the_others_need_is_not_excluded(active, stores, said):
+    """The exclusion the test above carries out, on a node whose exit would take a store the other
+    nodes need with it (ending the job for every node): it stays, and the ledger says why."""
+    from stalwart.diagnose.straggler_action import StragglerActionConfig
+
+    w = World(
+        _ddp_steps(0.6),
+        ranks=4,
+        world=WorldPlan(active, ("n2",), 4, "two nodes and a hot spare"),
+        straggler_gate=_gate("act"),
+        straggler_policy=StragglerActionConfig(recovery_s=30.0),
+    )
+    w.job.stores = stores
+    assert w.sup.run().status == "succeeded"
+    assert w.quarantined == [] and w.group.stops == []
+    (dt,) = w.of(DecisionTaken)
+    assert dt.action == "keep" and said in dt.reason, dt.reason
+    assert "leaving would end the job for every node" in dt.reason and "test gate: act" in dt.reason
+
+
 def test_a_closed_gate_records_the_exclusion_it_would_make_and_keeps_training():
-    spare = WorldPlan(("n0", "n1"), ("n2",), 4, "two nodes and a hot spare")
+    spare = WorldPlan(("n1", "n0"), ("n2",), 4, "two nodes and a hot spare")
     from stalwart.diagnose.straggler_action import StragglerActionConfig
 
     w = World(

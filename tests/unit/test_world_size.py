@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from stalwart.errors import ConfigError
-from stalwart.policy.world_size import SizeRule, SizeRuleKind, plan_world, replace_failed
+from stalwart.policy.world_size import (
+    SizeRule,
+    SizeRuleKind,
+    WorldPlan,
+    needed_by_others,
+    plan_world,
+    replace_failed,
+)
 
 NODES = ["n1", "n2", "n3", "n4"]
 
@@ -81,3 +88,17 @@ def test_a_rule_kind_is_an_enum_given_by_its_name_or_member():
     )
     assert [n for n in range(1, 13) if SizeRule("multiple", 3).valid(n)] == [3, 6, 9, 12]
     assert [n for n in range(1, 13) if SizeRule().valid(n)] == [1, 2, 4, 8]
+
+
+def test_a_node_may_leave_unless_its_agent_serves_a_store_the_others_need():
+    three = WorldPlan(("n0", "n1", "n2"), (), 1, "three nodes")
+    assert needed_by_others("n1", three) == ""  # serves nothing: it may leave
+    assert needed_by_others("n0", WorldPlan(("n0",), (), 1, "alone")) == ""  # no other node needs it
+    assert needed_by_others("n0", None) == ""
+    host = needed_by_others("n1", three, "the rendezvous store")
+    assert host == (
+        "n1's agent serves the rendezvous store, which the other nodes need: leaving would end the job "
+        "for every node"
+    )
+    both = needed_by_others("n0", three, "the rendezvous store")
+    assert "serves the rendezvous store and the round's store (as the group's first node)" in both

@@ -9,9 +9,11 @@ extra second of wall clock):
   longer run at the next valid world size ``W'`` (the same size when a hot spare steps in). The plan
   comes from :func:`stalwart.policy.world_size.replace_failed`.
 
-It acts only when the detection is confident enough, the slowdown is above the noise floor, and
-excluding is cheaper by a margin; otherwise it keeps going and says why. Whether its ``exclude`` is
-carried out is the gate's call (:func:`straggler_gate`): observe-only by default, or enabled by the
+It acts only when the detection is confident enough, the slowdown is above the noise floor,
+excluding is cheaper by a margin, and the node's agent serves no store the other nodes need (the
+c10d rendezvous store; the round's store, as the group's first node: its exit would end the job,
+:func:`stalwart.policy.world_size.needed_by_others`); otherwise it keeps going and says why. Whether
+its ``exclude`` is carried out is the gate's call (:func:`straggler_gate`): observe-only by default, or enabled by the
 detector's measured precision (the issue's "automatic actions start in observe-only mode").
 """
 
@@ -24,7 +26,7 @@ from typing_extensions import assert_never
 
 from ..errors import ConfigError
 from ..policy.label import Label
-from ..policy.world_size import SizeRule, WorldPlan, replace_failed
+from ..policy.world_size import SizeRule, WorldPlan, needed_by_others, replace_failed
 from .incident import BlastRadius, Component, FaultClass, Incident, slowdown_cost_gpu_s
 from .precision import DetectorStats, GateDecision, GateMode, precision_gate
 
@@ -82,6 +84,7 @@ class Workload:
     min_nodes: int
     max_nodes: int
     rule: SizeRule = SizeRule()
+    hosts: str = ""  # the stores the straggler's agent serves ("": none; see needed_by_others)
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ def decide_straggler(
         excl = float("inf")
         how = "no valid world size without it"
     costs = f"continuing slow costs {gpu_time(cont)}, restarting without {case.node} {gpu_time(excl)} ({how})"
-    action, why = _weigh(case, c, nxt, cont, excl, costs)
+    pinned = needed_by_others(case.node, work.plan, work.hosts)
+    action, why = _weigh(case, c, nxt, cont, excl, costs, pinned)
     lead = f"rank {case.rank} on {case.node} makes the job {case.slowdown:.2f}x slower"
     incident = Incident(
         cause=f"straggler: {lead}",
@@ -137,10 +141,17 @@ def decide_straggler(
 
 
 def _weigh(
-    case: StragglerCase, c: StragglerActionConfig, nxt: WorldPlan, cont: float, excl: float, costs: str
+    case: StragglerCase,
+    c: StragglerActionConfig,
+    nxt: WorldPlan,
+    cont: float,
+    excl: float,
+    costs: str,
+    pinned: str = "",
 ) -> tuple[StragglerAction, str]:
     """Keep going or exclude, and why: the noise floor, the detection's confidence, a valid world
-    without the node, then the costs with their margin."""
+    without the node, a store the other nodes need from its agent (``pinned``: why it cannot leave),
+    then the costs with their margin."""
     keep = StragglerAction.KEEP
     if case.slowdown < c.min_slowdown:
         return keep, f"keep going: {case.slowdown:.2f}x is below the noise floor {c.min_slowdown:g}x"
@@ -150,6 +161,8 @@ def _weigh(
         )
     if not nxt.runnable:
         return keep, f"keep going: {nxt.reason}"
+    if pinned:  # excluding it would end the job, whatever the costs say
+        return keep, f"keep going, {case.node} is not excluded: {pinned}; {costs}"
     if cont > c.margin * excl:
         return StragglerAction.EXCLUDE_QUARANTINE, f"exclude {case.node} and quarantine it: {costs}"
     return keep, f"keep going: {costs}; excluding pays off only above {c.margin:g}x"

@@ -121,8 +121,10 @@ class JobLink(Protocol):
         ...
 
     def hosted_stores(self) -> str:
-        """The stores this node's agent serves that the other nodes need (the c10d rendezvous store;
-        the round's store, as group rank 0), in words; "" when none: it may leave the job."""
+        """The stores this node's agent serves that the other nodes need (the c10d rendezvous store),
+        in words; "" when none. The round's store, which the group's first node serves, the policies
+        add from the world plan (:func:`stalwart.policy.world_size.needed_by_others`): a node serving
+        either never leaves the job, neither for silent data corruption nor as a straggler."""
         ...
 
 

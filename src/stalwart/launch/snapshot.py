@@ -111,6 +111,7 @@ class Snapshot:
     )  # rank -> score of the ranks flagged so far
     attempt: int = 0
     world: WorldPlan | None = None  # this attempt's nodes (for the straggler-action policy)
+    hosts: str = ""  # the stores this node's agent serves that the others need ("": none; JobLink)
     total_steps: int = 0  # the steps the script announced (0: unknown)
     kills: Mapping[int, KillVerdict] = field(default_factory=_empty)  # failed ranks killed by a signal
     link: tuple[LinkSample, ...] = ()  # this host's link counters, oldest first (the slow-link check)

@@ -32,7 +32,7 @@ from typing_extensions import assert_never
 
 from .label import Label
 from .vocabulary import NodeState
-from .world_size import SizeRule, WorldPlan, plan_world
+from .world_size import SizeRule, WorldPlan, needed_by_others, plan_world
 
 ODD_ONE_OUT_CONFIDENCE = 0.9  # one replica differs from a majority of two or more
 SEVERAL_CONFIDENCE = 0.6  # more than one replica differs from a majority
@@ -344,13 +344,10 @@ def exit_after_quarantine(
         return NodeExit(SdcNodeExit.STAY, why)
     if world is None:  # a job of this one node
         world = WorldPlan((node,), (), 1, "this node only")
-    if world.active[:1] == (node,) and len(world.active) > 1:  # group rank 0 serves the round's store
-        hosts = " and ".join(h for h in (hosts, "the round's store (as the group's first node)") if h)
-    if hosts:
+    if pinned := needed_by_others(node, world, hosts):
         why = (
-            f"{node}'s agent serves {hosts}, which the other nodes need: leaving would end the job for every "
-            "node; it stays, its replicas rolled back and checked every interval, and the quarantine keeps it "
-            "out from the next start"
+            f"{pinned}; it stays, its replicas rolled back and checked every interval, and the quarantine "
+            "keeps it out from the next start"
         )
         return NodeExit(SdcNodeExit.STAY, why)
     others = [n for n in (*world.active, *world.spares) if n != node]

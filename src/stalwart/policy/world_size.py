@@ -3,7 +3,8 @@
 Pure functions. A size is valid when the world size (nodes x processes per node) satisfies the rule:
 a power of two, or a multiple of a divisor (e.g. tensor x pipeline parallel degree). Nodes beyond
 the largest valid size are hot spares; when an active node fails a spare takes its slot, so every
-other node keeps its position (and its ranks).
+other node keeps its position (and its ranks). A node whose agent serves a store the others need
+never leaves the running job (:func:`needed_by_others`).
 """
 
 from __future__ import annotations
@@ -151,3 +152,20 @@ def replace_failed(
     if stepped:
         prefix = f"{'; '.join(stepped)}; " + prefix
     return WorldPlan(new.active, new.spares, new.nproc_per_node, prefix + new.reason)
+
+
+def needed_by_others(node: str, world: WorldPlan | None, hosts: str = "") -> str:
+    """Why ``node`` must not leave the running job, or "" when it may (pure).
+
+    Its agent may serve a store the other nodes need: ``hosts`` names the ones it says it serves (the
+    c10d rendezvous store), and the group's first node serves the round's store whenever others run
+    with it. Its exit would take that store with it and end the job for every node, so neither a
+    quarantine for silent data corruption (``policy/sdc.py``) nor a straggler's exclusion
+    (``diagnose/straggler_action.py``) may make it leave; both say this reason instead."""
+    if world is not None and world.active[:1] == (node,) and len(world.active) > 1:
+        hosts = " and ".join(h for h in (hosts, "the round's store (as the group's first node)") if h)
+    if not hosts:
+        return ""
+    return (
+        f"{node}'s agent serves {hosts}, which the other nodes need: leaving would end the job for every node"
+    )

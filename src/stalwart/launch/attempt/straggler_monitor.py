@@ -40,7 +40,9 @@ class StragglerMonitor:
     (:func:`stalwart.diagnose.straggler_action.decide_straggler`); ``gate`` (this attempt's
     :func:`~stalwart.diagnose.straggler_action.straggler_gate`) says whether its ``exclude`` is carried
     out. Acting ends the attempt (``exclude_straggler``): this node is quarantined and leaves, the
-    others continue without it. Without a gate, or with an observe-only one, it only records."""
+    others continue without it; never when its agent serves a store the others need (the snapshot's
+    ``hosts``, or the round's store as the group's first node): the policy keeps it, saying so.
+    Without a gate, or with an observe-only one, it only records."""
 
     threshold: float = 1.2
     window: int = 10
@@ -131,7 +133,7 @@ class StragglerMonitor:
         if v.local and self.action is not None and s.world is not None and s.world.runnable:
             remaining = max(0, s.total_steps - s.max_done_step - 1) if s.total_steps else 0
             case = StragglerCase(s.node, rank, max(v.slowdown, 1e-9), v.confidence, incident.onset)
-            work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+            work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule, s.hosts)
             verdict = decide_straggler(case, work, s.now, self.action)
         acting = self.gate is not None and self.gate.mode == "act" and not s.failed
         advice = (
@@ -199,7 +201,7 @@ class StragglerMonitor:
             confidence=confidence_from_windows(st.flagged, st.seen, self.k),
             since=since,
         )
-        work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule)
+        work = Workload(s.world, step_time, remaining, self.min_nodes, self.max_nodes, self.rule, s.hosts)
         return decide_straggler(case, work, s.now, self.action)
 
 

@@ -264,6 +264,7 @@ class Supervisor:
             slow_links=frozenset(self.slow_links),
             attempt=self.attempt,
             world=self.world,
+            hosts=self.job.hosted_stores(),
             total_steps=tr.total_steps,
         )
 
