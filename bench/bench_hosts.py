@@ -9,12 +9,17 @@ Scenarios (each agent runs stalwart.examples.charlm, 1 worker per host, default 
   store) drops off and dies, with its etcd member: the survivors' first step at world size 2
   (``--startup-timeout 20``: the fault may hit a checkpoint save, whose silence is allowed that long).
 
+* ``silent-host`` (and ``silent-host-4``): 3 (4) hosts, any size valid, no spare; the last drops off
+  the network and dies behind the drop (no reset reaches the others): fault -> the first node's shrink
+  decision (the heartbeat bound), -> the group re-formed in place, -> every survivor's next step
+  (``--hang-floor 60``: the ranks' hang timeout must not be what decides);
+
 * ``slow-link``: 2 hosts, h1's link limited by ``tc tbf`` both ways (1 and 2 Mbit/s) for 40 s, then
   20 s at full speed, with the slow-link check and without it (``--slow-link-kbit 0``, the hang
   detector alone): time to the verdict, hang restarts, steps h0 completed, the newest step's progress
   and the steps lost to rollbacks in that minute (``--hang-floor 3``, a checkpoint every 5 steps).
 
-Needs root. Run: .venv/bin/python bench/bench_hosts.py [--scenario c10d-vanish|etcd-vanish|slow-link] [--json out]
+Needs root. Run: .venv/bin/python bench/bench_hosts.py [--scenario c10d-vanish|etcd-vanish|silent-host|slow-link] [--json out]
 """
 
 from __future__ import annotations
@@ -161,7 +166,62 @@ def slow_link(root: Path, rates: tuple[str, ...] = ("1mbit", "2mbit"), throttle_
     return out
 
 
-SCENARIOS = {"c10d-vanish": c10d_vanish, "etcd-vanish": etcd_vanish, "slow-link": slow_link}
+def silent_host(root: Path, n: int = 3) -> dict:
+    """``n`` hosts (any size valid, no spare); the last drops off the network and dies behind the drop,
+    so no connection of the others is reset. Fault -> the first node's shrink decision (its heartbeat
+    bound), -> the group re-formed in place, -> every survivor's first step at the smaller size; the
+    survivors' workers must keep their processes (no attempt after the first on them)."""
+    run, names = root / "run", [f"h{i}" for i in range(n)]
+    gone = names[-1]
+    with hosts.Hosts(names) as h:
+        procs = [_agent(h, m, run, "bench-silent", nnodes=f"2:{n}", batch=48, hang_floor=60) for m in names]
+        _wait(
+            lambda: len({e.node for e in _steps(run)}) == n and len(_steps(run, "h0")) >= 20, 300, "training"
+        )
+        cut = time.time()
+        h.vanish(gone)
+        shrunk = _wait(
+            lambda: [
+                e for e in events_so_far(run) if type(e).__name__ == "ReformedInPlace" and e.shrunk_from
+            ],
+            120,
+            "the shrink",
+        )
+        after = _wait(
+            lambda: (lambda s: s if len({e.node for e in s}) == n - 1 else [])(
+                [e for e in _steps(run) if e.ts > shrunk[0].ts and e.node != gone]
+            ),
+            120,
+            "a step of every survivor",
+        )
+        decided = [
+            e
+            for e in events_so_far(run)
+            if type(e).__name__ == "DecisionTaken" and e.ts > cut and e.action == "shrink_in_place"
+        ]
+        restarted = [e for e in events_so_far(run, AttemptStarted) if e.node != gone and e.attempt > 0]
+        for p in procs:
+            p.kill()
+    first = {}
+    for e in after:
+        first.setdefault(e.node, e.ts)
+    return {
+        "hosts": n,
+        "fault_to_decision_s": round(min(e.ts for e in decided) - cut, 2) if decided else None,
+        "fault_to_reformed_s": round(shrunk[0].ts - cut, 2),
+        "fault_to_next_step_s": round(max(first.values()) - cut, 2),
+        "phases": shrunk[0].phases,
+        "survivors_restarted": len(restarted),
+    }
+
+
+SCENARIOS = {
+    "c10d-vanish": c10d_vanish,
+    "etcd-vanish": etcd_vanish,
+    "slow-link": slow_link,
+    "silent-host": silent_host,
+    "silent-host-4": lambda root: silent_host(root, 4),
+}
 
 
 def main() -> None:

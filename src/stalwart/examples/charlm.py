@@ -103,11 +103,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus-bytes", type=int, default=2_000_000)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--out", type=str, default="", help="save the final model state_dict here (rank 0)")
+    ap.add_argument(
+        "--idiom",
+        choices=("run", "loop"),
+        default="run",
+        help="run: train under Session.run (in-place recovery); loop: call train directly, the plain loop idiom",
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     session = Session()
+    if args.idiom == "loop":  # a peer's failure ends this process; the restart takes the state it left
+        train(session, args)
+        return
     # under Session.run a failed peer is replaced in place: this process stays, train() runs again on
     # the re-formed group and continues from the live state of the last completed step
     session.run(lambda s: train(s, args))

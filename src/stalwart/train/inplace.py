@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..protocol.error_record import COMM_TEXT, COMM_TYPES
@@ -142,3 +143,71 @@ class Generation:
 
     def store_prefix(self) -> str:
         return f"stalwart/gen{self.current}/"
+
+
+STUCK_MIN_S = 0.2  # a re-form request pending this long (at least) inside one step: the step is stuck
+STUCK_POLL_S = 0.02  # how often the watch reads the control block (a memory read, no system call)
+
+
+def sever_due(pending_s: float, usual_step_s: float | None) -> bool:
+    """Pure: whether a re-form request that has been pending ``pending_s`` while this rank's step has
+    not reached its boundary means the step waits on a peer that will never answer, so the group's
+    connections must go for the step to fail and the rank to re-form.
+
+    A peer that died closes its connections and the step fails by itself; a host that went silent
+    (cut off, powered off) closes nothing, and gloo has no abort for a waiting collective, so the step
+    would wait for the process-group timeout. A step that runs normally (the group grows back at a
+    step boundary, nobody lost) reaches its boundary within twice its usual time (``usual_step_s``:
+    the last step's, from its start to its boundary; None before the first)."""
+    return pending_s >= max(STUCK_MIN_S, 2.0 * (usual_step_s or 0.0))
+
+
+@dataclass
+class StuckStep:
+    """Worker side: a daemon thread that severs the group's connections (kept: the agent's store) when
+    the agent asked for a new generation and this rank's step has not reached its boundary within
+    :func:`sever_due`'s bound, so a survivor of a silent host re-forms in place without waiting for its
+    process-group timeout. At most once per generation asked."""
+
+    generation: Generation
+    keep_port: int
+    sever: Callable[[set[int]], int] = sever_connections
+    poll_s: float = STUCK_POLL_S
+    since: float | None = None  # when the current step began; None: at a boundary
+    usual_s: float | None = None  # the last step's time from its start to its boundary
+    pending: float | None = None  # when the request was first seen inside this step
+    severed_for: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def step_began(self) -> None:
+        self.since = self.generation.now()
+
+    def boundary(self) -> None:
+        if self.since is not None:
+            self.usual_s = self.generation.now() - self.since
+        self.since = self.pending = None
+
+    def tick(self) -> bool:
+        """One look; True when it severed the connections now."""
+        want, since = self.generation.requested(), self.since
+        if not want or since is None or want == self.severed_for:
+            self.pending = None
+            return False
+        now = self.generation.now()
+        if self.pending is None or self.pending < since:
+            self.pending = now
+        if not sever_due(now - self.pending, self.usual_s):
+            return False
+        self.severed_for = want
+        self.sever({self.keep_port})
+        return True
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="stalwart-stuck-step", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.tick()
+
+    def close(self) -> None:
+        self._stop.set()

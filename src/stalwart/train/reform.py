@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..events import TrainingResumed
 from ..protocol import Note, PhaseChanged, Reformed, Reforming, WorkerPlace
-from .inplace import Generation, Reform, abandon_group, is_comm_failure
+from .inplace import Generation, Reform, StuckStep, abandon_group, is_comm_failure
 from .live_rng import LiveRng, path_for, restore_at
 from .live_state import Adopted, Held, LiveStateError, adopt
 
@@ -52,6 +52,7 @@ class Reformer:
     _rng: LiveRng | None = None
     _store: dist.TCPStore | None = None  # the client of the agent's store for generations > 0
     joining: bool = False  # started as a replacement: say so once it is about to join its generation
+    _stuck: StuckStep | None = None  # severs a step stuck on a silent host once a re-form is asked
 
     @property
     def rank_rng(self) -> LiveRng:
@@ -64,6 +65,9 @@ class Reformer:
 
     def run(self, fn: Callable[[Session], T]) -> T:
         s = self.session
+        if self._stuck is None:
+            self._stuck = StuckStep(self.generation, int(s.env.get("MASTER_PORT", "0") or 0))
+            self._stuck.start()
         while True:
             try:
                 return fn(s)
@@ -195,9 +199,13 @@ class Reformer:
         self.rank_rng.write(step)
         if self.state is not None:
             self.boundary = (step, boundary_objects(self.state))
+        if self._stuck is not None:
+            self._stuck.step_began()
 
     def check(self) -> None:
         """Between two steps: raise :class:`Reform` when the agent asked for a new generation."""
+        if self._stuck is not None:
+            self._stuck.boundary()
         want = self.generation.requested()
         if want:
             raise Reform(want)
@@ -205,6 +213,8 @@ class Reformer:
     def close(self) -> None:
         if self._rng is not None:
             self._rng.close()
+        if self._stuck is not None:
+            self._stuck.close()
 
 
 # the variables a worker's environment names its place with (protocol.elastic_env)

@@ -153,7 +153,8 @@ class StoreBoard:
         # a spare's view of the active nodes: the last counter read, and when it last moved
         self._beats: dict[str, int] = {}
         self._moved: dict[str, float] = dict.fromkeys(watch, clock())
-        self._polls = 0
+        self._polls = 0  # exchanges with the store
+        self._ticks = 0  # polls, answered or not (the liveness line beats on these)
         self._answered = False  # one poll completed (what was in the store then is read)
         self._version = -1  # the first poll reads whatever is already there
         self._incident = False  # some node's ranks wait: read the watched nodes' heartbeats
@@ -204,12 +205,16 @@ class StoreBoard:
         return self._state.refusal
 
     def silence(self) -> dict[str, float]:
-        """Seconds since each watched node's heartbeat last moved (on this board's clock), counted from
-        the start of the incident at the earliest; empty outside an incident (nothing is read then)."""
+        """Seconds since each watched node was last heard from: its liveness line's beats, always
+        (liveness.py); during an incident also its heartbeat in the store, counted from the incident's
+        start at the earliest, and the shorter of the two when both are known."""
+        with self._line_lock:
+            quiet = {n: q for n, q in self._watch.quiet().items() if n in self._moved}
         if not self._incident:
-            return {}
+            return quiet
         now = self._clock()
-        return {n: now - t for n, t in dict(self._moved).items()}
+        stored = {n: now - t for n, t in dict(self._moved).items()}
+        return {n: min(s, quiet.get(n, s)) for n, s in stored.items()}
 
     def nodes_waiting(self) -> dict[str, int]:
         """Watched nodes whose ranks wait for a generation nobody announced yet, and that generation (a
@@ -285,7 +290,13 @@ class StoreBoard:
     # --- the poll, on the ticker's thread ---------------------------------------------------------
 
     def poll(self) -> None:
-        """One exchange with the store (a new connection after a failed one)."""
+        """A beat on this agent's liveness line (before any store call: a slow store never silences
+        it), then one exchange with the store (a new connection after a failed one)."""
+        self._ticks += 1
+        if self._ticks % BEAT_EVERY == 1:
+            with self._line_lock:
+                if self._line is not None and not self._stop.is_set():
+                    self._line.beat()
         try:
             if self._store is None:
                 from torch.distributed import TCPStore  # deferred: heavy (torch)

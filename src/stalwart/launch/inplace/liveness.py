@@ -12,7 +12,11 @@ leaves the running job on purpose while the others go on (it excluded its own no
 silent data corruption) sends the leaving byte instead: gone now, with no bound to wait out, and the
 watcher says it left rather than died. A host that
 drops off the network sends nothing and closes nothing: its connection stays open and the heartbeat
-bound decides, as before.
+bound decides. That bound is read from the same line: the agent sends a beat byte on every held
+connection every half second (from its board's poll thread, before any store call), and a watcher
+counts each line's quiet time since its last byte (:meth:`Watch.quiet`). So a silent host is found
+by its bound whether or not any rank noticed, at the cost of one socket read per watched node per
+poll on the watcher, and no store call at all.
 
 The address a watcher connects to is read from the round's worker store, sealed with the job key and
 bound to the round's store (a planted address could otherwise make a healthy node look dead); a
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 GOODBYE = b"B"  # sent by an agent that closes its liveness line on purpose
+BEAT = b"."  # sent every half second while the agent lives
 LEAVING = b"X"  # sent by an agent that leaves the running job on purpose (its node excluded itself)
 LIVE = "stalwart/inplace/live/"  # store key prefix: each node's sealed liveness address
 MAX_WATCHERS = 1024  # connections a line holds (the first node and the spares watch; no more are needed)
@@ -64,6 +69,18 @@ class Line:
             conn.setblocking(False)
             self._held.append(conn)
 
+    def beat(self) -> None:
+        """One beat byte to every watcher (never waits: a watcher too slow to read misses one; a
+        connection that fails is dropped)."""
+        for conn in list(self._held):
+            try:
+                conn.send(BEAT)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                conn.close()
+                self._held.remove(conn)
+
     def close(self, leaving: bool = False) -> None:
         """Close on purpose: a goodbye to every watcher (those still in the listen queue too), then
         close (a dead process does neither); ``leaving``: the leaving byte instead, this agent leaves
@@ -90,6 +107,7 @@ class _Held:
     sock: socket.socket
     goodbye: bool = False
     leaving: bool = False
+    heard: float = -1.0  # when its last byte came (-1: none yet: its quiet is not counted)
 
 
 @dataclass
@@ -109,6 +127,7 @@ class Watch:
     _held: dict[str, _Held] = field(default_factory=dict)
     _dead: dict[str, float] = field(default_factory=dict)  # node -> when its line ended without goodbye
     _left: dict[str, float] = field(default_factory=dict)  # node -> when it said it leaves the job
+    _polled: float = -1.0  # when the lines were last read: quiet is counted up to then, not up to now
 
     def connected(self, node: str) -> bool:
         """Whether ``node``'s line is held, being dialled, or already ended."""
@@ -133,16 +152,17 @@ class Watch:
     def poll(self) -> None:
         """Finish the dials that connected, drop those past their deadline, and read every held line
         without waiting: an end without a goodbye marks its node dead."""
-        now = self.clock()
+        now = self._polled = self.clock()
         self._finish_dials(now)
         for node, held in list(self._held.items()):
             try:
-                data = held.sock.recv(16)
+                data = held.sock.recv(4096)
             except (BlockingIOError, InterruptedError):
-                continue  # open and quiet: alive (or a silent host: the heartbeat decides)
+                continue  # open and quiet since the last poll (a silent host: its quiet time decides)
             except OSError:  # reset by the peer's kernel: its process is gone
                 data = b""
             if data:
+                held.heard = now
                 held.goodbye = held.goodbye or GOODBYE in data
                 held.leaving = held.leaving or LEAVING in data
                 continue
@@ -171,6 +191,13 @@ class Watch:
             elif now >= d.deadline:
                 del self._dialing[node]
                 d.sock.close()
+
+    def quiet(self) -> dict[str, float]:
+        """Seconds each held line had been quiet at the last poll (its agent beats every half second),
+        for the lines that carried a byte: a line never heard from is not counted (the store's
+        heartbeat decides). Up to the last poll, not to now: a poll thread that was not scheduled for
+        a while has not read the beats waiting in its sockets, and that is no silence of theirs."""
+        return {n: self._polled - h.heard for n, h in self._held.items() if h.heard >= 0}
 
     def dead(self) -> dict[str, float]:
         """Nodes whose agent process is gone, and when that was seen."""

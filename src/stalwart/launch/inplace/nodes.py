@@ -213,13 +213,10 @@ class NodeRecovery:
         silent, dead = board.silence(), board.dead()
         lost = lost_nodes(s.active or tuple(silent), silent, settings.announce_s / 2, dead=frozenset(dead))
         newer = seen is not None and seen.generation > s.generation  # another node's, to join instead
-        if (
-            waiting
-            and lost
-            and not newer
-            and s.phase is not Phase.REPLACING
-            and self._shrink(lost, silent, dead, snap)
-        ):
+        # a lost node is decided by its heartbeat bound (or its closed liveness line), whether or not
+        # the local ranks noticed: a host gone silent resets no connection, so they wait in a collective
+        # with it, and the re-form request is what unblocks them (train/inplace.py StuckStep)
+        if lost and not newer and s.phase is not Phase.REPLACING and self._shrink(lost, silent, dead, snap):
             return
         if waiting or newer:
             self.give_up_grow("a failure during the grow", snap.now)
@@ -259,8 +256,8 @@ class NodeRecovery:
         )
         choice = join(case)
         match choice:
-            case Wait():
-                if waiting and allows(s.phase, TriggerKind.PEER_LOST):  # a hot spare may take the lost place
+            case Wait():  # a hot spare may take the lost place: it acts on the nodes that wait
+                if (waiting or lost) and allows(s.phase, TriggerKind.PEER_LOST):
                     self.apply(PeerLost())
                     self.board.waiting(s.generation + 1)
             case Join(generation=gen, reason=reason):
