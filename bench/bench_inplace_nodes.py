@@ -32,7 +32,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stalwart.events import ChaosInjected, FailureDetected, ReformedInPlace, StepCompleted, TrainingResumed
+from stalwart.account.startup import PHASES, startups
+from stalwart.events import (
+    ChaosInjected,
+    FailureDetected,
+    JobStarted,
+    ReformedInPlace,
+    StepCompleted,
+    TrainingResumed,
+)
 from stalwart.ledger import read_merged
 
 STEPS, EVERY, CRASH_STEP = 40, 10, 27
@@ -129,6 +137,7 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
     ranks = {e.rank for e in steps}
     firsts = [min(e.ts for e in steps if e.rank == r and e.start > detected) for r in ranks]
     row: dict = {"first_step_s": max(firsts) - fault, "detect_s": detected - fault}
+    row["startup"] = startup_phases(evs)
     reformed = [e for e in evs if isinstance(e, ReformedInPlace)]
     if in_place:
         if not reformed:
@@ -139,6 +148,25 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
     else:
         row["steps_lost"] = steps_redone(evs, fault)
     return row
+
+
+def startup_phases(evs: list) -> dict:
+    """Launch -> first step across the nodes: each phase's median and slowest node
+    (stalwart.account.startup), and the first agent's start -> the last node's first step."""
+    nodes = startups(evs)
+    out: dict = {}
+    for phase in PHASES:
+        vals = [n.phases[phase] for n in nodes if n.phases[phase] is not None]
+        if vals:
+            out[phase] = {"median": round(statistics.median(vals), 3), "max": round(max(vals), 3)}
+    began = min((e.ts for e in evs if isinstance(e, JobStarted)), default=None)
+    first = [
+        min((e.start for e in evs if isinstance(e, StepCompleted) and e.node == n.node), default=None)
+        for n in nodes
+    ]
+    if began is not None and first and None not in first:
+        out["launch_to_first_step_s"] = round(max(f for f in first if f is not None) - began, 2)
+    return out
 
 
 def compare(
@@ -162,7 +190,8 @@ def compare(
                 print(
                     f"{n} nodes, round {i + 1}, {name}: fault -> first step {r['first_step_s']:.2f}s "
                     f"(detect {r['detect_s']:.2f}s), steps lost {r['steps_lost']}"
-                    + (f", phases {r['phases']}" if "phases" in r else ""),
+                    + (f", phases {r['phases']}" if "phases" in r else "")
+                    + (f", start-up {r['startup']}" if r.get("startup") else ""),
                     flush=True,
                 )
         res["nodes"][n] = rows

@@ -103,6 +103,17 @@ def _stop(p: subprocess.Popen[str]) -> None:
     p.wait(timeout=30)
 
 
+def _hold(watch, line, polls: int = 200) -> bool:
+    """Dial ``line`` as node n1 and poll until the watch holds the connection (real sockets)."""
+    assert watch.dial("n1", line.address)
+    for _ in range(polls):
+        watch.poll()
+        line.accept()
+        if "n1" in watch._held:
+            return True
+    return False
+
+
 def test_a_killed_agent_is_dead_at_once_and_named_so(store):
     clock, notes = ManualClock(), []
     ticker = ManualTicker(clock)
@@ -118,6 +129,8 @@ def test_a_killed_agent_is_dead_at_once_and_named_so(store):
         assert _tick_until(ticker, lambda: "n1" in board.dead(), polls=20)
         ticker.tick(3)
         assert board.dead()["n1"] == pytest.approx(0.3)  # seconds since it was seen, on the board's clock
+        board.watch_more(["n1"])  # the group takes the node back: a new agent, its old verdict forgotten
+        assert board.dead() == {} and not board._watch.connected("n1")
         board.close()
     finally:
         _stop(p)
@@ -164,6 +177,61 @@ def test_a_stopped_agent_keeps_its_connection_and_gets_no_verdict(store):
         _stop(p)
 
 
+def test_a_stopped_agents_beats_stop_and_its_silence_grows_with_no_incident_under_way(store):
+    """A host that stops answering closes nothing, but its agent's beats on the line stop: the
+    watcher's silence for it grows from its last beat, read with no rank waiting (no incident)."""
+    import time
+
+    clock, notes = ManualClock(), []
+    ticker = ManualTicker(clock)
+    p = _agent(store, "die")
+    try:
+        board = _watcher(store, clock, ticker, notes)
+        deadline = time.monotonic() + 20.0  # the agent beats every 0.5 s of real time
+        while "n1" not in board._watch.quiet() and time.monotonic() < deadline:
+            ticker.tick()
+            time.sleep(0.05)
+        assert "n1" in board._watch.quiet(), "no beat came on the line"
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.2)  # a beat already on its way is read by the next poll, not after the bound
+        ticker.tick(30)  # 3 s on the board's clock, no beat
+        assert board.silence()["n1"] >= 2.5 and board.dead() == {}
+        board.close()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        _stop(p)
+
+
+def test_a_lines_quiet_counts_to_the_watchers_last_poll_not_to_now():
+    """A watcher whose poll thread was not scheduled has not read the beats waiting in its socket:
+    that is no silence of the watched agent's."""
+    from stalwart.launch.inplace.liveness import Line, Watch
+
+    clock = ManualClock()
+    line, watch = Line("127.0.0.1"), Watch(clock.monotonic)
+    try:
+        assert _hold(watch, line)
+        line.beat()
+        for _ in range(200):
+            watch.poll()
+            if "n1" in watch.quiet():
+                break
+        assert watch.quiet() == {"n1": 0.0}
+        clock.advance(10.0)  # no poll in 10 s: the quiet is still as of the last one
+        assert watch.quiet() == {"n1": 0.0}
+        watch.poll()  # a poll that finds nothing new: now it counts
+        assert watch.quiet()["n1"] == pytest.approx(10.0)
+        line.beat()
+        for _ in range(200):
+            watch.poll()
+            if watch.quiet()["n1"] == 0.0:
+                break
+        assert watch.quiet()["n1"] == 0.0
+    finally:
+        watch.close()
+        line.close()
+
+
 def test_a_planted_unsigned_address_is_refused_and_never_dialled(store):
     clock, notes = ManualClock(), []
     ticker = ManualTicker(clock)
@@ -194,13 +262,8 @@ def test_a_watcher_holding_more_than_1024_descriptors_still_dials():
     clock = ManualClock()
     watch = Watch(clock.monotonic)
     try:
-        assert watch.dial("n1", line.address)
-        for _ in range(50):
-            watch.poll()
-            line.accept()
-            if "n1" in watch._held:
-                break
-        assert "n1" in watch._held and watch.dead() == {}
+        assert _hold(watch, line, polls=50)
+        assert watch.dead() == {}
     finally:
         watch.close()
         line.close()

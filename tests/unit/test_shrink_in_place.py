@@ -118,6 +118,32 @@ def test_the_first_survivor_shrinks_the_group_in_place_and_records_it_once_its_r
     assert len(ledger.of(DecisionTaken)) == 1 and block.reform() == 1
 
 
+def test_a_host_gone_silent_is_shrunk_out_by_its_bound_though_no_local_rank_noticed(tmp_path):
+    """A host that drops off the network resets nothing: the survivors' ranks block in a collective
+    with it and never say they wait. Its silence past the bound decides, and the re-form request
+    is what unblocks them (train/inplace.py StuckStep)."""
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(tmp_path, clock, ledger, node="n0", ranks=(0, 1), active=("n0", "n1", "n2"))
+    snap = SimpleNamespace(now=clock.now(), stop_requested_at=None)
+    board.quiet = {"n1": 2.4, "n2": 0.3}
+    rec.watch(snap)
+    assert block.reform() == 0 and not board.sent  # nobody lost, nobody waits: nothing said
+    board.quiet = {"n1": 2.6, "n2": 0.3}
+    rec.watch(snap)
+    assert board.sent[-1] == Announcement(1, "n0", (), 4, ("n0", "n2"))
+    assert (block.reform(), block.place()) == (1, (0, 4))
+
+
+def test_a_survivor_that_sees_a_host_gone_silent_says_it_waits_so_a_spare_can_take_the_place(tmp_path):
+    clock, ledger = ManualClock(), RecordingLedger()
+    rec, board, block = _node(
+        tmp_path, clock, ledger, node="n2", ranks=(4, 5), active=("n0", "n1", "n2"), spares=True
+    )
+    board.quiet = {"n1": 2.6}  # its ranks are blocked with n1, not failed
+    rec.watch(SimpleNamespace(now=clock.now(), stop_requested_at=None))
+    assert ("waiting", 1) in board.sent and block.reform() == 0
+
+
 def test_a_generation_another_node_announced_is_joined_rather_than_shrunk_over(tmp_path):
     clock, ledger = ManualClock(), RecordingLedger()
     rec, board, block = _node(tmp_path, clock, ledger, node="n0", ranks=(0, 1), active=("n0", "n1", "n2"))

@@ -145,7 +145,8 @@ class Generation:
         return f"stalwart/gen{self.current}/"
 
 
-STUCK_MIN_S = 0.2  # a re-form request pending this long (at least) inside one step: the step is stuck
+STUCK_MIN_S = 0.5  # a re-form request pending this long (at least) inside one step: the step is stuck
+STUCK_FACTOR = 3.0  # ...and this many times the usual step: a loaded machine's slow step is not stuck
 STUCK_POLL_S = 0.02  # how often the watch reads the control block (a memory read, no system call)
 
 
@@ -157,9 +158,10 @@ def sever_due(pending_s: float, usual_step_s: float | None) -> bool:
     A peer that died closes its connections and the step fails by itself; a host that went silent
     (cut off, powered off) closes nothing, and gloo has no abort for a waiting collective, so the step
     would wait for the process-group timeout. A step that runs normally (the group grows back at a
-    step boundary, nobody lost) reaches its boundary within twice its usual time (``usual_step_s``:
-    the last step's, from its start to its boundary; None before the first)."""
-    return pending_s >= max(STUCK_MIN_S, 2.0 * (usual_step_s or 0.0))
+    step boundary, nobody lost) reaches its boundary within three times its usual time
+    (``usual_step_s``: the last step's, from its start to its boundary; None before the first), and
+    never waits less than half a second: a step cut that did not have to be is redone, never lost."""
+    return pending_s >= max(STUCK_MIN_S, STUCK_FACTOR * (usual_step_s or 0.0))
 
 
 @dataclass

@@ -254,11 +254,15 @@ class StoreBoard:
         return next((o.seq for o in self._state.offers if o.node == node), 0)
 
     def watch_more(self, nodes: Sequence[str]) -> None:
-        """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now."""
+        """Watch the heartbeats of ``nodes`` too (newcomers the group took in), from now: a node taken
+        back runs a new agent, so what its old line said (dead, left) is forgotten and its new line
+        dialled."""
         now = self._clock()
         for n in nodes:
             self._moved[n] = now
             self._beats.pop(n, None)
+            with self._line_lock:
+                self._watch.forget(n)
 
     def invite(self, a: Announcement) -> None:
         """Give the newcomers of ``a`` their places: they start their ranks in ``a.generation``."""

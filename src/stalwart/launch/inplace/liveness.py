@@ -192,6 +192,15 @@ class Watch:
                 del self._dialing[node]
                 d.sock.close()
 
+    def forget(self, node: str) -> None:
+        """Drop all that is known of ``node``'s line (a node the group takes back runs a new agent,
+        with a new line): its verdict, its connection; the next poll dials it afresh."""
+        self._dead.pop(node, None)
+        self._left.pop(node, None)
+        for gone in (self._held.pop(node, None), self._dialing.pop(node, None)):
+            if gone is not None:
+                gone.sock.close()
+
     def quiet(self) -> dict[str, float]:
         """Seconds each held line had been quiet at the last poll (its agent beats every half second),
         for the lines that carried a byte: a line never heard from is not counted (the store's
