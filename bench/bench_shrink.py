@@ -17,7 +17,7 @@ Measured from the merged ledger: fault -> every surviving rank completed a step 
 fault was detected, and the steps lost (shrink: the ledger's ``lost_steps``; whole: the steps
 completed before the fault that the checkpoint did not hold).
 
-Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--last-call 4]
+Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--last-call 4] [--global-batch 60]
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def main() -> None:
     ap.add_argument("--per-node", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--last-call", type=float, default=4.0, help="the rendezvous round's last_call_timeout")
+    ap.add_argument("--global-batch", type=int, default=60, help="divisible by N and N-1 ranks (8 nodes: 56)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    JOB[JOB.index("--global-batch") + 1] = str(args.global_batch)
     arms = {
         "shrink in place": lambda work, n: run(work, n, args.per_node, True, args.last_call),
         "whole-group restart": lambda work, n: run(work, n, args.per_node, False, args.last_call),

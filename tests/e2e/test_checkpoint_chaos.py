@@ -34,6 +34,7 @@ def _damaged_run(tmp_path, damage: str):
         "--chaos",
         "crash@rank=0,step=15",
         "--no-in-place",  # the restart must load a checkpoint (in place it would take the live state)
+        "--no-leave-state",  # ... and so would a whole-group restart from the state the survivors left
         *JOB,
         "--out",
         str(tmp_path / "run.pt"),

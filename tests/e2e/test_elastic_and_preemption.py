@@ -68,7 +68,9 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
     # seconds to start (importing torch), longer than the default 3 s last call after the first node
     # the subject is the whole-group restart at the smaller size (with in-place recovery on, the
     # survivor shrinks the group in place instead: tests/e2e/test_in_place_nodes.py)
+    # and the rollback to a checkpoint (with the survivors' left state it loses nothing: test_left_state.py)
     plan = ["--chaos", "kill-agent@node=1,step=15", "--rdzv-conf", "last_call_timeout=30", "--no-in-place"]
+    plan.append("--no-leave-state")
     a = _agent(tmp_path, "n0", port, steps, *plan)
     wait_listening(port, a)  # n0 hosts the rendezvous store
     b = _agent(tmp_path, "n1", port, steps, *plan)

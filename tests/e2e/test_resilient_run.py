@@ -45,8 +45,10 @@ def runs(tmp_path_factory):
         str(FLOOR),
         "--max-restarts",
         "5",
-        # the whole-group restart (warm, cold) is the subject here; in place is tests/e2e/test_in_place.py
+        # the whole-group restart (warm, cold) and its rollback to a checkpoint are the subject here; in
+        # place is tests/e2e/test_in_place.py, the survivors' left state tests/e2e/test_left_state.py
         "--no-in-place",
+        "--no-leave-state",
     ]
     ref = stalwart(
         *common,
@@ -102,7 +104,7 @@ def test_cold_fallback_when_the_warm_path_fails_once_still_ends_bit_identical(ru
     chaos = [f"--chaos=crash@rank={r},step={s}" for s, r in CRASHES.items()]
     chaos.append(f"--chaos=hang@rank={HANG_RANK},step={HANG_STEP}")
     run = stalwart(
-        "run", "-q", "--config", str(conf), "--nproc-per-node", "4", "--hang-floor", str(FLOOR), "--no-in-place",
+        "run", "-q", "--config", str(conf), "--nproc-per-node", "4", "--hang-floor", str(FLOOR), "--no-in-place", "--no-leave-state",
         "--max-restarts", "5", "--run-dir", str(tmp_path / "fallback"), *chaos, *EXAMPLE,
         "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--out", str(tmp_path / "fallback.pt"),
     )  # fmt: skip

@@ -71,10 +71,12 @@ def test_worker_env_round_trips_under_its_own_prefix():
         agent_pid=123,
         pg_timeout_s=42.5,
         chaos='{"faults": []}',
+        leave_state=False,
     )
     env = wenv.to_env()
     assert all(k.startswith(protocol.PREFIX) for k in env)
     assert WorkerEnv.from_env(env) == wenv
+    assert WorkerEnv.from_env({**env, f"{protocol.PREFIX}LEAVE_STATE": "1"}).leave_state  # the default: on
     assert WorkerEnv.from_env({}) is None  # plain python / torchrun: no agent
 
 

@@ -73,6 +73,7 @@ class World:
         stacks=None,
         world=None,
         straggler_gate=None,
+        prior=(),
         **cfg_kw,
     ):
         self.clock = ManualClock(T0)
@@ -98,6 +99,7 @@ class World:
             stacks=dict(stacks or {}),
         )
         self.sup = Supervisor(
+            prior_step_times=prior,
             cfg=cfg(**cfg_kw),
             ledger=self.ledger,
             console=RecordingConsole(),
@@ -229,6 +231,24 @@ def test_a_silent_rank_is_a_hang_with_stacks_captured_before_the_stop():
     # declared no later than the timeout after rank 1's last message
     assert fd.ts - fd.onset <= 10.0 and fd.ts - fd.onset >= 10.0 - 0.5
     assert w.of(IncidentRaised)[0].rule == "monitor:hang-heartbeat"
+
+
+def test_a_restart_is_calibrated_by_the_step_times_before_it_so_an_early_hang_is_caught_in_time():
+    """A restart that resumed close to a hang (from the survivors' live state, say) sees two steps, then
+    every rank falls silent: with the earlier attempt's step times it is a hang after the calibrated
+    timeout, not after the start-up timeout that an uncalibrated attempt allows."""
+
+    def script(tick, w):
+        if tick < 2:
+            for r in (0, 1):
+                w.step(r, tick)
+
+    w = World(script, prior=(0.2,) * 20)
+    out = w.sup.run()
+    assert out.status == "failed" and out.failure.kind == "hang"
+    assert w.of(TimeoutsCalibrated)[0].hang_timeout_s == 10.0
+    fd = w.of(FailureDetected)[0]
+    assert fd.ts - fd.onset <= 10.0
 
 
 def test_with_live_diagnosis_a_hang_is_left_to_it_and_a_user_exception_is_not():

@@ -66,6 +66,7 @@ class WorkerEnv:
     history_mtbf_s: float = 0.0  # this node's MTBF from its health history (0: none), for an auto interval
     sdc_every: int = 0  # steps between cross-replica state checks; 0: from sdc_budget; -1: off
     sdc_budget: float = DEFAULT_SDC_BUDGET  # the share of step time those checks may take
+    leave_state: bool = True  # on a peer's failure, leave the live state for the restart (left_state.py)
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -86,6 +87,7 @@ class WorkerEnv:
             f"{PREFIX}HISTORY_MTBF_S": repr(self.history_mtbf_s),
             f"{PREFIX}SDC_EVERY": str(self.sdc_every),
             f"{PREFIX}SDC_BUDGET": repr(self.sdc_budget),
+            f"{PREFIX}LEAVE_STATE": "1" if self.leave_state else "0",
         }
 
     @classmethod
@@ -112,6 +114,7 @@ class WorkerEnv:
                 history_mtbf_s=float(env.get(f"{PREFIX}HISTORY_MTBF_S", "0") or 0),
                 sdc_every=int(env.get(f"{PREFIX}SDC_EVERY", "0") or 0),
                 sdc_budget=float(env.get(f"{PREFIX}SDC_BUDGET", "") or DEFAULT_SDC_BUDGET),
+                leave_state=env.get(f"{PREFIX}LEAVE_STATE", "1") != "0",
             )
         except ValueError:
             return None

@@ -43,6 +43,14 @@ class InPlaceSettings(BaseModel):
         ge=0,
         description="In-place recoveries within one attempt before the whole group restarts.",
     )
+    leave_state: Annotated[bool, setting("leave_state", "--leave-state/--no-leave-state")] = Field(
+        default=True,
+        description=(
+            "When the whole group restarts after a peer's failure (a session.loop script outside "
+            "Session.run, or --no-in-place), the survivors leave their live state in node memory and "
+            "the restart takes it instead of rolling back to a checkpoint."
+        ),
+    )
     fail_attempt: Annotated[int, setting("in_place_fail_attempt")] = Field(
         default=-1,
         ge=-1,

@@ -85,7 +85,7 @@ def write_left(path: Path, state: dict[str, Any], step: int, boundary: dict[str,
     given) to ``path``, atomically; the bytes written. LiveStateError for sharded state."""
     cap = state_io.capture(state)
     if any(_local(t) is not t for t in cap.sharded.values()):
-        raise LiveStateError("the state is sharded (DTensor): a lost rank's shards are held by nobody")
+        raise ShardedState("the state is sharded (DTensor): a lost rank's shards are held by nobody")
     if boundary is not None:
         cap = state_io.Captured(cap.sharded, {**cap.extras, "objects": boundary})
     payload = _payload(cap, step=step)
@@ -141,6 +141,10 @@ def read_left(path: Path, state: dict[str, Any], extras_limit: int = 1 << 30) ->
     return step
 
 
+class ShardedState(LiveStateError):
+    """Sharded state is not left, by design (not a failure to say): the group loads a checkpoint."""
+
+
 @dataclass(frozen=True)
 class Taken:
     """What the restarted group took: the live state (None: every rank resumes from a checkpoint) and
@@ -182,6 +186,8 @@ class LeftState:
             return f"rank {self.rank}'s optimizer had stepped in step {completed}: its state is past the step"
         try:
             write_left(file_for(self.directory, self.node, self.rank), self.state, completed, self.boundary)
+        except ShardedState:
+            return ""
         except (LiveStateError, OSError, RuntimeError, ValueError) as exc:
             return f"rank {self.rank} could not leave its state ({exc})"
         return ""
@@ -262,15 +268,15 @@ class LeftState:
 def arm(s: Session, state: dict[str, Any]) -> LeftState | None:
     """The loop idiom's left state for this session, or None where it does not apply: under
     :meth:`Session.run` (the survivors stay alive), without an agent or its node memory directory,
-    or alone. The same answer on every rank (the take is collective)."""
+    with ``--no-leave-state``, or alone. The same answer on every rank (the take is collective)."""
     import torch.distributed as dist  # deferred: only a loop's start gets here
 
     if s._left is not None:  # a later loop of the same session: its state now
         s._left.state = state
         return s._left
     w = s.worker_env
-    if s._reform is not None or w is None or not w.mem_dir or not s.under_agent or not dist.is_initialized():
+    if s._reform is not None or w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
         return None
-    if dist.get_world_size() < 2:
+    if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     return LeftState(Path(w.mem_dir), s.node, s._link.rank, s.local_rank, state)

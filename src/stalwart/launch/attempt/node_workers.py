@@ -96,6 +96,7 @@ class NodeWorkers:
         self.spare: SpareWatch | None = None  # a hot spare's watch for a lost node's place
         self.joining = 0  # > 0: this attempt's ranks replace a lost node's, in this generation
         self.newcomer = False  # ... or take a free place in a group that grows back in place
+        self.step_times: dict[str, tuple[float, ...]] = {}  # by world size: a restart's hang calibration
 
     # --- the attempt ---------------------------------------------------------------------------------
 
@@ -289,6 +290,7 @@ class NodeWorkers:
             history_mtbf_s=self._history_mtbf(),
             sdc_every=cfg.sdc.every,
             sdc_budget=cfg.sdc.budget,
+            leave_state=cfg.reform.leave_state,
             generation=generation,
             **(self.memory.env() if self.memory is not None else {}),
         ).to_env()
@@ -362,6 +364,7 @@ class NodeWorkers:
             specs,
             self.cfg.workers.stop_grace_s,
         )
+        world = specs[0].env.get("WORLD_SIZE", "") if specs else ""
         sup = Supervisor(
             cfg=self.cfg,
             ledger=self.ledger,
@@ -382,10 +385,13 @@ class NodeWorkers:
             link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
             if self.cfg.hang.slow_link_kbit and self._across_hosts()
             else None,
+            prior_step_times=self.step_times.get(world, ()),
         )
         if self.joining:  # a spare's (or a newcomer's) ranks start in the generation they join
             sup.in_place.start_joining(self.joining, self.clock.now(), newcomer=self.newcomer)
-        return sup.run()
+        out = sup.run()
+        self.step_times = {world: tuple(sup.tracker.step_times)}
+        return out
 
     def _across_hosts(self) -> bool:
         """Whether this attempt's group spans other nodes: only then can a link between hosts be slow,

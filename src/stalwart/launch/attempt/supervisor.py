@@ -84,6 +84,7 @@ class Supervisor:
         read_proc: Callable[[int], ProcSample | None] = read_proc,
         board: Board | None = None,
         link: LinkSampler | None = None,
+        prior_step_times: Sequence[float] = (),  # an earlier attempt's at the same world size
     ) -> None:
         self.world = world
         self.cfg = cfg
@@ -103,6 +104,7 @@ class Supervisor:
         strag = next((m for m in self.monitors if isinstance(m, StragglerMonitor)), StragglerMonitor())
         ranks = [s.global_rank for s in self.specs]
         self.tracker = ProgressTracker(ranks=ranks, started=clock.now())
+        self.tracker.step_times.extend(prior_step_times)  # a restart's hang timeout is calibrated at once
         self.window: deque[StepCompleted] = deque(maxlen=strag.steps_kept * max(1, len(ranks)))
         self.stragglers: dict[int, float] = {}
         self.slow_links: set[int] = set()  # ranks whose silence was raised as a slow link
