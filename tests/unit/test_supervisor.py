@@ -152,14 +152,22 @@ def training(until: int):
     return script
 
 
-def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
+def rank_1_exits_at_tick_6(first=lambda w: ()):
+    """Both ranks train; rank 1 exits with code 1 at tick 6; ``first(w)``: messages sent at tick 0."""
+
     def script(tick, w):
+        if tick == 0:
+            w.send(*first(w))
         training(100)(tick, w)
         if tick == 6:
             w.group.codes[1] = 1
             w.group.exit_times[1] = w.clock.now()
 
-    w = World(script)
+    return script
+
+
+def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
+    w = World(rank_1_exits_at_tick_6())
     out = w.sup.run()
     assert out.status == "failed" and out.failure.kind == "exception" and out.failure.rank == 1
     assert out.failure.step == 4 and out.failure.progressed
@@ -175,15 +183,7 @@ def test_a_crash_stops_the_group_at_once_and_records_failure_and_incident():
 def test_a_crash_waits_the_stop_grace_for_survivors_that_leave_their_live_state():
     from stalwart.protocol import LoopStarted
 
-    def script(tick, w):
-        if tick == 0:
-            w.send(LoopStarted(0, 0, 100, w.clock.now(), leaves_state=True))
-        training(100)(tick, w)
-        if tick == 6:
-            w.group.codes[1] = 1
-            w.group.exit_times[1] = w.clock.now()
-
-    w = World(script)
+    w = World(rank_1_exits_at_tick_6(lambda w: [LoopStarted(0, 0, 100, w.clock.now(), leaves_state=True)]))
     out = w.sup.run()
     assert out.status == "failed" and out.failure.rank == 1
     # rank 0 writes its state on the way out (train/left_state.py): the stop gives it the grace
