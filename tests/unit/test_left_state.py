@@ -163,3 +163,40 @@ def test_a_rank_with_nothing_on_its_node_takes_part_with_nothing(tmp_path):
     finally:
         left.close()
     assert taken.adopted is None and taken.note == ""
+
+
+class Planted:
+    """An object ``torch.load(weights_only=True)`` refuses to build (a pickle gadget's stand-in)."""
+
+
+def test_a_file_whose_extras_would_unpickle_an_object_is_passed_over_and_the_take_goes_on(tmp_path):
+    import io
+    import json
+
+    old = _state(1)
+    _train(old, 2)
+    path = file_for(tmp_path, "n0", 0)
+    write_left(path, old, 2, None)
+    data = path.read_bytes()
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
+    head = json.loads(data[len(MAGIC) + 8 : len(MAGIC) + 8 + size])
+    body = data[len(MAGIC) + 8 + size : len(data) - head["extras"]]
+    blob = io.BytesIO()
+    torch.save({"plain": [], "objects": {"x": Planted()}, "format": 1}, blob)
+    head["extras"] = len(blob.getvalue())
+    raw = json.dumps(head).encode()
+    path.write_bytes(MAGIC + len(raw).to_bytes(8, "little") + raw + body + blob.getvalue())
+    calls = []
+
+    def adopt(state, held, *, restore_rng):
+        calls.append(held)
+        return None
+
+    new = _state(2)
+    left = LeftState(tmp_path, "n0", 0, 0, new)
+    try:
+        taken = left.take(new, adopt)
+    finally:
+        left.close()
+    assert calls == [None] and taken.adopted is None  # it took part in the collective with nothing
+    assert "left-state-n0-rank0.bin" in taken.note and not path.exists()

@@ -207,8 +207,8 @@ class LeftState:
             try:
                 held = Held(state, read_left(path, state))
                 break
-            except (LiveStateError, OSError, RuntimeError, ValueError) as exc:
-                notes.append(str(exc))
+            except Exception as exc:  # noqa: BLE001 - any file that fails is passed over, never fatal:
+                notes.append(f"{path.name}: {exc}")  # this rank must still take part in the collective
         rng = path_for(self.directory, self.node, self.rank)
         try:
             got = adopt_(state, held, restore_rng=lambda step: restore_at(rng, step))
