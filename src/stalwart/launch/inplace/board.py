@@ -205,13 +205,15 @@ class StoreBoard:
         return self._state.refusal
 
     def silence(self) -> dict[str, float]:
-        """Seconds since each watched node was last heard from: its liveness line's beats, always
-        (liveness.py); during an incident also its heartbeat in the store, counted from the incident's
-        start at the earliest, and the shorter of the two when both are known."""
+        """Seconds since each watched node was last heard from, during an incident (some node's ranks
+        wait): its heartbeat in the store, counted from the incident's start at the earliest, or its
+        liveness line's beats (liveness.py) when they are more recent. Empty outside an incident: a
+        line's quiet alone is no verdict, since a saturated slow link delays its beats past the bound
+        (tests/e2e/test_hosts_link.py caught a shrink of a healthy, throttled host)."""
+        if not self._incident:
+            return {}
         with self._line_lock:
             quiet = {n: q for n, q in self._watch.quiet().items() if n in self._moved}
-        if not self._incident:
-            return quiet
         now = self._clock()
         stored = {n: now - t for n, t in dict(self._moved).items()}
         return {n: min(s, quiet.get(n, s)) for n, s in stored.items()}
