@@ -118,10 +118,11 @@ def test_the_first_survivor_shrinks_the_group_in_place_and_records_it_once_its_r
     assert len(ledger.of(DecisionTaken)) == 1 and block.reform() == 1
 
 
-def test_a_host_gone_silent_is_shrunk_out_by_its_bound_though_no_local_rank_noticed(tmp_path):
-    """A host that drops off the network resets nothing: the survivors' ranks block in a collective
-    with it and never say they wait. Its silence past the bound decides, and the re-form request
-    is what unblocks them (train/inplace.py StuckStep)."""
+def test_the_first_node_shrinks_out_a_lost_node_though_its_own_ranks_are_blocked_not_waiting(tmp_path):
+    """A host that drops off the network resets nothing: the first node's ranks may block in a
+    collective with it and never say they wait. Once the board reports the node lost (its silence is
+    read during an incident: another node's ranks wait), the first node shrinks it out, and the
+    re-form request is what unblocks its ranks (train/inplace.py StuckStep)."""
     clock, ledger = ManualClock(), RecordingLedger()
     rec, board, block = _node(tmp_path, clock, ledger, node="n0", ranks=(0, 1), active=("n0", "n1", "n2"))
     snap = SimpleNamespace(now=clock.now(), stop_requested_at=None)

@@ -209,7 +209,10 @@ class StuckStep:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self.tick()
+            try:
+                self.tick()
+            except (ValueError, OSError):  # the control block was closed: the session is closing
+                return
 
     def close(self) -> None:
         self._stop.set()
