@@ -127,6 +127,17 @@ def test_a_peer_failure_leaves_the_state_and_another_exception_does_not(tmp_path
         left.close()
 
 
+def _take(tmp_path, node: str, rank: int, local_rank: int, adopt) -> tuple[dict, object]:
+    """A fresh rank's take over ``tmp_path`` with a fake ``adopt`` (the collective): its state and
+    what it took."""
+    new = _state(2)
+    left = LeftState(tmp_path, node, rank, local_rank, new)
+    try:
+        return new, left.take(new, adopt)
+    finally:
+        left.close()
+
+
 def test_the_take_uses_a_whole_file_of_the_node_notes_a_bad_one_and_removes_them_all(tmp_path):
     old = _state(1)
     _train(old, 4)
@@ -138,12 +149,7 @@ def test_the_take_uses_a_whole_file_of_the_node_notes_a_bad_one_and_removes_them
         seen.append(held.step if held is not None else None)
         return Adopted(held.step, 0, 0, "") if held is not None else None
 
-    new = _state(2)
-    left = LeftState(tmp_path, "n0", 1, 0, new)
-    try:
-        taken = left.take(new, adopt)
-    finally:
-        left.close()
+    new, taken = _take(tmp_path, "n0", 1, 0, adopt)
     assert seen == [4] and taken.adopted is not None and taken.adopted.step == 4
     assert "not a left state" in taken.note  # its own file was tried first, and why it was not used
     assert not list(tmp_path.glob("left-state-*"))  # local rank 0 removed every file once taken
@@ -156,12 +162,7 @@ def test_a_rank_with_nothing_on_its_node_takes_part_with_nothing(tmp_path):
         assert held is None
         return None
 
-    new = _state(2)
-    left = LeftState(tmp_path, "n1", 3, 1, new)
-    try:
-        taken = left.take(new, adopt)
-    finally:
-        left.close()
+    new, taken = _take(tmp_path, "n1", 3, 1, adopt)
     assert taken.adopted is None and taken.note == ""
 
 
@@ -192,11 +193,6 @@ def test_a_file_whose_extras_would_unpickle_an_object_is_passed_over_and_the_tak
         calls.append(held)
         return None
 
-    new = _state(2)
-    left = LeftState(tmp_path, "n0", 0, 0, new)
-    try:
-        taken = left.take(new, adopt)
-    finally:
-        left.close()
+    new, taken = _take(tmp_path, "n0", 0, 0, adopt)
     assert calls == [None] and taken.adopted is None  # it took part in the collective with nothing
     assert "left-state-n0-rank0.bin" in taken.note and not path.exists()
