@@ -296,6 +296,52 @@ def test_a_killed_host_comes_back_and_the_shrunk_group_takes_it_in_place(tmp_pat
     assert back.bytes_moved > 0 and back.generation == grown[0].generation, back  # the live state, received
 
 
+def test_a_host_gone_silent_is_shrunk_out_in_place_without_waiting_for_the_hang_timeout(tmp_path):
+    """Three hosts, any size valid, no spare. h2 drops off the network and dies behind the drop: no
+    connection of h0 or h1 is reset, and their ranks wait in a collective with h2. h0 finds h2 silent
+    by its heartbeat bound (its liveness line quiet, and h0's kernel took no segment from h2's address
+    on any connection: not a slow link, tests/e2e/test_hosts_link.py) and shrinks the group in place; the survivors' ranks, stuck in that step,
+    sever it once the re-form is asked (train/inplace.py StuckStep) instead of waiting for their hang
+    timeout (60 s here: it must not be what decides), and the job goes on at two in the same processes."""
+    from stalwart.events import ReformedInPlace, StepCompleted
+
+    with hosts.Hosts(["h0", "h1", "h2"]) as h:
+        procs = {
+            n: _agent(h, n, tmp_path, "mh-silent", nnodes="2:3", batch=48, hang_floor=60)
+            for n in ("h0", "h1", "h2")
+        }
+        deadline = time.monotonic() + 240.0
+        while len({e.node for e in events_so_far(tmp_path, StepCompleted)}) < 3:
+            assert time.monotonic() < deadline, "the three hosts did not train together"
+            assert all(p.poll() is None for p in procs.values()), "an agent ended before training"
+            time.sleep(0.5)
+        cut = time.time()
+        h.vanish("h2")
+        shrunk: list = []
+        deadline = time.monotonic() + 90.0
+        while not shrunk and time.monotonic() < deadline:
+            shrunk = [e for e in events_so_far(tmp_path, ReformedInPlace) if e.shrunk_from]
+            time.sleep(0.5)
+        after: list = []
+        while shrunk and len({e.node for e in after}) < 2 and time.monotonic() < deadline:
+            after = [e for e in events_so_far(tmp_path, StepCompleted) if e.ts > shrunk[0].ts]
+            time.sleep(0.5)
+        alive = {n: procs[n].poll() for n in ("h0", "h1")}
+    assert shrunk, "the group did not shrink in place"
+    assert shrunk[0].node == "h0" and (shrunk[0].shrunk_from, shrunk[0].world_size) == (3, 2), shrunk
+    assert {e.node for e in after} == {"h0", "h1"}, "the survivors did not train on"
+    assert alive == {"h0": None, "h1": None}, alive
+    assert not [e for e in events(tmp_path, AttemptStarted) if e.node != "h2" and e.attempt > 0], (
+        "a survivor restarted its workers"
+    )
+    hangs = [
+        e for e in events(tmp_path, FailureDetected) if e.node != "h2" and e.ts > cut and e.failure == "hang"
+    ]
+    assert not hangs, hangs  # the heartbeat bound decided, not a rank's hang timeout
+    [inc] = [e for e in events(tmp_path, IncidentRaised) if e.node == "h0" and e.ts > cut and "h2" in e.nodes]
+    assert "silent" in inc.cause or "heartbeat" in inc.cause, inc
+
+
 # --- etcd: no single host whose loss ends the job -----------------------------------------------------
 
 

@@ -69,10 +69,11 @@ def _agent(store, mode: str) -> subprocess.Popen[str]:
     return p
 
 
-def _watcher(store, clock: ManualClock, ticker: ManualTicker, notes: list[str]) -> StoreBoard:
+def _watcher(store, clock: ManualClock, ticker: ManualTicker, notes: list[str], heard=None) -> StoreBoard:
+    more = {} if heard is None else {"heard": heard}
     return StoreBoard(
         "127.0.0.1", store.port, 10.0, notes.append, node="n0", watch=("n1",), signer=SIGNER,
-        ticker=ticker, clock=clock.monotonic,
+        ticker=ticker, clock=clock.monotonic, **more,
     )  # fmt: skip
 
 
@@ -177,17 +178,40 @@ def test_a_stopped_agent_keeps_its_connection_and_gets_no_verdict(store):
         _stop(p)
 
 
-def test_a_stopped_agents_beats_stop_but_outside_an_incident_its_quiet_is_no_verdict(store):
+@pytest.mark.parametrize(
+    "kernel, verdict",
+    [
+        ("nothing since the stop", "silent"),  # a host cut off: no segment of any connection arrives
+        ("a segment just now", "heard"),  # a host behind a saturated link: its traffic still arrives
+        ("no reading", "none"),  # ``ss`` missing or too slow: no verdict from the line
+    ],
+)
+def test_a_stopped_agents_quiet_outside_an_incident_counts_as_far_as_the_kernel_heard_nothing(
+    store, kernel, verdict
+):
     """A host that stops answering closes nothing, but its agent's beats on the line stop: the line's
-    quiet grows from its last beat. With no rank waiting (no incident) the board reports no silence:
-    a saturated slow link delays beats as long, and a healthy host must not be shrunk out."""
+    quiet grows from its last beat. With no rank waiting (no incident) that quiet alone is no verdict (a
+    saturated slow link delays beats as long): the board asks when this host's kernel last took any
+    segment from that host, and the silence is the shorter of the two."""
     import time
 
     clock, notes = ManualClock(), []
     ticker = ManualTicker(clock)
+    stopped: list[float] = []
+    asked: list[frozenset[str]] = []
+
+    def heard(hosts):
+        asked.append(frozenset(hosts))
+        match kernel:
+            case "nothing since the stop":
+                return {h: clock.monotonic() - stopped[0] for h in hosts}
+            case "a segment just now":
+                return {h: 0.05 for h in hosts}
+        return None
+
     p = _agent(store, "die")
     try:
-        board = _watcher(store, clock, ticker, notes)
+        board = _watcher(store, clock, ticker, notes, heard)
         deadline = time.monotonic() + 20.0  # the agent beats every 0.5 s of real time
         while "n1" not in board._watch.quiet() and time.monotonic() < deadline:
             ticker.tick()
@@ -195,9 +219,19 @@ def test_a_stopped_agents_beats_stop_but_outside_an_incident_its_quiet_is_no_ver
         assert "n1" in board._watch.quiet(), "no beat came on the line"
         os.kill(p.pid, signal.SIGSTOP)
         time.sleep(0.2)  # a beat already on its way is read by the next poll, not after the bound
+        stopped.append(clock.monotonic())
         ticker.tick(30)  # 3 s on the board's clock, no beat
         assert board._watch.quiet()["n1"] >= 2.5 and board.dead() == {}
-        assert board.silence() == {}
+        assert asked and asked[-1] == {"127.0.0.1"}, asked  # the line's peer address, asked about
+        assert len(asked) <= 30 * 0.1 / 0.25 + 1, asked  # not on every poll
+        silence = board.silence()
+        match verdict:
+            case "silent":
+                assert silence["n1"] >= 2.5, silence
+            case "heard":
+                assert silence["n1"] < 0.5, silence
+            case _:
+                assert silence == {}, silence
         board.close()
     finally:
         os.kill(p.pid, signal.SIGCONT)

@@ -27,6 +27,20 @@ def test_a_silent_host_keeps_its_heartbeat_verdict():
     assert incident.rule == "inplace:silent-host"
 
 
+def test_a_silent_host_found_before_any_rank_waited_is_not_said_to_have_been_waited_for():
+    """Outside an incident (the survivors' ranks blocked in a step, none erred) the verdict rests on
+    the line's quiet and the kernel's: the records say that, not that the witness's ranks waited."""
+    failure, incident = lost_without_spare(
+        ("n2",), "n0", ("n0", "n1", "n2"), {"n2": 2.7}, 1, 100.0, CTX, dead={}, waited=False
+    )
+    assert failure.onset == pytest.approx(97.3) and "nothing from its host" in failure.evidence
+    assert "wait" not in incident.cause and "nothing from its host" in incident.cause
+    assert incident.rule == "inplace:silent-host" and "blocked in a step" in incident.cause
+    assert any("no segment on any connection for 2.7s" in e for e in incident.evidence), incident.evidence
+    _, waited = lost_without_spare(("n2",), "n0", ("n0", "n1", "n2"), {"n2": 2.7}, 1, 100.0, CTX, dead={})
+    assert "while the ranks of n0 waited" in waited.cause
+
+
 def test_an_agent_that_left_the_job_on_purpose_is_named_so_not_as_dead():
     failure, incident = lost_without_spare(
         ("n1",), "n0", ("n0", "n1"), {"n1": 0.2}, 1, 100.0, CTX, dead={"n1": 0.1}, left=frozenset({"n1"})

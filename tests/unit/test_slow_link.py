@@ -23,6 +23,7 @@ from stalwart.health.link_counters import (
     IfCounters,
     LinkSample,
     LinkSampler,
+    parse_heard,
     parse_qdiscs,
     parse_sockets,
     read_sysfs,
@@ -120,6 +121,24 @@ def test_the_workers_sockets_are_summed_per_peer_and_other_processes_do_not_coun
     )
     assert parse_sockets(text, {42}) == ({"10.77.0.1": (10_000, 6_000)}, 4096)
     assert parse_sockets(text, {99}) == ({}, 0)
+
+
+def test_a_host_is_heard_as_recently_as_its_most_recent_segment_on_any_connection():
+    """The silent-host check (launch/inplace/board.py): per asked host, the least ``lastrcv`` or
+    ``lastack`` over every connection with it, whichever process holds it; other hosts are skipped."""
+    text = (
+        "0      0      10.77.0.1:29500 10.77.0.3:41000\n"
+        "\t cubic rto:204 bytes_received:9 lastsnd:40 lastrcv:3100 lastack:2900 rcv_space:1\n"
+        "0      0      [::ffff:10.77.0.1]:41001 [::ffff:10.77.0.3]:41002\n"
+        "\t cubic bytes_acked:2000 lastsnd:10 lastrcv:2700 lastack:2600\n"
+        "0      0      10.77.0.1:22 10.77.0.2:5000\n"
+        "\t cubic lastsnd:5 lastrcv:5 lastack:5\n"
+        "0      0      10.77.0.1:23 10.77.0.4:5000\n"
+        "\t cubic lastsnd:5 lastrcv:7 lastack:8\n"
+    )
+    heard = parse_heard(text, {"10.77.0.3", "10.77.0.4", "10.77.0.9"})
+    assert heard == {"10.77.0.3": 2.6, "10.77.0.4": 0.007}  # lastsnd is ours, never counted
+    assert parse_heard("", {"10.77.0.3"}) == {}  # no connection with it: nothing known, not a silence
 
 
 def test_with_the_workers_sockets_read_the_window_counts_their_bytes_per_peer():

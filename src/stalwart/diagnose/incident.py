@@ -175,15 +175,32 @@ def dead_agent_incident(
 
 
 def silent_host_incident(
-    lost: tuple[str, ...], witness: str, silent_s: float, now: float, action: str
+    lost: tuple[str, ...], witness: str, silent_s: float, now: float, action: str, waited: bool = True
 ) -> Incident:
     """The incident of hosts whose agents fell silent (no heartbeat past its bound) while ``witness``'s
-    ranks waited for them: the lost hosts are the blast radius, the witness is named as such. A host
-    that vanishes this way (powered off, cut off the network) leaves no exit code and no error text,
-    so neither says which part failed: the class stays unknown."""
+    ranks waited for them, or (``waited`` False) before any rank noticed: nothing at all came from the
+    host for as long (its ranks' collective blocks without an error when no connection resets). The
+    lost hosts are the blast radius, the witness is named as such. A host that vanishes this way
+    (powered off, cut off the network) leaves no exit code and no error text, so neither says which
+    part failed: the class stays unknown."""
     gone = ", ".join(lost)
+    if waited:
+        cause = (
+            f"host {gone} left the job: no heartbeat for {silent_s:.1f}s while the ranks of {witness} waited"
+        )
+        seen = tuple(f"lost host {n}: no heartbeat for {silent_s:.1f}s" for n in lost)
+        why = (f"witness {witness}: its ranks lost a peer and waited for a new generation",)
+    else:
+        cause = (
+            f"host {gone} left the job: silent for {silent_s:.1f}s (no heartbeat, and nothing from its "
+            f"host on any connection of {witness}'s) while the ranks were blocked in a step with it"
+        )
+        seen = tuple(
+            f"lost host {n}: no heartbeat and no segment on any connection for {silent_s:.1f}s" for n in lost
+        )
+        why = (f"witness {witness}: its kernel took nothing from the host, so no slow link delays its beats",)
     return Incident(
-        cause=f"host {gone} left the job: no heartbeat for {silent_s:.1f}s while the ranks of {witness} waited",
+        cause=cause,
         fault_class=FaultClass.UNKNOWN,
         component=Component.UNKNOWN,
         confidence=SILENT_HOST_CONFIDENCE,
@@ -191,8 +208,7 @@ def silent_host_incident(
         ts=now,
         onset=now - silent_s,
         rule="inplace:silent-host",
-        evidence=tuple(f"lost host {n}: no heartbeat for {silent_s:.1f}s" for n in lost)
-        + (f"witness {witness}: its ranks lost a peer and waited for a new generation",),
+        evidence=seen + why,
         blast_radius=BlastRadius(nodes=lost),
         action_taken=True,
     )

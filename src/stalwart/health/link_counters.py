@@ -4,7 +4,8 @@
 address, from ``ss -tinp`` (iproute2's socket statistics, the kernel's ``tcp_info``). What the
 slow-link check (diagnose/slow_link.py) reads to tell a collective that moves data slowly from one
 that moves nothing: the workers' own sockets when ``ss`` answers (traffic of other processes does not
-count), the interfaces otherwise.
+count), the interfaces otherwise. And, for the in-place board's silent-host verdict
+(launch/inplace/board.py), when the kernel last took any segment from a given host (:func:`read_heard`).
 
 Reads are local (sysfs files, netlink dumps through ``tc`` and ``ss`` bounded by
 :data:`READ_TIMEOUT_S`); nothing here touches the network. Counters of an interface that appears or disappears between two
@@ -27,6 +28,7 @@ from types import MappingProxyType
 
 SYS_NET = Path("/sys/class/net")
 READ_TIMEOUT_S = 1.0  # one local netlink dump; a tc or ss that takes longer is skipped this time
+HEARD_TIMEOUT_S = 0.5  # the same without ``-p`` (no walk of /proc), on the in-place board's poll thread
 SAMPLE_EVERY_S = 1.0  # samples are taken at most this often (two short processes each time)
 IDLE_S = 10.0  # the sampling thread ends once its samples were not asked for this long
 KEEP_S = 180.0  # samples kept: longer than any silence the slow-link check weighs
@@ -162,6 +164,43 @@ def read_sockets(
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_sockets(res.stdout, pids) if res.returncode == 0 else None
+
+
+def parse_heard(text: str, hosts: Collection[str]) -> dict[str, float]:
+    """``ss -tinH state established`` output -> for each of ``hosts`` this host holds a connection
+    with, the seconds since the kernel last took a segment from it: the least ``lastrcv`` (data) or
+    ``lastack`` (any acknowledging segment) over every connection with that address (pure). Every
+    process's sockets count: a host whose agent, store client or ranks still send anything is heard."""
+    out: dict[str, float] = {}
+    peer = ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            cols = line.split()
+            peer = _peer_host(cols[3]) if len(cols) >= 4 else ""
+            continue
+        if peer not in hosts:
+            continue
+        ages = [int(v) for v in re.findall(r"\blast(?:rcv|ack):(\d+)", line)]
+        if ages:
+            out[peer] = min(out.get(peer, float("inf")), min(ages) / 1000.0)
+        peer = ""
+    return out
+
+
+def read_heard(hosts: Collection[str], timeout_s: float = HEARD_TIMEOUT_S) -> dict[str, float] | None:
+    """:func:`parse_heard` of this host's established TCP connections (one netlink dump through ``ss``,
+    without ``-p``: no walk of /proc); None without ``ss`` or when it does not answer in time (no
+    reading, not a silence)."""
+    ss = shutil.which("ss")
+    if ss is None:
+        return None
+    try:
+        res = subprocess.run(
+            [ss, "-tinH", "state", "established"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_heard(res.stdout, frozenset(hosts)) if res.returncode == 0 else None
 
 
 class LinkSampler:

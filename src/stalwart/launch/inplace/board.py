@@ -48,10 +48,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
+from ...health.link_counters import read_heard
 from ...job_key import Opened, Refusals, Signer
 from ..clock import ManualClock
 from .board_records import Announcement, GroupRecord, InvitationRecord
@@ -81,6 +82,9 @@ POLL_S = 0.1
 BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
 WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
 CAS_TRIES = 8  # compare-and-set attempts per poll before the changes wait for the next one
+HEARD_AFTER_S = 1.0  # a line quiet this long (two beats missed) outside an incident: ask the kernel
+HEARD_EVERY_S = 0.25  # at most this often
+HEARD_FRESH_S = 1.0  # a kernel reading older than this is no reading (no verdict outside an incident)
 
 
 class Ticker(Protocol):
@@ -139,6 +143,7 @@ class StoreBoard:
         signer: Signer,
         ticker: Ticker | None = None,
         live_host: str = "",
+        heard: Callable[[Collection[str]], Mapping[str, float] | None] = read_heard,
     ) -> None:
         self._addr, self._port, self._timeout = addr, port, timedelta(seconds=timeout_s)
         self._note, self._node, self._clock = note, node, clock
@@ -164,6 +169,12 @@ class StoreBoard:
         self._line_published = False
         self._line_lock = threading.Lock()  # closed by the owner's thread, served by the poll thread
         self._watch = Watch(clock)
+        # outside an incident, when this host's kernel last heard from the quiet lines' hosts
+        self._read_heard = heard
+        # when that was read (this board's clock; older than fresh is no reading), and node -> when its
+        # host was last heard: one tuple, swapped whole (the supervisor's thread reads it)
+        self._heard: tuple[float, dict[str, float]] = (-HEARD_FRESH_S - 1.0, {})
+        self._heard_asked = self._heard[0]
         (ticker or ThreadTicker()).start(self.poll, self._stop)
 
     # --- the Board port: hand over, never wait --------------------------------------------------
@@ -205,16 +216,20 @@ class StoreBoard:
         return self._state.refusal
 
     def silence(self) -> dict[str, float]:
-        """Seconds since each watched node was last heard from, during an incident (some node's ranks
+        """Seconds since each watched node was last heard from. During an incident (some node's ranks
         wait): its heartbeat in the store, counted from the incident's start at the earliest, or its
-        liveness line's beats (liveness.py) when they are more recent. Empty outside an incident: a
-        line's quiet alone is no verdict, since a saturated slow link delays its beats past the bound
-        (tests/e2e/test_hosts_link.py caught a shrink of a healthy, throttled host)."""
-        if not self._incident:
-            return {}
+        liveness line's beats (liveness.py) when they are more recent. Outside an incident a line's
+        quiet alone is no verdict (a saturated slow link delays its beats past the bound:
+        tests/e2e/test_hosts_link.py): it counts only as far as this host's kernel has taken no
+        segment at all from that node's host, on any connection (:meth:`_check_heard`), read fresh."""
         with self._line_lock:
             quiet = {n: q for n, q in self._watch.quiet().items() if n in self._moved}
         now = self._clock()
+        if not self._incident:
+            read, heard = self._heard
+            if now - read > HEARD_FRESH_S:
+                return {}
+            return {n: min(q, now - heard[n]) for n, q in quiet.items() if n in heard}
         stored = {n: now - t for n, t in dict(self._moved).items()}
         return {n: min(s, quiet.get(n, s)) for n, s in stored.items()}
 
@@ -352,6 +367,33 @@ class StoreBoard:
             if self._line is not None:
                 self._line.accept()
             self._watch.poll()
+        self._check_heard()
+
+    def _check_heard(self) -> None:
+        """Outside an incident, for the watched lines quiet for :data:`HEARD_AFTER_S` or more: when did
+        this host's kernel last take a segment from their hosts (health/link_counters.py, one local
+        netlink dump, at most every :data:`HEARD_EVERY_S`)? A host behind a saturated link still
+        delivers its agent's store calls and its ranks' data at the link's rate; a silent one
+        delivers nothing. Where the address is shared (one machine, loopback), the others' traffic
+        keeps it heard: no verdict from the line then, as before."""
+        if self._incident:
+            return
+        with self._line_lock:
+            quiet, hosts = self._watch.quiet(), self._watch.hosts()
+        suspects = {
+            n: hosts[n] for n, q in quiet.items() if q >= HEARD_AFTER_S and n in hosts and n in self._moved
+        }
+        now = self._clock()
+        if not suspects:
+            self._heard = (now, {})  # nothing quiet: nothing to read
+            return
+        if now - self._heard_asked < HEARD_EVERY_S:
+            return
+        self._heard_asked = now
+        ages = self._read_heard(set(suspects.values()))
+        if ages is None:
+            return  # no reading (no ss, or it did not answer in time): stale soon, so no verdict
+        self._heard = (now, {n: now - ages[h] for n, h in suspects.items() if h in ages})
 
     # Any: torch's Store, imported lazily (heavy)
     def _lookup(self, store: Any, node: str) -> str:

@@ -208,6 +208,16 @@ class Watch:
         a while has not read the beats waiting in its sockets, and that is no silence of theirs."""
         return {n: self._polled - h.heard for n, h in self._held.items() if h.heard >= 0}
 
+    def hosts(self) -> dict[str, str]:
+        """Each held line's peer address (the watched node's host, as this host's kernel names it)."""
+        out = {}
+        for node, held in self._held.items():
+            try:
+                out[node] = str(held.sock.getpeername()[0]).removeprefix("::ffff:")
+            except OSError:
+                continue
+        return out
+
     def dead(self) -> dict[str, float]:
         """Nodes whose agent process is gone, and when that was seen."""
         return dict(self._dead)

@@ -216,7 +216,12 @@ class NodeRecovery:
         # a lost node is decided by its heartbeat bound (or its closed liveness line), whether or not
         # the local ranks noticed: a host gone silent resets no connection, so they wait in a collective
         # with it, and the re-form request is what unblocks them (train/inplace.py StuckStep)
-        if lost and not newer and s.phase is not Phase.REPLACING and self._shrink(lost, silent, dead, snap):
+        if (
+            lost
+            and not newer
+            and s.phase is not Phase.REPLACING
+            and self._shrink(lost, silent, dead, snap, waiting)
+        ):
             return
         if waiting or newer:
             self.give_up_grow("a failure during the grow", snap.now)
@@ -298,7 +303,12 @@ class NodeRecovery:
             self.board.ready(gen)
 
     def _shrink(
-        self, lost: tuple[str, ...], silent: dict[str, float], dead: dict[str, float], snap: Snapshot
+        self,
+        lost: tuple[str, ...],
+        silent: dict[str, float],
+        dead: dict[str, float],
+        snap: Snapshot,
+        waiting: list[float],
     ) -> bool:
         """A lost node and no hot spare: re-form the survivors in place at the smaller size (announced,
         then joined like any generation), or refuse; False when another node (or a spare) decides."""
@@ -332,7 +342,16 @@ class NodeRecovery:
                 nproc = cfg.nproc_per_node
                 ctx = self.ledger.ctx()
                 for ev in inplace_records.lost_without_spare(
-                    dropped, self.node, s.active, silent, nproc, snap.now, ctx, dead=dead, left=left
+                    dropped,
+                    self.node,
+                    s.active,
+                    silent,
+                    nproc,
+                    snap.now,
+                    ctx,
+                    dead=dead,
+                    left=left,
+                    waited=bool(waiting),  # this node's ranks reported waiting (else: blocked in a step)
                 ):
                     self.ledger.emit(ev)
                 self.record("shrink_in_place", reason, snap.now)

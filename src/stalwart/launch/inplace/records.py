@@ -93,11 +93,13 @@ def lost_without_spare(
     ctx: Mapping[str, Any],  # Any: unpacked as each event's keyword arguments
     dead: Mapping[str, float] | None = None,
     left: frozenset[str] = frozenset(),
+    waited: bool = True,
 ) -> tuple[FailureDetected, IncidentRaised]:
     """The lost node's failure, as this node detected it (its agent is gone), and the incident that
     names the lost host (this node is its witness): a dead agent (its liveness connection closed,
     ``dead``: node -> seconds since seen), an agent that left the job on purpose (of ``dead``, in
-    ``left``: it excluded its own node) or a silent host (its heartbeat past the bound)."""
+    ``left``: it excluded its own node) or a silent host (its heartbeat past the bound; ``waited``: this
+    node's ranks reported waiting for a new generation, else they are still blocked in a step with it)."""
     gone = ", ".join(lost)
     action = f"re-formed the group in place without host {gone}"
     rank = min(list(active).index(n) for n in lost) * nproc_per_node
@@ -116,7 +118,11 @@ def lost_without_spare(
         found = dead_agent_incident(tuple(lost), node, onset, now, action)
     else:
         quiet = max(silent.get(n, 0.0) for n in lost)
-        onset, evidence = now - quiet, f"node {gone}: no heartbeat for {quiet:.1f}s while its peers wait"
-        found = silent_host_incident(tuple(lost), node, quiet, now, action)
+        onset = now - quiet
+        blocked = (
+            "while its peers wait" if waited else "and nothing from its host, while its peers are blocked"
+        )
+        evidence = f"node {gone}: no heartbeat for {quiet:.1f}s {blocked}"
+        found = silent_host_incident(tuple(lost), node, quiet, now, action, waited)
     failure = FailureDetected(ts=now, failure="agent_lost", evidence=evidence, onset=onset, rank=rank, **ctx)
     return failure, found.to_event(**ctx)
