@@ -49,11 +49,29 @@ def reference(tmp_path_factory) -> dict:
 
 
 def test_sigkill_mid_epoch_resumes_bit_identically(tmp_path: Path, reference: dict):
+    """Through the checkpoint (the survivors' live state not left): the newest save, mid-epoch."""
     out = tmp_path / "out.json"
-    res = _run(tmp_path / "run", out, ENV, "--chaos", "crash@rank=1,step=8")
+    res = _run(tmp_path / "run", out, ENV, "--no-leave-state", "--chaos", "crash@rank=1,step=8")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     resumed = [e.step for e in events(tmp_path / "run", TrainingResumed)]
     assert resumed == [0, 6] and 6 % PER_EPOCH != 0, resumed  # the newest save, mid-epoch
+    got = json.loads(out.read_text())
+    assert got["global_step"] == STEPS and got["weights"] == reference["weights"]
+
+
+def test_sigkill_resumes_from_the_state_the_survivor_left_with_nothing_redone_bit_identically(
+    tmp_path: Path, reference: dict
+):
+    """Rank 1 SIGKILLed as step 10 begins (saves at 3, 6, 9): rank 0 fails in that step's all-reduce
+    and leaves Lightning's checkpoint of step 10's start in node memory (integrations/lightning_left.py);
+    the restarted group resumes there, not at the step-9 checkpoint, rank 1 from rank 0's file with its
+    own RNG record, and ends with the weights of the uninterrupted run."""
+    run_dir, out = tmp_path / "run", tmp_path / "out.json"
+    res = _run(run_dir, out, ENV, "--chaos", "crash@rank=1,step=10")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    resumed = [(e.step, e.from_checkpoint) for e in events(run_dir, TrainingResumed)]
+    assert resumed[0][0] == 0 and resumed[1:] == [(10, "live:rank0:node-memory")], resumed
+    assert 10 % PER_EPOCH != 0  # mid-epoch: the data position came from the left state too
     got = json.loads(out.read_text())
     assert got["global_step"] == STEPS and got["weights"] == reference["weights"]
 
@@ -100,7 +118,10 @@ def test_a_plain_dataloader_resumed_mid_epoch_is_told_precisely_what_differs(tmp
     plain = {"FIXTURE_EVERY": "3"}
     whole = _run(tmp_path / "whole", tmp_path / "whole.json", plain)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    res = _run(tmp_path / "run", tmp_path / "out.json", plain, "--chaos", "crash@rank=1,step=8")
+    # through the checkpoint (--no-leave-state): its position is what the warning is about
+    res = _run(
+        tmp_path / "run", tmp_path / "out.json", plain, "--no-leave-state", "--chaos", "crash@rank=1,step=8"
+    )
     text = res.stdout + res.stderr
     assert res.returncode == 0, text[-3000:]
     assert [e.step for e in events(tmp_path / "run", TrainingResumed)] == [0, 6]

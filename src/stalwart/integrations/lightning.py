@@ -10,6 +10,9 @@ not taken for a hang, lets chaos faults fire at step boundaries, saves Lightning
 every ``checkpoint_every`` steps (written to a temporary name and renamed, so a crash mid-write never
 leaves a checkpoint that looks complete), and on SIGTERM/SIGUSR1 to the agent stops every rank after
 the same step with an emergency checkpoint and exit code 76. Resume is Lightning's: ``ckpt_path``.
+When a peer's failure breaks the group (one node, DDP), each survivor leaves Lightning's checkpoint of
+the last completed step in node memory on its way out, and ``resume_path()`` hands the restarted group
+that instead of the older checkpoint: at most the interrupted step is redone (lightning_left.py).
 
 Exact resume: the callback's own state in Lightning's checkpoint holds every rank's RNG (Python,
 numpy, torch CPU and CUDA), gathered from all ranks at each save. On resume each rank restores its
@@ -38,9 +41,13 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
         "stalwart.integrations.lightning needs Lightning: pip install 'stalwart[lightning]'"
     ) from exc
 
+from ..events import LEFT_IN_MEMORY
 from ..exit_codes import EXIT_PREEMPTED
 from ..protocol.json_collective import JSON, PeerDataError, all_gather_json
 from ..train import rng
+from .lightning_left import LeftCheckpoint
+from .lightning_left import applies as left_applies
+from .lightning_left import arm as left_arm
 from .link import EVALUATION, StepLink
 
 if TYPE_CHECKING:
@@ -75,12 +82,21 @@ class StalwartCallback(Callback):
         self.preempted = False
         # Any: an RNG state (random, numpy and torch each take their own type back)
         self._rng_to_restore: dict[str, Any] | None = None
+        self._left: LeftCheckpoint | None = (
+            None  # the live state left on a peer's failure (lightning_left.py)
+        )
+        self._left_armed = False
+        self._leaving = False  # writing the left checkpoint: no collective in state_dict
 
     # --- the callback's state in Lightning's checkpoint: every rank's RNG -----------------------
 
     # Any: Lightning's Callback.state_dict/load_state_dict signatures
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's RNG states (Lightning calls this on every rank while saving; rank 0 writes)."""
+        """Every rank's RNG states (Lightning calls this on every rank while saving; rank 0 writes).
+        Nothing in the checkpoint a rank leaves on its way out (no collective then: the group is
+        broken); its RNG is in its record of the step (lightning_left.py)."""
+        if self._leaving:
+            return {}
         mine = rng.capture()
         self._rng_to_restore = mine  # the next batch starts from it, as a resumed run's does
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -107,9 +123,50 @@ class StalwartCallback(Callback):
     # --- resume -------------------------------------------------------------------------------
 
     def resume_path(self) -> str | None:
-        """The newest complete checkpoint of this run (for ``trainer.fit(ckpt_path=...)``), or None."""
+        """Where ``trainer.fit(ckpt_path=...)`` resumes: the live state the survivors of a peer's
+        failure left in node memory when it is newer than the newest complete checkpoint of this run
+        (lightning_left.py), else that checkpoint, or None."""
         found = _checkpoints(self.dirpath)
+        left = self._arm()
+        if left is not None:
+            got = left.resume(_step(found[-1]) if found else -1)
+            if got is not None:
+                return str(got.path)
         return str(found[-1]) if found else None
+
+    def _arm(self) -> LeftCheckpoint | None:
+        if not self._left_armed:
+            self._left_armed = True
+            self._left = left_arm(self.link)
+        return self._left
+
+    def _take_left(self, trainer: pl.Trainer) -> str:
+        """At train start (every rank, once the checkpoint was loaded): whether it applies here; on a
+        resume from a left file, this rank's RNG record of that step; then the files go, after every
+        rank loaded its own. What ``TrainingResumed.from_checkpoint`` says."""
+        source = str(trainer.ckpt_path or "")
+        left = self._arm()
+        if left is None:
+            return source
+        why = left_applies(trainer)
+        if why:
+            self.link.note(f"StalwartCallback: no live state is left on a peer's failure: {why}")
+            left.close()
+            self._left = None
+            return source
+        got = left.resumed
+        if got is not None and source and Path(source) == got.path:
+            failed = left.restore_rng()
+            if failed:
+                self.link.note(
+                    f"rank {self.link.rank}: {failed}; its random streams differ from an uninterrupted run"
+                )
+            else:
+                self._rng_to_restore = rng.capture()  # again at the epoch's and the first batch's start
+            source = f"live:rank{got.source}{LEFT_IN_MEMORY}"
+        trainer.strategy.barrier("stalwart-left-state")  # every rank loaded its file: remove them
+        left.forget()
+        return source
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -121,7 +178,10 @@ class StalwartCallback(Callback):
             else trainer.estimated_stepping_batches
         )
         total = int(total) if total is not None and math.isfinite(total) else 0
-        self.link.started(trainer.global_step, total, from_checkpoint=str(trainer.ckpt_path or ""))
+        source = self._take_left(trainer)
+        self.link.started(
+            trainer.global_step, total, from_checkpoint=source, leaves_state=self._left is not None
+        )
         if trainer.is_global_zero and not _resumable(trainer.train_dataloader):
             warnings.warn(_position_warning(trainer), stacklevel=2)
 
@@ -135,6 +195,8 @@ class StalwartCallback(Callback):
         if self._rng_to_restore is not None:  # the first batch after a save or a resume
             rng.restore(self._rng_to_restore)
             self._rng_to_restore = None
+        if self._left is not None:
+            self._left.batch_began(trainer.global_step)
         self.link.begin_step(trainer.global_step)
         self.link.section_begin("forward")
 
@@ -163,6 +225,22 @@ class StalwartCallback(Callback):
             trainer.should_stop = True
         elif self.every and done % self.every == 0:
             self._save(trainer, emergency=False)
+        if self._left is not None:
+            self._left.batch_ended(trainer)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """A peer's failure broke the group: leave the state after the last completed step."""
+        if self._left is None:
+            return
+        self._leaving = True
+        try:
+            why = self._left.leave(trainer, exception)
+        finally:
+            self._leaving = False
+        if why:
+            self.link.note(why)
 
     def on_validation_batch_start(
         self,
@@ -245,6 +323,10 @@ def _resumable(loaders: object) -> bool:
     flat = getattr(loaders, "flattened", None)
     items = flat if flat is not None else (loaders if isinstance(loaders, list | tuple) else [loaders])
     return all(hasattr(x, "state_dict") and hasattr(x, "load_state_dict") for x in items if x is not None)
+
+
+def _step(path: Path) -> int:
+    return int(path.name[len(_PREFIX) : -len(_SUFFIX)])
 
 
 def _checkpoints(directory: Path) -> list[Path]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..events import CheckpointCommitted, TrainingFinished, TrainingResumed
-from ..protocol import CHECKPOINT_SECTION, CheckpointDone, DurableKind, LoopStarted
+from ..protocol import CHECKPOINT_SECTION, CheckpointDone, DurableKind, LoopStarted, Note
 from ..train.session import Session
 from ..train.session_scopes import Section
 
@@ -51,8 +51,11 @@ class StepLink:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def started(self, first_step: int, total_steps: int, from_checkpoint: str = "") -> None:
-        """The loop starts (or resumes) at ``first_step`` of ``total_steps``."""
+    def started(
+        self, first_step: int, total_steps: int, from_checkpoint: str = "", *, leaves_state: bool = False
+    ) -> None:
+        """The loop starts (or resumes) at ``first_step`` of ``total_steps``; ``leaves_state``: on a
+        peer's failure this rank leaves its live state on the node (the agent gives it its stop grace)."""
         s = self.session
         s._completed = first_step
         s._ckpt.last_saved = first_step if from_checkpoint else -1
@@ -62,7 +65,7 @@ class StepLink:
                     ts=s.clock.now(), step=first_step, from_checkpoint=from_checkpoint, **s._ctx()
                 )
             )
-        s._send(LoopStarted(s.rank, first_step, total_steps, s.clock.now()))
+        s._send(LoopStarted(s.rank, first_step, total_steps, s.clock.now(), leaves_state))
 
     def begin_step(self, step: int) -> None:
         if self._in_step:  # a step the framework skipped ending (e.g. a skipped optimizer step)
@@ -92,6 +95,11 @@ class StepLink:
         """A heartbeat outside a training step (evaluation): progress, not a hang."""
         s = self.session
         s._beat(s.completed, phase, s.clock.now())
+
+    def note(self, text: str) -> None:
+        """A line for the agent's console and ledger (something the user should know, not a failure)."""
+        s = self.session
+        s._send(Note(s.rank, text, s.clock.now()))
 
     def stop_requested(self) -> bool:
         """True once the agent (or a signal) asked every rank to stop after the current step."""

@@ -1,0 +1,200 @@
+"""Live state for a Lightning run: what a surviving rank leaves in its node's memory on the way out,
+and the checkpoint path the restarted group resumes from instead of rolling back (docs/integrations.md).
+
+Lightning owns its loop, so when a peer dies the survivors' ``fit`` fails with the broken group's
+communication error and the agent restarts the whole group warm. Without this module that resumed
+from the newest checkpoint although every survivor held the state of the last completed step. Now,
+as the loop idiom does (train/left_state.py), in Lightning's own terms:
+
+1. at every batch start a rank records its RNG streams (train/live_rng.py: the file a rank that died
+   cannot take with it); at every batch end where an optimizer stepped (the point where the callback
+   saves its checkpoints) it records the part of Lightning's checkpoint that moves on before the next
+   step's optimizer does: the loops' state (the data position included) and the LR schedulers';
+2. when a communication failure reaches the callback's ``on_exception``, the rank writes Lightning's
+   own checkpoint of that moment with those parts taken from the record: the models and optimizers
+   are still at the last completed step as long as no optimizer stepped since (a global optimizer step
+   hook says so; a rank whose optimizer stepped leaves nothing). It is written 0600 under a temporary
+   name in the node's private memory directory and renamed, named by its step;
+3. the restarted group's ``resume_path()`` returns the newest such file when it is newer than the
+   newest checkpoint: the lowest step any rank left (every rank must resume at the same step), this
+   rank's own file when it holds that step, else the file of the lowest rank that does (DDP replicas
+   are identical). At the first batch each rank restores its RNG record of that step, so the run goes
+   on as if uninterrupted. After every rank loaded it, the files are removed.
+
+Where it does not apply (nothing is left, the checkpoint decides as before): more than one node (the
+ranks of a node that died with all its ranks would find no file, and the nodes could not agree on a
+step before ``fit`` forms the group), strategies other than DDP or one device (sharded state is held
+by nobody whole), a Lightning without the checkpoint connector this uses, ``--no-leave-state``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..train.inplace import is_comm_failure
+from ..train.live_rng import LiveRng, path_for, restore_at
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from .link import StepLink
+
+PREFIX = "lightning-left-"
+_NAME = re.compile(rf"^{re.escape(PREFIX)}(?P<node>.+)-rank(?P<rank>\d+)-step(?P<step>\d+)\.ckpt$")
+STRATEGIES = ("DDPStrategy", "SingleDeviceStrategy")  # replicated state: one rank's file serves all
+
+
+def file_for(directory: Path, node: str, rank: int, step: int) -> Path:
+    return directory / f"{PREFIX}{node}-rank{rank}-step{step:08d}.ckpt"
+
+
+@dataclass(frozen=True)
+class Left:
+    """The left file the restarted group resumes from: its path, the step, the rank that left it."""
+
+    path: Path
+    step: int
+    source: int
+
+
+def choose(directory: Path, node: str, rank: int) -> Left | None:
+    """The file every rank of this node resumes from (pure over the directory's names): the lowest
+    step left, this rank's own file at that step when there is one, else the lowest rank's."""
+    found: list[Left] = []
+    for p in directory.glob(f"{PREFIX}*.ckpt") if directory.is_dir() else ():
+        m = _NAME.match(p.name)
+        if m is not None and m["node"] == node:
+            found.append(Left(p, int(m["step"]), int(m["rank"])))
+    if not found:
+        return None
+    step = min(f.step for f in found)
+    at = sorted((f for f in found if f.step == step), key=lambda f: (f.source != rank, f.source))
+    return at[0]
+
+
+def _opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+class LeftCheckpoint:
+    """One rank's side: records at batch starts and ends, leaves the checkpoint, picks it back up."""
+
+    def __init__(self, directory: Path, node: str, rank: int, local_rank: int) -> None:
+        self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
+        self.rng = LiveRng(path_for(directory, node, rank))
+        self.boundary: dict[str, Any] | None = (
+            None  # Any: Lightning's checkpoint entries at the last step end
+        )
+        self.stepped = False  # an optimizer stepped since the boundary was recorded
+        self.resumed: Left | None = None  # the file resume_path() handed to Lightning
+        self._rng_step = -1  # the step whose RNG record was written (its first batch's)
+        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+
+    def _optimizer_stepped(self, *_: object) -> None:
+        self.stepped = True
+
+    def batch_began(self, step: int) -> None:
+        """At the first batch of each optimizer step: this rank's RNG streams as the step starts."""
+        if step != self._rng_step:
+            self.rng.write(step)
+            self._rng_step = step
+
+    def batch_ended(self, trainer: pl.Trainer) -> None:
+        """After a batch whose optimizer stepped (gradient accumulation: not after the others, whose
+        gradients no checkpoint holds): the entries that move on before the next optimizer step."""
+        if not self.stepped:
+            return
+        connector = trainer._checkpoint_connector
+        self.boundary = {
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "loops": copy.deepcopy(connector._get_loops_state_dict()),
+            "lr_schedulers": [copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs],
+        }
+        self.stepped = False
+
+    def leave(self, trainer: pl.Trainer, exc: BaseException) -> str:
+        """From ``on_exception``: write the checkpoint after the last completed step when ``exc`` is a
+        peer's failure; "" when written or not wanted, else why not (never raises)."""
+        if not is_comm_failure(exc):
+            return ""
+        if self.boundary is None:
+            return f"rank {self.rank} failed before its first completed step: nothing to leave"
+        if self.stepped:
+            return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
+        step = int(self.boundary["global_step"])
+        path = file_for(self.directory, self.node, self.rank, step)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            ckpt.update(self.boundary)
+            with open(tmp, "wb", opener=_opener) as f:
+                torch.save(ckpt, f)
+            os.replace(tmp, path)
+        except Exception as exc2:  # noqa: BLE001 - the process is ending anyway: say why, leave nothing
+            tmp.unlink(missing_ok=True)
+            return f"rank {self.rank} could not leave its state ({type(exc2).__name__}: {exc2})"
+        return ""
+
+    def resume(self, newest_checkpoint: int) -> Left | None:
+        """The left file to resume from when it is newer than the newest checkpoint (step count)."""
+        got = choose(self.directory, self.node, self.rank)
+        self.resumed = got if got is not None and got.step > newest_checkpoint else None
+        return self.resumed
+
+    def restore_rng(self) -> str:
+        """This rank's RNG record at the resumed step, set now; "" on success, else why not."""
+        assert self.resumed is not None
+        return restore_at(path_for(self.directory, self.node, self.rank), self.resumed.step)
+
+    def forget(self) -> None:
+        """Remove the files this node's ranks left (local rank 0, once every rank loaded its own; the
+        others their own): a later restart must never resume from an older state than a newer
+        checkpoint."""
+        mine = re.compile(rf"^{re.escape(PREFIX)}{re.escape(self.node)}-rank{self.rank}-step\d+\.ckpt$")
+        for p in self.directory.glob(f"{PREFIX}{self.node}-rank*-step*.ckpt"):
+            if self.local_rank == 0 or mine.match(p.name):
+                p.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._hook.remove()
+        self.rng.close()
+
+
+def arm(link: StepLink) -> LeftCheckpoint | None:
+    """This rank's left checkpoint, or None where it does not apply: without an agent or its node
+    memory directory, with ``--no-leave-state``, alone, or across nodes (the module's docstring)."""
+    s = link.session
+    w = s.worker_env
+    if w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
+        return None
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if world < 2 or world != local:
+        return None
+    return LeftCheckpoint(Path(w.mem_dir), s.node, s.rank, s.local_rank)
+
+
+def applies(trainer: pl.Trainer) -> str:
+    """ "" when this trainer's state can be left whole, else why not (said once, at train start)."""
+    name = type(trainer.strategy).__name__
+    if name not in STRATEGIES:
+        return f"the {name} strategy's state is sharded or not replicated"
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    if (
+        connector is None
+        or not hasattr(connector, "dump_checkpoint")
+        or not hasattr(connector, "_get_loops_state_dict")
+    ):
+        return "this Lightning has no checkpoint connector with dump_checkpoint and _get_loops_state_dict"
+    return ""
+
+
+__all__ = ["Left", "LeftCheckpoint", "applies", "arm", "choose", "file_for"]
