@@ -18,10 +18,13 @@ the bytes moved against the state size.
 With ``--idiom loop`` the job is the plain loop idiom instead (charlm ``--idiom loop``: no
 ``Session.run``), measured two ways: ``stalwart`` (the default: the survivors' processes end with the
 broken group, they leave their live state in node memory on the way out, and the whole group restarts
-warm and takes it: train/left_state.py) and ``torchrun``.
+warm and takes it: train/left_state.py) and ``torchrun``. ``--idiom lightning`` runs the same model
+as a Lightning job (bench/lightning_worker.py: the StalwartCallback, a StatefulDataLoader), measured
+the same two ways (the survivors leave Lightning's checkpoint of the last completed step:
+integrations/lightning_left.py).
 
 Run: .venv/bin/python bench/bench_inplace.py [--ranks 2,4,8,16] [--repeats 1] [--json out.json]
-     [--idiom loop --crash-step 35 --steps 45]
+     [--idiom loop|lightning --crash-step 35 --steps 45]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ JOB = [
     "--log-every",
     "1",
 ]
+WORKER = HERE / "recovery_worker.py"  # bench/lightning_worker.py with --idiom lightning
 STEP_LINE = re.compile(r"^(?:\[\w+\]:)?step (\d+)/\d+ .* t (\d+\.\d+)$")
 
 
@@ -91,7 +95,7 @@ def run_stalwart(work: Path, ranks: int, in_place: bool) -> dict:
     cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nproc-per-node", str(ranks)]
     cmd += ["--run-dir", str(run_dir), "--chaos", f"crash@rank=1,step={CRASH_STEP}"]
     cmd += [] if in_place else ["--no-in-place"]
-    cmd += [str(HERE / "recovery_worker.py"), *JOB]
+    cmd += [str(WORKER), *JOB]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.time() - t0
@@ -134,7 +138,7 @@ def run_torchrun(work: Path, ranks: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     # one restart is needed; the spares keep a restart that itself fails (seen once at 8 ranks) from
     # ending the run: each counts in the time to the first step after the fault
-    cmd += ["--max-restarts", "3", "--monitor-interval", "0.1", str(HERE / "recovery_worker.py"), *JOB]
+    cmd += ["--max-restarts", "3", "--monitor-interval", "0.1", str(WORKER), *JOB]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.time() - t0
@@ -146,12 +150,12 @@ def run_torchrun(work: Path, ranks: int) -> dict:
 
 
 def main() -> None:
-    global CRASH_STEP
+    global CRASH_STEP, WORKER
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-torchrun", action="store_true")
-    ap.add_argument("--idiom", choices=("run", "loop"), default="run")
+    ap.add_argument("--idiom", choices=("run", "loop", "lightning"), default="run")
     ap.add_argument("--crash-step", type=int, default=CRASH_STEP)
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--json", default="")
@@ -164,8 +168,11 @@ def main() -> None:
         ("in-place", lambda w, n: run_stalwart(w, n, True)),
         ("warm", lambda w, n: run_stalwart(w, n, False)),
     ]
-    if args.idiom == "loop":
-        JOB.extend(["--idiom", "loop"])
+    if args.idiom in ("loop", "lightning"):
+        if args.idiom == "loop":
+            JOB.extend(["--idiom", "loop"])
+        else:
+            WORKER = HERE / "lightning_worker.py"
         variants = [("stalwart", lambda w, n: run_stalwart(w, n, True))]
     if not args.skip_torchrun:
         variants.append(("torchrun", run_torchrun))
