@@ -21,10 +21,11 @@ broken group, they leave their live state in node memory on the way out, and the
 warm and takes it: train/left_state.py) and ``torchrun``. ``--idiom lightning`` runs the same model
 as a Lightning job (bench/lightning_worker.py: the StalwartCallback, a StatefulDataLoader), measured
 the same two ways (the survivors leave Lightning's checkpoint of the last completed step:
-integrations/lightning_left.py).
+integrations/lightning_left.py); ``--idiom hf`` as a Hugging Face ``Trainer`` job (bench/hf_worker.py:
+a GPT-2 of charlm's size; integrations/hf_left.py).
 
 Run: .venv/bin/python bench/bench_inplace.py [--ranks 2,4,8,16] [--repeats 1] [--json out.json]
-     [--idiom loop|lightning --crash-step 35 --steps 45]
+     [--idiom loop|lightning|hf --crash-step 35 --steps 45]
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ JOB = [
     "--log-every",
     "1",
 ]
-WORKER = HERE / "recovery_worker.py"  # bench/lightning_worker.py with --idiom lightning
+WORKER = HERE / "recovery_worker.py"  # bench/<idiom>_worker.py with --idiom lightning or hf
 STEP_LINE = re.compile(r"^(?:\[\w+\]:)?step (\d+)/\d+ .* t (\d+\.\d+)$")
 
 
@@ -155,7 +156,7 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-torchrun", action="store_true")
-    ap.add_argument("--idiom", choices=("run", "loop", "lightning"), default="run")
+    ap.add_argument("--idiom", choices=("run", "loop", "lightning", "hf"), default="run")
     ap.add_argument("--crash-step", type=int, default=CRASH_STEP)
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--json", default="")
@@ -168,11 +169,11 @@ def main() -> None:
         ("in-place", lambda w, n: run_stalwart(w, n, True)),
         ("warm", lambda w, n: run_stalwart(w, n, False)),
     ]
-    if args.idiom in ("loop", "lightning"):
+    if args.idiom in ("loop", "lightning", "hf"):
         if args.idiom == "loop":
             JOB.extend(["--idiom", "loop"])
         else:
-            WORKER = HERE / "lightning_worker.py"
+            WORKER = HERE / f"{args.idiom}_worker.py"
         variants = [("stalwart", lambda w, n: run_stalwart(w, n, True))]
     if not args.skip_torchrun:
         variants.append(("torchrun", run_torchrun))

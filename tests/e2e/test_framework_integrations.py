@@ -68,6 +68,23 @@ def test_crash_resumes_exactly_through_the_framework_checkpoint(framework, scrip
     assert got["weights"] == want["weights"]
 
 
+def test_hf_resumes_from_the_state_the_survivor_left_with_nothing_redone_and_exactly(tmp_path):
+    """Rank 1 SIGKILLed as step 6 begins (checkpoints every 4): rank 0's ``train`` fails in that step's
+    all-reduce and it leaves a ``checkpoint-6`` of the last completed step in node memory
+    (integrations/hf_left.py); the restarted group resumes there, not at checkpoint-4, each rank with
+    its own RNG record of step 6, and ends with the uninterrupted run's weights, value for value."""
+    pytest.importorskip("transformers")
+    run_dir, out, res = _run(tmp_path, "hf_train.py", "chaos", "--chaos", f"crash@rank=1,step={CRASH_STEP}")
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    resumed = [(e.step, e.from_checkpoint) for e in events(run_dir, TrainingResumed)]
+    assert resumed[0][0] == 0 and resumed[1:] == [(CRASH_STEP, "live:rank0:node-memory")], resumed
+    _, ref_out, ref = _run(tmp_path, "hf_train.py", "reference")
+    assert ref.code == 0, ref.out[-3000:] + ref.err[-3000:]
+    got, want = json.loads(out.read_text()), json.loads(ref_out.read_text())
+    assert got["global_step"] == want["global_step"] == STEPS
+    assert got["weights"] == want["weights"]
+
+
 @pytest.mark.parametrize("framework,script", [("lightning", "lightning_train.py"), ("hf", "hf_train.py")])
 def test_sigterm_to_the_agent_saves_an_emergency_checkpoint_and_the_requeue_resumes_there(
     framework, script, tmp_path

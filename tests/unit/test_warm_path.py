@@ -66,5 +66,13 @@ def test_preload_list_reads_main_guard_and_try_blocks_but_not_functions(tmp_path
         "def f():\n    import secret_heavy\n"
         "if __name__ == '__main__':\n    from mypkg.train import main\n    main()\n"
     )
-    assert script_imports(str(script), False) == ["os", "json", "pathlib", "yaml", "mypkg.train"]
+    assert script_imports(str(script), False) == [
+        "os",
+        "json",
+        "pathlib",
+        "pathlib:Path",
+        "yaml",
+        "mypkg.train",
+        "mypkg.train:main",
+    ]
     assert script_imports(str(tmp_path / "missing.py"), False) == []

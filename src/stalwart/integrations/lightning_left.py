@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,43 +39,24 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..train.inplace import is_comm_failure
 from ..train.live_rng import LiveRng, path_for, restore_at
+from .left_files import Left, Names
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from .link import StepLink
 
-PREFIX = "lightning-left-"
-_NAME = re.compile(rf"^{re.escape(PREFIX)}(?P<node>.+)-rank(?P<rank>\d+)-step(?P<step>\d+)\.ckpt$")
+NAMES = Names("lightning-left-", ".ckpt")
 STRATEGIES = ("DDPStrategy", "SingleDeviceStrategy")  # replicated state: one rank's file serves all
 
 
 def file_for(directory: Path, node: str, rank: int, step: int) -> Path:
-    return directory / f"{PREFIX}{node}-rank{rank}-step{step:08d}.ckpt"
-
-
-@dataclass(frozen=True)
-class Left:
-    """The left file the restarted group resumes from: its path, the step, the rank that left it."""
-
-    path: Path
-    step: int
-    source: int
+    return NAMES.path(directory, node, rank, step)
 
 
 def choose(directory: Path, node: str, rank: int) -> Left | None:
-    """The file every rank of this node resumes from (pure over the directory's names): the lowest
-    step left, this rank's own file at that step when there is one, else the lowest rank's."""
-    found: list[Left] = []
-    for p in directory.glob(f"{PREFIX}*.ckpt") if directory.is_dir() else ():
-        m = _NAME.match(p.name)
-        if m is not None and m["node"] == node:
-            found.append(Left(p, int(m["step"]), int(m["rank"])))
-    if not found:
-        return None
-    step = min(f.step for f in found)
-    at = sorted((f for f in found if f.step == step), key=lambda f: (f.source != rank, f.source))
-    return at[0]
+    """The file every rank of this node resumes from (left_files.py)."""
+    return NAMES.choose(directory, node, rank)
 
 
 def _opener(path: str, flags: int) -> int:
@@ -159,10 +138,7 @@ class LeftCheckpoint:
         """Remove the files this node's ranks left (local rank 0, once every rank loaded its own; the
         others their own): a later restart must never resume from an older state than a newer
         checkpoint."""
-        mine = re.compile(rf"^{re.escape(PREFIX)}{re.escape(self.node)}-rank{self.rank}-step\d+\.ckpt$")
-        for p in self.directory.glob(f"{PREFIX}{self.node}-rank*-step*.ckpt"):
-            if self.local_rank == 0 or mine.match(p.name):
-                p.unlink(missing_ok=True)
+        NAMES.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
 
     def close(self) -> None:
         self._hook.remove()

@@ -38,6 +38,18 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 _AGENT_PID = 0  # the server's parent: the agent that adopts its workers
 
 
+def _take_attribute(module: str, attr: str) -> None:
+    """``from module import attr`` ahead of the script (the module is already imported, or failed and
+    was said so): only a speed-up, so a failure here is silent and the worker meets it itself."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return
+    try:
+        getattr(mod, attr)
+    except BaseException:  # noqa: BLE001 - a name that is a submodule, or fails: the worker's to meet
+        pass
+
+
 def serve() -> None:
     """The server's main: ``argv`` holds the socket's descriptor and the JSON list to preload."""
     global _AGENT_PID
@@ -52,6 +64,9 @@ def serve() -> None:
     loaded: list[str] = []
     failed: dict[str, str] = {}
     for name in preload:
+        if ":" in name:  # ``from M import a``: the attribute, loaded now where M loads it lazily
+            _take_attribute(*name.split(":", 1))
+            continue
         try:
             __import__(name)
             loaded.append(name)

@@ -1,0 +1,183 @@
+"""Live state for a Hugging Face ``Trainer`` run: the checkpoint a surviving rank leaves in its node's
+memory on the way out, and the restarted group's resume from it instead of the older ``checkpoint-N``
+(docs/integrations.md).
+
+The ``Trainer`` owns its loop, so when a peer dies the survivors' ``train`` fails with the broken
+group's communication error and the agent restarts the whole group warm. As the Lightning callback's
+survivors do (lightning_left.py), in the ``Trainer``'s own terms:
+
+1. at every step end (after the optimizer and the LR scheduler stepped) a rank records the
+   ``TrainerState`` (the global step, which also sets the data position: the ``Trainer`` skips the
+   batches a resumed epoch already saw) and the scheduler's state; at every step's start its RNG
+   streams (train/live_rng.py: the record a rank that died leaves behind too);
+2. when a communication failure escapes ``train`` (the process's excepthook, chained before the
+   SDK's), the rank writes a ``checkpoint-N`` directory the ``Trainer`` resumes from: the model
+   (``save_pretrained``, safetensors), the optimizer's and the scheduler's state, and the recorded
+   ``trainer_state.json`` (written last, as the ``Trainer`` does). The model and optimizer are still at
+   the last completed step as long as no optimizer stepped since the record (a global optimizer step
+   hook says so; a rank whose optimizer stepped leaves nothing). It is written under a temporary name
+   in the node's private memory directory and renamed;
+3. the restarted group's ``resume_path`` returns the newest such directory when it is newer than the
+   newest ``checkpoint-N`` of the output directory (left_files.py: the lowest step any rank left, this
+   rank's own when it holds it); at the first step each rank restores its own RNG record of that
+   step (a rank that died is thus replaced with its own random streams); after that step (which every
+   rank began from the files) they are removed.
+
+Where it does not apply (the checkpoint decides as before): more than one node, FSDP or DeepSpeed
+(sharded state), ``--no-leave-state``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..train.inplace import is_comm_failure
+from ..train.live_rng import LiveRng, path_for, restore_at
+from .left_files import Left, Names
+from .link import StepLink
+
+NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>
+STATE_FILE = "trainer_state.json"  # written last: a directory without it is not whole
+
+
+class HfLeft:
+    """One rank's side: records at step starts and ends, leaves the checkpoint, picks it back up."""
+
+    def __init__(
+        self,
+        directory: Path,
+        node: str,
+        rank: int,
+        local_rank: int,
+        note: Callable[[str], None] = lambda t: None,
+    ) -> None:
+        self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
+        self._note = note
+        self.rng = LiveRng(path_for(directory, node, rank))
+        # Any: the Trainer's objects (TrainerState, the model, optimizer and scheduler), and state dicts
+        self.boundary: tuple[int, Any, Any] | None = None  # (step, TrainerState copy, scheduler state)
+        self.objects: tuple[Any, Any] | None = None  # (model, optimizer)
+        self.stepped = False  # an optimizer stepped since the boundary was recorded
+        self.resumed: Left | None = None
+        self._restore_at: int | None = None  # the resumed step whose RNG record the first step restores
+        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._prev_hook: Callable[[type[BaseException], BaseException, TracebackType | None], Any] | None = (
+            None
+        )
+
+    def _optimizer_stepped(self, *_: object) -> None:
+        self.stepped = True
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def step_began(self, step: int) -> str:
+        """At a step's start: on the first step of a resume from a left state, this rank's RNG record
+        of it (why not, or ""); then this step's record."""
+        why = ""
+        if self._restore_at is not None:
+            why = restore_at(path_for(self.directory, self.node, self.rank), self._restore_at)
+            self._restore_at = None
+        self.rng.write(step)
+        return why
+
+    # Any: the Trainer's TrainerState, model, optimizer and scheduler
+    def step_ended(self, state: Any, model: Any, optimizer: Any, scheduler: Any) -> None:
+        """After the optimizer and scheduler stepped: what moves on before the next optimizer step."""
+        sched = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
+        self.boundary = (int(state.global_step), copy.deepcopy(state), sched)
+        self.objects = (model, optimizer)
+        self.stepped = False
+        if self.resumed is not None:  # every rank began the resumed step from the files: remove them
+            NAMES.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
+            self.resumed = None
+
+    # --- on the way out ------------------------------------------------------------------------
+
+    def chain(self) -> None:
+        """Leave the state from the process's excepthook, before the hook that was there (the SDK's)."""
+        self._prev_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+
+    def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        why = self.leave(value)
+        if why:
+            self._note(why)
+        if self._prev_hook is not None:
+            self._prev_hook(etype, value, tb)
+
+    def leave(self, exc: BaseException) -> str:
+        """Write the ``checkpoint-N`` of the last completed step when ``exc`` is a peer's failure; ""
+        when written or not wanted, else why not (never raises: the process is ending anyway)."""
+        if not is_comm_failure(exc):
+            return ""
+        if self.boundary is None or self.objects is None:
+            return f"rank {self.rank} failed before its first completed step: nothing to leave"
+        if self.stepped:
+            return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
+        step, state, sched = self.boundary
+        model, optimizer = self.objects
+        path = NAMES.path(self.directory, self.node, self.rank, step)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.mkdir(mode=0o700)
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            if sched is not None:
+                torch.save(sched, tmp / "scheduler.pt")
+            state.save_to_json(str(tmp / STATE_FILE))
+            os.replace(tmp, path)
+        except Exception as exc2:  # noqa: BLE001 - the process is ending anyway: say why, leave nothing
+            shutil.rmtree(tmp, ignore_errors=True)
+            return f"rank {self.rank} could not leave its state ({type(exc2).__name__}: {exc2})"
+        return ""
+
+    # --- the restart ---------------------------------------------------------------------------
+
+    def resume(self, newest_checkpoint: int) -> Left | None:
+        """The left directory to resume from when it is newer than the newest checkpoint (its step)."""
+        got = NAMES.choose(self.directory, self.node, self.rank)
+        if got is not None and not (got.path / STATE_FILE).is_file():
+            got = None
+        self.resumed = got if got is not None and got.step > newest_checkpoint else None
+        self._restore_at = self.resumed.step if self.resumed is not None else None
+        return self.resumed
+
+    def close(self) -> None:
+        self._hook.remove()
+        self.rng.close()
+        if self._prev_hook is not None and sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_hook
+
+
+def arm(link: StepLink) -> HfLeft | None:
+    """This rank's left checkpoint, or None where it does not apply: without an agent or its node
+    memory directory, with ``--no-leave-state``, alone, or across nodes."""
+    s = link.session
+    w = s.worker_env
+    if w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
+        return None
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if world < 2 or world != local:
+        return None
+    return HfLeft(Path(w.mem_dir), s.node, s.rank, s.local_rank, link.note)
+
+
+# Any: TrainingArguments (its fields differ across transformers versions)
+def applies(args: Any) -> str:
+    """ "" when this run's state can be left whole, else why not."""
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        return "FSDP and DeepSpeed shard the state: a lost rank's shards are held by nobody"
+    return ""
+
+
+__all__ = ["NAMES", "HfLeft", "applies", "arm"]

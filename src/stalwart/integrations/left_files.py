@@ -1,0 +1,70 @@
+"""The files (or directories) a framework callback's surviving ranks leave in node memory on a peer's
+failure, named ``<prefix><node>-rank<R>-step<S><suffix>``: which one the restarted group resumes from,
+and their removal (integrations/lightning_left.py, integrations/hf_left.py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Left:
+    """The left state the restarted group resumes from: its path, the step, the rank that left it."""
+
+    path: Path
+    step: int
+    source: int
+
+
+@dataclass(frozen=True)
+class Names:
+    """How one framework's left states are named."""
+
+    prefix: str
+    suffix: str = ""
+
+    def path(self, directory: Path, node: str, rank: int, step: int) -> Path:
+        return directory / f"{self.prefix}{node}-rank{rank}-step{step:08d}{self.suffix}"
+
+    def _pattern(self, node: str = "", rank: int = -1) -> re.Pattern[str]:
+        n = re.escape(node) if node else ".+"
+        r = str(rank) if rank >= 0 else r"\d+"
+        return re.compile(
+            rf"^{re.escape(self.prefix)}(?P<node>{n})-rank(?P<rank>{r})-step(?P<step>\d+){re.escape(self.suffix)}$"
+        )
+
+    def found(self, directory: Path, node: str) -> list[Left]:
+        """Every state this node's ranks left (names of other nodes or malformed are skipped)."""
+        pattern = self._pattern(node)
+        out = []
+        for p in directory.glob(f"{self.prefix}*") if directory.is_dir() else ():
+            m = pattern.match(p.name)
+            if m is not None:
+                out.append(Left(p, int(m["step"]), int(m["rank"])))
+        return out
+
+    def choose(self, directory: Path, node: str, rank: int) -> Left | None:
+        """What every rank of this node resumes from: the lowest step left (every rank must resume at
+        the same one), this rank's own at that step when there is one, else the lowest rank's."""
+        found = self.found(directory, node)
+        if not found:
+            return None
+        step = min(f.step for f in found)
+        return sorted((f for f in found if f.step == step), key=lambda f: (f.source != rank, f.source))[0]
+
+    def forget(self, directory: Path, node: str, rank: int, every: bool) -> None:
+        """Remove this rank's own left states, or (``every``: local rank 0, once every rank loaded
+        its own) all of this node's."""
+        mine = self._pattern(node, rank)
+        for left in self.found(directory, node):
+            if every or mine.match(left.path.name):
+                if left.path.is_dir():
+                    shutil.rmtree(left.path, ignore_errors=True)
+                else:
+                    left.path.unlink(missing_ok=True)
+
+
+__all__ = ["Left", "Names"]
