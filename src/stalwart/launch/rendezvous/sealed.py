@@ -9,6 +9,14 @@ fails is never unpickled: a read hands torch the last authentic state (or none) 
 is stored, and a write replaces the planted bytes by compare-and-set on that token; the refusal is
 counted and noted once.
 
+A lost compare-and-set backs off: torch retries a lost write at once with the state it got back, so N
+agents joining together make about N^2/2 attempts of which all but N lose, and at 64 agents on one
+host the storm kept participants from beating within torch's keep-alive expiry (3 keep-alive
+intervals), so they were dropped and joined again without end (bench/rdzv_scale.py). Here a loss waits
+a random time within a window that doubles with each loss in a row (from BACKOFF_S up to
+BACKOFF_CAP_S, reset by a write that holds), then reads the state afresh for torch, so its next attempt
+starts from the newest state rather than from one already stale.
+
 The c10d store: torch's backend opens its TCPStore itself, listening on every interface. Here the
 hosting agent binds the endpoint's own address (a local name resolves to it; loopback stays
 loopback) and hands the socket to the store (``master_listen_fd``); an agent whose address is not the
@@ -20,8 +28,10 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import random
 import socket
 import struct
+import time
 from collections.abc import Callable
 
 from torch.distributed import TCPStore
@@ -33,15 +43,26 @@ from ...job_key import Opened, Refusals, Refused, Signer
 
 DEFAULT_PORT = 29400
 _SEQ = struct.Struct(">Q")
+BACKOFF_S = 0.005  # the first lost compare-and-set waits up to this long; each further loss doubles it
+BACKOFF_CAP_S = 0.5  # ... up to this (bounded well inside torch's keep-alive and close deadlines)
 
 
 class SealedBackend(RendezvousBackend):
     """A :class:`RendezvousBackend` whose state is sealed with the job key and sequenced."""
 
-    def __init__(self, inner: RendezvousBackend, signer: Signer, refusals: Refusals) -> None:
+    def __init__(
+        self,
+        inner: RendezvousBackend,
+        signer: Signer,
+        refusals: Refusals,
+        sleep: Callable[[float], None] = time.sleep,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
         self.inner, self.signer, self.refusals = inner, signer, refusals
         self.seen = 0  # the newest sequence number read or written (an older one is a replay)
         self.last: bytes | None = None  # the newest authentic state torch holds
+        self.losses = 0  # compare-and-sets lost in a row (the backoff window doubles with each)
+        self._sleep, self._draw = sleep, draw
         self._context = "rendezvous-state"
 
     @property
@@ -87,12 +108,24 @@ class SealedBackend(RendezvousBackend):
                 return None
             stored, token, written = got
             if written:
-                self.seen, self.last = seq, state
+                self.seen, self.last, self.losses = seq, state, 0
                 return state, token, True
             current = self._open(stored)
             if current is not None:
-                return current, token, False
+                return self._back_off(current, token)
         return None if self.last is None else (self.last, token, False)
+
+    def _back_off(self, current: bytes, token: Token) -> tuple[bytes, Token, bool]:
+        """After a lost compare-and-set: wait a random time within the window, then hand torch the
+        state as it is now (read as get_state reads it: authentic, or the newest authentic one with
+        the token of what is stored) for its next attempt."""
+        self.losses += 1
+        window = min(BACKOFF_CAP_S, BACKOFF_S * 2 ** min(self.losses - 1, 30))
+        self._sleep(window * self._draw())
+        fresh = self.get_state()
+        if fresh is None:
+            return current, token, False
+        return fresh[0], fresh[1], False
 
 
 def _loopback_trap(host: str, infos: list) -> bool:
