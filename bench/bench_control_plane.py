@@ -18,8 +18,10 @@ board watches every other (as the first node of a group does). Measured per size
 * **memory**: the process's resident memory growth per agent (threads, sockets, store clients).
 
 Not measured here: the workers, the process groups, the heartbeat-bound verdict of a silent host
-(by design the bound, 2.5 s by default). Run: .venv/bin/python bench/bench_control_plane.py
-[--sizes 16,64,256] [--rendezvous-max 64] [--json out]
+(by design the bound, 2.5 s by default), and where the rendezvous's time goes (bench/rdzv_scale.py:
+its compare-and-set attempts and losses, bytes, seal and pickle time, with the agents split over
+processes, and torch's keep-alive load once the round formed). Run:
+.venv/bin/python bench/bench_control_plane.py [--sizes 16,64,256] [--rendezvous-max 64] [--json out]
 """
 
 from __future__ import annotations

@@ -21,7 +21,13 @@ The round: ``--nnodes N`` (min = max), from the moment every agent called ``next
 last one's answer. After it, ``--quiet-s`` seconds of the formed round measure torch's keep-alive
 load on the store (every agent CASes the whole state every keep-alive interval, 1 s by default).
 
-Run: PYTHONPATH=src .venv/bin/python bench/rdzv_scale.py --agents 16 [--procs 1] [--quiet-s 10] [--json out]
+``--cycle 1000,4000`` instead times one uncontended keep-alive write (read, open, unpickle, beat,
+pickle, seal, compare-and-set) of a state of that many participants on a loopback store, and one of
+torch's event records: what bounds the writes per second a group can make on the one key.
+``RDZV_SCALE_PROFILE=1`` runs every agent thread under cProfile (slower) and prints the merged profile.
+
+Run: PYTHONPATH=src .venv/bin/python bench/rdzv_scale.py --agents 16 [--procs 1] [--quiet-s 10]
+[--deadline-s 600] [--json out] | --cycle 1000,4000
 """
 
 from __future__ import annotations
@@ -268,8 +274,11 @@ def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]
     def say(word: str) -> None:
         for k in kids:
             assert k.stdin is not None
-            k.stdin.write(word + "\n")
-            k.stdin.flush()
+            try:
+                k.stdin.write(word + "\n")
+                k.stdin.flush()
+            except BrokenPipeError:  # a process whose agents did not all answer has left already
+                pass
 
     say("go")
     parts = [json.loads(k.stdout.readline()) for k in kids if k.stdout is not None]
@@ -305,23 +314,66 @@ def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]
     return row
 
 
+def cycle(n: int, reps: int = 20) -> dict[str, float]:
+    """One keep-alive's read-modify-write of a state of ``n`` participants, uncontended, on a
+    loopback TCPStore: get, open, unpickle, beat, pickle, seal, compare-and-set (torch's own
+    bookkeeping around it not included; ``record_ms``: one of its event records, as each step of its
+    loop makes). The least time a write on the one key can take: the ceiling of the writes per
+    second the whole group can make."""
+    from datetime import datetime, timezone  # deferred: only this measurement
+
+    # deferred: only this measurement (torch's private state classes, read-only use)
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    state = dr._RendezvousState()
+    now = datetime.now(timezone.utc)
+    for i in range(n):
+        node = dr._NodeDesc(f"host-{i:05d}.cluster.example", 1000 + i, 0)
+        state.participants[node] = i
+        state.last_heartbeats[node] = now
+    state.complete = True
+    store = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    backend = SealedBackend(C10dRendezvousBackend(store, RUN), KEY.signer(RUN), Refusals())
+    backend.set_state(pickle.dumps(state))
+    me = next(iter(state.participants))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        got = backend.get_state()
+        assert got is not None
+        mine = pickle.loads(got[0])
+        mine.last_heartbeats[me] = datetime.now(timezone.utc)
+        answer = backend.set_state(pickle.dumps(mine), got[1])
+        assert answer is not None and answer[2]
+    per = (time.perf_counter() - t0) / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dr.get_method_name()
+    record = 2 * (time.perf_counter() - t0) / reps  # a record looks the stack up twice
+    return {"agents": n, "state_bytes": len(store.get("torch.rendezvous." + RUN)) * 3 // 4,
+            "cycle_ms": per * 1000, "record_ms": record * 1000}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--quiet-s", type=float, default=10.0)
     ap.add_argument("--deadline-s", type=float, default=600.0, help="give up on the round after this")
+    ap.add_argument("--cycle", default="", help="only time one keep-alive write at these sizes (1000,4000)")
     ap.add_argument("--json", default="")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         first, count, n, port, quiet, deadline = args.child.split(",")
         child(int(first), int(count), int(n), int(port), float(quiet), float(deadline))
-    row = run(args.agents, args.procs, args.quiet_s, args.deadline_s)
-    print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    rows = [cycle(int(n)) for n in args.cycle.split(",")] if args.cycle else []
+    rows = rows or [run(args.agents, args.procs, args.quiet_s, args.deadline_s)]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
