@@ -57,7 +57,10 @@ class StepLines(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - the Trainer's hook
         if state.is_world_process_zero and self.every and state.global_step % self.every == 0:
-            print(f"step {state.global_step}/{self.total} epoch {state.epoch or 0:.2f} t {time.time():.3f}", flush=True)
+            print(
+                f"step {state.global_step}/{self.total} epoch {state.epoch or 0:.2f} t {time.time():.3f}",
+                flush=True,
+            )
 
 
 def main() -> None:
