@@ -69,15 +69,17 @@ def test_crash_resumes_exactly_through_the_framework_checkpoint(framework, scrip
 
 
 def test_hf_resumes_from_the_state_the_survivor_left_with_nothing_redone_and_exactly(tmp_path):
-    """Rank 1 SIGKILLed as step 6 begins (checkpoints every 4): rank 0's ``train`` fails in that step's
+    """Rank 0 SIGKILLed as step 6 begins (checkpoints every 4): rank 1's ``train`` fails in that step's
     all-reduce and it leaves a ``checkpoint-6`` of the last completed step in node memory
-    (integrations/hf_left.py); the restarted group resumes there, not at checkpoint-4, each rank with
-    its own RNG record of step 6, and ends with the uninterrupted run's weights, value for value."""
+    (integrations/hf_left.py: written by whichever rank survives, not only by the group's rank 0 as
+    ``save_pretrained`` would); the restarted group resumes there, not at checkpoint-4, rank 0 from
+    rank 1's directory, each rank with its own RNG record of step 6, and ends with the uninterrupted
+    run's weights, value for value."""
     pytest.importorskip("transformers")
-    run_dir, out, res = _run(tmp_path, "hf_train.py", "chaos", "--chaos", f"crash@rank=1,step={CRASH_STEP}")
+    run_dir, out, res = _run(tmp_path, "hf_train.py", "chaos", "--chaos", f"crash@rank=0,step={CRASH_STEP}")
     assert res.code == 0, res.out[-3000:] + res.err[-3000:]
     resumed = [(e.step, e.from_checkpoint) for e in events(run_dir, TrainingResumed)]
-    assert resumed[0][0] == 0 and resumed[1:] == [(CRASH_STEP, "live:rank0:node-memory")], resumed
+    assert resumed[0][0] == 0 and resumed[1:] == [(CRASH_STEP, "live:rank1:node-memory")], resumed
     _, ref_out, ref = _run(tmp_path, "hf_train.py", "reference")
     assert ref.code == 0, ref.out[-3000:] + ref.err[-3000:]
     got, want = json.loads(out.read_text()), json.loads(ref_out.read_text())

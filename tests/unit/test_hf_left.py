@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
@@ -18,15 +19,21 @@ from stalwart.integrations.hf_left import NAMES, STATE_FILE, HfLeft  # noqa: E40
 PEER_GONE = RuntimeError("Connection closed by peer [127.0.0.1]:29500")
 
 
-class Model:
-    def __init__(self) -> None:
-        self.saved: list[str] = []
+class Config:
+    def to_json_file(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump({"model_type": "stand-in"}, f)
 
-    def save_pretrained(self, path: str, safe_serialization: bool) -> None:
-        assert safe_serialization
-        self.saved.append(path)
-        with open(f"{path}/model.safetensors", "wb") as f:
-            f.write(b"weights")
+
+class Model(torch.nn.Module):
+    """Two tied weights, as a language model's embedding and head are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = Config()
+        self.emb = torch.nn.Embedding(4, 2)
+        self.head = torch.nn.Linear(2, 4, bias=False)
+        self.head.weight = self.emb.weight
 
 
 class State:
@@ -39,13 +46,14 @@ class State:
 
 
 def _objects() -> tuple[Model, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    p = torch.nn.Parameter(torch.zeros(2))
-    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
-    return Model(), opt, torch.optim.lr_scheduler.StepLR(opt, 3)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, opt, torch.optim.lr_scheduler.StepLR(opt, 3)
 
 
 def _step(opt: torch.optim.Optimizer) -> None:
-    opt.param_groups[0]["params"][0].grad = torch.ones(2)
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
     opt.step()
 
 
@@ -63,11 +71,15 @@ def test_a_survivor_leaves_a_checkpoint_directory_of_the_last_completed_step_fro
         sys.excepthook(RuntimeError, PEER_GONE, None)
         path = NAMES.path(tmp_path, "n0", 1, 5)
         assert sorted(p.name for p in path.iterdir()) == [
+            "config.json",
             "model.safetensors",
             "optimizer.pt",
             "scheduler.pt",
             STATE_FILE,
         ]
+        # the weights, whichever rank this is (save_pretrained writes on the group's rank 0 only)
+        weights = load_file(path / "model.safetensors")
+        assert torch.equal(next(iter(weights.values())), model.emb.weight.detach())
         assert json.loads((path / STATE_FILE).read_text()) == {"global_step": 5}
         assert torch.load(path / "scheduler.pt", weights_only=True)["last_epoch"] == 1
         assert "momentum_buffer" in str(torch.load(path / "optimizer.pt", weights_only=True)["state"])
@@ -92,7 +104,7 @@ def test_nothing_is_left_when_it_would_not_be_the_last_completed_steps_state(tmp
         left._excepthook(
             RuntimeError, ValueError("bad") if case == "not a peer's failure" else PEER_GONE, None
         )
-        assert not model.saved and not list(tmp_path.glob("hf-left-*"))
+        assert not list(tmp_path.glob("hf-left-*")) and not list(tmp_path.glob(".hf-left-*"))
         match case:
             case "not a peer's failure":
                 assert notes == []

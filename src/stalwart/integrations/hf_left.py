@@ -12,7 +12,7 @@ survivors do (lightning_left.py), in the ``Trainer``'s own terms:
    streams (train/live_rng.py: the record a rank that died leaves behind too);
 2. when a communication failure escapes ``train`` (the process's excepthook, chained before the
    SDK's), the rank writes a ``checkpoint-N`` directory the ``Trainer`` resumes from: the model
-   (``save_pretrained``, safetensors), the optimizer's and the scheduler's state, and the recorded
+   (its config and its weights as safetensors), the optimizer's and the scheduler's state, and the recorded
    ``trainer_state.json`` (written last, as the ``Trainer`` does). The model and optimizer are still at
    the last completed step as long as no optimizer stepped since the record (a global optimizer step
    hook says so; a rank whose optimizer stepped leaves nothing). It is written under a temporary name
@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any
 
 import torch
+from safetensors.torch import save_model
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..train.inplace import is_comm_failure
@@ -130,7 +131,9 @@ class HfLeft:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             tmp.mkdir(mode=0o700)
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            # not save_pretrained: it writes on the group's rank 0 only (a survivor may be any rank)
+            model.config.to_json_file(str(tmp / "config.json"))
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             if sched is not None:
                 torch.save(sched, tmp / "scheduler.pt")
