@@ -58,7 +58,7 @@ def _step(opt: torch.optim.Optimizer) -> None:
 
 
 def test_a_survivor_leaves_a_checkpoint_directory_of_the_last_completed_step_from_its_excepthook(tmp_path):
-    left = HfLeft(tmp_path, "n0", 1, 1)
+    left = HfLeft(tmp_path, "n0", 1, 1, 0)
     model, opt, sched = _objects()
     called = []
     before = sys.excepthook
@@ -69,7 +69,7 @@ def test_a_survivor_leaves_a_checkpoint_directory_of_the_last_completed_step_fro
         left.step_ended(State(5), model, opt, sched)
         left.chain()
         sys.excepthook(RuntimeError, PEER_GONE, None)
-        path = NAMES.path(tmp_path, "n0", 1, 5)
+        path = NAMES.path(tmp_path, "n0", 1, 5, 0)
         assert sorted(p.name for p in path.iterdir()) == [
             "config.json",
             "model.safetensors",
@@ -94,7 +94,7 @@ def test_a_survivor_leaves_a_checkpoint_directory_of_the_last_completed_step_fro
 @pytest.mark.parametrize("case", ["not a peer's failure", "optimizer stepped", "no step completed"])
 def test_nothing_is_left_when_it_would_not_be_the_last_completed_steps_state(tmp_path, case):
     notes: list[str] = []
-    left = HfLeft(tmp_path, "n0", 0, 0, notes.append)
+    left = HfLeft(tmp_path, "n0", 0, 0, 0, notes.append)
     model, opt, sched = _objects()
     try:
         if case != "no step completed":
@@ -119,11 +119,11 @@ def test_nothing_is_left_when_it_would_not_be_the_last_completed_steps_state(tmp
 def test_the_restart_takes_a_whole_left_directory_newer_than_the_checkpoint_and_removes_it_after_a_step(
     tmp_path,
 ):
-    whole, torn = NAMES.path(tmp_path, "n0", 0, 9), NAMES.path(tmp_path, "n0", 1, 8)
+    whole, torn = NAMES.path(tmp_path, "n0", 0, 9, 0), NAMES.path(tmp_path, "n0", 1, 8, 0)
     whole.mkdir()
     (whole / STATE_FILE).write_text("{}")
     torn.mkdir()  # no trainer_state.json: a write cut short is never taken (it holds the lowest step)
-    left = HfLeft(tmp_path, "n0", 0, 0)
+    left = HfLeft(tmp_path, "n0", 0, 0, 1)  # the restart: attempt 1 takes what attempt 0 left
     try:
         assert left.resume(newest_checkpoint=8) is None  # the lowest step left is the torn one
         torn.rmdir()

@@ -47,7 +47,7 @@ from ..train.live_rng import LiveRng, path_for, restore_at
 from .left_files import Left, Names
 from .link import StepLink
 
-NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>
+NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>-a<attempt>
 STATE_FILE = "trainer_state.json"  # written last: a directory without it is not whole
 
 
@@ -60,9 +60,11 @@ class HfLeft:
         node: str,
         rank: int,
         local_rank: int,
+        attempt: int,
         note: Callable[[str], None] = lambda t: None,
     ) -> None:
         self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
+        self.attempt = attempt  # the agent's attempt this process runs in
         self._note = note
         self.rng = LiveRng(path_for(directory, node, rank))
         # Any: the Trainer's objects (TrainerState, the model, optimizer and scheduler), and state dicts
@@ -127,7 +129,7 @@ class HfLeft:
             return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
         step, state, sched = self.boundary
         model, optimizer = self.objects
-        path = NAMES.path(self.directory, self.node, self.rank, step)
+        path = NAMES.path(self.directory, self.node, self.rank, step, self.attempt)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             tmp.mkdir(mode=0o700)
@@ -148,7 +150,7 @@ class HfLeft:
 
     def resume(self, newest_checkpoint: int) -> Left | None:
         """The left directory to resume from when it is newer than the newest checkpoint (its step)."""
-        got = NAMES.choose(self.directory, self.node, self.rank)
+        got = NAMES.choose(self.directory, self.node, self.rank, self.attempt)
         if got is not None and not (got.path / STATE_FILE).is_file():
             got = None
         self.resumed = got if got is not None and got.step > newest_checkpoint else None
@@ -172,7 +174,7 @@ def arm(link: StepLink) -> HfLeft | None:
     world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if world < 2 or world != local:
         return None
-    return HfLeft(Path(w.mem_dir), s.node, s.rank, s.local_rank, link.note)
+    return HfLeft(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt, link.note)
 
 
 # Any: TrainingArguments (its fields differ across transformers versions)

@@ -1,6 +1,11 @@
 """The files (or directories) a framework callback's surviving ranks leave in node memory on a peer's
-failure, named ``<prefix><node>-rank<R>-step<S><suffix>``: which one the restarted group resumes from,
-and their removal (integrations/lightning_left.py, integrations/hf_left.py)."""
+failure, named ``<prefix><node>-rank<R>-step<S>-a<attempt><suffix>``: which one the restarted group
+resumes from, and their removal (integrations/lightning_left.py, integrations/hf_left.py).
+
+Only the attempt right after the one that wrote a state takes it: every rank of an attempt has the
+same attempt number, so they agree without talking (the framework forms the group only later), and an
+attempt that took a state and failed anyway (before its first step removed the files) is followed by
+one that resumes from the checkpoint instead of failing the same way again."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ class Left:
     path: Path
     step: int
     source: int
+    attempt: int  # the agent's attempt whose rank wrote it
 
 
 @dataclass(frozen=True)
@@ -26,14 +32,14 @@ class Names:
     prefix: str
     suffix: str = ""
 
-    def path(self, directory: Path, node: str, rank: int, step: int) -> Path:
-        return directory / f"{self.prefix}{node}-rank{rank}-step{step:08d}{self.suffix}"
+    def path(self, directory: Path, node: str, rank: int, step: int, attempt: int) -> Path:
+        return directory / f"{self.prefix}{node}-rank{rank}-step{step:08d}-a{attempt}{self.suffix}"
 
     def _pattern(self, node: str = "", rank: int = -1) -> re.Pattern[str]:
         n = re.escape(node) if node else ".+"
         r = str(rank) if rank >= 0 else r"\d+"
         return re.compile(
-            rf"^{re.escape(self.prefix)}(?P<node>{n})-rank(?P<rank>{r})-step(?P<step>\d+){re.escape(self.suffix)}$"
+            rf"^{re.escape(self.prefix)}(?P<node>{n})-rank(?P<rank>{r})-step(?P<step>\d+)-a(?P<attempt>\d+){re.escape(self.suffix)}$"
         )
 
     def found(self, directory: Path, node: str) -> list[Left]:
@@ -43,13 +49,14 @@ class Names:
         for p in directory.glob(f"{self.prefix}*") if directory.is_dir() else ():
             m = pattern.match(p.name)
             if m is not None:
-                out.append(Left(p, int(m["step"]), int(m["rank"])))
+                out.append(Left(p, int(m["step"]), int(m["rank"]), int(m["attempt"])))
         return out
 
-    def choose(self, directory: Path, node: str, rank: int) -> Left | None:
-        """What every rank of this node resumes from: the lowest step left (every rank must resume at
-        the same one), this rank's own at that step when there is one, else the lowest rank's."""
-        found = self.found(directory, node)
+    def choose(self, directory: Path, node: str, rank: int, attempt: int) -> Left | None:
+        """What every rank of this node's ``attempt`` resumes from: of the states the attempt before
+        wrote, the lowest step (every rank must resume at the same one), this rank's own at that step
+        when there is one, else the lowest rank's."""
+        found = [f for f in self.found(directory, node) if f.attempt == attempt - 1]
         if not found:
             return None
         step = min(f.step for f in found)

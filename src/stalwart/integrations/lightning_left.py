@@ -50,13 +50,13 @@ NAMES = Names("lightning-left-", ".ckpt")
 STRATEGIES = ("DDPStrategy", "SingleDeviceStrategy")  # replicated state: one rank's file serves all
 
 
-def file_for(directory: Path, node: str, rank: int, step: int) -> Path:
-    return NAMES.path(directory, node, rank, step)
+def file_for(directory: Path, node: str, rank: int, step: int, attempt: int) -> Path:
+    return NAMES.path(directory, node, rank, step, attempt)
 
 
-def choose(directory: Path, node: str, rank: int) -> Left | None:
-    """The file every rank of this node resumes from (left_files.py)."""
-    return NAMES.choose(directory, node, rank)
+def choose(directory: Path, node: str, rank: int, attempt: int) -> Left | None:
+    """The file every rank of this node's ``attempt`` resumes from (left_files.py)."""
+    return NAMES.choose(directory, node, rank, attempt)
 
 
 def _opener(path: str, flags: int) -> int:
@@ -66,8 +66,9 @@ def _opener(path: str, flags: int) -> int:
 class LeftCheckpoint:
     """One rank's side: records at batch starts and ends, leaves the checkpoint, picks it back up."""
 
-    def __init__(self, directory: Path, node: str, rank: int, local_rank: int) -> None:
+    def __init__(self, directory: Path, node: str, rank: int, local_rank: int, attempt: int) -> None:
         self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
+        self.attempt = attempt  # the agent's attempt this process runs in
         self.rng = LiveRng(path_for(directory, node, rank))
         self.boundary: dict[str, Any] | None = (
             None  # Any: Lightning's checkpoint entries at the last step end
@@ -110,7 +111,7 @@ class LeftCheckpoint:
         if self.stepped:
             return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
         step = int(self.boundary["global_step"])
-        path = file_for(self.directory, self.node, self.rank, step)
+        path = file_for(self.directory, self.node, self.rank, step, self.attempt)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -125,7 +126,7 @@ class LeftCheckpoint:
 
     def resume(self, newest_checkpoint: int) -> Left | None:
         """The left file to resume from when it is newer than the newest checkpoint (step count)."""
-        got = choose(self.directory, self.node, self.rank)
+        got = choose(self.directory, self.node, self.rank, self.attempt)
         self.resumed = got if got is not None and got.step > newest_checkpoint else None
         return self.resumed
 
@@ -155,7 +156,7 @@ def arm(link: StepLink) -> LeftCheckpoint | None:
     world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if world < 2 or world != local:
         return None
-    return LeftCheckpoint(Path(w.mem_dir), s.node, s.rank, s.local_rank)
+    return LeftCheckpoint(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt)
 
 
 def applies(trainer: pl.Trainer) -> str:
