@@ -235,4 +235,8 @@ def test_slowed_rank_is_reported_live_and_in_the_report(tmp_path):
     rep = build_report(tmp_path)
     spans = rep["stragglers"]["spans"]
     assert {sp["rank"] for sp in spans} == {2}
-    assert rep["buckets_s"]["straggler_slowdown"] > 0
+    # not asserted: a straggler_slowdown bucket above 0. That bucket is the excess of a step beyond
+    # 1.2 x the run's ideal step (Google's definition: tests/unit/test_goodput.py), and a rank slowed
+    # from step 5 to the end slows every later step, so the ideal is the slowed pace itself; the bucket
+    # was above 0 only while the first slowed steps ran slower than the later ones, which a CPU hog
+    # beside the run erased (CI run 11). The live detector and the report's spans are what name it.
