@@ -8,44 +8,31 @@ Run: python bench/hf_worker.py --steps 45 --checkpoint-every 10 [--corpus-bytes 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
-from pathlib import Path
 
-from stalwart.process_clock import process_start
+from recovery_worker import SEQ, job_args, record_boot, windows
 
-boot_dir = os.environ.get("BENCH_BOOT_DIR")
-if boot_dir:
-    record = {"rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(), "start": process_start()}
-    (Path(boot_dir) / f"boot-{os.getpid()}.json").write_text(json.dumps(record))
+record_boot()
 
 import torch  # noqa: E402 - after the boot record: the imports are part of a restart's cost
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from stalwart.examples.charlm import load_corpus  # noqa: E402
 from stalwart.integrations.hf import StalwartCallback  # noqa: E402
 from stalwart.protocol import WorkerEnv  # noqa: E402
 
-SEQ = 64
 
+class Tokens(torch.utils.data.Dataset):
+    """charlm's corpus windows as the Trainer takes them (bytes as tokens, the labels shifted by the model)."""
 
-class Windows(torch.utils.data.Dataset):
-    """Sample i: a fixed window of the corpus (its start drawn once from a seeded generator)."""
-
-    def __init__(self, corpus: torch.Tensor, n: int) -> None:
-        self.corpus = corpus
-        self.starts = torch.randint(
-            0, len(corpus) - SEQ - 1, (n,), generator=torch.Generator().manual_seed(7)
-        )
+    def __init__(self, corpus_bytes: int, n: int) -> None:
+        self.windows = windows(corpus_bytes, n)
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.windows)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        s = int(self.starts[i])
-        ids = self.corpus[s : s + SEQ]
+        ids = self.windows[i][0]
         return {"input_ids": ids, "labels": ids}
 
 
@@ -64,13 +51,7 @@ class StepLines(TrainerCallback):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=45)
-    ap.add_argument("--checkpoint-every", type=int, default=10)
-    ap.add_argument("--corpus-bytes", type=int, default=300_000)
-    ap.add_argument("--log-every", type=int, default=1)
-    ap.add_argument("--global-batch", type=int, default=32)
-    args = ap.parse_args()
+    args = job_args(__doc__.splitlines()[0])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     worker = WorkerEnv.from_env(os.environ)
     out = os.environ.get("BENCH_HF_OUT") or os.path.join(worker.run_dir if worker else ".", "hf")
@@ -92,7 +73,7 @@ def main() -> None:
         disable_tqdm=True,
     )
     cb = StalwartCallback()
-    data = Windows(load_corpus(args.corpus_bytes), args.global_batch * 8)
+    data = Tokens(args.corpus_bytes, args.global_batch * 8)
     trainer = Trainer(
         model=model, args=targs, train_dataset=data, callbacks=[cb, StepLines(args.steps, args.log_every)]
     )

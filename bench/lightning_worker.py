@@ -8,47 +8,21 @@ Run: python bench/lightning_worker.py --steps 45 --checkpoint-every 10 [--corpus
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
-from pathlib import Path
 
-from stalwart.process_clock import process_start
+from recovery_worker import SEQ, job_args, record_boot, windows
 
-boot_dir = os.environ.get("BENCH_BOOT_DIR")
-if boot_dir:
-    record = {"rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(), "start": process_start()}
-    (Path(boot_dir) / f"boot-{os.getpid()}.json").write_text(json.dumps(record))
+record_boot()
 
 import lightning as L  # noqa: E402 - after the boot record: the import is part of a restart's cost
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
-from stalwart.examples.charlm import CharLM, load_corpus  # noqa: E402
+from stalwart.examples.charlm import CharLM  # noqa: E402
 from stalwart.integrations.lightning import StalwartCallback  # noqa: E402
 from stalwart.integrations.resumable_sampler import ResumableDistributedSampler  # noqa: E402
-
-SEQ = 64
-
-
-class Windows(Dataset):
-    """Sample i: a fixed window of the corpus (its start drawn once from a seeded generator)."""
-
-    def __init__(self, corpus: torch.Tensor, n: int) -> None:
-        self.corpus = corpus
-        self.starts = torch.randint(
-            0, len(corpus) - SEQ - 1, (n,), generator=torch.Generator().manual_seed(7)
-        )
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        s = int(self.starts[i])
-        return self.corpus[s : s + SEQ], self.corpus[s + 1 : s + SEQ + 1]
 
 
 class LM(L.LightningModule):
@@ -82,15 +56,9 @@ class StepLines(L.Callback):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=45)
-    ap.add_argument("--checkpoint-every", type=int, default=10)
-    ap.add_argument("--corpus-bytes", type=int, default=300_000)
-    ap.add_argument("--log-every", type=int, default=1)
-    ap.add_argument("--global-batch", type=int, default=32)
-    args = ap.parse_args()
+    args = job_args(__doc__.splitlines()[0])
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    data = Windows(load_corpus(args.corpus_bytes), args.global_batch * 8)  # 8 steps an epoch
+    data = windows(args.corpus_bytes, args.global_batch * 8)  # 8 steps an epoch
     sampler = ResumableDistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
     loader = StatefulDataLoader(data, batch_size=args.global_batch // world, sampler=sampler)
     cb = StalwartCallback(checkpoint_every=args.checkpoint_every)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from memory_backend import Bomb, MemoryBackend
 from stalwart.errors import ConfigError
 from stalwart.job_key import (
     KEY_ENV,
@@ -144,38 +145,14 @@ def test_a_sealed_store_refuses_a_planted_record_and_notes_it_once():
     assert store.refusals.count == 2 and len(notes) == 1
 
 
-class _Backend:
-    """A rendezvous backend over one value with compare-and-set on a token (as c10d's and etcd's)."""
-
-    name = "memory"
-
-    def __init__(self) -> None:
-        self.value: bytes | None = None
-        self.version = 0
-
-    def get_state(self):
-        return None if self.value is None else (self.value, self.version)
-
-    def set_state(self, state, token=None):
-        if (token or 0) == self.version:
-            self.value, self.version = state, self.version + 1
-            return state, self.version, True
-        return self.value, self.version, False
-
-
-class _Bomb:
-    def __reduce__(self):
-        return (os.system, ("exit 3",))
-
-
 def test_a_planted_rendezvous_state_is_never_handed_to_torch_and_the_next_write_replaces_it():
     notes: list[str] = []
-    inner = _Backend()
+    inner = MemoryBackend()
     sealed = SealedBackend(inner, KEY.signer("job"), Refusals(notes.append))
     first = pickle.dumps({"round": 1})
     assert sealed.set_state(first, None) == (first, 1, True)
     assert sealed.get_state() == (first, 1)
-    inner.value, inner.version = pickle.dumps(_Bomb()), 2  # planted by someone without the key
+    inner.value, inner.version = pickle.dumps(Bomb()), 2  # planted by someone without the key
     state, token = sealed.get_state()
     assert state == first and token == 2  # the last authentic state, with the planted bytes' token
     second = pickle.dumps({"round": 2})
@@ -185,7 +162,7 @@ def test_a_planted_rendezvous_state_is_never_handed_to_torch_and_the_next_write_
 
 
 def test_a_replayed_older_rendezvous_state_is_refused():
-    inner = _Backend()
+    inner = MemoryBackend()
     sealed = SealedBackend(inner, KEY.signer("job"), Refusals())
     sealed.set_state(pickle.dumps({"round": 1}), None)
     old = inner.value
@@ -195,9 +172,9 @@ def test_a_replayed_older_rendezvous_state_is_refused():
 
 
 def test_planted_bytes_that_hold_the_key_are_replaced_by_the_first_write():
-    inner = _Backend()
+    inner = MemoryBackend()
     sealed = SealedBackend(inner, KEY.signer("job"), Refusals())
-    inner.value, inner.version = pickle.dumps(_Bomb()), 1  # there before any agent
+    inner.value, inner.version = pickle.dumps(Bomb()), 1  # there before any agent
     assert sealed.get_state() is None  # nothing authentic to hand torch: it starts from an empty state
     mine = pickle.dumps({"round": 1})
     assert sealed.set_state(mine, None) == (mine, 2, True)  # replaced on the planted bytes' token
@@ -205,7 +182,7 @@ def test_planted_bytes_that_hold_the_key_are_replaced_by_the_first_write():
 
 
 def test_a_planter_that_keeps_winning_never_gets_its_bytes_to_torch():
-    class Racing(_Backend):
+    class Racing(MemoryBackend):
         def set_state(self, state, token=None):
             self.value, self.version = b"planted again", self.version + 1
             return self.value, self.version, False

@@ -5,10 +5,10 @@ rules as any read."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 
+from memory_backend import Bomb, MemoryBackend
 from stalwart.job_key import JobKey, KeySource, Refusals
 from stalwart.launch.rendezvous import sealed as sealed_mod
 from stalwart.launch.rendezvous.sealed import BACKOFF_CAP_S, BACKOFF_S, SealedBackend
@@ -16,36 +16,9 @@ from stalwart.launch.rendezvous.sealed import BACKOFF_CAP_S, BACKOFF_S, SealedBa
 KEY = JobKey(b"k" * 32, KeySource.FILE)
 
 
-class _Backend:
-    """One value with compare-and-set on a version token (as c10d's and etcd's backends)."""
-
-    name = "memory"
-
-    def __init__(self) -> None:
-        self.value: bytes | None = None
-        self.version = 0
-        self.lock = threading.Lock()
-
-    def get_state(self):
-        with self.lock:
-            return None if self.value is None else (self.value, self.version)
-
-    def set_state(self, state, token=None):
-        with self.lock:
-            if (token or 0) == self.version:
-                self.value, self.version = state, self.version + 1
-                return state, self.version, True
-            return self.value, self.version, False
-
-
-class _Bomb:
-    def __reduce__(self):
-        return (os.system, ("exit 3",))
-
-
-def _pair(sleeps: list[float]) -> tuple[_Backend, SealedBackend, SealedBackend]:
+def _pair(sleeps: list[float]) -> tuple[MemoryBackend, SealedBackend, SealedBackend]:
     """A store and two agents' backends; the second one's waits recorded (drawn at the window's top)."""
-    inner = _Backend()
+    inner = MemoryBackend()
     signer = KEY.signer("job")
     rival = SealedBackend(inner, signer, Refusals())
     mine = SealedBackend(inner, signer, Refusals(), sleep=sleeps.append, draw=lambda: 1.0)
@@ -93,7 +66,7 @@ def test_bytes_planted_during_the_wait_are_never_handed_to_torch():
     rival.set_state(pickle.dumps({"n": 1}), None)
 
     def plant(seconds: float) -> None:
-        inner.value, inner.version = pickle.dumps(_Bomb()), inner.version + 1
+        inner.value, inner.version = pickle.dumps(Bomb()), inner.version + 1
 
     mine = SealedBackend(inner, KEY.signer("job"), Refusals(notes.append), sleep=plant, draw=lambda: 1.0)
     state, token, written = mine.set_state(pickle.dumps({"mine": 1}), None)
@@ -122,7 +95,7 @@ def test_agents_that_all_write_at_once_each_land_their_change(monkeypatch):
     """torch's loop, reduced: read, add yourself, compare-and-set until it holds (each a thread)."""
     monkeypatch.setattr(sealed_mod, "BACKOFF_S", 0.0005)
     monkeypatch.setattr(sealed_mod, "BACKOFF_CAP_S", 0.01)
-    inner = _Backend()
+    inner = MemoryBackend()
     signer = KEY.signer("job")
     go = threading.Barrier(16)
 

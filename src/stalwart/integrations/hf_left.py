@@ -44,7 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..train.inplace import is_comm_failure
 from ..train.live_rng import LiveRng, path_for, restore_at
-from .left_files import Left, Names
+from .left_files import Left, Names, place
 from .link import StepLink
 
 NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>-a<attempt>
@@ -165,16 +165,11 @@ class HfLeft:
 
 
 def arm(link: StepLink) -> HfLeft | None:
-    """This rank's left checkpoint, or None where it does not apply: without an agent or its node
-    memory directory, with ``--no-leave-state``, alone, or across nodes."""
-    s = link.session
-    w = s.worker_env
-    if w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
-        return None
-    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if world < 2 or world != local:
-        return None
-    return HfLeft(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt, link.note)
+    """This rank's left state, or None where it does not apply (left_files.py :func:`place`)."""
+    at = place(link)
+    return (
+        None if at is None else HfLeft(at.directory, at.node, at.rank, at.local_rank, at.attempt, link.note)
+    )
 
 
 # Any: TrainingArguments (its fields differ across transformers versions)

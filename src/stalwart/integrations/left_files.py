@@ -9,10 +9,15 @@ one that resumes from the checkpoint instead of failing the same way again."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .link import StepLink
 
 
 @dataclass(frozen=True)
@@ -74,4 +79,30 @@ class Names:
                     left.path.unlink(missing_ok=True)
 
 
-__all__ = ["Left", "Names"]
+@dataclass(frozen=True)
+class Place:
+    """Where this rank leaves its state: the node's memory directory, the node, its ranks, the attempt."""
+
+    directory: Path
+    node: str
+    rank: int
+    local_rank: int
+    attempt: int
+
+
+def place(link: StepLink) -> Place | None:
+    """This rank's place, or None where a framework's live state is not left: without an agent or its
+    node memory directory, with ``--no-leave-state``, alone, or across nodes (the ranks of a node that
+    died with all its ranks would find nothing, and the nodes could not agree on a step before the
+    framework forms the group)."""
+    s = link.session
+    w = s.worker_env
+    if w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
+        return None
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if world < 2 or world != local:
+        return None
+    return Place(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt)
+
+
+__all__ = ["Left", "Names", "Place", "place"]

@@ -39,7 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..train.inplace import is_comm_failure
 from ..train.live_rng import LiveRng, path_for, restore_at
-from .left_files import Left, Names
+from .left_files import Left, Names, place
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -147,16 +147,9 @@ class LeftCheckpoint:
 
 
 def arm(link: StepLink) -> LeftCheckpoint | None:
-    """This rank's left checkpoint, or None where it does not apply: without an agent or its node
-    memory directory, with ``--no-leave-state``, alone, or across nodes (the module's docstring)."""
-    s = link.session
-    w = s.worker_env
-    if w is None or not w.mem_dir or not w.leave_state or not s.under_agent:
-        return None
-    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if world < 2 or world != local:
-        return None
-    return LeftCheckpoint(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt)
+    """This rank's left state, or None where it does not apply (left_files.py :func:`place`)."""
+    at = place(link)
+    return None if at is None else LeftCheckpoint(at.directory, at.node, at.rank, at.local_rank, at.attempt)
 
 
 def applies(trainer: pl.Trainer) -> str:
