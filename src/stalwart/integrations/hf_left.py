@@ -47,6 +47,8 @@ from ..train.live_rng import LiveRng, path_for, restore_at
 from .left_files import Left, Names, place
 from .link import StepLink
 
+# Any: what the excepthook that was there returns (sys.excepthook's is typed as object)
+Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>-a<attempt>
 STATE_FILE = "trainer_state.json"  # written last: a directory without it is not whole
 
@@ -74,9 +76,7 @@ class HfLeft:
         self.resumed: Left | None = None
         self._restore_at: int | None = None  # the resumed step whose RNG record the first step restores
         self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-        self._prev_hook: Callable[[type[BaseException], BaseException, TracebackType | None], Any] | None = (
-            None
-        )
+        self._prev_hook: Hook | None = None
 
     def _optimizer_stepped(self, *_: object) -> None:
         self.stepped = True

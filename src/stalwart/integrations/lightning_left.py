@@ -70,9 +70,8 @@ class LeftCheckpoint:
         self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
         self.attempt = attempt  # the agent's attempt this process runs in
         self.rng = LiveRng(path_for(directory, node, rank))
-        self.boundary: dict[str, Any] | None = (
-            None  # Any: Lightning's checkpoint entries at the last step end
-        )
+        # Any: Lightning's checkpoint entries (loops' and schedulers' state dicts) at the last step end
+        self.boundary: dict[str, Any] | None = None
         self.stepped = False  # an optimizer stepped since the boundary was recorded
         self.resumed: Left | None = None  # the file resume_path() handed to Lightning
         self._rng_step = -1  # the step whose RNG record was written (its first batch's)

@@ -38,7 +38,7 @@ from ..output import routes
 from ..ports import Console, Round
 from ..processes.bootstrap import BOOT_CODE
 from ..processes.warm_pool import WarmPool, choose_path
-from ..processes.worker_group import WorkerGroup, WorkerSpec
+from ..processes.worker_group import StartPath, WorkerGroup, WorkerSpec
 from ..rendezvous.node_rendezvous import NodeRendezvous, local_addr
 from .straggler_exclusion import listens_on, quarantine_node, straggler_precision
 from .supervisor import Supervisor
@@ -128,8 +128,7 @@ class NodeWorkers:
         board, leaving = None, False
         rdzv = self.rendezvous
         if num_nodes > 1 and cfg.reform.enabled and rdzv is not None:  # in-place re-formation across nodes
-            # the first node watches the others' heartbeats during an incident (a lost node without a
-            # spare is refused early); the rest only read the version counter, whatever the job's size
+            # the first node watches the others' heartbeats in an incident; the rest read the version
             others = tuple(n for n in plan.active if n != cfg.node_name) if self.group_rank == 0 else ()
             board = StoreBoard(
                 met.addr,
@@ -365,6 +364,7 @@ class NodeWorkers:
             self.cfg.workers.stop_grace_s,
         )
         world = specs[0].env.get("WORLD_SIZE", "") if specs else ""
+        prior = self.step_times.get(world, ()) if group.path is StartPath.WARM else ()  # cold: warm-up
         sup = Supervisor(
             cfg=self.cfg,
             ledger=self.ledger,
@@ -385,7 +385,7 @@ class NodeWorkers:
             link=LinkSampler(lambda: [group.pid(s.global_rank) for s in specs], clock=self.clock.now)
             if self.cfg.hang.slow_link_kbit and self._across_hosts()
             else None,
-            prior_step_times=self.step_times.get(world, ()),
+            prior_step_times=prior,
         )
         if self.joining:  # a spare's (or a newcomer's) ranks start in the generation they join
             sup.in_place.start_joining(self.joining, self.clock.now(), newcomer=self.newcomer)
