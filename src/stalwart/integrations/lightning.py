@@ -82,9 +82,8 @@ class StalwartCallback(Callback):
         self.preempted = False
         # Any: an RNG state (random, numpy and torch each take their own type back)
         self._rng_to_restore: dict[str, Any] | None = None
-        self._left: LeftCheckpoint | None = (
-            None  # the live state left on a peer's failure (lightning_left.py)
-        )
+        # the live state left on a peer's failure (lightning_left.py)
+        self._left: LeftCheckpoint | None = None
         self._left_armed = False
         self._leaving = False  # writing the left checkpoint: no collective in state_dict
 
