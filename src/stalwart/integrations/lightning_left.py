@@ -38,6 +38,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..train.inplace import is_comm_failure
+from ..train.left_state import _opener  # the loop idiom's: 0600, no link followed
 from ..train.live_rng import LiveRng, path_for, restore_at
 from .left_files import Left, Names, place
 
@@ -57,10 +58,6 @@ def file_for(directory: Path, node: str, rank: int, step: int, attempt: int) -> 
 def choose(directory: Path, node: str, rank: int, attempt: int) -> Left | None:
     """The file every rank of this node's ``attempt`` resumes from (left_files.py)."""
     return NAMES.choose(directory, node, rank, attempt)
-
-
-def _opener(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 class LeftCheckpoint:
