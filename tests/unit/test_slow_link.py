@@ -26,6 +26,7 @@ from stalwart.health.link_counters import (
     parse_heard,
     parse_qdiscs,
     parse_sockets,
+    read_heard,
     read_sysfs,
 )
 from stalwart.launch.attempt.hang_monitor import HangMonitor
@@ -139,6 +140,12 @@ def test_a_host_is_heard_as_recently_as_its_most_recent_segment_on_any_connectio
     heard = parse_heard(text, {"10.77.0.3", "10.77.0.4", "10.77.0.9"})
     assert heard == {"10.77.0.3": 2.6, "10.77.0.4": 0.007}  # lastsnd is ours, never counted
     assert parse_heard("", {"10.77.0.3"}) == {}  # no connection with it: nothing known, not a silence
+
+
+def test_a_loopback_address_reads_as_heard_without_a_dump_and_a_remote_one_still_needs_one(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no ss: a dump would give no reading
+    assert read_heard({"127.0.0.1", "::1", "localhost"}) == {"127.0.0.1": 0.0, "::1": 0.0, "localhost": 0.0}
+    assert read_heard({"127.0.0.1", "10.77.0.3"}) is None  # the remote host needs ss: no reading
 
 
 def test_with_the_workers_sockets_read_the_window_counts_their_bytes_per_peer():
