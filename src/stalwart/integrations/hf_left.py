@@ -40,11 +40,9 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_model
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..train.inplace import is_comm_failure
-from ..train.live_rng import LiveRng, path_for, restore_at
-from .left_files import Left, Names, place
+from ..train.live_rng import path_for, restore_at
+from .left_files import Left, Names, RankLeft, place
 from .link import StepLink
 
 # Any: what the excepthook that was there returns (sys.excepthook's is typed as object)
@@ -53,8 +51,10 @@ NAMES = Names("hf-left-")  # directories: hf-left-<node>-rank<R>-step<S>-a<attem
 STATE_FILE = "trainer_state.json"  # written last: a directory without it is not whole
 
 
-class HfLeft:
+class HfLeft(RankLeft):
     """One rank's side: records at step starts and ends, leaves the checkpoint, picks it back up."""
+
+    names = NAMES
 
     def __init__(
         self,
@@ -65,21 +65,13 @@ class HfLeft:
         attempt: int,
         note: Callable[[str], None] = lambda t: None,
     ) -> None:
-        self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
-        self.attempt = attempt  # the agent's attempt this process runs in
+        super().__init__(directory, node, rank, local_rank, attempt)
         self._note = note
-        self.rng = LiveRng(path_for(directory, node, rank))
         # Any: the Trainer's objects (TrainerState, the model, optimizer and scheduler), and state dicts
         self.boundary: tuple[int, Any, Any] | None = None  # (step, TrainerState copy, scheduler state)
         self.objects: tuple[Any, Any] | None = None  # (model, optimizer)
-        self.stepped = False  # an optimizer stepped since the boundary was recorded
-        self.resumed: Left | None = None
         self._restore_at: int | None = None  # the resumed step whose RNG record the first step restores
-        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
         self._prev_hook: Hook | None = None
-
-    def _optimizer_stepped(self, *_: object) -> None:
-        self.stepped = True
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -101,7 +93,7 @@ class HfLeft:
         self.objects = (model, optimizer)
         self.stepped = False
         if self.resumed is not None:  # every rank began the resumed step from the files: remove them
-            NAMES.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
+            self.forget()
             self.resumed = None
 
     # --- on the way out ------------------------------------------------------------------------
@@ -121,12 +113,10 @@ class HfLeft:
     def leave(self, exc: BaseException) -> str:
         """Write the ``checkpoint-N`` of the last completed step when ``exc`` is a peer's failure; ""
         when written or not wanted, else why not (never raises: the process is ending anyway)."""
-        if not is_comm_failure(exc):
-            return ""
-        if self.boundary is None or self.objects is None:
-            return f"rank {self.rank} failed before its first completed step: nothing to leave"
-        if self.stepped:
-            return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
+        why = self.why_not(exc, self.boundary is not None and self.objects is not None)
+        if why is not None:
+            return why
+        assert self.boundary is not None and self.objects is not None
         step, state, sched = self.boundary
         model, optimizer = self.objects
         path = NAMES.path(self.directory, self.node, self.rank, step, self.attempt)
@@ -150,16 +140,15 @@ class HfLeft:
 
     def resume(self, newest_checkpoint: int) -> Left | None:
         """The left directory to resume from when it is newer than the newest checkpoint (its step)."""
-        got = NAMES.choose(self.directory, self.node, self.rank, self.attempt)
-        if got is not None and not (got.path / STATE_FILE).is_file():
-            got = None
-        self.resumed = got if got is not None and got.step > newest_checkpoint else None
-        self._restore_at = self.resumed.step if self.resumed is not None else None
-        return self.resumed
+        got = super().resume(newest_checkpoint)
+        self._restore_at = got.step if got is not None else None
+        return got
+
+    def _whole(self, left: Left) -> bool:
+        return (left.path / STATE_FILE).is_file()
 
     def close(self) -> None:
-        self._hook.remove()
-        self.rng.close()
+        super().close()
         if self._prev_hook is not None and sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_hook
 

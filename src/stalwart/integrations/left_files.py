@@ -14,7 +14,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..train.inplace import is_comm_failure
+from ..train.live_rng import LiveRng, path_for
 
 if TYPE_CHECKING:
     from .link import StepLink
@@ -105,4 +110,55 @@ def place(link: StepLink) -> Place | None:
     return Place(Path(w.mem_dir), s.node, s.rank, s.local_rank, s.attempt)
 
 
-__all__ = ["Left", "Names", "Place", "place"]
+class RankLeft:
+    """What every framework's side of one rank shares (integrations/lightning_left.py,
+    integrations/hf_left.py): its place, its RNG record, whether an optimizer stepped since the last
+    recorded boundary (a global optimizer step hook), the state the restart picked, and the removal."""
+
+    names: ClassVar[Names]
+
+    def __init__(self, directory: Path, node: str, rank: int, local_rank: int, attempt: int) -> None:
+        self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
+        self.attempt = attempt  # the agent's attempt this process runs in
+        self.rng = LiveRng(path_for(directory, node, rank))
+        self.stepped = False  # an optimizer stepped since the boundary was recorded
+        self.resumed: Left | None = None  # the state the restart resumes from
+        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+
+    def _optimizer_stepped(self, *_: object) -> None:
+        self.stepped = True
+
+    def why_not(self, exc: BaseException, recorded: bool) -> str | None:
+        """Before leaving on ``exc``: None when the state is to be left, "" when it is not wanted (not
+        a peer's failure), else why it cannot be (``recorded``: a boundary was recorded)."""
+        if not is_comm_failure(exc):
+            return ""
+        if not recorded:
+            return f"rank {self.rank} failed before its first completed step: nothing to leave"
+        if self.stepped:
+            return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
+        return None
+
+    def resume(self, newest_checkpoint: int) -> Left | None:
+        """The state this attempt resumes from when it is newer than the newest checkpoint (its step):
+        :meth:`Names.choose`, kept only when it was written whole."""
+        got = self.names.choose(self.directory, self.node, self.rank, self.attempt)
+        self.resumed = got if got is not None and self._whole(got) and got.step > newest_checkpoint else None
+        return self.resumed
+
+    def _whole(self, left: Left) -> bool:
+        """Whether a chosen state was written whole (a framework may check a file written last)."""
+        return True
+
+    def forget(self) -> None:
+        """Remove the states this node's ranks left (local rank 0, once every rank loaded its own; the
+        others their own): a later restart must never resume from an older state than a newer
+        checkpoint."""
+        self.names.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
+
+    def close(self) -> None:
+        self._hook.remove()
+        self.rng.close()
+
+
+__all__ = ["Left", "Names", "Place", "RankLeft", "place"]

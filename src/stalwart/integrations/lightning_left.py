@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..train.inplace import is_comm_failure
 from ..train.left_state import _opener  # the loop idiom's: 0600, no link followed
-from ..train.live_rng import LiveRng, path_for, restore_at
-from .left_files import Left, Names, place
+from ..train.live_rng import path_for, restore_at
+from .left_files import Left, Names, RankLeft, place
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -60,22 +58,16 @@ def choose(directory: Path, node: str, rank: int, attempt: int) -> Left | None:
     return NAMES.choose(directory, node, rank, attempt)
 
 
-class LeftCheckpoint:
+class LeftCheckpoint(RankLeft):
     """One rank's side: records at batch starts and ends, leaves the checkpoint, picks it back up."""
 
+    names = NAMES
+
     def __init__(self, directory: Path, node: str, rank: int, local_rank: int, attempt: int) -> None:
-        self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
-        self.attempt = attempt  # the agent's attempt this process runs in
-        self.rng = LiveRng(path_for(directory, node, rank))
+        super().__init__(directory, node, rank, local_rank, attempt)
         # Any: Lightning's checkpoint entries (loops' and schedulers' state dicts) at the last step end
         self.boundary: dict[str, Any] | None = None
-        self.stepped = False  # an optimizer stepped since the boundary was recorded
-        self.resumed: Left | None = None  # the file resume_path() handed to Lightning
         self._rng_step = -1  # the step whose RNG record was written (its first batch's)
-        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-
-    def _optimizer_stepped(self, *_: object) -> None:
-        self.stepped = True
 
     def batch_began(self, step: int) -> None:
         """At the first batch of each optimizer step: this rank's RNG streams as the step starts."""
@@ -100,12 +92,10 @@ class LeftCheckpoint:
     def leave(self, trainer: pl.Trainer, exc: BaseException) -> str:
         """From ``on_exception``: write the checkpoint after the last completed step when ``exc`` is a
         peer's failure; "" when written or not wanted, else why not (never raises)."""
-        if not is_comm_failure(exc):
-            return ""
-        if self.boundary is None:
-            return f"rank {self.rank} failed before its first completed step: nothing to leave"
-        if self.stepped:
-            return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
+        why = self.why_not(exc, self.boundary is not None)
+        if why is not None:
+            return why
+        assert self.boundary is not None
         step = int(self.boundary["global_step"])
         path = file_for(self.directory, self.node, self.rank, step, self.attempt)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -120,26 +110,10 @@ class LeftCheckpoint:
             return f"rank {self.rank} could not leave its state ({type(exc2).__name__}: {exc2})"
         return ""
 
-    def resume(self, newest_checkpoint: int) -> Left | None:
-        """The left file to resume from when it is newer than the newest checkpoint (step count)."""
-        got = choose(self.directory, self.node, self.rank, self.attempt)
-        self.resumed = got if got is not None and got.step > newest_checkpoint else None
-        return self.resumed
-
     def restore_rng(self) -> str:
         """This rank's RNG record at the resumed step, set now; "" on success, else why not."""
         assert self.resumed is not None
         return restore_at(path_for(self.directory, self.node, self.rank), self.resumed.step)
-
-    def forget(self) -> None:
-        """Remove the files this node's ranks left (local rank 0, once every rank loaded its own; the
-        others their own): a later restart must never resume from an older state than a newer
-        checkpoint."""
-        NAMES.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
-
-    def close(self) -> None:
-        self._hook.remove()
-        self.rng.close()
 
 
 def arm(link: StepLink) -> LeftCheckpoint | None:
