@@ -39,6 +39,8 @@ import stalwart
 import stalwart.examples
 from netutil import free_port
 from slurm_cluster import SlurmCluster, slurm_factory  # noqa: F401  (fixture)
+from stalwart.checkpoint.manifest import MANIFEST
+from stalwart.checkpoint.store import step_name
 from stalwart.events import CheckpointCommitted, DecisionTaken, JobEnded, StepCompleted, TrainingResumed
 
 from .runner import events, events_so_far
@@ -230,7 +232,11 @@ def test_sbatch_template_requeues_on_a_lost_store_host_and_the_survivor_finishes
 
     assert 0 < first.step and first.step >= saved_step, (first, saved_step)
     durable = {c.step for c in events(run_dir, CheckpointCommitted) if Path(c.path).parent == stored}
-    assert first.step in durable, (first, sorted(durable))  # a checkpoint, not a fresh start
+    # a checkpoint of the run directory, not a fresh start: one the ledger says committed, or one whose
+    # writer (rank 0, on the node killed first) renamed it into place and was killed before it wrote the
+    # ledger's line (CI run 13); the directory holds its manifest only once whole
+    whole = (stored / step_name(first.step) / MANIFEST).is_file()
+    assert first.step in durable or whole, (first, sorted(durable))
     last = {e.node for e in events(run_dir, StepCompleted) if e.step == STEPS - 1}
     assert len(last) == 1 and lost not in last, (lost, last)  # the last step: the survivor alone
     report = run_cli("report", str(run_dir), "--json", timeout=120)
