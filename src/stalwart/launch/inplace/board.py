@@ -50,11 +50,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from ...health.link_counters import read_heard
 from ...job_key import Opened, Refusals, Signer
-from ..clock import ManualClock
 from .board_records import Announcement, GroupRecord, InvitationRecord
 from .board_state import (
     Announce,
@@ -74,56 +73,17 @@ from .board_state import (
     write,
 )
 from .liveness import LIVE, Line, Watch
+from .ticker import POLL_S, ManualTicker, ThreadTicker, Ticker, Waker
 
 KEY = "stalwart/inplace/board"  # the one sealed, versioned document
 VERSION = "stalwart/inplace/version"  # bumped after every write of the document
 BEAT = "stalwart/inplace/beat/"  # a heartbeat counter per node
-POLL_S = 0.1
 BEAT_EVERY = 5  # polls between two heartbeats (0.5 s)
 WATCH_EVERY = 5  # polls between two reads of the watched nodes' heartbeats, during an incident
 CAS_TRIES = 8  # compare-and-set attempts per poll before the changes wait for the next one
 HEARD_AFTER_S = 1.0  # a line quiet this long (two beats missed) outside an incident: ask the kernel
 HEARD_EVERY_S = 0.25  # at most this often
 HEARD_FRESH_S = 1.0  # a kernel reading older than this is no reading (no verdict outside an incident)
-
-
-class Ticker(Protocol):
-    """What paces a board's polls: ``poll`` is called until ``stopped`` is set."""
-
-    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None: ...
-
-
-class ThreadTicker:
-    """Polls on a daemon thread every :data:`POLL_S` of real time (a call stuck on a dead host holds
-    only that thread)."""
-
-    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
-        def loop() -> None:
-            while not stopped.is_set():
-                poll()
-                stopped.wait(POLL_S)
-
-        threading.Thread(target=loop, name="stalwart-inplace-board", daemon=True).start()
-
-
-class ManualTicker:
-    """Polls only when told to: each :meth:`tick` moves ``clock`` on by :data:`POLL_S` and polls every
-    open board once, on the caller's thread, in the order the boards were made."""
-
-    def __init__(self, clock: ManualClock | None = None) -> None:
-        self.clock = clock
-        self._boards: list[tuple[Callable[[], None], threading.Event]] = []
-
-    def start(self, poll: Callable[[], None], stopped: threading.Event) -> None:
-        self._boards.append((poll, stopped))
-
-    def tick(self, n: int = 1) -> None:
-        for _ in range(n):
-            if self.clock is not None:
-                self.clock.advance(POLL_S)
-            for poll, stopped in list(self._boards):
-                if not stopped.is_set():
-                    poll()
 
 
 class StoreBoard:
@@ -175,18 +135,24 @@ class StoreBoard:
         # host was last heard: one tuple, swapped whole (the supervisor's thread reads it)
         self._heard: tuple[float, dict[str, float]] = (-HEARD_FRESH_S - 1.0, {})
         self._heard_asked = self._heard[0]
-        (ticker or ThreadTicker()).start(self.poll, self._stop)
+        self._waker = Waker()  # the owner's thread hands a change over: the poll thread writes it now
+        (ticker or ThreadTicker()).start(self.poll, self._stop, self._idle)
 
     # --- the Board port: hand over, never wait --------------------------------------------------
 
+    def _hand(self, change: Change) -> None:
+        self._changes.append(change)
+        self._waker.wake()
+
     def announce(self, a: Announcement) -> None:
-        self._changes.append(Announce(a))
+        self._hand(Announce(a))
 
     def latest(self) -> Announcement | None:
         return self._seen
 
     def close(self, leaving: bool = False) -> None:
         self._stop.set()  # the ticker stops polling this board; a call stuck on a dead host is a daemon
+        self._waker.wake()  # a poll thread waiting between polls sees the stop now
         with self._line_lock:
             if self._line is not None:
                 self._line.close(leaving)  # a goodbye, or: this agent leaves the job that goes on
@@ -207,10 +173,10 @@ class StoreBoard:
 
     def waiting(self, generation: int) -> None:
         if self._node:
-            self._changes.append(Wait(self._node, generation))
+            self._hand(Wait(self._node, generation))
 
     def refuse(self, reason: str) -> None:
-        self._changes.append(Refuse(self._node, reason))
+        self._hand(Refuse(self._node, reason))
 
     def refusal(self) -> tuple[str, str] | None:
         return self._state.refusal
@@ -247,7 +213,7 @@ class StoreBoard:
     def publish_group(self, a: Announcement) -> None:
         """Record the group's nodes and size after it shrank or grew in place (for arriving nodes)."""
         if a.world_size:
-            self._changes.append(PublishGroup(GroupRecord.of(a)))
+            self._hand(PublishGroup(GroupRecord.of(a)))
 
     def group(self) -> Announcement | None:
         """The group's nodes and size as its first node last recorded them (None: never resized)."""
@@ -256,11 +222,11 @@ class StoreBoard:
 
     def offer(self, node: str) -> None:
         """Offer ``node`` (arrived during the job) for a free place in the group."""
-        self._changes.append(Offer(node))
+        self._hand(Offer(node))
 
     def withdraw(self, node: str) -> None:
         """``node`` gave up waiting for a place (it joins the rendezvous instead)."""
-        self._changes.append(Withdraw(node))
+        self._hand(Withdraw(node))
 
     def offers(self) -> tuple[str, ...]:
         """The nodes that offered a free place, in the order of their last offers."""
@@ -284,7 +250,7 @@ class StoreBoard:
     def invite(self, a: Announcement) -> None:
         """Give the newcomers of ``a`` their places: they start their ranks in ``a.generation``."""
         if a.world_size:
-            self._changes.append(Invite(InvitationRecord.of(a)))
+            self._hand(Invite(InvitationRecord.of(a)))
 
     def invited(self) -> Announcement | None:
         """The latest invitation the first node wrote (None: none)."""
@@ -294,7 +260,7 @@ class StoreBoard:
     def ready(self, generation: int) -> None:
         """Say that this node's ranks are about to join ``generation`` (a newcomer's)."""
         if self._node:
-            self._changes.append(Ready(self._node, generation))
+            self._hand(Ready(self._node, generation))
 
     def ready_nodes(self) -> dict[str, int]:
         """Nodes whose ranks are ready to join a grown group, and the generation they join."""
@@ -302,13 +268,38 @@ class StoreBoard:
 
     def claim(self, lost: str) -> None:
         """Ask to take ``lost``'s place (the answer comes through :meth:`claimed_by`)."""
-        self._changes.append(Claim(lost, self._node))
+        self._hand(Claim(lost, self._node))
 
     def claimed_by(self, lost: str) -> str | None:
         """The node holding the claim on ``lost``'s place, once the store answered."""
         return self._state.claims.get(lost)
 
     # --- the poll, on the ticker's thread ---------------------------------------------------------
+
+    def _idle(self, timeout_s: float) -> bool:
+        """Between polls: wait up to ``timeout_s`` for a push. True (poll now) when a change was handed
+        over or another board nudged; the lines read here count as read (beats, ends)."""
+        with self._line_lock:
+            fds = [*self._watch.fds(), *(self._line.fds() if self._line is not None else ())]
+        woken, ready = self._waker.wait(timeout_s, fds)
+        if not ready or self._stop.is_set():
+            return woken or self._stop.is_set()
+        with self._line_lock:
+            if self._stop.is_set():
+                return True
+            nudged = self._line.drain(ready) if self._line is not None else False
+            self._watch.read(ready)
+            return woken or nudged or self._watch.take_nudge()
+
+    def _nudge(self, relay: bool) -> None:
+        """The document moved: tell the boards this one is connected to (``relay``: a watcher passing
+        on what another board wrote tells only the agents it watches)."""
+        with self._line_lock:
+            if self._stop.is_set():
+                return
+            if self._line is not None and not relay:
+                self._line.nudge()
+            self._watch.nudge()
 
     def poll(self) -> None:
         """A beat on this agent's liveness line (before any store call: a slow store never silences
@@ -339,8 +330,8 @@ class StoreBoard:
         version = store.add(VERSION, 0)
         if version != self._version:
             self._version = version
-            if store.check([KEY]):
-                self._found(bytes(store.get(KEY)))
+            if store.check([KEY]) and self._found(bytes(store.get(KEY))) and self._moved:
+                self._nudge(relay=True)  # the nodes this one watches read it now, not at their next poll
         if self._incident and self._polls % WATCH_EVERY == 1:
             self._read_beats(store)
         self._liveness(store)
@@ -425,6 +416,7 @@ class StoreBoard:
             if held == sealed:
                 self._found(sealed, written=new)
                 store.add(VERSION, 1)
+                self._nudge(relay=False)
                 return
             if held == self._raw and self._raw:
                 self._raw = b""  # the key is gone (torch answers with the expected value): create it
@@ -432,11 +424,12 @@ class StoreBoard:
             self._found(held)
         self._changes.extendleft(reversed(changes))  # still contended: the next poll tries again
 
-    def _found(self, raw: bytes, written: BoardState | None = None) -> None:
+    def _found(self, raw: bytes, written: BoardState | None = None) -> bool:
         """Take ``raw`` (read from the store, or ``written`` by this board) as the state when it is
-        authentic; otherwise ignore it (counted, noted once), and base the next write on its bytes."""
+        authentic; otherwise ignore it (counted, noted once), and base the next write on its bytes.
+        Whether a new state was taken."""
         if written is None and raw == self._raw:
-            return  # read before: taken, or refused and counted then
+            return False  # read before: taken, or refused and counted then
         self._raw = raw
         got = (
             written
@@ -445,7 +438,7 @@ class StoreBoard:
         )
         if isinstance(got, Unsound):
             self.refusals.refused(got.what, got.why)
-            return
+            return False
         before, self._state = self._state, got
         a = got.announcement
         if a is not None and (self._seen is None or a.generation > self._seen.generation):
@@ -455,6 +448,7 @@ class StoreBoard:
         new_wait = any(g > answered and before.waiting.get(n) != g for n, g in got.waiting.items())
         if new_wait and self._moved and not self._incident:
             self._watch_from_now()
+        return True
 
     def _watch_from_now(self) -> None:
         """Start reading the watched heartbeats; their silence counts from now, not from before."""

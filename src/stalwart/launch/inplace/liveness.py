@@ -18,6 +18,11 @@ counts each line's quiet time since its last byte (:meth:`Watch.quiet`). So a si
 by its bound whether or not any rank noticed, at the cost of one socket read per watched node per
 poll on the watcher, and no store call at all.
 
+The same connections carry nudges, both ways: a board that wrote the document sends one byte to the
+agents it is connected to, and a watcher that read a new document passes one on to every line it
+holds, so the other boards read it at once rather than at their next poll (launch/inplace/ticker.py).
+A nudge only makes a board read the store sooner; what the store holds decides.
+
 The address a watcher connects to is read from the round's worker store, sealed with the job key and
 bound to the round's store (a planted address could otherwise make a healthy node look dead); a
 connection refused or not made within ``connect_s`` is no verdict (the heartbeat decides). Every
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 GOODBYE = b"B"  # sent by an agent that closes its liveness line on purpose
 BEAT = b"."  # sent every half second while the agent lives
 LEAVING = b"X"  # sent by an agent that leaves the running job on purpose (its node excluded itself)
+NUDGE = b"!"  # either way: "the board's document moved, read it now" (launch/inplace/ticker.py)
 LIVE = "stalwart/inplace/live/"  # store key prefix: each node's sealed liveness address
 MAX_WATCHERS = 1024  # connections a line holds (the first node and the spares watch; no more are needed)
 
@@ -72,14 +78,32 @@ class Line:
     def beat(self) -> None:
         """One beat byte to every watcher (never waits: a watcher too slow to read misses one; a
         connection that fails is dropped)."""
-        for conn in list(self._held):
+        _send_all(self._held, BEAT)
+
+    def nudge(self) -> None:
+        """Tell every watcher the document moved (never waits; a connection that fails is dropped)."""
+        _send_all(self._held, NUDGE)
+
+    def fds(self) -> list[int]:
+        return [c.fileno() for c in self._held]
+
+    def drain(self, ready: set[int]) -> bool:
+        """Read the watchers' connections in ``ready`` (they send only nudges): whether one nudged. A
+        watcher that closed its end is dropped."""
+        nudged = False
+        for conn in [c for c in self._held if c.fileno() in ready]:
             try:
-                conn.send(BEAT)
+                data = conn.recv(4096)
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
-                conn.close()
-                self._held.remove(conn)
+                data = b""
+            if data:
+                nudged = nudged or NUDGE in data
+                continue
+            conn.close()
+            self._held.remove(conn)
+        return nudged
 
     def close(self, leaving: bool = False) -> None:
         """Close on purpose: a goodbye to every watcher (those still in the listen queue too), then
@@ -90,6 +114,19 @@ class Line:
             _goodbye(conn, LEAVING if leaving else GOODBYE)
         self._held.clear()
         self._sock.close()
+
+
+def _send_all(held: list[socket.socket], word: bytes) -> None:
+    """``word`` on each connection of ``held`` without waiting (a full buffer misses it); one that
+    fails is closed and dropped from ``held``."""
+    for conn in list(held):
+        try:
+            conn.send(word)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            conn.close()
+            held.remove(conn)
 
 
 def _goodbye(conn: socket.socket, word: bytes = GOODBYE) -> None:
@@ -128,6 +165,7 @@ class Watch:
     _dead: dict[str, float] = field(default_factory=dict)  # node -> when its line ended without goodbye
     _left: dict[str, float] = field(default_factory=dict)  # node -> when it said it leaves the job
     _polled: float = -1.0  # when the lines were last read: quiet is counted up to then, not up to now
+    _nudged: bool = False  # a watched agent's board wrote the document since :meth:`take_nudge`
 
     def connected(self, node: str) -> bool:
         """Whether ``node``'s line is held, being dialled, or already ended."""
@@ -154,24 +192,51 @@ class Watch:
         without waiting: an end without a goodbye marks its node dead."""
         now = self._polled = self.clock()
         self._finish_dials(now)
-        for node, held in list(self._held.items()):
+        for node in list(self._held):
+            self._read(node, now)
+
+    def read(self, ready: set[int]) -> None:
+        """Read the held lines among ``ready`` (descriptors a wait found readable), as :meth:`poll`."""
+        now = self.clock()
+        for node in [n for n, h in self._held.items() if h.sock.fileno() in ready]:
+            self._read(node, now)
+
+    def _read(self, node: str, now: float) -> None:
+        held = self._held[node]
+        try:
+            data = held.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return  # open and quiet since the last poll (a silent host: its quiet time decides)
+        except OSError:  # reset by the peer's kernel: its process is gone
+            data = b""
+        if data:
+            held.heard = max(held.heard, now)
+            held.goodbye = held.goodbye or GOODBYE in data
+            held.leaving = held.leaving or LEAVING in data
+            self._nudged = self._nudged or NUDGE in data
+            return
+        held.sock.close()
+        del self._held[node]
+        if held.leaving:
+            self._left[node] = now
+        elif not held.goodbye:
+            self._dead[node] = now
+
+    def take_nudge(self) -> bool:
+        """Whether a watched agent nudged since the last call."""
+        nudged, self._nudged = self._nudged, False
+        return nudged
+
+    def nudge(self) -> None:
+        """Pass a nudge on to every watched agent (never waits)."""
+        for held in self._held.values():
             try:
-                data = held.sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                continue  # open and quiet since the last poll (a silent host: its quiet time decides)
-            except OSError:  # reset by the peer's kernel: its process is gone
-                data = b""
-            if data:
-                held.heard = now
-                held.goodbye = held.goodbye or GOODBYE in data
-                held.leaving = held.leaving or LEAVING in data
-                continue
-            held.sock.close()
-            del self._held[node]
-            if held.leaving:
-                self._left[node] = now
-            elif not held.goodbye:
-                self._dead[node] = now
+                held.sock.send(NUDGE)
+            except OSError:  # a full buffer misses it; a reset is read as such by the next poll
+                pass
+
+    def fds(self) -> list[int]:
+        return [h.sock.fileno() for h in self._held.values()]
 
     def _finish_dials(self, now: float) -> None:
         if not self._dialing:
@@ -206,7 +271,7 @@ class Watch:
         for the lines that carried a byte: a line never heard from is not counted (the store's
         heartbeat decides). Up to the last poll, not to now: a poll thread that was not scheduled for
         a while has not read the beats waiting in its sockets, and that is no silence of theirs."""
-        return {n: self._polled - h.heard for n, h in self._held.items() if h.heard >= 0}
+        return {n: max(0.0, self._polled - h.heard) for n, h in self._held.items() if h.heard >= 0}
 
     def hosts(self) -> dict[str, str]:
         """Each held line's peer address (the watched node's host, as this host's kernel names it)."""
