@@ -14,7 +14,12 @@ Measured from the merged ledger: fault -> every rank completed a step that began
 detected (the first productive step of the whole group), and the steps lost (in place: the ledger's
 ``lost_steps``; whole: the steps completed before the fault that the checkpoint did not hold).
 
+``--against-src DIR`` instead compares in place with in place under another checkout's ``src`` (the
+agents run with ``PYTHONPATH=DIR``): a change to the recovery path against the code before it, in the
+same run.
+
 Run: .venv/bin/python bench/bench_inplace_nodes.py [--nodes 2,4,8] [--per-node 1] [--repeats 1]
+[--against-src DIR]
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def agents(
     chaos: str,
     in_place: bool,
     job: list[str],
+    src: str = "",
 ) -> tuple[list[subprocess.Popen], list[str]]:
     """Start ``nodes`` agents of ``job`` over loopback (one address each, the rendezvous store on the first), wait
     for all of them, and return them with their output; every agent left running is killed."""
@@ -91,7 +97,7 @@ def agents(
     procs: list[subprocess.Popen] = []
     try:
         for i in range(nodes):
-            procs.append(agent(run_dir, port, i, per_node, nnodes, tag, last_call, chaos, in_place, job))
+            procs.append(agent(run_dir, port, i, per_node, nnodes, tag, last_call, chaos, in_place, job, src))
             if i == 0:
                 listening(port, procs[0])
         return procs, [p.communicate(timeout=1800)[0] for p in procs]
@@ -113,21 +119,26 @@ def agent(
     chaos: str,
     in_place: bool,
     job: list[str],
+    src: str = "",
 ) -> subprocess.Popen:
-    """Start node ``n<i>``'s agent (address 127.0.0.<i+1>) of ``job`` on the rendezvous at ``port``."""
+    """Start node ``n<i>``'s agent (address 127.0.0.<i+1>) of ``job`` on the rendezvous at ``port`` (``src``:
+    the checkout's source directory the agent and its workers import, instead of this one's)."""
     cmd = [sys.executable, "-m", "stalwart.cli", "run", "-q", "--nnodes", nnodes]
     cmd += ["--nproc-per-node", str(per_node), "--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd += ["--rdzv-id", tag, "--rdzv-conf", f"last_call_timeout={last_call:g}"]
     cmd += ["--run-dir", str(run_dir), "--node-name", f"n{i}", "--local-addr", f"127.0.0.{i + 1}"]
     cmd += ["--chaos", chaos] if chaos else []
     cmd += [] if in_place else ["--no-in-place"]
-    return subprocess.Popen([*cmd, *job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    return subprocess.Popen(
+        [*cmd, *job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
 
 
-def run(work: Path, nodes: int, per_node: int, in_place: bool) -> dict:
+def run(work: Path, nodes: int, per_node: int, in_place: bool, src: str = "") -> dict:
     run_dir = work / "run"
     chaos = f"crash@rank=1,step={CRASH_STEP}"
-    procs, outs = agents(run_dir, nodes, per_node, str(nodes), "bench-nodes", 60, chaos, in_place, JOB)
+    procs, outs = agents(run_dir, nodes, per_node, str(nodes), "bench-nodes", 60, chaos, in_place, JOB, src)
     if any(p.returncode != 0 for p in procs):
         raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
     evs = read_merged(run_dir)
@@ -213,11 +224,20 @@ def main() -> None:
     ap.add_argument("--per-node", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--against-src", default="", help="compare in place with in place under this src directory"
+    )
     args = ap.parse_args()
     arms = {
         "in-place": lambda work, n: run(work, n, args.per_node, True),
         "whole-group restart": lambda work, n: run(work, n, args.per_node, False),
     }
+    if args.against_src:
+        other = str(Path(args.against_src).resolve())
+        arms = {
+            "in-place": arms["in-place"],
+            "in-place, other src": lambda work, n: run(work, n, args.per_node, True, other),
+        }
     compare([int(x) for x in args.nodes.split(",")], args.repeats, arms, "bench-inplace-nodes", args.json)
 
 
