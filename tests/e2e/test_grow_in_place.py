@@ -199,7 +199,9 @@ def test_an_hsdp_replica_group_drops_out_and_comes_back_with_its_shards_from_a_r
     shrunk, grown, _ = _shrink_then_grow(tmp_path, 2, job, 8, 5)
     assert (shrunk[0].node, shrunk[0].shrunk_from, shrunk[0].world_size) == ("n0", 6, 4), shrunk
     assert (grown[0].node, grown[0].grown_from, grown[0].world_size, grown[0].ranks) == ("n0", 4, 6, (4, 5))
-    assert shrunk[0].lost_steps <= 1 and grown[0].lost_steps <= 1, (shrunk, grown)
+    resumes = [(e.node, e.step, e.from_checkpoint) for e in events(run, TrainingResumed)]
+    lost = [(e.node, e.step, e.lost_steps, e.phases) for e in (*shrunk, *grown)]
+    assert shrunk[0].lost_steps <= 1 and grown[0].lost_steps <= 1, (lost, resumes)
     assert not events(run, CheckpointLoaded), "a checkpoint was loaded"  # none was written after step 0
     resumed = [e.from_checkpoint for e in events(run, TrainingResumed) if e.step > 0]  # after each re-form
     assert len(resumed) == 2 and all(o.startswith("live:") for o in resumed), resumed
