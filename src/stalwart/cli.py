@@ -1,7 +1,10 @@
 """The ``stalwart`` command. Thin: parses, calls a package, prints.
 
 Each sub-command lives in ``stalwart/commands/<name>.py`` and exposes ``register(app)``; they are
-discovered here so packages never edit this file to add a command.
+discovered here so packages never edit this file to add a command. A command line that names one
+imports that one only (``stalwart run`` is every agent's start: the simulator, the dashboard's server
+and the report's renderers are not its to import); anything else (``--help``, no or an unknown
+command, or a use of :data:`app`) registers them all.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ minute on 2 cores, no GPU), then stalwart run --nproc-per-node N train.py
 stalwart run -h.
 """
 
-app = typer.Typer(
+_app = typer.Typer(
     name="stalwart",
     help=_HELP,
     no_args_is_help=True,
@@ -53,7 +56,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -62,16 +65,35 @@ def _root(
     """Keep distributed training runs productive through failures."""
 
 
-def _register_commands() -> None:
-
-    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{mod.name}")
-        module.register(app)
+_registered: set[str] = set()
 
 
-_register_commands()
+def _names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
+def _register_commands(argv: list[str] | None = None) -> typer.Typer:
+    """Register the command ``argv`` names, or every command when it names none (help, a typo)."""
+    names = _names()
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    for name in [first] if first in names and not _asks_root_help(argv or []) else names:
+        if name not in _registered:
+            importlib.import_module(f"{commands.__name__}.{name}").register(_app)
+            _registered.add(name)
+    return _app
+
+
+def _asks_root_help(argv: list[str]) -> bool:
+    """``stalwart -h run``: the root's help, which lists every command."""
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    return any(a in ("-h", "--help") for a in argv[:first])
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``stalwart.cli.app``: the command with every sub-command registered (tests, docs tools)."""
+    if name == "app":
+        return _register_commands()
+    raise AttributeError(name)
 
 
 def _metavar(param) -> str:
@@ -102,9 +124,10 @@ def _tidy_help(cmd) -> None:
         _tidy_help(sub)
 
 
-def command():
-    """The click command behind ``stalwart``, with the shared help style applied."""
-    cmd = typer.main.get_command(app)
+def command(argv: list[str] | None = None):
+    """The click command behind ``stalwart``, with the shared help style applied: every sub-command,
+    or only the one ``argv`` names."""
+    cmd = typer.main.get_command(_register_commands(argv))
     _tidy_help(cmd)
     return cmd
 
@@ -116,7 +139,8 @@ def _fail(message: str, code: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        result = command().main(args=argv, prog_name="stalwart", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        result = command(args).main(args=args, prog_name="stalwart", standalone_mode=False)
     except StalwartError as exc:
         _fail(str(exc), exc.exit_code)
     except _NO_ARGS as exc:
