@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from ..account.mfu import parse_model_spec
 from ..events import Event
-from .httpd import warn_if_exposed
 from .notify import RunNotifier, Target
 
 if TYPE_CHECKING:
@@ -63,6 +62,8 @@ class Observability:
 
     def start(self) -> None:
         if self.exporter is not None:
+            from .httpd import warn_if_exposed  # deferred: heavy (aiohttp), only with --metrics-port
+
             self.exporter.start()
             warn_if_exposed("the --metrics-port exporter", self.exporter.server.address[0])
             self.say(f"metrics: {self.exporter.url}")
