@@ -17,7 +17,10 @@ Measured from the merged ledger: fault -> every surviving rank completed a step 
 fault was detected, and the steps lost (shrink: the ledger's ``lost_steps``; whole: the steps
 completed before the fault that the checkpoint did not hold).
 
+``--against-src DIR`` compares the shrink with the shrink under another checkout's ``src`` instead.
+
 Run: .venv/bin/python bench/bench_shrink.py [--nodes 3,4,6] [--repeats 1] [--last-call 4] [--global-batch 60]
+[--against-src DIR]
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ JOB = ["-m", "stalwart.examples.charlm", "--corpus-bytes", "300000", "--log-ever
 JOB += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--global-batch", "60"]  # 2 to 6 ranks
 
 
-def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 4.0) -> dict:
+def run(work: Path, nodes: int, per_node: int, shrink: bool, last_call: float = 4.0, src: str = "") -> dict:
     run_dir = work / "run"
     chaos = f"kill-agent@node=1,step={KILL_STEP}"
     procs, outs = agents(
-        run_dir, nodes, per_node, f"2:{nodes}", "bench-shrink", last_call, chaos, shrink, JOB
+        run_dir, nodes, per_node, f"2:{nodes}", "bench-shrink", last_call, chaos, shrink, JOB, src
     )
     if any(p.returncode != 0 for i, p in enumerate(procs) if i != 1):
         raise RuntimeError("an agent failed: " + "\n".join(o[-1500:] for o in outs))
@@ -71,12 +74,21 @@ def main() -> None:
     ap.add_argument("--last-call", type=float, default=4.0, help="the rendezvous round's last_call_timeout")
     ap.add_argument("--global-batch", type=int, default=60, help="divisible by N and N-1 ranks (8 nodes: 56)")
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--against-src", default="", help="compare the shrink with the shrink under this src directory"
+    )
     args = ap.parse_args()
     JOB[JOB.index("--global-batch") + 1] = str(args.global_batch)
     arms = {
         "shrink in place": lambda work, n: run(work, n, args.per_node, True, args.last_call),
         "whole-group restart": lambda work, n: run(work, n, args.per_node, False, args.last_call),
     }
+    if args.against_src:
+        other = str(Path(args.against_src).resolve())
+        arms = {
+            "shrink in place": arms["shrink in place"],
+            "shrink, other src": lambda work, n: run(work, n, args.per_node, True, args.last_call, other),
+        }
     compare([int(x) for x in args.nodes.split(",")], args.repeats, arms, "bench-shrink", args.json)
 
 
