@@ -158,6 +158,7 @@ class StoreBoard:
                 self._line.close(leaving)  # a goodbye, or: this agent leaves the job that goes on
                 self._line = None
             self._watch.close()
+        self._waker.close()  # a poll thread waiting on it wakes (or finds it closed) and stops
 
     def dead(self) -> dict[str, float]:
         """Watched nodes whose agent process is gone (their liveness connection ended without a

@@ -88,8 +88,10 @@ class Waker:
         """Wait up to ``timeout_s`` for the pipe or any of ``fds`` to be readable (or to end): whether
         the pipe was woken (drained), and which of ``fds`` are ready. poll(2), not select(2): a first
         node of a large job holds more than 1,024 descriptors."""
-        waiting = select.poll()
         mine = self._r.fileno()
+        if mine < 0:  # closed: the board is closing
+            return True, set()
+        waiting = select.poll()
         waiting.register(mine, select.POLLIN)
         for fd in fds:
             waiting.register(fd, select.POLLIN)
