@@ -284,7 +284,9 @@ class RunConfig(BaseSettings):
         rdzv = self.rendezvous
         if rdzv.standalone:
             return False
-        return rdzv.backend in ("c10d", "etcd", "etcd-v2") or (rdzv.backend == "" and bool(rdzv.endpoint))
+        return rdzv.backend in ("c10d", "stalwart", "etcd", "etcd-v2") or (
+            rdzv.backend == "" and bool(rdzv.endpoint)
+        )
 
     @property
     def min_nodes(self) -> int:

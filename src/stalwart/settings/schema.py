@@ -105,18 +105,19 @@ class HangSettings(BaseModel):
 
 
 class RendezvousSettings(BaseModel):
-    """How the agents meet: torchrun's static or c10d rendezvous."""
+    """How the agents meet: torchrun's static or c10d rendezvous (or Stalwart's own on its store)."""
 
     model_config = _MODEL
 
     backend: Annotated[str, setting("rdzv_backend", "--rdzv-backend", "--rdzv_backend")] = Field(
         default="",
-        description="static, c10d (one host's store) or etcd (an etcd cluster; etcd-v2 is the same); "
-        "unset: c10d when --rdzv-endpoint is given, else static.",
+        description="static, c10d (one host's store), stalwart (Stalwart's own rendezvous on the same "
+        "store: a small signed key per node and round, no keep-alive writes) or etcd (an etcd cluster; "
+        "etcd-v2 is the same); unset: c10d when --rdzv-endpoint is given, else static.",
     )
     endpoint: Annotated[str, setting("rdzv_endpoint", "--rdzv-endpoint", "--rdzv_endpoint")] = Field(
         default="",
-        description="HOST:PORT of the c10d rendezvous; etcd: its members' HOST:PORT, comma-separated.",
+        description="HOST:PORT of the c10d (or stalwart) rendezvous; etcd: its members' HOST:PORT, comma-separated.",
     )
     id: Annotated[str, setting("rdzv_id", "--rdzv-id", "--rdzv_id")] = Field(
         default="", description="Job id shared by all agents."
@@ -173,8 +174,8 @@ class RendezvousSettings(BaseModel):
     @field_validator("backend")
     @classmethod
     def _backend(cls, v: str) -> str:
-        if v not in ("", "static", "c10d", "etcd", "etcd-v2"):
-            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static, c10d or etcd")
+        if v not in ("", "static", "c10d", "stalwart", "etcd", "etcd-v2"):
+            raise ValueError(f"--rdzv-backend {v!r} is not supported: use static, c10d, stalwart or etcd")
         return v
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...errors import ConfigError
-from ...job_key import JobKey, Refusals, SealedStore, UnsignedRecord
+from ...job_key import JobKey, Refusals, SealedStore, Signer, UnsignedRecord
 from ...node_name import validate_node_name
 from ..clock import Clock, SystemClock
 from ..ports import Round
@@ -29,6 +29,7 @@ from .arrival import await_hosts, mark_finished, mark_workers, read_finished, re
 from .store_watch import StoreUnreachable, StoreWatch, within
 
 DONE_KEY = "stalwart/done"
+STALWART_BACKEND = "stalwart"  # launch/rendezvous/round_rendezvous.py on the c10d store
 ETCD_BACKENDS = ("etcd", "etcd-v2")  # launch/rendezvous/etcd.py (torch's etcd-v2 name, the v3 API)
 PROBE_KEY = "stalwart/probe"
 CLOSE_S = 10.0  # torch's close_timeout: at most this long to close the rendezvous on the way out
@@ -126,7 +127,14 @@ class NodeRendezvous:
     def _next_round(self) -> Round:
         cfg = self.cfg
         if self.handler is None:
-            self.handler = make_handler(cfg, self.sealed_backend, self.refusals.note, self._hosting)
+            self.handler = make_handler(
+                cfg,
+                self.sealed_backend,
+                self.refusals.note,
+                self._hosting,
+                signer=self.signer,
+                refusals=self.refusals,
+            )
             self._await_hosts()
         info = self.handler.next_rendezvous()
         group_rank, num_nodes = info.rank, info.world_size
@@ -349,10 +357,15 @@ def make_handler(
     seal: Callable[[Any], Any],
     note: Callable[[str], None] = lambda text: None,
     hosted: Callable[[], None] = lambda: None,
+    *,
+    signer: Signer | None = None,
+    refusals: Refusals | None = None,
 ):
     """torch's dynamic rendezvous handler for the run configuration: on the c10d store of one host
     (torchrun's, bound to the endpoint's address), or on etcd (launch/rendezvous/etcd.py); ``seal``
-    wraps its state backend (launch/rendezvous/sealed.py)."""
+    wraps its state backend (launch/rendezvous/sealed.py). ``--rdzv-backend stalwart``: Stalwart's own
+    handler on the same store (launch/rendezvous/round_rendezvous.py), its records sealed by ``signer``
+    (refused ones counted in ``refusals``)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters  # deferred: heavy (numpy, torch)
 
     # deferred: heavy (numpy, torch)
@@ -368,6 +381,8 @@ def make_handler(
         from .etcd import make_etcd_handler  # deferred: heavy (numpy, torch)
 
         return make_etcd_handler(cfg, seal)
+    if cfg.rendezvous.backend == STALWART_BACKEND:
+        return _round_handler(cfg, signer, refusals, note, hosted)
     conf: dict[str, float] = {
         "join_timeout": cfg.rendezvous.timeout_s,
         "last_call_timeout": cfg.rendezvous.last_call_s,
@@ -392,6 +407,33 @@ def make_handler(
         cfg.rendezvous.endpoint, cfg.rendezvous.host, float(conf["read_timeout"]), note, hosted
     )
     return create_handler(store, seal(C10dRendezvousBackend(store, cfg.rendezvous.id)), params)
+
+
+def _round_handler(
+    cfg,
+    signer: Signer | None,
+    refusals: Refusals | None,
+    note: Callable[[str], None],
+    hosted: Callable[[], None],
+):
+    """Stalwart's own rendezvous handler on the c10d store (hosted as torch's c10d backend's)."""
+    from .round_policy import Bounds  # deferred: with the handler below
+    from .round_rendezvous import RoundRendezvousHandler  # deferred: heavy (numpy, torch)
+    from .sealed import c10d_store  # deferred: heavy (numpy, torch)
+
+    if signer is None:
+        raise ValueError("--rdzv-backend stalwart needs the job key's signer")
+    read_timeout = float(max(1, int(cfg.rendezvous.store_timeout_s)))
+    store = c10d_store(cfg.rendezvous.endpoint, cfg.rendezvous.host, read_timeout, note, hosted)
+    return RoundRendezvousHandler(
+        store,
+        cfg.rendezvous.id,
+        signer,
+        refusals or Refusals(note),
+        Bounds(cfg.min_nodes, cfg.max_nodes, float(cfg.rendezvous.last_call_s)),
+        timeout_s=float(cfg.rendezvous.timeout_s),
+        local_addr=cfg.rendezvous.local_addr or None,
+    )
 
 
 def rendezvous_probe(cfg, timeout_s: float):

@@ -1,0 +1,179 @@
+"""The decisions of Stalwart's own rendezvous (launch/rendezvous/round_rendezvous.py), pure: when a
+round may close, when a member closes a round its leader left open, which joiners a closed round
+takes, and how its records read and write. No store, no clock: the handler passes what it read and
+the seconds it measured, and gets a decision with its reason.
+
+A round: every joiner takes an arrival number (the store's ``add``) and writes its descriptor; the
+first arrival leads. The round is *ready* once ``min_nodes`` have arrived and, when an earlier round
+formed a group, at least one of that group has come back (a newcomer alone never starts a round
+beside a group that still runs: it waits for the group to re-rendezvous). It closes at once when
+``max_nodes`` have arrived and the whole previous group is back, or once it has been ready for the
+last call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+RECHECK_S = 1.0  # the longest a waiting leader sleeps between two looks at its round
+
+
+class Verdict(Enum):
+    CLOSE = "close"
+    WAIT = "wait"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    min_nodes: int
+    max_nodes: int
+    last_call_s: float
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What one look at a round's counters shows."""
+
+    count: int  # arrivals so far
+    back: int  # arrivals that were members of the previous round
+    previous: int  # members of the previous round (0: no group formed before it)
+
+
+@dataclass(frozen=True)
+class Closing:
+    verdict: Verdict
+    reason: str
+    recheck_s: float = 0.0  # WAIT: look again after this long at the latest
+
+
+def ready(view: RoundView, bounds: Bounds) -> bool:
+    """Enough have arrived, and a group that ran before (if any) has begun to come back."""
+    return view.count >= bounds.min_nodes and (view.previous == 0 or view.back >= 1)
+
+
+def closing(view: RoundView, bounds: Bounds, ready_for_s: float | None, left_s: float) -> Closing:
+    """Whether the round closes now. ``ready_for_s``: seconds since the caller first saw it ready
+    (None: not yet); ``left_s``: seconds left before the join deadline."""
+    if ready(view, bounds) and view.count >= bounds.max_nodes and view.back >= view.previous:
+        return Closing(Verdict.CLOSE, f"{view.count} arrived, at least --nnodes max ({bounds.max_nodes})")
+    if ready(view, bounds) and ready_for_s is not None and ready_for_s >= bounds.last_call_s:
+        return Closing(
+            Verdict.CLOSE,
+            f"{view.count} arrived (min {bounds.min_nodes}), last call of {bounds.last_call_s:g} s over",
+        )
+    if left_s <= 0:
+        return Closing(Verdict.TIMEOUT, _short(view, bounds))
+    if not ready(view, bounds):
+        return Closing(Verdict.WAIT, _short(view, bounds), min(left_s, RECHECK_S))
+    wait = bounds.last_call_s - (ready_for_s or 0.0)
+    return Closing(Verdict.WAIT, f"last call: {wait:.2f} s left", max(0.0, min(left_s, wait)))
+
+
+def _short(view: RoundView, bounds: Bounds) -> str:
+    if view.count < bounds.min_nodes:
+        return f"{view.count} of at least {bounds.min_nodes} nodes arrived"
+    return f"none of the running group's {view.previous} nodes came back yet"
+
+
+def takeover(decision: Closing, closable_for_s: float | None, takeover_s: float) -> Closing:
+    """A member (not the leader) closes the round itself only when the round has been closable for
+    ``takeover_s`` by its own looks and still has no result: the leader died or stalled."""
+    match decision.verdict:
+        case Verdict.CLOSE:
+            if closable_for_s is not None and closable_for_s >= takeover_s:
+                return Closing(
+                    Verdict.CLOSE, f"the leader left it open {closable_for_s:.1f} s: {decision.reason}"
+                )
+            return Closing(Verdict.WAIT, "the leader closes it", takeover_s - (closable_for_s or 0.0))
+        case Verdict.WAIT | Verdict.TIMEOUT:
+            return decision
+
+
+@dataclass(frozen=True)
+class Joiner:
+    """One node's join record for a round (its descriptor)."""
+
+    arrival: int
+    host: str
+    port: int  # a free port on the host (rank 0's is the workers' bootstrap port)
+    prev_round: int  # the last round it was a member of (-1: none)
+    prev_rank: int
+
+    def encode(self) -> bytes:
+        return json.dumps([self.host, self.port, self.prev_round, self.prev_rank]).encode()
+
+    @staticmethod
+    def decode(arrival: int, data: bytes) -> Joiner:
+        """Raises ValueError when the record is not a join record."""
+        try:
+            host, port, prev_round, prev_rank = json.loads(data)
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not a join record: {exc}") from None
+        if not (isinstance(host, str) and all(type(v) is int for v in (port, prev_round, prev_rank))):
+            raise ValueError("not a join record: wrong field types")
+        return Joiner(arrival, host, port, prev_round, prev_rank)
+
+
+def choose(joiners: list[Joiner], previous_round: int, max_nodes: int) -> tuple[Joiner, ...]:
+    """The round's members in rank order: the previous group's members first, in their old rank order
+    (they keep their ranks as far as they can), then the others by arrival; at most ``max_nodes``."""
+    back = sorted((j for j in joiners if j.prev_round == previous_round >= 0), key=lambda j: j.prev_rank)
+    new = sorted((j for j in joiners if not (j.prev_round == previous_round >= 0)), key=lambda j: j.arrival)
+    return tuple([*back, *new][:max_nodes])
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A closed round: its members' arrival numbers in rank order, and rank 0's address."""
+
+    round: int
+    members: tuple[int, ...]
+    master_host: str
+    master_port: int
+
+    def rank_of(self, arrival: int) -> int | None:
+        try:
+            return self.members.index(arrival)
+        except ValueError:
+            return None
+
+    def encode(self) -> bytes:
+        body = {
+            "round": self.round,
+            "members": list(self.members),
+            "master": [self.master_host, self.master_port],
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> RoundResult:
+        """Raises ValueError when the record is not a round's result."""
+        try:
+            body = json.loads(data)
+            host, port = body["master"]
+            members = tuple(body["members"])
+            rnd = body["round"]
+        except (TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not a round result: {exc}") from None
+        if not (type(rnd) is int and isinstance(host, str) and type(port) is int):
+            raise ValueError("not a round result: wrong field types")
+        if not all(type(m) is int for m in members) or len(set(members)) != len(members):
+            raise ValueError("not a round result: members are not distinct arrival numbers")
+        return RoundResult(rnd, members, host, port)
+
+
+__all__ = [
+    "Bounds",
+    "Closing",
+    "Joiner",
+    "RoundResult",
+    "RoundView",
+    "Verdict",
+    "choose",
+    "closing",
+    "ready",
+    "takeover",
+]
