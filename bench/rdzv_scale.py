@@ -21,13 +21,22 @@ The round: ``--nnodes N`` (min = max), from the moment every agent called ``next
 last one's answer. After it, ``--quiet-s`` seconds of the formed round measure torch's keep-alive
 load on the store (every agent CASes the whole state every keep-alive interval, 1 s by default).
 
+``--handler stalwart`` times Stalwart's own handler instead (``--rdzv-backend stalwart``,
+launch/rendezvous/round_rendezvous.py) on the same store, its store calls counted between the
+handler and the TCPStore: **ops** (every call), **writes** (set, compare-and-set, add of a non-zero
+amount), **bytes** (keys and values sent and received); for torch's, ops are its state's reads and
+compare-and-sets and writes its compare-and-sets. ``--poll-s S`` makes every agent call
+``num_nodes_waiting`` every S seconds during the quiet seconds, as a running agent polls it (torch's
+reads the whole state when its one-second sync interval has passed; Stalwart's is one ``add(..., 0)``).
+Each process's peak RSS (ru_maxrss) is reported, and per agent.
+
 ``--cycle 1000,4000`` instead times one uncontended keep-alive write (read, open, unpickle, beat,
 pickle, seal, compare-and-set) of a state of that many participants on a loopback store, and one of
 torch's event records: what bounds the writes per second a group can make on the one key.
 ``RDZV_SCALE_PROFILE=1`` runs every agent thread under cProfile (slower) and prints the merged profile.
 
 Run: PYTHONPATH=src .venv/bin/python bench/rdzv_scale.py --agents 16 [--procs 1] [--quiet-s 10]
-[--deadline-s 600] [--json out] | --cycle 1000,4000
+[--handler torch|stalwart] [--poll-s 0] [--deadline-s 600] [--json out] | --cycle 1000,4000
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import json
 import os
 import pickle
 import pstats
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,7 +57,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from torch.distributed import TCPStore
+from torch.distributed import Store, TCPStore
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
 from stalwart.job_key import JobKey, KeySource, Refusals, Signer
@@ -57,6 +67,7 @@ from stalwart.settings.run_config import RunConfig
 
 KEY = JobKey(b"b" * 32, KeySource.FILE)
 RUN = "bench-scale"
+BACKENDS = {"torch": "c10d", "stalwart": "stalwart"}  # --handler -> --rdzv-backend
 PROFILE = os.environ.get("RDZV_SCALE_PROFILE") == "1"  # cProfile every agent thread (slows it)
 
 
@@ -74,6 +85,8 @@ class Stats:
     plain_dumped: int = 0  # torch's pickle.dumps output per write
     plain_loaded: int = 0  # torch's pickle.loads input per answer
     state_bytes: int = 0  # the newest sealed state's size
+    ops: int = 0  # store calls (torch's: its state's reads and compare-and-sets)
+    writes: int = 0  # store calls that write (set, compare-and-set, add of a non-zero amount)
 
     def minus(self, other: Stats) -> Stats:
         return Stats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(Stats)))
@@ -93,6 +106,7 @@ class CountingBackend(RendezvousBackend):
         got = self.inner.get_state()
         with self.lock:
             self.stats.reads += 1
+            self.stats.ops += 1
             if got is not None:
                 self.stats.wire_bytes += len(got[1])
         return got
@@ -102,12 +116,72 @@ class CountingBackend(RendezvousBackend):
         with self.lock:
             s = self.stats
             s.cas += 1
+            s.ops += 1
+            s.writes += 1
             s.sealed_bytes_written += len(state)
             s.state_bytes = len(state)
             s.wire_bytes += len(token or b"") + (len(state) * 4 + 2) // 3
             if got is not None:
                 s.wire_bytes += len(got[1])
                 s.lost += 0 if got[2] else 1
+        return got
+
+
+def _size(value: Any) -> int:  # Any: a key, a value (str or bytes) or a list of them
+    if isinstance(value, list | tuple):
+        return sum(_size(v) for v in value)
+    return len(value) if isinstance(value, bytes | str) else 8
+
+
+class CountingStore(Store):
+    """Between Stalwart's handler and the TCPStore: every call, write and byte counted."""
+
+    def __init__(self, inner: TCPStore, stats: Stats, lock: threading.Lock) -> None:
+        super().__init__()
+        self.inner, self.stats, self.lock = inner, stats, lock
+
+    def _count(self, write: bool, *moved: Any) -> None:  # Any: keys and values
+        with self.lock:
+            self.stats.ops += 1
+            self.stats.writes += int(write)
+            self.stats.wire_bytes += sum(_size(m) for m in moved)
+
+    def set(self, key: str, value: Any) -> None:  # Any: bytes (torch's stub says str)
+        self.inner.set(key, value)
+        self._count(True, key, value)
+
+    def get(self, key: str) -> bytes:
+        got = self.inner.get(key)
+        self._count(False, key, got)
+        return got
+
+    def add(self, key: str, value: int) -> int:
+        got = self.inner.add(key, value)
+        self._count(value != 0, key, got)
+        return got
+
+    def check(self, keys: list[str]) -> bool:
+        got = self.inner.check(keys)
+        self._count(False, keys)
+        return got
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:  # Any: a timedelta
+        try:
+            self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+        finally:
+            self._count(False, keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        got = self.inner.multi_get(keys)
+        self._count(False, keys, got)
+        return got
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:  # Any: bytes, as set
+        got = self.inner.compare_set(key, expected, desired)
+        self._count(True, key, expected, desired, got)
+        with self.lock:
+            self.stats.cas += 1
+            self.stats.lost += int(got != desired)
         return got
 
 
@@ -152,13 +226,13 @@ class CountedSeal(SealedBackend):
         return got
 
 
-def _agents(first: int, count: int, n: int, port: int, work: Path, stats: Stats) -> list[Any]:
+def _agents(first: int, count: int, n: int, port: int, work: Path, stats: Stats, kind: str) -> list[Any]:
     lock = threading.Lock()
     signer = TimedSigner(KEY.signer(RUN), stats, lock)
     handlers = []
     for i in range(first, first + count):
         cfg = RunConfig(
-            script="x.py", run_dir=work / f"run-{i}", run_id=RUN, rdzv_backend="c10d",
+            script="x.py", run_dir=work / f"run-{i}", run_id=RUN, rdzv_backend=BACKENDS[kind],
             rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=RUN, rdzv_host=i == 0, nnodes=str(n),
             node_name=f"n{i}", rdzv_last_call_s=1.0,
         )  # fmt: skip
@@ -167,8 +241,17 @@ def _agents(first: int, count: int, n: int, port: int, work: Path, stats: Stats)
         def seal(b: RendezvousBackend, r: Refusals = refusals) -> CountedSeal:
             return CountedSeal(CountingBackend(b, stats, lock), signer, r, stats)
 
-        handlers.append(make_handler(cfg, seal))
+        handler = make_handler(cfg, seal, signer=signer, refusals=refusals)  # type: ignore[arg-type]
+        if kind == "stalwart":
+            handler.store = CountingStore(handler.store, stats, lock)
+        handlers.append(handler)
     return handlers
+
+
+def _rss_kb() -> int:
+    """This process's resident set now, in KiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def _pickle_s_per_byte(state: bytes) -> tuple[float, float]:
@@ -185,11 +268,14 @@ def _pickle_s_per_byte(state: bytes) -> tuple[float, float]:
     return (t1 - t0) / reps / len(state), (t2 - t1) / reps / len(state)
 
 
-def child(first: int, count: int, n: int, port: int, quiet_s: float, deadline_s: float) -> None:
+def child(
+    first: int, count: int, n: int, port: int, quiet_s: float, deadline_s: float, kind: str, poll_s: float
+) -> None:
     """One process's agents; talks to the parent by lines on stdin/stdout."""
     stats = Stats()
     with tempfile.TemporaryDirectory() as tmp:
-        handlers = _agents(first, count, n, port, Path(tmp), stats)
+        base_kb = _rss_kb()  # after the imports, before the agents
+        handlers = _agents(first, count, n, port, Path(tmp), stats, kind)
         print("ready", flush=True)
         assert sys.stdin.readline().strip() == "go"
         joined: list[float] = []
@@ -235,18 +321,29 @@ def child(first: int, count: int, n: int, port: int, quiet_s: float, deadline_s:
                 merged.add(prof)
             merged.sort_stats("tottime").print_stats(25)
             merged.sort_stats("cumulative").print_stats(40)
-        state = handlers[0]._state_holder._backend.last or b""
+        state = handlers[0]._state_holder._backend.last or b"" if kind == "torch" else b""
         dump_pb, load_pb = _pickle_s_per_byte(state) if state else (0.0, 0.0)
         out: dict[str, Any] = {
             "joined": joined, "done": done, "agent_cpu_s": sum(cpu),
             "proc_cpu_s": (c1.user + c1.system) - (c0.user + c0.system), "proc_wall_s": w1 - w0,
             "join": asdict(join), "pickle_s": join.plain_dumped * dump_pb + join.plain_loaded * load_pb,
+            "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "base_kb": base_kb,
         }  # fmt: skip
         print(json.dumps(out), flush=True)
         if len(done) == count and sys.stdin.readline().strip() == "quiet":
+            stop = threading.Event()
+
+            def poll(h: Any) -> None:  # Any: either handler
+                while not stop.wait(poll_s):
+                    h.num_nodes_waiting()
+
+            pollers = [threading.Thread(target=poll, args=(h,), daemon=True) for h in handlers if poll_s > 0]
             before, c0 = Stats(**asdict(stats)), os.times()
+            for t in pollers:
+                t.start()
             time.sleep(quiet_s)
             quiet, c1 = stats.minus(before), os.times()
+            stop.set()
             q_pickle = quiet.plain_dumped * dump_pb + quiet.plain_loaded * load_pb
             out = {"quiet": asdict(quiet), "quiet_pickle_s": q_pickle}
             out["quiet_cpu_s"] = (c1.user + c1.system) - (c0.user + c0.system)
@@ -255,7 +352,7 @@ def child(first: int, count: int, n: int, port: int, quiet_s: float, deadline_s:
     os._exit(0)
 
 
-def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]:
+def run(n: int, procs: int, quiet_s: float, deadline_s: float, kind: str, poll_s: float) -> dict[str, Any]:
     probe = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     port = probe.port
     del probe  # the first agent hosts the rendezvous store on this port
@@ -263,7 +360,8 @@ def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]
     share = [n // procs + (1 if p < n % procs else 0) for p in range(procs)]
     kids, first = [], 0
     for count in share:
-        argv = [sys.executable, __file__, "--child", f"{first},{count},{n},{port},{quiet_s},{deadline_s}"]
+        spec = f"{first},{count},{n},{port},{quiet_s},{deadline_s},{kind},{poll_s}"
+        argv = [sys.executable, __file__, "--child", spec]
         kids.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
         first += count
         if first == count:  # the host's process first, so the others find its store
@@ -283,7 +381,7 @@ def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]
     say("go")
     parts = [json.loads(k.stdout.readline()) for k in kids if k.stdout is not None]
     got = sum(len(p["done"]) for p in parts)
-    row: dict[str, Any] = {"agents": n, "procs": procs, "answered": got}
+    row: dict[str, Any] = {"handler": kind, "agents": n, "procs": procs, "answered": got, "poll_s": poll_s}
     if got == n:
         row["rendezvous_s"] = max(max(p["done"]) for p in parts) - max(max(p["joined"]) for p in parts)
     join = Stats()
@@ -295,6 +393,8 @@ def run(n: int, procs: int, quiet_s: float, deadline_s: float) -> dict[str, Any]
     row["join_agent_cpu_s"] = sum(p["agent_cpu_s"] for p in parts)
     row["join_proc_cpu_s"] = sum(p["proc_cpu_s"] for p in parts)
     row["join_wall_s"] = max(p["proc_wall_s"] for p in parts)
+    row["rss_mb_max_proc"] = max(p["rss_kb"] for p in parts) / 1024
+    row["rss_mb_per_agent"] = sum(p["rss_kb"] - p["base_kb"] for p in parts) / 1024 / n  # beyond the imports
     if got == n and quiet_s > 0:
         say("quiet")
         qs = [json.loads(k.stdout.readline()) for k in kids if k.stdout is not None]
@@ -359,16 +459,18 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--quiet-s", type=float, default=10.0)
+    ap.add_argument("--handler", choices=sorted(BACKENDS), default="torch", help="whose rendezvous handler")
+    ap.add_argument("--poll-s", type=float, default=0.0, help="quiet phase: num_nodes_waiting every S s")
     ap.add_argument("--deadline-s", type=float, default=600.0, help="give up on the round after this")
     ap.add_argument("--cycle", default="", help="only time one keep-alive write at these sizes (1000,4000)")
     ap.add_argument("--json", default="")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        first, count, n, port, quiet, deadline = args.child.split(",")
-        child(int(first), int(count), int(n), int(port), float(quiet), float(deadline))
+        first, count, n, port, quiet, deadline, kind, poll = args.child.split(",")
+        child(int(first), int(count), int(n), int(port), float(quiet), float(deadline), kind, float(poll))
     rows = [cycle(int(n)) for n in args.cycle.split(",")] if args.cycle else []
-    rows = rows or [run(args.agents, args.procs, args.quiet_s, args.deadline_s)]
+    rows = rows or [run(args.agents, args.procs, args.quiet_s, args.deadline_s, args.handler, args.poll_s)]
     for row in rows:
         print(json.dumps(row), flush=True)
         if args.json:
