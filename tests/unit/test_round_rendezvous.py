@@ -29,6 +29,7 @@ from stalwart.launch.rendezvous.round_policy import (
     choose,
     closing,
     takeover,
+    view_of,
 )
 from stalwart.launch.rendezvous.round_rendezvous import RoundRendezvousHandler
 
@@ -91,6 +92,12 @@ def test_the_previous_group_keeps_its_ranks_and_newcomers_follow_by_arrival():
     ]
     assert [j.host for j in choose(joiners, 7, 4)] == ["a", "b", "spare", "old"]
     assert [j.host for j in choose(joiners, 7, 2)] == ["a", "b"]
+
+
+def test_the_signed_records_not_the_counters_say_whether_a_round_is_ready():
+    joiners = [Joiner(2, "a", 1, 4, 0), Joiner(5, "new", 1, -1, -1)]
+    assert view_of(joiners, 4, previous=3) == RoundView(count=2, back=1, previous=3)
+    assert view_of(joiners, -1, previous=0) == RoundView(count=2, back=0, previous=0)
 
 
 def test_records_that_are_not_what_they_claim_are_rejected():
@@ -255,6 +262,16 @@ def test_an_unsigned_join_record_does_not_become_a_member():
     got = infos(meet(agents))  # type: ignore[arg-type]
     assert {i.world_size for i in got} == {2} and sorted(i.rank for i in got) == [0, 1]
     assert group.refusals.count >= 1
+
+
+def test_forged_arrivals_never_close_a_round_below_min():
+    group = Group()
+    forger = group.client()
+    forger.add(f"stalwart/rdzv/{RUN}/r0/count", 1)
+    forger.set(f"stalwart/rdzv/{RUN}/r0/join/1", b'["evil", 1, -1, -1]')
+    agents = [group.agent(Bounds(3, 3, 0.1), takeover_s=0.2, timeout_s=1.5) for _ in range(2)]
+    out = meet(agents)  # type: ignore[arg-type]
+    assert all(isinstance(v, RendezvousTimeoutError) for v in out.values()), out
 
 
 def test_a_closed_rendezvous_refuses_later_joiners():

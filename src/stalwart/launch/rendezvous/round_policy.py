@@ -125,6 +125,12 @@ def choose(joiners: list[Joiner], previous_round: int, max_nodes: int) -> tuple[
     return tuple([*back, *new][:max_nodes])
 
 
+def view_of(joiners: list[Joiner], previous_round: int, previous: int) -> RoundView:
+    """The round as its signed join records show it (the counters are unsigned hints)."""
+    back = sum(1 for j in joiners if j.prev_round == previous_round >= 0)
+    return RoundView(len(joiners), back, previous)
+
+
 @dataclass(frozen=True)
 class RoundResult:
     """A closed round: its members' arrival numbers in rank order, and rank 0's address."""
@@ -176,4 +182,5 @@ __all__ = [
     "closing",
     "ready",
     "takeover",
+    "view_of",
 ]

@@ -45,6 +45,7 @@ from torch.distributed.elastic.rendezvous import (
 from ...job_key import Opened, Refusals, Refused, Signer
 from ..clock import Clock, SystemClock
 from .round_policy import (
+    RECHECK_S,
     Bounds,
     Joiner,
     RoundResult,
@@ -54,6 +55,7 @@ from .round_policy import (
     closing,
     ready,
     takeover,
+    view_of,
 )
 
 BACKEND = "stalwart"
@@ -260,7 +262,11 @@ class RoundRendezvousHandler(RendezvousHandler):
             )
             match decision.verdict:
                 case Verdict.CLOSE:
-                    return self._close(rnd, view.count, previous, None)
+                    closed = self._close(rnd, view.count, previous, None)
+                    if closed is not None:
+                        return closed
+                    self._short_of_min(rnd, deadline)
+                    self._wait([self._key(rnd, f"join/{view.count + 1}")], RECHECK_S)  # counters lied
                 case Verdict.TIMEOUT:
                     raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
                 case Verdict.WAIT:
@@ -299,11 +305,21 @@ class RoundRendezvousHandler(RendezvousHandler):
             decision = takeover(decision, None if closable_at is None else now - closable_at, self.takeover_s)
             match decision.verdict:
                 case Verdict.CLOSE:
-                    return self._close(rnd, view.count, previous, stored)
+                    closed = self._close(rnd, view.count, previous, stored)
+                    if closed is not None:
+                        return closed
+                    self._short_of_min(rnd, deadline)
                 case Verdict.TIMEOUT:
                     raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
                 case Verdict.WAIT:
                     pass
+
+    def _short_of_min(self, rnd: int, deadline: float) -> None:
+        """After a close the signed records did not bear out: past the deadline, the round timed out."""
+        if self.clock.monotonic() >= deadline:
+            raise RendezvousTimeoutError(
+                f"round {rnd} of run {self.run_id}: fewer than {self.bounds.min_nodes} signed join records"
+            )
 
     def _joiners(self, rnd: int, count: int) -> list[Joiner]:
         """The join records of arrivals 1..count that came within the grace, authentic, in one read."""
@@ -323,11 +339,15 @@ class RoundRendezvousHandler(RendezvousHandler):
 
     def _close(
         self, rnd: int, count: int, previous: RoundResult | None, planted: bytes | None
-    ) -> RoundResult:
-        """Write the round's one result (first writer wins) and return the one that holds."""
-        members = choose(self._joiners(rnd, count), previous.round if previous else -1, self.bounds.max_nodes)
-        if not members:
-            raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: no authentic join record")
+    ) -> RoundResult | None:
+        """Write the round's one result (first writer wins) and return the one that holds; None when
+        the signed join records do not make the round ready (the counters are only hints: a forged
+        bump or a joiner that died between its count and its record never closes a round)."""
+        joiners = self._joiners(rnd, count)
+        prev_round = previous.round if previous else -1
+        if not ready(view_of(joiners, prev_round, len(previous.members) if previous else 0), self.bounds):
+            return None
+        members = choose(joiners, prev_round, self.bounds.max_nodes)
         mine = RoundResult(rnd, tuple(j.arrival for j in members), members[0].host, members[0].port)
         key = self._key(rnd, "result")
         sealed = self._seal(key, mine.encode())
