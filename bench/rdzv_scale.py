@@ -176,6 +176,10 @@ class CountingStore(Store):
         self._count(False, keys, got)
         return got
 
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:  # Any: bytes, as set
+        self.inner.multi_set(keys, values)
+        self._count(True, keys, values)
+
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:  # Any: bytes, as set
         got = self.inner.compare_set(key, expected, desired)
         self._count(True, key, expected, desired, got)

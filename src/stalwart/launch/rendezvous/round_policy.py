@@ -133,42 +133,32 @@ def view_of(joiners: list[Joiner], previous_round: int, previous: int) -> RoundV
 
 @dataclass(frozen=True)
 class RoundResult:
-    """A closed round: its members' arrival numbers in rank order, and rank 0's address."""
+    """A closed round: who closed it (its arrival number: the rank records are under it), how many
+    members it took and rank 0's address. Its size does not grow with the group: each member reads
+    its own rank from a record of its own."""
 
     round: int
-    members: tuple[int, ...]
+    closer: int
+    size: int
     master_host: str
     master_port: int
 
-    def rank_of(self, arrival: int) -> int | None:
-        try:
-            return self.members.index(arrival)
-        except ValueError:
-            return None
-
     def encode(self) -> bytes:
-        body = {
-            "round": self.round,
-            "members": list(self.members),
-            "master": [self.master_host, self.master_port],
-        }
+        body = [self.round, self.closer, self.size, self.master_host, self.master_port]
         return json.dumps(body, separators=(",", ":")).encode()
 
     @staticmethod
     def decode(data: bytes) -> RoundResult:
         """Raises ValueError when the record is not a round's result."""
         try:
-            body = json.loads(data)
-            host, port = body["master"]
-            members = tuple(body["members"])
-            rnd = body["round"]
-        except (TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
+            rnd, closer, size, host, port = json.loads(data)
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a round result: {exc}") from None
-        if not (type(rnd) is int and isinstance(host, str) and type(port) is int):
+        if not (all(type(v) is int for v in (rnd, closer, size, port)) and isinstance(host, str)):
             raise ValueError("not a round result: wrong field types")
-        if not all(type(m) is int for m in members) or len(set(members)) != len(members):
-            raise ValueError("not a round result: members are not distinct arrival numbers")
-        return RoundResult(rnd, members, host, port)
+        if size < 1:
+            raise ValueError("not a round result: no members")
+        return RoundResult(rnd, closer, size, host, port)
 
 
 __all__ = [

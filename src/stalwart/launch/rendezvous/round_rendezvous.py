@@ -10,8 +10,9 @@ own keys under ``stalwart/rdzv/<run id>/r<r>/``:
 * ``count``: each joiner takes an arrival number with ``add(count, 1)``; ``back``: those that were
   members of round ``r - 1`` add to it too;
 * ``join/<arrival>``: each joiner's descriptor (host, a free port, its previous round and rank);
-* ``result``: written once, by compare-and-set (the first writer wins): the members' arrival numbers
-  in rank order and rank 0's address.
+* ``rank/<closer>/<arrival>``: each member's rank, written by the closer (one ``multi_set``) before
+* ``result``: written once, by compare-and-set (the first writer wins): who closed the round (whose
+  rank records hold), its size and rank 0's address. No record every member reads grows with N.
 
 The first arrival leads: it sleeps on the store (``wait`` on the next arrival's key, bounded) until
 the round may close (launch/rendezvous/round_policy.py: ``max_nodes`` there, or ``min_nodes`` and the
@@ -180,7 +181,7 @@ class RoundRendezvousHandler(RendezvousHandler):
         if last is None:
             return 0
         count = int(self.store.add(self._key(last.round + 1, "count"), 0))
-        if count == 0 or len(last.members) < self.bounds.max_nodes:
+        if count == 0 or last.size < self.bounds.max_nodes:
             return count
         return int(self.store.add(self._key(last.round + 1, "back"), 0))
 
@@ -195,7 +196,7 @@ class RoundRendezvousHandler(RendezvousHandler):
                 self.last, self.rank = result, rank
                 store = PrefixStore(self._key(rnd, "store"), self.store)
                 info = RendezvousStoreInfo(result.master_host, result.master_port)
-                return RendezvousInfo(store, rank, len(result.members), info)
+                return RendezvousInfo(store, rank, result.size, info)
             rnd += 1  # late for this round: a waiting node of the next
 
     # a round -----------------------------------------------------------------------------------
@@ -221,7 +222,7 @@ class RoundRendezvousHandler(RendezvousHandler):
         arrival = int(self.store.add(self._key(rnd, "count"), 1))
         result, _ = self._result(rnd)
         if result is not None:  # it closed before this arrival
-            rank = result.rank_of(arrival)
+            rank = self._rank_in(result, arrival)
             return None if rank is None else (result, rank)
         last = self.last
         prev_round, prev_rank = -1, -1
@@ -231,9 +232,21 @@ class RoundRendezvousHandler(RendezvousHandler):
         key = self._key(rnd, f"join/{arrival}")
         me = Joiner(arrival, self.host, _free_port(), prev_round, prev_rank)
         self._set(key, me.encode())
-        result = self._lead(rnd, deadline) if arrival == 1 else self._follow(rnd, deadline)
-        rank = result.rank_of(arrival)
+        result = self._lead(rnd, arrival, deadline) if arrival == 1 else self._follow(rnd, arrival, deadline)
+        rank = self._rank_in(result, arrival)
         return None if rank is None else (result, rank)
+
+    def _rank_in(self, result: RoundResult, arrival: int) -> int | None:
+        """This arrival's rank in the closed round (None: not a member, or its record refused)."""
+        key = self._key(result.round, f"rank/{result.closer}/{arrival}")
+        if not self.store.check([key]):
+            return None
+        payload = self._open(key, self.store.get(key), "a rendezvous rank record")
+        try:
+            rank = int(payload or b"-1")
+        except ValueError:
+            rank = -1
+        return rank if 0 <= rank < result.size else None
 
     def _previous(self, rnd: int) -> RoundResult | None:
         """Round ``rnd - 1``'s result, whose members the round waits for (None: the first round)."""
@@ -246,9 +259,9 @@ class RoundRendezvousHandler(RendezvousHandler):
     def _view(self, rnd: int, previous: RoundResult | None) -> RoundView:
         count = int(self.store.add(self._key(rnd, "count"), 0))
         back = int(self.store.add(self._key(rnd, "back"), 0)) if previous else 0
-        return RoundView(count, back, len(previous.members) if previous else 0)
+        return RoundView(count, back, previous.size if previous else 0)
 
-    def _lead(self, rnd: int, deadline: float) -> RoundResult:
+    def _lead(self, rnd: int, arrival: int, deadline: float) -> RoundResult:
         """The first arrival: sleep on the next arrival's key until the round may close, then close it."""
         previous = self._previous(rnd)
         ready_at: float | None = None
@@ -262,7 +275,7 @@ class RoundRendezvousHandler(RendezvousHandler):
             )
             match decision.verdict:
                 case Verdict.CLOSE:
-                    closed = self._close(rnd, view.count, previous, None)
+                    closed = self._close(rnd, arrival, view.count, previous, None)
                     if closed is not None:
                         return closed
                     self._short_of_min(rnd, deadline)
@@ -275,7 +288,7 @@ class RoundRendezvousHandler(RendezvousHandler):
                         return result
                     self._wait([self._key(rnd, f"join/{view.count + 1}")], decision.recheck_s)
 
-    def _follow(self, rnd: int, deadline: float) -> RoundResult:
+    def _follow(self, rnd: int, arrival: int, deadline: float) -> RoundResult:
         """Wait on the result; close the round here when its leader left it closable too long."""
         previous: RoundResult | None = None
         looked = False
@@ -305,7 +318,7 @@ class RoundRendezvousHandler(RendezvousHandler):
             decision = takeover(decision, None if closable_at is None else now - closable_at, self.takeover_s)
             match decision.verdict:
                 case Verdict.CLOSE:
-                    closed = self._close(rnd, view.count, previous, stored)
+                    closed = self._close(rnd, arrival, view.count, previous, stored)
                     if closed is not None:
                         return closed
                     self._short_of_min(rnd, deadline)
@@ -338,17 +351,20 @@ class RoundRendezvousHandler(RendezvousHandler):
         return joiners
 
     def _close(
-        self, rnd: int, count: int, previous: RoundResult | None, planted: bytes | None
+        self, rnd: int, arrival: int, count: int, previous: RoundResult | None, planted: bytes | None
     ) -> RoundResult | None:
         """Write the round's one result (first writer wins) and return the one that holds; None when
         the signed join records do not make the round ready (the counters are only hints: a forged
         bump or a joiner that died between its count and its record never closes a round)."""
         joiners = self._joiners(rnd, count)
         prev_round = previous.round if previous else -1
-        if not ready(view_of(joiners, prev_round, len(previous.members) if previous else 0), self.bounds):
+        if not ready(view_of(joiners, prev_round, previous.size if previous else 0), self.bounds):
             return None
         members = choose(joiners, prev_round, self.bounds.max_nodes)
-        mine = RoundResult(rnd, tuple(j.arrival for j in members), members[0].host, members[0].port)
+        mine = RoundResult(rnd, arrival, len(members), members[0].host, members[0].port)
+        ranks = [self._key(rnd, f"rank/{arrival}/{j.arrival}") for j in members]  # before the result
+        sealed_ranks = [self._seal(k, str(i).encode()) for i, k in enumerate(ranks)]
+        self.store.multi_set(ranks, sealed_ranks)  # type: ignore[attr-defined]  # torch's stub lacks it
         key = self._key(rnd, "result")
         sealed = self._seal(key, mine.encode())
         expected = planted if planted is not None else b""
