@@ -30,6 +30,7 @@ from stalwart.launch.rendezvous.round_policy import (
     closing,
     takeover,
     view_of,
+    wake_at,
 )
 from stalwart.launch.rendezvous.round_rendezvous import RoundRendezvousHandler
 
@@ -71,6 +72,13 @@ def test_newcomers_alone_never_close_a_round_beside_a_running_group():
     assert closing(partly_back, bounds, 1.0, left_s=5).verdict is Verdict.CLOSE
     all_back = RoundView(count=4, back=2, previous=2)
     assert closing(all_back, bounds, 0.0, left_s=5).verdict is Verdict.CLOSE
+
+
+def test_a_waiting_leader_sleeps_until_min_then_until_max_not_on_every_arrival():
+    bounds = Bounds(4, 16, 3.0)
+    assert wake_at(RoundView(count=1, back=0, previous=0), bounds) == 4
+    assert wake_at(RoundView(count=5, back=0, previous=0), bounds) == 16
+    assert wake_at(RoundView(count=16, back=3, previous=4), bounds) == 17  # the group's last coming back
 
 
 def test_a_member_takes_over_only_after_the_round_was_closable_for_the_bound():

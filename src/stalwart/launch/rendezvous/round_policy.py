@@ -78,6 +78,14 @@ def _short(view: RoundView, bounds: Bounds) -> str:
     return f"none of the running group's {view.previous} nodes came back yet"
 
 
+def wake_at(view: RoundView, bounds: Bounds) -> int:
+    """The arrival whose join record a waiting leader sleeps on: the min-th while fewer came, then the
+    max-th (the last call's timeout wakes it before), always a later one than it saw. So the leader
+    wakes a few times a round, not once per arrival (a round trip each over a network)."""
+    target = bounds.min_nodes if view.count < bounds.min_nodes else bounds.max_nodes
+    return max(target, view.count + 1)
+
+
 def takeover(decision: Closing, closable_for_s: float | None, takeover_s: float) -> Closing:
     """A member (not the leader) closes the round itself only when the round has been closable for
     ``takeover_s`` by its own looks and still has no result: the leader died or stalled."""
@@ -173,4 +181,5 @@ __all__ = [
     "ready",
     "takeover",
     "view_of",
+    "wake_at",
 ]

@@ -57,6 +57,7 @@ from .round_policy import (
     ready,
     takeover,
     view_of,
+    wake_at,
 )
 
 BACKEND = "stalwart"
@@ -262,7 +263,8 @@ class RoundRendezvousHandler(RendezvousHandler):
         return RoundView(count, back, previous.size if previous else 0)
 
     def _lead(self, rnd: int, arrival: int, deadline: float) -> RoundResult:
-        """The first arrival: sleep on the next arrival's key until the round may close, then close it."""
+        """The first arrival: sleep on an arrival's key (round_policy.wake_at) until the round may close,
+        then close it."""
         previous = self._previous(rnd)
         ready_at: float | None = None
         while True:
@@ -286,7 +288,7 @@ class RoundRendezvousHandler(RendezvousHandler):
                     result, _ = self._result(rnd)  # a member closed it (this leader was taken for dead)
                     if result is not None:
                         return result
-                    self._wait([self._key(rnd, f"join/{view.count + 1}")], decision.recheck_s)
+                    self._wait([self._key(rnd, f"join/{wake_at(view, self.bounds)}")], decision.recheck_s)
 
     def _follow(self, rnd: int, arrival: int, deadline: float) -> RoundResult:
         """Wait on the result; close the round here when its leader left it closable too long."""
