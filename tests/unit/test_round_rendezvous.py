@@ -100,6 +100,13 @@ def test_the_previous_group_keeps_its_ranks_and_newcomers_follow_by_arrival():
     ]
     assert [j.host for j in choose(joiners, 7, 4)] == ["a", "b", "spare", "old"]
     assert [j.host for j in choose(joiners, 7, 2)] == ["a", "b"]
+    twice = [
+        Joiner(1, "a", 1, -1, -1, "n-a"),
+        Joiner(2, "b", 1, -1, -1, "n-b"),
+        Joiner(3, "a", 2, -1, -1, "n-a"),
+    ]
+    assert [(j.host, j.arrival) for j in choose(twice, -1, 4)] == [("b", 2), ("a", 3)]  # a's last arrival
+    assert view_of(twice, -1, 0).count == 2
 
 
 def test_the_signed_records_not_the_counters_say_whether_a_round_is_ready():
@@ -109,10 +116,10 @@ def test_the_signed_records_not_the_counters_say_whether_a_round_is_ready():
 
 
 def test_records_that_are_not_what_they_claim_are_rejected():
-    assert Joiner.decode(3, Joiner(3, "h", 5, 1, 0).encode()) == Joiner(3, "h", 5, 1, 0)
+    assert Joiner.decode(3, Joiner(3, "h", 5, 1, 0, "n").encode()) == Joiner(3, "h", 5, 1, 0, "n")
     result = RoundResult(2, 3, 4, "h", 5)
     assert RoundResult.decode(result.encode()) == result
-    for bad in (b"x", b"[1,2]", b'["h", "5", 1, 0]'):
+    for bad in (b"x", b"[1,2]", b'["h", "5", 1, 0, "n"]', b'["h", 5, 1, 0, 7]'):
         with pytest.raises(ValueError):
             Joiner.decode(1, bad)
     for bad in (
@@ -265,7 +272,7 @@ def test_an_unsigned_join_record_does_not_become_a_member():
     group = Group()
     forger = group.client()
     assert forger.add(f"stalwart/rdzv/{RUN}/r0/count", 1) == 1  # it takes arrival 1 (the leader's)
-    forger.set(f"stalwart/rdzv/{RUN}/r0/join/1", b'["evil", 1, -1, -1]')
+    forger.set(f"stalwart/rdzv/{RUN}/r0/join/1", b'["evil", 1, -1, -1, "x"]')
     agents = [group.agent(Bounds(2, 3, 0.1), takeover_s=0.3) for _ in range(2)]
     got = infos(meet(agents))  # type: ignore[arg-type]
     assert {i.world_size for i in got} == {2} and sorted(i.rank for i in got) == [0, 1]
@@ -276,7 +283,7 @@ def test_forged_arrivals_never_close_a_round_below_min():
     group = Group()
     forger = group.client()
     forger.add(f"stalwart/rdzv/{RUN}/r0/count", 1)
-    forger.set(f"stalwart/rdzv/{RUN}/r0/join/1", b'["evil", 1, -1, -1]')
+    forger.set(f"stalwart/rdzv/{RUN}/r0/join/1", b'["evil", 1, -1, -1, "x"]')
     agents = [group.agent(Bounds(3, 3, 0.1), takeover_s=0.2, timeout_s=1.5) for _ in range(2)]
     out = meet(agents)  # type: ignore[arg-type]
     assert all(isinstance(v, RendezvousTimeoutError) for v in out.values()), out

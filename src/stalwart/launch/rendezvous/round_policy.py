@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 
+from typing_extensions import assert_never
+
 RECHECK_S = 1.0  # the longest a waiting leader sleeps between two looks at its round
 
 
@@ -98,6 +100,8 @@ def takeover(decision: Closing, closable_for_s: float | None, takeover_s: float)
             return Closing(Verdict.WAIT, "the leader closes it", takeover_s - (closable_for_s or 0.0))
         case Verdict.WAIT | Verdict.TIMEOUT:
             return decision
+        case _:
+            assert_never(decision.verdict)
 
 
 @dataclass(frozen=True)
@@ -109,32 +113,39 @@ class Joiner:
     port: int  # a free port on the host (rank 0's is the workers' bootstrap port)
     prev_round: int  # the last round it was a member of (-1: none)
     prev_rank: int
+    node: str = ""  # the handler's own random token: one node that joined a round twice counts once
 
     def encode(self) -> bytes:
-        return json.dumps([self.host, self.port, self.prev_round, self.prev_rank]).encode()
+        return json.dumps([self.host, self.port, self.prev_round, self.prev_rank, self.node]).encode()
 
     @staticmethod
     def decode(arrival: int, data: bytes) -> Joiner:
         """Raises ValueError when the record is not a join record."""
         try:
-            host, port, prev_round, prev_rank = json.loads(data)
+            host, port, prev_round, prev_rank, node = json.loads(data)
         except (TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a join record: {exc}") from None
-        if not (isinstance(host, str) and all(type(v) is int for v in (port, prev_round, prev_rank))):
+        if not (isinstance(host, str) and isinstance(node, str)):
             raise ValueError("not a join record: wrong field types")
-        return Joiner(arrival, host, port, prev_round, prev_rank)
+        if not all(type(v) is int for v in (port, prev_round, prev_rank)):
+            raise ValueError("not a join record: wrong field types")
+        return Joiner(arrival, host, port, prev_round, prev_rank, node)
 
 
 def choose(joiners: list[Joiner], previous_round: int, max_nodes: int) -> tuple[Joiner, ...]:
     """The round's members in rank order: the previous group's members first, in their old rank order
-    (they keep their ranks as far as they can), then the others by arrival; at most ``max_nodes``."""
-    back = sorted((j for j in joiners if j.prev_round == previous_round >= 0), key=lambda j: j.prev_rank)
-    new = sorted((j for j in joiners if not (j.prev_round == previous_round >= 0)), key=lambda j: j.arrival)
+    (they keep their ranks as far as they can), then the others by arrival; at most ``max_nodes``. A
+    node that joined twice (it gave up on the round once and came back) counts by its last arrival."""
+    last = {j.node or f"arrival {j.arrival}": j for j in sorted(joiners, key=lambda j: j.arrival)}
+    unique = list(last.values())
+    back = sorted((j for j in unique if j.prev_round == previous_round >= 0), key=lambda j: j.prev_rank)
+    new = sorted((j for j in unique if not (j.prev_round == previous_round >= 0)), key=lambda j: j.arrival)
     return tuple([*back, *new][:max_nodes])
 
 
 def view_of(joiners: list[Joiner], previous_round: int, previous: int) -> RoundView:
     """The round as its signed join records show it (the counters are unsigned hints)."""
+    joiners = list({j.node or f"arrival {j.arrival}": j for j in joiners}.values())
     back = sum(1 for j in joiners if j.prev_round == previous_round >= 0)
     return RoundView(len(joiners), back, previous)
 

@@ -31,6 +31,7 @@ left out, a result is replaced by compare-and-set with one computed here, a clos
 from __future__ import annotations
 
 import datetime
+import secrets
 import socket
 
 from torch.distributed import DistStoreError, PrefixStore, Store
@@ -42,6 +43,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
+from typing_extensions import assert_never
 
 from ...job_key import Opened, Refusals, Refused, Signer
 from ..clock import Clock, SystemClock
@@ -93,6 +95,7 @@ class RoundRendezvousHandler(RendezvousHandler):
         self.bounds, self.timeout_s, self.join_grace_s = bounds, timeout_s, join_grace_s
         self.takeover_s = bounds.last_call_s + TAKEOVER_S if takeover_s is None else takeover_s
         self.host = local_addr or socket.gethostname()
+        self.node = secrets.token_hex(8)  # tells this handler's join records apart from others'
         self.clock: Clock = clock or SystemClock()
         self.prefix = f"stalwart/rdzv/{run_id}"
         self.last: RoundResult | None = None  # the last round this agent was a member of
@@ -231,7 +234,7 @@ class RoundRendezvousHandler(RendezvousHandler):
             prev_round, prev_rank = last.round, self.rank
             self.store.add(self._key(rnd, "back"), 1)
         key = self._key(rnd, f"join/{arrival}")
-        me = Joiner(arrival, self.host, _free_port(), prev_round, prev_rank)
+        me = Joiner(arrival, self.host, _free_port(), prev_round, prev_rank, self.node)
         self._set(key, me.encode())
         result = self._lead(rnd, arrival, deadline) if arrival == 1 else self._follow(rnd, arrival, deadline)
         rank = self._rank_in(result, arrival)
@@ -289,6 +292,8 @@ class RoundRendezvousHandler(RendezvousHandler):
                     if result is not None:
                         return result
                     self._wait([self._key(rnd, f"join/{wake_at(view, self.bounds)}")], decision.recheck_s)
+                case _:
+                    assert_never(decision.verdict)
 
     def _follow(self, rnd: int, arrival: int, deadline: float) -> RoundResult:
         """Wait on the result; close the round here when its leader left it closable too long."""
@@ -328,6 +333,8 @@ class RoundRendezvousHandler(RendezvousHandler):
                     raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
                 case Verdict.WAIT:
                     pass
+                case _:
+                    assert_never(decision.verdict)
 
     def _short_of_min(self, rnd: int, deadline: float) -> None:
         """After a close the signed records did not bear out: past the deadline, the round timed out."""
