@@ -30,13 +30,18 @@ compare-and-sets and writes its compare-and-sets. ``--poll-s S`` makes every age
 reads the whole state when its one-second sync interval has passed; Stalwart's is one ``add(..., 0)``).
 Each process's peak RSS (ru_maxrss) is reported, and per agent.
 
+``--handler etcd`` times torch's dynamic rendezvous on Stalwart's etcd backend instead
+(``--rdzv-backend etcd``, launch/rendezvous/etcd.py: the same sealed state, kept in one etcd key and
+swapped against its revision), on one etcd member on loopback that the bench starts (Debian's
+``etcd-server``; tests/etcdutil.py); its counters are torch's, as for ``torch``.
+
 ``--cycle 1000,4000`` instead times one uncontended keep-alive write (read, open, unpickle, beat,
 pickle, seal, compare-and-set) of a state of that many participants on a loopback store, and one of
 torch's event records: what bounds the writes per second a group can make on the one key.
 ``RDZV_SCALE_PROFILE=1`` runs every agent thread under cProfile (slower) and prints the merged profile.
 
 Run: PYTHONPATH=src .venv/bin/python bench/rdzv_scale.py --agents 16 [--procs 1] [--quiet-s 10]
-[--handler torch|stalwart] [--poll-s 0] [--deadline-s 600] [--json out] | --cycle 1000,4000
+[--handler torch|stalwart|etcd] [--poll-s 0] [--deadline-s 600] [--json out] | --cycle 1000,4000
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ from stalwart.settings.run_config import RunConfig
 
 KEY = JobKey(b"b" * 32, KeySource.FILE)
 RUN = "bench-scale"
-BACKENDS = {"torch": "c10d", "stalwart": "stalwart"}  # --handler -> --rdzv-backend
+BACKENDS = {"torch": "c10d", "stalwart": "stalwart", "etcd": "etcd"}  # --handler -> --rdzv-backend
 PROFILE = os.environ.get("RDZV_SCALE_PROFILE") == "1"  # cProfile every agent thread (slows it)
 
 
@@ -108,7 +113,7 @@ class CountingBackend(RendezvousBackend):
             self.stats.reads += 1
             self.stats.ops += 1
             if got is not None:
-                self.stats.wire_bytes += len(got[1])
+                self.stats.wire_bytes += _answer_bytes(got[0], got[1])
         return got
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
@@ -120,11 +125,17 @@ class CountingBackend(RendezvousBackend):
             s.writes += 1
             s.sealed_bytes_written += len(state)
             s.state_bytes = len(state)
-            s.wire_bytes += len(token or b"") + (len(state) * 4 + 2) // 3
+            s.wire_bytes += (len(token) if isinstance(token, bytes) else 0) + (len(state) * 4 + 2) // 3
             if got is not None:
-                s.wire_bytes += len(got[1])
+                s.wire_bytes += _answer_bytes(got[0], got[1])
                 s.lost += 0 if got[2] else 1
         return got
+
+
+def _answer_bytes(state: bytes, token: Token) -> int:
+    """The state an answer carries: c10d's token is the stored (base64) bytes themselves; etcd's is a
+    revision number, and the value comes base64 in its JSON answer."""
+    return len(token) if isinstance(token, bytes) else (len(state) * 4 + 2) // 3
 
 
 def _size(value: Any) -> int:  # Any: a key, a value (str or bytes) or a list of them
@@ -237,7 +248,7 @@ def _agents(first: int, count: int, n: int, port: int, work: Path, stats: Stats,
     for i in range(first, first + count):
         cfg = RunConfig(
             script="x.py", run_dir=work / f"run-{i}", run_id=RUN, rdzv_backend=BACKENDS[kind],
-            rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=RUN, rdzv_host=i == 0, nnodes=str(n),
+            rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=RUN, rdzv_host=i == 0 and kind != "etcd", nnodes=str(n),
             node_name=f"n{i}", rdzv_last_call_s=1.0,
         )  # fmt: skip
         refusals = Refusals(lambda text: print(text, file=sys.stderr, flush=True))
@@ -325,7 +336,7 @@ def child(
                 merged.add(prof)
             merged.sort_stats("tottime").print_stats(25)
             merged.sort_stats("cumulative").print_stats(40)
-        state = handlers[0]._state_holder._backend.last or b"" if kind == "torch" else b""
+        state = handlers[0]._state_holder._backend.last or b"" if kind != "stalwart" else b""
         dump_pb, load_pb = _pickle_s_per_byte(state) if state else (0.0, 0.0)
         out: dict[str, Any] = {
             "joined": joined, "done": done, "agent_cpu_s": sum(cpu),
@@ -357,9 +368,26 @@ def child(
 
 
 def run(n: int, procs: int, quiet_s: float, deadline_s: float, kind: str, poll_s: float) -> dict[str, Any]:
+    if kind != "etcd":
+        return _run(n, procs, quiet_s, deadline_s, kind, poll_s, 0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from etcdutil import etcd_member  # deferred: only this arm (a test helper: starts and reaps etcd)
+
+    with tempfile.TemporaryDirectory() as tmp, etcd_member(Path(tmp) / "etcd", name="bench") as endpoint:
+        return _run(n, procs, quiet_s, deadline_s, kind, poll_s, int(endpoint.rpartition(":")[2]))
+
+
+def _free_store_port() -> int:
     probe = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     port = probe.port
     del probe  # the first agent hosts the rendezvous store on this port
+    return port
+
+
+def _run(
+    n: int, procs: int, quiet_s: float, deadline_s: float, kind: str, poll_s: float, port: int
+) -> dict[str, Any]:
+    port = port or _free_store_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     share = [n // procs + (1 if p < n % procs else 0) for p in range(procs)]
     kids, first = [], 0
