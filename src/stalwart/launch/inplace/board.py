@@ -11,7 +11,8 @@ rendezvous state. A change is data (:class:`~stalwart.launch.inplace.board_state
 the race applies it again to what it found.
 
 No store call runs on the supervisor's thread: each :class:`StoreBoard` polls on its :class:`Ticker`
-(by default a daemon thread every :data:`POLL_S`; tests tick a :class:`ManualTicker` by hand), makes
+(by default a daemon thread at least every :data:`POLL_S`, and at once when a change is handed over or
+another board nudges: launch/inplace/ticker.py; tests tick a :class:`ManualTicker` by hand), makes
 every call with the store timeout as its deadline, writes the changes handed to it and reads the
 document when it moved; the tick reads what the board last saw and never waits.
 
