@@ -11,6 +11,7 @@ And the pieces alone: a nudge crosses a liveness connection both ways; the wake 
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -113,3 +114,33 @@ def test_a_closed_wake_pipe_ends_the_wait_at_once_and_a_wake_after_close_is_harm
     waker.close()
     waker.wake()  # the owner's thread may hand a change over while the board closes
     assert waker.wait(BOUND_S, []) == (True, set())
+
+
+def test_a_flood_of_nudges_on_a_line_reads_the_store_at_most_once_per_gap(store):
+    """Anyone can connect to a liveness line and send it bytes: nudges are unsigned, so they may only
+    make a board read sooner, at most once per PUSH_GAP_S, never in a loop."""
+    board = StoreBoard("127.0.0.1", store.port, 10.0, node="n1", signer=SIGNER, live_host="127.0.0.1")
+    stop = threading.Event()
+    try:
+        assert _until(lambda: board._line_published)
+        host, _, port = board._line.address.rpartition(":")
+        flood = socket.create_connection((host, int(port)), timeout=10)
+
+        def send() -> None:
+            while not stop.is_set():
+                try:
+                    flood.send(b"!" * 512)
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=send, daemon=True)
+        assert _until(lambda: bool(board._line is not None and board._line.fds()))
+        t0, before = time.monotonic(), board._polls
+        sender.start()
+        time.sleep(1.0)
+        polls, elapsed = board._polls - before, time.monotonic() - t0
+        assert polls >= 1  # the board still polls (a flood does not stop it)
+        assert polls <= elapsed / ticker.PUSH_GAP_S + 2, (polls, elapsed)
+    finally:
+        stop.set()
+        board.close()

@@ -19,6 +19,8 @@ from typing import Protocol
 from ..clock import ManualClock
 
 POLL_S = 0.1
+PUSH_GAP_S = 0.01  # pushed polls and wakes at most this often: a nudge is unsigned and anyone can
+# connect to a liveness line, so a flood of bytes makes a board read the store at most 100 times a second
 
 # wait up to the seconds given for a push; True: poll now (a change handed over, a nudge read)
 Idle = Callable[[float], bool]
@@ -33,17 +35,25 @@ class Ticker(Protocol):
 
 class ThreadTicker:
     """Polls on a daemon thread at least every :data:`POLL_S` of real time, and at once when ``idle``
-    says so (a call stuck on a dead host holds only that thread)."""
+    says so, but never twice within :data:`PUSH_GAP_S`, and it wakes at most once per gap for bytes
+    that ask for no poll (a call stuck on a dead host holds only that thread)."""
 
     def start(self, poll: Callable[[], None], stopped: threading.Event, idle: Idle) -> None:
         def loop() -> None:
             while not stopped.is_set():
+                polled = time.monotonic()
                 poll()
-                deadline = time.monotonic() + POLL_S
+                deadline = polled + POLL_S
                 while not stopped.is_set():
-                    left = deadline - time.monotonic()
-                    if left <= 0 or idle(left):
+                    woke = time.monotonic()
+                    if deadline - woke <= 0:
                         break
+                    if idle(deadline - woke):
+                        stopped.wait(max(0.0, polled + PUSH_GAP_S - time.monotonic()))
+                        break
+                    # woken by bytes that asked for no poll (beats): at most once per gap, so a
+                    # connection that floods a line costs this thread no more than that
+                    stopped.wait(max(0.0, woke + PUSH_GAP_S - time.monotonic()))
 
         threading.Thread(target=loop, name="stalwart-inplace-board", daemon=True).start()
 
@@ -128,4 +138,4 @@ class Waker:
                 pass
 
 
-__all__ = ["POLL_S", "Idle", "ManualTicker", "ThreadTicker", "Ticker", "Waker"]
+__all__ = ["POLL_S", "PUSH_GAP_S", "Idle", "ManualTicker", "ThreadTicker", "Ticker", "Waker"]
