@@ -106,12 +106,20 @@ def test_survivor_continues_after_an_agent_is_killed(tmp_path):
     assert manifest is not None, reason
 
 
-def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("--rdzv-backend", "stalwart", "--no-in-place")],
+    ids=["c10d", "stalwart-rendezvous"],
+)
+def test_a_node_joins_a_group_that_already_ran_alone(tmp_path, extra):
     """A replacement or late node joins a 1:2 job whose first node is already training alone. torch's
     shared rendezvous store left the newcomer waiting for a MASTER_ADDR the old rank 0 never wrote
-    again (rendezvous_failed on both nodes); the agent opts out of that sharing."""
+    again (rendezvous_failed on both nodes); the agent opts out of that sharing. On Stalwart's own
+    rendezvous (launch/rendezvous/round_rendezvous.py), with the in-place grow off so the rendezvous
+    takes the newcomer: the running agent sees it waiting (``num_nodes_waiting``) and both go on in
+    one group."""
     port, steps = free_port(), 150
-    a = _agent(tmp_path, "n0", port, steps)
+    a = _agent(tmp_path, "n0", port, steps, *extra)
     wait_listening(port, a)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # n0 trains alone in round 0 before n1 exists
@@ -119,7 +127,7 @@ def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
             break
         assert a.poll() is None, a.communicate()[0]
         time.sleep(0.5)
-    b = _agent(tmp_path, "n1", port, steps)
+    b = _agent(tmp_path, "n1", port, steps, *extra)
     out_b, _ = b.communicate(timeout=600)
     out_a, _ = a.communicate(timeout=600)
     assert a.returncode == 0 and b.returncode == 0, out_a + out_b
@@ -127,6 +135,8 @@ def test_a_node_joins_a_group_that_already_ran_alone(tmp_path):
     assert starts[0].node == "n0" and starts[0].num_nodes == 1, "n0 started alone"
     joined = [e for e in starts if e.num_nodes == 2]
     assert {e.node for e in joined} == {"n0", "n1"}, "both nodes ran in one group after n1 arrived"
+    ends = events(tmp_path, JobEnded)
+    assert {e.node for e in ends} == {"n0", "n1"} and all(e.outcome == "succeeded" for e in ends), ends
 
 
 def test_sigterm_saves_an_emergency_checkpoint_and_requeue_resumes(tmp_path):
