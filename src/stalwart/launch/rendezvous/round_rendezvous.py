@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import secrets
 import socket
+from typing import NoReturn
 
 from torch.distributed import DistStoreError, PrefixStore, Store
 from torch.distributed.elastic.rendezvous import (
@@ -50,6 +51,7 @@ from ..clock import Clock, SystemClock
 from .round_policy import (
     RECHECK_S,
     Bounds,
+    Closing,
     Joiner,
     RoundResult,
     RoundView,
@@ -272,21 +274,15 @@ class RoundRendezvousHandler(RendezvousHandler):
         ready_at: float | None = None
         while True:
             self._refuse_closed()
-            view, now = self._view(rnd, previous), self.clock.monotonic()
-            if ready_at is None and ready(view, self.bounds):
-                ready_at = now
-            decision = closing(
-                view, self.bounds, None if ready_at is None else now - ready_at, deadline - now
-            )
+            view, ready_at, decision, _ = self._look(rnd, previous, ready_at, deadline)
             match decision.verdict:
                 case Verdict.CLOSE:
-                    closed = self._close(rnd, arrival, view.count, previous, None)
+                    closed = self._close_or_short(rnd, arrival, view.count, previous, None, deadline)
                     if closed is not None:
                         return closed
-                    self._short_of_min(rnd, deadline)
                     self._wait([self._key(rnd, f"join/{view.count + 1}")], RECHECK_S)  # counters lied
                 case Verdict.TIMEOUT:
-                    raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
+                    self._timed_out(rnd, decision)
                 case Verdict.WAIT:
                     result, _ = self._result(rnd)  # a member closed it (this leader was taken for dead)
                     if result is not None:
@@ -314,34 +310,52 @@ class RoundRendezvousHandler(RendezvousHandler):
             self._refuse_closed()
             if not looked:
                 previous, looked = self._previous(rnd), True
-            view, now = self._view(rnd, previous), self.clock.monotonic()
-            if ready_at is None and ready(view, self.bounds):
-                ready_at = now
-            decision = closing(
-                view, self.bounds, None if ready_at is None else now - ready_at, deadline - now
-            )
+            view, ready_at, decision, now = self._look(rnd, previous, ready_at, deadline)
             if decision.verdict is Verdict.CLOSE and closable_at is None:
                 closable_at = now
             decision = takeover(decision, None if closable_at is None else now - closable_at, self.takeover_s)
             match decision.verdict:
                 case Verdict.CLOSE:
-                    closed = self._close(rnd, arrival, view.count, previous, stored)
+                    closed = self._close_or_short(rnd, arrival, view.count, previous, stored, deadline)
                     if closed is not None:
                         return closed
-                    self._short_of_min(rnd, deadline)
                 case Verdict.TIMEOUT:
-                    raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
+                    self._timed_out(rnd, decision)
                 case Verdict.WAIT:
                     pass
                 case _:
                     assert_never(decision.verdict)
 
-    def _short_of_min(self, rnd: int, deadline: float) -> None:
-        """After a close the signed records did not bear out: past the deadline, the round timed out."""
-        if self.clock.monotonic() >= deadline:
+    def _look(
+        self, rnd: int, previous: RoundResult | None, ready_at: float | None, deadline: float
+    ) -> tuple[RoundView, float | None, Closing, float]:
+        """One look at the round's counters: the view, since when it is ready, the verdict, now."""
+        view, now = self._view(rnd, previous), self.clock.monotonic()
+        if ready_at is None and ready(view, self.bounds):
+            ready_at = now
+        ready_for = None if ready_at is None else now - ready_at
+        return view, ready_at, closing(view, self.bounds, ready_for, deadline - now), now
+
+    def _timed_out(self, rnd: int, decision: Closing) -> NoReturn:
+        raise RendezvousTimeoutError(f"round {rnd} of run {self.run_id}: {decision.reason}")
+
+    def _close_or_short(
+        self,
+        rnd: int,
+        arrival: int,
+        count: int,
+        previous: RoundResult | None,
+        planted: bytes | None,
+        deadline: float,
+    ) -> RoundResult | None:
+        """:meth:`_close`; when the signed records did not bear the counters out and the deadline has
+        passed, the round timed out."""
+        closed = self._close(rnd, arrival, count, previous, planted)
+        if closed is None and self.clock.monotonic() >= deadline:
             raise RendezvousTimeoutError(
                 f"round {rnd} of run {self.run_id}: fewer than {self.bounds.min_nodes} signed join records"
             )
+        return closed
 
     def _joiners(self, rnd: int, count: int) -> list[Joiner]:
         """The join records of arrivals 1..count that came within the grace, authentic, in one read."""
