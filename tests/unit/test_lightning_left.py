@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("lightning")
 
-from stalwart.integrations.lightning_left import LeftCheckpoint, choose, file_for  # noqa: E402
+from stalwart.integrations.lightning_left import NAMES, LeftCheckpoint  # noqa: E402
 
 PEER_GONE = RuntimeError("Connection closed by peer [127.0.0.1]:29500")
 
@@ -65,7 +65,7 @@ def test_a_survivor_leaves_lightnings_checkpoint_of_the_last_completed_step(tmp_
         left.batch_ended(trainer)  # step 7 completed: its loops and schedulers recorded
         trainer._checkpoint_connector.loops = {"fit_loop": {"batch": 8}}  # the next batch was fetched
         assert left.leave(trainer, PEER_GONE) == ""
-        path = file_for(tmp_path, "n0", 0, 7, 0)
+        path = NAMES.path(tmp_path, "n0", 0, 7, 0)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         got = torch.load(path, weights_only=True)
         assert got["loops"] == {"fit_loop": {"batch": 0}} and got["global_step"] == 7  # the boundary's
@@ -110,7 +110,7 @@ def test_a_batch_whose_optimizer_did_not_step_keeps_the_previous_boundary(tmp_pa
         trainer.global_step, trainer._checkpoint_connector.loops = 4, {"fit_loop": {"batch": 9}}
         left.batch_ended(trainer)  # an accumulating batch: no step
         assert left.leave(trainer, PEER_GONE) == ""
-        got = torch.load(file_for(tmp_path, "n0", 0, 4, 0), weights_only=True)
+        got = torch.load(NAMES.path(tmp_path, "n0", 0, 4, 0), weights_only=True)
         assert got["loops"] == {"fit_loop": {"batch": 0}}
     finally:
         left.close()
@@ -118,34 +118,36 @@ def test_a_batch_whose_optimizer_did_not_step_keeps_the_previous_boundary(tmp_pa
 
 def test_every_rank_resumes_at_the_lowest_step_left_from_its_own_file_when_it_has_one(tmp_path):
     for rank, step in [(0, 12), (2, 11), (3, 11), (1, 12)]:
-        file_for(tmp_path, "n0", rank, step, 0).write_bytes(b"x")
-    file_for(tmp_path, "n9", 0, 3, 0).write_bytes(b"x")  # another node's name: never taken here
+        NAMES.path(tmp_path, "n0", rank, step, 0).write_bytes(b"x")
+    NAMES.path(tmp_path, "n9", 0, 3, 0).write_bytes(b"x")  # another node's name: never taken here
     (tmp_path / "lightning-left-n0-rankX-step1-a0.ckpt").write_bytes(b"x")  # not one of ours
-    assert (choose(tmp_path, "n0", 3, 1).source, choose(tmp_path, "n0", 3, 1).step) == (3, 11)
+    assert (NAMES.choose(tmp_path, "n0", 3, 1).source, NAMES.choose(tmp_path, "n0", 3, 1).step) == (3, 11)
     for rank in (0, 1, 2):  # ranks 0 and 1 hold step 12 only: the lowest rank's file at step 11
-        got = choose(tmp_path, "n0", rank, 1)
+        got = NAMES.choose(tmp_path, "n0", rank, 1)
         assert (got.source, got.step) == (2, 11)
-    assert choose(tmp_path / "none", "n0", 0, 1) is None
+    assert NAMES.choose(tmp_path / "none", "n0", 0, 1) is None
 
 
 def test_only_the_attempt_right_after_the_one_that_left_a_state_takes_it(tmp_path):
     """Every rank of an attempt has its number, so they agree without talking; an attempt that took
     the state and failed before its first step removed it is followed by one that does not take it
     again (it resumes from the checkpoint instead of failing the same way)."""
-    file_for(tmp_path, "n0", 0, 5, 3).write_bytes(b"x")
-    assert choose(tmp_path, "n0", 0, 4) is not None
-    assert choose(tmp_path, "n0", 0, 3) is None and choose(tmp_path, "n0", 0, 5) is None
+    NAMES.path(tmp_path, "n0", 0, 5, 3).write_bytes(b"x")
+    assert NAMES.choose(tmp_path, "n0", 0, 4) is not None
+    assert NAMES.choose(tmp_path, "n0", 0, 3) is None and NAMES.choose(tmp_path, "n0", 0, 5) is None
 
 
 def test_a_left_file_is_taken_only_when_newer_than_the_newest_checkpoint_then_removed(tmp_path):
-    file_for(tmp_path, "n0", 0, 8, 0).write_bytes(b"x")
-    file_for(tmp_path, "n0", 1, 8, 0).write_bytes(b"x")
+    NAMES.path(tmp_path, "n0", 0, 8, 0).write_bytes(b"x")
+    NAMES.path(tmp_path, "n0", 1, 8, 0).write_bytes(b"x")
     zero, one = _left(tmp_path, 0, attempt=1), _left(tmp_path, 1, attempt=1)
     try:
         assert zero.resume(newest_checkpoint=8) is None  # a checkpoint as new: it is whole and verified
         assert zero.resume(newest_checkpoint=6).step == 8 and one.resume(6).source == 1
         one.forget()  # a rank other than local rank 0 removes its own file only
-        assert [p.name for p in tmp_path.glob("lightning-left-*")] == [file_for(tmp_path, "n0", 0, 8, 0).name]
+        assert [p.name for p in tmp_path.glob("lightning-left-*")] == [
+            NAMES.path(tmp_path, "n0", 0, 8, 0).name
+        ]
         zero.forget()
         assert not list(tmp_path.glob("lightning-left-*"))
     finally:
@@ -161,7 +163,7 @@ def test_the_rng_record_is_written_once_per_optimizer_step_and_restored_at_the_r
         want = torch.rand(4)
         torch.manual_seed(6)
         left.batch_began(3)  # a second batch of the same step (accumulation): not recorded again
-        file_for(tmp_path, "n0", 0, 3, 0).write_bytes(b"x")
+        NAMES.path(tmp_path, "n0", 0, 3, 0).write_bytes(b"x")
         assert left.resume(newest_checkpoint=-1) is not None
         assert left.restore_rng() == ""
         assert torch.equal(torch.rand(4), want)

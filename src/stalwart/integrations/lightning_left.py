@@ -49,15 +49,6 @@ NAMES = Names("lightning-left-", ".ckpt")
 STRATEGIES = ("DDPStrategy", "SingleDeviceStrategy")  # replicated state: one rank's file serves all
 
 
-def file_for(directory: Path, node: str, rank: int, step: int, attempt: int) -> Path:
-    return NAMES.path(directory, node, rank, step, attempt)
-
-
-def choose(directory: Path, node: str, rank: int, attempt: int) -> Left | None:
-    """The file every rank of this node's ``attempt`` resumes from (left_files.py)."""
-    return NAMES.choose(directory, node, rank, attempt)
-
-
 class LeftCheckpoint(RankLeft):
     """One rank's side: records at batch starts and ends, leaves the checkpoint, picks it back up."""
 
@@ -97,7 +88,7 @@ class LeftCheckpoint(RankLeft):
             return why
         assert self.boundary is not None
         step = int(self.boundary["global_step"])
-        path = file_for(self.directory, self.node, self.rank, step, self.attempt)
+        path = NAMES.path(self.directory, self.node, self.rank, step, self.attempt)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -137,4 +128,4 @@ def applies(trainer: pl.Trainer) -> str:
     return ""
 
 
-__all__ = ["Left", "LeftCheckpoint", "applies", "arm", "choose", "file_for"]
+__all__ = ["NAMES", "Left", "LeftCheckpoint", "applies", "arm"]
