@@ -99,12 +99,29 @@ def test_each_rank_lacking_the_state_receives_it_from_a_holder_of_the_same_shard
     from stalwart.train.live_state import plan_sources
 
     # DDP: one shard key; rank 2 was replaced, rank 0 finished the interrupted step, ranks 1 and 3 did not
-    assert plan_sources([(18, 7), (17, 7), (-1, 7), (17, 7)]) == (17, {0: 1, 2: 1})
+    assert plan_sources([(18, -1, 7), (17, -1, 7), (-1, -1, 7), (17, -1, 7)]) == (17, {0: 1, 2: 1})
     # HSDP, 2 replica groups of 2 shards (keys 10, 11): rank 3 gets shard 11 from rank 1, not rank 0
-    assert plan_sources([(5, 10), (5, 11), (5, 10), (-1, 11)]) == (5, {3: 1})
+    assert plan_sources([(5, -1, 10), (5, -1, 11), (5, -1, 10), (-1, -1, 11)]) == (5, {3: 1})
     # plain FSDP: the replaced rank's shard lives nowhere else, so every rank falls back to a checkpoint
-    assert plan_sources([(5, 10), (5, 11), (-1, 12), (5, 13)]) is None
-    assert plan_sources([(-1, 1), (-1, 1)]) is None  # no live state at all
+    assert plan_sources([(5, -1, 10), (5, -1, 11), (-1, -1, 12), (5, -1, 13)]) is None
+    assert plan_sources([(-1, -1, 1), (-1, -1, 1)]) is None  # no live state at all
+
+
+def test_a_sharded_step_that_landed_for_some_shards_resumes_where_every_shard_is_held():
+    from stalwart.train.live_state import plan_sources
+
+    # HSDP 2 x 2 after a replica group left: shard 10 took step 9, shard 11 did not. Without a copy
+    # from before the step no step holds both shards (what CI saw: a fall back to the checkpoint)
+    assert plan_sources([(9, -1, 10), (8, -1, 11), (9, -1, 10), (8, -1, 11)]) is None
+    # shard 11's commit failed and its update landed anyway, keeping the state of step 8: step 9 has both
+    assert plan_sources([(9, -1, 10), (9, 8, 11), (9, -1, 10), (9, 8, 11)]) == (9, {})
+    # nobody's commit completed: those whose commit failed give their copies of step 8, and the lowest
+    # step every shard is held at wins, even where a later one is held by every rank but one
+    assert plan_sources([(9, 8, 10), (8, -1, 11), (9, 8, 10), (9, 8, 11)]) == (8, {})
+    # a replaced rank of shard 10 receives step 8 from the lowest rank holding it: a copy counts
+    assert plan_sources([(9, 8, 10), (8, -1, 11), (-1, -1, 10), (9, 8, 11)]) == (8, {2: 0})
+    # DDP: a rank that kept a copy from before the step is still a holder of the lower step
+    assert plan_sources([(18, 17, 7), (18, -1, 7), (-1, -1, 7)]) == (17, {1: 0, 2: 0})
 
 
 def test_a_rank_crashed_on_one_node_of_several_is_replaced_in_place_by_its_own_agent():

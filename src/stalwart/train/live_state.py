@@ -5,11 +5,13 @@ After an in-place re-formation every rank has rebuilt its objects (its training 
 but the survivors still hold the state of their last completed step in the objects of the previous
 generation. :func:`adopt` is collective over the new group:
 
-1. every rank contributes the step its live state is at (-1: none, a replacement);
-2. the group resumes at the lowest such step (the interrupted step is redone, exactly: see below);
-   each rank that lacks it receives from the lowest rank holding it with the same shards (any rank of
-   a DDP group; the rank at the same shard position of another HSDP replica group); when some rank's
-   shards are held by no live replica (plain FSDP), every rank resumes from a checkpoint instead.
+1. every rank contributes the step its live state is at (-1: none, a replacement) and the step of
+   its copy from one step earlier, when a sharded step's commit failed (train/step_commit.py);
+2. the group resumes at the lowest such step at which every rank's shards are held (the interrupted
+   step is redone, exactly: see below); each rank that lacks it receives from the lowest rank
+   holding it with the same shards (any rank of a DDP group; the rank at the same shard position of
+   another HSDP replica group); when some rank's shards are held by no live replica (plain FSDP),
+   every rank resumes from a checkpoint instead.
    After the group changed size, a survivor holds its state only where every local part sits in the
    same place of the whole (:func:`same_shards`): always for DDP, and for HSDP when the shard groups
    are unchanged (a replica group left or came back); plain FSDP over the changed world is cut anew,
@@ -49,13 +51,16 @@ class Held:
     """A rank's live state from the previous generation: its objects, the steps they completed and the
     state dicts of its other objects (data loader, sampler, scheduler...) as they were at the start of
     the step it was in (``boundary``): a loader has already fetched the interrupted step's batch, so its
-    state at the failure would skip that batch when the step is redone."""
+    state at the failure would skip that batch when the step is redone. ``before``: a copy of the state
+    one step earlier, kept when a sharded step's commit failed and its update landed anyway
+    (train/step_commit.py), so the rank can serve either step."""
 
     objects: dict[str, Any]  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     step: int
     boundary: dict[str, Any] | None = (
         None  # Any: the user's training state (torch modules, optimizers, tensors, any object)
     )
+    before: tuple[int, state.Captured] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,33 +163,35 @@ def _recv_bytes(src: int, limit: int) -> bytes:
     return buf.numpy().tobytes()
 
 
-def _gather(step: int, key: int) -> list[tuple[int, int]]:
-    """Every rank's (live step, shard key)."""
+def _gather(step: int, before: int, key: int) -> list[tuple[int, int, int]]:
+    """Every rank's (live step, the step of its copy from one step earlier, shard key)."""
 
-    mine = torch.tensor([step, key], dtype=torch.int64)
-    out = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    mine = torch.tensor([step, before, key], dtype=torch.int64)
+    out = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)
-    return [(int(t[0].item()), int(t[1].item())) for t in out]
+    return [(int(t[0].item()), int(t[1].item()), int(t[2].item())) for t in out]
 
 
-def plan_sources(ranks: list[tuple[int, int]]) -> tuple[int, dict[int, int]] | None:
-    """Pure: the step the group resumes at and, for each rank that lacks it, the rank it receives from
-    (the lowest rank holding that step with the same shards). None when no rank holds live state or
-    some rank's shards are held by no live replica (plain FSDP across the lost rank): then every rank
+def plan_sources(ranks: list[tuple[int, int, int]]) -> tuple[int, dict[int, int]] | None:
+    """Pure: from every rank's (live step, step of its earlier copy, shard key), -1 for none, the step
+    the group resumes at and, for each rank that lacks it, the rank it receives from (the lowest rank
+    holding that step with the same shards). The lowest step at which every rank's shards are held;
+    None when there is no such step (no rank holds live state, or plain FSDP across the lost rank, or
+    a sharded step that landed for some shards only with no earlier copy kept): then every rank
     resumes from a checkpoint."""
-    held = [s for s, _ in ranks if s >= 0]
-    if not held:
-        return None
-    target = min(held)
-    sources: dict[int, int] = {}
-    for r, (s, key) in enumerate(ranks):
-        if s == target:
-            continue
-        src = next((h for h, (hs, hk) in enumerate(ranks) if hs == target and hk == key), None)
-        if src is None:
-            return None
-        sources[r] = src
-    return target, sources
+    holds = [{s for s in (step, before) if s >= 0} for step, before, _ in ranks]
+    for target in sorted(set().union(*holds)):
+        sources: dict[int, int] = {}
+        for r, (_, _, key) in enumerate(ranks):
+            if target in holds[r]:
+                continue
+            src = next((h for h, (_, _, k) in enumerate(ranks) if k == key and target in holds[h]), None)
+            if src is None:
+                break
+            sources[r] = src
+        else:
+            return target, sources
+    return None
 
 
 @dataclass(frozen=True)
@@ -304,19 +311,26 @@ def adopt(
         if held is not None and cap is not None and same_shards(cap.sharded, targets.tensors)
         else -1
     )
-    plan = plan_sources(_gather(step, _shard_key(targets.tensors)))
+    before = held.before if held is not None else None
+    if before is not None and not same_shards(before[1].sharded, targets.tensors):
+        before = None
+    plan = plan_sources(_gather(step, before[0] if before else -1, _shard_key(targets.tensors)))
     if plan is None:
         state.forget_init(targets.fresh)
         return None
-    # the lowest step a survivor holds: a survivor that did not finish the interrupted step still has
-    # the state before it (its update never ran), and every rank recorded its RNG at that step's start,
-    # so redoing the interrupted step is exact; a survivor ahead by that step takes the state too
+    # the lowest step every rank's shards are held at: a survivor that did not finish the interrupted
+    # step still has the state before it (its update never ran), and every rank recorded its RNG at
+    # that step's start, so redoing the interrupted step is exact; a survivor ahead by that step takes
+    # the state too, or gives its copy from before the step when it kept one
     target, sources = plan
     me = dist.get_rank()
     received = 0
     if me not in sources:
         assert held is not None and cap is not None
-        if held.boundary is not None:
+        if target != step:
+            assert before is not None and before[0] == target
+            cap = before[1]  # its objects' state dicts are those of the step's start already
+        elif held.boundary is not None:
             cap = state.Captured(cap.sharded, {**cap.extras, "objects": held.boundary})
         with torch.no_grad():
             for k, t in targets.tensors.items():

@@ -28,6 +28,8 @@ from ..protocol import Note, PhaseChanged, Reformed, Reforming, WorkerPlace
 from .inplace import Generation, Reform, StuckStep, abandon_group, is_comm_failure
 from .live_rng import LiveRng, path_for, restore_at
 from .live_state import Adopted, Held, LiveStateError, adopt
+from .state import Captured, capture
+from .step_commit import StepCommit
 
 if TYPE_CHECKING:
     from .session import Session
@@ -53,6 +55,9 @@ class Reformer:
     _store: dist.TCPStore | None = None  # the client of the agent's store for generations > 0
     joining: bool = False  # started as a replacement: say so once it is about to join its generation
     _stuck: StuckStep | None = None  # severs a step stuck on a silent host once a re-form is asked
+    # a sharded step's commit, and the copy of the state before a step whose commit failed
+    _commit: StepCommit | None = None
+    spare: tuple[int, Captured] | None = None
 
     @property
     def rank_rng(self) -> LiveRng:
@@ -93,8 +98,9 @@ class Reformer:
             return False
         if self.state is not None:
             step, objs = self.boundary
-            self.held = Held(self.state, s.completed, objs if step == s.completed else None)
-        self.state = None
+            spare = self.spare if self.spare is not None and self.spare[0] == s.completed - 1 else None
+            self.held = Held(self.state, s.completed, objs if step == s.completed else None, spare)
+        self.state, self.spare = None, None
         self.generation.current = want
         self.take_place()
         self.phases = {"abort": t1 - t0, "wait": now() - t1}
@@ -136,7 +142,10 @@ class Reformer:
         """In a re-formed group: the newest live state into ``state`` (collective), or None when there
         is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
         that the agent takes the next rung (a whole-group restart from a checkpoint)."""
-        self.state = state
+        self.state, self.spare = state, None
+        if self._commit is None:
+            self._commit = StepCommit(self.keep_before)
+        self._commit.attach(state)
         if self.generation.current == 0:
             return None
         now = self.session.clock.now
@@ -184,6 +193,30 @@ class Reformer:
             )
         return got.step
 
+    def keep_before(self) -> bool:
+        """A sharded step's commit failed (train/step_commit.py): keep a copy of the state before this
+        step's update, once per generation, so the update may land; False: the failure stands."""
+        step, objs = self.boundary
+        s = self.session
+        if self.spare is not None or self.state is None or objs is None or step != s.completed:
+            return False
+        opts = [v for v in self.state.values() if isinstance(v, torch.optim.Optimizer)]
+        if any(not o.state for o in opts):  # no step taken yet: a checkpoint's start is as good
+            return False
+        cap = capture(self.state)  # the sharded state dicts: local, no collective
+        with torch.no_grad():
+            copied = {k: t.detach().clone() for k, t in cap.sharded.items()}
+        self.spare = (step, Captured(copied, {**cap.extras, "objects": objs}))
+        s._send(
+            Note(
+                s.rank,
+                f"rank {s.rank}: the commit of step {step} failed after its gradients were reduced; its "
+                f"update lands, and a copy of the state after {step} steps is kept for the re-formed group",
+                s.clock.now(),
+            )
+        )
+        return True
+
     def joined(self, step: int, received: int) -> None:
         """This rank is in the re-formed group with the state after ``step`` steps (from a replica, or
         from a checkpoint when no live replica held every rank's shards): tell the agent."""
@@ -211,6 +244,8 @@ class Reformer:
             raise Reform(want)
 
     def close(self) -> None:
+        if self._commit is not None:
+            self._commit.detach()
         if self._rng is not None:
             self._rng.close()
         if self._stuck is not None:
