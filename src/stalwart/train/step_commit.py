@@ -15,8 +15,10 @@ the re-formed group resumes at whichever one every shard is held at (train/live_
 one such copy is kept per generation: a second failed commit is raised as it is.
 
 Registered with the optimizer's public step pre-hook, only for a state with sharded tensors (DTensors
-with a ``Shard`` placement) and one optimizer; a DDP group needs no commit (every rank's gradients are
-reduced in one collective, so a survivor ahead is only ever ahead for every shard).
+with a ``Shard`` placement) and one optimizer, and only when every rank's state is so (agreed by one
+all-reduce at each generation's start); a DDP group needs no commit (every rank's gradients are
+reduced in one collective, so a survivor ahead is only ever ahead for every shard). Every rank must
+step that optimizer once per step, as data parallelism does.
 """
 
 from __future__ import annotations
@@ -60,12 +62,17 @@ class StepCommit:
 
     # Any: the user's training state (torch modules, optimizers, tensors, any object)
     def attach(self, state: dict[str, Any]) -> bool:
-        """Commit the steps of this state's optimizer (a new generation's objects); True when it does."""
+        """Collective: commit the steps of this state's optimizer (a new generation's objects) when
+        every rank's state needs it; True when it does."""
         self.detach()
         opt = needs_commit(state)
-        if opt is None:
+        device = device_for(dist.get_backend())
+        # collective: every rank commits or none does (a rank committing alone would wait forever)
+        every = torch.tensor([0 if opt is None else 1], device=device)
+        dist.all_reduce(every, op=dist.ReduceOp.MIN)
+        if opt is None or not int(every.item()):
             return False
-        self._flag = torch.zeros(1, device=device_for(dist.get_backend()))
+        self._flag = torch.zeros(1, device=device)
         self._handle = opt.register_step_pre_hook(self._before_update)
         return True
 
