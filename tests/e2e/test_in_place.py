@@ -72,6 +72,22 @@ def test_a_killed_rank_is_replaced_in_place_and_the_run_ends_bit_identical(tmp_p
     _check_in_place(tmp_path, baseline, replaced=2)
 
 
+def test_a_survivor_past_its_update_is_not_taken_as_the_step_before(tmp_path, baseline, monkeypatch):
+    """Every rank all-reduces its loss after its optimizer step, and rank 2 dies right after its update
+    of step 17: the survivors' updates landed too, then their all-reduce failed. Their weights are the
+    state after 18 steps with the loader and RNG of 17's start, so none may hand them on as the state
+    after 17 (the step would be applied twice): the re-formed group finds no survivor holding a step's
+    start and resumes from the step-10 checkpoint, in place, and the run still ends bit-identical."""
+    monkeypatch.setenv("INPLACE_LOG_LOSS", "1")
+    monkeypatch.setenv("INPLACE_EXIT_AFTER_UPDATE", "2 17")
+    _run(tmp_path)
+    run = tmp_path / "run"
+    assert same_params(tmp_path / "final.pt", baseline), "a step was applied twice"
+    [done] = events(run, ReformedInPlace)
+    assert done.ranks == (2,) and done.step == 10, done
+    assert {e.attempt for e in events(run, StepCompleted)} == {0}  # still in place
+
+
 def test_a_stopped_rank_is_detected_as_hung_and_replaced_in_place(tmp_path, baseline):
     tmp_path.mkdir(parents=True, exist_ok=True)
     args = [

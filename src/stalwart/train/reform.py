@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
 
 from ..events import TrainingResumed
 from ..protocol import Note, PhaseChanged, Reformed, Reforming, WorkerPlace
@@ -58,6 +60,10 @@ class Reformer:
     # a sharded step's commit, and the copy of the state before a step whose commit failed
     _commit: StepCommit | None = None
     spare: tuple[int, Captured] | None = None
+    # the completed steps when an optimizer last stepped: equal to them now, an update of the step in
+    # progress landed, so the objects are past its start (a global optimizer step hook tells)
+    stepped_at: int = -1
+    _stepped_hook: RemovableHandle | None = None
 
     @property
     def rank_rng(self) -> LiveRng:
@@ -97,15 +103,30 @@ class Reformer:
             s._send(PhaseChanged(s.rank, "", 0.0, now()))
             return False
         if self.state is not None:
-            step, objs = self.boundary
-            spare = self.spare if self.spare is not None and self.spare[0] == s.completed - 1 else None
-            self.held = Held(self.state, s.completed, objs if step == s.completed else None, spare)
+            self.held = self.holding(s.completed)
         self.state, self.spare = None, None
         self.generation.current = want
         self.take_place()
         self.phases = {"abort": t1 - t0, "wait": now() - t1}
         self.t_rejoin = now()
         return True
+
+    def holding(self, completed: int) -> Held:
+        """What this rank holds for the next generation after ``completed`` steps. An update that
+        landed in the interrupted step (a collective after the optimizer step failed: a loss all-reduce
+        for logging, a step-end check) leaves the objects past that step's start: they are not the
+        state after ``completed`` steps, and only a copy from before the update (kept when its commit
+        failed) is. Taking them as that state would apply the step twice."""
+        assert self.state is not None
+        step, objs = self.boundary
+        spare = self.spare
+        if self.stepped_at == completed:
+            return Held(self.state, -1, None, spare if spare is not None and spare[0] == completed else None)
+        kept = spare if spare is not None and spare[0] == completed - 1 else None
+        return Held(self.state, completed, objs if step == completed else None, kept)
+
+    def _optimizer_stepped(self, *_: object) -> None:
+        self.stepped_at = self.session.completed
 
     def take_place(self) -> None:
         """Take the place the agent gave this node in a group that shrank in place (none: unchanged)."""
@@ -142,9 +163,10 @@ class Reformer:
         """In a re-formed group: the newest live state into ``state`` (collective), or None when there
         is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
         that the agent takes the next rung (a whole-group restart from a checkpoint)."""
-        self.state, self.spare = state, None
+        self.state, self.spare, self.stepped_at = state, None, -1
         if self._commit is None:
             self._commit = StepCommit(self.keep_before)
+            self._stepped_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
         self._commit.attach(state)
         if self.generation.current == 0:
             return None
@@ -246,6 +268,8 @@ class Reformer:
     def close(self) -> None:
         if self._commit is not None:
             self._commit.detach()
+        if self._stepped_hook is not None:
+            self._stepped_hook.remove()
         if self._rng is not None:
             self._rng.close()
         if self._stuck is not None:

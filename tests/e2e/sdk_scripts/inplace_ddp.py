@@ -8,7 +8,10 @@ the state and appends "call step index" to ``<out>/seen-rank<R>.txt``. With ``IN
 once that file exists (written whole by the test) every rank ends its loop at the step it names (a
 test that cannot know beforehand how long a run must last). With ``INPLACE_IDIOM=loop`` the script
 calls ``train`` itself (the plain loop idiom, no ``Session.run``): a survivor's process ends with the
-broken group and the whole group restarts.
+broken group and the whole group restarts. With ``INPLACE_LOG_LOSS=1`` every rank all-reduces its loss
+after the optimizer step (as a script logging the mean loss does); with ``INPLACE_EXIT_AFTER_UPDATE="R S"``
+rank R exits once, right after its optimizer step of step S (its peers' updates land too, and they fail
+in that all-reduce).
 argv: steps out_dir [stop_rank stop_step]."""
 
 import os
@@ -28,6 +31,8 @@ OUT = sys.argv[2]
 STOP = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
 LAUNCHED = int(os.environ.get("RANK", "0"))  # the rank this process was started as
 DATA = os.environ.get("INPLACE_DATA") == "1"
+LOG_LOSS = os.environ.get("INPLACE_LOG_LOSS") == "1"
+EXIT_AFTER = tuple(int(x) for x in os.environ.get("INPLACE_EXIT_AFTER_UPDATE", "").split())
 calls = 0
 
 
@@ -70,6 +75,12 @@ def train(session: Session) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        gone = os.path.join(OUT, "exited")
+        if EXIT_AFTER == (rank, step) and not os.path.exists(gone):
+            open(gone, "w").close()
+            os._exit(1)
+        if LOG_LOSS:
+            torch.distributed.all_reduce(loss.detach())
         time.sleep(0.05)
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(OUT, "final.pt"))
