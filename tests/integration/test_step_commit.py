@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 def _commit_worker(rank: int, init: str, keep: bool, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
+    from stalwart.train import state
     from stalwart.train.inplace import is_comm_failure
+    from stalwart.train.live_state import _local
     from stalwart.train.step_commit import StepCommit
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
@@ -33,8 +35,9 @@ def _commit_worker(rank: int, init: str, keep: bool, out: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     kept: list[dict[str, torch.Tensor]] = []
 
-    def keep_before() -> bool:
-        kept.append({k: v.to_local().clone() for k, v in model.state_dict().items()})
+    def keep_before() -> bool:  # as the Reformer keeps it: a capture of the state, with the group broken
+        cap = state.capture({"model": model, "optimizer": opt})
+        kept.append({k.removeprefix("model/"): _local(v).clone() for k, v in cap.sharded.items()})
         return keep
 
     commit = StepCommit(keep_before)
@@ -55,6 +58,7 @@ def _commit_worker(rank: int, init: str, keep: bool, out: str) -> None:
     after = {k: v.to_local() for k, v in model.state_dict().items()}
     changed = any(not torch.equal(before[k], after[k]) for k in after)
     same_copy = len(kept) == 1 and all(torch.equal(kept[0][k], before[k]) for k in before)
+    same_copy = same_copy and any(k.startswith("optimizer/") for k in kept[0])  # its moments too
     with open(os.path.join(out, "result.txt"), "w") as f:
         f.write(f"{raised} {changed} {len(kept)} {same_copy}")
     commit.detach()
