@@ -27,7 +27,10 @@ pytestmark = pytest.mark.e2e
 STEPS, EVERY = 40, 5
 CRASHES = {8: 1, 18: 2, 28: 3}  # step -> rank
 HANG_STEP, HANG_RANK = 33, 0
-FLOOR = 2.0
+# the hang floor: 2 s gave a false hang beside the CPU hog (CI run 18: rank 0 of a cold-started attempt
+# silent 2.0 s at step 22 while its peers had finished it, p99 step 0.49 s); the product's own advice for
+# a machine with such stalls is a higher --hang-floor (docs/unchanged-scripts.md)
+FLOOR = 4.0
 
 
 @pytest.fixture(scope="module")
