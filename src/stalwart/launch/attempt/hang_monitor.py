@@ -3,7 +3,6 @@ or, without the SDK, CPU progress; a hang incident. One of the agent's monitors 
 
 from __future__ import annotations
 
-import signal
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -203,16 +202,3 @@ def injected_hang(files: FailureFiles, group: WorkerProcesses, rank: int, local:
         if found:
             return found
     return ""
-
-
-def stop_hung(group: WorkerProcesses, rank: int, grace_s: float) -> None:
-    """Stop a group that hung on ``rank``. With a grace (the other ranks leave their live state on a
-    peer's failure: train/left_state.py) and the hung rank one of this node's, it is killed first: its
-    peers blocked in a collective with it then fail on its closed connections and leave their state
-    within the grace, where killing them in the collective would roll the run back to its checkpoint.
-    Otherwise every rank is stopped at once, as a hang always was."""
-    if grace_s > 0 and rank in group.procs:
-        group.signal(signal.SIGKILL, [rank])
-        group.stop(grace_s)
-    else:
-        group.stop(0.0)

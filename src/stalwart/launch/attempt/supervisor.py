@@ -45,7 +45,7 @@ from ..processes.worker_group import WorkerSpec, describe_exit, ending_note, tai
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
-from .hang_monitor import injected_hang, stop_hung
+from .hang_monitor import injected_hang
 from .monitors import (
     HangMonitor,
     StragglerMonitor,
@@ -474,7 +474,7 @@ class Supervisor:
         if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
             self._incident(d, detected)
             return None
-        stop_hung(self.group, rank, self.cfg.workers.stop_grace_s if self.tracker.leaves_state(rank) else 0.0)
+        self.group.stop(0.0)
         self._incident(d, detected)
         self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
