@@ -63,7 +63,9 @@ def _agent(run_dir, node, port, steps, *extra):
 
 
 def test_survivor_continues_after_an_agent_is_killed(tmp_path):
-    port, steps = free_port(), 40
+    # 120 steps, the kill at 15: the agent fires it from its own tick, and on a busy machine a starved
+    # agent ticked only after the workers had run all of 40 steps (hog CI run 16)
+    port, steps = free_port(), 120
     # the first round must hold both nodes: on a busy machine the second agent can take tens of
     # seconds to start (importing torch), longer than the default 3 s last call after the first node
     # the subject is the whole-group restart at the smaller size (with in-place recovery on, the
