@@ -2,7 +2,8 @@
 
 * a rank SIGKILLed mid-run: the other three keep their pids, the run ends bit-identical to an
   uninterrupted one, the ledger records the in-place path with no step redone beyond the interrupted one;
-* a rank SIGSTOPped (a hang): the same, after the hang is detected;
+* a rank SIGSTOPped (a hang): the same, after the hang is detected; and a rank asleep outside the
+  collective its peers wait in (the chaos plan's hang), told from them by their stacks;
 * the in-place rung forced to fail: the whole group restarts, and with its warm start forced to fail
   too, cold; each rung and why it was left is in the ledger and the run still ends bit-identical.
 """
@@ -123,6 +124,18 @@ def test_a_stopped_rank_is_detected_as_hung_and_replaced_in_place(tmp_path, base
     [hang] = [e for e in events(tmp_path / "run", FailureDetected) if e.failure == "hang"]
     assert hang.rank == 1
     _check_in_place(tmp_path, baseline, replaced=1)
+
+
+def test_a_rank_asleep_outside_the_collective_is_named_by_the_stacks_and_replaced_in_place(
+    tmp_path, baseline
+):
+    """The chaos plan's hang: rank 2 sleeps in the SDK's step hook, running (not stopped) and able to
+    dump its stack, while its peers wait in DDP's collective. Its silence looks like theirs; its stack
+    is what tells it, and it is replaced in place."""
+    _run(tmp_path, "--hang-floor", "4", "--chaos", "hang@rank=2,step=17")
+    [hang] = [e for e in events(tmp_path / "run", FailureDetected) if e.failure == "hang"]
+    assert hang.rank == 2, hang
+    _check_in_place(tmp_path, baseline, replaced=2)
 
 
 def test_a_failed_in_place_rung_falls_to_warm_then_cold_each_recorded(tmp_path, baseline):

@@ -1,9 +1,12 @@
 """The plain loop idiom (``for step in session.loop(...)`` with DDP built before it, no
-``Session.run``) on real processes, 4 ranks on gloo: a rank SIGKILLed mid-run. The survivors' processes
-end with the broken group, so the whole group restarts warm; the survivors leave their live state in
-the node's memory on the way out and the restarted group takes it (train/left_state.py): nothing is
-rolled back to the checkpoint, the data position and every rank's random stream are kept, and the run
-ends bit-identical to an uninterrupted one, having seen the same samples at the same steps.
+``Session.run``) on real processes, 4 ranks on gloo: a rank SIGKILLed mid-run, or a rank that hangs
+mid-run (asleep in the chaos plan's hook, outside the collective its peers wait in: the agent tells it
+from them by their stacks and kills it first, so their collectives fail instead of their being killed
+in them). The survivors' processes end with the broken group, so the whole group restarts warm; the
+survivors leave their live state in the node's memory on the way out and the restarted group takes it
+(train/left_state.py): nothing is rolled back to the checkpoint, the data position and every rank's
+random stream are kept, and the run ends bit-identical to an uninterrupted one, having seen the same
+samples at the same steps.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.account.recovery import recoveries
-from stalwart.events import LEFT_IN_MEMORY, StepCompleted, TrainingResumed
+from stalwart.events import LEFT_IN_MEMORY, FailureDetected, StepCompleted, TrainingResumed
 
 from .runner import events, same_params, stalwart
 
@@ -40,11 +43,24 @@ def _seen(tmp: Path, rank: int) -> dict[int, str]:
     return out
 
 
-def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(tmp_path, monkeypatch):
-    base, hit = tmp_path / "baseline", tmp_path / "killed"
-    _run(base, monkeypatch)
-    _run(hit, monkeypatch, "--chaos", f"crash@rank=2,step={CRASH}")
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run both faults are compared with."""
+    base = tmp_path_factory.mktemp("left") / "baseline"
+    with pytest.MonkeyPatch.context() as mp:
+        _run(base, mp)
+    return base
+
+
+@pytest.mark.parametrize("fault", ["crash", "hang"])
+def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(
+    tmp_path, monkeypatch, baseline, fault
+):
+    base, hit = baseline, tmp_path / "hit"
+    _run(hit, monkeypatch, "--chaos", f"{fault}@rank=2,step={CRASH}")
     run = hit / "run"
+    [failure] = events(run, FailureDetected)
+    assert failure.rank == 2, failure  # the hung rank, not a peer waiting for it
     resumed = {e.attempt: e for e in events(run, TrainingResumed)}
     assert set(resumed) == {0, 1}, resumed  # one whole-group restart
     again = resumed[1]

@@ -58,3 +58,54 @@ def test_a_hang_on_a_rank_in_d_state_is_a_hung_mount():
     assert inc.component is Component.MOUNT and inc.blast_radius.ranks == (1,)
     alone = diagnose_comm_failure([hang], [], now=400.0)
     assert alone.cause.startswith("hang with no node-level cause")
+
+
+# faulthandler's format (every thread, innermost frame first); the paths are made up
+_BEAT = """Thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/stalwart/train/heartbeat.py", line 40 in _beat
+  File "/py/lib/python3.11/threading.py", line 982 in run
+  File "/py/lib/python3.11/threading.py", line 1002 in _bootstrap
+"""
+
+
+def _main(*frames: str, current: bool = True) -> str:
+    head = "Current thread" if current else "Thread"
+    lines = [
+        f'  File "{path}", line {i + 1} in {func}'
+        for i, (path, func) in enumerate(f.split(":") for f in frames)
+    ]
+    return f"{head} 0x00007f0000000002 (most recent call first):\n" + "\n".join(lines) + "\n"
+
+
+def test_a_rank_blocked_in_a_collective_is_told_from_one_that_never_reached_it():
+    from stalwart.diagnose.hang import waits_in_collective
+
+    outer = ("/job/train.py:train", "/job/train.py:<module>")
+    ddp = "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py:_pre_forward"
+    backward = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py:_engine_run_backward"
+    reduce = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:all_reduce"
+    for waiting in (ddp, backward, reduce):
+        assert waits_in_collective(_BEAT + "\n" + _main(waiting, *outer)) is True, waiting
+    # asleep in the script, or in a hook of the SDK: outside any collective
+    assert waits_in_collective(_BEAT + "\n" + _main(*outer)) is False
+    chaos = "/venv/lib/python3.11/site-packages/stalwart/train/chaos_hook.py:fire"
+    assert waits_in_collective(_main(chaos, *outer) + "\n" + _BEAT) is False
+    # a forward pass in torch's modules is work, not a wait
+    linear = "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py:forward"
+    assert waits_in_collective(_main(linear, *outer)) is False
+
+
+def test_the_main_thread_is_the_one_running_the_top_level_whichever_thread_dumped():
+    from stalwart.diagnose.hang import waits_in_collective
+
+    reduce = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:barrier"
+    # python -m: runpy's frames sit outside the module's top level
+    launched = (reduce, "/job/train.py:<module>", "/py/lib/python3.11/runpy.py:_run_code")
+    dumped_by_beat = _BEAT.replace("Thread", "Current thread", 1) + "\n" + _main(*launched, current=False)
+    assert waits_in_collective(dumped_by_beat) is True
+    # no top-level frame anywhere (a worker started by a function): the thread that dumped
+    assert waits_in_collective(_BEAT + "\n" + _main(reduce, "/job/worker.py:main")) is True
+    # nothing to go by: an empty or foreign dump, or no thread that tells
+    assert waits_in_collective("") is None
+    assert waits_in_collective("Process 123: python train.py\nThread 123 (idle)\n") is None
+    assert waits_in_collective(_BEAT) is None

@@ -79,15 +79,30 @@ def test_the_first_reason_that_applies_wins():
 
 
 def test_a_hang_is_pinned_on_the_stopped_rank_not_on_the_first_silent_one():
+    from stalwart.policy.inplace import HangEvidence as E
     from stalwart.policy.inplace import hang_culprits
 
+    def pin(*args):
+        got = hang_culprits(*args)
+        return set(got.ranks), got.evidence
+
     states = {0: "S", 1: "T", 2: "S", 3: "S"}
-    assert hang_culprits(states, frozenset({0, 2, 3})) == {1}
-    assert hang_culprits(states, frozenset()) == {1}  # stopped is evidence on its own
+    assert pin(states, frozenset({0, 2, 3})) == ({1}, E.STOPPED)
+    assert pin(states, frozenset()) == ({1}, E.STOPPED)  # stopped is evidence on its own
     running = {0: "S", 1: "S", 2: "R", 3: "S"}
-    assert hang_culprits(running, frozenset({0, 2, 3})) == {1}  # the one that could not dump its stack
-    assert hang_culprits(running, frozenset({0})) == frozenset()  # too few answered: no evidence
-    assert hang_culprits(running, frozenset({0, 1, 2, 3})) == frozenset()  # all answered: all wait alike
+    assert pin(running, frozenset({0, 2, 3})) == ({1}, E.SILENT)  # the one that could not dump its stack
+    assert pin(running, frozenset({0})) == (set(), E.NONE)  # too few answered: no evidence
+    every = frozenset({0, 1, 2, 3})
+    assert pin(running, every) == (set(), E.NONE)  # all answered, no stack told: all wait alike
+    # every rank answered: the one outside the collective its peers wait in
+    assert pin(running, every, frozenset({0, 1, 3})) == ({2}, E.OUTSIDE)
+    assert pin(running, every, every) == (set(), E.NONE)  # all in a collective: none tells
+    assert pin(running, every, frozenset()) == (set(), E.NONE)  # none in one: none tells
+    # a silent rank outranks the stacks' evidence, and the stacks need most ranks to have answered
+    assert pin(running, frozenset({0, 2, 3}), frozenset({0, 3})) == ({1}, E.SILENT)
+    assert pin(running, frozenset({0, 3}), frozenset({0})) == (set(), E.NONE)
+    for evidence in E:  # every kind of evidence says something
+        assert evidence.says
 
 
 def test_a_hang_without_a_culprit_goes_down_the_ladder():

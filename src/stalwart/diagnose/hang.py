@@ -9,6 +9,7 @@ Others are usually victims blocked in a collective waiting for it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,3 +70,39 @@ def attribute_hang(
     return HangAttribution(
         culprit.rank, culprit.node, silence, culprit.last_seen, culprit.step, victims, reason
     )
+
+
+# --- which ranks of a hung group wait in a collective, from their stacks ----------------------------
+
+# the innermost Python frame of a rank blocked in a collective lies in one of these parts of torch: the
+# collectives themselves, DDP's forward synchronisation, autograd (DDP's gradient reduction runs in the
+# backward pass); a rank whose main thread stands anywhere else never reached the collective
+_COLLECTIVE_PARTS = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autograd/", "/torch/_tensor.py")
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line \d+ in (?P<func>.+)$')
+
+
+def _threads(dump: str) -> list[tuple[bool, list[tuple[str, str]]]]:
+    """A faulthandler dump's threads: (whether it is the thread that dumped, its frames innermost
+    first as (path, function))."""
+    out: list[tuple[bool, list[tuple[str, str]]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            out.append((line.startswith("Current"), []))
+        elif out and (m := _FRAME.match(line)):
+            out[-1][1].append((m["path"], m["func"]))
+    return out
+
+
+def waits_in_collective(dump: str) -> bool | None:
+    """Whether a rank's main thread waits in a collective, from its faulthandler dump (every thread,
+    innermost frame first). The main thread is the one that runs a module's top level (the script's,
+    or the one ``python -m`` runs), else the one that dumped (Linux delivers a signal sent to a process
+    to its main thread first). None when the dump shows no such thread (truncated, another format)."""
+    threads = [t for t in _threads(dump) if t[1]]
+    main = [frames for _, frames in threads if any(func == "<module>" for _, func in frames)]
+    if len(main) != 1:
+        main = [frames for current, frames in threads if current]
+    if len(main) != 1:
+        return None
+    path = main[0][0][0].replace("\\", "/")
+    return any(part in path for part in _COLLECTIVE_PARTS)

@@ -3,6 +3,8 @@ or, without the SDK, CPU progress; a hang incident. One of the agent's monitors 
 
 from __future__ import annotations
 
+import dataclasses
+import signal
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from typing_extensions import assert_never
 from ...diagnose.incident import BlastRadius, Incident
 from ...diagnose.root_cause import component_class, incident_class
 from ...diagnose.slow_link import Silence, judge_silence, link_window, slow_link_incident
+from ...policy.inplace import HangCulprits
 from ...policy.job import AttemptStatus
 from ...policy.label import Label
 from ...policy.restart_policy import Failure
@@ -202,3 +205,35 @@ def injected_hang(files: FailureFiles, group: WorkerProcesses, rank: int, local:
         if found:
             return found
     return ""
+
+
+def stop_hung(group: WorkerProcesses, hung: int | None, grace_s: float) -> None:
+    """Stop a group that hung. Its other ranks are blocked in a collective with a live process, so
+    nothing fails by itself, and killing them there leaves nothing behind. With a grace (they leave
+    their live state on a peer's failure: train/left_state.py) and ``hung`` (the rank the evidence
+    pins the hang on: stopped, or outside the collective its peers wait in) one of this node's, it is
+    killed first: the collectives fail on its closed connections and its peers leave their state
+    within the grace. Otherwise every rank is stopped at once, as a hang always was: killing a rank
+    the evidence does not point at first could leave the others waiting in the collective anyway."""
+    if grace_s > 0 and hung is not None and hung in group.procs:
+        group.signal(signal.SIGKILL, [hung])
+        group.stop(grace_s)
+    else:
+        group.stop(0.0)
+
+
+def pin_hang(d: Decision, pinned: HangCulprits) -> Decision:
+    """The hang decision ``d`` on the rank the evidence pins it on. Every rank of a hung group falls
+    silent, so the rank the monitor saw fall silent first is often a peer waiting for the hung one: a
+    stopped rank, one that cannot dump its stack while its peers can, or one outside the collective
+    its peers wait in is the hung one. The decision, and the failure a restart's reason is written
+    from, then name that rank and what pinned it; unchanged when the evidence names none or agrees."""
+    if not pinned.ranks or d.rank in pinned.ranks:
+        return d
+    rank = min(pinned.ranks)
+    evidence = f"rank {rank} {pinned.evidence.says}; {d.reason}"
+    outcome = d.outcome
+    if outcome is not None and outcome.failure is not None:
+        failure = dataclasses.replace(outcome.failure, rank=rank, evidence=evidence)
+        outcome = dataclasses.replace(outcome, failure=failure)
+    return dataclasses.replace(d, rank=rank, reason=evidence, outcome=outcome)

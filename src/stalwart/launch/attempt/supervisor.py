@@ -45,7 +45,7 @@ from ..processes.worker_group import WorkerSpec, describe_exit, ending_note, tai
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
-from .hang_monitor import injected_hang
+from .hang_monitor import injected_hang, pin_hang, stop_hung
 from .monitors import (
     HangMonitor,
     StragglerMonitor,
@@ -446,14 +446,9 @@ class Supervisor:
         # faulthandler is the SDK's or the bootstrap's (zero): without either SIGUSR2 only kills
         booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
         stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
-        # every rank of a hung group is silent: a stopped rank, or one that cannot even dump its
-        # stack while its peers can, is the hung one rather than the rank the monitor named first
-        stuck = self.in_place.hang_culprits(set(stacks))
-        rank = d.rank if not stuck or d.rank in stuck else min(stuck)
-        if rank != d.rank:
-            d = dataclasses.replace(
-                d, rank=rank, reason=f"rank {rank} is stopped or unresponsive; {d.reason}"
-            )
+        pinned = self.in_place.hang_culprits(stacks)
+        d = pin_hang(d, pinned)
+        rank, stuck = d.rank, pinned.ranks
         detected = FailureDetected(
             ts=d.outcome.detected_at if d.outcome is not None else self.clock.now(),
             failure="hang",
@@ -474,7 +469,8 @@ class Supervisor:
         if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
             self._incident(d, detected)
             return None
-        self.group.stop(0.0)
+        grace = self.cfg.workers.stop_grace_s if self.tracker.leaves_state(rank) else 0.0
+        stop_hung(self.group, rank if rank in stuck else None, grace)
         self._incident(d, detected)
         self.ledger.emit(
             WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False

@@ -23,11 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 
 from typing_extensions import assert_never
 
+from ...diagnose.hang import waits_in_collective
 from ...events import WorkersStopped
-from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, hang_culprits, not_offered
+from ...policy.inplace import (
+    HangCulprits,
+    HangEvidence,
+    InPlace,
+    InPlaceCase,
+    NotInPlace,
+    decide,
+    hang_culprits,
+    not_offered,
+)
 from ...policy.vocabulary import FailureKind
 from ...protocol import PREFIX
 from ...protocol.control import ControlBlock
@@ -57,15 +68,17 @@ class InPlaceRecovery(NodeRecovery):
 
     # --- a local failure ---------------------------------------------------------------------------
 
-    def hang_culprits(self, answered: set[int]) -> frozenset[int]:
+    def hang_culprits(self, stacks: Mapping[int, str]) -> HangCulprits:
         """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
-        answered the stack request, the ones that did not. Empty: nothing tells the hung rank from
-        the ranks waiting on it."""
+        answered the stack request (``stacks``), the ones that did not, else the ones whose stacks
+        stand outside any collective while others wait in one. Empty: nothing tells the hung rank
+        from the ranks waiting on it."""
 
         if not isinstance(self.group, WorkerGroup):
-            return frozenset()
+            return HangCulprits(frozenset(), HangEvidence.NONE)
         states = {r: self.read_state(p.pid) for r, p in self.group.procs.items()}
-        return hang_culprits(states, frozenset(answered))
+        waiting = frozenset(r for r, text in stacks.items() if waits_in_collective(text))
+        return hang_culprits(states, frozenset(stacks), waiting)
 
     def consider(self, d: Decision, snap: Snapshot, now: float, hung: frozenset[int] | None = None) -> bool:
         """Decide the first rung for failure ``d``; True when an in-place re-formation has started.
