@@ -55,7 +55,7 @@ def _stepped(left: LeftCheckpoint) -> None:
     opt = torch.optim.SGD([p], lr=0.1)
     p.grad = torch.ones(1)
     opt.step()  # the global optimizer step hook tells the left checkpoint
-    assert left.stepped
+    assert left.updates.landed()
 
 
 def test_a_survivor_leaves_lightnings_checkpoint_of_the_last_completed_step(tmp_path):

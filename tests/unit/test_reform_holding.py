@@ -4,20 +4,42 @@ from before a failed commit only where it is the step asked about."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+import torch
+
 from stalwart.train.reform import Reformer
 from stalwart.train.state import Captured
+from stalwart.train.update_watch import UpdateWatch
 
 SPARE = Captured({}, {"objects": {}})
+_WATCHES: list[UpdateWatch] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_watches() -> Iterator[None]:
+    yield
+    while _WATCHES:
+        _WATCHES.pop().close()
 
 
 def _reformer(stepped_at: int, spare: tuple[int, Captured] | None, boundary_step: int) -> Reformer:
+    """A survivor whose optimizer last stepped when ``stepped_at`` steps were complete (a real update:
+    the global optimizer step hook records it)."""
     r = Reformer(SimpleNamespace(), None, 1.0, Path("/nonexistent"))  # type: ignore[arg-type]
+    completed = [stepped_at]
+    r._updates = UpdateWatch(lambda: completed[0])
+    _WATCHES.append(r._updates)
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.ones(1)
+    torch.optim.SGD([p], lr=0.1).step()
+    completed[0] = boundary_step
     state: dict[str, Any] = {"model": object()}
-    r.state, r.stepped_at, r.spare = state, stepped_at, spare
+    r.state, r.spare = state, spare
     r.boundary = (boundary_step, {"data": {"pos": boundary_step}})
     return r
 

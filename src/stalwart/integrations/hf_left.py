@@ -91,7 +91,7 @@ class HfLeft(RankLeft):
         sched = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
         self.boundary = (int(state.global_step), copy.deepcopy(state), sched)
         self.objects = (model, optimizer)
-        self.stepped = False
+        self.updates.boundary()
         if self.resumed is not None:  # every rank began the resumed step from the files: remove them
             self.forget()
             self.resumed = None

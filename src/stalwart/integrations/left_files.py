@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
 from ..train.inplace import is_comm_failure
 from ..train.live_rng import LiveRng, path_for
+from ..train.update_watch import UpdateWatch
 
 if TYPE_CHECKING:
     from .link import StepLink
@@ -121,12 +120,8 @@ class RankLeft:
         self.directory, self.node, self.rank, self.local_rank = directory, node, rank, local_rank
         self.attempt = attempt  # the agent's attempt this process runs in
         self.rng = LiveRng(path_for(directory, node, rank))
-        self.stepped = False  # an optimizer stepped since the boundary was recorded
+        self.updates = UpdateWatch()  # whether an optimizer stepped since the boundary was recorded
         self.resumed: Left | None = None  # the state the restart resumes from
-        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-
-    def _optimizer_stepped(self, *_: object) -> None:
-        self.stepped = True
 
     def why_not(self, exc: BaseException, recorded: bool) -> str | None:
         """Before leaving on ``exc``: None when the state is to be left, "" when it is not wanted (not
@@ -135,7 +130,7 @@ class RankLeft:
             return ""
         if not recorded:
             return f"rank {self.rank} failed before its first completed step: nothing to leave"
-        if self.stepped:
+        if self.updates.landed():
             return f"rank {self.rank}'s optimizer had stepped in the interrupted step: its state is past the step"
         return None
 
@@ -157,7 +152,7 @@ class RankLeft:
         self.names.forget(self.directory, self.node, self.rank, every=self.local_rank == 0)
 
     def close(self) -> None:
-        self._hook.remove()
+        self.updates.close()
         self.rng.close()
 
 

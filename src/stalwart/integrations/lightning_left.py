@@ -69,7 +69,7 @@ class LeftCheckpoint(RankLeft):
     def batch_ended(self, trainer: pl.Trainer) -> None:
         """After a batch whose optimizer stepped (gradient accumulation: not after the others, whose
         gradients no checkpoint holds): the entries that move on before the next optimizer step."""
-        if not self.stepped:
+        if not self.updates.landed():
             return
         connector = trainer._checkpoint_connector
         self.boundary = {
@@ -78,7 +78,7 @@ class LeftCheckpoint(RankLeft):
             "loops": copy.deepcopy(connector._get_loops_state_dict()),
             "lr_schedulers": [copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs],
         }
-        self.stepped = False
+        self.updates.boundary()
 
     def leave(self, trainer: pl.Trainer, exc: BaseException) -> str:
         """From ``on_exception``: write the checkpoint after the last completed step when ``exc`` is a

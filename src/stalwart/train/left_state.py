@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..events import LEFT_IN_MEMORY, TrainingResumed
 from ..protocol import Note
@@ -61,6 +60,7 @@ from .live_state import (
     unflatten,
 )
 from .reform import boundary_objects
+from .update_watch import UpdateWatch
 
 if TYPE_CHECKING:
     from .session import Session
@@ -163,26 +163,22 @@ class LeftState:
         self.state = state
         self.rng = LiveRng(path_for(directory, node, rank))
         self.boundary: dict[str, Any] | None = None  # Any: the other objects' state dicts at the step's start
-        self.stepped = False  # an optimizer stepped since the step began: the models are past its boundary
-        self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-
-    def _optimizer_stepped(self, *_: object) -> None:
-        self.stepped = True
+        self.updates = UpdateWatch()  # an update landed since the step began: the models are past it
 
     def step_began(self, step: int) -> None:
         self.rng.write(step)
         self.boundary = boundary_objects(self.state)
-        self.stepped = False
+        self.updates.boundary()
 
     def step_ended(self) -> None:
         """Between steps every object is at the boundary: a failure now leaves them as they are."""
         self.boundary = None
-        self.stepped = False
+        self.updates.boundary()
 
     def leave(self, completed: int) -> str:
         """On the way out after a peer failure: write the state after ``completed`` steps; "" when it
         was written, else why not (never raises: the process is ending anyway)."""
-        if self.stepped:
+        if self.updates.landed():
             return f"rank {self.rank}'s optimizer had stepped in step {completed}: its state is past the step"
         try:
             write_left(file_for(self.directory, self.node, self.rank), self.state, completed, self.boundary)
@@ -228,7 +224,7 @@ class LeftState:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        self._hook.remove()
+        self.updates.close()
         self.rng.close()
 
     # Any: the user's training state (torch modules, optimizers, tensors, any object)

@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.hooks import RemovableHandle
 
 from ..events import TrainingResumed
 from ..protocol import Note, PhaseChanged, Reformed, Reforming, WorkerPlace
@@ -32,6 +30,7 @@ from .live_rng import LiveRng, path_for, restore_at
 from .live_state import Adopted, Held, LiveStateError, adopt
 from .state import Captured, capture
 from .step_commit import StepCommit
+from .update_watch import UpdateWatch
 
 if TYPE_CHECKING:
     from .session import Session
@@ -60,10 +59,8 @@ class Reformer:
     # a sharded step's commit, and the copy of the state before a step whose commit failed
     _commit: StepCommit | None = None
     spare: tuple[int, Captured] | None = None
-    # the completed steps when an optimizer last stepped: equal to them now, an update of the step in
-    # progress landed, so the objects are past its start (a global optimizer step hook tells)
-    stepped_at: int = -1
-    _stepped_hook: RemovableHandle | None = None
+    # whether an update of the step in progress landed: the objects are then past its start
+    _updates: UpdateWatch | None = None
 
     @property
     def rank_rng(self) -> LiveRng:
@@ -120,13 +117,10 @@ class Reformer:
         assert self.state is not None
         step, objs = self.boundary
         spare = self.spare
-        if self.stepped_at == completed:
+        if self._updates is not None and self._updates.landed(completed):
             return Held(self.state, -1, None, spare if spare is not None and spare[0] == completed else None)
         kept = spare if spare is not None and spare[0] == completed - 1 else None
         return Held(self.state, completed, objs if step == completed else None, kept)
-
-    def _optimizer_stepped(self, *_: object) -> None:
-        self.stepped_at = self.session.completed
 
     def take_place(self) -> None:
         """Take the place the agent gave this node in a group that shrank in place (none: unchanged)."""
@@ -163,10 +157,12 @@ class Reformer:
         """In a re-formed group: the newest live state into ``state`` (collective), or None when there
         is none (the caller then resumes from a checkpoint). A layout or digest mismatch raises, so
         that the agent takes the next rung (a whole-group restart from a checkpoint)."""
-        self.state, self.spare, self.stepped_at = state, None, -1
+        self.state, self.spare = state, None
         if self._commit is None:
             self._commit = StepCommit(self.keep_before)
-            self._stepped_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+            self._updates = UpdateWatch(lambda: self.session.completed)
+        assert self._updates is not None
+        self._updates.forget()
         self._commit.attach(state)
         if self.generation.current == 0:
             return None
@@ -268,8 +264,8 @@ class Reformer:
     def close(self) -> None:
         if self._commit is not None:
             self._commit.detach()
-        if self._stepped_hook is not None:
-            self._stepped_hook.remove()
+        if self._updates is not None:
+            self._updates.close()
         if self._rng is not None:
             self._rng.close()
         if self._stuck is not None:
