@@ -98,8 +98,10 @@ def test_a_hang_is_pinned_on_the_stopped_rank_not_on_the_first_silent_one():
     assert pin(running, every, frozenset({0, 1, 3})) == ({2}, E.OUTSIDE)
     assert pin(running, every, every) == (set(), E.NONE)  # all in a collective: none tells
     assert pin(running, every, frozenset()) == (set(), E.NONE)  # none in one: none tells
-    # a silent rank outranks the stacks' evidence, and the stacks need most ranks to have answered
-    assert pin(running, frozenset({0, 2, 3}), frozenset({0, 3})) == ({1}, E.SILENT)
+    # a stack read outranks a missing one (a waiting peer can be late to answer on a busy machine)
+    assert pin(running, frozenset({0, 2, 3}), frozenset({0, 3})) == ({2}, E.OUTSIDE)
+    assert pin(running, frozenset({0, 2, 3}), frozenset({0, 2, 3})) == ({1}, E.SILENT)
+    # and the stacks need most ranks to have answered
     assert pin(running, frozenset({0, 3}), frozenset({0})) == (set(), E.NONE)
     for evidence in E:  # every kind of evidence says something
         assert evidence.says

@@ -463,17 +463,19 @@ def hang_culprits(
     """The ranks a hang is pinned on, from evidence that does not depend on which rank the hang
     monitor saw fall silent first (in a hung group every rank falls silent): the ranks the kernel
     shows stopped (``T``/``t``); else, when a majority of ranks answered the request for their
-    stacks, the ranks that did not; else, when every rank answered, the ones whose stacks show them
-    outside any collective while others wait in one (``waiting``: diagnose/hang.py
-    ``waits_in_collective``). No ranks when nothing tells the hung rank from its peers."""
+    stacks: the ones whose stacks show them outside any collective while others wait in one
+    (``waiting``: diagnose/hang.py ``waits_in_collective``), else the ranks that did not answer. A
+    stack read is stronger evidence than a missing one: on a busy machine a waiting peer can be late
+    to answer. No ranks when nothing tells the hung rank from its peers."""
     stopped = frozenset(r for r, st in states.items() if st in ("T", "t"))
     if stopped:
         return HangCulprits(stopped, HangEvidence.STOPPED)
     ranks = frozenset(states)
-    none = HangCulprits(frozenset(), HangEvidence.NONE)
-    if not answered or 2 * len(answered & ranks) <= len(ranks):
-        return none
-    if silent := ranks - answered:
+    seen = answered & ranks
+    if not seen or 2 * len(seen) <= len(ranks):
+        return HangCulprits(frozenset(), HangEvidence.NONE)
+    if waiting & seen and (outside := seen - waiting):
+        return HangCulprits(outside, HangEvidence.OUTSIDE)
+    if silent := ranks - seen:
         return HangCulprits(silent, HangEvidence.SILENT)
-    elsewhere = ranks - waiting
-    return HangCulprits(elsewhere, HangEvidence.OUTSIDE) if waiting & ranks and elsewhere else none
+    return HangCulprits(frozenset(), HangEvidence.NONE)
