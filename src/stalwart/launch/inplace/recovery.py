@@ -69,10 +69,10 @@ class InPlaceRecovery(NodeRecovery):
     # --- a local failure ---------------------------------------------------------------------------
 
     def hang_culprits(self, stacks: Mapping[int, str]) -> HangCulprits:
-        """The ranks a hang can be pinned on: stopped ones (``T`` in /proc), else, when most ranks
-        answered the stack request (``stacks``), the ones that did not, else the ones whose stacks
-        stand outside any collective while others wait in one. Empty: nothing tells the hung rank
-        from the ranks waiting on it."""
+        """The ranks a hang can be pinned on (policy/inplace.py ``hang_culprits``): stopped ones
+        (``T`` in /proc), else, when most ranks answered the stack request (``stacks``), the ones
+        whose stacks stand outside any collective while others wait in one, else the ones that did
+        not answer. No ranks: nothing tells the hung rank from the ranks waiting on it."""
 
         if not isinstance(self.group, WorkerGroup):
             return HangCulprits(frozenset(), HangEvidence.NONE)
