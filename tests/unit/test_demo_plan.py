@@ -49,3 +49,6 @@ def test_the_intro_says_what_recovery_does_now():
     assert "replaced in place" in intro and "live state" in intro
     assert "Background verification finds the corrupted checkpoint" in intro
     assert "restarts from the newest good checkpoint," not in intro
+    # a hang is replaced in place too, once the stacks tell the hung rank (test_in_place.py)
+    assert "hung rank is told from the ranks waiting for it by their stacks" in intro
+    assert "A hang restarts the workers" not in intro

@@ -69,8 +69,8 @@ def intro_lines(workers: int, faults: list[str], note: str) -> list[str]:
         *[f"  - {f}" for f in faults],
         *([note] if note else []),
         "Stalwart detects each fault and captures its evidence. A crashed rank is replaced in place: the "
-        "other ranks keep their processes and hand the new one the live state. A hang restarts the "
-        "workers from the newest good checkpoint. Background verification finds the corrupted "
+        "other ranks keep their processes and hand the new one the live state. A hung rank is told from "
+        "the ranks waiting for it by their stacks and replaced the same way. Background verification finds the corrupted "
         "checkpoint and sets it aside before a recovery can read it. The run ends with a goodput report. "
         f"Expect {DURATION}.",
     ]
