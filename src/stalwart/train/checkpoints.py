@@ -55,9 +55,19 @@ class Checkpoints:
 
     @property
     def engine(self) -> CheckpointEngine:
+        self.prepare()
+        assert self._engine is not None
+        return self._engine
+
+    def prepare(self) -> None:
+        """Collective: build the engine now, if it is not built. Building forms its process group
+        (``new_group``), which waits on the store for every rank with no regard for a dead one: a
+        survivor that first builds it at its next save, after a peer died, waits there instead of
+        failing, and never joins the re-formed group. Built right after a step, every rank has just
+        met in that step's collectives; a save later finds the group formed, and its collectives fail
+        at once on a dead peer's closed connections."""
         if self._engine is None:
             self._engine = self._build()
-        return self._engine
 
     def _build(self) -> CheckpointEngine:
         from ..checkpoint.engine import CheckpointEngine  # deferred: heavy (torch)

@@ -349,8 +349,10 @@ class Session:
         self._left = arm(self, state)  # the loop idiom's live state (train/left_state.py)
         start = self._start(state, resume)
         root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
+        w = self.worker_env  # the node's MTBF from its health history, as the agent passed it
+        mtbf = w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
         auto = (
-            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx, self._history_mtbf())
+            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx, mtbf)
             if checkpoint_every == "auto"
             else None
         )
@@ -368,6 +370,8 @@ class Session:
             self._begin_step(step)
             yield step
             self._end_step(step)
+            if every:  # every rank just met in the step's collectives: the engine's group forms now
+                self._ckpt.prepare()
             done = self._completed
             saving = auto.due(done) if auto is not None else bool(every) and done % every == 0
             if replicas is not None and replicas.due(done, saving or done == total_steps):
@@ -406,11 +410,6 @@ class Session:
         elif self._left is not None and resume and (step := self._left.resume(self, state)) is not None:
             return step
         return self.resume(state) if resume else 0
-
-    def _history_mtbf(self) -> float | None:
-        """The node's MTBF from its health history, as the agent passed it (None: no history)."""
-        w = self.worker_env
-        return w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
 
     def _stop(self, state: dict[str, Any]) -> None:  # Any: user state (torch objects)
         """Asked to stop: make this step durable, finish, and exit with a code that says whether it saved."""
