@@ -111,7 +111,8 @@ def decide(case: InPlaceCase) -> InPlaceDecision:
         )
     if not case.failed:
         return NotInPlace(
-            "the hung rank cannot be told from the ranks waiting on it (none is stopped or unresponsive)"
+            "the hung rank cannot be told from the ranks waiting on it (none is stopped, silent to the stack "
+            "request or outside the collective the others wait in)"
         )
     if len(case.failed) >= max(case.world_size, len(case.ranks)):  # other nodes' ranks survive too
         return NotInPlace("no rank survived to keep the live state")
