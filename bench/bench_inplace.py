@@ -16,7 +16,7 @@ for in-place the phases the ledger recorded (detect, abort, replace, wait, rende
 the bytes moved against the state size.
 
 With ``--idiom loop`` the job is the plain loop idiom instead (charlm ``--idiom loop``: no
-``Session.run``), measured two ways: ``stalwart`` (the default: the survivors' processes end with the
+``Session.run``; ``--idiom own``: the same with the script's own loop, ``session.track``), measured two ways: ``stalwart`` (the default: the survivors' processes end with the
 broken group, they leave their live state in node memory on the way out, and the whole group restarts
 warm and takes it: train/left_state.py) and ``torchrun``. ``--idiom lightning`` runs the same model
 as a Lightning job (bench/lightning_worker.py: the StalwartCallback, a StatefulDataLoader), measured
@@ -25,7 +25,7 @@ integrations/lightning_left.py); ``--idiom hf`` as a Hugging Face ``Trainer`` jo
 a GPT-2 of charlm's size; integrations/hf_left.py).
 
 Run: .venv/bin/python bench/bench_inplace.py [--ranks 2,4,8,16] [--repeats 1] [--json out.json]
-     [--idiom loop|lightning|hf --crash-step 35 --steps 45]
+     [--idiom loop|own|lightning|hf --crash-step 35 --steps 45]
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-torchrun", action="store_true")
-    ap.add_argument("--idiom", choices=("run", "loop", "lightning", "hf"), default="run")
+    ap.add_argument("--idiom", choices=("run", "loop", "own", "lightning", "hf"), default="run")
     ap.add_argument("--crash-step", type=int, default=CRASH_STEP)
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--json", default="")
@@ -169,9 +169,9 @@ def main() -> None:
         ("in-place", lambda w, n: run_stalwart(w, n, True)),
         ("warm", lambda w, n: run_stalwart(w, n, False)),
     ]
-    if args.idiom in ("loop", "lightning", "hf"):
-        if args.idiom == "loop":
-            JOB.extend(["--idiom", "loop"])
+    if args.idiom in ("loop", "own", "lightning", "hf"):
+        if args.idiom in ("loop", "own"):
+            JOB.extend(["--idiom", args.idiom])
         else:
             WORKER = HERE / f"{args.idiom}_worker.py"
         variants = [("stalwart", lambda w, n: run_stalwart(w, n, True))]

@@ -25,9 +25,9 @@ SCRIPT = str(Path(__file__).parent / "sdk_scripts" / "inplace_ddp.py")
 STEPS, RANKS, CRASH = 30, 4, 17  # a checkpoint every 10 steps: the newest before the crash is step 10
 
 
-def _run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> None:
+def _run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *extra: str, idiom: str = "loop") -> None:
     tmp.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("INPLACE_IDIOM", "loop")
+    monkeypatch.setenv("INPLACE_IDIOM", idiom)
     monkeypatch.setenv("INPLACE_DATA", "1")
     args = ["run", "-q", "--nproc-per-node", str(RANKS), "--run-dir", str(tmp / "run"), *extra]
     res = stalwart(*args, SCRIPT, str(STEPS), str(tmp), timeout=420)
@@ -52,12 +52,15 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+@pytest.mark.parametrize("idiom", ["loop", "own"])
 @pytest.mark.parametrize("fault", ["crash", "hang"])
 def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(
-    tmp_path, monkeypatch, baseline, fault
+    tmp_path, monkeypatch, baseline, fault, idiom
 ):
+    """``own``: the script's own loop and step counter (``session.track``), against the same
+    baseline run by ``session.loop``: the two ways of driving the steps train alike."""
     base, hit = baseline, tmp_path / "hit"
-    _run(hit, monkeypatch, "--chaos", f"{fault}@rank=2,step={CRASH}")
+    _run(hit, monkeypatch, "--chaos", f"{fault}@rank=2,step={CRASH}", idiom=idiom)
     run = hit / "run"
     [failure] = events(run, FailureDetected)
     assert failure.rank == 2, failure  # the hung rank, not a peer waiting for it

@@ -105,16 +105,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=str, default="", help="save the final model state_dict here (rank 0)")
     ap.add_argument(
         "--idiom",
-        choices=("run", "loop"),
+        choices=("run", "loop", "own"),
         default="run",
-        help="run: train under Session.run (in-place recovery); loop: call train directly, the plain loop idiom",
+        help="run: train under Session.run (in-place recovery); loop: call train directly, the plain loop "
+        "idiom; own: the same with the script's own loop (session.track)",
     )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     session = Session()
-    if args.idiom == "loop":  # a peer's failure ends this process; the restart takes the state it left
+    if args.idiom in (
+        "loop",
+        "own",
+    ):  # a peer's failure ends this process; the restart takes the state it left
         train(session, args)
         return
     # under Session.run a failed peer is replaced in place: this process stays, train() runs again on
@@ -149,7 +153,7 @@ def train(session: Session, args: argparse.Namespace) -> None:
     corpus = load_corpus(args.corpus_bytes)
     state = {"model": model, "optimizer": opt, "scheduler": sched}
 
-    for step in session.loop(args.steps, state, checkpoint_every=args.checkpoint_every):
+    def one_step(step: int) -> None:
         with session.section("data"):
             x, y = batch_for(corpus, step, rank, world, args.global_batch, args.seq, args.seed)
         with session.section("forward"):
@@ -167,6 +171,15 @@ def train(session: Session, args: argparse.Namespace) -> None:
                 f"t {time.time():.3f}",
                 flush=True,
             )
+
+    if args.idiom == "own":  # the script keeps its own loop and says where each step ends
+        with session.track(state, total_steps=args.steps, checkpoint_every=args.checkpoint_every) as steps:
+            for step in range(steps.start, args.steps):
+                one_step(step)
+                steps.done()
+    else:
+        for step in session.loop(args.steps, state, checkpoint_every=args.checkpoint_every):
+            one_step(step)
 
     if rank == 0 and args.out:
         torch.save(model.state_dict(), args.out)

@@ -36,8 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..checkpoint.auto_every import auto_every_for
-from ..events import Event, TrainingFinished, TrainingResumed
+from ..events import Event, TrainingResumed
 from ..exit_codes import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ..ledger import LedgerWriter
 from ..protocol import (
@@ -72,6 +71,7 @@ if TYPE_CHECKING:
     from ..ledger import LedgerWriter
     from .anomaly_watch import AnomalyWatch
     from .left_state import LeftState
+    from .own_loop import Tracked
     from .reform import Reformer
     from .replica_check import ReplicaCheck
 
@@ -343,25 +343,15 @@ class Session:
     ) -> Iterator[int]:
         """Yield step indices from the resume point to ``total_steps``; checkpoint every N steps, or
         at the interval that follows the run with ``checkpoint_every="auto"`` (checkpoint/auto_every.py)."""
+        from .cadence import between_steps, bind_hooks, cadence_for, end_training  # deferred: heavy (torch)
         from .left_state import arm  # deferred: heavy (torch)
         from .replica_check import loop_check  # deferred: heavy (torch)
 
         self._left = arm(self, state)  # the loop idiom's live state (train/left_state.py)
         start = self._start(state, resume)
-        root, emit = (self.run_dir.root if self.run_dir else None), (self.emit if self.rank == 0 else None)
-        w = self.worker_env  # the node's MTBF from its health history, as the agent passed it
-        mtbf = w.history_mtbf_s if w is not None and w.history_mtbf_s > 0 else None
-        auto = (
-            auto_every_for(self._ckpt.engine, root, self._now, emit, self._ctx, mtbf)
-            if checkpoint_every == "auto"
-            else None
-        )
-        every = 0 if auto is not None else int(checkpoint_every)
+        cadence = cadence_for(self, checkpoint_every)
         replicas = loop_check(self, state, start)  # silent data corruption (docs/sdc.md)
-        for hook in self._hooks:  # a hook that acts on the state (a chaos bitflip) is handed it
-            bind = getattr(hook, "bind_state", None)
-            if callable(bind):
-                bind(state)
+        bind_hooks(self, state)
         self._send(
             LoopStarted(self.rank, start, total_steps, self._now(), leaves_state=self._left is not None)
         )
@@ -370,35 +360,40 @@ class Session:
             self._begin_step(step)
             yield step
             self._end_step(step)
-            if every:  # every rank just met in the step's collectives: the engine's group forms now
+            if cadence.saves:  # every rank just met in the step's collectives: the engine's group forms now
                 self._ckpt.prepare()
             done = self._completed
-            saving = auto.due(done) if auto is not None else bool(every) and done % every == 0
+            saving = cadence.due(done)
             if replicas is not None and replicas.due(done, saving or done == total_steps):
                 back = replicas.verify(done, saving)  # silent data corruption: raises if it must stop
                 if back >= 0:  # every rank goes back to the newest checkpoint verified clean
                     step = self.resume(state, max_step=back)
                     continue
-            if saving:
-                self.save(state)
-                if auto is not None:
-                    auto.saved(done)
-            if self._stop_requested():
-                self._stop(state)
-            if self._reform is not None:
-                self._reform.check()
+            between_steps(self, state, cadence, saving)
             step = self._completed
-        if self._anomalies is not None:
-            self._anomalies.flush()  # the last steps' values still on their way from the device
-        if checkpoint_every:
-            why = self.make_durable(state, emergency=False)
-            self._send(
-                CheckpointDone(self.rank, self._completed, self._now(), not why, why, DurableKind.FINAL)
-            )
-        else:
-            self._ckpt.wait()
-        if self.rank == 0:
-            self.emit(TrainingFinished(ts=self._now(), step=self._completed, **self._ctx()))
+        end_training(self, state, checkpoint_every)
+
+    def track(  # Any: user state (torch objects)
+        self,
+        state: dict[str, Any],
+        *,
+        total_steps: int = 0,
+        checkpoint_every: int | str = 0,
+        resume: bool = True,
+    ) -> Tracked:
+        """For a script that keeps its own loop: ``with session.track(state) as steps:`` resumes
+        (``steps.start``: the steps already done); ``steps.done()`` ends each step and does there what
+        ``loop`` does between steps. ``total_steps``: for progress, 0 when not known. See
+        train/own_loop.py."""
+        from .own_loop import Tracked  # deferred: heavy (torch)
+
+        return Tracked(
+            self,
+            state,
+            total_steps=total_steps,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+        )
 
     def _start(self, state: dict[str, Any], resume: bool) -> int:  # Any: user state (torch objects)
         """The step the loop starts at: the re-formed group's live state (in-place recovery), else the

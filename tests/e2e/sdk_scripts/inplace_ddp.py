@@ -8,7 +8,8 @@ the state and appends "call step index" to ``<out>/seen-rank<R>.txt``. With ``IN
 once that file exists (written whole by the test) every rank ends its loop at the step it names (a
 test that cannot know beforehand how long a run must last). With ``INPLACE_IDIOM=loop`` the script
 calls ``train`` itself (the plain loop idiom, no ``Session.run``): a survivor's process ends with the
-broken group and the whole group restarts. With ``INPLACE_LOG_LOSS=1`` every rank all-reduces its loss
+broken group and the whole group restarts; ``INPLACE_IDIOM=own`` is the same with the script's own
+loop and step counter (``session.track``). With ``INPLACE_LOG_LOSS=1`` every rank all-reduces its loss
 after the optimizer step (as a script logging the mean loss does); with ``INPLACE_EXIT_AFTER_UPDATE="R S"``
 rank R exits once, right after its optimizer step of step S (its peers' updates land too, and they fail
 in that all-reduce).
@@ -18,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -32,8 +34,19 @@ STOP = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
 LAUNCHED = int(os.environ.get("RANK", "0"))  # the rank this process was started as
 DATA = os.environ.get("INPLACE_DATA") == "1"
 LOG_LOSS = os.environ.get("INPLACE_LOG_LOSS") == "1"
+OWN = os.environ.get("INPLACE_IDIOM") == "own"
 EXIT_AFTER = tuple(int(x) for x in os.environ.get("INPLACE_EXIT_AFTER_UPDATE", "").split())
 calls = 0
+
+
+def own_loop(session: Session, state: dict, work: Callable[[int], bool]) -> None:
+    """The script's own loop and step counter, in epochs of 7 steps; it says where a step ends."""
+    with session.track(state, total_steps=STEPS, checkpoint_every=10) as steps:
+        for epoch in range(steps.start // 7, -(-STEPS // 7)):
+            for step in range(max(steps.start, epoch * 7), min(STEPS, epoch * 7 + 7)):
+                if not work(step):
+                    return
+                steps.done()
 
 
 def train(session: Session) -> None:
@@ -56,15 +69,18 @@ def train(session: Session) -> None:
     sampler = ElasticDistributedSampler(100_000, rank=rank, world_size=session.world_size, shuffle=False)
     if DATA:
         state["data"] = sampler
-    samples = None
+    samples = []
     stop_at = os.environ.get("INPLACE_STOP_FILE", "")
-    for step in session.loop(STEPS, state, checkpoint_every=10):
+
+    def work(step: int) -> bool:
+        """One step's work; False: stop before it (the stop file)."""
         if stop_at and os.path.exists(stop_at) and step >= int(open(stop_at).read()):
-            break
+            return False
         if DATA:
-            samples = samples or iter(sampler)  # after the loop loaded the position
+            if not samples:
+                samples.append(iter(sampler))  # after the session loaded the position
             with open(os.path.join(OUT, f"seen-rank{LAUNCHED}.txt"), "a") as fh:
-                fh.write(f"{calls} {step} {next(samples)}\n")
+                fh.write(f"{calls} {step} {next(samples[0])}\n")
         marker = os.path.join(OUT, "stopped")
         if STOP == (rank, step) and not os.path.exists(marker):
             open(marker, "w").close()
@@ -82,12 +98,20 @@ def train(session: Session) -> None:
         if LOG_LOSS:
             torch.distributed.all_reduce(loss.detach())
         time.sleep(0.05)
+        return True
+
+    if OWN:
+        own_loop(session, state, work)
+    else:
+        for step in session.loop(STEPS, state, checkpoint_every=10):
+            if not work(step):
+                break
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(OUT, "final.pt"))
     session.finish()
 
 
-if os.environ.get("INPLACE_IDIOM") == "loop":
+if os.environ.get("INPLACE_IDIOM") in ("loop", "own"):
     train(Session())
 else:
     Session().run(train)
