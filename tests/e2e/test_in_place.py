@@ -80,6 +80,15 @@ def test_a_killed_rank_is_replaced_in_place_and_the_run_ends_bit_identical(tmp_p
     _check_in_place(tmp_path, baseline, replaced=2)
 
 
+def test_a_scripts_own_loop_under_session_run_is_replaced_in_place_too(tmp_path, baseline, monkeypatch):
+    """``session.track`` (the script's own loop and step counter, epochs of 7 steps) under
+    ``Session.run``: the re-formation is raised from ``steps.done()`` and ``train`` runs again, as
+    with ``session.loop``; the result is the loop's, bit for bit."""
+    monkeypatch.setenv("INPLACE_IDIOM", "run-own")
+    _run(tmp_path, "--chaos", "crash@rank=2,step=17")
+    _check_in_place(tmp_path, baseline, replaced=2)
+
+
 def test_a_survivor_past_its_update_is_not_taken_as_the_step_before(tmp_path, baseline, monkeypatch):
     """Every rank all-reduces its loss after its optimizer step, and rank 2 dies right after its update
     of step 17: the survivors' updates landed too, then their all-reduce failed. Their weights are the

@@ -75,6 +75,7 @@ def test_a_crash_and_a_resume_in_an_own_loop_end_bit_identical(tmp_path):
     env = {"STALWART_W_RUN_DIR": str(tmp_path / "run")}
     first, _, _, start = own_loop(env, seed=0, crash_at=5)
     assert start == 0 and first.completed == 5  # steps 0-4 done
+    assert first._step == 5  # the step the error struck stays in progress: its error record names it
 
     second, model, data, start = own_loop(env, seed=123)  # another seed: the resume overwrites it all
     assert start == 4  # the newest checkpoint (every 2 steps) before the crash

@@ -96,7 +96,7 @@ class Tracked:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         s = self.session
-        s._step = None  # the step begun after the last done() never ran
         self._cadence = None
-        if kind is None:
+        if kind is None:  # an error leaves the step it struck in progress, for its error record
+            s._step = None  # the step begun after the last done() never ran
             end_training(s, self.state, self.checkpoint_every)

@@ -9,7 +9,7 @@ once that file exists (written whole by the test) every rank ends its loop at th
 test that cannot know beforehand how long a run must last). With ``INPLACE_IDIOM=loop`` the script
 calls ``train`` itself (the plain loop idiom, no ``Session.run``): a survivor's process ends with the
 broken group and the whole group restarts; ``INPLACE_IDIOM=own`` is the same with the script's own
-loop and step counter (``session.track``). With ``INPLACE_LOG_LOSS=1`` every rank all-reduces its loss
+loop and step counter (``session.track``), and ``run-own`` that loop under ``Session.run``. With ``INPLACE_LOG_LOSS=1`` every rank all-reduces its loss
 after the optimizer step (as a script logging the mean loss does); with ``INPLACE_EXIT_AFTER_UPDATE="R S"``
 rank R exits once, right after its optimizer step of step S (its peers' updates land too, and they fail
 in that all-reduce).
@@ -34,7 +34,7 @@ STOP = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
 LAUNCHED = int(os.environ.get("RANK", "0"))  # the rank this process was started as
 DATA = os.environ.get("INPLACE_DATA") == "1"
 LOG_LOSS = os.environ.get("INPLACE_LOG_LOSS") == "1"
-OWN = os.environ.get("INPLACE_IDIOM") == "own"
+OWN = os.environ.get("INPLACE_IDIOM") in ("own", "run-own")
 EXIT_AFTER = tuple(int(x) for x in os.environ.get("INPLACE_EXIT_AFTER_UPDATE", "").split())
 calls = 0
 
