@@ -171,3 +171,30 @@ def test_one_fault_seen_from_both_hosts_is_one_row_of_the_recovery_table():
     assert [(r.failure, r.rank) for r in rows] == [("hang", 1)]
     h0_alone = recoveries(sorted(h0, key=lambda e: e.ts))
     assert [(r.failure, r.rank) for r in h0_alone] == [("peer_lost", 0)]
+
+
+def test_a_lost_peer_reported_after_the_other_hosts_decision_is_the_same_fault_until_workers_start():
+    """A whole-group restart across nodes: h1 declares its rank hung and decides the restart; h0's rank
+    then ends on the closed connection (a lost peer) before anything started again: one interruption.
+    A lost peer after the restart's workers started is a fault of its own."""
+    from stalwart.diagnose.pipeline import interruptions
+
+    def fd(ts, node, failure, attempt=0):
+        return FailureDetected(
+            ts=ts, failure=failure, evidence="", onset=ts - 1, step=17, rank=0, **_ctx(node, attempt)
+        )
+
+    def decided(ts, node, action, attempt=0):
+        return DecisionTaken(ts=ts, action=action, reason="", **_ctx(node, attempt))
+
+    hang, restart = fd(10.0, "h1", "hang"), decided(10.1, "h1", "restart")
+    echo, own = fd(10.3, "h0", "peer_lost"), decided(10.4, "h0", "restart")
+    started = decided(12.0, "h0", "start_warm", attempt=1)
+    later = fd(20.0, "h0", "peer_lost", attempt=1)
+    assert interruptions([hang, restart, echo, own, started, later]) == [[hang, echo], [later]]
+    # the same host twice is two faults; another failure kind is its own fault; a start ends the echo
+    again = fd(10.3, "h1", "peer_lost")
+    assert interruptions([hang, restart, again]) == [[hang], [again]]
+    crash = fd(10.3, "h0", "exception")
+    assert interruptions([hang, restart, crash]) == [[hang], [crash]]
+    assert interruptions([hang, restart, decided(10.2, "h0", "start_warm"), echo]) == [[hang], [echo]]

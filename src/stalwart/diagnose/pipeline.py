@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..events import AttemptStarted, DecisionTaken, Event, FailureDetected, StackCaptured, StragglerDetected
+from ..events import (
+    AttemptStarted,
+    DecisionTaken,
+    Event,
+    FailureDetected,
+    ReformedInPlace,
+    StackCaptured,
+    StragglerDetected,
+    WorkersStarted,
+)
 from .cross_layer import CrossRules, diagnose_comm_failure
 from .incident import Incident
 from .signals import (
@@ -27,17 +36,28 @@ from .signals import (
 
 
 def interruptions(events: Sequence[Event]) -> list[list[FailureDetected]]:
+    """``FailureDetected`` events grouped by fault: everything up to the next ``DecisionTaken`` is one
+    interruption (several ranks report the same fault). A lost peer that another host reports after
+    that decision, before any worker started again (a new attempt, workers started, a re-formation
+    done), is the same fault seen from its side: its ranks lost the peer the decided failure took (a
+    whole-group restart across nodes, where the other node's ranks end when the failed one's do)."""
     groups: list[list[FailureDetected]] = []
     open_group = False
+    echoes = False  # a lost peer on another host still belongs to the last interruption
     for e in sorted(events, key=lambda e: e.ts):
         if isinstance(e, FailureDetected):
-            if open_group:
+            echo = echoes and e.failure == "peer_lost" and all(f.node != e.node for f in groups[-1])
+            if open_group or echo:
                 groups[-1].append(e)
             else:
                 groups.append([e])
-                open_group = True
+                open_group = echoes = True
         elif isinstance(e, DecisionTaken):
             open_group = False
+            if e.action.startswith("start_"):
+                echoes = False
+        elif isinstance(e, AttemptStarted | WorkersStarted | ReformedInPlace):
+            echoes = False
     return groups
 
 
