@@ -11,7 +11,12 @@
 * three nodes of one rank and no hot spare, the agent of n1 SIGKILLed with its rank: n0 (the first
   surviving node, which watches the heartbeats) shrinks the group in place to two ranks; the ranks of
   n0 and n2 keep their processes, n2's rank trains on as rank 1 of 2, no node restarts whole, and the
-  data position is re-split once: no sample is taken twice or skipped."""
+  data position is re-split once: no sample is taken twice or skipped;
+* the plain loop idiom (no ``Session.run``) on two nodes of one rank, rank 1 (n1) asleep at step 17
+  outside the collective rank 0 (n0) waits in: n1's agent kills its rank first, n0's holds its stop
+  (its rank's stack waits in the collective), rank 0's collective fails on the closed connections and
+  it leaves its live state in n0's memory; the whole group restarts and resumes at step 17 from it,
+  bit-identical to an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -184,3 +189,36 @@ def test_a_lost_node_without_a_spare_shrinks_the_group_in_place(tmp_path, per_no
     assert any(len(v) == old for v in seen.values()) and len(seen[STEPS - 1]) == new, seen
     taken = sorted(i for v in seen.values() for i in v)
     assert taken == list(range(len(taken))), taken  # every sample once: none twice, none skipped
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_hung_on_another_node_is_killed_there_first_and_the_waiting_node_leaves_its_state(tmp_path):
+    from stalwart.events import LEFT_IN_MEMORY, FailureDetected, TrainingResumed, WorkersStopped
+
+    env = {"INPLACE_IDIOM": "loop", "INPLACE_DATA": "1"}
+    _two_nodes(tmp_path / "ref", per_node=1, env=env)
+    _two_nodes(tmp_path / "cut", "--chaos", "hang@rank=1,step=17", per_node=1, env=env)
+    cut, run = tmp_path / "cut", tmp_path / "cut" / "run"
+    stops = {e.node: e.reason for e in events(run, WorkersStopped) if e.attempt == 0}
+    assert "n1" in stops and "this node holds the hung rank" in stops["n1"], stops
+    hangs = [e for e in events(run, FailureDetected) if e.failure == "hang"]
+    assert [e.node for e in hangs] == ["n1"], hangs  # n0 held its stop, and its rank ended by itself
+    resumed = {e.attempt: e for e in events(run, TrainingResumed)}
+    again = resumed[max(resumed)]
+    assert again.step == 17, again  # only the interrupted step is redone
+    assert again.from_checkpoint.startswith("live:rank0") and again.from_checkpoint.endswith(LEFT_IN_MEMORY)
+    [rec] = recoveries(events(run))  # one interruption: n1's hang and n0's rank ending on it
+    assert rec.path == "warm" and "left in node memory" in rec.why, rec
+    assert same_params(cut / "final.pt", tmp_path / "ref" / "final.pt"), "the restart changed the result"
+    for r in (0, 1):  # each rank took the same sample at each step (the last time it ran the step)
+        assert _last_seen(cut, r) == _last_seen(tmp_path / "ref", r), r
+
+
+def _last_seen(out: Path, rank: int) -> dict[int, str]:
+    """Step -> the sample rank ``rank`` took at it the last time it ran that step (a whole-group restart
+    starts new processes, whose calls count from 1 again)."""
+    seen = {}
+    for line in (out / f"seen-rank{rank}.txt").read_text().splitlines():
+        _, step, index = line.split()
+        seen[int(step)] = index
+    return seen

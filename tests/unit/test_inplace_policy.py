@@ -79,8 +79,8 @@ def test_the_first_reason_that_applies_wins():
 
 
 def test_a_hang_is_pinned_on_the_stopped_rank_not_on_the_first_silent_one():
-    from stalwart.policy.inplace import HangEvidence as E
-    from stalwart.policy.inplace import hang_culprits
+    from stalwart.policy.hang_pin import HangEvidence as E
+    from stalwart.policy.hang_pin import hang_culprits
 
     def pin(*args):
         got = hang_culprits(*args)

@@ -601,3 +601,85 @@ def test_decision_kinds_are_enums_and_an_unknown_kind_is_refused():
         Decision("reboot", "?")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="an outcome exactly when it ends the attempt"):
         Decision(DecisionKind.CRASH, "no outcome")
+
+
+# faulthandler dumps (innermost frame first; made-up paths): a rank waiting in an all-reduce
+_IN_COLLECTIVE = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 1 in all_reduce
+  File "/job/train.py", line 2 in <module>
+"""
+
+
+def _silent_from_tick_8(exit_at: int | None = None):
+    """Two ranks that leave their live state on a peer's failure train, fall silent at tick 8 (a rank
+    of another node hung), and, with ``exit_at``, end at that tick (their collective failed)."""
+    from stalwart.protocol import LoopStarted
+
+    def script(tick, w):
+        ranks = sorted(w.group.codes)
+        if tick == 0:
+            w.send(*(LoopStarted(r, 0, 100, w.clock.now(), leaves_state=True) for r in ranks))
+        if tick < 8:
+            for r in ranks:
+                w.step(r, tick)
+        if exit_at is not None and tick == exit_at:
+            w.group.codes.update(dict.fromkeys(ranks, 1))
+            w.group.exit_times.update(dict.fromkeys(ranks, w.clock.now()))
+
+    return script
+
+
+TWO_NODES = WorldPlan(("n0", "n1"), (), 2, "")
+
+
+def test_a_node_whose_ranks_all_wait_in_a_collective_holds_the_stop_for_the_hung_ranks_node():
+    # the hang is declared about 10 s (20 ticks) after tick 8; the ranks' collective fails at tick 34,
+    # inside the hold (2 x the 3 s stop grace): they end by themselves, leaving their state
+    w = World(_silent_from_tick_8(exit_at=34), world=TWO_NODES, stacks={0: _IN_COLLECTIVE, 1: _IN_COLLECTIVE})
+    out = w.sup.run()
+    notes = [n for n in w.sup.console.notes if "holding the stop" in n]
+    assert len(notes) == 1 and "the hung rank is on another node" in notes[0], w.sup.console.notes
+    assert out.failure.kind != "hang"  # the exits, not a hang of this node's ranks
+    assert not [e for e in w.of(FailureDetected) if e.failure == "hang"]
+    assert w.group.stops == [3.0]  # the survivors' grace to write their state; nothing killed in the wait
+    assert w.group.signals == []
+
+
+def test_a_held_stop_whose_time_runs_out_stops_every_rank_at_once_and_records_the_hang():
+    w = World(_silent_from_tick_8(), world=TWO_NODES, stacks={0: _IN_COLLECTIVE, 1: _IN_COLLECTIVE})
+    out = w.sup.run()
+    assert out.failure.kind == "hang"
+    (fd,) = w.of(FailureDetected)
+    stopped = w.of(WorkersStopped)[-1]
+    assert "did not end within the hold" in stopped.reason, stopped.reason
+    assert stopped.ts - fd.ts >= 6.0  # held two stop graces from the detection, which keeps its time
+    assert w.group.stops == [0.0] and w.group.signals == []
+    assert len(w.of(StackCaptured)) == 2
+
+
+def test_alone_on_one_node_the_same_stacks_stop_at_once():
+    w = World(_silent_from_tick_8(), stacks={0: _IN_COLLECTIVE, 1: _IN_COLLECTIVE})
+    out = w.sup.run()
+    assert out.failure.kind == "hang"
+    assert not [n for n in w.sup.console.notes if "holding the stop" in n]
+    assert w.group.stops == [0.0]
+    stopped = w.of(WorkersStopped)[-1]
+    assert stopped.ts - w.of(FailureDetected)[0].ts < 1.0
+
+
+_ASLEEP = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/stalwart/train/chaos_hook.py", line 1 in fire
+  File "/job/train.py", line 2 in <module>
+"""
+
+
+def test_a_node_of_one_rank_holds_for_a_peer_node_or_kills_its_own_rank_first():
+    # one rank a node: no local peer to compare with, but the group spans another node
+    w = World(_silent_from_tick_8(exit_at=34), ranks=1, world=TWO_NODES, stacks={0: _IN_COLLECTIVE})
+    w.sup.run()
+    assert [n for n in w.sup.console.notes if "holding the stop" in n]
+    assert not [e for e in w.of(FailureDetected) if e.failure == "hang"]
+    w = World(_silent_from_tick_8(), ranks=1, world=TWO_NODES, stacks={0: _ASLEEP})
+    out = w.sup.run()
+    assert out.failure.kind == "hang" and (w.group.signals, w.group.stops) == ([signal.SIGKILL], [3.0])
+    assert "outside any collective while the group spans other nodes" in w.of(WorkersStopped)[-1].reason

@@ -74,6 +74,11 @@ def test_valid_hierarchy_passes():
             ("start-up timeout (1000s)", "process-group timeout (900s)"),
             "--startup-timeout",
         ),
+        (
+            dict(stop_grace_s=450.0),
+            ("hold for a hang on another node (2 x stop grace) (900s)", "process-group timeout (900s)"),
+            "--stop-grace",
+        ),
     ],
 )
 def test_out_of_order_timeouts_name_the_pair_and_the_flags(over, names, flag):

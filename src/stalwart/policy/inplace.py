@@ -14,10 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from typing_extensions import assert_never
-
 from ..terminal import plural
-from .label import Label
 from .membership import Change, MembershipView, Role, lost_nodes, next_group
 from .vocabulary import FailureKind
 from .world_size import SizeRule
@@ -426,57 +423,3 @@ def offer(case: OfferCase) -> OfferDecision:
     if got.change is Change.OFFER:
         return Offer(got.reason)
     return Refuse(got.reason)
-
-
-class HangEvidence(Label):
-    """What pinned a hang on its ranks (:func:`hang_culprits`)."""
-
-    STOPPED = "stopped"  # the kernel shows them stopped
-    SILENT = "silent"  # they did not dump their stacks while most ranks did
-    OUTSIDE = "outside"  # their stacks stand outside the collective their peers wait in
-    NONE = "none"  # nothing tells the hung rank from the ranks waiting on it
-
-    @property
-    def says(self) -> str:
-        """What the evidence says of a pinned rank, after "rank N "."""
-        match self:
-            case HangEvidence.STOPPED:
-                return "is stopped (state T)"
-            case HangEvidence.SILENT:
-                return "did not answer the request for its stack while its peers did"
-            case HangEvidence.OUTSIDE:
-                return "stands outside the collective its peers wait in (their stacks)"
-            case HangEvidence.NONE:
-                return "could not be told from its peers"
-            case _:
-                assert_never(self)
-
-
-@dataclass(frozen=True)
-class HangCulprits:
-    ranks: frozenset[int]
-    evidence: HangEvidence
-
-
-def hang_culprits(
-    states: dict[int, str], answered: frozenset[int], waiting: frozenset[int] = frozenset()
-) -> HangCulprits:
-    """The ranks a hang is pinned on, from evidence that does not depend on which rank the hang
-    monitor saw fall silent first (in a hung group every rank falls silent): the ranks the kernel
-    shows stopped (``T``/``t``); else, when a majority of ranks answered the request for their
-    stacks: the ones whose stacks show them outside any collective while others wait in one
-    (``waiting``: diagnose/hang.py ``waits_in_collective``), else the ranks that did not answer. A
-    stack read is stronger evidence than a missing one: on a busy machine a waiting peer can be late
-    to answer. No ranks when nothing tells the hung rank from its peers."""
-    stopped = frozenset(r for r, st in states.items() if st in ("T", "t"))
-    if stopped:
-        return HangCulprits(stopped, HangEvidence.STOPPED)
-    ranks = frozenset(states)
-    seen = answered & ranks
-    if not seen or 2 * len(seen) <= len(ranks):
-        return HangCulprits(frozenset(), HangEvidence.NONE)
-    if waiting & seen and (outside := seen - waiting):
-        return HangCulprits(outside, HangEvidence.OUTSIDE)
-    if silent := ranks - seen:
-        return HangCulprits(silent, HangEvidence.SILENT)
-    return HangCulprits(frozenset(), HangEvidence.NONE)

@@ -187,6 +187,18 @@ def validate_hierarchy(
                 "--rdzv-timeout",
             ),
         ]
+    # a node whose ranks all wait in a collective for a hung rank of another node holds its stop for
+    # two stop graces (policy/hang_pin.py): before the ranks' own collectives would time out
+    checks.append(
+        (
+            "hold for a hang on another node (2 x stop grace)",
+            2 * stop_grace_s,
+            "process-group timeout",
+            pg_timeout_s,
+            "--stop-grace",
+            "--pg-timeout",
+        )
+    )
     if startup_window_s:  # the first round's wait for late hosts is part of its rendezvous timeout
         checks.append(
             (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from typing_extensions import assert_never
@@ -14,7 +14,7 @@ from typing_extensions import assert_never
 from ...diagnose.incident import BlastRadius, Incident
 from ...diagnose.root_cause import component_class, incident_class
 from ...diagnose.slow_link import Silence, judge_silence, link_window, slow_link_incident
-from ...policy.inplace import HangCulprits
+from ...policy.hang_pin import HangCulprits, HangStop, HangStopKind
 from ...policy.job import AttemptStatus
 from ...policy.label import Label
 from ...policy.restart_policy import Failure
@@ -207,19 +207,33 @@ def injected_hang(files: FailureFiles, group: WorkerProcesses, rank: int, local:
     return ""
 
 
-def stop_hung(group: WorkerProcesses, hung: int | None, grace_s: float) -> None:
-    """Stop a group that hung. Its other ranks are blocked in a collective with a live process, so
-    nothing fails by itself, and killing them there leaves nothing behind. With a grace (they leave
-    their live state on a peer's failure: train/left_state.py) and ``hung`` (the rank the evidence
-    pins the hang on: stopped, or outside the collective its peers wait in) one of this node's, it is
-    killed first: the collectives fail on its closed connections and its peers leave their state
-    within the grace. Otherwise every rank is stopped at once, as a hang always was: killing a rank
-    the evidence does not point at first could leave the others waiting in the collective anyway."""
-    if grace_s > 0 and hung is not None and hung in group.procs:
-        group.signal(signal.SIGKILL, [hung])
-        group.stop(grace_s)
-    else:
-        group.stop(0.0)
+def stop_hang(group: WorkerProcesses, stop: HangStop, grace_s: float) -> None:
+    """Stop a group that hung, as ``stop`` says (policy/hang_pin.py ``hang_stop``): the ranks it
+    names first, the others within ``grace_s`` (they leave their live state once the collective they
+    wait in fails on the killed ranks' closed connections); otherwise every rank at once (a held stop
+    whose time ran out included)."""
+    match stop.kind:
+        case HangStopKind.HUNG_FIRST:
+            first = [r for r in sorted(stop.first) if r in group.procs]
+            if first:
+                group.signal(signal.SIGKILL, first)
+            group.stop(grace_s if first else 0.0)
+        case HangStopKind.AT_ONCE | HangStopKind.HOLD:
+            group.stop(0.0)
+        case _:
+            assert_never(stop.kind)
+
+
+@dataclass(frozen=True)
+class HeldHang:
+    """A hang whose stop this node holds (``HangStopKind.HOLD``) until ``until``: the hung rank is on
+    another node, and this node's ranks end by themselves once that node kills it."""
+
+    decision: Decision
+    stacks: Mapping[int, str]
+    pinned: HangCulprits
+    until: float
+    reason: str
 
 
 def pin_hang(d: Decision, pinned: HangCulprits) -> Decision:

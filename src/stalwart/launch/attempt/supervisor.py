@@ -45,7 +45,7 @@ from ..processes.worker_group import WorkerSpec, describe_exit, ending_note, tai
 from ..progress import ProgressTracker
 from ..rendezvous.store_watch import StoreUnreachable
 from ..snapshot import Snapshot, cpu_marks, frozen, views
-from .hang_monitor import injected_hang, pin_hang, stop_hung
+from .hang_stopper import HangStopper
 from .monitors import (
     HangMonitor,
     StragglerMonitor,
@@ -136,6 +136,7 @@ class Supervisor:
         self.link = link  # this host's link counters, for the slow-link check (None: not read)
         sizes = (strag.min_nodes, strag.max_nodes, strag.rule)
         self.sdc = SdcQuarantine(node, job, ledger, console, clock, group, world, sizes)
+        self.hangs_stop = HangStopper(self)
 
     # --- collect ---------------------------------------------------------------------------------
 
@@ -440,42 +441,7 @@ class Supervisor:
         return d.outcome
 
     def _hang(self, d: Decision, snap: Snapshot) -> AttemptOutcome | None:
-        assert d.outcome is not None and d.outcome.failure is not None
-        failure = d.outcome.failure
-        ctx = self.ledger.ctx()
-        # faulthandler is the SDK's or the bootstrap's (zero): without either SIGUSR2 only kills
-        booted = getattr(self.cfg.workers, "instrument", False) and not getattr(self.cfg, "no_python", False)
-        stacks = self.files.capture_stacks() if snap.sdk_ranks or booted else {}
-        pinned = self.in_place.hang_culprits(stacks)
-        d = pin_hang(d, pinned)
-        rank, stuck = d.rank, pinned.ranks
-        detected = FailureDetected(
-            ts=d.outcome.detected_at if d.outcome is not None else self.clock.now(),
-            failure="hang",
-            evidence=d.reason,
-            onset=d.onset,
-            step=failure.step,
-            rank=rank,
-            injected=injected_hang(self.files, self.group, rank, [s.global_rank for s in self.specs]),
-            **ctx,
-        )
-        self.ledger.emit(detected)
-        for r, text in stacks.items():
-            reason = "hung rank" if r == rank else "peer of the hung rank"
-            self.ledger.emit(
-                StackCaptured(ts=self.clock.now(), rank=r, stack=text, reason=reason, **ctx),
-                show=r == rank,
-            )
-        if self.in_place.consider(d, snap, self.clock.now(), hung=stuck):
-            self._incident(d, detected)
-            return None
-        grace = self.cfg.workers.stop_grace_s if self.tracker.leaves_state(rank) else 0.0
-        stop_hung(self.group, rank if rank in stuck else None, grace)
-        self._incident(d, detected)
-        self.ledger.emit(
-            WorkersStopped(ts=self.clock.now(), reason=f"hang of rank {rank}", **ctx), show=False
-        )
-        return d.outcome
+        return self.hangs_stop.hang(d, snap)
 
     def _incident(self, d: Decision, detected: FailureDetected) -> None:
         """The decision's incident, unless the live diagnosis owns this failure: a communication

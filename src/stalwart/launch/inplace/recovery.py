@@ -29,16 +29,8 @@ from typing_extensions import assert_never
 
 from ...diagnose.hang import waits_in_collective
 from ...events import WorkersStopped
-from ...policy.inplace import (
-    HangCulprits,
-    HangEvidence,
-    InPlace,
-    InPlaceCase,
-    NotInPlace,
-    decide,
-    hang_culprits,
-    not_offered,
-)
+from ...policy.hang_pin import HangCulprits, hang_culprits
+from ...policy.inplace import InPlace, InPlaceCase, NotInPlace, decide, not_offered
 from ...policy.vocabulary import FailureKind
 from ...protocol import PREFIX
 from ...protocol.control import ControlBlock
@@ -69,14 +61,15 @@ class InPlaceRecovery(NodeRecovery):
     # --- a local failure ---------------------------------------------------------------------------
 
     def hang_culprits(self, stacks: Mapping[int, str]) -> HangCulprits:
-        """The ranks a hang can be pinned on (policy/inplace.py ``hang_culprits``): stopped ones
+        """The ranks a hang can be pinned on (policy/hang_pin.py ``hang_culprits``): stopped ones
         (``T`` in /proc), else, when most ranks answered the stack request (``stacks``), the ones
         whose stacks stand outside any collective while others wait in one, else the ones that did
         not answer. No ranks: nothing tells the hung rank from the ranks waiting on it."""
 
-        if not isinstance(self.group, WorkerGroup):
-            return HangCulprits(frozenset(), HangEvidence.NONE)
-        states = {r: self.read_state(p.pid) for r, p in self.group.procs.items()}
+        procs = self.group.procs
+        # the kernel's state of real processes only (a test's group has made-up pids: unknown)
+        real = isinstance(self.group, WorkerGroup)
+        states = {r: self.read_state(p.pid) if real else "" for r, p in procs.items()}
         waiting = frozenset(r for r, text in stacks.items() if waits_in_collective(text))
         return hang_culprits(states, frozenset(stacks), waiting)
 
