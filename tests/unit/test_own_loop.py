@@ -7,51 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+# the same model, data and optimizer as the loop's own standalone test: the results compare
+from test_session_standalone import TOTAL, Boom, make_state, reference_params, train_step
+
 from stalwart.events import CheckpointCommitted, TrainingFinished, TrainingResumed
 from stalwart.ledger import read_merged
 from stalwart.train import Session
-
-TOTAL = 8
-
-
-class Boom(Exception):
-    pass
-
-
-def make_state(seed: int):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return model, opt
-
-
-def one_step(model, opt, data: dict) -> None:
-    x = torch.randn(4, 6)  # draws from the torch RNG: a resume must restore it
-    y = (x @ (torch.arange(6, dtype=torch.float32) * (1 + data["pos"] % 3))).unsqueeze(1)
-    data["pos"] += 4
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-
-
-def reference() -> list[torch.Tensor]:
-    model, opt = make_state(0)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-    data = {"pos": 0}
-    for _ in range(TOTAL):
-        one_step(model, opt, data)
-        sched.step()
-    return [p.detach().clone() for p in model.parameters()]
 
 
 def own_loop(env, seed: int, crash_at: int | None = None):
     """The script's own loop: epochs of 3 batches, its own step counter, ``done()`` after each step's
     last change of the state."""
     with Session(env) as sess:
-        model, opt = make_state(seed)
+        model, opt, sched = make_state(seed)  # the scheduler steps after the update, in the step
         data = {"pos": 0}
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)  # stepped after the update
         state = {"model": model, "optimizer": opt, "scheduler": sched, "data": data}
         starts = []
         try:
@@ -61,8 +30,7 @@ def own_loop(env, seed: int, crash_at: int | None = None):
                     for step in range(max(steps.start, epoch * 3), min(TOTAL, epoch * 3 + 3)):
                         if step == crash_at:
                             raise Boom(step)
-                        one_step(model, opt, data)
-                        sched.step()
+                        train_step(model, opt, sched, data)
                         steps.done()
         except Boom:
             pass
@@ -80,7 +48,7 @@ def test_a_crash_and_a_resume_in_an_own_loop_end_bit_identical(tmp_path):
     second, model, data, start = own_loop(env, seed=123)  # another seed: the resume overwrites it all
     assert start == 4  # the newest checkpoint (every 2 steps) before the crash
     assert second.completed == TOTAL and data["pos"] == 4 * TOTAL
-    for a, b in zip(model.parameters(), reference(), strict=True):
+    for a, b in zip(model.parameters(), reference_params(), strict=True):
         assert torch.equal(a.detach(), b)
 
     events = read_merged(tmp_path / "run")
@@ -92,13 +60,13 @@ def test_a_crash_and_a_resume_in_an_own_loop_end_bit_identical(tmp_path):
 
 def test_done_outside_the_block_is_refused_and_the_block_is_used_once(tmp_path):
     with Session({"STALWART_W_RUN_DIR": str(tmp_path / "run")}) as sess:
-        model, opt = make_state(0)
+        model, opt, sched = make_state(0)
         tracked = sess.track({"model": model, "optimizer": opt})
         with pytest.raises(RuntimeError, match="inside its `with session.track"):
             tracked.done()
         with tracked as steps:
             assert steps.start == 0 and steps.step == 0
-            one_step(model, opt, {"pos": 0})
+            train_step(model, opt, sched, {"pos": 0})
             steps.done()
             assert steps.step == 1
             with pytest.raises(RuntimeError, match="already in use"):
@@ -111,7 +79,7 @@ def test_done_outside_the_block_is_refused_and_the_block_is_used_once(tmp_path):
 
 def test_bad_counts_are_refused_before_anything_runs(tmp_path):
     with Session({"STALWART_W_RUN_DIR": str(tmp_path / "run")}) as sess:
-        model, opt = make_state(0)
+        model, opt, _ = make_state(0)
         with pytest.raises(ValueError, match="total_steps must be >= 0"):
             sess.track({"model": model, "optimizer": opt}, total_steps=-1)
         for bad in (-3, 2.5, "10", True):
