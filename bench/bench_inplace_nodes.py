@@ -148,6 +148,10 @@ def run(work: Path, nodes: int, per_node: int, in_place: bool, src: str = "") ->
     ranks = {e.rank for e in steps}
     firsts = [min(e.ts for e in steps if e.rank == r and e.start > detected) for r in ranks]
     row: dict = {"first_step_s": max(firsts) - fault, "detect_s": detected - fault}
+    # the group's own step time before the fault (past the first steps' warm-up): the share of
+    # "fault -> first step" that is the step itself, whatever the recovery
+    steady = [e.duration for e in steps if e.ts < fault and e.step >= 5]
+    row["step_s"] = round(statistics.median(steady), 3) if steady else None
     row["startup"] = startup_phases(evs)
     reformed = [e for e in evs if isinstance(e, ReformedInPlace)]
     if in_place:
@@ -200,7 +204,7 @@ def compare(
                 r = rows[name][-1]
                 print(
                     f"{n} nodes, round {i + 1}, {name}: fault -> first step {r['first_step_s']:.2f}s "
-                    f"(detect {r['detect_s']:.2f}s), steps lost {r['steps_lost']}"
+                    f"(detect {r['detect_s']:.2f}s, a step {r['step_s']}s), steps lost {r['steps_lost']}"
                     + (f", phases {r['phases']}" if "phases" in r else "")
                     + (f", start-up {r['startup']}" if r.get("startup") else ""),
                     flush=True,
