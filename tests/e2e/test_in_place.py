@@ -18,6 +18,7 @@ import pytest
 from stalwart.account.recovery import recoveries
 from stalwart.events import (
     CheckpointCommitted,
+    CheckpointLoaded,
     DecisionTaken,
     FailureDetected,
     JobEnded,
@@ -106,9 +107,12 @@ def test_a_survivor_past_its_update_is_not_taken_as_the_step_before(tmp_path, ba
     failure = events(run, FailureDetected)[0]  # the first report of rank 2's exit
     committed = events(run, CheckpointCommitted)
     at_failure = max((c.step for c in committed if c.ts <= failure.ts), default=0)
+    # a checkpoint the group loaded was verified whole (its manifest and digests): hog CI run 20
+    # resumed from step 10 in node memory, committed while the re-formation cut its ledger line
+    held = {c.step for c in committed} | {c.step for c in events(run, CheckpointLoaded)}
     assert done.ranks == (2,), done
     # never a step a survivor does not hold, never older than what was committed when rank 2 died
-    assert done.step in {0} | {c.step for c in committed if c.step < 17} and done.step >= at_failure, (
+    assert done.step in {0} | {s for s in held if s < 17} and done.step >= at_failure, (
         done,
         at_failure,
     )

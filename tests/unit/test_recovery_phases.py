@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stalwart.account.recovery import recoveries
@@ -110,6 +112,17 @@ def test_an_in_place_recovery_has_its_own_path_and_phases_from_its_record():
         "first_step": 0.4,
     }
     assert r.phases == pytest.approx(expect)
+
+
+def test_an_in_place_recovery_recorded_late_by_a_starved_agent_still_ends_at_every_ranks_first_step():
+    """The steps carry their ranks' own time, the re-formation the agent's: an agent woken late on a
+    loaded machine records the re-formation after the ranks stepped again (hog CI run 20)."""
+    evs = [
+        e if not isinstance(e, ReformedInPlace) else dataclasses.replace(e, ts=12.0) for e in _in_place_run()
+    ]
+    [r] = recoveries(sorted(evs, key=lambda e: e.ts))
+    assert r.ended == pytest.approx(11.4) and r.total_s is not None  # rank 2's first step: every rank's
+    assert r.phases["first_step"] == 0.0  # recorded after it: no negative phase
 
 
 def test_an_in_place_rung_that_failed_is_named_in_the_whole_group_recovery():

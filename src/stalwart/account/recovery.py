@@ -107,9 +107,13 @@ def _in_place(evs: list[Event], fd: FailureDetected) -> Recovery | None:
     if done is None or (nxt is not None and nxt.ts < done.ts):
         return None
     ph = done.phases
+    # every rank's first step from the resumed one on, after the failure: a step's record carries its
+    # rank's own time, the re-formation's the agent's, which a loaded machine can wake late (the steps
+    # then come before it; hog CI run 20). No rank completes the resumed step before the failure: it is
+    # the step the failure interrupted, or one after it.
     first: dict[int, float] = {}
     for e in evs:
-        if isinstance(e, StepCompleted) and e.attempt == a and e.ts > done.ts and e.step >= done.step:
+        if isinstance(e, StepCompleted) and e.attempt == a and e.ts > fd.ts and e.step >= done.step:
             first.setdefault(e.rank, e.ts)
     phases: dict[str, float | None] = {
         "detect": max(0.0, fd.ts - fd.onset) if fd.onset else None,
