@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from typing_extensions import assert_never
 
-from ..terminal import plural
 from .label import Label
 
 
@@ -123,15 +122,15 @@ def hang_stop(
             return HangStop(
                 HangStopKind.HOLD,
                 frozenset(),
-                f"every rank of this node waits in a collective: the hung rank is on another node, "
-                f"whose agent kills it first; {plural(len(local), 'rank')} here then leave their state",
+                "every rank of this node waits in a collective: the hung rank is on another node, "
+                "whose agent kills it first; the collectives here then fail, and the ranks leave their state",
             )
         if not local & pinned.waiting:
             return HangStop(
                 HangStopKind.HUNG_FIRST,
                 local,
-                f"{_ranks(local)} of this node stand outside any collective while the group spans other "
-                "nodes: this node holds the hung rank",
+                f"{_ranks(local)} of this node {'stands' if len(local) == 1 else 'stand'} outside any "
+                "collective while the group spans other nodes: this node holds the hung rank",
             )
     return HangStop(HangStopKind.AT_ONCE, frozenset(), "nothing on this node names the hung rank")
 
