@@ -250,3 +250,12 @@ def test_without_the_decision_the_shrink_begins_where_its_phases_say():
     assert (c.from_world, c.to_world, c.reform_s, c.pause_s) == (3, 2, 3.0, 8.0)
     (p,) = world_changes(evs).periods
     assert (p.full_world, p.steps) == (3, 23)  # the launched size from the shrink itself
+
+
+def test_a_survivors_step_before_the_shrink_recorded_after_it_began_is_not_a_reduced_step():
+    """CI run 21: a survivor completed the step before the shrink's after the shrink began (its step did
+    not need the lost node); that step ran at the old size."""
+    ledgers = _ledgers(grow=True)
+    late = StepCompleted(ts=25.9, rank=2, step=16, start=25.0, duration=0.9, **_ctx("n2"))
+    (p,) = world_changes(_merged({**ledgers, "n2": [*ledgers["n2"], late]})).periods
+    assert (p.steps, p.first_step, p.last_step) == (23, 17, 39), p

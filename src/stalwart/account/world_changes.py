@@ -154,10 +154,10 @@ def world_changes(events: Sequence[Event]) -> WorldChanges:
                 continue
             nxt = found[i + 1] if i + 1 < len(found) else None
             if nxt is None:
-                periods.append(_period(k[1], e.world_size, full, mine, begin, None, "attempt_end"))
+                periods.append(_period(k[1], e.world_size, full, mine, begin, e.step, None, "attempt_end"))
             else:
                 ended_by = "grow" if nxt[0].world_size > e.world_size else "shrink"
-                periods.append(_period(k[1], e.world_size, full, mine, begin, nxt, ended_by))
+                periods.append(_period(k[1], e.world_size, full, mine, begin, e.step, nxt, ended_by))
     return WorldChanges(tuple(changes), tuple(periods))
 
 
@@ -184,13 +184,18 @@ def _period(
     full: int,
     steps: Sequence[StepCompleted],
     begin: float,
+    start: int,
     nxt: tuple[ReformedInPlace, float] | None,
     ended_by: str,
 ) -> ReducedPeriod:
-    """The steps completed after ``begin`` and, when a further change ended the period, before its
-    record and numbered below the step it started at."""
+    """The steps from ``start`` (the step the change resumed at) completed after ``begin`` and, when a
+    further change ended the period, before its record and numbered below the step it started at. A
+    survivor can complete the step before ``start`` after the change began (its step did not need the
+    lost node: CI run 21): that step ran at the old size."""
     mine = [
-        s for s in steps if s.ts > begin and (nxt is None or (s.ts <= nxt[0].ts and s.step < nxt[0].step))
+        s
+        for s in steps
+        if s.ts > begin and s.step >= start and (nxt is None or (s.ts <= nxt[0].ts and s.step < nxt[0].step))
     ]
     numbers = {s.step for s in mine}
     return ReducedPeriod(
