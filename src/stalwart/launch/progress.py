@@ -208,10 +208,10 @@ class ProgressTracker:
         can be a hang by heartbeat."""
         return [r for r, p in self.progress.items() if p.sdk]
 
-    def leaves_state(self, failed: int) -> bool:
-        """Whether a rank other than ``failed`` leaves its live state on a peer's failure: then the
-        group's stop waits (within the stop grace) for the survivors to write it."""
-        return any(p.leaves_state for r, p in self.progress.items() if r != failed)
+    def leaves_state(self, *failed: int) -> bool:
+        """Whether a rank other than the ``failed`` ones leaves its live state on a peer's failure: then
+        the group's stop waits (within the stop grace) for the survivors to write it."""
+        return any(p.leaves_state for r, p in self.progress.items() if r not in failed)
 
     def session_ranks(self) -> list[int]:
         """Ranks that run the SDK's Session: only they take part in a coordinated stop."""

@@ -82,6 +82,11 @@ def hang_culprits(
     return pinned(frozenset(), HangEvidence.NONE)
 
 
+# a node whose ranks all wait for another node's hung rank holds its stop this many stop graces: that
+# node's detection can come up to one grace later, and its ranks' peers need one to leave their state
+HOLD_GRACES = 2
+
+
 class HangStopKind(Label):
     """How a node stops its ranks of a hung group."""
 

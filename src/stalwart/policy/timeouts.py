@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .hang_pin import HOLD_GRACES
 
 # The one default of each hang setting: the agent's (launch.settings.HangSettings), the simulator's
 # (it embeds the same model) and this policy's all read these.
@@ -188,11 +189,11 @@ def validate_hierarchy(
             ),
         ]
     # a node whose ranks all wait in a collective for a hung rank of another node holds its stop for
-    # two stop graces (policy/hang_pin.py): before the ranks' own collectives would time out
+    # HOLD_GRACES stop graces (policy/hang_pin.py): before the ranks' own collectives would time out
     checks.append(
         (
-            "hold for a hang on another node (2 x stop grace)",
-            2 * stop_grace_s,
+            f"hold for a hang on another node ({HOLD_GRACES} x stop grace)",
+            HOLD_GRACES * stop_grace_s,
             "process-group timeout",
             pg_timeout_s,
             "--stop-grace",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...events import FailureDetected, StackCaptured, WorkersStopped
-from ...policy.hang_pin import HangCulprits, HangStop, HangStopKind, hang_stop
+from ...policy.hang_pin import HOLD_GRACES, HangCulprits, HangStop, HangStopKind, hang_stop
 from ..decision import AttemptOutcome, Decision
 from ..snapshot import Snapshot
 from .hang_monitor import HeldHang, injected_hang, pin_hang, stop_hang
@@ -44,10 +44,10 @@ class HangStopper:
         local = frozenset(s.global_rank for s in sup.specs)
         # a rank here that is not the hung one leaves its state when its collective fails (alone on
         # its node, a rank that waits for another node's hung rank counts)
-        leaves = any(p.leaves_state for r, p in sup.tracker.progress.items() if r not in pinned.ranks)
+        leaves = sup.tracker.leaves_state(*pinned.ranks)
         stop = hang_stop(pinned, local, other_nodes=sup.in_place.state.num_nodes > 1, leaves_state=leaves)
         if stop.kind is HangStopKind.HOLD:
-            hold = 2 * sup.cfg.workers.stop_grace_s
+            hold = HOLD_GRACES * sup.cfg.workers.stop_grace_s
             self.held = HeldHang(d, stacks, pinned, sup.clock.now() + hold, stop.reason)
             sup.console.note(f"hang of rank {d.rank}: {stop.reason}; holding the stop up to {hold:g}s")
             return None
