@@ -31,6 +31,16 @@ def test_rank_still_loading_data_is_the_culprit_not_the_ones_waiting_in_backward
     )
 
 
+def test_a_waiting_ranks_longer_silence_is_named_when_it_reached_the_timeout():
+    ranks = [pos(0, 33, "forward", 100.10), pos(1, 33, "backward", 100.04)]
+    h = attribute_hang(ranks, now=104.0, timeout_s=3.95)
+    assert h.culprit == 0 and h.silence_s == pytest.approx(3.90)
+    assert h.reason == (
+        "rank 0 on n1 silent 3.90s at step 33, section 'forward' (timeout 3.95s, training); "
+        "others at step 33 'backward'; longest silence 3.96s, rank 1"
+    )
+
+
 def test_lower_step_beats_section_and_finished_ranks_do_not_count():
     ranks = [pos(0, 11, "optimizer", 50.0), pos(1, 12, "data", 50.0), pos(2, 3, None, 10.0, finished=True)]
     assert attribute_hang(ranks, now=100.0, timeout_s=30.0).culprit == 0

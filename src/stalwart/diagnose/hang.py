@@ -62,9 +62,17 @@ def attribute_hang(
     others = sorted({(p.step, p.section or "-") for p in live if p.rank != culprit.rank})
     others_txt = "; others at " + ", ".join(f"step {s} '{sec}'" for s, sec in others) if others else ""
     silence = now - culprit.last_seen
+    # the timeout is reached by the longest silence, which a rank waiting for the culprit can hold (it
+    # sent its last message before the culprit's): the verdict then names that silence too
+    longest = min(live, key=lambda p: p.last_seen)
+    reached = (
+        f"; longest silence {now - longest.last_seen:.2f}s, rank {longest.rank}"
+        if longest.last_seen < culprit.last_seen
+        else ""
+    )
     reason = (
         f"rank {culprit.rank}{f' on {culprit.node}' if culprit.node else ''} silent {silence:.2f}s at {where} "
-        f"(timeout {timeout_s:.2f}s, {phase}){others_txt}"
+        f"(timeout {timeout_s:.2f}s, {phase}){others_txt}{reached}"
     )
     victims = tuple(sorted(p.rank for p in live if p.rank != culprit.rank))
     return HangAttribution(
