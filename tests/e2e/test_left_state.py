@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from stalwart.account.recovery import recoveries
-from stalwart.events import LEFT_IN_MEMORY, FailureDetected, StepCompleted, TrainingResumed
+from stalwart.events import (
+    LEFT_IN_MEMORY,
+    DecisionTaken,
+    FailureDetected,
+    StackCaptured,
+    StepCompleted,
+    TrainingResumed,
+    WorkersStopped,
+)
 
 from .runner import events, same_params, stalwart
 
@@ -67,7 +75,13 @@ def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(
     resumed = {e.attempt: e for e in events(run, TrainingResumed)}
     assert set(resumed) == {0, 1}, resumed  # one whole-group restart
     again = resumed[1]
-    assert again.step == CRASH, again  # the interrupted step is redone, nothing before it
+    # how attempt 0 ended, for a failure's message: the stop (hung rank first or all at once) and why
+    ended = [
+        f"{type(e).__name__} (rank {e.rank}): {e.reason}"
+        for e in events(run)
+        if isinstance(e, (WorkersStopped, DecisionTaken, StackCaptured)) and e.attempt == 0
+    ]
+    assert again.step == CRASH, (again, ended)  # the interrupted step is redone, nothing before it
     assert again.from_checkpoint.startswith("live:rank") and again.from_checkpoint.endswith(LEFT_IN_MEMORY)
     first = min(e.step for e in events(run, StepCompleted) if e.attempt == 1)
     assert first == CRASH
