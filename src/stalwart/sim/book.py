@@ -13,6 +13,7 @@ from .buckets import SIM_BUCKETS
 from .config import SimConfig
 from .cycles import backoff, recovery, run_split, running_sum
 from .model import Model, Schedule
+from .phase import Split, carried
 
 # one cycle of trial 0 (seconds unless said otherwise); "class" is a Python keyword, hence this form
 TraceRow = TypedDict(
@@ -107,10 +108,14 @@ def book(
     x = np.maximum(until - r.total, 0.0)  # zero when the failure came during the recovery
     done = e >= r.total
     fails_in_run = hit & done
-    compute, n_ckpt, stalled = run_split(sch, x)
     # a planned stop takes a checkpoint and a class recovered in place keeps its state: neither rolls back
-    rolls = fails_in_run & ~planned if m.rolls_back is None else fails_in_run & m.rolls_back[cls]
-    kept = _kept(sch, m, x, n_ckpt, compute, lost, rolls)
+    rolling = np.zeros_like(hit) if m.replica else ~planned if m.rolls_back is None else m.rolls_back[cls]
+    compute, n_ckpt, stalled = run_split(sch, x)  # every run phase from a checkpoint, at phase 0
+    kept = _kept(sch, m, x, n_ckpt, compute, lost, fails_in_run & rolling)
+    if (keeps := hit & ~rolling & ~planned).any():
+        # a recovery that keeps the progress: the run phases after it start mid-interval (sim/phase.py)
+        split = carried(sch, x, keeps, hit & rolling, lost, Split(compute, n_ckpt, stalled, kept))
+        compute, n_ckpt, stalled, kept = split.compute, split.n_ckpt, split.stalled, split.kept
     _productive(cfg, m, rng, b, x, kept, d.share, r.away)
     # a save cut short by the failure never committed: its stall is lost work, as the report sees it
     cut = np.where(fails_in_run, x - compute - stalled, 0.0).sum(axis=1, dtype=np.float64)
@@ -192,8 +197,8 @@ def _kept(
 ) -> np.ndarray:
     """The compute each cycle keeps: all of it, or (a failure during the run) what its newest
     committed checkpoint holds."""
-    if m.replica or not rolls_back.any():
-        return compute  # survivors never roll back; the failed ranks take a live replica's state
+    if not rolls_back.any():
+        return compute
     committed_n = n_ckpt
     if sch.persist > 0:  # a checkpoint counts once its background persist has finished
         committed_n = run_split(sch, np.maximum(x - sch.persist, 0.0))[1]
