@@ -11,7 +11,7 @@ from stalwart.checkpoint.engine import CheckpointEngine
 from stalwart.checkpoint.node_tier import HELD, OWN, NodeLink
 from stalwart.checkpoint.peer_store import Peer, PeerClient, PeerStore
 from stalwart.checkpoint.tiers import TierConfig
-from stalwart.events import CheckpointLoaded, CheckpointRejected
+from stalwart.events import CheckpointCommitted, CheckpointLoaded, CheckpointRejected
 from stalwart.events.checkpoint import PeerReplicated
 
 pytestmark = pytest.mark.integration
@@ -124,3 +124,46 @@ def test_an_emergency_save_skips_the_node_memory_tier_that_goes_with_the_job(nod
     assert ticket.tiers == ("local",)
     assert (tmp_path / "disk" / "step-000000006").is_dir()
     assert not (tmp_path / "a" / OWN / "step-000000006").exists()
+
+
+def test_a_peer_lost_during_the_copy_to_the_successor_leaves_the_commit_recorded(nodes, monkeypatch):
+    """The copy to the successor node is collective: a peer lost during it (its collectives fail)
+    must not cut the commit's record, which a restart that loads the version would otherwise lack
+    (hog CI run 20: a group resumed from a version in node memory the ledger never saw committed)."""
+    tmp_path, stores = nodes
+    events: list = []
+    eng = _engine(tmp_path, stores, events)
+
+    def lost(value: bool) -> list[bool]:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+
+    monkeypatch.setattr(eng.comm, "all_gather_bool", lost)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        eng.save(3, _state(1), {}, force=True)
+        eng.close()
+    committed = [e for e in events if isinstance(e, CheckpointCommitted)]
+    assert [(e.step, e.tier) for e in committed] == [(3, "memory")], events
+    assert (tmp_path / "a" / OWN / "step-000000003" / "MANIFEST.json").is_file()
+    assert not [e for e in events if isinstance(e, PeerReplicated)]
+
+
+def test_a_peer_lost_after_rank_0_committed_leaves_the_commit_recorded(nodes, monkeypatch):
+    """Rank 0 commits a file tier's version, then broadcasts the outcome: a peer lost in that
+    broadcast leaves the version committed on disk, so its commit is recorded before the failure
+    goes on (the node memory tier before it was committed and recorded as usual)."""
+    tmp_path, stores = nodes
+    events: list = []
+    eng = _engine(tmp_path, stores, events)
+
+    def lost(value: str) -> str:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+
+    monkeypatch.setattr(eng.comm, "broadcast_str", lost)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        eng.save(4, _state(1), {}, force=True)
+        eng.close()
+    committed = [e for e in events if isinstance(e, CheckpointCommitted)]
+    assert [(e.step, e.tier) for e in committed] == [(4, "memory"), (4, "local")], events
+    assert committed[1].path == str(tmp_path / "disk" / "step-000000004")
+    assert committed[0].stall_s > 0 and committed[1].stall_s == 0.0  # the save's one stall, counted once
+    assert (tmp_path / "disk" / "step-000000004" / "MANIFEST.json").is_file()

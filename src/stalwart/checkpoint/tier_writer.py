@@ -34,11 +34,19 @@ class TierWriter:
         stall_reported = False
         for t in tiers:
             t0 = p.clock()
+            copy: tuple[Path, bytes | None] | None = None
             try:
-                path, source = self._write(snap, t, emergency, source)
+                path, source, copy = self._write(snap, t, emergency, source)
                 ok, reason = True, ""
             except (PersistError, OSError) as exc:
                 ok, path, reason = False, "", str(exc)
+            except Exception:
+                # a peer lost in a collective that came after the commit (the outcome's broadcast, the
+                # nodes' agreement): the version stands on disk and a restart may load it, so the
+                # ledger records it before the failure goes on to the re-formation
+                stall = 0.0 if stall_reported else snap.stall_s  # the save's stall, counted once
+                self._record_if_committed(snap, t, p.clock() - t0, stall, emergency)
+                raise
             dt = p.clock() - t0
             commits.append(TierCommit(t.name, ok, path, dt, reason))
             if not ok:
@@ -62,27 +70,57 @@ class TierWriter:
                     )
                 )
             stall_reported = True
+            # the version is committed and recorded before its copy to the successor node starts: the
+            # copy is collective, and a peer lost during it must not take the commit's record with it
+            if copy is not None:
+                self._replicate(*copy)
+                self.last_persist_s[t.name] = p.clock() - t0  # the background's time, copy included
         return PersistResult(snap.step, tuple(commits), emergency)
+
+    def _record_if_committed(
+        self, snap: Snapshot, t: TierConfig, dt: float, stall: float, emergency: bool
+    ) -> None:
+        """Rank 0: the commit event of ``snap`` on tier ``t`` when its version is committed there."""
+        p = self.parts
+        store = p.stores[t.name]
+        if p.rank != 0 or not isinstance(store, FileStore):
+            return
+        final = store.final(snap.step)
+        manifest, _ = read_manifest(final, store.key)
+        if manifest is None or manifest.step != snap.step:
+            return
+        p.sink(
+            CheckpointCommitted(
+                ts=p.wall(),
+                step=snap.step,
+                path=str(final),
+                stall_s=stall,
+                persist_s=dt,
+                bytes=snap.bytes,
+                tier=t.name,
+                emergency=emergency,
+            )
+        )
 
     def _write(
         self, snap: Snapshot, t: TierConfig, emergency: bool, source: Path | None
-    ) -> tuple[str, Path | None]:
-        """Persist to one tier; returns where it went and the committed file version an object tier
-        may upload from (the first shared file tier written)."""
+    ) -> tuple[str, Path | None, tuple[Path, bytes | None] | None]:
+        """Persist to one tier; returns where it went, the committed file version an object tier may
+        upload from (the first shared file tier written), and for a node-local tier the version to
+        copy to the successor node with its key."""
         p = self.parts
         store = p.stores[t.name]
         if isinstance(store, FileStore) and t.node_local:
             path = self.persister.to_files(snap, t, store, emergency=emergency, leader=p.link.leader)
             if p.link.leader:
                 retain_node_files(store, t.keep)
-            self._replicate(path, store.key)
-            return str(path), source
+            return str(path), source, (path, store.key)
         if isinstance(store, FileStore):
             path = self.persister.to_files(snap, t, store, emergency=emergency)
             if p.rank == 0:
                 retain_files(store, t.keep)
-            return str(path), source or path
-        return self._persist_object(snap, t, store, source), source
+            return str(path), source or path, None
+        return self._persist_object(snap, t, store, source), source, None
 
     def _replicate(self, version: Path, key: bytes | None) -> None:
         """Collective: send this node's files of a node-local version to the successor node. A
