@@ -98,13 +98,24 @@ class AttemptFiles:
 
     def capture_stacks(self, wait_s: float = 0.5) -> dict[int, str]:
         """faulthandler in each worker dumps every thread's Python stack on SIGUSR2; a stopped rank
-        cannot, and py-spy reads its stack from outside (diagnose/pyspy.py), within the stop grace."""
+        cannot, and py-spy reads its stack from outside (diagnose/pyspy.py), within the stop grace.
+
+        Waits ``wait_s`` for every rank's answer, and past it, while no more than half the ranks have
+        answered, up to the stop grace: a hang is pinned only when most ranks answered
+        (policy/hang_pin.py), and on a loaded machine a rank blocked in a collective can take longer
+        than ``wait_s`` to be scheduled and write its stack."""
         paths = {r: self.run.stack_file(self.node, self.attempt, r) for r in self.group.procs}
         sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
         self.group.signal(signal.SIGUSR2)
-        deadline = self.clock.monotonic() + wait_s
+        start = self.clock.monotonic()
+        soft, hard = start + wait_s, start + max(wait_s, self.stop_grace_s)
         out: dict[int, str] = {}
-        while self.clock.monotonic() < deadline and len(out) < len(paths):
+
+        def waiting() -> bool:
+            now = self.clock.monotonic()
+            return len(out) < len(paths) and now < hard and (now < soft or 2 * len(out) <= len(paths))
+
+        while waiting():
             for r, p in paths.items():
                 if r not in out and p.exists() and p.stat().st_size > sizes[r]:
                     self.clock.sleep(0.05)  # let the dump finish
