@@ -126,24 +126,31 @@ def test_an_emergency_save_skips_the_node_memory_tier_that_goes_with_the_job(nod
     assert not (tmp_path / "a" / OWN / "step-000000006").exists()
 
 
-def test_a_peer_lost_during_the_copy_to_the_successor_leaves_the_commit_recorded(nodes, monkeypatch):
-    """The copy to the successor node is collective: a peer lost during it (its collectives fail)
-    must not cut the commit's record, which a restart that loads the version would otherwise lack
-    (hog CI run 20: a group resumed from a version in node memory the ledger never saw committed)."""
+def _save_losing_a_peer_in(collective: str, nodes, monkeypatch, step: int) -> list:
+    """Save at ``step`` with the engine's collective ``collective`` failing as on a lost peer (its
+    connections closed); the failure reaches the caller, and the events are returned."""
     tmp_path, stores = nodes
     events: list = []
     eng = _engine(tmp_path, stores, events)
 
-    def lost(value: bool) -> list[bool]:
+    def lost(value: object) -> object:
         raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
 
-    monkeypatch.setattr(eng.comm, "all_gather_bool", lost)
+    monkeypatch.setattr(eng.comm, collective, lost)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        eng.save(3, _state(1), {}, force=True)
+        eng.save(step, _state(1), {}, force=True)
         eng.close()
+    return events
+
+
+def test_a_peer_lost_during_the_copy_to_the_successor_leaves_the_commit_recorded(nodes, monkeypatch):
+    """The copy to the successor node is collective: a peer lost during it (its collectives fail)
+    must not cut the commit's record, which a restart that loads the version would otherwise lack
+    (hog CI run 20: a group resumed from a version in node memory the ledger never saw committed)."""
+    events = _save_losing_a_peer_in("all_gather_bool", nodes, monkeypatch, 3)
     committed = [e for e in events if isinstance(e, CheckpointCommitted)]
     assert [(e.step, e.tier) for e in committed] == [(3, "memory")], events
-    assert (tmp_path / "a" / OWN / "step-000000003" / "MANIFEST.json").is_file()
+    assert (nodes[0] / "a" / OWN / "step-000000003" / "MANIFEST.json").is_file()
     assert not [e for e in events if isinstance(e, PeerReplicated)]
 
 
@@ -151,19 +158,9 @@ def test_a_peer_lost_after_rank_0_committed_leaves_the_commit_recorded(nodes, mo
     """Rank 0 commits a file tier's version, then broadcasts the outcome: a peer lost in that
     broadcast leaves the version committed on disk, so its commit is recorded before the failure
     goes on (the node memory tier before it was committed and recorded as usual)."""
-    tmp_path, stores = nodes
-    events: list = []
-    eng = _engine(tmp_path, stores, events)
-
-    def lost(value: str) -> str:
-        raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
-
-    monkeypatch.setattr(eng.comm, "broadcast_str", lost)
-    with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        eng.save(4, _state(1), {}, force=True)
-        eng.close()
+    events = _save_losing_a_peer_in("broadcast_str", nodes, monkeypatch, 4)
     committed = [e for e in events if isinstance(e, CheckpointCommitted)]
     assert [(e.step, e.tier) for e in committed] == [(4, "memory"), (4, "local")], events
-    assert committed[1].path == str(tmp_path / "disk" / "step-000000004")
+    disk = nodes[0] / "disk" / "step-000000004"
+    assert committed[1].path == str(disk) and (disk / "MANIFEST.json").is_file()
     assert committed[0].stall_s > 0 and committed[1].stall_s == 0.0  # the save's one stall, counted once
-    assert (tmp_path / "disk" / "step-000000004" / "MANIFEST.json").is_file()
