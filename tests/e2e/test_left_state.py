@@ -75,12 +75,13 @@ def test_the_loop_idioms_survivors_leave_their_state_and_nothing_is_rolled_back(
     resumed = {e.attempt: e for e in events(run, TrainingResumed)}
     assert set(resumed) == {0, 1}, resumed  # one whole-group restart
     again = resumed[1]
-    # how attempt 0 ended, for a failure's message: the stop (hung rank first or all at once) and why
+    # how attempt 0 ended, for a failure's message: the stop (hung rank first or all at once) and why,
+    # which ranks answered for their stacks, and everything recorded from the failure on
     ended = [
         f"{type(e).__name__} (rank {e.rank}): {e.reason}"
         for e in events(run)
         if isinstance(e, (WorkersStopped, DecisionTaken, StackCaptured)) and e.attempt == 0
-    ]
+    ] + [repr(e)[:300] for e in events(run) if e.ts >= failure.ts and not isinstance(e, StackCaptured)]
     assert again.step == CRASH, (again, ended)  # the interrupted step is redone, nothing before it
     assert again.from_checkpoint.startswith("live:rank") and again.from_checkpoint.endswith(LEFT_IN_MEMORY)
     first = min(e.step for e in events(run, StepCompleted) if e.attempt == 1)
