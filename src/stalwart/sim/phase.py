@@ -40,19 +40,24 @@ class Split:
     kept: np.ndarray
 
 
-def _at(sch: Schedule, progress: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _at(
+    sch: Schedule, ends: np.ndarray, progress: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where the schedule stands at ``progress``: (saves behind it, the same within the super-cycle,
     the wall offset into the super-cycle, the compute offset into it). A progress on a multiple of the
-    fastest interval has that multiple's save behind it (made, or cut short and dropped)."""
+    fastest interval has that multiple's save behind it (made, or cut short and dropped). ``ends``:
+    the wall offset at the end of the m-th stall, 0 for m = 0."""
     k = len(sch.stall_end)
-    nearest = np.round(progress / sch.base)
+    nearest = np.rint(progress / sch.base)
     on = np.abs(progress - nearest * sch.base) <= _EPS * sch.base
     done = np.where(on, nearest, np.floor(progress / sch.base))
+    if k == 1:  # one tier: every multiple ends a super-cycle
+        offset = np.where(on, 0.0, progress - done * sch.base)
+        return done, np.zeros(len(done), dtype=np.int64), offset, offset
     turns = np.floor(done / k)
     within = (done - turns * k).astype(np.int64)
     offset = progress - turns * sch.period_compute
     # on a multiple: exactly the end of its stall, so that run_split counts that save as behind
-    ends = np.concatenate(([0.0], sch.stall_end))
     wall = np.where(on, ends[within], offset + sch.stall_cum[within])
     return done, within, wall, np.where(on, within * sch.base, offset)
 
@@ -92,26 +97,38 @@ def carried(
     n = len(first)
     progress, newest, durable = np.zeros(n), np.zeros(n), np.zeros(n)
     every = sch.durable_every * sch.base
+    ends = np.concatenate(([0.0], sch.stall_end))
+    # the cells by flat index (a chain's cells follow one another in its row): one-dimensional takes
+    # and puts, the cheapest numpy has for scattered cells
+    cell0 = rows_of.astype(np.int64) * x.shape[1] + first
+    xs, back, safe_back = np.ravel(x), np.ravel(rolls), np.ravel(lost)
+    outs = (np.ravel(compute), np.ravel(n_ckpt), np.ravel(stalled), np.ravel(kept))
+    any_lost = bool(lost.any())
     for depth in range(int(length[0]) if n else 0):
         live = int(np.count_nonzero(length > depth))  # longest first: the live chains are a prefix
-        r, c = rows_of[:live], first[:live] + depth
+        cell = cell0[:live] + depth
         p = progress[:live]
-        xc = x[r, c].astype(np.float64)
-        done0, n0, wall0, c0 = _at(sch, p)
+        xc = xs.take(cell).astype(np.float64)
+        done0, n0, wall0, c0 = _at(sch, ends, p)
         c1, n1, s1 = run_split(sch, wall0 + xc)
         comp = c1 - c0
-        compute[r, c], n_ckpt[r, c], stalled[r, c] = comp, n1 - n0, s1 - sch.stall_cum[n0]
+        outs[0][cell], outs[1][cell], outs[2][cell] = comp, n1 - n0, s1 - sch.stall_cum[n0]
         # the saves of this cycle whose persist finished: the newest is the newest to roll back to
         if sch.persist > 0:
             n_ok = run_split(sch, wall0 + np.maximum(xc - sch.persist, 0.0))[1] - n0
         else:
             n_ok = n1 - n0
+        saved = n_ok > 0
         committed = (done0 + n_ok) * sch.base
-        last = np.where(n_ok > 0, committed, newest[:live])
-        on_durable = np.floor(committed / every + _EPS) * every
-        safe = durable[:live]
-        safe = np.where((n_ok > 0) & (on_durable > safe + _EPS * sch.base), on_durable, safe)
-        after = np.where(rolls[r, c], np.where(lost[r, c], safe, last), p + comp)
-        kept[r, c] = after - p
+        last = np.where(saved, committed, newest[:live])
+        if sch.durable_every > 1:  # the newest save that survives a node loss lags the newest
+            on_durable = np.floor(committed / every + _EPS) * every
+            safe = durable[:live]
+            safe = np.where(saved & (on_durable > safe + _EPS * sch.base), on_durable, safe)
+        else:
+            safe = last
+        target = np.where(safe_back.take(cell), safe, last) if any_lost else last
+        after = np.where(back.take(cell), target, p + comp)
+        outs[3][cell] = after - p
         progress[:live], newest[:live], durable[:live] = after, last, safe
     return Split(compute, n_ckpt, stalled, kept)
