@@ -34,12 +34,17 @@ class Answering(ManualClock):
                 self.written.add(r)
 
 
-class Ranks:
-    """Four workers with no process behind them (no pid: py-spy is never asked)."""
+class Worker:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
 
-    procs = {r: object() for r in range(4)}
+
+class Ranks:
+    """Four workers with pids no process has: the kernel's state comes from the test, and py-spy
+    finds nothing to read."""
 
     def __init__(self) -> None:
+        self.procs = {r: Worker(2**22 + 1000 + r) for r in range(4)}
         self.signals: list[int] = []
 
     def poll(self) -> dict[int, int | None]:
@@ -49,11 +54,16 @@ class Ranks:
         self.signals.append(signum)
 
 
-def _capture(tmp_path: Path, at: dict[int, float]) -> tuple[dict[int, str], float, Ranks]:
+def _capture(
+    tmp_path: Path, at: dict[int, float], stopped: frozenset[int] = frozenset()
+) -> tuple[dict[int, str], float, Ranks]:
     run = RunDir(tmp_path)
     run.stacks.mkdir(parents=True)
     clock, ranks = Answering(run, at), Ranks()
-    files = AttemptFiles(run, "n0", 0, clock, ranks, [], GRACE)
+    by_pid = {w.pid: r for r, w in ranks.procs.items()}
+    files = AttemptFiles(
+        run, "n0", 0, clock, ranks, [], GRACE, state_of=lambda pid: "T" if by_pid[pid] in stopped else "S"
+    )
     got = files.capture_stacks()
     return got, clock.monotonic(), ranks
 
@@ -82,3 +92,11 @@ def test_the_wait_never_passes_the_stop_grace(tmp_path):
     got, took, _ = _capture(tmp_path, {0: 0.1})
     assert sorted(got) == [0]
     assert took == pytest.approx(GRACE, abs=0.1)
+
+
+def test_a_stopped_rank_ends_the_wait_however_few_answered(tmp_path):
+    """A stopped rank is evidence without any stack (policy/hang_pin.py): the wait does not go on
+    past the short one for more answers."""
+    got, took, _ = _capture(tmp_path, {0: 0.1, 1: 1.2, 3: 1.2}, stopped=frozenset({2}))
+    assert sorted(got) == [0]
+    assert 0.5 <= took < 0.6

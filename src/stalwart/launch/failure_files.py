@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from ..chaos.once import injected_by
-from ..diagnose.pyspy import stopped_stacks
+from ..diagnose.pyspy import STOPPED_STATES, process_state, stopped_stacks
 from ..events import JobEnded
 from ..ledger import read_available
 from ..protocol.error_record import ErrorRecord, error_from_log, read_elastic_error, read_error
@@ -47,9 +47,12 @@ class AttemptFiles:
         group: Group,
         specs: Sequence[Spec],
         stop_grace_s: float,
+        state_of: Callable[[int], str] = process_state,
     ) -> None:
+        """``state_of``: a process's state letter from the kernel (injected for tests)."""
         self.run, self.node, self.attempt, self.clock = run, node, attempt, clock
         self.group, self.specs, self.stop_grace_s = group, list(specs), stop_grace_s
+        self.state_of = state_of
 
     def _records(self, rank: int) -> tuple[Path, Path]:
         return (
@@ -101,11 +104,13 @@ class AttemptFiles:
         cannot, and py-spy reads its stack from outside (diagnose/pyspy.py), within the stop grace.
 
         Waits ``wait_s`` for every rank's answer, and past it, while no more than half the ranks have
-        answered, up to the stop grace: a hang is pinned only when most ranks answered
-        (policy/hang_pin.py), and on a loaded machine a rank blocked in a collective can take longer
-        than ``wait_s`` to be scheduled and write its stack."""
+        answered and none of the silent ones is stopped, up to the stop grace: a hang is pinned only
+        when most ranks answered or one is stopped (policy/hang_pin.py), and on a loaded machine a
+        rank blocked in a collective can take longer than ``wait_s`` to be scheduled and write its
+        stack."""
         paths = {r: self.run.stack_file(self.node, self.attempt, r) for r in self.group.procs}
         sizes = {r: (p.stat().st_size if p.exists() else 0) for r, p in paths.items()}
+        pids = {r: getattr(p, "pid", -1) for r, p in self.group.procs.items()}
         self.group.signal(signal.SIGUSR2)
         start = self.clock.monotonic()
         soft, hard = start + wait_s, start + max(wait_s, self.stop_grace_s)
@@ -113,7 +118,13 @@ class AttemptFiles:
 
         def waiting() -> bool:
             now = self.clock.monotonic()
-            return len(out) < len(paths) and now < hard and (now < soft or 2 * len(out) <= len(paths))
+            if len(out) == len(paths) or now >= hard:
+                return False
+            if now < soft:
+                return True
+            silent = [pid for r, pid in pids.items() if r not in out and pid > 0]
+            few = 2 * len(out) <= len(paths)
+            return few and not any(self.state_of(pid) in STOPPED_STATES for pid in silent)
 
         while waiting():
             for r, p in paths.items():
@@ -123,8 +134,8 @@ class AttemptFiles:
                         fh.seek(sizes[r])
                         out[r] = fh.read()
             self.clock.sleep(0.02)
-        silent = {r: getattr(p, "pid", -1) for r, p in self.group.procs.items() if r not in out}
-        out.update(stopped_stacks({r: pid for r, pid in silent.items() if pid > 0}, self.stop_grace_s))
+        silent = {r: pid for r, pid in pids.items() if r not in out and pid > 0}
+        out.update(stopped_stacks(silent, self.stop_grace_s))
         return out
 
 
