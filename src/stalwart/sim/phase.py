@@ -5,16 +5,18 @@ fixed in the job's progress, not in the time since the last recovery. After a wh
 the job resumes at its newest checkpoint, a multiple of the fastest interval, and with one tier the
 next save then comes one interval later: every run phase starts at phase 0, which is what
 :func:`~stalwart.sim.cycles.run_split` books, all cycles at once. A recovery that keeps the state
-(in place, from a live replica, a planned stop's own checkpoint) resumes mid-interval instead: the
-next save comes when the progress reaches the next multiple, however short the run phase. Booking
-each of those run phases from phase 0 misses the saves that fall in them, and a later rollback loses
-the progress those cycles kept since the newest committed checkpoint, not only its own cycle's.
+(in place, from a live replica) resumes mid-interval instead: the next save comes when the progress
+reaches the next multiple, however short the run phase. Booking each of those run phases from phase
+0 misses the saves that fall in them, and a later rollback loses the progress those cycles kept
+since the newest committed checkpoint, not only its own cycle's.
 
-:func:`carried` walks the cycles in order, every trial at once, with the job's progress (compute
-seconds), its newest committed checkpoint and its newest checkpoint that survives a node loss.
-A save whose persist a failure cut short never committed: the recovery drops it (a re-formed group
-builds a new checkpoint engine), so it is not rolled back to, and the progress does not save again
-at the same multiple.
+:func:`carried` walks the cycles of each chain of such recoveries in order, all chains at once, with
+the job's progress (compute seconds), its newest committed checkpoint and its newest checkpoint that
+survives a node loss. A save whose persist a failure cut short never committed: the recovery drops it
+(a re-formed group builds a new checkpoint engine), so it is not rolled back to, and the progress
+does not save again at the same multiple. A planned stop ends a chain and the next run phase starts
+at phase 0 (its checkpoint taken as on a multiple): exact, it would need chains that go on past a
+rollback to that checkpoint, which only the walk itself can tell.
 """
 
 from __future__ import annotations
