@@ -148,7 +148,7 @@ def test_hang_detected_within_bound_and_stack_recorded(runs):
     silent, timeout = float(said.group(1)), float(said.group(2))
     assert abs(timeout - bound) <= 0.005, (timeout, bound, hang.evidence)
     # the timeout is reached by the longest silence: the hung rank's, or a waiting rank's that sent its
-    # last message before the hung one did (hog CI run 22: rank 0 silent 3.90 s, rank 1 longer)
+    # last message before the hung one did (the project's CI run 22: rank 0 silent 3.90 s, a peer longer)
     waited = re.search(r"longest silence (\d+\.\d+)s, rank (\d+)", hang.evidence)
     longest = float(waited.group(1)) if waited else silent
     assert longest >= silent, hang.evidence
