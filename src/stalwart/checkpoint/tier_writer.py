@@ -44,8 +44,7 @@ class TierWriter:
                 # a peer lost in a collective that came after the commit (the outcome's broadcast, the
                 # nodes' agreement): the version stands on disk and a restart may load it, so the
                 # ledger records it before the failure goes on to the re-formation
-                stall = 0.0 if stall_reported else snap.stall_s  # the save's stall, counted once
-                self._record_if_committed(snap, t, p.clock() - t0, stall, emergency)
+                self._record_if_committed(snap, t, p.clock() - t0, stall_reported, emergency)
                 raise
             dt = p.clock() - t0
             commits.append(TierCommit(t.name, ok, path, dt, reason))
@@ -57,18 +56,7 @@ class TierWriter:
             if t.durable:
                 p.durable.raise_to(snap.step)
             if p.rank == 0:
-                p.sink(
-                    CheckpointCommitted(
-                        ts=p.wall(),
-                        step=snap.step,
-                        path=path,
-                        stall_s=0.0 if stall_reported else snap.stall_s,
-                        persist_s=dt,
-                        bytes=snap.bytes,
-                        tier=t.name,
-                        emergency=emergency,
-                    )
-                )
+                p.sink(self._committed(snap, t, path, dt, stall_reported, emergency))
             stall_reported = True
             # the version is committed and recorded before its copy to the successor node starts: the
             # copy is collective, and a peer lost during it must not take the commit's record with it
@@ -77,8 +65,23 @@ class TierWriter:
                 self.last_persist_s[t.name] = p.clock() - t0  # the background's time, copy included
         return PersistResult(snap.step, tuple(commits), emergency)
 
+    def _committed(
+        self, snap: Snapshot, t: TierConfig, path: str, dt: float, stall_reported: bool, emergency: bool
+    ) -> CheckpointCommitted:
+        """The commit event of ``snap`` on tier ``t``; the save's stall goes on its first one only."""
+        return CheckpointCommitted(
+            ts=self.parts.wall(),
+            step=snap.step,
+            path=path,
+            stall_s=0.0 if stall_reported else snap.stall_s,
+            persist_s=dt,
+            bytes=snap.bytes,
+            tier=t.name,
+            emergency=emergency,
+        )
+
     def _record_if_committed(
-        self, snap: Snapshot, t: TierConfig, dt: float, stall: float, emergency: bool
+        self, snap: Snapshot, t: TierConfig, dt: float, stall_reported: bool, emergency: bool
     ) -> None:
         """Rank 0: the commit event of ``snap`` on tier ``t`` when its version is committed there."""
         p = self.parts
@@ -87,20 +90,8 @@ class TierWriter:
             return
         final = store.final(snap.step)
         manifest, _ = read_manifest(final, store.key)
-        if manifest is None or manifest.step != snap.step:
-            return
-        p.sink(
-            CheckpointCommitted(
-                ts=p.wall(),
-                step=snap.step,
-                path=str(final),
-                stall_s=stall,
-                persist_s=dt,
-                bytes=snap.bytes,
-                tier=t.name,
-                emergency=emergency,
-            )
-        )
+        if manifest is not None and manifest.step == snap.step:
+            p.sink(self._committed(snap, t, str(final), dt, stall_reported, emergency))
 
     def _write(
         self, snap: Snapshot, t: TierConfig, emergency: bool, source: Path | None
